@@ -1,0 +1,3 @@
+"""megatron-zaya: Megatron-style pretraining of ZAYA1-style Mixture-of-Experts language models."""
+
+__version__ = "0.1.0"

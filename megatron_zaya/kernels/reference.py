@@ -1,0 +1,132 @@
+"""Readable PyTorch reference implementations of every fused op.
+
+These functions are the single source of truth for the math: the Triton kernels in this package
+must match them (forward and backward) and the CPU path runs them directly. Keep them plain.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * x / rms(x), computed in fp32 and returned in x's dtype (times weight's dtype)."""
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+def scaled_residual_add(
+    out: torch.Tensor,
+    residual: torch.Tensor,
+    out_scale: torch.Tensor,
+    out_bias: torch.Tensor,
+    res_scale: torch.Tensor,
+    res_bias: torch.Tensor,
+) -> torch.Tensor:
+    """ZAYA1 learned residual scaling: (out + out_bias) * out_scale + (residual + res_bias) * res_scale.
+
+    The residual stream stays fp32: the result has residual's dtype."""
+    merged = (out.to(residual.dtype) + out_bias) * out_scale + (residual + res_bias) * res_scale
+    return merged.to(residual.dtype)
+
+
+def scaled_residual_add_rms_norm(
+    out: torch.Tensor,
+    residual: torch.Tensor,
+    out_scale: torch.Tensor,
+    out_bias: torch.Tensor,
+    res_scale: torch.Tensor,
+    res_bias: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    norm_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual merge followed by the next sublayer's RMSNorm.
+
+    Returns (new_residual in residual's dtype, normed in norm_dtype or residual's dtype)."""
+    new_residual = scaled_residual_add(out, residual, out_scale, out_bias, res_scale, res_bias)
+    normed = rms_norm(new_residual, norm_weight, eps)
+    if norm_dtype is not None:
+        normed = normed.to(norm_dtype)
+    return new_residual, normed
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up, where gate and up are the two halves of the last dimension."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """NeoX (rotate-half) RoPE on the first cos.shape[-1] channels of each head.
+
+    x: (B, S, H, dh); cos, sin: (B or 1, S, rotary_dim). The remaining channels pass through."""
+    rotary_dim = cos.shape[-1]
+    cos = cos.unsqueeze(2).to(x.dtype)
+    sin = sin.unsqueeze(2).to(x.dtype)
+    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
+    x_rot = x_rot * cos + rotate_half(x_rot) * sin
+    return torch.cat((x_rot, x_pass), dim=-1)
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-token cross-entropy in fp32 (no reduction). logits: (N, V), labels: (N,)."""
+    return F.cross_entropy(logits.float(), labels, reduction="none")
+
+
+def moe_permute(
+    x: torch.Tensor, expert_index: torch.Tensor, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sort tokens by expert.
+
+    x: (N, D); expert_index: (N,) in [0, num_experts] where num_experts means "no expert" (skip).
+    Returns (permuted rows of tokens that go to a real expert, in expert order; order: the token
+    index of each permuted row; counts: tokens per expert, shape (num_experts,)). Skipped tokens are
+    left out. Stable, so tokens keep their order within an expert."""
+    order = torch.argsort(expert_index, stable=True)
+    counts = torch.bincount(expert_index, minlength=num_experts + 1)[:num_experts]
+    kept = int(counts.sum())
+    order = order[:kept]
+    return x.index_select(0, order), order, counts
+
+
+def moe_unpermute(
+    expert_out: torch.Tensor, order: torch.Tensor, gate: torch.Tensor, num_tokens: int
+) -> torch.Tensor:
+    """Scatter expert outputs back to token order, weighted by each token's gate.
+
+    expert_out: (K, D) in permuted order; order: (K,) token index of each row; gate: (N,) per token.
+    Tokens that no row names (skipped tokens) get zeros."""
+    weighted = expert_out * gate.index_select(0, order).unsqueeze(-1).to(expert_out.dtype)
+    out = expert_out.new_zeros(num_tokens, expert_out.shape[-1])
+    return out.index_add(0, order, weighted)
+
+
+# Quintic Newton-Schulz coefficients (Keller Jordan's Muon): converge fast to an approximate
+# orthogonalisation with singular values in roughly [0.7, 1.2].
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+def newton_schulz(grad: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype=torch.bfloat16) -> torch.Tensor:
+    """Approximate U V^T of each matrix in grad (..., m, n) with the quintic Newton-Schulz iteration.
+
+    Runs in `dtype` (bf16 on accelerators, as in Muon) and returns that dtype."""
+    a, b, c = NS_COEFFICIENTS
+    x = grad.to(dtype)
+    transposed = x.shape[-2] > x.shape[-1]
+    if transposed:
+        x = x.transpose(-2, -1)
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + eps)
+    for _ in range(steps):
+        gram = x @ x.transpose(-2, -1)
+        poly = b * gram + c * (gram @ gram)
+        x = a * x + poly @ x
+    if transposed:
+        x = x.transpose(-2, -1)
+    return x
