@@ -1,0 +1,338 @@
+"""Memory-mapped indexed dataset in Megatron-LM's `.bin` + `.idx` format (reader and writer).
+
+Layout (little-endian, no padding), see docs/DATA.md and the format spec:
+
+    .idx: magic b"MMIDIDX\\x00\\x00" | uint64 version=1 | uint8 dtype code | uint64 N | uint64 D
+          | int32[N] sequence lengths | int64[N] byte pointers into .bin | int64[D] document indices
+          | (int8[N] sequence modes, multimodal only)
+    .bin: the tokens of all sequences, concatenated, in the index's dtype.
+
+The reader validates everything it can on open and raises `IndexedDatasetError` naming the file
+and the problem. The writer writes to temporary names and renames on `finalize()`, so an
+interrupted run never leaves a valid-looking half dataset.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Iterable, Sequence
+
+import numpy as np
+
+MAGIC = b"MMIDIDX\x00\x00"
+VERSION = 1
+HEADER_SIZE = 9 + 8 + 1 + 8 + 8  # 34 bytes
+
+DTYPE_CODES: dict[int, type] = {
+    1: np.uint8,
+    2: np.int8,
+    3: np.int16,
+    4: np.int32,
+    5: np.int64,
+    6: np.float64,
+    7: np.float32,
+    8: np.uint16,
+}
+CODE_OF_DTYPE = {np.dtype(v): k for k, v in DTYPE_CODES.items()}
+
+
+class IndexedDatasetError(ValueError):
+    """A `.bin`/`.idx` pair is missing, truncated or corrupted."""
+
+
+def optimal_dtype(vocab_size: int | None) -> type:
+    """Megatron's rule: uint16 when the vocabulary is below 65,500 tokens, int32 otherwise."""
+    if vocab_size is not None and vocab_size < 65500:
+        return np.uint16
+    return np.int32
+
+
+def idx_path(prefix: str) -> str:
+    return prefix + ".idx"
+
+
+def bin_path(prefix: str) -> str:
+    return prefix + ".bin"
+
+
+def _normalize_prefix(path_prefix: str) -> str:
+    for ext in (".idx", ".bin"):
+        if path_prefix.endswith(ext):
+            return path_prefix[: -len(ext)]
+    return path_prefix
+
+
+class IndexedDataset:
+    """Read-only, memory-mapped view of a Megatron indexed dataset.
+
+    `ds[i]` is sequence i as a numpy array (a view into the memory map); `ds.get(i, offset, length)`
+    reads part of it. `sequence_lengths` (int32[N]), `sequence_pointers` (int64[N]) and
+    `document_indices` (int64[D]) are memory-mapped arrays.
+    """
+
+    def __init__(self, path_prefix: str):
+        self.path_prefix = _normalize_prefix(str(path_prefix))
+        ipath, bpath = idx_path(self.path_prefix), bin_path(self.path_prefix)
+        for p in (ipath, bpath):
+            if not os.path.isfile(p):
+                raise IndexedDatasetError(f"{p}: file not found (expected a .bin/.idx pair for prefix {self.path_prefix!r})")
+        idx_size = os.path.getsize(ipath)
+        if idx_size < HEADER_SIZE:
+            raise IndexedDatasetError(f"{ipath}: truncated index ({idx_size} bytes, the header alone is {HEADER_SIZE})")
+        with open(ipath, "rb") as f:
+            header = f.read(HEADER_SIZE)
+        magic = header[:9]
+        if magic != MAGIC:
+            raise IndexedDatasetError(f"{ipath}: bad magic {magic!r}, expected {MAGIC!r} (not a Megatron MMIDIDX index)")
+        (version,) = struct.unpack("<Q", header[9:17])
+        if version != VERSION:
+            raise IndexedDatasetError(f"{ipath}: unsupported version {version}, expected {VERSION}")
+        code = header[17]
+        if code not in DTYPE_CODES:
+            raise IndexedDatasetError(f"{ipath}: unknown dtype code {code} (valid: {sorted(DTYPE_CODES)})")
+        self.dtype = np.dtype(DTYPE_CODES[code])
+        n, d = struct.unpack("<QQ", header[18:34])
+        base = HEADER_SIZE + 12 * n + 8 * d
+        if idx_size not in (base, base + n):
+            raise IndexedDatasetError(
+                f"{ipath}: size {idx_size} bytes is inconsistent with {n} sequences and {d} document "
+                f"indices (expected {base} bytes, or {base + n} with sequence modes); truncated or corrupted"
+            )
+        self.multimodal = idx_size == base + n and n > 0
+        self._idx_mmap = np.memmap(ipath, mode="r", dtype=np.uint8) if idx_size else None
+        buf = self._idx_mmap
+        self.sequence_lengths = np.frombuffer(buf, dtype=np.int32, count=n, offset=HEADER_SIZE)
+        self.sequence_pointers = np.frombuffer(buf, dtype=np.int64, count=n, offset=HEADER_SIZE + 4 * n)
+        self.document_indices = np.frombuffer(buf, dtype=np.int64, count=d, offset=HEADER_SIZE + 12 * n)
+        self.sequence_modes = (
+            np.frombuffer(buf, dtype=np.int8, count=n, offset=base) if self.multimodal else None
+        )
+        self._validate(ipath, bpath, n, d)
+        bin_size = os.path.getsize(bpath)
+        self._bin_mmap = np.memmap(bpath, mode="r", dtype=np.uint8) if bin_size else np.zeros(0, np.uint8)
+
+    def _validate(self, ipath: str, bpath: str, n: int, d: int) -> None:
+        if d < 1:
+            raise IndexedDatasetError(f"{ipath}: document index is empty (it must start with 0)")
+        docs = self.document_indices
+        if docs[0] != 0 or docs[-1] != n:
+            raise IndexedDatasetError(
+                f"{ipath}: document indices must run from 0 to {n} (the number of sequences), got {int(docs[0])}..{int(docs[-1])}"
+            )
+        if d > 1 and np.any(np.diff(docs) < 0):
+            raise IndexedDatasetError(f"{ipath}: document indices are not non-decreasing; corrupted index")
+        if n and np.any(self.sequence_lengths < 0):
+            raise IndexedDatasetError(f"{ipath}: negative sequence length; corrupted index")
+        itemsize = self.dtype.itemsize
+        total_tokens = int(self.sequence_lengths.sum(dtype=np.int64)) if n else 0
+        bin_size = os.path.getsize(bpath)
+        if bin_size != total_tokens * itemsize:
+            raise IndexedDatasetError(
+                f"{bpath}: size {bin_size} bytes does not match the index ({total_tokens} tokens x "
+                f"{itemsize} bytes of {self.dtype.name} = {total_tokens * itemsize}); truncated or mismatched pair"
+            )
+        if n:
+            ptr = self.sequence_pointers
+            if ptr[0] != 0:
+                raise IndexedDatasetError(f"{ipath}: first sequence pointer is {int(ptr[0])}, expected 0")
+            expected = np.empty(n, np.int64)
+            expected[0] = 0
+            np.cumsum(self.sequence_lengths[:-1].astype(np.int64) * itemsize, out=expected[1:])
+            if not np.array_equal(ptr, expected):
+                bad = int(np.argmax(ptr != expected))
+                raise IndexedDatasetError(
+                    f"{ipath}: sequence pointer {bad} is {int(ptr[bad])}, expected {int(expected[bad])} "
+                    f"from the sequence lengths; corrupted index"
+                )
+        self.num_tokens = total_tokens
+
+    def __len__(self) -> int:
+        return int(self.sequence_lengths.shape[0])
+
+    @property
+    def num_documents(self) -> int:
+        return int(self.document_indices.shape[0]) - 1
+
+    def get(self, idx: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        """Tokens [offset, offset+length) of sequence `idx` (to its end if length is None)."""
+        seq_len = int(self.sequence_lengths[idx])
+        if length is None:
+            length = seq_len - offset
+        if offset < 0 or length < 0 or offset + length > seq_len:
+            raise IndexError(f"{self.path_prefix}: slice [{offset}, {offset + length}) outside sequence {idx} of length {seq_len}")
+        start = int(self.sequence_pointers[idx]) + offset * self.dtype.itemsize
+        return np.frombuffer(self._bin_mmap, dtype=self.dtype, count=length, offset=start) if length else np.zeros(0, self.dtype)
+
+    def __getitem__(self, idx):
+        if isinstance(idx, (int, np.integer)):
+            n = len(self)
+            if idx < 0:
+                idx += n
+            if not 0 <= idx < n:
+                raise IndexError(f"{self.path_prefix}: sequence index {idx} out of range [0, {n})")
+            return self.get(int(idx))
+        if isinstance(idx, slice):
+            return [self.get(i) for i in range(*idx.indices(len(self)))]
+        raise TypeError(f"unsupported index type {type(idx).__name__}")
+
+    def document(self, doc: int) -> np.ndarray:
+        """All tokens of document `doc` (its sequences concatenated)."""
+        a, b = int(self.document_indices[doc]), int(self.document_indices[doc + 1])
+        if a == b:
+            return np.zeros(0, self.dtype)
+        start = int(self.sequence_pointers[a])
+        count = int(self.sequence_lengths[a:b].sum(dtype=np.int64))
+        return np.frombuffer(self._bin_mmap, dtype=self.dtype, count=count, offset=start)
+
+
+class IndexedDatasetWriter:
+    """Streams sequences into `prefix.bin`/`prefix.idx` with bounded memory.
+
+    Tokens go straight to a temporary `.bin`; lengths and document boundaries are kept as compact
+    numpy chunks (4 + 8 bytes per sequence, 8 per document). `finalize()` writes the index and
+    renames both files into place; `abort()` (or an exception inside a `with` block) deletes them.
+    """
+
+    def __init__(self, path_prefix: str, dtype=np.int32):
+        self.path_prefix = _normalize_prefix(str(path_prefix))
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in CODE_OF_DTYPE:
+            raise ValueError(f"unsupported dtype {self.dtype} for an indexed dataset (use one of {sorted(str(np.dtype(t)) for t in DTYPE_CODES.values())})")
+        self._tmp_suffix = f".tmp{os.getpid()}"
+        parent = os.path.dirname(os.path.abspath(self.path_prefix))
+        os.makedirs(parent, exist_ok=True)
+        self._bin_tmp = bin_path(self.path_prefix) + self._tmp_suffix
+        self._bin = open(self._bin_tmp, "wb")
+        self._lengths: list[np.ndarray] = []
+        self._doc_ends: list[np.ndarray] = []
+        self._num_sequences = 0
+        self._num_tokens = 0
+        self._closed = False
+        self._max_value = np.iinfo(self.dtype).max if self.dtype.kind in "iu" else None
+        self._min_value = np.iinfo(self.dtype).min if self.dtype.kind in "iu" else None
+
+    @property
+    def num_sequences(self) -> int:
+        return self._num_sequences
+
+    @property
+    def num_documents(self) -> int:
+        return sum(len(c) for c in self._doc_ends)
+
+    @property
+    def num_tokens(self) -> int:
+        return self._num_tokens
+
+    def _write_tokens(self, tokens: np.ndarray) -> None:
+        arr = np.asarray(tokens)
+        if arr.size and self._max_value is not None and arr.dtype != self.dtype:
+            lo, hi = int(arr.min()), int(arr.max())
+            if lo < self._min_value or hi > self._max_value:
+                raise ValueError(
+                    f"{self.path_prefix}: token id range [{lo}, {hi}] does not fit {self.dtype.name}; "
+                    f"use a wider dtype (int32 for vocabularies of 65,500 or more)"
+                )
+        self._bin.write(np.ascontiguousarray(arr, dtype=self.dtype).tobytes())
+
+    def add_document(self, tokens: Sequence[int] | np.ndarray, lengths: Sequence[int] | None = None) -> None:
+        """Append one document; `lengths` splits it into sequences (default: one sequence)."""
+        arr = np.asarray(tokens)
+        if lengths is None:
+            lengths = [arr.size]
+        lens = np.asarray(lengths, dtype=np.int64)
+        if int(lens.sum()) != arr.size:
+            raise ValueError(f"sequence lengths {list(lens)} do not sum to the document length {arr.size}")
+        self.add_documents(arr, lens, np.array([len(lens)], np.int64))
+
+    def add_documents(self, tokens: np.ndarray, sequence_lengths: np.ndarray, sequences_per_document: np.ndarray | None = None) -> None:
+        """Append many documents at once: concatenated `tokens`, their sequence lengths and, optionally,
+        how many sequences each document has (default one per document)."""
+        lens = np.asarray(sequence_lengths, dtype=np.int64)
+        if sequences_per_document is None:
+            spd = np.ones(len(lens), np.int64)
+        else:
+            spd = np.asarray(sequences_per_document, dtype=np.int64)
+        if int(spd.sum()) != len(lens):
+            raise ValueError("sequences_per_document does not sum to the number of sequences")
+        self._write_tokens(tokens)
+        self._lengths.append(lens.astype(np.int32))
+        self._doc_ends.append(self._num_sequences + np.cumsum(spd))
+        self._num_sequences += len(lens)
+        self._num_tokens += int(lens.sum())
+
+    def add_index(self, other_prefix: str) -> None:
+        """Append all documents of another indexed dataset (same dtype), copying its `.bin` in chunks."""
+        other = IndexedDataset(other_prefix)
+        if other.dtype != self.dtype:
+            raise ValueError(f"{other.path_prefix}: dtype {other.dtype.name} differs from the output's {self.dtype.name}")
+        with open(bin_path(other.path_prefix), "rb") as f:
+            while True:
+                chunk = f.read(1 << 24)
+                if not chunk:
+                    break
+                self._bin.write(chunk)
+        self._lengths.append(np.array(other.sequence_lengths, dtype=np.int32))
+        self._doc_ends.append(self._num_sequences + np.array(other.document_indices[1:], dtype=np.int64))
+        self._num_sequences += len(other)
+        self._num_tokens += other.num_tokens
+
+    def finalize(self) -> None:
+        """Write the index and atomically move both files to their final names."""
+        if self._closed:
+            raise RuntimeError(f"{self.path_prefix}: writer already closed")
+        self._bin.close()
+        self._closed = True
+        n = self._num_sequences
+        lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int32)
+        pointers = np.zeros(n, np.int64)
+        if n > 1:
+            np.cumsum(lengths[:-1].astype(np.int64) * self.dtype.itemsize, out=pointers[1:])
+        docs = np.concatenate([np.zeros(1, np.int64)] + self._doc_ends)
+        idx_tmp = idx_path(self.path_prefix) + self._tmp_suffix
+        with open(idx_tmp, "wb") as f:
+            f.write(MAGIC)
+            f.write(struct.pack("<Q", VERSION))
+            f.write(struct.pack("<B", CODE_OF_DTYPE[self.dtype]))
+            f.write(struct.pack("<Q", n))
+            f.write(struct.pack("<Q", len(docs)))
+            f.write(lengths.astype("<i4").tobytes())
+            f.write(pointers.astype("<i8").tobytes())
+            f.write(docs.astype("<i8").tobytes())
+        # Remove any old index first and rename the .idx last: if the process dies in between there
+        # is no .idx, so no valid-looking pair exists.
+        try:
+            os.remove(idx_path(self.path_prefix))
+        except FileNotFoundError:
+            pass
+        os.replace(self._bin_tmp, bin_path(self.path_prefix))
+        os.replace(idx_tmp, idx_path(self.path_prefix))
+
+    def abort(self) -> None:
+        """Close and delete the temporary files."""
+        if not self._closed:
+            self._bin.close()
+            self._closed = True
+        for p in (self._bin_tmp, idx_path(self.path_prefix) + self._tmp_suffix):
+            try:
+                os.remove(p)
+            except FileNotFoundError:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            if not self._closed:
+                self.finalize()
+        else:
+            self.abort()
+        return False
+
+
+def write_dataset(path_prefix: str, documents: Iterable[Sequence[int]], dtype=np.int32) -> None:
+    """Convenience: write a list of token lists, one document (and one sequence) each."""
+    with IndexedDatasetWriter(path_prefix, dtype) as w:
+        for doc in documents:
+            w.add_document(np.asarray(doc, dtype=np.int64))
