@@ -133,18 +133,20 @@ class IndexedDataset:
                 f"{itemsize} bytes of {self.dtype.name} = {total_tokens * itemsize}); truncated or mismatched pair"
             )
         if n:
-            ptr = self.sequence_pointers
-            if ptr[0] != 0:
-                raise IndexedDatasetError(f"{ipath}: first sequence pointer is {int(ptr[0])}, expected 0")
-            expected = np.empty(n, np.int64)
-            expected[0] = 0
-            np.cumsum(self.sequence_lengths[:-1].astype(np.int64) * itemsize, out=expected[1:])
-            if not np.array_equal(ptr, expected):
-                bad = int(np.argmax(ptr != expected))
-                raise IndexedDatasetError(
-                    f"{ipath}: sequence pointer {bad} is {int(ptr[bad])}, expected {int(expected[bad])} "
-                    f"from the sequence lengths; corrupted index"
-                )
+            # Check pointers against the lengths in chunks, so opening a huge index stays cheap in memory.
+            ptr, lens = self.sequence_pointers, self.sequence_lengths
+            carry, step = 0, 1 << 22
+            for a in range(0, n, step):
+                b = min(n, a + step)
+                expected = carry + np.concatenate(([0], np.cumsum(lens[a:b - 1], dtype=np.int64))) * itemsize
+                got = ptr[a:b]
+                if not np.array_equal(got, expected):
+                    bad = a + int(np.argmax(got != expected))
+                    raise IndexedDatasetError(
+                        f"{ipath}: sequence pointer {bad} is {int(ptr[bad])}, expected "
+                        f"{int(expected[bad - a])} from the sequence lengths; corrupted index"
+                    )
+                carry = int(expected[-1]) + int(lens[b - 1]) * itemsize
         self.num_tokens = total_tokens
 
     def __len__(self) -> int:
@@ -189,10 +191,13 @@ class IndexedDataset:
 class IndexedDatasetWriter:
     """Streams sequences into `prefix.bin`/`prefix.idx` with bounded memory.
 
-    Tokens go straight to a temporary `.bin`; lengths and document boundaries are kept as compact
-    numpy chunks (4 + 8 bytes per sequence, 8 per document). `finalize()` writes the index and
-    renames both files into place; `abort()` (or an exception inside a `with` block) deletes them.
+    Tokens go straight to a temporary `.bin`; sequence lengths and document boundaries are spilled
+    to temporary side files, and `finalize()` assembles the `.idx` from them in chunks, so memory
+    does not grow with the dataset. `finalize()` renames into place; `abort()` (or an exception
+    inside a `with` block) deletes everything.
     """
+
+    _SPILL = 1 << 20  # entries buffered before spilling to the side files
 
     def __init__(self, path_prefix: str, dtype=np.int32):
         self.path_prefix = _normalize_prefix(str(path_prefix))
@@ -203,10 +208,16 @@ class IndexedDatasetWriter:
         parent = os.path.dirname(os.path.abspath(self.path_prefix))
         os.makedirs(parent, exist_ok=True)
         self._bin_tmp = bin_path(self.path_prefix) + self._tmp_suffix
+        self._len_tmp = self.path_prefix + ".lengths" + self._tmp_suffix
+        self._doc_tmp = self.path_prefix + ".docs" + self._tmp_suffix
         self._bin = open(self._bin_tmp, "wb")
+        self._len_f = open(self._len_tmp, "wb")
+        self._doc_f = open(self._doc_tmp, "wb")
         self._lengths: list[np.ndarray] = []
         self._doc_ends: list[np.ndarray] = []
+        self._buffered = 0
         self._num_sequences = 0
+        self._num_documents = 0
         self._num_tokens = 0
         self._closed = False
         self._max_value = np.iinfo(self.dtype).max if self.dtype.kind in "iu" else None
@@ -218,7 +229,7 @@ class IndexedDatasetWriter:
 
     @property
     def num_documents(self) -> int:
-        return sum(len(c) for c in self._doc_ends)
+        return self._num_documents
 
     @property
     def num_tokens(self) -> int:
@@ -235,6 +246,23 @@ class IndexedDatasetWriter:
                 )
         self._bin.write(np.ascontiguousarray(arr, dtype=self.dtype).tobytes())
 
+    def _record(self, lengths: np.ndarray, doc_ends: np.ndarray) -> None:
+        self._lengths.append(lengths.astype("<i4"))
+        self._doc_ends.append(doc_ends.astype("<i8"))
+        self._buffered += len(lengths) + len(doc_ends)
+        self._num_sequences += len(lengths)
+        self._num_documents += len(doc_ends)
+        self._num_tokens += int(lengths.sum(dtype=np.int64))
+        if self._buffered >= self._SPILL:
+            self._spill()
+
+    def _spill(self) -> None:
+        for chunk in self._lengths:
+            self._len_f.write(chunk.tobytes())
+        for chunk in self._doc_ends:
+            self._doc_f.write(chunk.tobytes())
+        self._lengths, self._doc_ends, self._buffered = [], [], 0
+
     def add_document(self, tokens: Sequence[int] | np.ndarray, lengths: Sequence[int] | None = None) -> None:
         """Append one document; `lengths` splits it into sequences (default: one sequence)."""
         arr = np.asarray(tokens)
@@ -249,20 +277,16 @@ class IndexedDatasetWriter:
         """Append many documents at once: concatenated `tokens`, their sequence lengths and, optionally,
         how many sequences each document has (default one per document)."""
         lens = np.asarray(sequence_lengths, dtype=np.int64)
-        if sequences_per_document is None:
-            spd = np.ones(len(lens), np.int64)
-        else:
-            spd = np.asarray(sequences_per_document, dtype=np.int64)
+        spd = np.ones(len(lens), np.int64) if sequences_per_document is None else np.asarray(sequences_per_document, np.int64)
         if int(spd.sum()) != len(lens):
             raise ValueError("sequences_per_document does not sum to the number of sequences")
+        if int(lens.sum()) != np.asarray(tokens).size:
+            raise ValueError("sequence lengths do not sum to the number of tokens")
         self._write_tokens(tokens)
-        self._lengths.append(lens.astype(np.int32))
-        self._doc_ends.append(self._num_sequences + np.cumsum(spd))
-        self._num_sequences += len(lens)
-        self._num_tokens += int(lens.sum())
+        self._record(lens, self._num_sequences + np.cumsum(spd))
 
     def add_index(self, other_prefix: str) -> None:
-        """Append all documents of another indexed dataset (same dtype), copying its `.bin` in chunks."""
+        """Append all documents of another indexed dataset (same dtype), copying its files in chunks."""
         other = IndexedDataset(other_prefix)
         if other.dtype != self.dtype:
             raise ValueError(f"{other.path_prefix}: dtype {other.dtype.name} differs from the output's {self.dtype.name}")
@@ -272,33 +296,53 @@ class IndexedDatasetWriter:
                 if not chunk:
                     break
                 self._bin.write(chunk)
-        self._lengths.append(np.array(other.sequence_lengths, dtype=np.int32))
-        self._doc_ends.append(self._num_sequences + np.array(other.document_indices[1:], dtype=np.int64))
+        step = 1 << 22
+        base = self._num_sequences
+        for a in range(0, max(len(other), 1), step):
+            lens = np.array(other.sequence_lengths[a:a + step], dtype=np.int64)
+            self._lengths.append(lens.astype("<i4"))
+            self._buffered += len(lens)
+            self._num_tokens += int(lens.sum())
+            self._spill()
         self._num_sequences += len(other)
-        self._num_tokens += other.num_tokens
+        for a in range(1, other.num_documents + 1, step):
+            ends = base + np.array(other.document_indices[a:a + step], dtype=np.int64)
+            self._doc_ends.append(ends.astype("<i8"))
+            self._num_documents += len(ends)
+            self._spill()
 
     def finalize(self) -> None:
-        """Write the index and atomically move both files to their final names."""
+        """Write the index (streaming from the side files) and atomically move both files into place."""
         if self._closed:
             raise RuntimeError(f"{self.path_prefix}: writer already closed")
-        self._bin.close()
+        self._spill()
+        for f in (self._bin, self._len_f, self._doc_f):
+            f.close()
         self._closed = True
-        n = self._num_sequences
-        lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int32)
-        pointers = np.zeros(n, np.int64)
-        if n > 1:
-            np.cumsum(lengths[:-1].astype(np.int64) * self.dtype.itemsize, out=pointers[1:])
-        docs = np.concatenate([np.zeros(1, np.int64)] + self._doc_ends)
+        n, d = self._num_sequences, self._num_documents + 1
+        itemsize = self.dtype.itemsize
         idx_tmp = idx_path(self.path_prefix) + self._tmp_suffix
+        step = 1 << 22
         with open(idx_tmp, "wb") as f:
             f.write(MAGIC)
             f.write(struct.pack("<Q", VERSION))
             f.write(struct.pack("<B", CODE_OF_DTYPE[self.dtype]))
             f.write(struct.pack("<Q", n))
-            f.write(struct.pack("<Q", len(docs)))
-            f.write(lengths.astype("<i4").tobytes())
-            f.write(pointers.astype("<i8").tobytes())
-            f.write(docs.astype("<i8").tobytes())
+            f.write(struct.pack("<Q", d))
+            with open(self._len_tmp, "rb") as lf:  # lengths
+                while chunk := lf.read(4 * step):
+                    f.write(chunk)
+            carry = 0
+            with open(self._len_tmp, "rb") as lf:  # byte pointers = exclusive cumsum of lengths
+                while chunk := lf.read(4 * step):
+                    lens = np.frombuffer(chunk, "<i4").astype(np.int64) * itemsize
+                    ptr = np.cumsum(lens) - lens + carry
+                    carry = int(ptr[-1] + lens[-1])
+                    f.write(ptr.astype("<i8").tobytes())
+            f.write(np.zeros(1, "<i8").tobytes())  # document indices start at 0
+            with open(self._doc_tmp, "rb") as df:
+                while chunk := df.read(8 * step):
+                    f.write(chunk)
         # Remove any old index first and rename the .idx last: if the process dies in between there
         # is no .idx, so no valid-looking pair exists.
         try:
@@ -307,13 +351,16 @@ class IndexedDatasetWriter:
             pass
         os.replace(self._bin_tmp, bin_path(self.path_prefix))
         os.replace(idx_tmp, idx_path(self.path_prefix))
+        for p in (self._len_tmp, self._doc_tmp):
+            os.remove(p)
 
     def abort(self) -> None:
         """Close and delete the temporary files."""
         if not self._closed:
-            self._bin.close()
+            for f in (self._bin, self._len_f, self._doc_f):
+                f.close()
             self._closed = True
-        for p in (self._bin_tmp, idx_path(self.path_prefix) + self._tmp_suffix):
+        for p in (self._bin_tmp, self._len_tmp, self._doc_tmp, idx_path(self.path_prefix) + self._tmp_suffix):
             try:
                 os.remove(p)
             except FileNotFoundError:

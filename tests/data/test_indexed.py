@@ -166,3 +166,19 @@ def test_empty_dataset(tmp_path):
     write_dataset(prefix, [], dtype=np.uint16)
     ds = IndexedDataset(prefix)
     assert len(ds) == 0 and ds.num_documents == 0
+
+
+def test_spilling_and_merge_via_add_index(tmp_path, monkeypatch):
+    """Force tiny spill buffers so the streamed index assembly is exercised across many chunks."""
+    monkeypatch.setattr(IndexedDatasetWriter, "_SPILL", 7)
+    rng = np.random.default_rng(1)
+    docs = [rng.integers(0, 1000, size=rng.integers(0, 9)).tolist() for _ in range(50)]
+    a, b, out = (str(tmp_path / x) for x in "abo")
+    write_dataset(a, docs[:20], dtype=np.uint16)
+    write_dataset(b, docs[20:], dtype=np.uint16)
+    with IndexedDatasetWriter(out, np.uint16) as w:
+        w.add_index(a)
+        w.add_index(b)
+    version, code, doc_idx, seqs = spec_read(out)
+    assert seqs == docs and doc_idx == list(range(51))
+    assert sorted(os.listdir(tmp_path)) == sorted(["a.bin", "a.idx", "b.bin", "b.idx", "o.bin", "o.idx"])

@@ -1,0 +1,327 @@
+"""Tokenizers with Megatron-LM's names and special-token conventions.
+
+`build_tokenizer(tokenizer_type, tokenizer_model, make_vocab_size_divisible_by=128)` accepts:
+
+- `GPTSentencePieceTokenizer`: a SentencePiece model used as is; EOD is the model's EOS id,
+  text is encoded as plain SentencePiece ids (Megatron's `_GPTSentencePieceTokenizer`).
+- `SentencePieceTokenizer`: Megatron's `_SentencePieceTokenizer`: the SentencePiece vocabulary plus
+  the special tokens <CLS> <SEP> <EOD> <MASK> (and <PAD>/<BOS>/<EOS> when the model lacks them),
+  each appended at the end of the vocabulary when not already a piece; literal occurrences of those
+  tokens in the text are encoded as their ids; EOD is the <EOD> id.
+- `HuggingFaceTokenizer`: a local Hugging Face `tokenizer.json` (a file, or a directory holding it and
+  optionally `tokenizer_config.json` / `special_tokens_map.json`), loaded with the `tokenizers`
+  package, no hub access. Like Megatron (which calls `AutoTokenizer(text).input_ids`) encoding adds
+  the post-processor's special tokens (e.g. Gemma's <bos>); EOD is the EOS token.
+- `NullTokenizer`: `tokenizer_model` is a vocabulary size; text is space-separated integer ids and
+  EOD is the id just past the vocabulary (Megatron's convention), handy for tests.
+
+Every tokenizer exposes `vocab_size` (unpadded), `padded_vocab_size`, `eod`, `bos`, `pad`,
+`encode(text)`, `encode_batch(texts)`, `decode(ids)`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Sequence
+
+
+def pad_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int = 128, tensor_parallel_size: int = 1) -> int:
+    """Round `vocab_size` up to a multiple of `make_vocab_size_divisible_by * tensor_parallel_size`
+    (Megatron's rule; 262,145 -> 262,272 = 2049 x 128 for ZAYA1's Gemma-3 vocabulary)."""
+    multiple = int(make_vocab_size_divisible_by) * int(tensor_parallel_size)
+    if multiple <= 0:
+        raise ValueError(f"make_vocab_size_divisible_by * tensor_parallel_size must be positive, got {multiple}")
+    return ((int(vocab_size) + multiple - 1) // multiple) * multiple
+
+
+class BaseTokenizer:
+    """Common interface; subclasses set `_vocab_size`, `_eod`, `_bos`, `_pad`."""
+
+    name = "base"
+
+    def __init__(self, make_vocab_size_divisible_by: int = 128, tensor_parallel_size: int = 1):
+        self.make_vocab_size_divisible_by = make_vocab_size_divisible_by
+        self.tensor_parallel_size = tensor_parallel_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return pad_vocab_size(self._vocab_size, self.make_vocab_size_divisible_by, self.tensor_parallel_size)
+
+    @property
+    def eod(self) -> int:
+        return self._eod
+
+    @property
+    def bos(self) -> int | None:
+        return self._bos
+
+    @property
+    def pad(self) -> int | None:
+        return self._pad
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        raise NotImplementedError
+
+    # Megatron's method names, so scripts written against it keep working.
+    def tokenize(self, text: str) -> list[int]:
+        return self.encode(text)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.decode(ids)
+
+
+def _load_sentencepiece(model_path: str):
+    import sentencepiece as spm
+
+    if not os.path.isfile(model_path):
+        raise FileNotFoundError(f"--tokenizer-model {model_path}: SentencePiece model file not found")
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.Load(model_path)
+    except (OSError, RuntimeError) as e:
+        raise ValueError(f"--tokenizer-model {model_path}: not a valid SentencePiece model ({e})") from None
+    return sp
+
+
+def _to_int_list(ids) -> list[int]:
+    return [int(i) for i in ids]
+
+
+class GPTSentencePieceTokenizer(BaseTokenizer):
+    """SentencePiece ids as is; EOD = EOS (Megatron's GPTSentencePieceTokenizer)."""
+
+    name = "GPTSentencePieceTokenizer"
+
+    def __init__(self, model_path: str, **kw):
+        super().__init__(**kw)
+        self.model_path = model_path
+        self.sp = _load_sentencepiece(model_path)
+        self._vocab_size = self.sp.GetPieceSize()
+        self._eod = self.sp.eos_id()
+        self._bos = self.sp.bos_id()
+        self._pad = self.sp.pad_id()
+        if self._eod < 0:
+            raise ValueError(f"--tokenizer-model {model_path}: the SentencePiece model has no EOS piece, which GPTSentencePieceTokenizer uses as EOD")
+
+    def encode(self, text: str) -> list[int]:
+        return self.sp.EncodeAsIds(text)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return self.sp.Encode(list(texts), num_threads=1)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.sp.DecodeIds(_to_int_list(ids))
+
+
+class SentencePieceTokenizer(BaseTokenizer):
+    """Megatron's SentencePieceTokenizer: SentencePiece plus appended special tokens, EOD = <EOD>."""
+
+    name = "SentencePieceTokenizer"
+
+    def __init__(self, model_path: str, vocab_extra_ids: int = 0, **kw):
+        super().__init__(**kw)
+        self.model_path = model_path
+        self.sp = _load_sentencepiece(model_path)
+        self._vocab: dict[str, int] = {}
+        for i in range(self.sp.GetPieceSize()):
+            self._vocab[self.sp.IdToPiece(i)] = i
+        self._special: dict[str, int] = {}  # insertion order matters for ties, as in Megatron
+
+        def add(token: str) -> int:
+            if token not in self._vocab:
+                self._vocab[token] = len(self._vocab)
+            self._special[token] = self._vocab[token]
+            return self._vocab[token]
+
+        self._cls = add("<CLS>")
+        self._sep = add("<SEP>")
+        self._eod = add("<EOD>")
+        self._mask = add("<MASK>")
+        self._pad = add(self._piece_or(self.sp.pad_id(), "<PAD>"))
+        self._bos = add(self._piece_or(self.sp.bos_id(), "<BOS>"))
+        self._eos = add(self._piece_or(self.sp.eos_id(), "<EOS>"))
+        for i in range(vocab_extra_ids):
+            add(f"<extra_id_{i}>")
+        self._vocab_size = len(self._vocab)
+        self._inv_special = {v: k for k, v in self._special.items()}
+
+    def _piece_or(self, piece_id: int, default: str) -> str:
+        if 0 <= piece_id < self.sp.GetPieceSize():
+            return self.sp.IdToPiece(piece_id)
+        return default
+
+    @property
+    def eos(self) -> int:
+        return self._eos
+
+    def _has_special(self, text: str) -> bool:
+        return any(tok in text for tok in self._special)
+
+    def encode(self, text: str) -> list[int]:
+        if not self._has_special(text):
+            return self.sp.EncodeAsIds(text)
+        ids: list[int] = []
+        pos = 0
+        while True:
+            best_tok, best_at = None, -1
+            for tok in self._special:  # earliest occurrence; first-registered wins a tie
+                at = text.find(tok, pos)
+                if at >= 0 and (best_tok is None or at < best_at):
+                    best_tok, best_at = tok, at
+            if best_tok is None:
+                break
+            ids.extend(self.sp.EncodeAsIds(text[pos:best_at]))
+            ids.append(self._special[best_tok])
+            pos = best_at + len(best_tok)
+        ids.extend(self.sp.EncodeAsIds(text[pos:]))
+        return ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        texts = list(texts)
+        plain = [i for i, t in enumerate(texts) if not self._has_special(t)]
+        out: list = [None] * len(texts)
+        if plain:
+            for i, ids in zip(plain, self.sp.Encode([texts[i] for i in plain], num_threads=1)):
+                out[i] = ids
+        for i, t in enumerate(texts):
+            if out[i] is None:
+                out[i] = self.encode(t)
+        return out
+
+    def decode(self, ids: Sequence[int]) -> str:
+        ids = _to_int_list(ids)
+        parts, start = [], 0
+        for i, tid in enumerate(ids):
+            if tid in self._inv_special:
+                parts.append(self.sp.DecodeIds(ids[start:i]) + " " + self._inv_special[tid] + " ")
+                start = i + 1
+        parts.append(self.sp.DecodeIds(ids[start:]))
+        return "".join(parts)
+
+
+_EOS_CANDIDATES = ("<eos>", "</s>", "<|endoftext|>", "<|end_of_text|>", "<|im_end|>", "[SEP]")
+_BOS_CANDIDATES = ("<bos>", "<s>", "<|begin_of_text|>", "<|startoftext|>", "[CLS]")
+_PAD_CANDIDATES = ("<pad>", "[PAD]", "<|pad|>", "<|finetune_right_pad_id|>")
+
+
+def _token_content(value) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return value.get("content")
+    return None
+
+
+class HuggingFaceTokenizer(BaseTokenizer):
+    """A local `tokenizer.json` via the `tokenizers` package (no hub access)."""
+
+    name = "HuggingFaceTokenizer"
+
+    def __init__(self, path: str, **kw):
+        super().__init__(**kw)
+        from tokenizers import Tokenizer
+
+        if os.path.isdir(path):
+            directory, json_path = path, os.path.join(path, "tokenizer.json")
+        else:
+            directory, json_path = os.path.dirname(path) or ".", path
+        if not os.path.isfile(json_path):
+            raise FileNotFoundError(f"--tokenizer-model {path}: no tokenizer.json found (give the file or the directory holding it)")
+        try:
+            self.tok = Tokenizer.from_file(json_path)
+        except Exception as e:  # the tokenizers package raises a generic Exception on bad files
+            raise ValueError(f"--tokenizer-model {json_path}: not a valid Hugging Face tokenizer.json ({e})") from None
+        self.model_path = json_path
+        self._vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
+        declared: dict[str, str] = {}
+        for name in ("special_tokens_map.json", "tokenizer_config.json"):  # config wins
+            p = os.path.join(directory, name)
+            if os.path.isfile(p):
+                with open(p, encoding="utf-8") as f:
+                    cfg = json.load(f)
+                for key in ("eos_token", "bos_token", "pad_token"):
+                    content = _token_content(cfg.get(key))
+                    if content is not None:
+                        declared[key] = content
+        self._eod = self._find("eos_token", declared, _EOS_CANDIDATES)
+        self._bos = self._find("bos_token", declared, _BOS_CANDIDATES)
+        self._pad = self._find("pad_token", declared, _PAD_CANDIDATES)
+        if self._eod is None:
+            raise ValueError(
+                f"--tokenizer-model {json_path}: cannot tell the EOS/EOD token; add a tokenizer_config.json "
+                f"with \"eos_token\" beside it (none of {list(_EOS_CANDIDATES)} is in the vocabulary)"
+            )
+
+    def _find(self, key: str, declared: dict, candidates) -> int | None:
+        if key in declared:
+            tid = self.tok.token_to_id(declared[key])
+            if tid is not None:
+                return tid
+        for c in candidates:
+            tid = self.tok.token_to_id(c)
+            if tid is not None:
+                return tid
+        return None
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=True).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self.tok.encode_batch(list(texts), add_special_tokens=True)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tok.decode(_to_int_list(ids), skip_special_tokens=False)
+
+
+class NullTokenizer(BaseTokenizer):
+    """Text is space-separated integer ids; EOD = the id right after the vocabulary."""
+
+    name = "NullTokenizer"
+
+    def __init__(self, vocab_size, **kw):
+        super().__init__(**kw)
+        try:
+            base = int(vocab_size)
+        except (TypeError, ValueError):
+            raise ValueError(f"--tokenizer-model for NullTokenizer must be the vocabulary size, got {vocab_size!r}") from None
+        self._eod = base
+        self._vocab_size = base + 1
+        self._bos = None
+        self._pad = None
+
+    def encode(self, text: str) -> list[int]:
+        return [int(x) for x in text.split()]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return " ".join(str(int(i)) for i in ids)
+
+
+TOKENIZER_TYPES = {
+    "GPTSentencePieceTokenizer": GPTSentencePieceTokenizer,
+    "SentencePieceTokenizer": SentencePieceTokenizer,
+    "HuggingFaceTokenizer": HuggingFaceTokenizer,
+    "NullTokenizer": NullTokenizer,
+}
+
+
+def build_tokenizer(tokenizer_type: str, tokenizer_model, make_vocab_size_divisible_by: int = 128,
+                    tensor_parallel_size: int = 1, **kwargs) -> BaseTokenizer:
+    """Build a tokenizer by Megatron's `--tokenizer-type` name from `--tokenizer-model`."""
+    cls = TOKENIZER_TYPES.get(tokenizer_type)
+    if cls is None:
+        raise ValueError(f"--tokenizer-type {tokenizer_type!r} is not supported; choose one of {sorted(TOKENIZER_TYPES)}")
+    if tokenizer_model is None:
+        raise ValueError(f"--tokenizer-type {tokenizer_type} needs --tokenizer-model")
+    return cls(tokenizer_model, make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+               tensor_parallel_size=tensor_parallel_size, **kwargs)

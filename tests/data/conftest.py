@@ -1,0 +1,41 @@
+"""Shared fixtures for the data-pipeline tests: small generated corpora and tokenizers."""
+
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+
+from megatron_zaya.data.synthetic import TextGenerator
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def load_tool(name):
+    """Import tools/<name>.py as a module (tools/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"_tool_{name}", os.path.join(ROOT, "tools", f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("corpus")
+    gen = TextGenerator(seed=3, lexicon_size=3000)
+    with open(d / "train.jsonl", "w", encoding="utf-8") as f:
+        for _ in range(300):
+            f.write(json.dumps({"text": gen.document(max_sentences=8)}) + "\n")
+    return d
+
+
+@pytest.fixture(scope="session")
+def sp_model(corpus_dir):
+    """A 1000-piece BPE SentencePiece model with byte fallback, trained by tools/train_tokenizer.py."""
+    tool = load_tool("train_tokenizer")
+    prefix = str(corpus_dir / "sp_bpe")
+    rc = tool.main(["--input", str(corpus_dir / "train.jsonl"), "--vocab-size", "1000",
+                    "--output-prefix", prefix, "--num-threads", "1"])
+    assert rc == 0
+    return prefix + ".model"
