@@ -1,0 +1,366 @@
+"""Streaming, parallel tokenization of raw corpora into Megatron `.bin/.idx` files.
+
+The main process reads raw records (JSONL lines or text documents) and groups them into chunks of
+about `chunk_bytes`; worker processes decode, parse, optionally trim and tokenize a chunk and send
+back compact numpy arrays; the main process appends them, in input order, to one
+`IndexedDatasetWriter` per JSON key. At most `2 x workers` chunks are in flight, so memory does not
+depend on the input size. Bad records are counted per reason (with the first few locations) and
+never abort the run. See docs/DATA.md.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .indexed import IndexedDatasetWriter, optimal_dtype
+from .sources import Record, expand_inputs, input_size, is_jsonl, iter_records
+from .tokenizer import build_tokenizer
+from .trimming import OUTCOMES, ReasoningTrimmer
+
+MAX_EXAMPLES = 5  # locations remembered per skip reason
+
+
+@dataclass
+class PreprocessConfig:
+    input: list[str]
+    output_prefix: str
+    tokenizer_type: str
+    tokenizer_model: str
+    json_keys: list[str] = field(default_factory=lambda: ["text"])
+    append_eod: bool = False
+    workers: int = 1
+    text_mode: str = "file"
+    vocab_extra_ids: int = 0
+    trim_max_length: int | None = None
+    reasoning_markers: tuple[str, str] = ("<think>", "</think>")
+    chunk_bytes: int = 1 << 20
+    log_interval: int = 100000
+    progress: bool | None = None  # None: a bar when stderr is a terminal, log lines otherwise
+    strict: bool = False
+
+
+@dataclass
+class Stats:
+    documents: int = 0
+    tokens: int = 0
+    bytes: int = 0
+    records: int = 0
+    skipped: collections.Counter = field(default_factory=collections.Counter)
+    examples: dict = field(default_factory=dict)
+    trimming: collections.Counter = field(default_factory=collections.Counter)
+
+    def skip(self, reason: str, where: str) -> None:
+        self.skipped[reason] += 1
+        ex = self.examples.setdefault(reason, [])
+        if len(ex) < MAX_EXAMPLES:
+            ex.append(where)
+
+    def merge(self, other: "Stats") -> None:
+        self.documents += other.documents
+        self.tokens += other.tokens
+        self.bytes += other.bytes
+        self.records += other.records
+        self.skipped.update(other.skipped)
+        self.trimming.update(other.trimming)
+        for k, v in other.examples.items():
+            ex = self.examples.setdefault(k, [])
+            ex.extend(v[: MAX_EXAMPLES - len(ex)])
+
+
+class StrictError(ValueError):
+    pass
+
+
+class Encoder:
+    """Turns a chunk of raw records into per-key token arrays (runs inside a worker)."""
+
+    def __init__(self, cfg: PreprocessConfig):
+        self.cfg = cfg
+        kw = {"vocab_extra_ids": cfg.vocab_extra_ids} if cfg.tokenizer_type == "SentencePieceTokenizer" else {}
+        self.tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, **kw)
+        self.dtype = optimal_dtype(self.tokenizer.vocab_size)
+        self.trimmer = None
+        if cfg.trim_max_length:
+            open_m, close_m = cfg.reasoning_markers
+            self.trimmer = ReasoningTrimmer(self.tokenizer.encode, self.tokenizer.decode, cfg.trim_max_length,
+                                            open_m, close_m, extra_tokens=1 if cfg.append_eod else 0)
+
+    def encode_chunk(self, records: list[Record]):
+        cfg = self.cfg
+        stats = Stats()
+        keys = cfg.json_keys
+        docs: dict[str, list] = {k: [] for k in keys}  # per key: list of (where, [sentences])
+        for rec in records:
+            stats.records += 1
+            stats.bytes += len(rec.raw)
+            where = f"{rec.source}:{rec.line}"
+            try:
+                text = rec.raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                self._skip(stats, "not UTF-8", where, f"invalid byte at offset {e.start}")
+                continue
+            if not rec.is_json:
+                docs[keys[0]].append((where, [text]))
+                continue
+            if not text.strip():
+                self._skip(stats, "blank line", where)
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as e:
+                self._skip(stats, "malformed JSON", where, f"{e.msg} at column {e.colno}")
+                continue
+            if not isinstance(obj, dict):
+                self._skip(stats, "not a JSON object", where)
+                continue
+            missing = [k for k in keys if k not in obj]
+            if missing:
+                self._skip(stats, f"missing key {missing[0]!r}", where)
+                continue
+            values = {}
+            for k in keys:
+                v = obj[k]
+                if isinstance(v, str):
+                    values[k] = [v]
+                elif isinstance(v, list) and all(isinstance(s, str) for s in v):
+                    values[k] = v  # a list of sentences: one sequence each, as in Megatron
+                else:
+                    values[k] = None
+                    self._skip(stats, f"key {k!r} is not a string", where)
+                    break
+            if any(v is None for v in values.values()):
+                continue
+            for k in keys:
+                docs[k].append((where, values[k]))
+        out = {}
+        for k in keys:
+            out[k] = self._tokenize(docs[k], stats)
+        return out, stats
+
+    def _skip(self, stats: Stats, reason: str, where: str, detail: str = "") -> None:
+        if self.cfg.strict:
+            raise StrictError(f"{where}: {reason}" + (f" ({detail})" if detail else ""))
+        stats.skip(reason, f"{where} ({detail})" if detail else where)
+
+    def _tokenize(self, docs: list, stats: Stats):
+        tok = self.tokenizer
+        flat = [s for _, sents in docs for s in sents]
+        encoded = tok.encode_batch(flat) if flat else []
+        pieces, seq_lens, per_doc = [], [], []
+        it = iter(encoded)
+        eod = [tok.eod] if self.cfg.append_eod else []
+        for where, sents in docs:
+            doc_ids = [next(it) for _ in sents]
+            if self.trimmer is not None:
+                if len(sents) != 1:
+                    ids, outcome = doc_ids[0], "fit"  # sentence lists are not trimmed
+                else:
+                    ids, outcome = self.trimmer(sents[0], doc_ids[0])
+                    doc_ids = [ids] if ids is not None else []
+                stats.trimming[outcome] += 1
+                if ids is None:
+                    continue
+            lens = [len(x) for x in doc_ids if len(x) > 0]
+            if not lens:
+                self._skip(stats, "empty document", where)
+                continue
+            for x in doc_ids:
+                if x:
+                    pieces.append(x)
+            if eod:
+                pieces.append(eod)
+                lens[-1] += 1
+            seq_lens.extend(lens)
+            per_doc.append(len(lens))
+        n_tokens = sum(seq_lens)
+        tokens = np.fromiter(itertools.chain.from_iterable(pieces), dtype=self.dtype, count=n_tokens)
+        stats.documents += len(per_doc)
+        stats.tokens += n_tokens
+        return tokens, np.asarray(seq_lens, np.int64), np.asarray(per_doc, np.int64)
+
+
+_WORKER: Encoder | None = None
+
+
+def _init_worker(cfg: PreprocessConfig) -> None:
+    global _WORKER
+    _WORKER = Encoder(cfg)
+
+
+def _work(records):
+    try:
+        return _WORKER.encode_chunk(records)
+    except StrictError as e:
+        return e
+
+
+def _chunks(records, chunk_bytes: int):
+    buf, size = [], 0
+    for rec in records:
+        buf.append(rec)
+        size += len(rec.raw) + 64
+        if size >= chunk_bytes:
+            yield buf
+            buf, size = [], 0
+    if buf:
+        yield buf
+
+
+def output_prefix_for(prefix: str, key: str) -> str:
+    return f"{prefix}_{key}_document"
+
+
+class Progress:
+    """A tqdm bar (bytes, with docs/s and tokens/s) or periodic log lines."""
+
+    def __init__(self, total_bytes: int | None, enabled: bool | None, log_interval: int):
+        self.start = time.time()
+        self.log_interval = max(1, log_interval)
+        self.next_log = self.log_interval
+        if enabled is None:
+            enabled = sys.stderr.isatty()
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenizing", file=sys.stderr,
+                            mininterval=0.5)
+
+    def update(self, stats: Stats, chunk_bytes: int) -> None:
+        dt = max(time.time() - self.start, 1e-9)
+        if self.bar is not None:
+            self.bar.update(chunk_bytes)
+            self.bar.set_postfix_str(f"{stats.documents / dt:,.0f} docs/s, {stats.tokens / dt / 1e6:.2f}M tok/s", refresh=False)
+        elif stats.documents >= self.next_log:
+            print(f"processed {stats.documents:,} documents ({stats.documents / dt:,.0f} docs/s, "
+                  f"{stats.tokens / dt / 1e6:.2f}M tokens/s, {stats.bytes / dt / 1e6:.1f} MB/s)", file=sys.stderr)
+            while self.next_log <= stats.documents:
+                self.next_log += self.log_interval
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run(cfg: PreprocessConfig) -> dict:
+    """Tokenize `cfg.input` into `{output_prefix}_{key}_document.{bin,idx}`; returns a summary dict.
+
+    Raises ValueError/FileNotFoundError (bad flags or inputs) and `EmptyInputError` (no documents);
+    on any failure no output file is left behind.
+    """
+    paths = expand_inputs(cfg.input)
+    if cfg.workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {cfg.workers}")
+    if not cfg.json_keys:
+        raise ValueError("--json-keys needs at least one key")
+    if not any(is_jsonl(p) for p in paths) and len(cfg.json_keys) > 1:
+        raise ValueError("--json-keys with several keys only applies to JSONL input")
+    main_encoder = Encoder(cfg)  # validates the tokenizer and trimming flags before any work
+    dtype = main_encoder.dtype
+    compressed = any(p.endswith((".gz", ".zst", ".zstd")) for p in paths)
+    progress = Progress(None if compressed else input_size(paths), cfg.progress, cfg.log_interval)
+    writers = {k: IndexedDatasetWriter(output_prefix_for(cfg.output_prefix, k), dtype) for k in cfg.json_keys}
+    stats = Stats()
+    t0 = time.time()
+    pool = None
+    try:
+        chunks = _chunks(iter_records(paths, cfg.text_mode), cfg.chunk_bytes)
+
+        def consume(result):
+            if isinstance(result, Exception):
+                raise result
+            out, st = result
+            for k, (tokens, lens, per_doc) in out.items():
+                writers[k].add_documents(tokens, lens, per_doc)
+            stats.merge(st)
+            progress.update(stats, st.bytes)
+
+        if cfg.workers == 1:
+            for chunk in chunks:
+                try:
+                    consume(main_encoder.encode_chunk(chunk))
+                except StrictError as e:
+                    raise ValueError(str(e)) from None
+        else:
+            ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+            pool = ctx.Pool(cfg.workers, initializer=_init_worker, initargs=(cfg,))
+            pending: collections.deque = collections.deque()
+            for chunk in chunks:
+                pending.append(pool.apply_async(_work, (chunk,)))
+                if len(pending) >= 2 * cfg.workers:
+                    consume_result = pending.popleft().get()
+                    if isinstance(consume_result, StrictError):
+                        raise ValueError(str(consume_result))
+                    consume(consume_result)
+            while pending:
+                r = pending.popleft().get()
+                if isinstance(r, StrictError):
+                    raise ValueError(str(r))
+                consume(r)
+            pool.close()
+            pool.join()
+            pool = None
+        if stats.documents == 0:
+            reasons = ", ".join(f"{n} {r}" for r, n in stats.skipped.items()) or "the input is empty"
+            raise EmptyInputError(f"--input {' '.join(cfg.input)}: no documents to write ({reasons})")
+        for w in writers.values():
+            w.finalize()
+    except BaseException:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+        for w in writers.values():
+            w.abort()
+        raise
+    finally:
+        progress.close()
+    elapsed = time.time() - t0
+    return {
+        "outputs": [output_prefix_for(cfg.output_prefix, k) for k in cfg.json_keys],
+        "dtype": np.dtype(dtype).name,
+        "vocab_size": main_encoder.tokenizer.vocab_size,
+        "records": stats.records,
+        "documents": stats.documents,
+        "tokens": stats.tokens,
+        "bytes": stats.bytes,
+        "skipped": dict(stats.skipped),
+        "skip_examples": stats.examples,
+        "trimming": {k: stats.trimming.get(k, 0) for k in OUTCOMES} if cfg.trim_max_length else None,
+        "seconds": elapsed,
+        "documents_per_s": stats.documents / max(elapsed, 1e-9),
+        "tokens_per_s": stats.tokens / max(elapsed, 1e-9),
+    }
+
+
+class EmptyInputError(ValueError):
+    """The input produced no documents."""
+
+
+def format_summary(s: dict) -> str:
+    lines = [
+        f"documents: {s['documents']:,} (from {s['records']:,} records)",
+        f"tokens:    {s['tokens']:,} ({s['dtype']}, vocab {s['vocab_size']:,})",
+        f"bytes:     {s['bytes']:,}",
+        f"time:      {s['seconds']:.1f}s, {s['documents_per_s']:,.0f} docs/s, {s['tokens_per_s'] / 1e6:.2f}M tokens/s",
+    ]
+    if s["skipped"]:
+        lines.append(f"skipped:   {sum(s['skipped'].values()):,}")
+        for reason, n in sorted(s["skipped"].items(), key=lambda kv: -kv[1]):
+            ex = ", ".join(s["skip_examples"].get(reason, []))
+            lines.append(f"  {reason}: {n:,}" + (f"  e.g. {ex}" if ex else ""))
+    else:
+        lines.append("skipped:   0")
+    if s["trimming"] is not None:
+        lines.append("trimming:  " + ", ".join(f"{k} {v:,}" for k, v in s["trimming"].items()))
+    for p in s["outputs"]:
+        lines.append(f"wrote:     {p}.bin / {p}.idx")
+    return "\n".join(lines)

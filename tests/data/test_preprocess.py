@@ -1,0 +1,200 @@
+"""tools/preprocess_data.py and tools/merge_datasets.py end to end on small generated corpora."""
+
+import gzip
+import json
+import os
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from conftest import load_tool
+from megatron_zaya.data import preprocess as pre
+from megatron_zaya.data.indexed import IndexedDataset
+from megatron_zaya.data.tokenizer import build_tokenizer
+
+PRE = load_tool("preprocess_data")
+MERGE = load_tool("merge_datasets")
+
+
+def docs_of(prefix):
+    ds = IndexedDataset(prefix)
+    return [ds.document(i).tolist() for i in range(ds.num_documents)]
+
+
+def run_tool(*args):
+    return PRE.main([*map(str, args), "--no-progress"])
+
+
+def test_jsonl_matches_megatron_convention_and_counts_bad_lines(tmp_path, sp_model, corpus_dir, capsys):
+    sp = spm.SentencePieceProcessor(model_file=sp_model)
+    good = [json.loads(l)["text"] for l in open(corpus_dir / "train.jsonl")][:20]
+    path = tmp_path / "in.jsonl"
+    with open(path, "wb") as f:
+        for i, t in enumerate(good):
+            f.write((json.dumps({"text": t, "id": i}) + "\n").encode())
+            if i == 3:
+                f.write(b'{"text": "broken\n')                      # line 5: malformed JSON
+            if i == 5:
+                f.write(b'{"other": "no text key"}\n')              # line 8: missing key
+            if i == 7:
+                f.write(b'{"text": "caf\xe9 latin-1"}\n')           # line 11: not UTF-8
+            if i == 9:
+                f.write(b'{"text": ""}\n')                          # line 14: empty document
+            if i == 11:
+                f.write(b"\n")                                       # line 17: blank line
+            if i == 13:
+                f.write(b'{"text": 42}\n')                          # line 20: not a string
+    out = tmp_path / "out"
+    assert run_tool("--input", path, "--output-prefix", out, "--tokenizer-type", "GPTSentencePieceTokenizer",
+                    "--tokenizer-model", sp_model, "--append-eod") == 0
+    summary = capsys.readouterr().out
+    expected = [sp.encode_as_ids(t) + [sp.eos_id()] for t in good]
+    assert docs_of(str(out) + "_text_document") == expected
+    assert IndexedDataset(str(out) + "_text_document").dtype == np.uint16
+    for reason, where in [("malformed JSON", "in.jsonl:5"), ("missing key 'text'", "in.jsonl:8"),
+                          ("not UTF-8", "in.jsonl:11"), ("empty document", "in.jsonl:14"),
+                          ("blank line", "in.jsonl:17"), ("key 'text' is not a string", "in.jsonl:20")]:
+        line = next(l for l in summary.splitlines() if l.strip().startswith(reason))
+        assert ": 1" in line and where in line, line
+    assert f"documents: {len(good)}" in summary and "skipped:   6" in summary
+
+
+def test_workers_and_chunks_give_identical_bytes(tmp_path, sp_model, corpus_dir):
+    outs = []
+    for workers, chunk in ((1, 1 << 20), (2, 3000)):
+        cfg = pre.PreprocessConfig(input=[str(corpus_dir / "train.jsonl")], output_prefix=str(tmp_path / f"o{workers}"),
+                                   tokenizer_type="GPTSentencePieceTokenizer", tokenizer_model=sp_model,
+                                   append_eod=True, workers=workers, chunk_bytes=chunk, progress=False)
+        s = pre.run(cfg)
+        assert s["documents"] == 300
+        outs.append([open(p + ext, "rb").read() for p in s["outputs"] for ext in (".bin", ".idx")])
+    assert outs[0] == outs[1]
+
+
+def test_sentencepiece_tokenizer_type_uses_eod_token(tmp_path, sp_model):
+    path = tmp_path / "in.jsonl.gz"
+    texts = ["hello world", "a<EOD>b", "third"]
+    with gzip.open(path, "wt") as f:
+        for t in texts:
+            f.write(json.dumps({"text": t}) + "\n")
+    assert run_tool("--input", path, "--output-prefix", tmp_path / "o", "--tokenizer-type", "SentencePieceTokenizer",
+                    "--tokenizer-model", sp_model, "--append-eod") == 0
+    tok = build_tokenizer("SentencePieceTokenizer", sp_model)
+    got = docs_of(str(tmp_path / "o_text_document"))
+    assert got == [tok.encode(t) + [tok.eod] for t in texts]
+    assert got[1].count(tok.eod) == 2 and tok.eod == 1002
+
+
+def test_plain_text_modes(tmp_path):
+    d = tmp_path / "txt"
+    d.mkdir()
+    (d / "a.txt").write_text("1 2 3\n4\n\n\n5 6\n")
+    (d / "b.txt").write_text("7 8\n")
+    assert run_tool("--input", d, "--output-prefix", tmp_path / "f", "--tokenizer-type", "NullTokenizer",
+                    "--tokenizer-model", 100, "--append-eod") == 0
+    assert docs_of(str(tmp_path / "f_text_document")) == [[1, 2, 3, 4, 5, 6, 100], [7, 8, 100]]
+    assert run_tool("--input", d / "a.txt", d / "b.txt", "--output-prefix", tmp_path / "p", "--tokenizer-type",
+                    "NullTokenizer", "--tokenizer-model", 100, "--text-mode", "paragraph") == 0
+    assert docs_of(str(tmp_path / "p_text_document")) == [[1, 2, 3, 4], [5, 6], [7, 8]]
+
+
+def test_several_keys_and_sentence_lists(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps({"q": "1 2", "a": ["3", "4 5"]}) + "\n" + json.dumps({"q": "6", "a": "7"}) + "\n")
+    assert run_tool("--input", path, "--json-keys", "q", "a", "--output-prefix", tmp_path / "o",
+                    "--tokenizer-type", "NullTokenizer", "--tokenizer-model", 10, "--append-eod") == 0
+    assert docs_of(str(tmp_path / "o_q_document")) == [[1, 2, 10], [6, 10]]
+    a = IndexedDataset(str(tmp_path / "o_a_document"))
+    assert a.document_indices.tolist() == [0, 2, 3]  # the list gives two sequences, EOD on the last
+    assert [a[i].tolist() for i in range(3)] == [[3], [4, 5, 10], [7, 10]]
+
+
+def test_large_vocab_is_int32(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps({"text": "70000 5 65535"}) + "\n")
+    assert run_tool("--input", path, "--output-prefix", tmp_path / "o", "--tokenizer-type", "NullTokenizer",
+                    "--tokenizer-model", 70001) == 0
+    ds = IndexedDataset(str(tmp_path / "o_text_document"))
+    assert ds.dtype == np.int32 and ds[0].tolist() == [70000, 5, 65535]
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n", b'{"text": ""}\n'])
+def test_empty_input_is_an_error_without_output(tmp_path, content, capsys):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(content)
+    assert run_tool("--input", path, "--output-prefix", tmp_path / "o", "--tokenizer-type", "NullTokenizer",
+                    "--tokenizer-model", 10) == 1
+    assert "no documents to write" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+
+
+def test_bad_flags_are_clear(tmp_path, capsys):
+    assert run_tool("--input", tmp_path / "missing.jsonl", "--output-prefix", tmp_path / "o",
+                    "--tokenizer-type", "NullTokenizer", "--tokenizer-model", 10) == 2
+    assert "missing.jsonl: no such file" in capsys.readouterr().err
+    (tmp_path / "x.jsonl.zst").write_bytes(b"\x28\xb5\x2f\xfd")
+    try:
+        import zstandard  # noqa: F401
+    except ImportError:
+        assert run_tool("--input", tmp_path / "x.jsonl.zst", "--output-prefix", tmp_path / "o",
+                        "--tokenizer-type", "NullTokenizer", "--tokenizer-model", 10) == 2
+        assert "zstandard" in capsys.readouterr().err
+    (tmp_path / "s.jsonl").write_text('{"text": "1"}\n{bad\n')
+    assert run_tool("--input", tmp_path / "s.jsonl", "--output-prefix", tmp_path / "o", "--strict",
+                    "--tokenizer-type", "NullTokenizer", "--tokenizer-model", 10) == 2
+    assert "s.jsonl:2: malformed JSON" in capsys.readouterr().err
+    assert not any(f.startswith("o") for f in os.listdir(tmp_path))
+
+
+def test_interrupted_run_leaves_no_output(tmp_path, monkeypatch):
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"text": f"{i} {i}"}) + "\n" for i in range(200)))
+    calls = {"n": 0}
+    real = pre.Encoder.encode_chunk
+
+    def flaky(self, records):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(self, records)
+
+    monkeypatch.setattr(pre.Encoder, "encode_chunk", flaky)
+    assert run_tool("--input", path, "--output-prefix", tmp_path / "o", "--tokenizer-type", "NullTokenizer",
+                    "--tokenizer-model", 1000, "--chunk-bytes", 200) == 130
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+
+
+def test_trimming_outcomes_are_counted(tmp_path, sp_model, capsys):
+    tok = build_tokenizer("GPTSentencePieceTokenizer", sp_model)
+    think = " ".join(["proment ver ex"] * 30)
+    rows = ["Short question. Short answer.",
+            f"Question? <think> {think} </think> Final answer.",
+            " ".join(["plain filler words"] * 40)]
+    max_len = 40
+    assert len(tok.encode(rows[0])) + 1 <= max_len < len(tok.encode(rows[1]))
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"text": r}) + "\n" for r in rows))
+    assert run_tool("--input", path, "--output-prefix", tmp_path / "o", "--tokenizer-type", "GPTSentencePieceTokenizer",
+                    "--tokenizer-model", sp_model, "--append-eod", "--trim-max-length", max_len,
+                    "--reasoning-markers", "<think>", "</think>") == 0
+    out = capsys.readouterr().out
+    assert "trimming:  fit 1, trimmed_last_reasoning 1, dropped_earlier_reasoning 0, answers_only 0, dropped 1" in out
+    docs = docs_of(str(tmp_path / "o_text_document"))
+    assert len(docs) == 2 and all(len(d) <= max_len for d in docs) and len(docs[1]) > max_len - 5
+    assert tok.decode(docs[1][:-1]).endswith("</think> Final answer.")
+
+
+def test_merge_datasets(tmp_path):
+    parts = []
+    for i in range(3):
+        p = tmp_path / f"p{i}.jsonl"
+        p.write_text("".join(json.dumps({"text": f"{i} {j} {j}"}) + "\n" for j in range(1, 4 + i)))
+        assert run_tool("--input", p, "--output-prefix", tmp_path / "parts" / f"p{i}", "--tokenizer-type",
+                        "NullTokenizer", "--tokenizer-model", 100, "--append-eod") == 0
+        parts.append(str(tmp_path / "parts" / f"p{i}_text_document"))
+    assert MERGE.main(["--input", str(tmp_path / "parts"), "--output-prefix", str(tmp_path / "m")]) == 0
+    assert docs_of(str(tmp_path / "m")) == [d for p in parts for d in docs_of(p)]
+    assert MERGE.main(["--input", parts[0] + ".idx", parts[2], "--output-prefix", str(tmp_path / "m2")]) == 0
+    assert docs_of(str(tmp_path / "m2")) == docs_of(parts[0]) + docs_of(parts[2])
+    assert MERGE.main(["--input", str(tmp_path / "nothing"), "--output-prefix", str(tmp_path / "m3")]) == 2

@@ -1,0 +1,94 @@
+"""Tokenize JSONL or text corpora into Megatron-LM compatible .bin/.idx files (streaming, parallel).
+
+    python tools/preprocess_data.py --input data/shakespeare.jsonl --json-keys text --append-eod \
+        --output-prefix data/shakespeare --tokenizer-type GPTSentencePieceTokenizer \
+        --tokenizer-model data/tokenizer/sp32k.model --workers 2
+
+Writes data/shakespeare_text_document.{bin,idx} (uint16 tokens when the vocabulary is below 65,500,
+int32 otherwise). --input takes files, directories or globs: .jsonl/.json/.ndjson (optionally .gz,
+or .zst with the zstandard package) hold one JSON document per line; other files are plain text,
+one document per file (--text-mode file), per blank-line-separated block (paragraph) or per line.
+Reasoning trimming: --trim-max-length 4096 --reasoning-markers '<think>' '</think>'.
+Exit status: 0 on success, 1 when nothing could be written, 2 on bad flags or inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from megatron_zaya.data.preprocess import (  # noqa: E402
+    EmptyInputError,
+    PreprocessConfig,
+    format_summary,
+    run,
+)
+from megatron_zaya.data.sources import InputError  # noqa: E402
+from megatron_zaya.data.tokenizer import TOKENIZER_TYPES  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("input")
+    g.add_argument("--input", nargs="+", required=True, help="files, directories or globs")
+    g.add_argument("--json-keys", nargs="+", default=["text"], help="JSON keys to tokenize (one output each)")
+    g.add_argument("--text-mode", choices=("file", "paragraph", "line"), default="file",
+                   help="documents in plain-text inputs: per file, blank-line-separated block, or line")
+    g.add_argument("--strict", action="store_true", help="stop at the first bad record instead of skipping it")
+    g = p.add_argument_group("tokenizer")
+    g.add_argument("--tokenizer-type", required=True, choices=sorted(TOKENIZER_TYPES))
+    g.add_argument("--tokenizer-model", required=True, help="SentencePiece .model, tokenizer.json (or its folder), or a vocab size for NullTokenizer")
+    g.add_argument("--vocab-extra-ids", type=int, default=0, help="SentencePieceTokenizer: <extra_id_N> tokens")
+    g.add_argument("--append-eod", action="store_true", help="append the EOD token to every document")
+    g = p.add_argument_group("trimming of reasoning samples")
+    g.add_argument("--trim-max-length", type=int, default=None, help="max tokens per sample (EOD included)")
+    g.add_argument("--reasoning-markers", nargs=2, default=["<think>", "</think>"], metavar=("OPEN", "CLOSE"))
+    g = p.add_argument_group("output and runtime")
+    g.add_argument("--output-prefix", required=True)
+    g.add_argument("--workers", type=int, default=1)
+    g.add_argument("--log-interval", type=int, default=100000, help="documents between log lines (without a terminal)")
+    g.add_argument("--chunk-bytes", type=int, default=1 << 20, help="raw bytes per work unit")
+    g.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
+    g.add_argument("--dataset-impl", default="mmap", choices=["mmap"], help="accepted for Megatron compatibility")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    cfg = PreprocessConfig(
+        input=args.input,
+        output_prefix=args.output_prefix,
+        tokenizer_type=args.tokenizer_type,
+        tokenizer_model=args.tokenizer_model,
+        json_keys=args.json_keys,
+        append_eod=args.append_eod,
+        workers=args.workers,
+        text_mode=args.text_mode,
+        vocab_extra_ids=args.vocab_extra_ids,
+        trim_max_length=args.trim_max_length,
+        reasoning_markers=tuple(args.reasoning_markers),
+        chunk_bytes=args.chunk_bytes,
+        log_interval=args.log_interval,
+        progress=False if args.no_progress else None,
+        strict=args.strict,
+    )
+    try:
+        summary = run(cfg)
+    except EmptyInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except (InputError, ValueError, FileNotFoundError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: no output written", file=sys.stderr)
+        return 130
+    print(format_summary(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
