@@ -1,15 +1,213 @@
 """Fused ops with one switch: Triton kernels on a GPU, the PyTorch reference elsewhere.
 
-The model and optimizers call the functions exported here; `reference.py` holds the math.
+The model and optimizers call the functions exported here; `reference.py` holds the math and is
+the single source of truth. Backend selection (see docs/KERNELS.md):
+
+* ``MEGATRON_ZAYA_KERNELS=auto`` (default): Triton when every tensor argument is on a CUDA/ROCm
+  device and triton imports; the reference otherwise (CPU tensors, triton missing or broken).
+* ``MEGATRON_ZAYA_KERNELS=triton``: always Triton (CPU tensors then need ``TRITON_INTERPRET=1``
+  set before the kernel modules are imported); an error if triton cannot be imported.
+* ``MEGATRON_ZAYA_KERNELS=torch``: always the reference.
+
+``set_kernel_backend(name)`` changes the switch at run time; ``kernel_backend()`` reads it.
+Importing this package never imports triton: kernel modules are imported on first use.
 """
-from megatron_zaya.kernels.reference import (  # noqa: F401
-    apply_partial_rope,
-    cross_entropy,
-    moe_permute,
-    moe_unpermute,
-    newton_schulz,
-    rms_norm,
-    scaled_residual_add,
-    scaled_residual_add_rms_norm,
-    swiglu,
-)
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+
+import torch
+
+from megatron_zaya.kernels import reference
+from megatron_zaya.kernels.reference import NS_COEFFICIENTS, rotate_half  # noqa: F401
+
+_BACKENDS = ("auto", "triton", "torch")
+_backend = "auto"
+_modules: dict[str, object] = {}
+_import_errors: dict[str, BaseException] = {}
+
+
+def set_kernel_backend(name: str) -> None:
+    """Select "auto", "triton" or "torch" for every op of this package."""
+    global _backend
+    name = str(name).strip().lower()
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown kernel backend {name!r}; expected one of {_BACKENDS}")
+    _backend = name
+
+
+def kernel_backend() -> str:
+    return _backend
+
+
+set_kernel_backend(os.environ.get("MEGATRON_ZAYA_KERNELS", "auto") or "auto")
+
+
+def _module(name: str):
+    """The Triton module `triton_<name>`, or None when triton is missing or fails to import."""
+    if name in _modules:
+        return _modules[name]
+    if name in _import_errors:
+        return None
+    try:
+        mod = importlib.import_module(f"megatron_zaya.kernels.triton_{name}")
+    except Exception as exc:  # triton missing, or broken on this machine: fall back to the reference
+        _import_errors[name] = exc
+        if _backend != "torch":
+            warnings.warn(f"megatron_zaya.kernels: Triton {name} unavailable ({exc!r}); using PyTorch")
+        return None
+    _modules[name] = mod
+    return mod
+
+
+def triton_available(name: str = "rmsnorm") -> bool:
+    return _module(name) is not None
+
+
+def _triton(name: str, *tensors):
+    """The Triton module to use for this call, or None for the reference."""
+    if _backend == "torch":
+        return None
+    if _backend == "auto" and not all(t.is_cuda for t in tensors if isinstance(t, torch.Tensor)):
+        return None
+    mod = _module(name)
+    if mod is None and _backend == "triton":
+        raise RuntimeError(f"MEGATRON_ZAYA_KERNELS=triton but the Triton {name} kernels cannot be imported") from _import_errors.get(name)
+    return mod
+
+
+# --------------------------------------------------------------------------- norms / residual
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    mod = _triton("rmsnorm", x, weight)
+    return mod.rms_norm(x, weight, eps) if mod else reference.rms_norm(x, weight, eps)
+
+
+def scaled_residual_add(out, residual, out_scale, out_bias, res_scale, res_bias) -> torch.Tensor:
+    args = (out, residual, out_scale, out_bias, res_scale, res_bias)
+    mod = _triton("rmsnorm", *args)
+    return mod.scaled_residual_add(*args) if mod else reference.scaled_residual_add(*args)
+
+
+def scaled_residual_add_rms_norm(
+    out, residual, out_scale, out_bias, res_scale, res_bias, norm_weight, eps, norm_dtype=None
+):
+    args = (out, residual, out_scale, out_bias, res_scale, res_bias, norm_weight)
+    mod = _triton("rmsnorm", *args)
+    impl = mod.scaled_residual_add_rms_norm if mod else reference.scaled_residual_add_rms_norm
+    return impl(*args, eps, norm_dtype)
+
+
+# --------------------------------------------------------------------------- SwiGLU / RoPE
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    mod = _triton("swiglu", gate_up)
+    return mod.swiglu(gate_up) if mod else reference.swiglu(gate_up)
+
+
+def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    mod = _triton("rope", x, cos, sin)
+    return mod.apply_partial_rope(x, cos, sin) if mod else reference.apply_partial_rope(x, cos, sin)
+
+
+def apply_partial_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """In-place partial RoPE (x must have a unit stride on the head dim); returns x."""
+    mod = _triton("rope", x, cos, sin)
+    return mod.apply_partial_rope_(x, cos, sin) if mod else reference.apply_partial_rope_(x, cos, sin)
+
+
+# --------------------------------------------------------------------------- cross-entropy
+
+
+def _ce_ops(*tensors):
+    return _triton("cross_entropy", *tensors) or reference
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-token fp32 cross-entropy (no reduction); label -100 gives loss 0, as in F.cross_entropy."""
+    ops = _ce_ops(logits, labels)
+    if ops is reference:
+        return reference.cross_entropy(logits, labels)
+    from megatron_zaya.kernels.ce_autograd import VocabParallelCrossEntropy
+
+    return VocabParallelCrossEntropy.apply(logits, labels, 0, None, reference.IGNORE_INDEX, ops)
+
+
+def vocab_parallel_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, vocab_start: int = 0, group=None,
+    ignore_index: int = reference.IGNORE_INDEX,
+) -> torch.Tensor:
+    """Per-token fp32 loss when this rank holds logits columns [vocab_start, vocab_start + V).
+    The partials are combined with all-reduces over `group` (None: a single rank)."""
+    from megatron_zaya.kernels.ce_autograd import VocabParallelCrossEntropy
+
+    return VocabParallelCrossEntropy.apply(logits, labels, int(vocab_start), group, ignore_index, _ce_ops(logits, labels))
+
+
+def cross_entropy_partials(logits, labels, vocab_start: int = 0):
+    return _ce_ops(logits, labels).cross_entropy_partials(logits, labels, vocab_start)
+
+
+combine_cross_entropy_partials = reference.combine_cross_entropy_partials
+
+
+def cross_entropy_grad(logits, labels, lse, grad_loss, vocab_start: int = 0,
+                       ignore_index: int = reference.IGNORE_INDEX, inplace: bool = False):
+    return _ce_ops(logits, labels).cross_entropy_grad(logits, labels, lse, grad_loss, vocab_start, ignore_index, inplace)
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, reduction: str = "mean",
+    ignore_index: int = reference.IGNORE_INDEX, vocab_start: int = 0, group=None, chunk_rows: int | None = None,
+) -> torch.Tensor:
+    """LM head + cross-entropy without the (tokens x vocab) fp32 logits: chunked over tokens,
+    gradients computed in the forward. Scalar loss ("mean" over non-ignored tokens, or "sum").
+    weight may be a vocab slice (vocab-parallel) starting at vocab_start, combined over `group`."""
+    from megatron_zaya.kernels.ce_autograd import LinearCrossEntropy
+
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    ops = _ce_ops(hidden, weight, labels)
+    return LinearCrossEntropy.apply(hidden, weight, labels, int(vocab_start), group, reduction, ignore_index, chunk_rows, ops)
+
+
+# --------------------------------------------------------------------------- MoE permute
+
+
+def moe_permute(x: torch.Tensor, expert_index: torch.Tensor, num_experts: int):
+    mod = _triton("moe_permute", x, expert_index)
+    return mod.moe_permute(x, expert_index, num_experts) if mod else reference.moe_permute(x, expert_index, num_experts)
+
+
+def moe_unpermute(expert_out: torch.Tensor, order: torch.Tensor, gate: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    mod = _triton("moe_permute", expert_out, order, gate)
+    impl = mod.moe_unpermute if mod else reference.moe_unpermute
+    return impl(expert_out, order, gate, num_tokens)
+
+
+# --------------------------------------------------------------------------- Newton-Schulz
+
+
+def newton_schulz(grad: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype=torch.bfloat16) -> torch.Tensor:
+    mod = _triton("newton_schulz", grad)
+    return mod.newton_schulz(grad, steps, eps, dtype) if mod else reference.newton_schulz(grad, steps, eps, dtype)
+
+
+def newton_schulz_many(grads: list, steps: int = 5, eps: float = 1e-7, dtype=torch.bfloat16) -> list:
+    """newton_schulz on a list of matrices; the Triton path batches same-shape matrices together."""
+    mod = _triton("newton_schulz", *grads)
+    return mod.newton_schulz_many(grads, steps, eps, dtype) if mod else reference.newton_schulz_many(grads, steps, eps, dtype)
+
+
+__all__ = [
+    "set_kernel_backend", "kernel_backend", "triton_available", "reference",
+    "rms_norm", "scaled_residual_add", "scaled_residual_add_rms_norm", "swiglu",
+    "apply_partial_rope", "apply_partial_rope_", "rotate_half", "cross_entropy",
+    "vocab_parallel_cross_entropy", "cross_entropy_partials", "combine_cross_entropy_partials",
+    "cross_entropy_grad", "linear_cross_entropy", "moe_permute", "moe_unpermute",
+    "newton_schulz", "newton_schulz_many", "NS_COEFFICIENTS",
+]

@@ -130,3 +130,100 @@ def newton_schulz(grad: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype=t
     if transposed:
         x = x.transpose(-2, -1)
     return x
+
+
+# --------------------------------------------------------------------------------------------
+# Additions for the fused kernels: in-place RoPE, combinable cross-entropy partials (vocab
+# parallel), cross-entropy fused with the LM head, batched Newton-Schulz over a list of matrices.
+
+IGNORE_INDEX = -100
+
+
+def apply_partial_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """In-place apply_partial_rope: rotates x's first rotary_dim channels and returns x."""
+    return x.copy_(apply_partial_rope(x, cos, sin))
+
+
+def cross_entropy_partials(
+    logits: torch.Tensor, labels: torch.Tensor, vocab_start: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row partials of one vocab slice (columns vocab_start .. vocab_start + V - 1), all fp32:
+    max of the slice, sum of exp(logit - max) over it, and the target logit (0 if the label is
+    not in the slice)."""
+    z = logits.float()
+    row_max = z.max(dim=-1).values
+    sumexp = torch.exp(z - row_max.unsqueeze(-1)).sum(dim=-1)
+    local = labels - vocab_start
+    in_slice = (local >= 0) & (local < z.shape[-1])
+    target = z.gather(-1, local.clamp(0, z.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
+    return row_max, sumexp, torch.where(in_slice, target, torch.zeros_like(target))
+
+
+def combine_cross_entropy_partials(
+    row_max: torch.Tensor,
+    sumexp: torch.Tensor,
+    target: torch.Tensor,
+    labels: torch.Tensor,
+    group=None,
+    ignore_index: int = IGNORE_INDEX,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge the partials of every vocab slice: all-reduces over `group` when it has more than one
+    rank (max of the maxima, sum of the rescaled sum-exps, sum of the target logits).
+    Returns (loss per row, 0 where label == ignore_index; log-sum-exp per row)."""
+    import torch.distributed as dist
+
+    distributed = group is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
+    global_max = row_max.clone()
+    if distributed:
+        dist.all_reduce(global_max, op=dist.ReduceOp.MAX, group=group)
+    total = sumexp * torch.exp(row_max - global_max)
+    target = target.clone()
+    if distributed:
+        dist.all_reduce(total, group=group)
+        dist.all_reduce(target, group=group)
+    lse = global_max + torch.log(total)
+    loss = torch.where(labels == ignore_index, torch.zeros_like(lse), lse - target)
+    return loss, lse
+
+
+def cross_entropy_grad(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    lse: torch.Tensor,
+    grad_loss: torch.Tensor,
+    vocab_start: int = 0,
+    ignore_index: int = IGNORE_INDEX,
+    inplace: bool = False,
+) -> torch.Tensor:
+    """d(loss)/d(logits) of one vocab slice: (softmax - onehot(label)) * grad_loss per row,
+    zero on rows whose label is ignore_index. Returned in logits' dtype (into logits if inplace)."""
+    z = logits.float()
+    grad = torch.exp(z - lse.unsqueeze(-1))
+    local = labels - vocab_start
+    in_slice = (local >= 0) & (local < z.shape[-1])
+    rows = torch.nonzero(in_slice).squeeze(-1)
+    grad[rows, local[rows]] -= 1.0
+    scale = torch.where(labels == ignore_index, torch.zeros_like(lse), grad_loss.float())
+    grad = (grad * scale.unsqueeze(-1)).to(logits.dtype)
+    return logits.copy_(grad) if inplace else grad
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    reduction: str = "mean",
+    ignore_index: int = IGNORE_INDEX,
+) -> torch.Tensor:
+    """LM head + cross-entropy: logits = hidden @ weight.T (in hidden's dtype), loss in fp32,
+    averaged over the non-ignored tokens ("mean") or summed ("sum")."""
+    logits = hidden.reshape(-1, hidden.shape[-1]) @ weight.t()
+    loss = F.cross_entropy(logits.float(), labels.reshape(-1), reduction="none", ignore_index=ignore_index)
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / (labels != ignore_index).sum().clamp(min=1)
+
+
+def newton_schulz_many(grads: list[torch.Tensor], steps: int = 5, eps: float = 1e-7, dtype=torch.bfloat16) -> list[torch.Tensor]:
+    """newton_schulz on each matrix of a list (e.g. every expert's weight gradient)."""
+    return [newton_schulz(g, steps, eps, dtype) for g in grads]

@@ -1,0 +1,44 @@
+"""Shared helpers for the Triton kernel modules (imported only when triton is importable)."""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+# Read once, when a kernel module is imported: that is also when @triton.jit decides between the
+# compiler and the interpreter, so the two always agree.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "no")
+
+
+def configs(gpu_configs: list, interpret_config):
+    """Autotune configs: the full list on a GPU, a single one when interpreting (each launched
+    program costs about a millisecond in the interpreter, so tuning there is pointless)."""
+    return [interpret_config] if INTERPRET else list(gpu_configs)
+
+
+def num_warps_configs(**meta):
+    """Configs that only vary num_warps (row kernels whose block size is fixed by the row length)."""
+    return configs(
+        [triton.Config(dict(meta), num_warps=w) for w in (2, 4, 8, 16)],
+        triton.Config(dict(meta), num_warps=1),
+    )
+
+
+def next_pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def num_programs_hint(device: torch.device) -> int:
+    """How many persistent programs a reduction kernel should launch."""
+    if INTERPRET or device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count * 4
+
+
+def rows_2d(x: torch.Tensor) -> torch.Tensor:
+    """View x as (rows, last_dim) with a unit stride on the last dim (copying only if needed)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.shape[-1] > 1 and x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    return x2

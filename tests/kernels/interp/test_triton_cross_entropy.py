@@ -1,0 +1,131 @@
+"""Cross-entropy kernels vs F.cross_entropy (reference.cross_entropy), forward and backward.
+
+Covers the per-token loss, the vocab-parallel partials (a vocab split into uneven slices whose
+partials are merged as the all-reduces would merge them), ignored labels, bf16 logits, and the
+chunked LM-head + cross-entropy. Tolerances: fp32 atol = rtol = 1e-5 for losses and logit grads;
+bf16 logits: loss 1e-4 (the math is fp32 on the same bf16 values), grads 1.6e-2 (bf16 storage);
+linear_cross_entropy in fp32: 1e-5 loss, 1e-5 grads."""
+import pytest
+import torch
+
+from megatron_zaya.kernels import ce_autograd as CE
+from megatron_zaya.kernels import reference as R
+from megatron_zaya.kernels import triton_cross_entropy as T
+
+TOL = dict(atol=1e-5, rtol=1e-5)
+
+
+def _problem(n, v, seed, dtype=torch.float32, ignore=True):
+    gen = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(n, v, generator=gen) * 4).to(dtype)
+    labels = torch.randint(0, v, (n,), generator=gen)
+    if ignore:
+        labels[1] = R.IGNORE_INDEX
+    grad = torch.randn(n, generator=gen)
+    return logits, labels, grad
+
+
+def _loss_and_grad(fn, logits, labels, grad):
+    z = logits.detach().clone().requires_grad_(True)
+    loss = fn(z, labels)
+    loss.backward(grad)
+    return loss.detach(), z.grad
+
+
+@pytest.mark.parametrize("n,v", [(5, 37), (4, 200)])
+def test_cross_entropy_single_slice(n, v, triton_backend):
+    logits, labels, grad = _problem(n, v, n * v)
+    loss, g = _loss_and_grad(triton_backend.cross_entropy, logits, labels, grad)
+    loss_r, g_r = _loss_and_grad(R.cross_entropy, logits, labels, grad)
+    assert loss.dtype == torch.float32 and loss[1] == 0
+    torch.testing.assert_close(loss, loss_r, **TOL)
+    torch.testing.assert_close(g, g_r, **TOL)
+
+
+def test_cross_entropy_bf16_logits(triton_backend):
+    logits, labels, grad = _problem(4, 150, 2, dtype=torch.bfloat16)
+    loss, g = _loss_and_grad(triton_backend.cross_entropy, logits, labels, grad)
+    loss_r, g_r = _loss_and_grad(R.cross_entropy, logits, labels, grad)
+    assert g.dtype == torch.bfloat16
+    torch.testing.assert_close(loss, loss_r, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(g.float(), g_r.float(), atol=1.6e-2, rtol=1.6e-2)
+
+
+@pytest.mark.parametrize("bounds", [(0, 45, 101, 130), (0, 64, 130)])
+def test_vocab_parallel_partials_combine(bounds):
+    """Split the vocab into uneven slices, merge the per-slice partials like the all-reduces do,
+    and check loss and the concatenated per-slice gradients against the full-vocab reference."""
+    n, v = 6, bounds[-1]
+    logits, labels, grad = _problem(n, v, len(bounds))
+    slices = [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    parts = [T.cross_entropy_partials(logits[:, lo:hi], labels, lo) for lo, hi in slices]
+    for (lo, hi), got in zip(slices, parts):  # each slice's partials match the reference partials
+        for a, b in zip(got, R.cross_entropy_partials(logits[:, lo:hi], labels, lo)):
+            torch.testing.assert_close(a, b, **TOL)
+    maxes, sums, targets = (torch.stack(t) for t in zip(*parts))
+    global_max = maxes.max(0).values                             # all_reduce(MAX)
+    total = (sums * torch.exp(maxes - global_max)).sum(0)        # all_reduce(SUM)
+    target = targets.sum(0)                                      # all_reduce(SUM)
+    lse = global_max + torch.log(total)
+    loss = torch.where(labels == R.IGNORE_INDEX, torch.zeros_like(lse), lse - target)
+    loss_r, g_r = _loss_and_grad(R.cross_entropy, logits, labels, grad)
+    torch.testing.assert_close(loss, loss_r, **TOL)
+    g = torch.cat([T.cross_entropy_grad(logits[:, lo:hi], labels, lse, grad, lo) for lo, hi in slices], dim=1)
+    torch.testing.assert_close(g, g_r, **TOL)
+
+
+def test_vocab_parallel_function_single_rank(triton_backend):
+    logits, labels, grad = _problem(5, 90, 9)
+    fn = lambda z, y: triton_backend.vocab_parallel_cross_entropy(z, y, 0, None)  # noqa: E731
+    loss, g = _loss_and_grad(fn, logits, labels, grad)
+    loss_r, g_r = _loss_and_grad(R.cross_entropy, logits, labels, grad)
+    torch.testing.assert_close(loss, loss_r, **TOL)
+    torch.testing.assert_close(g, g_r, **TOL)
+
+
+def test_grad_in_place_writes_into_logits():
+    logits, labels, grad = _problem(3, 70, 4)
+    _, lse = R.combine_cross_entropy_partials(*T.cross_entropy_partials(logits, labels), labels)
+    want = R.cross_entropy_grad(logits, labels, lse, grad)
+    buf = logits.clone()
+    out = T.cross_entropy_grad(buf, labels, lse, grad, inplace=True)
+    assert out.data_ptr() == buf.data_ptr()
+    torch.testing.assert_close(buf, want, **TOL)
+
+
+@pytest.mark.parametrize("reduction,chunk_rows", [("mean", 4), ("sum", 64)])
+def test_linear_cross_entropy(reduction, chunk_rows, triton_backend):
+    gen = torch.Generator().manual_seed(21)
+    n, d, v = 9, 24, 75
+    hidden0 = torch.randn(2, n, d, generator=gen)
+    weight0 = torch.randn(v, d, generator=gen) * 0.3
+    labels = torch.randint(0, v, (2, n), generator=gen)
+    labels[0, 3] = R.IGNORE_INDEX
+
+    def run(fn, **kw):
+        h = hidden0.clone().requires_grad_(True)
+        w = weight0.clone().requires_grad_(True)
+        loss = fn(h, w, labels, reduction=reduction, **kw)
+        (loss * 1.7).backward()
+        return loss.detach(), h.grad, w.grad
+
+    got = run(triton_backend.linear_cross_entropy, chunk_rows=chunk_rows)
+    want = run(R.linear_cross_entropy)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_linear_cross_entropy_torch_ops_match_too():
+    """The chunked Function with the reference primitives (the CPU path) is exact as well."""
+    gen = torch.Generator().manual_seed(22)
+    h = torch.randn(10, 16, generator=gen, requires_grad=True)
+    w = torch.randn(40, 16, generator=gen, requires_grad=True)
+    labels = torch.randint(0, 40, (10,), generator=gen)
+    loss = CE.LinearCrossEntropy.apply(h, w, labels, 0, None, "mean", R.IGNORE_INDEX, 3, R)
+    loss.backward()
+    h2, w2 = h.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+    loss_r = R.linear_cross_entropy(h2, w2, labels)
+    loss_r.backward()
+    torch.testing.assert_close(loss, loss_r, **TOL)
+    torch.testing.assert_close(h.grad, h2.grad, **TOL)
+    torch.testing.assert_close(w.grad, w2.grad, **TOL)
