@@ -152,6 +152,13 @@ class IndexedDataset:
     def __len__(self) -> int:
         return int(self.sequence_lengths.shape[0])
 
+    # Loader workers get the path and reopen the maps instead of a pickled copy of the data.
+    def __getstate__(self):
+        return {"path_prefix": self.path_prefix}
+
+    def __setstate__(self, state):
+        self.__init__(state["path_prefix"])
+
     @property
     def num_documents(self) -> int:
         return int(self.document_indices.shape[0]) - 1

@@ -1,0 +1,149 @@
+"""Weighted blends of GPT datasets and per-phase blends for a curriculum.
+
+`parse_data_path(["30", "a", "70", "b"])` -> ([0.3, 0.7], ["a", "b"]) (Megatron's --data-path
+syntax; a plain list of prefixes means weights proportional to nothing: equal weights only when
+blended, a single prefix is used directly).
+
+`BlendedDataset` follows Megatron: sample s is taken from the dataset with the largest
+`w_d * max(s, 1) - count_d` (deterministic greedy interleave, no randomness), and each component
+is asked for `ceil(ceil(size * w) * 1.005)` samples.
+
+`PhasedDataset` concatenates phases: phase p covers global samples [start_p, start_p + size_p)
+with its own blend. A component used in several phases continues where the previous phase left off
+(it is built once with the sum of the phases' requests), so no sample is repeated at a phase change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import index_builders as ib
+
+
+def parse_data_path(data_path: list[str] | str) -> tuple[list[float] | None, list[str]]:
+    """Split Megatron's `--data-path` list into (normalized weights or None, prefixes)."""
+    items = data_path.split() if isinstance(data_path, str) else [str(x) for x in data_path]
+    if not items:
+        raise ValueError("--data-path is empty")
+
+    def is_number(x: str) -> bool:
+        try:
+            float(x)
+            return True
+        except ValueError:
+            return False
+
+    if len(items) == 1:
+        return None, items
+    if not is_number(items[0]):
+        if any(is_number(x) for x in items):
+            raise ValueError(f"--data-path {' '.join(items)}: mix of weights and paths; use W1 P1 W2 P2 ...")
+        return None, items
+    if len(items) % 2:
+        raise ValueError(f"--data-path {' '.join(items)}: expected weight/path pairs (W1 P1 W2 P2 ...)")
+    weights, prefixes = [], []
+    for w, p in zip(items[0::2], items[1::2]):
+        if not is_number(w):
+            raise ValueError(f"--data-path: {w!r} is not a weight (expected W1 P1 W2 P2 ...)")
+        if float(w) < 0:
+            raise ValueError(f"--data-path: negative weight {w} for {p}")
+        weights.append(float(w))
+        prefixes.append(p)
+    return normalize(weights), prefixes
+
+
+def normalize(weights: list[float]) -> list[float]:
+    w = np.asarray(weights, dtype=np.float64)
+    total = float(w.sum())
+    if total <= 0:
+        raise ValueError(f"blend weights {weights} must have a positive sum")
+    return (w / total).tolist()
+
+
+class BlendedDataset:
+    """Samples `dataset_index[i]`'s sample `offset + dataset_sample_index[i]`."""
+
+    def __init__(self, datasets: list, dataset_index: np.ndarray, dataset_sample_index: np.ndarray,
+                 offsets: list[int] | None = None):
+        self.datasets = datasets
+        self.dataset_index = dataset_index
+        self.dataset_sample_index = dataset_sample_index
+        self.offsets = offsets or [0] * len(datasets)
+        used = np.bincount(np.asarray(dataset_index, dtype=np.int64), minlength=len(datasets)) if len(dataset_index) else np.zeros(len(datasets), np.int64)
+        for d, (ds, off) in enumerate(zip(datasets, self.offsets)):
+            if used[d] and off + int(used[d]) > len(ds):
+                raise ValueError(f"blend component {d} has {len(ds)} samples, {off + int(used[d])} needed")
+
+    def __len__(self) -> int:
+        return int(len(self.dataset_index))
+
+    def __getitem__(self, idx: int):
+        d = int(self.dataset_index[idx])
+        return self.datasets[d][self.offsets[d] + int(self.dataset_sample_index[idx])]
+
+
+class PhasedDataset:
+    """Concatenation of per-phase datasets over consecutive global sample ranges."""
+
+    def __init__(self, phases: list):
+        if not phases:
+            raise ValueError("no phases")
+        self.phases = phases
+        self.starts = np.cumsum([0] + [len(p) for p in phases])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def phase_of(self, idx: int) -> int:
+        return int(np.searchsorted(self.starts, idx, side="right")) - 1
+
+    def __getitem__(self, idx: int):
+        if not 0 <= idx < len(self):
+            raise IndexError(f"sample {idx} out of range [0, {len(self)})")
+        p = self.phase_of(idx)
+        return self.phases[p][idx - int(self.starts[p])]
+
+
+@dataclass
+class PhasePlan:
+    """Which component samples each phase uses (computed before any component is built)."""
+
+    weights: list[list[float]]          # per phase, per global component
+    sizes: list[int]                    # samples per phase
+    dataset_index: list[np.ndarray]     # per phase, in global component numbering
+    dataset_sample_index: list[np.ndarray]
+    offsets: list[list[int]]            # per phase, per component: samples used by earlier phases
+    requests: list[int]                 # per component: samples to build
+
+
+def plan_phases(phase_weights: list[list[float]], sizes: list[int], surplus: float = 0.005) -> PhasePlan:
+    """Greedy blending indices per phase and the number of samples each component must provide.
+
+    A phase with a single component takes its samples directly (no surplus), as Megatron does for
+    an unblended dataset; otherwise each component is requested ceil(ceil(size * w) * (1+surplus)).
+    """
+    n = len(phase_weights[0])
+    used_before = [0] * n
+    requests = [0] * n
+    dis, dsis, offsets = [], [], []
+    for w, size in zip(phase_weights, sizes):
+        active = [d for d in range(n) if w[d] > 0]
+        if not active:
+            raise ValueError("a phase has no dataset with a positive weight")
+        local_w = normalize([w[d] for d in active])
+        di_local, dsi = ib.build_blending_indices(local_w, size)
+        di = np.asarray(active, dtype=np.int16)[di_local] if size else np.zeros(0, np.int16)
+        offsets.append(list(used_before))
+        counts = np.bincount(di.astype(np.int64), minlength=n) if size else np.zeros(n, np.int64)
+        for k, d in enumerate(active):
+            if len(active) == 1:
+                need = used_before[d] + size
+            else:
+                need = used_before[d] + ib.surplus_size(size, local_w[k], surplus)
+            requests[d] = max(requests[d], need)
+            used_before[d] += int(counts[d])
+        dis.append(di)
+        dsis.append(dsi)
+    return PhasePlan(phase_weights, sizes, dis, dsis, offsets, requests)

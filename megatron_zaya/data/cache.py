@@ -1,0 +1,97 @@
+"""Build-once cache of index arrays as `.npy` files under `--data-cache-path`.
+
+Files are named `{md5 of the description}-{kind}-{name}.npy`, with the description saved beside them
+as `{hash}-{kind}-description.json`, written LAST: it marks the entry complete. The first process to
+create `{hash}.lock` (O_EXCL) builds and writes (temporary names + rename); every other process or
+rank waits for the description file and memory-maps the arrays. A lock left by a dead process on
+the same host is taken over. Works across data-parallel ranks without collective calls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import time
+from typing import Callable
+
+import numpy as np
+
+FORMAT_VERSION = 1
+
+
+def description_hash(description: dict) -> str:
+    text = json.dumps({"format": FORMAT_VERSION, **description}, sort_keys=True, indent=1)
+    return hashlib.md5(text.encode("utf-8")).hexdigest()
+
+
+def _lock_is_stale(lock_path: str) -> bool:
+    try:
+        with open(lock_path) as f:
+            host, pid = f.read().strip().rsplit(":", 1)
+        if host != socket.gethostname():
+            return False
+        os.kill(int(pid), 0)
+        return False
+    except ProcessLookupError:
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: list[str],
+                  build: Callable[[], dict[str, np.ndarray]], timeout_s: float = 3600.0,
+                  poll_s: float = 0.05) -> dict[str, np.ndarray]:
+    """Return arrays `names` built by `build()`, cached under `cache_dir` (None: no caching)."""
+    if cache_dir is None:
+        return build()
+    os.makedirs(cache_dir, exist_ok=True)
+    key = description_hash(description)
+    base = os.path.join(cache_dir, f"{key}-{kind}")
+    paths = {n: f"{base}-{n}.npy" for n in names}
+    done = f"{base}-description.json"
+    lock = os.path.join(cache_dir, f"{key}.lock")
+
+    def load() -> dict[str, np.ndarray]:
+        return {n: np.load(p, mmap_mode="r", allow_pickle=False) for n, p in paths.items()}
+
+    deadline = time.time() + timeout_s
+    while True:
+        if os.path.exists(done) and all(os.path.exists(p) for p in paths.values()):
+            return load()
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if _lock_is_stale(lock):
+                try:
+                    os.remove(lock)
+                except FileNotFoundError:
+                    pass
+                continue
+            if time.time() > deadline:
+                raise TimeoutError(
+                    f"--data-cache-path {cache_dir}: waited {timeout_s:.0f}s for another process to build "
+                    f"{base}-*.npy (lock {lock}); remove the lock if its builder died"
+                )
+            time.sleep(poll_s)
+            continue
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{socket.gethostname()}:{os.getpid()}")
+            if os.path.exists(done) and all(os.path.exists(p) for p in paths.values()):
+                return load()  # someone finished between our check and the lock
+            arrays = build()
+            tmp_suffix = f".tmp{os.getpid()}.npy"
+            for n, p in paths.items():
+                np.save(p[:-4] + tmp_suffix, np.ascontiguousarray(arrays[n]), allow_pickle=False)
+                os.replace(p[:-4] + tmp_suffix, p)
+            with open(done + f".tmp{os.getpid()}", "w") as f:
+                json.dump({"format": FORMAT_VERSION, **description}, f, sort_keys=True, indent=1)
+            os.replace(done + f".tmp{os.getpid()}", done)
+        finally:
+            try:
+                os.remove(lock)
+            except FileNotFoundError:
+                pass
+        return load()

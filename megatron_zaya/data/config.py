@@ -1,0 +1,80 @@
+"""`DataConfig`: everything the data pipeline needs, with Megatron-LM's names.
+
+    DataConfig(
+        data_path=["30", "data/web_text_document", "70", "data/code_text_document"],  # --data-path
+        split="969,30,1",                    # --split (train, valid, test shares of each dataset)
+        data_cache_path="cache/",            # --data-cache-path (default: <data dir>/cache/GPTDataset_indices)
+        seed=1234,                           # --seed (document and sample shuffles)
+        num_workers=2,                       # --num-workers (DataLoader workers per rank)
+        reset_position_ids=False,            # --reset-position-ids
+        reset_attention_mask=False,          # --reset-attention-mask
+        eod_mask_loss=False,                 # --eod-mask-loss
+        tokenizer_type="GPTSentencePieceTokenizer", tokenizer_model="data/tok.model",
+        phases=[PhaseBlend(["data/web_text_document"], train_samples=1000),
+                PhaseBlend(["50", "data/web_text_document", "50", "data/code_text_document"])],
+    )
+
+`phases` (optional) replaces `data_path` for TRAINING with a curriculum: phase p uses its own blend
+for its `train_samples` samples (None on the last phase: all remaining samples). Validation and
+test always use `data_path` (default: the first phase's blend).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PhaseBlend:
+    data_path: list[str]
+    train_samples: int | None = None
+
+    def __post_init__(self):
+        if isinstance(self.data_path, str):
+            self.data_path = self.data_path.split()
+        if self.train_samples is not None and self.train_samples < 0:
+            raise ValueError(f"phase train_samples must be >= 0, got {self.train_samples}")
+
+
+@dataclass
+class DataConfig:
+    data_path: list[str] = field(default_factory=list)
+    split: str = "969,30,1"
+    data_cache_path: str | None = None
+    seed: int = 1234
+    num_workers: int = 2
+    reset_position_ids: bool = False
+    reset_attention_mask: bool = False
+    eod_mask_loss: bool = False
+    tokenizer_type: str | None = None
+    tokenizer_model: str | None = None
+    phases: list[PhaseBlend] = field(default_factory=list)
+    mid_level_dataset_surplus: float = 0.005
+    prefetch_factor: int = 4
+    pin_memory: bool = True          # only used when CUDA/ROCm is available
+    no_index_cache: bool = False     # build indices in memory on every rank instead of caching
+
+    def __post_init__(self):
+        if isinstance(self.data_path, str):
+            self.data_path = self.data_path.split()
+        self.phases = [p if isinstance(p, PhaseBlend) else PhaseBlend(**p) for p in (self.phases or [])]
+        if not self.data_path and self.phases:
+            self.data_path = list(self.phases[0].data_path)
+        if not self.data_path:
+            raise ValueError("--data-path is required (or phases with their own data_path)")
+        for p in self.phases[:-1]:
+            if p.train_samples is None:
+                raise ValueError("every phase but the last needs train_samples")
+        if self.num_workers < 0:
+            raise ValueError(f"--num-workers must be >= 0, got {self.num_workers}")
+
+    @classmethod
+    def from_args(cls, args) -> "DataConfig":
+        """From an argparse namespace using Megatron's flag names (missing ones keep defaults)."""
+        kw = {}
+        for name in ("data_path", "split", "data_cache_path", "seed", "num_workers", "reset_position_ids",
+                     "reset_attention_mask", "eod_mask_loss", "tokenizer_type", "tokenizer_model", "phases"):
+            v = getattr(args, name, None)
+            if v is not None:
+                kw[name] = v
+        return cls(**kw)

@@ -1,0 +1,160 @@
+"""GPT pretraining samples with Megatron-LM's semantics over one indexed dataset split.
+
+Each sample is seq_length + 1 consecutive tokens of the shuffled document stream (documents packed
+and crossing sample boundaries; consecutive samples share one token); `tokens = text[:-1]`,
+`labels = text[1:]`. The document, sample and shuffle indices are built once (see
+index_builders.py) and cached as .npy files under the cache directory. See docs/DATA.md.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import index_builders as ib
+from .cache import cached_arrays
+from .indexed import IndexedDataset
+
+
+@dataclass
+class SampleOptions:
+    seq_length: int
+    eod: int
+    pad: int | None = None
+    reset_position_ids: bool = False
+    reset_attention_mask: bool = False
+    eod_mask_loss: bool = False
+
+
+def default_cache_dir(path_prefix: str) -> str:
+    """Megatron's default: a `cache/GPTDataset_indices` folder beside the data."""
+    return os.path.join(os.path.dirname(os.path.abspath(path_prefix)), "cache", "GPTDataset_indices")
+
+
+def ltor_masks_and_position_ids(tokens: np.ndarray, opts: SampleOptions):
+    """Loss mask, position ids and (optionally) attention mask for one sample, as Megatron builds them.
+
+    With reset_position_ids, positions restart after every EOD; with reset_attention_mask, tokens
+    after an EOD cannot attend to tokens up to it. The attention mask is bool (1, S, S), True where
+    attention is NOT allowed (Megatron's convention). With eod_mask_loss, positions whose INPUT
+    token is EOD get no loss.
+    """
+    s = tokens.shape[0]
+    loss_mask = np.ones(s, dtype=np.float32)
+    if opts.eod_mask_loss:
+        loss_mask[tokens == opts.eod] = 0.0
+    position_ids = np.arange(s, dtype=np.int64)
+    attention_mask = None
+    if opts.reset_attention_mask:
+        attention_mask = ~np.tril(np.ones((s, s), dtype=bool))[None]
+    if opts.reset_position_ids or opts.reset_attention_mask:
+        eods = np.nonzero(tokens == opts.eod)[0]
+        prev = 0
+        for i in eods:
+            if opts.reset_attention_mask:
+                attention_mask[0, i + 1:, : i + 1] = True
+            if opts.reset_position_ids:
+                position_ids[i + 1:] -= i + 1 - prev
+                prev = i + 1
+    return loss_mask, position_ids, attention_mask
+
+
+class GPTDataset:
+    """Samples of one split (`indices`: the sequence ids it owns) of an indexed dataset."""
+
+    def __init__(self, indexed: IndexedDataset, indices: np.ndarray, num_samples: int | None,
+                 opts: SampleOptions, seed: int, split_name: str = "train", cache_dir: str | None = None,
+                 use_cache: bool = True, add_extra_token: int = 1):
+        self.indexed = indexed
+        self.indices = np.asarray(indices, dtype=np.int32)
+        self.opts = opts
+        self.seed = seed
+        self.split_name = split_name
+        self.add_extra_token = add_extra_token
+        if len(self.indices) == 0:
+            raise ValueError(f"{indexed.path_prefix}: the {split_name} split is empty (check --split)")
+        self.requested = num_samples
+        self.description = {
+            "class": "GPTDataset",
+            "path_prefix": os.path.abspath(indexed.path_prefix),
+            "idx_bytes": os.path.getsize(indexed.path_prefix + ".idx"),
+            "split": split_name,
+            "indices": [int(self.indices[0]), int(self.indices[-1]) + 1, int(len(self.indices))],
+            "num_samples": num_samples,
+            "seq_length": opts.seq_length,
+            "seed": seed,
+            "add_extra_token": add_extra_token,
+        }
+        if cache_dir is None and use_cache:
+            cache_dir = default_cache_dir(indexed.path_prefix)
+        self.cache_dir = cache_dir if use_cache else None
+        arrays = cached_arrays(self.cache_dir, f"GPTDataset-{split_name}", self.description,
+                               ["document_index", "sample_index", "shuffle_index"], self._build)
+        self.document_index = arrays["document_index"]
+        self.sample_index = arrays["sample_index"]
+        self.shuffle_index = arrays["shuffle_index"]
+
+    def _build(self) -> dict[str, np.ndarray]:
+        sizes = self.indexed.sequence_lengths
+        seq = self.opts.seq_length
+        tokens_per_epoch = int(np.asarray(sizes, dtype=np.int64)[self.indices].sum())
+        epochs = ib.num_epochs(tokens_per_epoch, seq, self.requested, self.add_extra_token)
+        separate, before = ib.separate_final_epoch(epochs, tokens_per_epoch, seq, self.requested, self.add_extra_token)
+        rng = np.random.RandomState(self.seed)
+        document_index = ib.build_document_index(self.indices, epochs, rng, separate)
+        sample_index = ib.build_sample_index(sizes, document_index, seq, epochs, tokens_per_epoch, self.add_extra_token)
+        total = sample_index.shape[0] - 1
+        shuffle_index = ib.build_shuffle_index(before if separate else total, total, rng)
+        return {"document_index": document_index, "sample_index": sample_index, "shuffle_index": shuffle_index}
+
+    def __len__(self) -> int:
+        return int(self.sample_index.shape[0]) - 1
+
+    def text(self, idx: int) -> np.ndarray:
+        """The seq_length + 1 token ids of sample `idx` (after the shuffle)."""
+        i = int(self.shuffle_index[idx])
+        beg_doc, beg_off = (int(x) for x in self.sample_index[i])
+        end_doc, end_off = (int(x) for x in self.sample_index[i + 1])
+        get = self.indexed.get
+        extra = self.add_extra_token
+        if beg_doc == end_doc:
+            return np.asarray(get(int(self.document_index[beg_doc]), beg_off, end_off - beg_off + extra), dtype=np.int64)
+        parts = [get(int(self.document_index[beg_doc]), beg_off)]
+        for d in range(beg_doc + 1, end_doc):
+            parts.append(get(int(self.document_index[d])))
+        parts.append(get(int(self.document_index[end_doc]), 0, end_off + extra))
+        return np.concatenate(parts).astype(np.int64)
+
+    def __getitem__(self, idx: int) -> dict[str, np.ndarray]:
+        text = self.text(idx)
+        tokens, labels = text[:-1], text[1:]
+        loss_mask, position_ids, attention_mask = ltor_masks_and_position_ids(tokens, self.opts)
+        sample = {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids}
+        if attention_mask is not None:
+            sample["attention_mask"] = attention_mask
+        return sample
+
+    # Memory maps must not be pickled by value into loader workers: reopen them instead.
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        if self.cache_dir is not None:
+            for k in ("document_index", "sample_index", "shuffle_index"):
+                state[k] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        if self.cache_dir is not None and self.document_index is None:
+            arrays = cached_arrays(self.cache_dir, f"GPTDataset-{self.split_name}", self.description,
+                                   ["document_index", "sample_index", "shuffle_index"], self._build)
+            self.document_index = arrays["document_index"]
+            self.sample_index = arrays["sample_index"]
+            self.shuffle_index = arrays["shuffle_index"]
+
+
+def split_indices(indexed: IndexedDataset, split: str) -> list[np.ndarray | None]:
+    """Sequence ids of the train/valid/test splits of `indexed` for `--split`."""
+    ranges = ib.split_ranges(ib.parse_split(split), len(indexed))
+    return [None if r is None else np.arange(r[0], r[1], dtype=np.int32) for r in ranges]

@@ -1,0 +1,157 @@
+"""Megatron's index-building semantics, vectorized with numpy (no compiled helpers needed).
+
+- `parse_split("969,30,1")` -> normalized weights; `split_ranges(weights, n)` -> [(begin, end)] per
+  split with Megatron's rounding (`int(round(bookend * n))`).
+- `num_epochs(...)`, `separate_final_epoch(...)`: how many passes over the documents a request needs,
+  and whether the last partial epoch is shuffled separately (when it is < 80% of an epoch).
+- `build_document_index`: documents repeated per epoch, shuffled by a `numpy.random.RandomState`.
+- `build_sample_index`: (position in document index, token offset) of every sample boundary; sample
+  i covers tokens [i*S, i*S + S] of the concatenated stream (S + 1 tokens; neighbours share one).
+- `build_shuffle_index`: a permutation of the samples (final partial epoch shuffled on its own).
+- `build_blending_indices`: the deterministic greedy interleave of a weighted blend.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+SPLIT_NAMES = ("train", "valid", "test")
+
+
+def parse_split(split: str) -> list[float]:
+    """'969,30,1' (or '98/2/0', '1') -> three weights summing to 1."""
+    try:
+        values = [float(x) for x in re.findall(r"[.0-9]+", str(split))]
+    except ValueError:
+        values = []
+    if not values or len(values) > 3 or any(v < 0 for v in values) or sum(values) <= 0:
+        raise ValueError(f"--split {split!r}: expected up to three non-negative numbers like '969,30,1'")
+    values += [0.0] * (3 - len(values))
+    total = sum(values)
+    return [v / total for v in values]
+
+
+def split_ranges(weights: list[float], num_elements: int) -> list[tuple[int, int] | None]:
+    """Begin/end element index of each split (None for an empty split weight)."""
+    ranges: list[tuple[int, int] | None] = []
+    acc = 0.0
+    for w in weights:
+        lo, hi = acc, acc + w
+        acc = hi
+        if w == 0:
+            ranges.append(None)
+            continue
+        ranges.append((int(round(lo * float(num_elements))), int(round(hi * float(num_elements)))))
+    return ranges
+
+
+def num_epochs(tokens_per_epoch: int, seq_length: int, num_samples: int | None, add_extra_token: int = 1) -> int:
+    if num_samples is None:
+        return 1
+    if tokens_per_epoch <= 0:
+        raise ValueError("the dataset split holds no tokens")
+    needed = num_samples * seq_length + add_extra_token
+    return max(1, -(-needed // tokens_per_epoch))  # smallest e with e * tokens_per_epoch >= needed
+
+
+def separate_final_epoch(epochs: int, tokens_per_epoch: int, seq_length: int, num_samples: int | None,
+                         add_extra_token: int = 1, threshold: float = 0.80) -> tuple[bool, int]:
+    """(separate?, samples before the final epoch)."""
+    if epochs == 1 or num_samples is None:
+        return False, 0
+    before = ((epochs - 1) * tokens_per_epoch - add_extra_token) // seq_length
+    from_final = num_samples - before
+    per_epoch = (tokens_per_epoch - add_extra_token) // seq_length
+    return from_final < int(threshold * per_epoch), before
+
+
+def build_document_index(documents: np.ndarray, epochs: int, rng: np.random.RandomState, separate_final: bool) -> np.ndarray:
+    documents = np.asarray(documents, dtype=np.int32)
+    if not separate_final or epochs == 1:
+        index = np.tile(documents, epochs).astype(np.int32)
+        rng.shuffle(index)
+        return index
+    first = build_document_index(documents, epochs - 1, rng, False)
+    last = build_document_index(documents, 1, rng, False)
+    return np.concatenate((first, last))
+
+
+def build_sample_index(sizes: np.ndarray, document_index: np.ndarray, seq_length: int, epochs: int,
+                       tokens_per_epoch: int, add_extra_token: int = 1) -> np.ndarray:
+    """[num_samples + 1, 2] array of (document-index position, offset) sample boundaries.
+
+    Boundary i is the token at stream position i * seq_length (found by a binary search over the
+    cumulative document lengths); boundary 0 is (0, 0). Partial last samples are dropped.
+    """
+    if seq_length <= 0:
+        raise ValueError(f"--seq-length must be positive, got {seq_length}")
+    num_samples = (epochs * tokens_per_epoch - add_extra_token) // seq_length
+    if num_samples <= 0:
+        raise ValueError(
+            f"the dataset split holds {tokens_per_epoch} tokens per epoch, too few for one sample of "
+            f"{seq_length}+{add_extra_token} tokens"
+        )
+    lengths = np.asarray(sizes, dtype=np.int64)[document_index]
+    ends = np.cumsum(lengths)
+    positions = np.arange(num_samples + 1, dtype=np.int64) * seq_length
+    where = np.searchsorted(ends, positions, side="right")
+    offsets = positions - (ends[where] - lengths[where])
+    out_dtype = np.int32 if (len(document_index) < 2**31 and (lengths.max() if len(lengths) else 0) < 2**31) else np.int64
+    out = np.empty((num_samples + 1, 2), dtype=out_dtype)
+    out[:, 0] = where
+    out[:, 1] = offsets
+    out[0] = (0, 0)
+    return out
+
+
+def build_shuffle_index(num_samples: int, total_size: int, rng: np.random.RandomState) -> np.ndarray:
+    dtype = np.uint32 if total_size < np.iinfo(np.uint32).max - 1 else np.int64
+    first = np.arange(num_samples, dtype=dtype)
+    rng.shuffle(first)
+    if num_samples == total_size:
+        return first
+    last = np.arange(num_samples, total_size, dtype=dtype)
+    rng.shuffle(last)
+    return np.concatenate((first, last))
+
+
+def build_blending_indices(weights: list[float], size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy interleave: sample s goes to the dataset with the largest w_d * max(s, 1) - count_d
+    (first one on ties). Returns (dataset_index int16, dataset_sample_index int64)."""
+    w = [float(x) for x in weights]
+    n = len(w)
+    if n == 0 or n > 32767:
+        raise ValueError(f"a blend needs 1 to 32767 datasets, got {n}")
+    dataset_index = np.zeros(size, dtype=np.int16)
+    sample_index = np.zeros(size, dtype=np.int64)
+    if n == 1:
+        sample_index[:] = np.arange(size)
+        return dataset_index, sample_index
+    counts = [0] * n
+    di = dataset_index  # filled through Python lists in blocks for speed
+    block = 1 << 16
+    for start in range(0, size, block):
+        stop = min(size, start + block)
+        picks = []
+        sidx = []
+        for s in range(start, stop):
+            x = float(s) if s > 1 else 1.0
+            best, best_err = 0, w[0] * x - counts[0]
+            for d in range(1, n):
+                err = w[d] * x - counts[d]
+                if err > best_err:
+                    best, best_err = d, err
+            picks.append(best)
+            sidx.append(counts[best])
+            counts[best] += 1
+        di[start:stop] = picks
+        sample_index[start:stop] = sidx
+    return dataset_index, sample_index
+
+
+def surplus_size(target: int, weight: float, surplus: float = 0.005) -> int:
+    """Samples requested from a blend component: ceil(ceil(target * weight) * (1 + surplus))."""
+    return int(math.ceil(math.ceil(target * weight) * (1 + surplus)))

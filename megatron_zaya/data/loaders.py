@@ -1,0 +1,141 @@
+"""Build train/valid/test datasets and per-rank DataLoaders from a `DataConfig`.
+
+    train, valid, test = build_train_valid_test_loaders(
+        cfg, global_batch_size=512, micro_batch_size=4, seq_length=4096,
+        dp_rank=rank, dp_size=world, consumed_samples=iteration * 512,
+        train_samples=train_iters * 512, valid_samples=..., test_samples=...)
+
+Each loader yields micro-batches: dicts of torch tensors `tokens` (B, S) int64, `labels` (B, S)
+int64, `loss_mask` (B, S) float32, `position_ids` (B, S) int64, plus `attention_mask`
+(B, 1, S, S) bool (True = masked) when `reset_attention_mask` is on. A loader is None when its
+split gets no samples.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .blend import BlendedDataset, PhasedDataset, parse_data_path, plan_phases
+from .config import DataConfig
+from .gpt_dataset import GPTDataset, SampleOptions, split_indices
+from .indexed import IndexedDataset
+from .sampler import PretrainingBatchSampler
+from .tokenizer import build_tokenizer
+
+
+def megatron_num_samples(train_iters: int, global_batch_size: int, eval_interval: int, eval_iters: int) -> list[int]:
+    """[train, valid, test] sample counts the way Megatron sizes them from iteration counts."""
+    evals = (train_iters // eval_interval + 1) * eval_iters if eval_interval else 0
+    return [train_iters * global_batch_size, evals * global_batch_size, eval_iters * global_batch_size]
+
+
+def _phase_weights(data_path: list[str], prefixes: list[str]) -> list[float]:
+    weights, paths = parse_data_path(data_path)
+    if weights is None:
+        if len(paths) > 1:
+            weights = [1.0 / len(paths)] * len(paths)  # unweighted list: equal shares
+        else:
+            weights = [1.0]
+    w = [0.0] * len(prefixes)
+    for weight, p in zip(weights, paths):
+        w[prefixes.index(p)] += weight
+    return w
+
+
+def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: list[list[str]], sizes: list[int],
+                 split_id: int, opts: SampleOptions):
+    if sum(sizes) == 0:
+        return None
+    weights = [_phase_weights(b, prefixes) for b in blends]
+    plan = plan_phases(weights, sizes, cfg.mid_level_dataset_surplus)
+    split_name = ("train", "valid", "test")[split_id]
+    components = []
+    for d, prefix in enumerate(prefixes):
+        if plan.requests[d] == 0:
+            components.append(None)
+            continue
+        idx = split_indices(indexed[prefix], cfg.split)[split_id]
+        if idx is None or len(idx) == 0:
+            raise ValueError(f"--split {cfg.split}: the {split_name} split of {prefix} is empty but the blend needs "
+                             f"{plan.requests[d]} samples from it")
+        components.append(GPTDataset(indexed[prefix], idx, plan.requests[d], opts, cfg.seed, split_name,
+                                     cfg.data_cache_path, use_cache=not cfg.no_index_cache))
+    phases = [BlendedDataset(components, plan.dataset_index[p], plan.dataset_sample_index[p], plan.offsets[p])
+              for p in range(len(sizes))]
+    return phases[0] if len(phases) == 1 else PhasedDataset(phases)
+
+
+def build_train_valid_test_datasets(cfg: DataConfig, seq_length: int, train_valid_test_num_samples: list[int],
+                                    tokenizer=None):
+    """(train, valid, test) datasets (None for a split with no samples)."""
+    if tokenizer is None:
+        tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model)
+    opts = SampleOptions(seq_length, tokenizer.eod, tokenizer.pad, cfg.reset_position_ids,
+                         cfg.reset_attention_mask, cfg.eod_mask_loss)
+    train_n, valid_n, test_n = (int(x) for x in train_valid_test_num_samples)
+    blends = [p.data_path for p in cfg.phases] if cfg.phases else [cfg.data_path]
+    prefixes: list[str] = []
+    for b in blends + [cfg.data_path]:
+        for p in parse_data_path(b)[1]:
+            if p not in prefixes:
+                prefixes.append(p)
+    indexed = {p: IndexedDataset(p) for p in prefixes}
+    if cfg.phases:
+        sizes, used = [], 0
+        for ph in cfg.phases:
+            n = ph.train_samples if ph.train_samples is not None else max(0, train_n - used)
+            n = min(n, train_n - used)
+            sizes.append(n)
+            used += n
+        if used < train_n:
+            raise ValueError(f"phases cover {used} train samples but {train_n} are needed; leave the last phase's train_samples empty")
+    else:
+        sizes = [train_n]
+    train = _build_split(cfg, indexed, prefixes, blends, sizes, 0, opts)
+    valid = _build_split(cfg, indexed, prefixes, [cfg.data_path], [valid_n], 1, opts)
+    test = _build_split(cfg, indexed, prefixes, [cfg.data_path], [test_n], 2, opts)
+    return train, valid, test
+
+
+def collate(samples: list[dict]) -> dict:
+    import torch
+
+    out = {}
+    for k in samples[0]:
+        arr = np.stack([s[k] for s in samples])
+        out[k] = torch.from_numpy(arr)
+    return out
+
+
+def make_loader(dataset, consumed_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int,
+                cfg: DataConfig, drop_last: bool = True):
+    import torch
+    from torch.utils.data import DataLoader
+
+    sampler = PretrainingBatchSampler(len(dataset), consumed_samples, micro_batch_size, dp_rank, dp_size, drop_last)
+    workers = cfg.num_workers
+    return DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=workers,
+        collate_fn=collate,
+        pin_memory=bool(cfg.pin_memory and torch.cuda.is_available()),
+        prefetch_factor=cfg.prefetch_factor if workers > 0 else None,
+        persistent_workers=workers > 0,
+    )
+
+
+def build_train_valid_test_loaders(cfg: DataConfig, global_batch_size: int, micro_batch_size: int, seq_length: int,
+                                   dp_rank: int, dp_size: int, consumed_samples: int = 0, *, train_samples: int,
+                                   valid_samples: int = 0, test_samples: int = 0, consumed_valid_samples: int = 0,
+                                   tokenizer=None):
+    """(train_loader, valid_loader, test_loader) for this data-parallel rank; see the module docstring."""
+    if global_batch_size % (micro_batch_size * dp_size):
+        raise ValueError(f"--global-batch-size {global_batch_size} is not a multiple of --micro-batch-size "
+                         f"{micro_batch_size} x data-parallel size {dp_size}")
+    train, valid, test = build_train_valid_test_datasets(cfg, seq_length, [train_samples, valid_samples, test_samples],
+                                                         tokenizer)
+    train_loader = make_loader(train, consumed_samples, micro_batch_size, dp_rank, dp_size, cfg) if train else None
+    valid_loader = make_loader(valid, consumed_valid_samples, micro_batch_size, dp_rank, dp_size, cfg) if valid else None
+    test_loader = make_loader(test, 0, micro_batch_size, dp_rank, dp_size, cfg) if test else None
+    return train_loader, valid_loader, test_loader

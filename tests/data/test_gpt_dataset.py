@@ -1,0 +1,150 @@
+"""GPT dataset: Megatron's split, document/sample/shuffle indices, masks, and the index cache."""
+
+import multiprocessing as mp
+import os
+import time
+
+import numpy as np
+import pytest
+
+import data_megatron_reference as ref
+from megatron_zaya.data import index_builders as ib
+from megatron_zaya.data.cache import cached_arrays
+from megatron_zaya.data.gpt_dataset import GPTDataset, SampleOptions, ltor_masks_and_position_ids, split_indices
+from megatron_zaya.data.indexed import IndexedDataset, write_dataset
+
+
+def make_corpus(tmp_path, n_docs=37, seed=0, eod=999, name="c", zero_len=False):
+    rng = np.random.default_rng(seed)
+    seqs = []
+    for i in range(n_docs):
+        n = int(rng.integers(1, 30))
+        seqs.append(rng.integers(0, 900, size=n).tolist() + [eod])
+    if zero_len:
+        seqs[3] = []
+        seqs[0] = []
+    prefix = str(tmp_path / name)
+    write_dataset(prefix, seqs, dtype=np.uint16)
+    return prefix, seqs
+
+
+@pytest.mark.parametrize("seq_length,num_samples,zero_len", [
+    (8, 20, False),     # less than one epoch
+    (8, 150, False),    # several epochs, final epoch large -> shuffled together
+    (7, 130, True),     # several epochs with zero-length documents
+    (16, 70, False),    # epochs where the final one is small -> separate shuffle
+    (5, 1, False),
+])
+def test_samples_match_reference(tmp_path, seq_length, num_samples, zero_len):
+    prefix, seqs = make_corpus(tmp_path, zero_len=zero_len)
+    ds = IndexedDataset(prefix)
+    docs = np.arange(5, 33)
+    gd = GPTDataset(ds, docs, num_samples, SampleOptions(seq_length, eod=999), seed=1234, cache_dir=str(tmp_path / "cache"))
+    expected = ref.gpt_samples(seqs, list(docs), seq_length, num_samples, 1234)
+    assert len(gd) == len(expected) >= num_samples
+    for i in range(len(gd)):
+        s = gd[i]
+        assert s["tokens"].tolist() == expected[i][:-1]
+        assert s["labels"].tolist() == expected[i][1:]
+
+
+def test_separate_final_epoch_is_exercised():
+    tpe, seq = 400, 16
+    assert ib.separate_final_epoch(2, tpe, seq, 26)[0]          # 26 - 24 = 2 < 0.8 * 24
+    assert not ib.separate_final_epoch(2, tpe, seq, 45)[0]
+
+
+@pytest.mark.parametrize("split,n", [("969,30,1", 1000), ("1,1", 10), ("98,2,0", 37), ("1", 5), ("3,3,3", 7)])
+def test_split_bounds_match_reference(split, n):
+    assert ib.split_ranges(ib.parse_split(split), n) == ref.split_bounds(split, n)
+
+
+def test_split_indices_and_bad_split(tmp_path):
+    prefix, _ = make_corpus(tmp_path)
+    train, valid, test = split_indices(IndexedDataset(prefix), "90,10,0")
+    assert train.tolist() == list(range(0, 33)) and valid.tolist() == list(range(33, 37)) and test is None
+    with pytest.raises(ValueError, match="--split"):
+        ib.parse_split("a,b")
+
+
+def test_masks_and_position_ids():
+    eod = 0
+    tokens = np.array([5, 6, 0, 7, 8, 0, 9])
+    opts = SampleOptions(7, eod=eod, reset_position_ids=True, reset_attention_mask=True, eod_mask_loss=True)
+    loss, pos, att = ltor_masks_and_position_ids(tokens, opts)
+    assert loss.tolist() == [1, 1, 0, 1, 1, 0, 1]
+    assert pos.tolist() == [0, 1, 2, 0, 1, 2, 0]
+    allowed = ~att[0]
+    for q in range(7):
+        doc_start = 0 if q <= 2 else (3 if q <= 5 else 6)
+        assert allowed[q].tolist() == [doc_start <= k <= q for k in range(7)]
+    loss, pos, att = ltor_masks_and_position_ids(tokens, SampleOptions(7, eod=eod))
+    assert loss.tolist() == [1] * 7 and pos.tolist() == list(range(7)) and att is None
+
+
+def test_sample_too_short_dataset_is_clear(tmp_path):
+    prefix = str(tmp_path / "tiny")
+    write_dataset(prefix, [[1, 2]], dtype=np.uint16)
+    with pytest.raises(ValueError, match="too few for one sample"):
+        GPTDataset(IndexedDataset(prefix), np.arange(1), None, SampleOptions(8, eod=0), seed=1, use_cache=False)
+
+
+def test_cache_is_reused_and_keyed(tmp_path):
+    prefix, _ = make_corpus(tmp_path)
+    ds = IndexedDataset(prefix)
+    cache = str(tmp_path / "cache")
+    a = GPTDataset(ds, np.arange(37), 50, SampleOptions(8, 999), seed=1, cache_dir=cache)
+    files = sorted(os.listdir(cache))
+    assert len([f for f in files if f.endswith(".npy")]) == 3 and any(f.endswith("description.json") for f in files)
+    b = GPTDataset(ds, np.arange(37), 50, SampleOptions(8, 999), seed=1, cache_dir=cache)
+    assert isinstance(b.sample_index, np.memmap) and sorted(os.listdir(cache)) == files
+    assert all(np.array_equal(a[i]["tokens"], b[i]["tokens"]) for i in range(len(a)))
+    GPTDataset(ds, np.arange(37), 50, SampleOptions(8, 999), seed=2, cache_dir=cache)
+    GPTDataset(ds, np.arange(37), 50, SampleOptions(9, 999), seed=1, cache_dir=cache)
+    assert len([f for f in os.listdir(cache) if f.endswith(".npy")]) == 9
+    default = GPTDataset(ds, np.arange(37), 10, SampleOptions(8, 999), seed=1)
+    assert default.cache_dir == str(tmp_path / "cache" / "GPTDataset_indices")
+
+
+def _racer(cache_dir, counter, results, rank):
+    def build():
+        with counter.get_lock():
+            counter.value += 1
+        time.sleep(0.3)
+        return {"x": np.arange(10) * 3}
+
+    out = cached_arrays(cache_dir, "Test", {"k": 1}, ["x"], build, poll_s=0.01)
+    results[rank] = int(out["x"].sum())
+
+
+def test_only_one_process_builds(tmp_path):
+    ctx = mp.get_context("fork")
+    counter = ctx.Value("i", 0)
+    results = ctx.Array("i", 4)
+    procs = [ctx.Process(target=_racer, args=(str(tmp_path / "c"), counter, results, r)) for r in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(20)
+    assert all(p.exitcode == 0 for p in procs)
+    assert counter.value == 1 and list(results) == [135] * 4
+    assert not any(f.endswith(".lock") for f in os.listdir(tmp_path / "c"))
+
+
+def test_stale_lock_is_taken_over(tmp_path):
+    d = tmp_path / "c"
+    d.mkdir()
+    from megatron_zaya.data.cache import description_hash
+    import socket
+
+    p = ctx_dead_pid()
+    (d / f"{description_hash({'k': 2})}.lock").write_text(f"{socket.gethostname()}:{p}")
+    out = cached_arrays(str(d), "Test", {"k": 2}, ["x"], lambda: {"x": np.ones(3)}, timeout_s=5)
+    assert out["x"].tolist() == [1, 1, 1]
+
+
+def ctx_dead_pid():
+    proc = mp.get_context("fork").Process(target=lambda: None)
+    proc.start()
+    proc.join()
+    return proc.pid
