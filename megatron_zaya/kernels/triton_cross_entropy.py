@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from megatron_zaya.kernels._triton_common import configs
+from megatron_zaya.kernels._triton_common import INTERPRET, configs
 
 IGNORE_INDEX = -100
 
@@ -52,7 +52,6 @@ def _partials_kernel(
     tl.store(target_ptr + row, tl.where(in_slice, t, 0.0))
 
 
-@triton.autotune(configs=_CONFIGS, key=["V"])
 @triton.jit
 def _grad_kernel(
     logits_ptr, labels_ptr, lse_ptr, gloss_ptr, dlogits_ptr,
@@ -94,9 +93,12 @@ def cross_entropy_grad(
     n, v = logits.shape
     dlogits = logits if inplace else torch.empty_like(logits)
     if n:
-        grid = lambda meta: (n, triton.cdiv(v, meta["BLOCK_V"]))  # noqa: E731
-        _grad_kernel[grid](
+        # Not autotuned: with inplace=True the kernel overwrites its input, which repeated
+        # benchmark launches would corrupt.
+        block_v = 64 if INTERPRET else 4096
+        _grad_kernel[(n, triton.cdiv(v, block_v))](
             logits, labels.contiguous(), lse.contiguous(), grad_loss.float().contiguous(), dlogits,
             v, logits.stride(0), dlogits.stride(0), int(vocab_start), int(ignore_index),
+            BLOCK_V=block_v, num_warps=1 if INTERPRET else 8,
         )
     return dlogits

@@ -40,29 +40,28 @@ def _syrk(a_ptr, add_ptr, c_ptr, M, K, alpha, beta,
     """C = alpha * A A^T + beta * ADD for A (batch, M, K); ADD, C (batch, M, M) symmetric."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    if pid_m > pid_n:
-        return
-    batch = tl.program_id(2).to(tl.int64)
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BM + tl.arange(0, BM)
-    rk = tl.arange(0, BK)
-    a_base = a_ptr + batch * sab
-    acc = tl.zeros((BM, BM), tl.float32)
-    for k0 in range(0, K, BK):
-        kk = k0 + rk
-        a = tl.load(a_base + rm[:, None] * sam + kk[None, :] * sak, mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
-        b = tl.load(a_base + rn[None, :] * sam + kk[:, None] * sak, mask=(rn[None, :] < M) & (kk[:, None] < K), other=0.0)
-        acc = tl.dot(a, b, acc)
-    acc = acc * alpha
-    mask = (rm[:, None] < M) & (rn[None, :] < M)
-    if HAS_ADD:
-        add = tl.load(add_ptr + batch * sdb + rm[:, None] * sdm + rn[None, :] * sdn, mask=mask, other=0.0)
-        acc += beta * add.to(tl.float32)
-    out = acc.to(c_ptr.dtype.element_ty)
-    c_base = c_ptr + batch * scb
-    tl.store(c_base + rm[:, None] * scm + rn[None, :] * scn, out, mask=mask)
-    if pid_m != pid_n:
-        tl.store(c_base + rn[None, :] * scm + rm[:, None] * scn, out, mask=mask)
+    if pid_m <= pid_n:  # lower-triangle tiles are mirrored from the upper ones
+        batch = tl.program_id(2).to(tl.int64)
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BM + tl.arange(0, BM)
+        rk = tl.arange(0, BK)
+        a_base = a_ptr + batch * sab
+        acc = tl.zeros((BM, BM), tl.float32)
+        for k0 in range(0, K, BK):
+            kk = k0 + rk
+            a = tl.load(a_base + rm[:, None] * sam + kk[None, :] * sak, mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+            b = tl.load(a_base + rn[None, :] * sam + kk[:, None] * sak, mask=(rn[None, :] < M) & (kk[:, None] < K), other=0.0)
+            acc = tl.dot(a, b, acc)
+        acc = acc * alpha
+        mask = (rm[:, None] < M) & (rn[None, :] < M)
+        if HAS_ADD:
+            add = tl.load(add_ptr + batch * sdb + rm[:, None] * sdm + rn[None, :] * sdn, mask=mask, other=0.0)
+            acc += beta * add.to(tl.float32)
+        out = acc.to(c_ptr.dtype.element_ty)
+        c_base = c_ptr + batch * scb
+        tl.store(c_base + rm[:, None] * scm + rn[None, :] * scn, out, mask=mask)
+        if pid_m != pid_n:
+            tl.store(c_base + rn[None, :] * scm + rm[:, None] * scn, out, mask=mask)
 
 
 @triton.autotune(configs=_MM_CONFIGS, key=["M", "N"])

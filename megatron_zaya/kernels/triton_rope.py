@@ -14,15 +14,12 @@ import torch
 import triton
 import triton.language as tl
 
-from megatron_zaya.kernels._triton_common import configs, next_pow2
+from megatron_zaya.kernels._triton_common import INTERPRET, next_pow2
 
-_CONFIGS = configs(
-    [triton.Config({"BLOCK_H": bh}, num_warps=w) for bh, w in ((1, 1), (2, 2), (4, 4), (8, 4), (16, 8))],
-    triton.Config({"BLOCK_H": 4}, num_warps=1),
-)
+# No autotuning: the in-place variant writes its input, so benchmarking configs would rotate x
+# several times. A program covers BLOCK_H heads of one token (about 1K elements on a GPU).
 
 
-@triton.autotune(configs=_CONFIGS, key=["H", "HALF", "PASS"])
 @triton.jit
 def _rope_kernel(
     x_ptr, y_ptr, cos_ptr, sin_ptr,
@@ -77,13 +74,14 @@ def _launch(x: torch.Tensor, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
         sin = sin.contiguous()
     if bsz * seq * heads == 0:
         return
-    grid = lambda meta: (bsz * seq, triton.cdiv(heads, meta["BLOCK_H"]))  # noqa: E731
-    _rope_kernel[grid](
+    block_h = 4 if INTERPRET else max(1, min(next_pow2(heads), 1024 // next_pow2(dh)))
+    _rope_kernel[(bsz * seq, triton.cdiv(heads, block_h))](
         x, y, cos, sin, seq, heads, half, pas,
         x.stride(0), x.stride(1), x.stride(2), y.stride(0), y.stride(1), y.stride(2),
         cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
         BACKWARD=backward, COPY_PASS=copy_pass and pas > 0,
-        BLOCK_HALF=next_pow2(half), BLOCK_PASS=next_pow2(pas),
+        BLOCK_HALF=next_pow2(half), BLOCK_PASS=next_pow2(pas), BLOCK_H=block_h,
+        num_warps=1 if INTERPRET else 4,
     )
 
 

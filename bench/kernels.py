@@ -1,0 +1,285 @@
+"""Benchmark and check the fused kernels of megatron_zaya.kernels against the eager reference.
+
+On a GPU (CUDA or ROCm): for each kernel, at ZAYA1-like shapes, check the Triton output against
+reference.py once, then time the Triton kernel and the eager PyTorch reference (median of many
+runs timed with device events) and print the achieved bandwidth of the Triton kernel (the
+minimum bytes it must move / its time) next to the device's measured copy bandwidth
+(2 x bytes of a large `dst.copy_(src)` / its time). Newton-Schulz is compute-bound: TFLOP/s.
+
+On a machine without a GPU it runs the Triton interpreter check only: every kernel, forward and
+backward, on small ragged shapes against the reference (TRITON_INTERPRET=1 is set before triton
+is imported), printing the max error and tolerance of each output and gradient.
+
+    python bench/kernels.py                 # all kernels
+    python bench/kernels.py --only ce,rope  # a subset (names: see --list)
+    python bench/kernels.py --reps 200 --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+GPU = torch.cuda.is_available()
+if not GPU:
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first `import triton`
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from megatron_zaya.kernels import reference as R  # noqa: E402
+from megatron_zaya.kernels import (  # noqa: E402
+    ce_autograd,
+    triton_cross_entropy,
+    triton_moe_permute,
+    triton_newton_schulz,
+    triton_rmsnorm,
+    triton_rope,
+    triton_swiglu,
+)
+
+
+@dataclass
+class Case:
+    name: str
+    triton: Callable
+    eager: Callable
+    inputs: list
+    bytes: int = 0            # minimum HBM traffic of the Triton kernel(s) per call
+    flops: float = 0.0        # for compute-bound kernels
+    grads: list | None = None  # upstream grads: time and check forward + backward
+    tol: dict = field(default_factory=lambda: dict(atol=1e-5, rtol=1e-5))
+    note: str = ""
+    inplace: bool = False      # the op writes its first input: check on fresh copies
+
+
+def _rand(*shape, dtype=torch.float32, device="cpu", scale=1.0, shift=0.0, grad=False):
+    t = (torch.randn(*shape, device=device) * scale + shift).to(dtype)
+    return t.requires_grad_(grad)
+
+
+def _as_tuple(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
+def run_case(case: Case, fn: Callable, fresh: bool = False):
+    """Forward (and backward when case.grads): returns the list of outputs and input grads.
+    fresh: run on copies of the inputs (for in-place ops, so both backends see the same data)."""
+    inputs = [t.detach().clone() if fresh and isinstance(t, torch.Tensor) else t for t in case.inputs]
+    outs = _as_tuple(fn(*inputs))
+    if case.grads is None:
+        return list(outs)
+    leaves = [t for t in case.inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    pairs = [(o, g) for o, g in zip(outs, case.grads) if g is not None]
+    grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs])
+    return [o.detach() for o in outs] + list(grads)
+
+
+def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.detach().float() - b.detach().float()).abs().max()) if a.numel() else 0.0
+
+
+def check(case: Case) -> bool:
+    got, want = run_case(case, case.triton, case.inplace), run_case(case, case.eager, case.inplace)
+    if case.inplace:  # the result must differ from the untouched input, or the check proves nothing
+        assert not torch.equal(got[0], case.inputs[0]), case.name
+    ok = True
+    for i, (a, b) in enumerate(zip(got, want)):
+        good = a.shape == b.shape and torch.allclose(a.float(), b.float(), **case.tol)
+        ok &= good
+        print(f"  {case.name:<28} out[{i}] {str(tuple(a.shape)):<18} max|err| {max_err(a, b):.2e}  "
+              f"tol atol={case.tol['atol']:.0e} rtol={case.tol['rtol']:.0e}  {'ok' if good else 'FAIL'}")
+    return ok
+
+
+def time_ms(fn: Callable, reps: int, warmup: int = 5) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def copy_bandwidth(reps: int) -> float:
+    """Device copy bandwidth in GB/s: 2 x bytes of a 1 GiB copy / its median time."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), reps)
+    del src, dst
+    return 2 * (1 << 30) / (ms * 1e-3) / 1e9
+
+
+# ----------------------------------------------------------------------------------------- cases
+
+
+def make_cases(dev: str, small: bool) -> list[Case]:
+    bf16, f32 = torch.bfloat16, torch.float32
+    # GPU: ZAYA1 shapes (D 2048, 2 x 4096 tokens, 8 q heads of 128, vocab 262,272, 16 experts).
+    # CPU (interpreter): small ragged shapes, fp32 so the tolerances are tight.
+    n, d = (13, 37) if small else (8192, 2048)
+    act = f32 if small else bf16
+    tol_act = dict(atol=1e-5, rtol=1e-5) if small else dict(atol=2e-2, rtol=2e-2)
+    cases = []
+
+    # RMSNorm alone (bf16 in, fp32 weight -> fp32 out in the reference contract; use bf16 weight)
+    x = _rand(n, d, dtype=act, device=dev, grad=True)
+    w = _rand(d, dtype=act, device=dev, shift=1.0, grad=True)
+    e = x.element_size()
+    cases.append(Case("rms_norm fwd+bwd", lambda a, b: triton_rmsnorm.rms_norm(a, b, 1e-5),
+                      lambda a, b: R.rms_norm(a, b, 1e-5), [x, w], bytes=n * d * e * 5,
+                      grads=[_rand(n, d, dtype=act, device=dev)], tol=tol_act))
+
+    # Residual merge + RMSNorm: out bf16, residual fp32, normed bf16.
+    out = _rand(n, d, dtype=act, device=dev, grad=True)
+    res = _rand(n, d, dtype=f32, device=dev, scale=2.0, grad=True)
+    ps = [_rand(d, device=dev, scale=0.1, shift=s, grad=True) for s in (1.0, 0.0, 1.0, 0.0)]
+    nw = _rand(d, device=dev, shift=1.0, grad=True)
+    args = [out, res, *ps, nw]
+    fused = lambda *a: triton_rmsnorm.scaled_residual_add_rms_norm(*a, 1e-5, act)  # noqa: E731
+    eager = lambda *a: R.scaled_residual_add_rms_norm(*a, 1e-5, act)  # noqa: E731
+    fwd_bytes = n * d * (e + 4 + 4 + e)  # read out, residual; write new residual, normed
+    cases.append(Case("residual+rms_norm fwd", fused, eager, args, bytes=fwd_bytes, tol=tol_act))
+    bwd_bytes = n * d * (e + 4 + e + 4 + e + 4)  # read out, residual, d_normed, d_residual; write d_out, d_res
+    cases.append(Case("residual+rms_norm fwd+bwd", fused, eager, args, bytes=fwd_bytes + bwd_bytes,
+                      grads=[_rand(n, d, device=dev), _rand(n, d, dtype=act, device=dev)], tol=tol_act))
+
+    # SwiGLU on the expert hidden (2 x 2048).
+    h = 19 if small else 2048
+    gu = _rand(n, 2 * h, dtype=act, device=dev, grad=True)
+    cases.append(Case("swiglu fwd", triton_swiglu.swiglu, R.swiglu, [gu], bytes=n * 3 * h * e, tol=tol_act))
+    cases.append(Case("swiglu fwd+bwd", triton_swiglu.swiglu, R.swiglu, [gu], bytes=n * h * e * (3 + 5),
+                      grads=[_rand(n, h, dtype=act, device=dev)], tol=tol_act))
+
+    # Partial RoPE on q (B, S, 8, 128), rotary dim 64; in place (rotary half only) and out of place.
+    b, s, hq, dh, rd = (2, 3, 5, 12, 8) if small else (2, 4096, 8, 128, 64)
+    ang = torch.randn(1, s, rd, device=dev)
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    q = _rand(b, s, hq, dh, dtype=act, device=dev, grad=True)
+    cases.append(Case("rope fwd+bwd", triton_rope.apply_partial_rope, R.apply_partial_rope, [q, cos, sin],
+                      bytes=2 * 2 * b * s * hq * dh * e, grads=[_rand(b, s, hq, dh, dtype=act, device=dev)], tol=tol_act))
+    q_buf = _rand(b, s, hq, dh, dtype=act, device=dev)
+    cases.append(Case("rope in-place fwd", lambda x, c, sn: triton_rope.apply_partial_rope_(x, c, sn),
+                      lambda x, c, sn: R.apply_partial_rope_(x, c, sn), [q_buf, cos, sin],
+                      bytes=2 * b * s * hq * rd * e, tol=tol_act, inplace=True,
+                      note="in place: repeated calls keep rotating the same buffer (timing only is meaningful)"))
+
+    # Cross-entropy over the full vocab (one rank), bf16 logits.
+    nt, v = (7, 300) if small else (4096, 262272)
+    logits = _rand(nt, v, dtype=act, device=dev, scale=3.0, grad=True)
+    labels = torch.randint(0, v, (nt,), device=dev)
+    labels[1] = R.IGNORE_INDEX
+    ce_tri = lambda z, y: ce_autograd.VocabParallelCrossEntropy.apply(z, y, 0, None, R.IGNORE_INDEX, triton_cross_entropy)  # noqa: E731
+    ce_tol = dict(atol=1e-5, rtol=1e-5) if small else dict(atol=1e-3, rtol=1e-3)
+    le = logits.element_size()
+    cases.append(Case("cross_entropy fwd", ce_tri, R.cross_entropy, [logits, labels], bytes=nt * v * le, tol=ce_tol))
+    cases.append(Case("cross_entropy fwd+bwd", ce_tri, R.cross_entropy, [logits, labels], bytes=nt * v * le * 3,
+                      grads=[_rand(nt, device=dev)], tol=dict(atol=1e-5, rtol=1e-5) if small else dict(atol=2e-2, rtol=2e-2)))
+
+    # LM head + cross-entropy, chunked (never the full fp32 logits).
+    nt2, dd, v2 = (9, 16, 70) if small else (8192, 2048, 262272)
+    hid = _rand(nt2, dd, dtype=act, device=dev, grad=True)
+    wte = _rand(v2, dd, dtype=act, device=dev, scale=0.02, grad=True)
+    lab2 = torch.randint(0, v2, (nt2,), device=dev)
+    lce = lambda hh, ww, yy: ce_autograd.LinearCrossEntropy.apply(  # noqa: E731
+        hh, ww, yy, 0, None, "mean", R.IGNORE_INDEX, 4 if small else 2048, triton_cross_entropy)
+    cases.append(Case("linear_cross_entropy fwd+bwd", lce, R.linear_cross_entropy, [hid, wte, lab2],
+                      flops=6.0 * nt2 * dd * v2, grads=[torch.ones((), device=dev)],
+                      tol=dict(atol=1e-5, rtol=1e-5) if small else dict(atol=2e-2, rtol=2e-2),
+                      note="matmul-bound; the gain is memory (see peak memory)"))
+
+    # MoE permute -> scale -> unpermute, 16 experts + skip.
+    ne = 3 if small else 16
+    xt = _rand(n, d, dtype=act, device=dev, grad=True)
+    idx = torch.randint(0, ne + 1, (n,), device=dev)
+    gate = torch.rand(n, device=dev, requires_grad=True)
+
+    def moe(mod):
+        def f(xx, gg):
+            perm, order, _ = mod.moe_permute(xx, idx, ne)
+            return mod.moe_unpermute(perm * 1.5, order, gg, n)
+        return f
+
+    cases.append(Case("moe permute+unpermute fwd+bwd", moe(triton_moe_permute), moe(R), [xt, gate],
+                      bytes=n * d * e * 8, grads=[_rand(n, d, dtype=act, device=dev)], tol=tol_act,
+                      note="includes the eager scale between the two and the argsort"))
+
+    # Newton-Schulz on a batch of expert matrices (bf16 on GPU as in Muon, fp32 in the interpreter).
+    nb, m, k = (3, 20, 37) if small else (16, 2048, 2048)
+    ns_dtype = f32 if small else bf16
+    gmat = _rand(nb, m, k, device=dev)
+    cases.append(Case("newton_schulz x5 (batched)", lambda g: triton_newton_schulz.newton_schulz(g, 5, dtype=ns_dtype),
+                      lambda g: R.newton_schulz(g, 5, dtype=ns_dtype), [gmat],
+                      flops=5 * nb * (2 * m * m * k + 2 * m ** 3 + 2 * m * m * k),
+                      tol=dict(atol=1e-4, rtol=1e-4) if small else dict(atol=5e-2, rtol=5e-2),
+                      note="flops counted as the reference's 3 full matmuls per step"))
+    return cases
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", default="", help="comma-separated substrings of case names")
+    p.add_argument("--reps", type=int, default=100)
+    p.add_argument("--list", action="store_true")
+    p.add_argument("--json", default="", help="write the GPU results to this file")
+    a = p.parse_args()
+    torch.manual_seed(0)
+    dev = "cuda" if GPU else "cpu"
+    cases = make_cases(dev, small=not GPU)
+    if a.list:
+        print("\n".join(c.name for c in cases))
+        return 0
+    if a.only:
+        keys = [k.strip() for k in a.only.split(",") if k.strip()]
+        cases = [c for c in cases if any(k in c.name for k in keys)]
+
+    if not GPU:
+        print("no GPU: Triton interpreter check (TRITON_INTERPRET=1), small ragged fp32 shapes")
+        ok = True
+        for c in cases:
+            ok &= check(c)
+        print("interpreter check:", "PASS" if ok else "FAIL")
+        return 0 if ok else 1
+
+    name = torch.cuda.get_device_name()
+    bw = copy_bandwidth(a.reps)
+    print(f"device: {name}; torch {torch.__version__}; measured copy bandwidth {bw:.0f} GB/s")
+    print(f"{'kernel':<32}{'triton ms':>10}{'eager ms':>10}{'speedup':>9}{'GB/s':>8}{'%copy':>7}{'TFLOP/s':>9}  check")
+    results = []
+    ok = True
+    for c in cases:
+        pairs = zip(run_case(c, c.triton, c.inplace), run_case(c, c.eager, c.inplace))
+        good = all(torch.allclose(x.detach().float(), y.detach().float(), **c.tol) for x, y in pairs)
+        ok &= good
+        torch.cuda.reset_peak_memory_stats()
+        t_tri = time_ms(lambda: run_case(c, c.triton), a.reps)
+        mem_tri = torch.cuda.max_memory_allocated() / 2**30
+        torch.cuda.reset_peak_memory_stats()
+        t_eag = time_ms(lambda: run_case(c, c.eager), a.reps)
+        mem_eag = torch.cuda.max_memory_allocated() / 2**30
+        gbs = c.bytes / (t_tri * 1e-3) / 1e9 if c.bytes else float("nan")
+        tfs = c.flops / (t_tri * 1e-3) / 1e12 if c.flops else float("nan")
+        print(f"{c.name:<32}{t_tri:>10.3f}{t_eag:>10.3f}{t_eag / t_tri:>8.2f}x{gbs:>8.0f}{100 * gbs / bw:>6.0f}%"
+              f"{tfs:>9.1f}  {'ok' if good else 'MISMATCH'}  peak GiB {mem_tri:.1f} vs {mem_eag:.1f}"
+              + (f"  ({c.note})" if c.note else ""))
+        results.append(dict(kernel=c.name, triton_ms=t_tri, eager_ms=t_eag, speedup=t_eag / t_tri, gbps=gbs,
+                            copy_gbps=bw, tflops=tfs, check=good, peak_gib_triton=mem_tri, peak_gib_eager=mem_eag))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(device=name, torch=torch.__version__, results=results), f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

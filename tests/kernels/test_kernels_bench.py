@@ -1,0 +1,25 @@
+"""bench/kernels.py on a machine without a GPU runs the Triton interpreter check of every kernel
+(forward and backward against reference.py) and exits non-zero on any mismatch."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the bench times kernels instead")
+def test_bench_interpreter_check_passes():
+    pytest.importorskip("triton")
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)  # the script sets it itself before importing triton
+    proc = subprocess.run([sys.executable, "bench/kernels.py"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "interpreter check: PASS" in out
+    for name in ["rms_norm", "residual+rms_norm", "swiglu", "rope", "cross_entropy", "linear_cross_entropy",
+                 "moe permute", "newton_schulz"]:
+        assert name in out, name
