@@ -1,0 +1,148 @@
+"""Blends (Megatron's greedy interleave), curriculum phases, the resumable sampler and the loaders."""
+
+import numpy as np
+import pytest
+import torch
+
+import data_megatron_reference as ref
+from megatron_zaya.data import DataConfig, PhaseBlend, build_train_valid_test_datasets, build_train_valid_test_loaders
+from megatron_zaya.data.blend import parse_data_path
+from megatron_zaya.data.index_builders import build_blending_indices
+from megatron_zaya.data.indexed import write_dataset
+from megatron_zaya.data.sampler import PretrainingBatchSampler
+from megatron_zaya.data.tokenizer import build_tokenizer
+
+EOD = 1000
+
+
+def corpus(tmp_path, name, base, n_docs=60, seed=0):
+    """Documents whose tokens encode (corpus, document) so a sample tells where it came from."""
+    rng = np.random.default_rng(seed)
+    seqs = [[base + (i % 50)] * int(rng.integers(2, 20)) + [EOD] for i in range(n_docs)]
+    prefix = str(tmp_path / name)
+    write_dataset(prefix, seqs, dtype=np.uint16)
+    return prefix, seqs
+
+
+@pytest.mark.parametrize("weights", [[0.3, 0.7], [0.5, 0.25, 0.25], [0.1, 0.1, 0.1, 0.7], [1 / 3, 1 / 3, 1 / 3]])
+def test_blending_matches_reference_and_tracks_weights(weights):
+    di, dsi = build_blending_indices(weights, 2000)
+    rdi, rdsi = ref.blending(weights, 2000)
+    assert di.tolist() == rdi and dsi.tolist() == rdsi
+    counts = np.bincount(di, minlength=len(weights))
+    assert np.all(np.abs(counts - np.array(weights) * 2000) <= 1.0 + 1e-9)  # no randomness in the ratios
+
+
+def test_parse_data_path():
+    assert parse_data_path(["30", "a", "70", "b"]) == ([0.3, 0.7], ["a", "b"])
+    assert parse_data_path("a") == (None, ["a"])
+    assert parse_data_path(["a", "b"]) == (None, ["a", "b"])
+    for bad in (["1", "a", "2"], ["a", "1", "b"], ["-1", "a", "2", "b"], []):
+        with pytest.raises(ValueError, match="--data-path"):
+            parse_data_path(bad)
+
+
+def test_blended_train_split_matches_reference(tmp_path):
+    a, sa = corpus(tmp_path, "a", 0, seed=1)
+    b, sb = corpus(tmp_path, "b", 500, seed=2)
+    cfg = DataConfig(data_path=["30", a, "70", b], split="90,10,0", data_cache_path=str(tmp_path / "cache"),
+                     seed=7, num_workers=0)
+    tok = build_tokenizer("NullTokenizer", EOD)
+    seq, n = 8, 300
+    train, valid, test = build_train_valid_test_datasets(cfg, seq, [n, 20, 0], tok)
+    assert test is None and len(train) == n and len(valid) == 20
+    bounds = ref.split_bounds("90,10,0", 60)[0]
+    comp = [ref.gpt_samples(s, list(range(*bounds)), seq, ref.component_request(n, w), 7)
+            for s, w in ((sa, 0.3), (sb, 0.7))]
+    di, dsi = ref.blending([0.3, 0.7], n)
+    for i in range(n):
+        assert train[i]["tokens"].tolist() == comp[di[i]][dsi[i]][:-1]
+
+
+def test_phases_switch_blend_without_repeating_samples(tmp_path):
+    a, _ = corpus(tmp_path, "a", 0, n_docs=200, seed=3)
+    b, _ = corpus(tmp_path, "b", 500, n_docs=200, seed=4)
+    cfg = DataConfig(phases=[PhaseBlend([a], train_samples=40), PhaseBlend(["50", a, "50", b])],
+                     split="100,0,0", data_cache_path=str(tmp_path / "cache"), num_workers=0)
+    train, _, _ = build_train_valid_test_datasets(cfg, 8, [100, 0, 0], build_tokenizer("NullTokenizer", EOD))
+    assert len(train) == 100
+    src = [("a" if int(train[i]["labels"][0]) < 500 or int(train[i]["tokens"][0]) < 500 else "b") for i in range(100)]
+    assert src[:40] == ["a"] * 40
+    assert src[40:].count("b") == 30 and src[40:].count("a") == 30
+    # phase 2 continues component a where phase 1 stopped: the a-samples are all distinct
+    comp_a = train.phases[0].datasets[0]
+    assert train.phases[1].datasets[0] is comp_a
+    a_ids = [int(train.phases[1].dataset_sample_index[j]) + train.phases[1].offsets[0]
+             for j in range(60) if train.phases[1].dataset_index[j] == 0]
+    assert min(a_ids) == 40 and len(set(a_ids)) == 30
+
+
+def simulate(total, gbs, mbs, dp, consumed, steps):
+    """Per step, the samples every rank sees, through the real samplers."""
+    samplers = [iter(PretrainingBatchSampler(total, consumed, mbs, r, dp)) for r in range(dp)]
+    out = []
+    for _ in range(steps):
+        step = []
+        for _ in range(gbs // (mbs * dp)):
+            step.append([next(s) for s in samplers])
+        out.append(step)
+    return out
+
+
+def test_sampler_shares_and_exact_resume():
+    total, gbs, mbs, dp = 1000, 24, 3, 4
+    full = simulate(total, gbs, mbs, dp, 0, 10)
+    for step in full[:3]:
+        ids = sorted(i for micro in step for rank in micro for i in rank)
+        assert len(ids) == gbs and len(set(ids)) == gbs  # each global batch covered once, no overlap
+    for k in (1, 4, 7):
+        resumed = simulate(total, gbs, mbs, dp, k * gbs, 10 - k)
+        assert resumed == full[k:]
+    with pytest.raises(ValueError, match="consumed_samples 2000"):
+        PretrainingBatchSampler(total, 2000, 2, 0, 1)
+
+
+def test_sampler_partial_last_batch():
+    assert list(PretrainingBatchSampler(10, 4, 2, 0, 2, drop_last=True)) == [[4, 5]]
+    assert list(PretrainingBatchSampler(11, 4, 2, 1, 2, drop_last=False)) == [[6, 7], [10]]
+    assert list(PretrainingBatchSampler(11, 4, 2, 0, 2, drop_last=False)) == [[4, 5], [8, 9]]
+
+
+def test_loaders_resume_with_workers(tmp_path):
+    a, _ = corpus(tmp_path, "a", 0, seed=5)
+    cfg = DataConfig(data_path=[a], split="98,2,0", data_cache_path=str(tmp_path / "cache"), num_workers=2,
+                     eod_mask_loss=True, reset_position_ids=True, prefetch_factor=2)
+    tok = build_tokenizer("NullTokenizer", EOD)
+    gbs, mbs, dp, seq = 8, 2, 2, 16
+
+    def batches(rank, consumed, count):
+        train, valid, test = build_train_valid_test_loaders(cfg, gbs, mbs, seq, rank, dp, consumed,
+                                                            train_samples=64, valid_samples=8, tokenizer=tok)
+        assert test is None and valid is not None
+        it = iter(train)
+        return [next(it) for _ in range(count)]
+
+    full = batches(1, 0, 12)
+    b = full[0]
+    assert set(b) == {"tokens", "labels", "loss_mask", "position_ids"}
+    assert b["tokens"].shape == (mbs, seq) and b["tokens"].dtype == torch.int64
+    assert b["labels"].dtype == torch.int64 and b["loss_mask"].dtype == torch.float32
+    assert b["position_ids"].dtype == torch.int64
+    for m in full:
+        assert torch.equal(m["tokens"][:, 1:], m["labels"][:, :-1])
+        assert torch.equal(m["loss_mask"] == 0, m["tokens"] == EOD)
+    resumed = batches(1, 2 * gbs, 8)  # after 2 iterations (4 micro-batches of this rank)
+    for x, y in zip(full[4:], resumed):
+        assert all(torch.equal(x[k], y[k]) for k in x)
+
+
+def test_loader_errors_are_clear(tmp_path):
+    a, _ = corpus(tmp_path, "a", 0)
+    cfg = DataConfig(data_path=[a], split="100,0,0", data_cache_path=str(tmp_path / "cache"), num_workers=0)
+    tok = build_tokenizer("NullTokenizer", EOD)
+    with pytest.raises(ValueError, match="--global-batch-size 10"):
+        build_train_valid_test_loaders(cfg, 10, 4, 8, 0, 1, train_samples=10, tokenizer=tok)
+    with pytest.raises(ValueError, match="valid split of .* is empty"):
+        build_train_valid_test_loaders(cfg, 8, 4, 8, 0, 1, train_samples=8, valid_samples=8, tokenizer=tok)
+    with pytest.raises(ValueError, match="--data-path"):
+        DataConfig(data_path=[])
