@@ -1,0 +1,85 @@
+"""Forward+backward tokens/s of our ZAYA model and of transformers' ZayaForCausalLM, same config and batch.
+
+    python bench/model_throughput.py --preset zaya1-tiny --micro-batch-size 8 --seq-length 256
+    python bench/model_throughput.py --preset zaya1-100m --micro-batch-size 4 --seq-length 512 --dtype bf16
+
+Both models hold the same weights (ours exported to a Hugging Face folder and loaded by transformers).
+Timing: `--warmup` untimed iterations, then the median of `--iters` timed iterations.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from megatron_zaya.checkpoint.hf_format import save_hf_folder  # noqa: E402
+from megatron_zaya.config import model_config_from_preset  # noqa: E402
+from megatron_zaya.model import ZayaModel  # noqa: E402
+
+
+def time_steps(step, warmup: int, iters: int) -> float:
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="zaya1-tiny")
+    parser.add_argument("--micro-batch-size", type=int, default=8)
+    parser.add_argument("--seq-length", type=int, default=256)
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=5)
+    args = parser.parse_args(argv)
+    import transformers
+
+    torch.manual_seed(0)
+    config = model_config_from_preset(args.preset, seq_length=args.seq_length)
+    ours = ZayaModel(config)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_hf_folder(ours.state_dict(), config, os.path.join(tmp, "hf"))
+        reference = transformers.ZayaForCausalLM.from_pretrained(os.path.join(tmp, "hf"), attn_implementation="sdpa")
+    reference.train()
+    tokens = torch.randint(0, config.vocab_size, (args.micro_batch_size, args.seq_length))
+    labels = torch.randint(0, config.vocab_size, tokens.shape)
+    autocast = torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16,
+                              enabled=args.dtype == "bf16")
+
+    def ours_step():
+        with autocast:
+            loss = ours(tokens, labels=labels).token_losses.mean()
+        loss.backward()
+
+    def reference_step():
+        with autocast:
+            logits = reference(tokens).logits
+            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+        loss.backward()
+
+    n_tokens = tokens.numel()
+    t_ours = time_steps(ours_step, args.warmup, args.iters)
+    t_ref = time_steps(reference_step, args.warmup, args.iters)
+    print(f"config {args.preset}: batch {args.micro_batch_size}x{args.seq_length}, {args.dtype}, "
+          f"threads {torch.get_num_threads()}")
+    print(f"{'model':<28}{'s/iter':>10}{'tokens/s':>12}")
+    print(f"{'megatron-zaya':<28}{t_ours:>10.3f}{n_tokens / t_ours:>12.0f}")
+    print(f"{'transformers ZayaForCausalLM':<28}{t_ref:>10.3f}{n_tokens / t_ref:>12.0f}")
+    print(f"speed-up: {t_ref / t_ours:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

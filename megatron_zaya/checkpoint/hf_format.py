@@ -1,0 +1,175 @@
+"""Conversion between megatron-zaya's model state and a Hugging Face `ZayaForCausalLM` folder
+(config.json + model.safetensors), loadable by `transformers.ZayaForCausalLM.from_pretrained`.
+
+The mapping is a plain name table; tensors are copied unchanged (layouts already agree)."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from megatron_zaya.config import ModelConfig
+
+HF_WEIGHTS = "model.safetensors"
+
+_BLOCK_NAMES = {
+    "input_norm.weight": "input_layernorm.weight",
+    "attention.linear_q.weight": "self_attn.qkv_proj.q_proj.weight",
+    "attention.linear_k.weight": "self_attn.qkv_proj.k_proj.weight",
+    "attention.linear_v_current.weight": "self_attn.qkv_proj.v_proj_current.weight",
+    "attention.linear_v_previous.weight": "self_attn.qkv_proj.v_proj_delayed.weight",
+    "attention.conv_depthwise.weight": "self_attn.qkv_proj.conv_qk_depthwise.weight",
+    "attention.conv_depthwise.bias": "self_attn.qkv_proj.conv_qk_depthwise.bias",
+    "attention.conv_grouped.weight": "self_attn.qkv_proj.conv_qk_grouped.weight",
+    "attention.conv_grouped.bias": "self_attn.qkv_proj.conv_qk_grouped.bias",
+    "attention.key_temperature": "self_attn.qk_norm.temp",
+    "attention.linear_proj.weight": "self_attn.o_proj.weight",
+    "attention_residual.out_scale": "post_attention_residual_scale.hidden_states_scale",
+    "attention_residual.out_bias": "post_attention_residual_scale.hidden_states_bias",
+    "attention_residual.res_scale": "post_attention_residual_scale.residual_scale",
+    "attention_residual.res_bias": "post_attention_residual_scale.residual_bias",
+    "pre_mlp_norm.weight": "post_attention_layernorm.weight",
+    "moe.router.down_proj.weight": "mlp.gate.down_proj.weight",
+    "moe.router.down_proj.bias": "mlp.gate.down_proj.bias",
+    "moe.router.eda_gamma": "mlp.gate.router_states_scale",
+    "moe.router.norm.weight": "mlp.gate.router_mlp.norm.weight",
+    "moe.router.fc1.weight": "mlp.gate.router_mlp.fc1.weight",
+    "moe.router.fc1.bias": "mlp.gate.router_mlp.fc1.bias",
+    "moe.router.fc2.weight": "mlp.gate.router_mlp.fc2.weight",
+    "moe.router.fc2.bias": "mlp.gate.router_mlp.fc2.bias",
+    "moe.router.out_proj.weight": "mlp.gate.router_mlp.out_proj.weight",
+    "moe.router.balancing_bias": "mlp.gate.balancing_biases",
+    "moe.experts.gate_up_weight": "mlp.experts.gate_up_proj",
+    "moe.experts.down_weight": "mlp.experts.down_proj",
+    "mlp_residual.out_scale": "post_mlp_residual_scale.hidden_states_scale",
+    "mlp_residual.out_bias": "post_mlp_residual_scale.hidden_states_bias",
+    "mlp_residual.res_scale": "post_mlp_residual_scale.residual_scale",
+    "mlp_residual.res_bias": "post_mlp_residual_scale.residual_bias",
+}
+_TOP_NAMES = {
+    "embedding.weight": "model.embed_tokens.weight",
+    "input_scaling.scale": "model.input_hidden_states_scale",
+    "input_scaling.bias": "model.input_hidden_states_bias",
+    "final_norm.weight": "model.norm.weight",
+    "output_layer.weight": "lm_head.weight",
+}
+
+
+def ours_to_hf_name(name: str) -> str:
+    if name in _TOP_NAMES:
+        return _TOP_NAMES[name]
+    prefix, index, rest = name.split(".", 2)
+    if prefix != "layers" or rest not in _BLOCK_NAMES:
+        raise KeyError(f"no Hugging Face name for parameter {name!r}")
+    return f"model.layers.{index}.{_BLOCK_NAMES[rest]}"
+
+
+def hf_to_ours_name(name: str) -> str:
+    for ours, theirs in _TOP_NAMES.items():
+        if name == theirs:
+            return ours
+    if name.startswith("model.layers."):
+        index, rest = name[len("model.layers."):].split(".", 1)
+        for ours, theirs in _BLOCK_NAMES.items():
+            if rest == theirs:
+                return f"layers.{index}.{ours}"
+    raise KeyError(f"unknown Hugging Face ZAYA tensor {name!r}")
+
+
+def hf_config_dict(config: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:
+    return {
+        "architectures": ["ZayaForCausalLM"],
+        "model_type": "zaya",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_query_groups,
+        "head_dim": config.kv_channels,
+        "moe_intermediate_size": config.moe_ffn_hidden_size,
+        "num_experts": config.num_experts,
+        "num_experts_per_tok": config.moe_router_topk,
+        "router_hidden_size": config.router_hidden_size,
+        "rms_norm_eps": config.norm_epsilon,
+        "cca_time0": config.cca_depthwise_kernel,
+        "cca_time1": config.cca_grouped_kernel,
+        "max_position_embeddings": config.max_position_embeddings,
+        "rope_parameters": {"hybrid": {"rope_type": "default", "rope_theta": config.rotary_base,
+                                       "partial_rotary_factor": config.rotary_percent}},
+        "tie_word_embeddings": not config.untie_embeddings_and_output_weights,
+        "initializer_range": config.init_method_std,
+        "hidden_act": "silu",
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def model_config_from_hf(hf: dict) -> ModelConfig:
+    rope = hf.get("rope_parameters") or {}
+    rope = rope.get("hybrid", rope)
+    if hf.get("num_experts_per_tok", 1) != 1:
+        raise ValueError("config.json: num_experts_per_tok must be 1 for ZAYA1")
+    return ModelConfig(
+        num_layers=hf["num_hidden_layers"], hidden_size=hf["hidden_size"],
+        num_attention_heads=hf["num_attention_heads"], num_query_groups=hf["num_key_value_heads"],
+        kv_channels=hf["head_dim"], vocab_size=hf["vocab_size"], moe_ffn_hidden_size=hf["moe_intermediate_size"],
+        num_experts=hf["num_experts"], router_hidden_size=hf["router_hidden_size"], norm_epsilon=hf["rms_norm_eps"],
+        cca_depthwise_kernel=hf.get("cca_time0", 2), cca_grouped_kernel=hf.get("cca_time1", 2),
+        max_position_embeddings=hf["max_position_embeddings"], rotary_base=float(rope.get("rope_theta", 10000.0)),
+        rotary_percent=float(rope.get("partial_rotary_factor", 0.5)),
+        untie_embeddings_and_output_weights=not hf.get("tie_word_embeddings", True),
+        init_method_std=hf.get("initializer_range", 0.02),
+        make_vocab_size_divisible_by=1, seq_length=min(4096, hf["max_position_embeddings"]),
+    ).validate()
+
+
+def _atomic_folder_write(output_dir: Path, write) -> None:
+    """Write into a temporary sibling folder, then rename: never a half-written folder."""
+    output_dir = Path(output_dir)
+    if output_dir.exists() and any(output_dir.iterdir()):
+        raise FileExistsError(f"{output_dir}: exists and is not empty; refusing to overwrite")
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.tmp", dir=output_dir.parent))
+    write(tmp)
+    if output_dir.exists():
+        output_dir.rmdir()
+    os.replace(tmp, output_dir)
+
+
+def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: torch.dtype | None = None) -> None:
+    """Write config.json + model.safetensors for transformers' ZayaForCausalLM."""
+    tensors = {}
+    for name, tensor in state_dict.items():
+        t = tensor.detach().cpu().contiguous()
+        if dtype is not None and t.is_floating_point() and not name.endswith("balancing_bias"):
+            t = t.to(dtype)
+        tensors[ours_to_hf_name(name)] = t
+    config_dict = hf_config_dict(config, dtype or torch.float32)
+
+    def write(folder: Path) -> None:
+        save_file(tensors, str(folder / HF_WEIGHTS), metadata={"format": "pt"})
+        (folder / "config.json").write_text(json.dumps(config_dict, indent=2) + "\n")
+
+    _atomic_folder_write(Path(output_dir), write)
+
+
+def load_hf_folder(folder) -> tuple[dict, ModelConfig]:
+    """Read a ZayaForCausalLM folder into (our state dict, our ModelConfig)."""
+    folder = Path(folder)
+    config_path, weights_path = folder / "config.json", folder / HF_WEIGHTS
+    for path in (config_path, weights_path):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: missing (expected a Hugging Face ZAYA folder)")
+    hf_config = json.loads(config_path.read_text())
+    if hf_config.get("model_type") != "zaya":
+        raise ValueError(f"{config_path}: model_type is {hf_config.get('model_type')!r}, expected 'zaya'")
+    config = model_config_from_hf(hf_config)
+    state = {}
+    for name, tensor in load_file(str(weights_path)).items():
+        if name == "lm_head.weight" and not config.untie_embeddings_and_output_weights:
+            continue  # tied to the embedding
+        state[hf_to_ours_name(name)] = tensor
+    return state, config

@@ -1,0 +1,112 @@
+"""Compressed Convolutional Attention (CCA with grouped KV heads), single device.
+
+Math: spec/zaya1.md section 2 and the transformers reference `ZayaAttention`. Shapes use
+B batch, S sequence, HQ query heads, HKV KV heads, dh head dim, C = (HQ + HKV) * dh conv channels.
+
+Context across a boundary (the previous chunk under context parallelism, or the previous tokens
+when decoding) enters through `LeftContext`: the last pre-convolution q0/k0 steps and the previous
+token's delayed value projection. At the start of a sequence both are zeros, as in the reference.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatron_zaya import kernels
+from megatron_zaya.config import ModelConfig
+
+
+@dataclass
+class LeftContext:
+    conv_inputs: torch.Tensor      # (B, C, conv_context) pre-conv packed q0/k0 of the preceding steps
+    delayed_value: torch.Tensor    # (B, 1, HKV*dh/2) Wv2 x of the preceding token
+
+
+class CompressedConvAttention(nn.Module):
+    def __init__(self, config: ModelConfig, num_heads: int | None = None, num_kv_heads: int | None = None):
+        super().__init__()
+        self.num_heads = num_heads or config.num_attention_heads
+        self.num_kv_heads = num_kv_heads or config.num_query_groups
+        self.head_dim = config.kv_channels
+        self.groups = self.num_heads // self.num_kv_heads
+        self.rotary_dim = config.rotary_dim
+        d, dh = config.hidden_size, self.head_dim
+        q_width, kv_width = self.num_heads * dh, self.num_kv_heads * dh
+        self.linear_q = nn.Linear(d, q_width, bias=False)
+        self.linear_k = nn.Linear(d, kv_width, bias=False)
+        self.linear_v_current = nn.Linear(d, kv_width // 2, bias=False)
+        self.linear_v_previous = nn.Linear(d, kv_width // 2, bias=False)
+        channels = q_width + kv_width
+        self.conv_depthwise = nn.Conv1d(channels, channels, config.cca_depthwise_kernel, groups=channels)
+        self.conv_grouped = nn.Conv1d(channels, channels, config.cca_grouped_kernel,
+                                      groups=self.num_heads + self.num_kv_heads)
+        self.conv_context = config.cca_depthwise_kernel - 1 + config.cca_grouped_kernel - 1
+        # Learned per-KV-head key temperature, used linearly (logits bounded by sqrt(dh) * |T|).
+        self.key_temperature = nn.Parameter(torch.full((self.num_kv_heads,), config.key_temperature_init))
+        self.linear_proj = nn.Linear(q_width, d, bias=False)
+
+    # -- the three stages, separable so that context parallelism can replace `attend` ------------
+    def project(self, x: torch.Tensor, left: LeftContext | None = None):
+        """x (B, S, D) -> q (B, S, HQ, dh), k and v (B, S, HKV, dh) before QK-norm and RoPE,
+        plus the raw q0/k0 and delayed values (for handing context to the right)."""
+        b, s, _ = x.shape
+        dh = self.head_dim
+        q0 = self.linear_q(x)
+        k0 = self.linear_k(x)
+        # q-k mean from the PRE-convolution projections.
+        q0_heads = q0.view(b, s, self.num_heads, dh)
+        k0_heads = k0.view(b, s, self.num_kv_heads, dh)
+        mean_q = (q0_heads + k0_heads.repeat_interleave(self.groups, dim=2)) * 0.5
+        mean_k = mean_q.view(b, s, self.num_kv_heads, self.groups, dh).mean(dim=3)
+        # Causal depthwise then grouped convolution over time on the packed q0/k0 channels.
+        packed = torch.cat((q0, k0), dim=-1).transpose(1, 2)          # (B, C, S)
+        if left is None:
+            padded = F.pad(packed, (self.conv_context, 0))
+        else:
+            padded = torch.cat((left.conv_inputs.to(packed.dtype), packed), dim=-1)
+        mixed = self.conv_grouped(self.conv_depthwise(padded)).transpose(1, 2)   # (B, S, C)
+        q_width = self.num_heads * dh
+        q = mixed[..., :q_width].reshape(b, s, self.num_heads, dh) + mean_q
+        k = mixed[..., q_width:].reshape(b, s, self.num_kv_heads, dh) + mean_k
+        # Value shift: half the value channels from this token, half from the previous one.
+        v_current = self.linear_v_current(x)
+        v_delayed = self.linear_v_previous(x)
+        if left is None:
+            previous = torch.zeros_like(v_delayed[:, :1])
+        else:
+            previous = left.delayed_value.to(v_delayed.dtype)
+        v_shifted = torch.cat((previous, v_delayed[:, :-1]), dim=1)
+        v = torch.cat((v_current, v_shifted), dim=-1).view(b, s, self.num_kv_heads, dh)
+        return q, k, v, packed, v_delayed
+
+    def normalize_and_rotate(self, q, k, cos, sin):
+        """QK-norm to length sqrt(dh), linear key temperature, then partial RoPE."""
+        eps = torch.finfo(q.dtype).eps
+        scale = math.sqrt(self.head_dim)
+        q = q * (scale / q.norm(dim=-1, keepdim=True).clamp_min(eps))
+        k = k * (scale / k.norm(dim=-1, keepdim=True).clamp_min(eps))
+        k = k * self.key_temperature.to(k.dtype)[None, None, :, None]
+        return kernels.apply_partial_rope(q, cos, sin), kernels.apply_partial_rope(k, cos, sin)
+
+    def attend(self, q, k, v, attention_mask: torch.Tensor | None = None):
+        """Causal GQA softmax attention; (B, S, H, dh) in, (B, S, HQ*dh) out."""
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        gqa = self.groups > 1 and q.is_cuda
+        if self.groups > 1 and not gqa:
+            # CPU SDPA falls back to its slow math path under enable_gqa: repeat KV heads instead.
+            k, v = k.repeat_interleave(self.groups, dim=1), v.repeat_interleave(self.groups, dim=1)
+        if attention_mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, enable_gqa=gqa)
+        b, _, s, _ = out.shape
+        return out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)
+
+    def forward(self, x, cos, sin, attention_mask=None):
+        q, k, v, _, _ = self.project(x)
+        q, k = self.normalize_and_rotate(q, k, cos, sin)
+        return self.linear_proj(self.attend(q, k, v, attention_mask))

@@ -1,0 +1,94 @@
+"""The ZAYA1 language model: embedding, input scaling, blocks, final norm, tied head, causal LM loss.
+
+Initialisation (the transformers reference's placeholder inits are not all trainable):
+- linear and embedding weights ~ N(0, init_method_std); output projections of each sublayer
+  (attention linear_proj, expert down) ~ N(0, init_method_std / sqrt(2 * num_layers)) as in Megatron;
+- expert weights ~ N(0, init_method_std); linear biases 0; norm weights 1; residual/input scales 1, biases 0;
+- CCA convolutions keep PyTorch's default (kaiming-uniform) init, so the conv path starts at the
+  scale of its inputs;
+- key temperature T = key_temperature_init (1.0; the reference's 0 would make every logit zero);
+- EDA gamma 1; balancing biases 0 with skip_class_bias_init (-1) for the skip class.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatron_zaya import kernels
+from megatron_zaya.config import ModelConfig
+from megatron_zaya.model.block import ZayaBlock
+from megatron_zaya.model.norm import InputScaling, RMSNorm
+from megatron_zaya.model.rope import rope_cos_sin
+from megatron_zaya.model.router import Routing
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor | None          # (B, S, V) when no labels were given
+    token_losses: torch.Tensor | None    # (B, S) fp32 per-token cross-entropy when labels were given
+    routing: list[Routing]               # one per MoE layer
+
+
+class ZayaModel(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config.validate()
+        self.embedding = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.input_scaling = InputScaling(config.hidden_size)
+        self.layers = nn.ModuleList(ZayaBlock(config, i) for i in range(config.num_layers))
+        self.final_norm = RMSNorm(config.hidden_size, config.norm_epsilon)
+        self.output_layer = (nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+                             if config.untie_embeddings_and_output_weights else None)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        std = self.config.init_method_std
+        output_std = std / math.sqrt(2 * self.config.num_layers)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, 0.0, std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Conv1d):
+                module.reset_parameters()
+        for block in self.layers:
+            nn.init.normal_(block.attention.linear_proj.weight, 0.0, output_std)
+            nn.init.normal_(block.moe.experts.gate_up_weight, 0.0, std)
+            nn.init.normal_(block.moe.experts.down_weight, 0.0, output_std)
+
+    def output_weight(self) -> torch.Tensor:
+        return self.embedding.weight if self.output_layer is None else self.output_layer.weight
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None) -> ModelOutput:
+        """tokens (B, S) -> logits, or per-token fp32 losses when labels (B, S) are given.
+
+        attention_mask, when given, is a boolean (B, 1, S, S) mask (True = attend) replacing the
+        causal default, e.g. to reset attention at document boundaries."""
+        b, s = tokens.shape
+        if position_ids is None:
+            position_ids = torch.arange(s, device=tokens.device).unsqueeze(0).expand(b, s)
+        cos, sin = rope_cos_sin(position_ids, self.config.rotary_dim, self.config.rotary_base)
+        residual = self.input_scaling(self.embedding(tokens))
+        router_state = None
+        routing = []
+        for block in self.layers:
+            residual, router_state, layer_routing = block(residual, router_state, cos, sin, attention_mask)
+            routing.append(layer_routing)
+        hidden = self.final_norm(residual)
+        logits = F.linear(hidden, self.output_weight())
+        if labels is None:
+            return ModelOutput(logits, None, routing)
+        losses = kernels.cross_entropy(logits.reshape(b * s, -1), labels.reshape(b * s)).view(b, s)
+        return ModelOutput(None, losses, routing)
+
+
+def masked_mean_loss(token_losses: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Mean of the per-token losses over the tokens the mask keeps (fp32)."""
+    mask = loss_mask.float()
+    return (token_losses * mask).sum() / mask.sum().clamp_min(1.0)

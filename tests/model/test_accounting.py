@@ -1,0 +1,53 @@
+"""Parameter counts against the published ZAYA1-base numbers and FLOPs against torch's FLOP counter."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from megatron_zaya.config import model_config_from_preset
+from megatron_zaya.model import ZayaModel, experts
+from megatron_zaya.model.accounting import (
+    attention_macs_per_token, count_parameters, kv_cache_bytes_per_token, matmul_macs_per_token)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_base_parameter_counts_match_spec():
+    config = model_config_from_preset("zaya1-base")
+    counts = count_parameters(config)
+    with torch.device("meta"):
+        block = ZayaModel(config.replace(num_layers=2)).layers[1]
+    assert sum(p.numel() for p in block.attention.parameters()) == 5_575_682
+    assert sum(p.numel() for p in block.moe.router.parameters()) == 660_992
+    assert counts.one_expert == 12_582_912
+    assert counts.embedding == 537_133_056
+    assert round(counts.non_embedding / 1e9, 3) == 8.303
+    assert round(counts.active_non_embedding(16) / 1e6, 1) == 753.6
+    assert round(counts.total / 1e9, 2) == 8.84
+    assert kv_cache_bytes_per_token(config) == 40 * 2 * 2 * 128 * 2
+
+
+def test_model_stats_tool_prints_published_numbers():
+    out = subprocess.run([sys.executable, str(ROOT / "tools/model_stats.py"), "--preset", "zaya1-base"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "(8.303B)" in out and "(753.6M)" in out and "(8.84B)" in out
+    assert "40.0 KiB" in out
+
+
+def test_flop_formula_matches_torch_flop_counter(monkeypatch):
+    # The fallback expert path uses plain matmuls, which the FLOP counter sees (grouped_mm it does not).
+    monkeypatch.setattr(experts, "_HAS_GROUPED_MM", False)
+    config = model_config_from_preset("zaya1-tiny", num_layers=2, skip_class_bias_init=-100.0)
+    model = ZayaModel(config)
+    b, s = 2, 64
+    with FlopCounterMode(display=False) as counter:
+        model(torch.randint(0, config.vocab_size, (b, s)))
+    measured = counter.get_total_flops()
+    # torch's counter charges SDPA for the full S x S square; our formula halves it for causality.
+    full_attention = config.num_layers * 2 * config.num_attention_heads * config.kv_channels * s
+    expected = 2 * b * s * (sum(matmul_macs_per_token(config).values()) + full_attention)
+    assert measured == pytest.approx(expected, rel=1e-3)
+    assert attention_macs_per_token(config, s) == pytest.approx(full_attention * (s + 1) / (2 * s))

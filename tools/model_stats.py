@@ -1,0 +1,67 @@
+"""Parameter counts, FLOPs per token and KV-cache size of a ZAYA model.
+
+    python tools/model_stats.py --preset zaya1-base
+    python tools/model_stats.py --preset zaya1-tiny --seq-length 1024 --num-layers 8
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from megatron_zaya.config import PRESETS, ConfigError, model_config_from_preset  # noqa: E402
+from megatron_zaya.model.accounting import (  # noqa: E402
+    attention_macs_per_token, count_parameters, decode_state_bytes_per_sequence, forward_flops_per_token,
+    kv_cache_bytes_per_token, matmul_macs_per_token)
+
+
+def human(n: float) -> str:
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.4g}{unit}"
+    return f"{n:.4g}"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="zaya1-base", help=f"one of {sorted(PRESETS)}")
+    parser.add_argument("--seq-length", type=int, default=None, help="for attention FLOPs (default: preset's)")
+    parser.add_argument("--num-layers", type=int, default=None)
+    parser.add_argument("--hidden-size", type=int, default=None)
+    parser.add_argument("--num-experts", type=int, default=None)
+    parser.add_argument("--vocab-size", type=int, default=None)
+    args = parser.parse_args(argv)
+    overrides = {k: v for k, v in dict(num_layers=args.num_layers, hidden_size=args.hidden_size,
+                                       num_experts=args.num_experts, vocab_size=args.vocab_size).items()
+                 if v is not None}
+    try:
+        config = model_config_from_preset(args.preset, **overrides)
+    except ConfigError as err:
+        parser.error(str(err))
+    seq = args.seq_length or config.seq_length
+    counts = count_parameters(config)
+    active = counts.active_non_embedding(config.num_experts)
+    fwd = forward_flops_per_token(config, seq)
+    print(f"model: {args.preset}  layers={config.num_layers} hidden={config.hidden_size} "
+          f"heads={config.num_attention_heads}/{config.num_query_groups}x{config.kv_channels} "
+          f"experts={config.num_experts}x{config.moe_ffn_hidden_size} vocab={config.vocab_size}")
+    print(f"non-embedding parameters, total:   {counts.non_embedding:>16,}  ({human(counts.non_embedding)})")
+    print(f"non-embedding parameters, active:  {active:>16,}  ({human(active)})")
+    print(f"embedding parameters:              {counts.embedding:>16,}  ({human(counts.embedding)})")
+    print(f"total parameters:                  {counts.total:>16,}  ({human(counts.total)})")
+    print(f"total active parameters:           {active + counts.embedding:>16,}  ({human(active + counts.embedding)})")
+    print(f"forward FLOPs per token (S={seq}):  {fwd:>16,.0f}  ({human(fwd)})")
+    for name, macs in matmul_macs_per_token(config).items():
+        print(f"    {name:<24} {2 * macs:>16,}")
+    print(f"    {'causal_attention':<24} {2 * attention_macs_per_token(config, seq):>16,.0f}")
+    print(f"training FLOPs per token (3x):     {3 * fwd:>16,.0f}  ({human(3 * fwd)})")
+    kv = kv_cache_bytes_per_token(config)
+    print(f"KV-cache bytes per token (bf16):   {kv:>16,}  ({kv / 1024:.1f} KiB)")
+    print(f"decode state per sequence (bf16):  {decode_state_bytes_per_sequence(config):>16,} bytes (constant)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
