@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from megatron_zaya.kernels import reference as R  # noqa: E402
 from megatron_zaya.kernels import (  # noqa: E402
     ce_autograd,
+    triton_cca_conv,
     triton_cross_entropy,
     triton_moe_permute,
     triton_newton_schulz,
@@ -214,6 +215,20 @@ def make_cases(dev: str, small: bool) -> list[Case]:
     cases.append(Case("moe permute+unpermute fwd+bwd", moe(triton_moe_permute), moe(R), [xt, gate],
                       bytes=n * d * e * 8, grads=[_rand(n, d, dtype=act, device=dev)], tol=tol_act,
                       note="includes the eager scale between the two and the argsort"))
+
+    # CCA causal conv pair on packed q0/k0: (2, 4096, 1280), 10 groups of 128, kernels 2 and 2.
+    bb, ss, grp, hd = (2, 13, 3, 16) if small else (2, 4096, 10, 128)
+    cc = grp * hd
+    packed = _rand(bb, ss, cc, dtype=act, device=dev, grad=True)
+    conv_params = [_rand(cc, 1, 2, dtype=act, device=dev, scale=0.5, grad=True), _rand(cc, dtype=act, device=dev, scale=0.1, grad=True),
+                   _rand(cc, hd, 2, dtype=act, device=dev, scale=hd ** -0.5, grad=True), _rand(cc, dtype=act, device=dev, scale=0.1, grad=True)]
+    conv_tol = dict(atol=1e-5, rtol=1e-5) if small else dict(atol=5e-2, rtol=5e-2)
+    cases.append(Case("cca conv fwd", triton_cca_conv.cca_causal_conv, R.cca_causal_conv, [packed, *conv_params],
+                      bytes=2 * bb * ss * cc * e, tol=conv_tol, note="eager: transpose + pad + 2 cuDNN convs"))
+    cases.append(Case("cca conv fwd+bwd", triton_cca_conv.cca_causal_conv, R.cca_causal_conv, [packed, *conv_params],
+                      bytes=bb * ss * cc * (2 * e + 3 * e + 4), grads=[_rand(bb, ss, cc, dtype=act, device=dev)],
+                      tol=dict(atol=2e-5, rtol=2e-5) if small else dict(atol=1e-1, rtol=5e-2),
+                      note="weight grads are torch reductions; bytes count the kernels only"))
 
     # Newton-Schulz on a batch of expert matrices (bf16 on GPU as in Muon, fp32 in the interpreter).
     nb, m, k = (3, 20, 37) if small else (16, 2048, 2048)

@@ -211,3 +211,17 @@ __all__ = [
     "cross_entropy_grad", "linear_cross_entropy", "moe_permute", "moe_unpermute",
     "newton_schulz", "newton_schulz_many", "NS_COEFFICIENTS",
 ]
+
+
+# --------------------------------------------------------------------------- CCA convolutions
+
+
+def cca_causal_conv(packed, dw_weight, dw_bias, g_weight, g_bias, left=None) -> torch.Tensor:
+    """Depthwise then grouped causal Conv1d over time on channel-last (B, S, C) q0/k0 (see reference)."""
+    tensors = (packed, dw_weight, dw_bias, g_weight, g_bias) + ((left,) if left is not None else ())
+    mod = _triton("cca_conv", *tensors)
+    impl = mod.cca_causal_conv if mod else reference.cca_causal_conv
+    return impl(packed, dw_weight, dw_bias, g_weight, g_bias, left)
+
+
+__all__ += ["cca_causal_conv"]

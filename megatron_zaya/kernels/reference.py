@@ -227,3 +227,26 @@ def linear_cross_entropy(
 def newton_schulz_many(grads: list[torch.Tensor], steps: int = 5, eps: float = 1e-7, dtype=torch.bfloat16) -> list[torch.Tensor]:
     """newton_schulz on each matrix of a list (e.g. every expert's weight gradient)."""
     return [newton_schulz(g, steps, eps, dtype) for g in grads]
+
+
+def cca_causal_conv(
+    packed: torch.Tensor,
+    dw_weight: torch.Tensor,
+    dw_bias: torch.Tensor,
+    g_weight: torch.Tensor,
+    g_bias: torch.Tensor,
+    left: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """CCA's causal convolution pair over time: a depthwise Conv1d then a grouped Conv1d.
+
+    packed: (B, S, C) channel-last (concat of q0 and k0); dw_weight (C, 1, K1), dw_bias (C,);
+    g_weight (C, C // groups, K2), g_bias (C,); left: (B, C, K1 - 1 + K2 - 1) inputs of the
+    preceding steps, or None for zeros (the zero padding sits before the first conv, so its bias
+    acts on the padded steps). Returns (B, S, C)."""
+    channels = packed.shape[-1]
+    context = dw_weight.shape[-1] - 1 + g_weight.shape[-1] - 1
+    x = packed.transpose(1, 2)
+    x = F.pad(x, (context, 0)) if left is None else torch.cat((left.to(x.dtype), x), dim=-1)
+    y = F.conv1d(x, dw_weight, dw_bias, groups=channels)
+    y = F.conv1d(y, g_weight, g_bias, groups=channels // g_weight.shape[1])
+    return y.transpose(1, 2)

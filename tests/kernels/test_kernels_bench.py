@@ -21,5 +21,5 @@ def test_bench_interpreter_check_passes():
     assert proc.returncode == 0, out
     assert "interpreter check: PASS" in out
     for name in ["rms_norm", "residual+rms_norm", "swiglu", "rope", "cross_entropy", "linear_cross_entropy",
-                 "moe permute", "newton_schulz"]:
+                 "moe permute", "newton_schulz", "cca conv"]:
         assert name in out, name

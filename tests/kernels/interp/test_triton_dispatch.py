@@ -66,5 +66,9 @@ def test_forced_triton_every_op_runs(triton_backend):
     idx = torch.tensor([1, 0, 2, 1])
     perm, order, counts = K.moe_permute(x, idx, 2)
     assert torch.equal(perm, x[[1, 0, 3]]) and counts.tolist() == [1, 2]
+    packed = torch.randn(1, 5, 32, generator=gen)
+    conv = [torch.randn(32, 1, 2, generator=gen), torch.randn(32, generator=gen), torch.randn(32, 16, 2, generator=gen) * 0.2,
+            torch.randn(32, generator=gen)]
+    torch.testing.assert_close(K.cca_causal_conv(packed, *conv), R.cca_causal_conv(packed, *conv), atol=1e-5, rtol=1e-5)
     m = torch.randn(5, 7, generator=gen)
     torch.testing.assert_close(K.newton_schulz(m, 2, dtype=torch.float32), R.newton_schulz(m, 2, dtype=torch.float32), atol=1e-4, rtol=1e-4)

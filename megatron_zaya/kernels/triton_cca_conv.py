@@ -1,0 +1,193 @@
+"""CCA causal convolution pair (depthwise kernel K1, then grouped kernel K2) fused (Triton).
+
+Layout: packed (B, S, C) channel-last, C = groups * dh; x_pad is packed preceded in time by
+L = K1 - 1 + K2 - 1 steps of `left` context (or zeros). With times in padded coordinates,
+    y1[u] = b1 + sum_{k' < K1} w1[k'] * x_pad[u + k']                  (depthwise, per channel)
+    out[t] = b2 + sum_{k < K2} W2_k[group] @ y1[t + k]                  (dense dh x dh per group)
+The forward reads packed once and writes out once: y1 is recomputed in registers for each of
+the K2 taps and the per-group mixing is a tl.dot. The backward kernel computes
+    dy1[u]   = sum_k W2_k^T g[u - k]
+    dx_pad[j] = sum_{k'} w1[k'] * dy1[j - k']
+in one pass (d packed and d left), and also writes dy1 for the weight gradients, which are
+reductions over (B, S) done with torch matmuls / sums in fp32.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from megatron_zaya.kernels._triton_common import INTERPRET, next_pow2
+
+
+@triton.jit
+def _load_x_pad(p_ptr, left_ptr, b, tau, chans, cmask, S, L, sp_b, sp_s, sl_b, sl_c, sl_t, HAS_LEFT: tl.constexpr):
+    """Rows tau (padded time) of x_pad for channels chans, in fp32; zeros outside [0, S + L)."""
+    in_p = (tau >= L) & (tau < S + L)
+    t_p = tl.where(in_p, tau - L, 0).to(tl.int64)
+    v = tl.load(p_ptr + b * sp_b + t_p[:, None] * sp_s + chans[None, :], mask=in_p[:, None] & cmask[None, :], other=0.0)
+    v = v.to(tl.float32)
+    if HAS_LEFT:
+        in_l = (tau >= 0) & (tau < L)
+        t_l = tl.where(in_l, tau, 0).to(tl.int64)
+        v += tl.load(left_ptr + b * sl_b + chans[None, :] * sl_c + t_l[:, None] * sl_t,
+                     mask=in_l[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+    return v
+
+
+@triton.jit
+def _fwd_kernel(
+    p_ptr, left_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, out_ptr,
+    S, DH, L,
+    sp_b, sp_s, sl_b, sl_c, sl_t, sw1_c, sw1_k, sw2_o, sw2_i, sw2_k, so_b, so_s,
+    K1: tl.constexpr, K2: tl.constexpr, HAS_LEFT: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+):
+    pid_t = tl.program_id(0)
+    grp = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    t = pid_t * BT + tl.arange(0, BT)
+    ci = tl.arange(0, BC)
+    cmask = ci < DH
+    chans = grp * DH + ci
+    dot_dtype = p_ptr.dtype.element_ty
+    b1 = tl.load(b1_ptr + chans, mask=cmask, other=0.0).to(tl.float32)
+    acc = tl.zeros((BT, BC), tl.float32)
+    for k in tl.static_range(K2):
+        y1 = tl.zeros((BT, BC), tl.float32) + b1[None, :]
+        for kp in tl.static_range(K1):
+            w = tl.load(w1_ptr + chans * sw1_c + kp * sw1_k, mask=cmask, other=0.0).to(tl.float32)
+            y1 += w[None, :] * _load_x_pad(p_ptr, left_ptr, b, t + k + kp, chans, cmask, S, L,
+                                           sp_b, sp_s, sl_b, sl_c, sl_t, HAS_LEFT)
+        # W2_k^T as a (dh_in, dh_out) tile: element [i, o] = g_weight[grp * dh + o, i, k]
+        w2t = tl.load(w2_ptr + chans[None, :].to(tl.int64) * sw2_o + ci[:, None] * sw2_i + k * sw2_k,
+                      mask=cmask[:, None] & cmask[None, :], other=0.0)
+        acc = tl.dot(y1.to(dot_dtype), w2t.to(dot_dtype), acc)
+    acc += tl.load(b2_ptr + chans, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    omask = (t < S)[:, None] & cmask[None, :]
+    tl.store(out_ptr + b * so_b + t[:, None].to(tl.int64) * so_s + chans[None, :], acc.to(out_ptr.dtype.element_ty), mask=omask)
+
+
+@triton.jit
+def _bwd_kernel(
+    g_ptr, w1_ptr, w2_ptr, dp_ptr, dleft_ptr, dy1_ptr,
+    S, DH, L,
+    sg_b, sg_s, sw1_c, sw1_k, sw2_o, sw2_i, sw2_k, sdp_b, sdp_s, sdl_b, sdl_c, sdl_t, sdy_b, sdy_s,
+    K1: tl.constexpr, K2: tl.constexpr, HAS_LEFT: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+):
+    pid_t = tl.program_id(0)
+    grp = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    j = pid_t * BT + tl.arange(0, BT)  # padded time in [0, S + L)
+    ci = tl.arange(0, BC)
+    cmask = ci < DH
+    chans = grp * DH + ci
+    dot_dtype = g_ptr.dtype.element_ty
+    dx = tl.zeros((BT, BC), tl.float32)
+    for kp in tl.static_range(K1):
+        dy1 = tl.zeros((BT, BC), tl.float32)
+        for k in tl.static_range(K2):
+            tt = j - kp - k
+            valid = (tt >= 0) & (tt < S)
+            t_safe = tl.where(valid, tt, 0).to(tl.int64)
+            gt = tl.load(g_ptr + b * sg_b + t_safe[:, None] * sg_s + chans[None, :],
+                         mask=valid[:, None] & cmask[None, :], other=0.0)
+            # W2_k as a (dh_out, dh_in) tile: element [o, i] = g_weight[grp * dh + o, i, k]
+            w2 = tl.load(w2_ptr + chans[:, None].to(tl.int64) * sw2_o + ci[None, :] * sw2_i + k * sw2_k,
+                         mask=cmask[:, None] & cmask[None, :], other=0.0)
+            dy1 = tl.dot(gt.to(dot_dtype), w2.to(dot_dtype), dy1)
+        if kp == 0:
+            ymask = (j < S + L)[:, None] & cmask[None, :]
+            tl.store(dy1_ptr + b * sdy_b + j[:, None].to(tl.int64) * sdy_s + chans[None, :], dy1, mask=ymask)
+        w = tl.load(w1_ptr + chans * sw1_c + kp * sw1_k, mask=cmask, other=0.0).to(tl.float32)
+        dx += w[None, :] * dy1
+    in_p = (j >= L) & (j < S + L)
+    t_p = tl.where(in_p, j - L, 0).to(tl.int64)
+    tl.store(dp_ptr + b * sdp_b + t_p[:, None] * sdp_s + chans[None, :], dx.to(dp_ptr.dtype.element_ty),
+             mask=in_p[:, None] & cmask[None, :])
+    if HAS_LEFT:
+        in_l = j < L
+        t_l = tl.where(in_l, j, 0).to(tl.int64)
+        tl.store(dleft_ptr + b * sdl_b + chans[None, :] * sdl_c + t_l[:, None] * sdl_t, dx.to(dleft_ptr.dtype.element_ty),
+                 mask=in_l[:, None] & cmask[None, :])
+
+
+def _block_t(dh: int) -> int:
+    if INTERPRET:
+        return 16
+    return 64 if dh <= 128 else 32
+
+
+def _unit_channels(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+class _CCAConv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, packed, w1, b1, w2, b2, left):
+        bsz, seq, chans = packed.shape
+        k1, k2 = w1.shape[-1], w2.shape[-1]
+        dh = w2.shape[1]
+        groups = chans // dh
+        ctx_len = k1 - 1 + k2 - 1
+        if w1.shape != (chans, 1, k1) or w2.shape != (chans, dh, k2) or groups * dh != chans:
+            raise ValueError("cca_causal_conv: expected dw_weight (C, 1, K1) and g_weight (C, C // groups, K2)")
+        packed = _unit_channels(packed)
+        out = torch.empty((bsz, seq, chans), dtype=packed.dtype, device=packed.device)
+        lf = left if left is not None else packed
+        bt = _block_t(dh)
+        if bsz * seq:
+            _fwd_kernel[(triton.cdiv(seq, bt), groups, bsz)](
+                packed, lf, w1, b1, w2, b2, out, seq, dh, ctx_len,
+                packed.stride(0), packed.stride(1), lf.stride(0), lf.stride(1), lf.stride(-1),
+                w1.stride(0), w1.stride(2), w2.stride(0), w2.stride(1), w2.stride(2), out.stride(0), out.stride(1),
+                K1=k1, K2=k2, HAS_LEFT=left is not None, BT=bt, BC=max(16, next_pow2(dh)),
+                num_warps=1 if INTERPRET else 4,
+            )
+        ctx.save_for_backward(packed, w1, b1, w2, b2, left if left is not None else torch.empty(0))
+        ctx.has_left = left is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        packed, w1, b1, w2, b2, left = ctx.saved_tensors
+        left = left if ctx.has_left else None
+        bsz, seq, chans = packed.shape
+        k1, k2 = w1.shape[-1], w2.shape[-1]
+        dh = w2.shape[1]
+        groups = chans // dh
+        ctx_len = k1 - 1 + k2 - 1
+        grad = _unit_channels(grad)
+        d_packed = torch.empty_like(packed)
+        d_left = torch.empty(left.shape, dtype=left.dtype, device=left.device) if left is not None else d_packed
+        dy1 = torch.empty((bsz, seq + ctx_len, chans), dtype=torch.float32, device=packed.device)
+        bt = _block_t(dh)
+        if bsz * seq:
+            _bwd_kernel[(triton.cdiv(seq + ctx_len, bt), groups, bsz)](
+                grad, w1, w2, d_packed, d_left, dy1, seq, dh, ctx_len,
+                grad.stride(0), grad.stride(1), w1.stride(0), w1.stride(2), w2.stride(0), w2.stride(1), w2.stride(2),
+                d_packed.stride(0), d_packed.stride(1), d_left.stride(0), d_left.stride(1), d_left.stride(-1),
+                dy1.stride(0), dy1.stride(1),
+                K1=k1, K2=k2, HAS_LEFT=left is not None, BT=bt, BC=max(16, next_pow2(dh)),
+                num_warps=1 if INTERPRET else 4,
+            )
+        # Weight gradients: reductions over (B, S) in fp32 with torch.
+        n1 = seq + k2 - 1  # length of the depthwise output
+        x_pad = packed.float()
+        head = left.transpose(1, 2).float() if left is not None else x_pad.new_zeros(bsz, ctx_len, chans)
+        x_pad = torch.cat((head, x_pad), dim=1)
+        dy1 = dy1[:, :n1]
+        y1 = b1.float() + sum(w1[:, 0, kp].float() * x_pad[:, kp:kp + n1] for kp in range(k1))
+        d_w1 = torch.stack([(dy1 * x_pad[:, kp:kp + n1]).sum((0, 1)) for kp in range(k1)], dim=-1).unsqueeze(1)
+        d_b1 = dy1.sum((0, 1))
+        g_grp = grad.float().reshape(bsz * seq, groups, dh).permute(1, 2, 0)  # (G, dh_out, B*S)
+        d_w2 = torch.stack([
+            torch.bmm(g_grp, y1[:, k:k + seq].reshape(bsz * seq, groups, dh).transpose(0, 1)).reshape(chans, dh)
+            for k in range(k2)
+        ], dim=-1)
+        d_b2 = grad.float().sum((0, 1))
+        return (d_packed, d_w1.to(w1.dtype), d_b1.to(b1.dtype), d_w2.to(w2.dtype), d_b2.to(b2.dtype),
+                d_left if left is not None else None)
+
+
+def cca_causal_conv(packed, dw_weight, dw_bias, g_weight, g_bias, left=None) -> torch.Tensor:
+    return _CCAConv.apply(packed, dw_weight, dw_bias, g_weight, g_bias, left)

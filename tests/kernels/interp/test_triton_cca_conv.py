@@ -1,0 +1,65 @@
+"""Fused CCA causal convolution pair vs reference.cca_causal_conv (two F.conv1d), fwd + bwd.
+
+Tolerance: fp32 atol = rtol = 1e-5 for the output and d(packed), d(left); 2e-5 for the weight
+and bias gradients (sums over batch and time)."""
+import pytest
+import torch
+
+from megatron_zaya.kernels import reference as R
+from megatron_zaya.kernels import triton_cca_conv as T
+
+
+def _params(c, dh, k1, k2, gen):
+    return [
+        (torch.randn(c, 1, k1, generator=gen) * 0.5).requires_grad_(True),
+        (torch.randn(c, generator=gen) * 0.5).requires_grad_(True),
+        (torch.randn(c, dh, k2, generator=gen) / dh ** 0.5).requires_grad_(True),
+        (torch.randn(c, generator=gen) * 0.5).requires_grad_(True),
+    ]
+
+
+@pytest.mark.parametrize("b,s,groups,dh,k1,k2,with_left", [
+    (2, 13, 3, 16, 2, 2, False),   # ZAYA1 kernel sizes, sequence not a multiple of the time block
+    (1, 20, 2, 12, 2, 2, True),    # dh not a power of two, left context from a previous chunk
+    (2, 5, 2, 16, 3, 2, True),     # other kernel sizes
+])
+def test_cca_causal_conv(b, s, groups, dh, k1, k2, with_left):
+    gen = torch.Generator().manual_seed(b * 1000 + s * 10 + dh)
+    c = groups * dh
+    packed0 = torch.randn(b, s, c, generator=gen)
+    left0 = torch.randn(b, c, k1 - 1 + k2 - 1, generator=gen) if with_left else None
+    params = _params(c, dh, k1, k2, gen)
+    g = torch.randn(b, s, c, generator=gen)
+
+    def run(fn):
+        packed = packed0.clone().requires_grad_(True)
+        left = left0.clone().requires_grad_(True) if with_left else None
+        for p in params:
+            p.grad = None
+        out = fn(packed, *params, left)
+        out.backward(g)
+        grads = [packed.grad] + ([left.grad] if with_left else []) + [p.grad.clone() for p in params]
+        return out.detach(), grads
+
+    out, grads = run(T.cca_causal_conv)
+    out_r, grads_r = run(R.cca_causal_conv)
+    torch.testing.assert_close(out, out_r, atol=1e-5, rtol=1e-5)
+    n_act = 2 if with_left else 1
+    for gt, gr in zip(grads[:n_act], grads_r[:n_act]):
+        torch.testing.assert_close(gt, gr, atol=1e-5, rtol=1e-5)
+    for gt, gr in zip(grads[n_act:], grads_r[n_act:]):
+        assert gt.shape == gr.shape
+        torch.testing.assert_close(gt, gr, atol=2e-5, rtol=2e-5)
+
+
+def test_cca_conv_matches_the_model_layout():
+    """Same numbers as the nn.Conv1d pair on a (B, C, S) tensor, as megatron_zaya.model.cca uses it."""
+    gen = torch.Generator().manual_seed(3)
+    b, s, groups, dh = 2, 9, 2, 16
+    c = groups * dh
+    dw = torch.nn.Conv1d(c, c, 2, groups=c)
+    gc = torch.nn.Conv1d(c, c, 2, groups=groups)
+    x = torch.randn(b, s, c, generator=gen)
+    want = gc(dw(torch.nn.functional.pad(x.transpose(1, 2), (2, 0)))).transpose(1, 2)
+    got = T.cca_causal_conv(x, dw.weight, dw.bias, gc.weight, gc.bias)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
