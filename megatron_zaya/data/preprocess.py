@@ -152,6 +152,8 @@ class Encoder:
         stats.skip(reason, f"{where} ({detail})" if detail else where)
 
     def _tokenize(self, docs: list, stats: Stats):
+        if self.trimmer is None and hasattr(self.tokenizer, "encode_batch_flat"):
+            return self._tokenize_flat(docs, stats)
         tok = self.tokenizer
         flat = [s for _, sents in docs for s in sents]
         encoded = tok.encode_batch(flat) if flat else []
@@ -186,6 +188,31 @@ class Encoder:
         stats.documents += len(per_doc)
         stats.tokens += n_tokens
         return tokens, np.asarray(seq_lens, np.int64), np.asarray(per_doc, np.int64)
+
+    def _tokenize_flat(self, docs: list, stats: Stats):
+        """Vectorized twin of `_tokenize` (no trimming): same output, numpy all the way."""
+        n_docs = len(docs)
+        flat = [s for _, sents in docs for s in sents]
+        if not flat:
+            return np.zeros(0, self.dtype), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        toks, lens = self.tokenizer.encode_batch_flat(flat)
+        sent_counts = np.fromiter((len(sents) for _, sents in docs), dtype=np.int64, count=n_docs)
+        doc_of = np.repeat(np.arange(n_docs), sent_counts)
+        doc_tokens = np.bincount(doc_of, weights=lens, minlength=n_docs).astype(np.int64)
+        for k in np.nonzero(doc_tokens == 0)[0]:
+            self._skip(stats, "empty document", docs[k][0])
+        nonempty = lens > 0
+        seq_lens = lens[nonempty].astype(np.int64)
+        per_doc_all = np.bincount(doc_of[nonempty], minlength=n_docs)
+        per_doc = per_doc_all[doc_tokens > 0].astype(np.int64)
+        if self.cfg.append_eod and len(per_doc):
+            ends = np.cumsum(doc_tokens)[doc_tokens > 0]
+            toks = np.insert(toks, ends, self.tokenizer.eod)
+            seq_lens[np.cumsum(per_doc) - 1] += 1
+        tokens = toks.astype(self.dtype, copy=False)
+        stats.documents += len(per_doc)
+        stats.tokens += int(tokens.size)
+        return tokens, seq_lens, per_doc
 
 
 _WORKER: Encoder | None = None

@@ -21,9 +21,16 @@ Every tokenizer exposes `vocab_size` (unpadded), `padded_vocab_size`, `eod`, `bo
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 from typing import Sequence
+
+# Control characters that SentencePiece's normalizers delete or remap; texts containing any of them
+# (or any non-ASCII character) always take the exact, unsplit encoding path.
+_UNSAFE_FOR_WORD_CACHE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_PROBES = ("a b", "a\tb", "a\nb", "a\r\nb", "  a  b ", " ", "", "a\n\n b.", "x!!y 1234abc", "Don't, I'd", "(a)[b]{c}")
 
 
 def pad_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int = 128, tensor_parallel_size: int = 1) -> int:
@@ -98,7 +105,119 @@ def _to_int_list(ids) -> list[int]:
     return [int(i) for i in ids]
 
 
-class GPTSentencePieceTokenizer(BaseTokenizer):
+class _WordCachedSentencePiece:
+    """Exact speed-up for SentencePiece on plain-ASCII text.
+
+    When no vocabulary piece contains the whitespace symbol U+2581 except at its start, no piece
+    spans two words; SentencePiece (BPE merges or unigram Viterbi) then encodes an ASCII text as
+    the concatenation of its whitespace-separated words' encodings, each with its leading U+2581.
+    Words are encoded once and memoized in a numpy table, and a batch is assembled with vectorized
+    gathers. Enabled only if the model passes that vocabulary check and a set of whitespace probes
+    (the normalizer collapses runs of spaces and maps tab/newline to spaces); a text that is not
+    ASCII or holds other control characters is encoded whole, as usual.
+    """
+
+    _CACHE_LIMIT = 1 << 20
+
+    def _setup_word_cache(self) -> None:
+        sp = self.sp
+        self._reset_word_cache()
+        ok = all("\u2581" not in sp.IdToPiece(i)[1:] for i in range(sp.GetPieceSize()))
+        self._word_cache_enabled = ok
+        if ok:
+            ok = all(self._encode_words(t) == sp.EncodeAsIds(t) for t in _PROBES)
+        self._word_cache_enabled = ok
+        self._reset_word_cache()
+
+    def _reset_word_cache(self) -> None:
+        import numpy as np
+
+        self._wid: dict[str, int] = {}
+        self._w_tokens = np.zeros(0, np.int32)
+        self._w_start = np.zeros(0, np.int64)
+        self._w_len = np.zeros(0, np.int64)
+
+    def _add_words(self, words: list[str]) -> None:
+        import numpy as np
+
+        if len(self._wid) + len(words) > self._CACHE_LIMIT:
+            self._reset_word_cache()
+        encoded = self.sp.Encode(words, num_threads=1)
+        lens = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+        flat = np.fromiter(itertools.chain.from_iterable(encoded), dtype=np.int32, count=int(lens.sum()))
+        base = len(self._wid)
+        self._wid.update(zip(words, range(base, base + len(words))))
+        starts = len(self._w_tokens) + np.concatenate(([0], np.cumsum(lens)[:-1])) if len(lens) else lens
+        self._w_tokens = np.concatenate((self._w_tokens, flat))
+        self._w_start = np.concatenate((self._w_start, starts))
+        self._w_len = np.concatenate((self._w_len, lens))
+
+    def _gather(self, words: list[str]):
+        """Token array of a word sequence, plus the per-word token counts."""
+        import numpy as np
+
+        missing = set(words).difference(self._wid)
+        if missing:
+            self._add_words(sorted(missing))
+        ids = np.fromiter(map(self._wid.__getitem__, words), dtype=np.int64, count=len(words))
+        lens = self._w_len[ids]
+        total = int(lens.sum())
+        if total == 0:
+            return np.zeros(0, np.int32), lens
+        ends = np.cumsum(lens)
+        idx = np.repeat(self._w_start[ids] - (ends - lens), lens) + np.arange(total)
+        return self._w_tokens[idx], lens
+
+    def _encode_words(self, text: str) -> list[int]:
+        return self._gather(text.split())[0].tolist()
+
+    def _word_safe(self, text: str) -> bool:
+        return self._word_cache_enabled and text.isascii() and not _UNSAFE_FOR_WORD_CACHE.search(text)
+
+    def encode_batch_flat(self, texts: Sequence[str]):
+        """(tokens int32 array of all texts concatenated, per-text lengths int64 array)."""
+        import numpy as np
+
+        texts = list(texts)
+        pieces, lengths = [], np.zeros(len(texts), np.int64)
+        i = 0
+        while i < len(texts):
+            j = i
+            while j < len(texts) and self._word_safe(texts[j]):
+                j += 1
+            if j > i:  # a run of word-cacheable texts: one vectorized gather
+                word_lists = [t.split() for t in texts[i:j]]
+                counts = np.fromiter(map(len, word_lists), dtype=np.int64, count=j - i)
+                toks, wl = self._gather(list(itertools.chain.from_iterable(word_lists)))
+                cs = np.concatenate(([0], np.cumsum(wl)))
+                bounds = np.concatenate(([0], np.cumsum(counts)))
+                lengths[i:j] = cs[bounds[1:]] - cs[bounds[:-1]]
+                pieces.append(toks)
+                i = j
+                continue
+            ids = self._encode_one(texts[i])
+            lengths[i] = len(ids)
+            pieces.append(np.asarray(ids, dtype=np.int32))
+            i += 1
+        tokens = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+        return tokens, lengths
+
+    def _encode_one(self, text: str) -> list[int]:
+        return self.sp.EncodeAsIds(text)
+
+    def _sp_encode_batch(self, texts: list[str]) -> list[list[int]]:
+        if not self._word_cache_enabled:
+            return self.sp.Encode(texts, num_threads=1)
+        tokens, lengths = self.encode_batch_flat(texts)
+        out, pos = [], 0
+        flat = tokens.tolist()
+        for n in lengths.tolist():
+            out.append(flat[pos:pos + n])
+            pos += n
+        return out
+
+
+class GPTSentencePieceTokenizer(_WordCachedSentencePiece, BaseTokenizer):
     """SentencePiece ids as is; EOD = EOS (Megatron's GPTSentencePieceTokenizer)."""
 
     name = "GPTSentencePieceTokenizer"
@@ -113,18 +232,19 @@ class GPTSentencePieceTokenizer(BaseTokenizer):
         self._pad = self.sp.pad_id()
         if self._eod < 0:
             raise ValueError(f"--tokenizer-model {model_path}: the SentencePiece model has no EOS piece, which GPTSentencePieceTokenizer uses as EOD")
+        self._setup_word_cache()
 
     def encode(self, text: str) -> list[int]:
         return self.sp.EncodeAsIds(text)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return self.sp.Encode(list(texts), num_threads=1)
+        return self._sp_encode_batch(list(texts))
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.sp.DecodeIds(_to_int_list(ids))
 
 
-class SentencePieceTokenizer(BaseTokenizer):
+class SentencePieceTokenizer(_WordCachedSentencePiece, BaseTokenizer):
     """Megatron's SentencePieceTokenizer: SentencePiece plus appended special tokens, EOD = <EOD>."""
 
     name = "SentencePieceTokenizer"
@@ -155,6 +275,7 @@ class SentencePieceTokenizer(BaseTokenizer):
             add(f"<extra_id_{i}>")
         self._vocab_size = len(self._vocab)
         self._inv_special = {v: k for k, v in self._special.items()}
+        self._setup_word_cache()
 
     def _piece_or(self, piece_id: int, default: str) -> str:
         if 0 <= piece_id < self.sp.GetPieceSize():
@@ -167,6 +288,12 @@ class SentencePieceTokenizer(BaseTokenizer):
 
     def _has_special(self, text: str) -> bool:
         return any(tok in text for tok in self._special)
+
+    def _word_safe(self, text: str) -> bool:
+        return super()._word_safe(text) and not self._has_special(text)
+
+    def _encode_one(self, text: str) -> list[int]:
+        return self.encode(text)
 
     def encode(self, text: str) -> list[int]:
         if not self._has_special(text):
@@ -192,7 +319,7 @@ class SentencePieceTokenizer(BaseTokenizer):
         plain = [i for i, t in enumerate(texts) if not self._has_special(t)]
         out: list = [None] * len(texts)
         if plain:
-            for i, ids in zip(plain, self.sp.Encode([texts[i] for i in plain], num_threads=1)):
+            for i, ids in zip(plain, self._sp_encode_batch([texts[i] for i in plain])):
                 out[i] = ids
         for i, t in enumerate(texts):
             if out[i] is None:

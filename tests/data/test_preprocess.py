@@ -198,3 +198,22 @@ def test_merge_datasets(tmp_path):
     assert MERGE.main(["--input", parts[0] + ".idx", parts[2], "--output-prefix", str(tmp_path / "m2")]) == 0
     assert docs_of(str(tmp_path / "m2")) == docs_of(parts[0]) + docs_of(parts[2])
     assert MERGE.main(["--input", str(tmp_path / "nothing"), "--output-prefix", str(tmp_path / "m3")]) == 2
+
+
+def test_vectorized_and_list_paths_agree(tmp_path, sp_model, corpus_dir):
+    """No trimming -> vectorized path; trimming with a huge limit -> per-document path. Same bytes."""
+    path = tmp_path / "in.jsonl"
+    rows = [json.loads(l) for l in open(corpus_dir / "train.jsonl")][:80]
+    rows[5]["text"] = ""
+    rows[9]["text"] = "caf\u00e9 \u2603 mixed"
+    rows[11]["text"] = ["two", "", "sentences"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    outs = []
+    for extra in ([], ["--trim-max-length", "100000"]):
+        prefix = tmp_path / f"o{len(extra)}"
+        assert run_tool("--input", path, "--output-prefix", prefix, "--tokenizer-type", "GPTSentencePieceTokenizer",
+                        "--tokenizer-model", sp_model, "--append-eod", "--chunk-bytes", 5000, *extra) == 0
+        outs.append([open(f"{prefix}_text_document{e}", "rb").read() for e in (".bin", ".idx")])
+    assert outs[0] == outs[1]
+    ds = IndexedDataset(str(tmp_path / "o0_text_document"))
+    assert ds.num_documents == 79 and ds.document_indices[10] + 2 == ds.document_indices[11]  # row 11 -> doc 10 (row 5 skipped)

@@ -1,0 +1,63 @@
+"""The memoized word path of the SentencePiece tokenizers must give exactly SentencePiece's ids."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from megatron_zaya.data.tokenizer import build_tokenizer
+
+CHARS = " \t\n\r  abcdefghxyz.,;:!?'\"()-0123456789ABCZ<>/_"
+
+
+def weird_texts(n=1500, seed=0, extra=""):
+    rnd = random.Random(seed)
+    chars = CHARS + extra
+    return ["".join(rnd.choice(chars) for _ in range(rnd.randint(0, 120))) for _ in range(n)]
+
+
+def corpus_texts(corpus_dir):
+    return [json.loads(l)["text"] for l in open(corpus_dir / "train.jsonl")]
+
+
+def test_gpt_sentencepiece_fast_path_is_exact(sp_model, corpus_dir):
+    sp = spm.SentencePieceProcessor(model_file=sp_model)
+    tok = build_tokenizer("GPTSentencePieceTokenizer", sp_model)
+    assert tok._word_cache_enabled
+    texts = corpus_texts(corpus_dir) + weird_texts() + weird_texts(300, 1, extra="\u00e9\u2603\x0b\x1c\x0c\x00")
+    random.Random(3).shuffle(texts)
+    expected = [sp.encode_as_ids(t) for t in texts]
+    assert tok.encode_batch(texts) == expected
+    assert tok.encode_batch(texts) == expected  # warm cache
+    tokens, lengths = tok.encode_batch_flat(texts)
+    assert lengths.tolist() == [len(e) for e in expected]
+    assert tokens.tolist() == [i for e in expected for i in e]
+
+
+def test_megatron_sentencepiece_fast_path_keeps_specials(sp_model):
+    tok = build_tokenizer("SentencePieceTokenizer", sp_model)
+    texts = weird_texts(800, 5, extra="<>") + ["a <EOD> b", "<CLS>x<SEP>", "plain words only"]
+    assert tok.encode_batch(texts) == [tok.encode(t) for t in texts]
+    tokens, lengths = tok.encode_batch_flat(texts)
+    assert tokens.tolist() == [i for t in texts for i in tok.encode(t)]
+    assert tok.encode_batch(["x<EOD>"])[0][-1] == tok.eod
+
+
+@pytest.mark.parametrize("option", [{"split_by_whitespace": False}, {"remove_extra_whitespaces": False}])
+def test_fast_path_disabled_when_unsound(tmp_path, corpus_dir, option):
+    """Pieces spanning words, or a normalizer that keeps repeated spaces: no word memoization."""
+    lines = []
+    for t in corpus_texts(corpus_dir)[:150]:
+        lines.extend(t.split(". "))
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=str(tmp_path / "m"), vocab_size=800,
+                                   model_type="bpe", minloglevel=2, num_threads=1, **option)
+    model = str(tmp_path / "m.model")
+    sp = spm.SentencePieceProcessor(model_file=model)
+    tok = build_tokenizer("GPTSentencePieceTokenizer", model)
+    assert not tok._word_cache_enabled
+    texts = lines[:300] + weird_texts(300)
+    assert tok.encode_batch(texts) == [sp.encode_as_ids(t) for t in texts]
+    tokens, lengths = tok.encode_batch_flat(texts)
+    assert tokens.tolist() == [i for t in texts for i in sp.encode_as_ids(t)]
