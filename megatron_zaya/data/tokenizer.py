@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import operator
 import os
 import re
 from typing import Sequence
@@ -156,10 +157,13 @@ class _WordCachedSentencePiece:
         """Token array of a word sequence, plus the per-word token counts."""
         import numpy as np
 
-        missing = set(words).difference(self._wid)
-        if missing:
-            self._add_words(sorted(missing))
-        ids = np.fromiter(map(self._wid.__getitem__, words), dtype=np.int64, count=len(words))
+        if not words:
+            return np.zeros(0, np.int32), np.zeros(0, np.int64)
+        try:
+            ids = self._word_ids(words)
+        except KeyError:
+            self._add_words(sorted(set(words).difference(self._wid)))
+            ids = self._word_ids(words)
         lens = self._w_len[ids]
         total = int(lens.sum())
         if total == 0:
@@ -167,6 +171,13 @@ class _WordCachedSentencePiece:
         ends = np.cumsum(lens)
         idx = np.repeat(self._w_start[ids] - (ends - lens), lens) + np.arange(total)
         return self._w_tokens[idx], lens
+
+    def _word_ids(self, words: list[str]):
+        import numpy as np
+
+        if len(words) == 1:
+            return np.array([self._wid[words[0]]], dtype=np.int64)
+        return np.array(operator.itemgetter(*words)(self._wid), dtype=np.int64)
 
     def _encode_words(self, text: str) -> list[int]:
         return self._gather(text.split())[0].tolist()
