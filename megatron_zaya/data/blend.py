@@ -118,7 +118,8 @@ class PhasePlan:
     requests: list[int]                 # per component: samples to build
 
 
-def plan_phases(phase_weights: list[list[float]], sizes: list[int], surplus: float = 0.005) -> PhasePlan:
+def plan_phases(phase_weights: list[list[float]], sizes: list[int], surplus: float = 0.005,
+                blending=ib.build_blending_indices) -> PhasePlan:
     """Greedy blending indices per phase and the number of samples each component must provide.
 
     A phase with a single component takes its samples directly (no surplus), as Megatron does for
@@ -133,7 +134,7 @@ def plan_phases(phase_weights: list[list[float]], sizes: list[int], surplus: flo
         if not active:
             raise ValueError("a phase has no dataset with a positive weight")
         local_w = normalize([w[d] for d in active])
-        di_local, dsi = ib.build_blending_indices(local_w, size)
+        di_local, dsi = blending(local_w, size)
         di = np.asarray(active, dtype=np.int16)[di_local] if size else np.zeros(0, np.int16)
         offsets.append(list(used_before))
         counts = np.bincount(di.astype(np.int64), minlength=n) if size else np.zeros(n, np.int64)

@@ -17,7 +17,9 @@ import numpy as np
 
 from .blend import BlendedDataset, PhasedDataset, parse_data_path, plan_phases
 from .config import DataConfig
-from .gpt_dataset import GPTDataset, SampleOptions, split_indices
+from .cache import cached_arrays
+from .gpt_dataset import GPTDataset, SampleOptions, default_cache_dir, split_indices
+from .index_builders import build_blending_indices
 from .indexed import IndexedDataset
 from .sampler import PretrainingBatchSampler
 from .tokenizer import build_tokenizer
@@ -47,7 +49,17 @@ def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: li
     if sum(sizes) == 0:
         return None
     weights = [_phase_weights(b, prefixes) for b in blends]
-    plan = plan_phases(weights, sizes, cfg.mid_level_dataset_surplus)
+    cache_dir = None if cfg.no_index_cache else (cfg.data_cache_path or default_cache_dir(prefixes[0]))
+
+    def blending(w, size):
+        if len(w) == 1:
+            return build_blending_indices(w, size)
+        arrays = cached_arrays(cache_dir, "BlendedDataset", {"class": "BlendedDataset", "weights": w, "size": size},
+                               ["dataset_index", "dataset_sample_index"],
+                               lambda: dict(zip(("dataset_index", "dataset_sample_index"), build_blending_indices(w, size))))
+        return arrays["dataset_index"], arrays["dataset_sample_index"]
+
+    plan = plan_phases(weights, sizes, cfg.mid_level_dataset_surplus, blending)
     split_name = ("train", "valid", "test")[split_id]
     components = []
     for d, prefix in enumerate(prefixes):

@@ -220,6 +220,7 @@ _WORKER: Encoder | None = None
 
 def _init_worker(cfg: PreprocessConfig) -> None:
     global _WORKER
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one thread per worker process
     _WORKER = Encoder(cfg)
 
 

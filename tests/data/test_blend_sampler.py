@@ -57,6 +57,11 @@ def test_blended_train_split_matches_reference(tmp_path):
     di, dsi = ref.blending([0.3, 0.7], n)
     for i in range(n):
         assert train[i]["tokens"].tolist() == comp[di[i]][dsi[i]][:-1]
+    import os
+    assert any("BlendedDataset-dataset_index" in f for f in os.listdir(tmp_path / "cache"))
+    again, _, _ = build_train_valid_test_datasets(cfg, seq, [n, 20, 0], tok)  # from the cache
+    assert isinstance(again.dataset_index, np.memmap)
+    assert all(np.array_equal(again[i]["tokens"], train[i]["tokens"]) for i in range(0, n, 7))
 
 
 def test_phases_switch_blend_without_repeating_samples(tmp_path):
