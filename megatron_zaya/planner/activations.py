@@ -1,0 +1,153 @@
+"""Activation memory: the tensors autograd saves for the backward pass, term by term.
+
+Counted per token, per layer, from the model's code path (model/*.py with the kernels' reference ops,
+bf16 autocast, bf16 weights and an fp32 residual stream). Notation: D hidden, HQ/HKV query/KV heads,
+dh head dim, C = (HQ + HKV) dh conv channels, R router width, K = E + 1 router classes, F expert
+width, V vocabulary, r = rotary dims, S sequence length, rho = share of tokens routed to a real expert
+(1 = none skipped, the planner's upper bound).
+
+Two storage policies differ only where the devices' code paths differ:
+* "gpu" (the planner's default): flash attention (saves q, k, v, the output and an fp32 log-sum-exp
+  per head; never the S x S scores), K/V heads not repeated for GQA; the fused cross-entropy saves
+  bf16 logits (2V per token) and an fp32 log-sum-exp;
+* "cpu-reference": what the CPU path saves when SDPA takes its math path: fp32 q, k, v with K/V
+  repeated to HQ heads and the S x S probabilities stored (4 HQ S bytes per token), and the reference
+  cross-entropy's fp32 log-softmax (4V per token);
+* "cpu-flash": the CPU path when SDPA takes its flash kernel (bf16, K/V repeated, no S x S).
+The tests pin SDPA's backend and measure both CPU policies.
+Context parallelism: a rank keeps S / CP tokens, and flash attention saves the all-gathered K/V of the
+whole sequence (CP times the local K/V). Tensor parallelism: sequence parallelism is assumed, every
+term is divided by TP.
+
+Recomputation: "selective" recomputes the cheap elementwise pieces (norm internals, RoPE tables, GELU
+and SiLU outputs, attention scores) and keeps matmul/conv inputs; "full" keeps only each block's inputs
+(fp32 residual, fp32 router state for EDA) and re-runs one block at a time, so one block's activations
+are live on top.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron_zaya.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class StoragePolicy:
+    attention: str = "flash"          # "flash": q, k, v, out, lse; "math": fp32 q, k, v and S x S probabilities
+    kv_repeated: bool = False         # K/V expanded to HQ heads before attention (the CPU path does this)
+    loss: str = "fused"               # "fused": bf16 logits + lse; "reference": fp32 log-softmax
+
+
+POLICIES = {
+    "gpu": StoragePolicy("flash", False, "fused"),
+    "cpu-reference": StoragePolicy("math", True, "reference"),
+    "cpu-flash": StoragePolicy("flash", True, "reference"),
+}
+
+
+def storage_policy(name: str) -> StoragePolicy:
+    if name not in POLICIES:
+        raise ValueError(f"--activation-policy={name}: choose one of {sorted(POLICIES)}")
+    return POLICIES[name]
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    bytes_per_token: float
+    selective_drop: bool = False      # recomputed (not stored) under --recompute selective
+
+
+def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", context_parallel: int = 1,
+                routed_fraction: float = 1.0) -> list[Term]:
+    pol = storage_policy(policy)
+    d, hq, hkv, dh = config.hidden_size, config.num_attention_heads, config.num_query_groups, config.kv_channels
+    c = (hq + hkv) * dh
+    r, k, f, rot = config.router_hidden_size, config.num_router_classes, config.moe_ffn_hidden_size, config.rotary_dim
+    rho = routed_fraction
+    terms = [
+        Term("norms: fp32 inputs (2 RMSNorms)", 2 * 4 * d),
+        Term("norms: rsqrt + normalised fp32 (2 RMSNorms)", 2 * (4 * d + 4), True),
+        Term("attention: bf16 input casts of the 4 projections", 4 * 2 * d),
+        Term("attention: conv inputs (depthwise + grouped, bf16)", 2 * 2 * c),
+        Term("attention: QK-norm + key temperature", 2 * hq * dh + 6 * hq + 2 * hkv * dh + 6 * hkv + 2 * hkv * dh),
+        Term("attention: RoPE cos/sin (bf16, for q and k)", 4 * 2 * rot, True),
+    ]
+    kv_heads = hq if pol.kv_repeated else hkv
+    if pol.attention == "flash":
+        terms.append(Term("attention: flash core (q, all-gathered k/v, out, lse)",
+                          2 * hq * dh + 2 * 2 * kv_heads * dh * context_parallel + 2 * hq * dh + 4 * hq))
+    else:
+        terms.append(Term("attention: math core q, k, v (fp32)", 4 * hq * dh + 2 * 4 * kv_heads * dh * context_parallel))
+        terms.append(Term("attention: math core S x S probabilities (fp32)", 4 * hq * seq_length, True))
+    terms += [
+        Term("attention: output projection input (bf16)", 2 * hq * dh),
+        Term("residual merges (2 fp32 sums each, 2 merges)", 2 * 2 * 4 * d),
+        Term("router: fp32 input + norm input", 4 * d + 4 * r),
+        Term("router: norm internals", 4 * r + 4, True),
+        Term("router: MLP (fc1 in, GELU ins, softmax, index, mask)", 3 * 4 * r + 4 * k + 8 + 1),
+        Term("router: GELU outputs", 2 * 4 * r, True),
+        Term("experts: permute/unpermute (index, gate, outputs)", rho * (8 + 2 + 2 * d + 2 * d)),
+        Term("experts: SwiGLU inputs (bf16 x, gate_up, hidden)", rho * (2 * d + 4 * f + 2 * f)),
+        Term("experts: SiLU output", rho * 2 * f, True),
+    ]
+    return terms
+
+
+def outer_terms(config: ModelConfig, policy: str = "gpu") -> list[Term]:
+    """Saved tensors outside the blocks: embedding, input scaling, final norm, LM head, loss."""
+    d, v = config.hidden_size, config.vocab_size
+    loss = Term("loss: bf16 logits + lse + labels (fused CE)", 2 * v + 4 + 8) if storage_policy(policy).loss == "fused" else \
+        Term("loss: fp32 log-softmax + labels (reference CE)", 4 * v + 8)
+    return [
+        Term("embedding indices + input scaling (bf16)", 8 + 2 * d),
+        Term("final norm: fp32 input", 4 * d),
+        Term("final norm: internals", 4 * d + 4, True),
+        Term("LM head input (bf16)", 2 * d),
+        loss,
+    ]
+
+
+def conv_padding_bytes_per_sequence(config: ModelConfig) -> int:
+    """The conv inputs carry the causal left padding: (ctx + ctx - 1) extra steps of C bf16 channels."""
+    c = (config.num_attention_heads + config.num_query_groups) * config.kv_channels
+    ctx = config.cca_depthwise_kernel - 1 + config.cca_grouped_kernel - 1
+    return 2 * c * (2 * ctx - 1)
+
+
+@dataclass
+class ActivationMemory:
+    stored_no_recompute: float        # bytes for one micro-batch without recomputation
+    stored: float                     # bytes with the chosen recomputation (peak, one micro-batch)
+    per_layer_no_recompute: float
+    outer: float
+    terms: list[Term]
+
+
+def activation_memory(config: ModelConfig, seq_length: int, micro_batch_size: int, recompute: str = "none",
+                      policy: str = "gpu", tensor_parallel: int = 1, context_parallel: int = 1,
+                      routed_fraction: float = 1.0) -> ActivationMemory:
+    """Peak saved-for-backward bytes of one micro-batch on one GPU."""
+    local_tokens = micro_batch_size * seq_length / context_parallel
+    terms = layer_terms(config, seq_length, policy, context_parallel, routed_fraction)
+    per_token_all = sum(t.bytes_per_token for t in terms)
+    per_token_selective = sum(t.bytes_per_token for t in terms if not t.selective_drop)
+    padding = conv_padding_bytes_per_sequence(config) * micro_batch_size
+    layer_full = (per_token_all * local_tokens + padding) / tensor_parallel
+    layer_selective = (per_token_selective * local_tokens + padding) / tensor_parallel
+    outer_list = outer_terms(config, policy)
+    outer_all = sum(t.bytes_per_token for t in outer_list) * local_tokens / tensor_parallel
+    outer_selective = sum(t.bytes_per_token for t in outer_list if not t.selective_drop) * local_tokens / tensor_parallel
+    layers = config.num_layers
+    none = layers * layer_full + outer_all
+    if recompute == "none":
+        stored = none
+    elif recompute == "selective":
+        stored = layers * layer_selective + outer_selective
+    elif recompute == "full":
+        # Block inputs: the fp32 residual and (after the first block) the fp32 router state.
+        checkpoints = (4 * config.hidden_size * layers + 4 * config.router_hidden_size * (layers - 1)) * local_tokens
+        stored = checkpoints / tensor_parallel + layer_full + outer_all
+    else:
+        raise ValueError(f"--recompute={recompute}: choose one of none, selective, full")
+    return ActivationMemory(none, stored, layer_full, outer_all, terms + outer_list)

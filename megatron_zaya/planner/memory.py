@@ -1,0 +1,156 @@
+"""Per-GPU memory of a training layout: weights, gradients, optimizer shards, activations.
+
+Mixed-precision convention (Megatron's, with its distributed optimizer for ZeRO-1):
+* model weights in bf16 (2 bytes), except the router's, kept in fp32 (4 bytes): the router runs in
+  fp32 with autocast off (model/router.py), so its weights must be fp32 for the model to run;
+* gradients accumulate in an fp32 "main grad" buffer (4 bytes per parameter, --grad-dtype fp32, the
+  default: accumulating over micro-batches in bf16 loses precision), or in the weights' dtype
+  (--grad-dtype bf16). ZeRO-1 keeps the whole gradient buffer on every rank (it reduce-scatters in place);
+* fp32 master weights (4 bytes) for the bf16 weights only; fp32 weights are their own master;
+* AdamW: two fp32 moments (8 bytes) and one fp32 step counter per master tensor;
+  Muon: one fp32 momentum buffer (4 bytes) for the hidden matrices (attention and router linear
+  weights, every expert matrix), AdamW for the rest (embedding, conv kernels, vectors);
+* ZeRO-1 (--use-distributed-optimizer) shards master weights and optimizer state: each group of
+  parameters (dense bf16, dense fp32, expert) is laid out flat in model order, cut into equal
+  contiguous shards of ceil(N / ranks) elements over its data-parallel group (dense: DP x CP;
+  experts: DP x CP / EP), and each rank keeps one master/state tensor per parameter piece in its shard.
+
+Parameter placement: TP shards the attention (all its tensors) and the embedding; experts are split
+over EP (E / EP experts per rank) and, when TP > 1, over TP too (expert tensor parallelism = TP);
+the router, norms and residual scales are replicated.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+import torch
+
+from megatron_zaya.config import ModelConfig
+from megatron_zaya.planner.layout import ParallelLayout
+
+OPTIMIZERS = ("adamw", "muon")
+GRAD_DTYPES = ("fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    name: str
+    numel: int                 # elements on one rank (after TP / EP sharding)
+    storage_bytes: int         # 2 (bf16) or 4 (fp32 router)
+    expert: bool
+    muon: bool                 # a hidden matrix Muon would update
+
+
+def _kind(name: str) -> str:
+    if ".moe.experts." in name:
+        return "expert"
+    if ".moe.router." in name:
+        return "router"
+    if name.startswith("embedding.") or name.startswith("output_layer."):
+        return "embedding"
+    if ".attention." in name:
+        return "attention"
+    return "vector"
+
+
+def parameter_inventory(config: ModelConfig, tp: int = 1, ep: int = 1) -> list[ParamInfo]:
+    """Every parameter tensor one rank holds, in model order, built from the real module on the meta device."""
+    from megatron_zaya.model import ZayaModel
+
+    with torch.device("meta"):
+        model = ZayaModel(config)
+    params = []
+    for name, p in model.named_parameters():
+        kind = _kind(name)
+        numel = p.numel()
+        if kind in ("attention", "embedding"):
+            numel = -(-numel // tp)
+        elif kind == "expert":
+            numel = -(-numel // (ep * tp))
+        muon = p.ndim >= 2 and kind not in ("embedding",) and ".conv_" not in name
+        params.append(ParamInfo(name, numel, 4 if kind == "router" else 2, kind == "expert", muon))
+    return params
+
+
+def optimizer_bytes_per_element(param: ParamInfo, optimizer: str) -> int:
+    master = 4 if param.storage_bytes == 2 else 0
+    if optimizer == "muon" and param.muon:
+        return master + 4
+    return master + 8
+
+
+def optimizer_tensor_overhead(param: ParamInfo, optimizer: str) -> int:
+    """Bytes per master tensor independent of its size: AdamW's fp32 step counter."""
+    return 0 if (optimizer == "muon" and param.muon) else 4
+
+
+def zero1_optimizer_bytes_per_rank(params: list[ParamInfo], ranks: int, optimizer: str) -> list[int]:
+    """Master + optimizer-state bytes on each of `ranks` ranks for one flat buffer of `params`."""
+    starts, total = [], 0
+    for p in params:
+        starts.append(total)
+        total += p.numel
+    shard = -(-total // ranks) if total else 0
+    out = []
+    for r in range(ranks):
+        lo, hi = r * shard, min((r + 1) * shard, total)
+        nbytes = 0
+        if hi > lo:
+            i = bisect.bisect_right(starts, lo) - 1
+            while i < len(params) and starts[i] < hi:
+                a, b = max(lo, starts[i]), min(hi, starts[i] + params[i].numel)
+                if b > a:
+                    nbytes += (b - a) * optimizer_bytes_per_element(params[i], optimizer)
+                    nbytes += optimizer_tensor_overhead(params[i], optimizer)
+                i += 1
+        out.append(nbytes)
+    return out
+
+
+def zero1_buffers(params: list[ParamInfo]) -> dict[str, list[ParamInfo]]:
+    """The flat buffers ZeRO-1 shards separately: dense bf16, dense fp32, experts."""
+    buffers = {"dense_bf16": [], "dense_fp32": [], "expert": []}
+    for p in params:
+        key = "expert" if p.expert else ("dense_fp32" if p.storage_bytes == 4 else "dense_bf16")
+        buffers[key].append(p)
+    return buffers
+
+
+@dataclass
+class StateMemory:
+    weights: int
+    gradients: int
+    optimizer: int                  # master weights + optimizer state, this rank (the largest shard)
+    optimizer_per_rank: list[int] = field(default_factory=list)
+    parameters: int = 0             # elements held by one rank
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer
+
+
+def state_memory(config: ModelConfig, layout: ParallelLayout, optimizer: str = "adamw",
+                 grad_dtype: str = "fp32") -> StateMemory:
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"--optimizer={optimizer}: choose one of {OPTIMIZERS}")
+    if grad_dtype not in GRAD_DTYPES:
+        raise ValueError(f"--grad-dtype={grad_dtype}: choose one of {GRAD_DTYPES}")
+    params = parameter_inventory(config, layout.tensor_parallel, layout.expert_parallel)
+    weights = sum(p.numel * p.storage_bytes for p in params)
+    gradients = sum(p.numel * (4 if grad_dtype == "fp32" else p.storage_bytes) for p in params)
+    if layout.zero1:
+        per_rank = None
+        for key, group in zero1_buffers(params).items():
+            ranks = layout.expert_data_parallel if key == "expert" else layout.dense_shard_group
+            shards = zero1_optimizer_bytes_per_rank(group, ranks, optimizer)
+            # Rank r of the dense group holds expert shard r mod (expert DP group size).
+            n = layout.dense_shard_group
+            column = [shards[r % ranks] for r in range(n)]
+            per_rank = column if per_rank is None else [a + b for a, b in zip(per_rank, column)]
+        optimizer_bytes = max(per_rank)
+    else:
+        optimizer_bytes = sum(p.numel * optimizer_bytes_per_element(p, optimizer) + optimizer_tensor_overhead(p, optimizer)
+                              for p in params)
+        per_rank = [optimizer_bytes]
+    return StateMemory(weights, gradients, optimizer_bytes, per_rank, sum(p.numel for p in params))
