@@ -217,3 +217,15 @@ def test_vectorized_and_list_paths_agree(tmp_path, sp_model, corpus_dir):
     assert outs[0] == outs[1]
     ds = IndexedDataset(str(tmp_path / "o0_text_document"))
     assert ds.num_documents == 79 and ds.document_indices[10] + 2 == ds.document_indices[11]  # row 11 -> doc 10 (row 5 skipped)
+
+
+def test_progress_bar_and_log_lines(tmp_path, capsys):
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"text": f"{i} {i} {i}"}) + "\n" for i in range(50)))
+    common = dict(input=[str(path)], tokenizer_type="NullTokenizer", tokenizer_model="100", chunk_bytes=300)
+    pre.run(pre.PreprocessConfig(output_prefix=str(tmp_path / "a"), progress=True, **common))
+    err = capsys.readouterr().err
+    assert "tokenizing" in err and "docs/s" in err and "M tok/s" in err
+    pre.run(pre.PreprocessConfig(output_prefix=str(tmp_path / "b"), progress=False, log_interval=20, **common))
+    lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("processed")]
+    assert len(lines) >= 2 and "documents" in lines[0] and "tokens/s" in lines[0]
