@@ -19,6 +19,7 @@ from .blend import BlendedDataset, PhasedDataset, parse_data_path, plan_phases
 from .config import DataConfig
 from .cache import cached_arrays
 from .gpt_dataset import GPTDataset, SampleOptions, default_cache_dir, split_indices
+from . import index_builders as ib
 from .index_builders import build_blending_indices
 from .indexed import IndexedDataset
 from .sampler import PretrainingBatchSampler
@@ -48,6 +49,8 @@ def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: li
                  split_id: int, opts: SampleOptions):
     if sum(sizes) == 0:
         return None
+    if ib.parse_split(cfg.split)[split_id] == 0:
+        return None  # Megatron: a split with zero weight has no dataset
     weights = [_phase_weights(b, prefixes) for b in blends]
     cache_dir = None if cfg.no_index_cache else (cfg.data_cache_path or default_cache_dir(prefixes[0]))
 
