@@ -119,17 +119,20 @@ class PhasePlan:
 
 
 def plan_phases(phase_weights: list[list[float]], sizes: list[int], surplus: float = 0.005,
-                blending=ib.build_blending_indices) -> PhasePlan:
+                blending=ib.build_blending_indices, weighted: list[bool] | None = None) -> PhasePlan:
     """Greedy blending indices per phase and the number of samples each component must provide.
 
-    A phase with a single component takes its samples directly (no surplus), as Megatron does for
-    an unblended dataset; otherwise each component is requested ceil(ceil(size * w) * (1+surplus)).
+    A phase given as a single path without a weight takes its samples directly (no surplus), as
+    Megatron does for an unblended dataset; otherwise (including `--data-path 1.0 path`) each
+    component is requested ceil(ceil(size * w) * (1+surplus)).
     """
+    if weighted is None:
+        weighted = [True] * len(phase_weights)
     n = len(phase_weights[0])
     used_before = [0] * n
     requests = [0] * n
     dis, dsis, offsets = [], [], []
-    for w, size in zip(phase_weights, sizes):
+    for w, size, has_weights in zip(phase_weights, sizes, weighted):
         active = [d for d in range(n) if w[d] > 0]
         if not active:
             raise ValueError("a phase has no dataset with a positive weight")
@@ -139,7 +142,7 @@ def plan_phases(phase_weights: list[list[float]], sizes: list[int], surplus: flo
         offsets.append(list(used_before))
         counts = np.bincount(di.astype(np.int64), minlength=n) if size else np.zeros(n, np.int64)
         for k, d in enumerate(active):
-            if len(active) == 1:
+            if len(active) == 1 and not has_weights:
                 need = used_before[d] + size
             else:
                 need = used_before[d] + ib.surplus_size(size, local_w[k], surplus)

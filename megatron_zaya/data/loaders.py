@@ -62,7 +62,8 @@ def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: li
                                lambda: dict(zip(("dataset_index", "dataset_sample_index"), build_blending_indices(w, size))))
         return arrays["dataset_index"], arrays["dataset_sample_index"]
 
-    plan = plan_phases(weights, sizes, cfg.mid_level_dataset_surplus, blending)
+    weighted = [parse_data_path(b)[0] is not None for b in blends]
+    plan = plan_phases(weights, sizes, cfg.mid_level_dataset_surplus, blending, weighted)
     split_name = ("train", "valid", "test")[split_id]
     components = []
     for d, prefix in enumerate(prefixes):

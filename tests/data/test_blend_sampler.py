@@ -159,3 +159,20 @@ def test_loader_errors_are_clear(tmp_path):
         build_train_valid_test_loaders(cfg, 8, 4, 8, 0, 1, train_samples=8, valid_samples=8, tokenizer=tok)
     with pytest.raises(ValueError, match="--data-path"):
         DataConfig(data_path=[])
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_single_path_matches_reference(tmp_path, weighted):
+    """`--data-path P` uses the dataset directly; `--data-path 1.0 P` is a one-component blend whose
+    component is asked for 0.5% more samples (as in Megatron), which changes the epoch count here."""
+    a, sa = corpus(tmp_path, "a", 0, n_docs=40, seed=9)
+    cfg = DataConfig(data_path=(["1.0", a] if weighted else [a]), split="100,0,0",
+                     data_cache_path=str(tmp_path / "cache"), seed=3, num_workers=0)
+    seq = 8
+    tokens = sum(len(s) for s in sa)
+    n = (tokens - 1) // seq  # exactly one epoch of samples; +0.5% needs a second epoch
+    train, _, _ = build_train_valid_test_datasets(cfg, seq, [n, 0, 0], build_tokenizer("NullTokenizer", EOD))
+    request = ref.component_request(n, 1.0) if weighted else n
+    expected = ref.gpt_samples(sa, list(range(40)), seq, request, 3)
+    assert len(train) == n
+    assert [train[i]["tokens"].tolist() for i in range(n)] == [e[:-1] for e in expected[:n]]
