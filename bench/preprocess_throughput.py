@@ -5,8 +5,10 @@
 Generates ~SIZE MB of pseudo-English JSONL (megatron_zaya/data/synthetic.py), trains a 32K BPE
 SentencePiece tokenizer on a 10 MB sample, then runs preprocess_data.py (GPTSentencePieceTokenizer,
 --append-eod) with each worker count, measuring wall time, tokens/s and the peak resident memory of
-the whole process tree (main + workers, sampled from /proc every 20 ms). A run on a quarter of the
-corpus shows whether peak memory grows with the input. Prints a Markdown table.
+the whole process tree (main + workers, sampled from /proc every 20 ms) and the CPU time of all
+its processes (tokens per CPU-second does not depend on other load on the machine; the load
+average at the start of each run is printed too). A run on a quarter of the corpus shows whether
+peak memory grows with the input. Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -71,6 +74,8 @@ def run_preprocess(inp: str, out: str, model: str, workers: int) -> dict:
     cmd = [sys.executable, os.path.join(ROOT, "tools", "preprocess_data.py"), "--input", inp, "--output-prefix", out,
            "--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", model, "--append-eod",
            "--workers", str(workers), "--no-progress"]
+    load = os.getloadavg()[0]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = 0
@@ -79,11 +84,13 @@ def run_preprocess(inp: str, out: str, model: str, workers: int) -> dict:
         time.sleep(0.02)
     wall = time.time() - t0
     stdout, stderr = proc.communicate()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if proc.returncode != 0:
         raise RuntimeError(f"preprocess_data.py failed ({proc.returncode}):\n{stderr}")
     tokens = int(re.search(r"tokens:\s+([\d,]+)", stdout).group(1).replace(",", ""))
     docs = int(re.search(r"documents:\s+([\d,]+)", stdout).group(1).replace(",", ""))
-    return {"wall_s": wall, "tokens": tokens, "documents": docs, "peak_rss_mb": peak / 2**20,
+    return {"wall_s": wall, "cpu_s": cpu, "load": load, "tokens": tokens, "documents": docs, "peak_rss_mb": peak / 2**20,
             "tokens_per_s": tokens / wall, "input_mb": os.path.getsize(inp) / 1e6}
 
 
@@ -120,11 +127,13 @@ def main(argv=None) -> int:
     cpu = os.cpu_count()
     print(f"\nCorpus: generated pseudo-English JSONL; tokenizer: SentencePiece BPE, vocab {args.vocab_size}, "
           f"GPTSentencePieceTokenizer, --append-eod; machine: {cpu} CPU cores.\n")
-    print("| workers | input MB | documents | tokens | wall s | tokens/s | peak RSS (all processes) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| workers | input MB | documents | tokens | wall s | tokens/s (wall) | CPU s (all processes) | "
+          "tokens per CPU-s | load avg at start | peak RSS (all processes) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['workers']} | {r['input_mb']:.0f} | {r['documents']:,} | {r['tokens']:,} | {r['wall_s']:.1f} | "
-              f"{r['tokens_per_s'] / 1e6:.2f}M | {r['peak_rss_mb']:.0f} MB |")
+              f"{r['tokens_per_s'] / 1e6:.2f}M | {r['cpu_s']:.1f} | {r['tokens'] / max(r['cpu_s'], 1e-9) / 1e6:.2f}M | "
+              f"{r['load']:.1f} | {r['peak_rss_mb']:.0f} MB |")
     return 0
 
 
