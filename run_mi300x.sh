@@ -1,0 +1,395 @@
+#!/usr/bin/env bash
+# run_mi300x.sh: ZAYA1 pretraining on the MI300X Slurm cluster, one training process per GPU (srun).
+#
+#   mkdir -p logs && DATA_PATH=/data/zaya/mix_text_document TOKENIZER_MODEL=/data/tok/zaya.model \
+#       CKPT_DIR=/ckpt/zaya1-base sbatch run_mi300x.sh            # 128 nodes x 8 GPUs, phase 1 recipe
+#   bash run_mi300x.sh --dry-run                                  # print the exact command, also outside Slurm
+#   sbatch --nodes=2 --ntasks-per-node=2 run_mi300x.sh --train-iters 20   # any size; extra args go to the trainer
+#
+# Everything is set by environment variables (defaults in brackets; docs/LAUNCH.md has the full list):
+#   trainer   REPO_DIR [folder of this script]  PYTHON [python3]  TRAIN_SCRIPT [$REPO_DIR/pretrain_zaya.py]
+#             CONFIG [$REPO_DIR/examples/zaya1_base/phase1_4k.yaml]  PRESET []  DATA_PATH  TOKENIZER_TYPE
+#             TOKENIZER_MODEL  SEQ_LENGTH  MICRO_BATCH_SIZE  GLOBAL_BATCH_SIZE  TRAIN_ITERS  LR  TP  CP  EP
+#             SAVE_INTERVAL  LOG_INTERVAL  EVAL_INTERVAL  EVAL_ITERS  (empty: the value in CONFIG is used)
+#             TRAIN_ARGS (replaces all of the above flags)  EXTRA_ARGS (appended)  TRAIN_ENV_SETUP (sourced per task)
+#   outputs   CKPT_DIR [$REPO_DIR/checkpoints/$JOB_NAME]  TENSORBOARD_DIR [$CKPT_DIR/tensorboard]
+#             LOG_DIR [$SLURM_SUBMIT_DIR/logs]: per job $LOG_DIR/<name>-<jobid>/ holds launcher.log,
+#             command.sh and attempt-<k>/rank-<r>.log
+#   layout    NTASKS_PER_NODE [Slurm's, else 8]  CPUS_PER_TASK [cpus on node / tasks]  SRUN_ARGS  SRUN_MPI
+#             MASTER_ADDR [first node of the allocation]  MASTER_PORT [20000 + f(job id)]
+#   RCCL/ROCm NCCL_IB_GID_INDEX [3]  NCCL_IB_HCA [RCCL's choice]  NCCL_SOCKET_IFNAME [default-route NIC]
+#             HSA_NO_SCRATCH_RECLAIM [1]  GPU_MAX_HW_QUEUES [2]  HIP_FORCE_DEV_KERNARG [1]
+#             TORCH_NCCL_HIGH_PRIORITY [1]  TORCH_NCCL_ASYNC_ERROR_HANDLING [1]  NCCL_CHECKS_DISABLE [1]
+#             CUDA_DEVICE_MAX_CONNECTIONS [1]  NCCL_DEBUG [WARN]  OMP_NUM_THREADS [min(CPUS_PER_TASK, 8)]
+#   recovery  MAX_REQUEUES [50]: SIGUSR1 before the time limit (see --signal below) is forwarded to the
+#             trainer, which saves and exits; the job then requeues itself (scontrol requeue) and resumes.
+#             MAX_RESTARTS [3]: a failed run is resubmitted (sbatch --dependency=afterany) with the nodes
+#             that failed added to --exclude, and resumes from the latest checkpoint.
+#             HEALTH_CHECK_CMD []: run once per node after a failure; nodes where it fails are excluded too.
+#             EXCLUDE_NODES []: nodes to keep out of resubmissions from the start.  RESUBMIT_ARGS []: more sbatch flags.
+#
+#SBATCH --job-name=zaya1-base
+#SBATCH --nodes=128
+#SBATCH --ntasks-per-node=8
+#SBATCH --exclusive
+#SBATCH --time=24:00:00
+#SBATCH --signal=B:USR1@600
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output=%x-%j.out
+
+set -uo pipefail
+
+die() { echo "run_mi300x.sh: error: $*" >&2; exit 2; }
+
+# --------------------------------------------------------------------------------------------
+# Per-task mode: srun starts `bash run_mi300x.sh --task ATTEMPT_DIR -- CMD...` once per GPU.
+# It sets the torch.distributed variables from Slurm's, logs this rank's output to
+# ATTEMPT_DIR/rank-<r>.log (rank 0 also to the job output), forwards SIGUSR1/SIGTERM/SIGINT to
+# the trainer, and records "<node> <rank> <exit code>" in ATTEMPT_DIR/exit/rank-<r> so the
+# launcher can tell which nodes failed ("<node> <rank> <exit code> <signal received or none> <time>").
+# --------------------------------------------------------------------------------------------
+task_main() {
+    local dir=$1; shift
+    [[ ${1:-} == -- ]] && shift
+    export RANK=${SLURM_PROCID:?} LOCAL_RANK=${SLURM_LOCALID:?} WORLD_SIZE=${SLURM_NTASKS:?}
+    export NODE_RANK=${SLURM_NODEID:-0} LOCAL_WORLD_SIZE=${TASKS_PER_NODE_RESOLVED:-1}
+    local node=${SLURMD_NODENAME:-$(hostname)} log="$dir/rank-$SLURM_PROCID.log" child rc
+    if [[ -n ${TRAIN_ENV_SETUP:-} ]]; then
+        # shellcheck disable=SC1090
+        source "$TRAIN_ENV_SETUP" || { echo "$node $RANK 97 none $(date +%s)" > "$dir/exit/rank-$RANK"; exit 97; }
+    fi
+    local signalled=none
+    trap 'signalled=USR1; kill -s USR1 $child 2>/dev/null' USR1
+    trap 'signalled=TERM; kill -s TERM $child 2>/dev/null' TERM
+    trap 'signalled=INT; kill -s INT $child 2>/dev/null' INT
+    if [[ $RANK == 0 ]]; then
+        # tee ignores the signals Slurm sends to the whole step, so rank 0 never writes to a dead pipe.
+        "$@" > >(trap '' TERM INT USR1 HUP; exec tee -a "$log") 2>&1 &
+    else
+        "$@" >> "$log" 2>&1 &
+    fi
+    child=$!
+    while kill -0 "$child" 2>/dev/null; do wait "$child"; done
+    wait "$child"; rc=$?
+    echo "$node $RANK $rc $signalled $(date +%s)" > "$dir/exit/rank-$RANK"
+    exit "$rc"
+}
+
+if [[ ${1:-} == --task ]]; then
+    shift
+    task_main "$@"
+fi
+
+# --------------------------------------------------------------------------------------------
+# Launcher mode.
+# --------------------------------------------------------------------------------------------
+DRY_RUN=0
+TRAINER_EXTRA=()
+for a in "$@"; do
+    if [[ $a == --dry-run ]]; then DRY_RUN=1; else TRAINER_EXTRA+=("$a"); fi
+done
+
+declare -A USER_GIVEN=()
+for v in MASTER_ADDR MASTER_PORT NCCL_IB_GID_INDEX NCCL_IB_HCA NCCL_SOCKET_IFNAME HSA_NO_SCRATCH_RECLAIM \
+         GPU_MAX_HW_QUEUES HIP_FORCE_DEV_KERNARG TORCH_NCCL_HIGH_PRIORITY TORCH_NCCL_ASYNC_ERROR_HANDLING \
+         NCCL_CHECKS_DISABLE CUDA_DEVICE_MAX_CONNECTIONS NCCL_DEBUG OMP_NUM_THREADS PYTHONUNBUFFERED; do
+    [[ -n ${!v:-} ]] && USER_GIVEN[$v]=1
+done
+
+IN_SLURM=0
+[[ -n ${SLURM_JOB_ID:-} ]] && IN_SLURM=1
+if (( ! IN_SLURM && ! DRY_RUN )); then
+    die "not inside a Slurm job. Submit with 'sbatch run_mi300x.sh', or see the command with 'bash run_mi300x.sh --dry-run'"
+fi
+
+# Where this script really lives: Slurm runs a spooled copy, so ask Slurm for the submitted path.
+SCRIPT_PATH=${LAUNCHER_PATH:-}
+if [[ -z $SCRIPT_PATH && $IN_SLURM == 1 && -n ${SLURM_JOB_ID:-} ]]; then
+    SCRIPT_PATH=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | tr ' ' '\n' | sed -n 's/^Command=//p' | head -n1)
+    [[ -f $SCRIPT_PATH ]] || SCRIPT_PATH=""
+fi
+[[ -z $SCRIPT_PATH ]] && SCRIPT_PATH=$(readlink -f "${BASH_SOURCE[0]}")
+[[ $SCRIPT_PATH == /* ]] || SCRIPT_PATH="${SLURM_SUBMIT_DIR:-$PWD}/$SCRIPT_PATH"
+REPO_DIR=${REPO_DIR:-$(dirname "$SCRIPT_PATH")}
+SUBMIT_DIR=${SLURM_SUBMIT_DIR:-$PWD}
+
+JOB_ID=${SLURM_JOB_ID:-DRYRUN}
+JOB_NAME=${SLURM_JOB_NAME:-zaya1-base}
+REQUEUE_COUNT=${SLURM_RESTART_COUNT:-0}
+RESTART=${ZAYA_RESTART:-0}                   # resubmissions after failures so far (set by this script)
+
+# Layout: nodes, tasks (= GPUs) per node, CPUs per task.
+if (( IN_SLURM )); then
+    NNODES=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
+    if [[ -z ${NTASKS_PER_NODE:-} ]]; then
+        if [[ -n ${SLURM_NTASKS_PER_NODE:-} ]]; then NTASKS_PER_NODE=$SLURM_NTASKS_PER_NODE
+        elif [[ -n ${SLURM_NTASKS:-} ]]; then NTASKS_PER_NODE=$(( SLURM_NTASKS / NNODES ))
+        else NTASKS_PER_NODE=8; fi
+    fi
+    NODELIST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)
+    FIRST_NODE=${NODELIST%%,*}
+    CPUS_ON_NODE=${SLURM_CPUS_ON_NODE:-$(nproc)}
+else
+    NNODES=${NNODES:-128}
+    NTASKS_PER_NODE=${NTASKS_PER_NODE:-8}
+    NODELIST="(allocated by Slurm)"
+    FIRST_NODE='$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)'
+    CPUS_ON_NODE=${CPUS_ON_NODE:-128}
+fi
+(( NTASKS_PER_NODE >= 1 )) || die "NTASKS_PER_NODE=$NTASKS_PER_NODE: must be >= 1"
+CPUS_PER_TASK=${CPUS_PER_TASK:-$(( CPUS_ON_NODE / NTASKS_PER_NODE ))}
+(( CPUS_PER_TASK >= 1 )) || CPUS_PER_TASK=1
+WORLD=$(( NNODES * NTASKS_PER_NODE ))
+
+export MASTER_ADDR=${MASTER_ADDR:-$FIRST_NODE}
+if [[ -z ${MASTER_PORT:-} ]]; then
+    if [[ $JOB_ID =~ ^[0-9]+$ ]]; then
+        # Distinct per job, and alternating across requeues so a restart never waits on the old socket.
+        MASTER_PORT=$(( 20000 + (JOB_ID % 10000) * 2 + REQUEUE_COUNT % 2 ))
+    else
+        MASTER_PORT=29500
+    fi
+fi
+export MASTER_PORT
+
+# RCCL / ROCm environment for MI300X nodes (each overridable; harmless on CPU-only runs).
+export NCCL_IB_GID_INDEX=${NCCL_IB_GID_INDEX:-3}              # RoCE v2 GID
+export HSA_NO_SCRATCH_RECLAIM=${HSA_NO_SCRATCH_RECLAIM:-1}    # keep scratch memory: no stalls in RCCL kernels
+export GPU_MAX_HW_QUEUES=${GPU_MAX_HW_QUEUES:-2}
+export HIP_FORCE_DEV_KERNARG=${HIP_FORCE_DEV_KERNARG:-1}
+export TORCH_NCCL_HIGH_PRIORITY=${TORCH_NCCL_HIGH_PRIORITY:-1}
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}  # a hung collective aborts (restartable)
+export NCCL_CHECKS_DISABLE=${NCCL_CHECKS_DISABLE:-1}
+export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+if [[ -z ${NCCL_SOCKET_IFNAME:-} ]] && command -v ip >/dev/null 2>&1; then
+    # Bootstrap/socket traffic on the NIC of the default route (the same name on every node).
+    ifname=$(ip -o -4 route show to default 2>/dev/null | awk '{for (i = 1; i < NF; i++) if ($i == "dev") {print $(i + 1); exit}}')
+    [[ -n $ifname ]] && export NCCL_SOCKET_IFNAME=$ifname
+fi
+[[ -n ${NCCL_IB_HCA:-} ]] && export NCCL_IB_HCA          # e.g. rdma0,rdma1,... : the 8 backend NICs
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( CPUS_PER_TASK < 8 ? CPUS_PER_TASK : 8 ))}
+export PYTHONUNBUFFERED=1
+export TASKS_PER_NODE_RESOLVED=$NTASKS_PER_NODE
+
+# Trainer command.
+PYTHON=${PYTHON:-python3}
+TRAIN_SCRIPT=${TRAIN_SCRIPT:-$REPO_DIR/pretrain_zaya.py}
+CKPT_DIR=${CKPT_DIR-$REPO_DIR/checkpoints/$JOB_NAME}          # set it empty to pass no --save/--load
+TENSORBOARD_DIR=${TENSORBOARD_DIR-${CKPT_DIR:+$CKPT_DIR/tensorboard}}
+LOG_DIR=${LOG_DIR:-$SUBMIT_DIR/logs}
+JOB_LOG_DIR=$LOG_DIR/$JOB_NAME-$JOB_ID
+ATTEMPT_DIR=$JOB_LOG_DIR/attempt-$REQUEUE_COUNT
+CONFIG=${CONFIG-$REPO_DIR/examples/zaya1_base/phase1_4k.yaml}
+
+ARGS=()
+if [[ -n ${TRAIN_ARGS:-} ]]; then
+    read -r -a ARGS <<< "$TRAIN_ARGS"
+else
+    [[ -n ${PRESET:-} ]] && ARGS+=(--preset "$PRESET")
+    [[ -n $CONFIG ]] && ARGS+=(--config "$CONFIG")
+    if [[ -n ${DATA_PATH:-} ]]; then
+        read -r -a dp <<< "$DATA_PATH"      # a blend: "30 /data/a_text_document 70 /data/b_text_document"
+        ARGS+=(--data-path "${dp[@]}")
+    fi
+    add() { [[ -n ${!1:-} ]] && ARGS+=("$2" "${!1}"); return 0; }
+    add TOKENIZER_TYPE --tokenizer-type
+    add TOKENIZER_MODEL --tokenizer-model
+    add SEQ_LENGTH --seq-length
+    add MICRO_BATCH_SIZE --micro-batch-size
+    add GLOBAL_BATCH_SIZE --global-batch-size
+    add TRAIN_ITERS --train-iters
+    add LR --lr
+    add TP --tensor-model-parallel-size
+    add CP --context-parallel-size
+    add EP --expert-model-parallel-size
+    add SAVE_INTERVAL --save-interval
+    add LOG_INTERVAL --log-interval
+    add EVAL_INTERVAL --eval-interval
+    add EVAL_ITERS --eval-iters
+    [[ -n $TENSORBOARD_DIR ]] && ARGS+=(--tensorboard-dir "$TENSORBOARD_DIR")
+fi
+[[ -n $CKPT_DIR ]] && ARGS+=(--save "$CKPT_DIR" --load "$CKPT_DIR")
+if [[ -n ${EXTRA_ARGS:-} ]]; then
+    read -r -a ea <<< "$EXTRA_ARGS"
+    ARGS+=("${ea[@]}")
+fi
+ARGS+=("${TRAINER_EXTRA[@]}")
+TRAIN_CMD=("$PYTHON" "$TRAIN_SCRIPT" "${ARGS[@]}")
+
+SRUN=(srun --nodes="$NNODES" --ntasks-per-node="$NTASKS_PER_NODE" --ntasks="$WORLD"
+      --cpus-per-task="$CPUS_PER_TASK" --kill-on-bad-exit=1 --export=ALL)
+[[ -n ${SRUN_MPI:-} ]] && SRUN+=(--mpi="$SRUN_MPI")
+if [[ -n ${SRUN_ARGS:-} ]]; then
+    read -r -a sa <<< "$SRUN_ARGS"
+    SRUN+=("${sa[@]}")
+fi
+SRUN+=(bash "$SCRIPT_PATH" --task "$ATTEMPT_DIR" -- "${TRAIN_CMD[@]}")
+
+EXPORTED=(MASTER_ADDR MASTER_PORT NCCL_IB_GID_INDEX NCCL_IB_HCA NCCL_SOCKET_IFNAME HSA_NO_SCRATCH_RECLAIM
+          GPU_MAX_HW_QUEUES HIP_FORCE_DEV_KERNARG TORCH_NCCL_HIGH_PRIORITY TORCH_NCCL_ASYNC_ERROR_HANDLING
+          NCCL_CHECKS_DISABLE CUDA_DEVICE_MAX_CONNECTIONS NCCL_DEBUG OMP_NUM_THREADS PYTHONUNBUFFERED
+          TASKS_PER_NODE_RESOLVED)
+
+print_command() {
+    local v
+    for v in "${EXPORTED[@]}"; do
+        [[ -n ${!v:-} ]] || continue
+        if [[ $v == MASTER_ADDR && $IN_SLURM == 0 && $MASTER_ADDR == "$FIRST_NODE" ]]; then
+            echo "export MASTER_ADDR=$MASTER_ADDR"        # left for the job to evaluate
+        else
+            printf 'export %s=%q\n' "$v" "${!v}"
+        fi
+    done
+    printf '%q ' "${SRUN[@]}"; echo
+}
+
+# Values this script derived (not given by the user) must not leak into a resubmitted job.
+DERIVED=()
+for v in "${EXPORTED[@]}"; do [[ -n ${!v:-} && -z ${USER_GIVEN[$v]:-} ]] && DERIVED+=("$v"); done
+
+if (( DRY_RUN )); then
+    echo "# run_mi300x.sh --dry-run: $NNODES nodes x $NTASKS_PER_NODE processes = $WORLD ranks," \
+         "$CPUS_PER_TASK CPUs each; job $JOB_NAME-$JOB_ID; logs in $JOB_LOG_DIR"
+    (( IN_SLURM )) || echo "# (outside Slurm: sbatch provides the node list; NNODES/NTASKS_PER_NODE set the sizes shown)"
+    print_command
+    exit 0
+fi
+
+# --------------------------------------------------------------------------------------------
+# Run the trainer (in the background, so that the signal traps fire at once).
+# --------------------------------------------------------------------------------------------
+mkdir -p "$ATTEMPT_DIR/exit" ${CKPT_DIR:+"$CKPT_DIR"} || die "cannot create $ATTEMPT_DIR or $CKPT_DIR"
+LAUNCH_LOG=$JOB_LOG_DIR/launcher.log
+log() { echo "[run_mi300x $(date '+%F %T')] $*" | tee -a "$LAUNCH_LOG"; }
+{ echo "#!/usr/bin/env bash"; echo "# job $JOB_ID attempt $REQUEUE_COUNT restart $RESTART on $NODELIST"; print_command; } \
+    > "$JOB_LOG_DIR/command.sh"
+
+latest_iteration() {
+    local f=$CKPT_DIR/latest_checkpointed_iteration.txt
+    if [[ -n $CKPT_DIR && -s $f ]]; then tr -d '[:space:]' < "$f"; else echo none; fi
+}
+
+log "job $JOB_ID ($JOB_NAME) attempt $REQUEUE_COUNT (requeues $REQUEUE_COUNT/${MAX_REQUEUES:-50}," \
+    "failure restarts $RESTART/${MAX_RESTARTS:-3}) on $NNODES nodes [$NODELIST] x $NTASKS_PER_NODE tasks"
+log "master $MASTER_ADDR:$MASTER_PORT; checkpoints $CKPT_DIR (latest: $(latest_iteration)); logs $JOB_LOG_DIR"
+log "command: $(printf '%q ' "${SRUN[@]}")"
+
+GOT_SIGNAL=""
+SRUN_PID=""
+on_signal() {
+    GOT_SIGNAL=$1
+    log "received SIG$1: forwarding it to the training processes (they save a checkpoint and exit)"
+    [[ -n $SRUN_PID ]] && kill -s "$1" "$SRUN_PID" 2>/dev/null
+}
+trap 'on_signal USR1' USR1
+trap 'on_signal TERM' TERM
+
+START=$(date +%s)
+"${SRUN[@]}" &
+SRUN_PID=$!
+while kill -0 "$SRUN_PID" 2>/dev/null; do wait "$SRUN_PID"; done
+wait "$SRUN_PID"; RC=$?
+log "training step ended with exit code $RC after $(( $(date +%s) - START )) s; latest checkpoint: $(latest_iteration)"
+
+training_done() {
+    [[ -n ${TRAIN_ITERS:-} ]] || return 1
+    local it; it=$(latest_iteration)
+    [[ $it =~ ^[0-9]+$ ]] && (( it >= TRAIN_ITERS ))
+}
+
+if [[ $GOT_SIGNAL == USR1 ]]; then
+    if training_done; then
+        log "training already reached --train-iters $TRAIN_ITERS; not requeueing"
+        exit 0
+    fi
+    if (( REQUEUE_COUNT >= ${MAX_REQUEUES:-50} )); then
+        log "time limit near but MAX_REQUEUES=${MAX_REQUEUES:-50} reached; not requeueing"
+        exit 0
+    fi
+    (( RC == 0 )) || log "warning: the trainer exited $RC after SIGUSR1; resuming from the latest complete checkpoint"
+    log "requeueing job $JOB_ID (requeue $(( REQUEUE_COUNT + 1 ))/${MAX_REQUEUES:-50}) to resume from iteration $(latest_iteration)"
+    trap 'exit 0' TERM          # the requeue itself ends this attempt with SIGTERM
+    scontrol requeue "$JOB_ID" || { log "error: scontrol requeue $JOB_ID failed"; exit 1; }
+    sleep 60   # Slurm ends this attempt now; do not exit first and let the job complete
+    exit 0
+fi
+if [[ $GOT_SIGNAL == TERM ]]; then
+    log "stopped by SIGTERM (cancelled or preempted); not restarting"
+    exit "$RC"
+fi
+if (( RC == 0 )); then
+    log "training finished"
+    exit 0
+fi
+
+# --------------------------------------------------------------------------------------------
+# Failure: find the nodes to blame, then resubmit without them (a bounded number of times).
+# --------------------------------------------------------------------------------------------
+declare -A BAD=()
+declare -A SEEN=()
+for f in "$ATTEMPT_DIR"/exit/rank-*; do
+    [[ -f $f ]] || continue
+    read -r node rank rc sig _ < "$f" || continue
+    SEEN[$rank]=1
+    # A rank that failed without being signalled failed by itself; ranks that srun stopped after
+    # another rank failed were signalled (TERM) and are not to blame.
+    if [[ $rc != 0 && $sig == none ]]; then BAD[$node]=1; fi
+done
+if (( ${#BAD[@]} == 0 )); then
+    # No rank reported its own failure: blame the nodes whose ranks never reported (lost nodes).
+    mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    for (( r = 0; r < WORLD; r++ )); do
+        [[ -n ${SEEN[$r]:-} ]] || BAD[${NODES[r / NTASKS_PER_NODE]}]=1
+    done
+fi
+if [[ -n ${HEALTH_CHECK_CMD:-} ]]; then
+    log "health check on every node: $HEALTH_CHECK_CMD"
+    ok=$(timeout "${HEALTH_CHECK_TIMEOUT:-120}" srun --nodes="$NNODES" --ntasks-per-node=1 --kill-on-bad-exit=0 \
+         bash -c "$HEALTH_CHECK_CMD >/dev/null 2>&1 && echo OK:\${SLURMD_NODENAME:-\$(hostname)}" 2>/dev/null)
+    while read -r n; do
+        grep -qx "OK:$n" <<< "$ok" || BAD[$n]=1
+    done < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+fi
+
+EXCLUDE=${ZAYA_EXCLUDE:-${EXCLUDE_NODES:-}}
+for n in "${!BAD[@]}"; do
+    [[ ,$EXCLUDE, == *,$n,* ]] || EXCLUDE=${EXCLUDE:+$EXCLUDE,}$n
+done
+BAD_LIST=$(IFS=,; echo "${!BAD[*]}")
+log "failed nodes: ${BAD_LIST:-none identified}"
+
+if (( RESTART >= ${MAX_RESTARTS:-3} )); then
+    log "giving up: MAX_RESTARTS=${MAX_RESTARTS:-3} restarts already used (exit code $RC)"
+    exit "$RC"
+fi
+
+LIMIT=$(squeue -h -j "$JOB_ID" -o %l 2>/dev/null | head -n1)
+SUB=(sbatch --parsable --dependency=afterany:"$JOB_ID" --job-name="$JOB_NAME" --chdir="$SUBMIT_DIR"
+     --nodes="$NNODES" --ntasks-per-node="$NTASKS_PER_NODE")
+[[ -n $EXCLUDE ]] && SUB+=(--exclude="$EXCLUDE")
+[[ -n ${SLURM_JOB_PARTITION:-} ]] && SUB+=(--partition="$SLURM_JOB_PARTITION")
+[[ -n ${SLURM_JOB_ACCOUNT:-} ]] && SUB+=(--account="$SLURM_JOB_ACCOUNT")
+[[ -n ${SLURM_GPUS_PER_NODE:-} ]] && SUB+=(--gpus-per-node="$SLURM_GPUS_PER_NODE")
+[[ -n $LIMIT && $LIMIT != UNLIMITED && $LIMIT != INFINITE ]] && SUB+=(--time="$LIMIT")
+if [[ -n ${RESUBMIT_ARGS:-} ]]; then
+    read -r -a ra <<< "$RESUBMIT_ARGS"
+    SUB+=("${ra[@]}")
+fi
+SUB+=("$SCRIPT_PATH" "${TRAINER_EXTRA[@]}")
+# A clean environment for the new job: drop this job's SLURM_*/SBATCH_* variables (keep SLURM_CONF).
+CLEAN=()
+for v in "${DERIVED[@]}"; do CLEAN+=(-u "$v"); done
+while read -r v; do
+    [[ $v == SLURM_CONF ]] || CLEAN+=(-u "$v")
+done < <(compgen -e | grep -E '^(SLURM_|SBATCH_|SRUN_)')
+NEW=$(env "${CLEAN[@]}" ZAYA_RESTART=$(( RESTART + 1 )) ZAYA_EXCLUDE="$EXCLUDE" LAUNCHER_PATH="$SCRIPT_PATH" \
+      "${SUB[@]}" 2>&1)
+if [[ $? -ne 0 ]]; then
+    log "error: resubmission failed: $NEW"
+    exit "$RC"
+fi
+log "resubmitted as job ${NEW%%;*} (restart $(( RESTART + 1 ))/${MAX_RESTARTS:-3}, excluding ${EXCLUDE:-no nodes})," \
+    "resuming from iteration $(latest_iteration): $(printf '%q ' "${SUB[@]}")"
+exit "$RC"

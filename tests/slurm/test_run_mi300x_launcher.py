@@ -1,0 +1,215 @@
+"""run_mi300x.sh: --dry-run, and real sbatch jobs on the local Slurm with a stand-in trainer.
+
+    python -m pytest -q tests/slurm/test_run_mi300x_launcher.py
+
+The stand-in (standin_trainer.py) needs no torch, so these tests check the launcher itself:
+rank layout and environment, per-job logs, failure -> resubmission without the failed node,
+the restart bound, and SIGUSR1 -> checkpoint -> scontrol requeue -> resume.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import subprocess
+import time
+
+from conftest import LAUNCHER, REPO
+
+STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin_trainer.py")
+
+
+def clean_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+    env.update(extra)
+    return env
+
+
+def standin_views(text: str) -> list[dict]:
+    return [json.loads(line.split("standin: ", 1)[1]) for line in text.splitlines()
+            if line.startswith("standin: {")]
+
+
+def read(path: str) -> str:
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+def latest(ckpt: str) -> int:
+    return int(read(os.path.join(ckpt, "latest_checkpointed_iteration.txt")).strip())
+
+
+# ---------------------------------------------------------------------------------------------
+# --dry-run (no Slurm needed)
+# ---------------------------------------------------------------------------------------------
+
+def test_dry_run_outside_slurm_prints_the_full_command():
+    r = subprocess.run(["bash", LAUNCHER, "--dry-run"], env=clean_env(), capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    srun = [line for line in lines if line.startswith("srun ")]
+    assert len(srun) == 1, r.stdout
+    cmd = srun[0]
+    for part in ("--nodes=128", "--ntasks-per-node=8", "--ntasks=1024", "--kill-on-bad-exit=1",
+                 os.path.join(REPO, "pretrain_zaya.py"), "--config " + os.path.join(REPO, "examples/zaya1_base/phase1_4k.yaml"),
+                 "--save ", "--load "):
+        assert part in cmd, (part, cmd)
+    exports = dict(line[len("export "):].split("=", 1) for line in lines if line.startswith("export "))
+    assert exports["NCCL_IB_GID_INDEX"] == "3"
+    assert exports["HSA_NO_SCRATCH_RECLAIM"] == "1"
+    assert exports["GPU_MAX_HW_QUEUES"] == "2"
+    assert "scontrol show hostnames" in exports["MASTER_ADDR"]
+
+
+def test_dry_run_every_value_overridable():
+    env = clean_env(NNODES="4", NTASKS_PER_NODE="8", NCCL_IB_HCA="rdma0,rdma1", NCCL_SOCKET_IFNAME="ens51f0",
+                    NCCL_IB_GID_INDEX="1", HSA_NO_SCRATCH_RECLAIM="0", GPU_MAX_HW_QUEUES="4", MASTER_ADDR="10.0.0.1",
+                    MASTER_PORT="12345", PYTHON="/opt/venv/bin/python", CONFIG="", PRESET="zaya1-tiny",
+                    DATA_PATH="30 /d/a_text_document 70 /d/b_text_document", TRAIN_ITERS="100", TP="2", CP="2", EP="4",
+                    CKPT_DIR="/ckpt/run1", EXTRA_ARGS="--bf16 --seed 7", SRUN_ARGS="--cpu-bind=none")
+    r = subprocess.run(["bash", LAUNCHER, "--dry-run", "--lr", "1e-4"], env=env, capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    for line in ("export NCCL_IB_HCA=rdma0\\,rdma1", "export NCCL_SOCKET_IFNAME=ens51f0", "export NCCL_IB_GID_INDEX=1",
+                 "export HSA_NO_SCRATCH_RECLAIM=0", "export GPU_MAX_HW_QUEUES=4", "export MASTER_ADDR=10.0.0.1",
+                 "export MASTER_PORT=12345"):
+        assert line in out.splitlines(), (line, out)
+    cmd = next(line for line in out.splitlines() if line.startswith("srun "))
+    assert "--nodes=4 --ntasks-per-node=8 --ntasks=32" in cmd
+    assert "--cpu-bind=none" in cmd
+    assert "-- /opt/venv/bin/python " + os.path.join(REPO, "pretrain_zaya.py") + " --preset zaya1-tiny --data-path 30 " \
+           "/d/a_text_document 70 /d/b_text_document --train-iters 100 --tensor-model-parallel-size 2 " \
+           "--context-parallel-size 2 --expert-model-parallel-size 4" in cmd, cmd
+    assert cmd.rstrip().endswith("--save /ckpt/run1 --load /ckpt/run1 --bf16 --seed 7 --lr 1e-4"), cmd
+    assert "--config" not in cmd
+
+    r = subprocess.run(["bash", LAUNCHER, "--dry-run"], env=clean_env(TRAIN_SCRIPT="/x/train.py", TRAIN_ARGS="--a 1 --b",
+                                                                       CKPT_DIR=""),
+                       capture_output=True, text=True, timeout=30)
+    cmd = next(line for line in r.stdout.splitlines() if line.startswith("srun "))
+    assert cmd.rstrip().endswith("-- python3 /x/train.py --a 1 --b"), cmd
+
+
+def test_outside_slurm_without_dry_run_says_how_to_submit():
+    r = subprocess.run(["bash", LAUNCHER], env=clean_env(), capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2
+    assert "not inside a Slurm job" in r.stderr and "sbatch run_mi300x.sh" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Real sbatch jobs with the stand-in trainer
+# ---------------------------------------------------------------------------------------------
+
+def standin_env(tmp: str, **extra) -> dict:
+    env = dict(TRAIN_SCRIPT=STANDIN, CKPT_DIR=os.path.join(tmp, "ckpt"), OMP_NUM_THREADS="1")
+    env.update(extra)
+    return env
+
+
+def test_two_nodes_two_tasks_layout_and_logs(jobs):
+    env = standin_env(jobs.workdir, TRAIN_ARGS="--train-iters 6 --save-interval 3")
+    job = jobs.submit(["--nodes=2", "--ntasks-per-node=2", "--time=2", "--job-name=zlayout"], env)
+    info = jobs.wait(job, 60)
+    assert info["JobState"] == "COMPLETED", jobs.output(job)
+    assert info["ExitCode"] == "0:0"
+
+    logdir = os.path.join(jobs.workdir, "logs", f"zlayout-{job}")
+    launcher_log = read(os.path.join(logdir, "launcher.log"))
+    assert "on 2 nodes [lnode1,lnode2] x 2 tasks" in launcher_log
+    assert "training finished" in launcher_log
+    assert read(os.path.join(logdir, "command.sh")).count("srun ") == 1
+    views = []
+    for r in range(4):
+        views += standin_views(read(os.path.join(logdir, "attempt-0", f"rank-{r}.log")))
+    assert sorted(int(v["RANK"]) for v in views) == [0, 1, 2, 3]
+    for v in views:
+        assert v["WORLD_SIZE"] == "4" and v["LOCAL_WORLD_SIZE"] == "2"
+        assert v["RANK"] == v["SLURM_PROCID"]
+        assert int(v["LOCAL_RANK"]) == int(v["RANK"]) % 2
+        assert v["SLURMD_NODENAME"] == ("lnode1" if int(v["RANK"]) < 2 else "lnode2")
+        assert v["MASTER_ADDR"] == "lnode1" and int(v["MASTER_PORT"]) > 1024
+        assert v["HSA_NO_SCRATCH_RECLAIM"] == "1" and v["OMP_NUM_THREADS"] == "1"
+        assert v["resumed_from"] == 0 and v["unknown_args"] == []
+    # Rank 0's output also reaches the job's Slurm output file.
+    assert "standin: iteration 6" in jobs.output(job)
+    assert latest(env["CKPT_DIR"]) == 6
+    assert os.path.isdir(os.path.join(env["CKPT_DIR"], "iter_0000003"))
+
+
+def test_failure_resubmits_without_the_failed_node_and_resumes(jobs):
+    env = standin_env(jobs.workdir, TRAIN_ARGS="--train-iters 8 --save-interval 2", STANDIN_FAIL_NODE="lnode2",
+                      STANDIN_FAIL_AT="5", MAX_RESTARTS="2")
+    first = jobs.submit(["--nodes=2", "--ntasks-per-node=2", "--time=2", "--job-name=zfail"], env)
+    info = jobs.wait(first, 60)
+    assert info["JobState"] == "FAILED", jobs.output(first)
+    log1 = read(os.path.join(jobs.workdir, "logs", f"zfail-{first}", "launcher.log"))
+    assert "failed nodes: lnode2" in log1, log1
+    m = re.search(r"resubmitted as job (\d+) \(restart 1/2, excluding lnode2\)", log1)
+    assert m, log1
+    second = m.group(1)
+    info2 = jobs.wait(second, 60)
+    assert info2["JobState"] == "COMPLETED", jobs.output(second)
+    assert info2["ExcNodeList"] == "lnode2"
+    assert info2["NodeList"] == "lnode[1,3]"
+    views = standin_views(read(os.path.join(jobs.workdir, "logs", f"zfail-{second}", "attempt-0", "rank-0.log")))
+    assert views[0]["ZAYA_RESTART"] == "1"
+    # Resumed from the checkpoint that was the latest when the first job failed (>= 4: saved every
+    # 2 iterations before the failure at 5; the healthy ranks may have run a little further).
+    at_failure = int(re.search(r"ended with exit code 3 after \d+ s; latest checkpoint: (\d+)", log1).group(1))
+    assert at_failure >= 4
+    assert views[0]["resumed_from"] == at_failure
+    assert views[0]["MASTER_ADDR"] == "lnode1"
+    assert latest(env["CKPT_DIR"]) == 8
+
+
+def test_restarts_are_bounded(jobs):
+    env = standin_env(jobs.workdir, TRAIN_ARGS="--train-iters 8", STANDIN_FAIL_NODE="lnode1", STANDIN_FAIL_AT="1",
+                      MAX_RESTARTS="0")
+    job = jobs.submit(["--nodes=2", "--ntasks-per-node=2", "--time=2", "--job-name=zbound"], env)
+    info = jobs.wait(job, 60)
+    assert info["JobState"] == "FAILED"
+    log = read(os.path.join(jobs.workdir, "logs", f"zbound-{job}", "launcher.log"))
+    assert "failed nodes: lnode1" in log
+    assert "giving up: MAX_RESTARTS=0" in log
+    assert "resubmitted" not in log
+
+
+def test_sigusr1_before_time_limit_saves_requeues_and_resumes(jobs):
+    # --time=1 with B:USR1@50: the batch script gets SIGUSR1 10-40 s into the job (Slurm checks
+    # limits periodically). 55 iterations of 1 s cannot finish before it arrives.
+    env = standin_env(jobs.workdir, TRAIN_ARGS="--train-iters 55 --save-interval 1000", STANDIN_ITER_SECONDS="1",
+                      STANDIN_RESUME_ITER_SECONDS="0.05")
+    t0 = time.time()
+    job = jobs.submit(["--nodes=2", "--ntasks-per-node=2", "--time=1", "--signal=B:USR1@50", "--job-name=zusr1"], env)
+    logdir = os.path.join(jobs.workdir, "logs", f"zusr1-{job}")
+
+    def requeued(info):
+        try:
+            return "requeueing job" in read(os.path.join(logdir, "launcher.log"))
+        except OSError:
+            return False
+
+    jobs.wait(job, 75, until=requeued)
+    # One requeue is enough for the test: give the resumed attempt room to finish.
+    jobs.cluster.run("scontrol", "update", f"JobId={job}", "TimeLimit=3")
+    info = jobs.wait(job, 90, until=lambda i: i.get("JobState") in ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED")
+                     and i.get("Restarts") == "1")
+    assert info["JobState"] == "COMPLETED", jobs.output(job)
+    log = read(os.path.join(logdir, "launcher.log"))
+    assert "received SIGUSR1" in log
+    first = read(os.path.join(logdir, "attempt-0", "rank-0.log"))
+    m = re.search(r"rank 0 got SIGUSR1 at iteration (\d+): saving and exiting", first)
+    assert m, first
+    saved = int(m.group(1))
+    assert 0 < saved < 55
+    assert f"requeueing job {job} (requeue 1/50) to resume from iteration {saved}" in log
+    resumed = standin_views(read(os.path.join(logdir, "attempt-1", "rank-0.log")))
+    assert resumed[0]["SLURM_RESTART_COUNT"] == "1"
+    assert resumed[0]["resumed_from"] == saved
+    assert latest(os.path.join(jobs.workdir, "ckpt")) == 55
+    # --open-mode=append: both attempts are in the one Slurm output file.
+    out = jobs.output(job)
+    assert "attempt 0" in out and "attempt 1" in out
+    assert time.time() - t0 < 150
