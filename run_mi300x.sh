@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # run_mi300x.sh: ZAYA1 pretraining on the MI300X Slurm cluster, one training process per GPU (srun).
 #
-#   mkdir -p logs && DATA_PATH=/data/zaya/mix_text_document TOKENIZER_MODEL=/data/tok/zaya.model \
-#       CKPT_DIR=/ckpt/zaya1-base sbatch run_mi300x.sh            # 128 nodes x 8 GPUs, phase 1 recipe
+#   DATA_PATH=/data/zaya/web_text_document TOKENIZER_MODEL=/data/tok/zaya.model CKPT_DIR=/ckpt/zaya1-base \
+#       sbatch run_mi300x.sh                                      # 128 nodes x 8 GPUs, phase 1 of the recipe
 #   bash run_mi300x.sh --dry-run                                  # print the exact command, also outside Slurm
 #   sbatch --nodes=2 --ntasks-per-node=2 run_mi300x.sh --train-iters 20   # any size; extra args go to the trainer
 #
@@ -12,7 +12,9 @@
 #             TOKENIZER_MODEL  SEQ_LENGTH  MICRO_BATCH_SIZE  GLOBAL_BATCH_SIZE  TRAIN_ITERS  LR  TP  CP  EP
 #             SAVE_INTERVAL  LOG_INTERVAL  EVAL_INTERVAL  EVAL_ITERS  (empty: the value in CONFIG is used)
 #             TRAIN_ARGS (replaces all of the above flags)  EXTRA_ARGS (appended)  TRAIN_ENV_SETUP (sourced per task)
-#   outputs   CKPT_DIR [$REPO_DIR/checkpoints/$JOB_NAME]  TENSORBOARD_DIR [$CKPT_DIR/tensorboard]
+#   outputs   CKPT_DIR [$REPO_DIR/checkpoints/$JOB_NAME] (--save and --load; empty: neither)
+#             INIT_CKPT_DIR []: --load from here while CKPT_DIR has no checkpoint yet (the previous phase)
+#             TENSORBOARD_DIR [$CKPT_DIR/tensorboard]
 #             LOG_DIR [$SLURM_SUBMIT_DIR/logs]: per job $LOG_DIR/<name>-<jobid>/ holds launcher.log,
 #             command.sh and attempt-<k>/rank-<r>.log
 #   layout    NTASKS_PER_NODE [Slurm's, else 8]  CPUS_PER_TASK [cpus on node / tasks]  SRUN_ARGS  SRUN_MPI
@@ -27,6 +29,8 @@
 #             that failed added to --exclude, and resumes from the latest checkpoint.
 #             HEALTH_CHECK_CMD []: run once per node after a failure; nodes where it fails are excluded too.
 #             EXCLUDE_NODES []: nodes to keep out of resubmissions from the start.  RESUBMIT_ARGS []: more sbatch flags.
+#             END_ITER [$TRAIN_ITERS]: the iteration this run ends at; a clean exit before it requeues.
+#             ON_SUCCESS_CMD []: run (bash -c) when training has finished, e.g. submit the next phase.
 #
 #SBATCH --job-name=zaya1-base
 #SBATCH --nodes=128
@@ -210,7 +214,12 @@ else
     add EVAL_ITERS --eval-iters
     [[ -n $TENSORBOARD_DIR ]] && ARGS+=(--tensorboard-dir "$TENSORBOARD_DIR")
 fi
-[[ -n $CKPT_DIR ]] && ARGS+=(--save "$CKPT_DIR" --load "$CKPT_DIR")
+# --load: this run's own checkpoints; before the first one exists, INIT_CKPT_DIR (e.g. the previous phase).
+LOAD_DIR=$CKPT_DIR
+if [[ -n ${INIT_CKPT_DIR:-} && ! -s $CKPT_DIR/latest_checkpointed_iteration.txt ]]; then
+    LOAD_DIR=$INIT_CKPT_DIR
+fi
+[[ -n $CKPT_DIR ]] && ARGS+=(--save "$CKPT_DIR" --load "$LOAD_DIR")
 if [[ -n ${EXTRA_ARGS:-} ]]; then
     read -r -a ea <<< "$EXTRA_ARGS"
     ARGS+=("${ea[@]}")
@@ -274,6 +283,7 @@ latest_iteration() {
 log "job $JOB_ID ($JOB_NAME) attempt $REQUEUE_COUNT (requeues $REQUEUE_COUNT/${MAX_REQUEUES:-50}," \
     "failure restarts $RESTART/${MAX_RESTARTS:-3}) on $NNODES nodes [$NODELIST] x $NTASKS_PER_NODE tasks"
 log "master $MASTER_ADDR:$MASTER_PORT; checkpoints $CKPT_DIR (latest: $(latest_iteration)); logs $JOB_LOG_DIR"
+[[ $LOAD_DIR != "$CKPT_DIR" ]] && log "no checkpoint in $CKPT_DIR yet: starting from INIT_CKPT_DIR=$INIT_CKPT_DIR"
 log "command: $(printf '%q ' "${SRUN[@]}")"
 
 GOT_SIGNAL=""
@@ -293,35 +303,60 @@ while kill -0 "$SRUN_PID" 2>/dev/null; do wait "$SRUN_PID"; done
 wait "$SRUN_PID"; RC=$?
 log "training step ended with exit code $RC after $(( $(date +%s) - START )) s; latest checkpoint: $(latest_iteration)"
 
-training_done() {
-    [[ -n ${TRAIN_ITERS:-} ]] || return 1
+END_ITER=${END_ITER:-${TRAIN_ITERS:-}}
+training_done() {          # unknown END_ITER: "done" means a clean exit without a signal
+    [[ -n $END_ITER ]] || return 2
     local it; it=$(latest_iteration)
-    [[ $it =~ ^[0-9]+$ ]] && (( it >= TRAIN_ITERS ))
+    [[ $it =~ ^[0-9]+$ ]] && (( it >= END_ITER ))
 }
 
-if [[ $GOT_SIGNAL == USR1 ]]; then
-    if training_done; then
-        log "training already reached --train-iters $TRAIN_ITERS; not requeueing"
-        exit 0
+# Run a command in the environment of a fresh submission: without this job's SLURM_*/SBATCH_*
+# variables (SLURM_CONF kept) and without the values this script derived for this allocation.
+run_clean() {
+    local clean=() v
+    for v in "${DERIVED[@]}"; do clean+=(-u "$v"); done
+    while read -r v; do
+        [[ $v == SLURM_CONF ]] || clean+=(-u "$v")
+    done < <(compgen -e | grep -E '^(SLURM_|SBATCH_|SRUN_)')
+    env "${clean[@]}" "$@"
+}
+
+finish() {
+    log "training finished (latest checkpoint: $(latest_iteration))"
+    if [[ -n ${ON_SUCCESS_CMD:-} ]]; then
+        log "running ON_SUCCESS_CMD: $ON_SUCCESS_CMD"
+        run_clean ZAYA_RESTART=0 bash -c "$ON_SUCCESS_CMD" 2>&1 | tee -a "$LAUNCH_LOG"
     fi
+    exit 0
+}
+
+requeue() {
     if (( REQUEUE_COUNT >= ${MAX_REQUEUES:-50} )); then
-        log "time limit near but MAX_REQUEUES=${MAX_REQUEUES:-50} reached; not requeueing"
+        log "not requeueing: MAX_REQUEUES=${MAX_REQUEUES:-50} reached"
         exit 0
     fi
-    (( RC == 0 )) || log "warning: the trainer exited $RC after SIGUSR1; resuming from the latest complete checkpoint"
     log "requeueing job $JOB_ID (requeue $(( REQUEUE_COUNT + 1 ))/${MAX_REQUEUES:-50}) to resume from iteration $(latest_iteration)"
     trap 'exit 0' TERM          # the requeue itself ends this attempt with SIGTERM
     scontrol requeue "$JOB_ID" || { log "error: scontrol requeue $JOB_ID failed"; exit 1; }
     sleep 60   # Slurm ends this attempt now; do not exit first and let the job complete
     exit 0
+}
+
+if [[ $GOT_SIGNAL == USR1 ]]; then
+    training_done && finish
+    (( RC == 0 )) || log "warning: the trainer exited $RC after SIGUSR1; resuming from the latest complete checkpoint"
+    requeue
 fi
 if [[ $GOT_SIGNAL == TERM ]]; then
     log "stopped by SIGTERM (cancelled or preempted); not restarting"
     exit "$RC"
 fi
 if (( RC == 0 )); then
-    log "training finished"
-    exit 0
+    training_done
+    case $? in
+        0|2) finish ;;
+        *) log "the trainer exited cleanly before END_ITER=$END_ITER (e.g. --exit-duration-in-mins)"; requeue ;;
+    esac
 fi
 
 # --------------------------------------------------------------------------------------------
@@ -378,14 +413,7 @@ if [[ -n ${RESUBMIT_ARGS:-} ]]; then
     SUB+=("${ra[@]}")
 fi
 SUB+=("$SCRIPT_PATH" "${TRAINER_EXTRA[@]}")
-# A clean environment for the new job: drop this job's SLURM_*/SBATCH_* variables (keep SLURM_CONF).
-CLEAN=()
-for v in "${DERIVED[@]}"; do CLEAN+=(-u "$v"); done
-while read -r v; do
-    [[ $v == SLURM_CONF ]] || CLEAN+=(-u "$v")
-done < <(compgen -e | grep -E '^(SLURM_|SBATCH_|SRUN_)')
-NEW=$(env "${CLEAN[@]}" ZAYA_RESTART=$(( RESTART + 1 )) ZAYA_EXCLUDE="$EXCLUDE" LAUNCHER_PATH="$SCRIPT_PATH" \
-      "${SUB[@]}" 2>&1)
+NEW=$(run_clean ZAYA_RESTART=$(( RESTART + 1 )) ZAYA_EXCLUDE="$EXCLUDE" LAUNCHER_PATH="$SCRIPT_PATH" "${SUB[@]}" 2>&1)
 if [[ $? -ne 0 ]]; then
     log "error: resubmission failed: $NEW"
     exit "$RC"

@@ -92,6 +92,16 @@ def test_dry_run_every_value_overridable():
     assert cmd.rstrip().endswith("-- python3 /x/train.py --a 1 --b"), cmd
 
 
+def test_dry_run_init_ckpt_dir_until_the_run_has_its_own(tmp_path):
+    env = clean_env(CKPT_DIR=str(tmp_path / "phase2"), INIT_CKPT_DIR="/ckpt/phase1")
+    r = subprocess.run(["bash", LAUNCHER, "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
+    assert f"--save {tmp_path}/phase2 --load /ckpt/phase1" in r.stdout
+    (tmp_path / "phase2").mkdir()
+    (tmp_path / "phase2" / "latest_checkpointed_iteration.txt").write_text("100\n")
+    r = subprocess.run(["bash", LAUNCHER, "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
+    assert f"--save {tmp_path}/phase2 --load {tmp_path}/phase2" in r.stdout
+
+
 def test_outside_slurm_without_dry_run_says_how_to_submit():
     r = subprocess.run(["bash", LAUNCHER], env=clean_env(), capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
@@ -109,7 +119,9 @@ def standin_env(tmp: str, **extra) -> dict:
 
 
 def test_two_nodes_two_tasks_layout_and_logs(jobs):
-    env = standin_env(jobs.workdir, TRAIN_ARGS="--train-iters 6 --save-interval 3")
+    marker = os.path.join(jobs.workdir, "next-phase")
+    env = standin_env(jobs.workdir, TRAIN_ARGS="--train-iters 6 --save-interval 3", END_ITER="6",
+                      ON_SUCCESS_CMD=f"echo restart=$ZAYA_RESTART job=${{SLURM_JOB_ID:-none}} > {marker}")
     job = jobs.submit(["--nodes=2", "--ntasks-per-node=2", "--time=2", "--job-name=zlayout"], env)
     info = jobs.wait(job, 60)
     assert info["JobState"] == "COMPLETED", jobs.output(job)
@@ -136,6 +148,8 @@ def test_two_nodes_two_tasks_layout_and_logs(jobs):
     assert "standin: iteration 6" in jobs.output(job)
     assert latest(env["CKPT_DIR"]) == 6
     assert os.path.isdir(os.path.join(env["CKPT_DIR"], "iter_0000003"))
+    # ON_SUCCESS_CMD ran once training finished, outside this job's Slurm environment.
+    assert read(marker).strip() == "restart=0 job=none"
 
 
 def test_failure_resubmits_without_the_failed_node_and_resumes(jobs):
