@@ -64,7 +64,9 @@ task_main() {
         source "$TRAIN_ENV_SETUP" || { echo "$node $RANK 97 none $(date +%s)" > "$dir/exit/rank-$RANK"; exit 97; }
     fi
     local signalled=none
-    trap 'signalled=USR1; kill -s USR1 $child 2>/dev/null' USR1
+    # The trainer starts with SIGUSR1 ignored, so a warning that arrives before it has installed its
+    # own handler cannot kill it; the launcher repeats the signal until the trainer exits.
+    trap '' USR1
     trap 'signalled=TERM; kill -s TERM $child 2>/dev/null' TERM
     trap 'signalled=INT; kill -s INT $child 2>/dev/null' INT
     if [[ $RANK == 0 ]]; then
@@ -74,6 +76,7 @@ task_main() {
         "$@" >> "$log" 2>&1 &
     fi
     child=$!
+    trap 'signalled=USR1; kill -s USR1 $child 2>/dev/null' USR1
     while kill -0 "$child" 2>/dev/null; do wait "$child"; done
     wait "$child"; rc=$?
     echo "$node $RANK $rc $signalled $(date +%s)" > "$dir/exit/rank-$RANK"
@@ -287,11 +290,21 @@ log "master $MASTER_ADDR:$MASTER_PORT; checkpoints $CKPT_DIR (latest: $(latest_i
 log "command: $(printf '%q ' "${SRUN[@]}")"
 
 GOT_SIGNAL=""
+SAW_USR1=0
 SRUN_PID=""
+USR1_REPEAT=${USR1_REPEAT_SECONDS:-20}
 on_signal() {
+    [[ -n $SRUN_PID ]] && kill -0 "$SRUN_PID" 2>/dev/null || return 0
     GOT_SIGNAL=$1
-    log "received SIG$1: forwarding it to the training processes (they save a checkpoint and exit)"
-    [[ -n $SRUN_PID ]] && kill -s "$1" "$SRUN_PID" 2>/dev/null
+    if [[ $1 == USR1 ]]; then
+        (( SAW_USR1 )) || log "received SIGUSR1 (time limit near): forwarding it to the training processes" \
+                              "(they save a checkpoint and exit); repeated every ${USR1_REPEAT}s until they do"
+        SAW_USR1=1
+        ( sleep "$USR1_REPEAT"; kill -s USR1 $$ 2>/dev/null ) &
+    else
+        log "received SIG$1: forwarding it to the training processes (they save a checkpoint and exit)"
+    fi
+    kill -s "$1" "$SRUN_PID" 2>/dev/null
 }
 trap 'on_signal USR1' USR1
 trap 'on_signal TERM' TERM
@@ -301,6 +314,7 @@ START=$(date +%s)
 SRUN_PID=$!
 while kill -0 "$SRUN_PID" 2>/dev/null; do wait "$SRUN_PID"; done
 wait "$SRUN_PID"; RC=$?
+trap '' USR1
 log "training step ended with exit code $RC after $(( $(date +%s) - START )) s; latest checkpoint: $(latest_iteration)"
 
 END_ITER=${END_ITER:-${TRAIN_ITERS:-}}
@@ -342,7 +356,7 @@ requeue() {
     exit 0
 }
 
-if [[ $GOT_SIGNAL == USR1 ]]; then
+if (( SAW_USR1 )); then       # the time-limit warning came (even if Slurm's SIGTERM followed): requeue
     training_done && finish
     (( RC == 0 )) || log "warning: the trainer exited $RC after SIGUSR1; resuming from the latest complete checkpoint"
     requeue
