@@ -1,6 +1,7 @@
 """Shared helpers for the Triton kernel modules (imported only when triton is importable)."""
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -33,7 +34,12 @@ def num_programs_hint(device: torch.device) -> int:
     """How many persistent programs a reduction kernel should launch."""
     if INTERPRET or device.type != "cuda":
         return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count * 4
+    return _multi_processor_count(device.index if device.index is not None else torch.cuda.current_device()) * 4
+
+
+@functools.lru_cache(maxsize=None)
+def _multi_processor_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def rows_2d(x: torch.Tensor) -> torch.Tensor:
