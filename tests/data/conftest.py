@@ -39,3 +39,22 @@ def sp_model(corpus_dir):
                     "--output-prefix", prefix, "--num-threads", "1"])
     assert rc == 0
     return prefix + ".model"
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer_dir(corpus_dir):
+    """A small byte-level BPE tokenizer.json with a Gemma-like <bos> post-processor."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    hf = Tokenizer(models.BPE(unk_token="<unk>"))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"])
+    lines = [json.loads(l)["text"] for l in open(corpus_dir / "train.jsonl")]
+    hf.train_from_iterator(lines, trainer)
+    bos = hf.token_to_id("<bos>")
+    hf.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", bos)])
+    d = corpus_dir / "hf"
+    d.mkdir(exist_ok=True)
+    hf.save(str(d / "tokenizer.json"))
+    return d

@@ -229,3 +229,15 @@ def test_progress_bar_and_log_lines(tmp_path, capsys):
     pre.run(pre.PreprocessConfig(output_prefix=str(tmp_path / "b"), progress=False, log_interval=20, **common))
     lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("processed")]
     assert len(lines) >= 2 and "documents" in lines[0] and "tokens/s" in lines[0]
+
+
+def test_huggingface_tokenizer_preprocessing(tmp_path, hf_tokenizer_dir, corpus_dir):
+    from tokenizers import Tokenizer
+
+    hf = Tokenizer.from_file(str(hf_tokenizer_dir / "tokenizer.json"))
+    texts = [json.loads(l)["text"] for l in open(corpus_dir / "train.jsonl")][:30]
+    assert run_tool("--input", corpus_dir / "train.jsonl", "--output-prefix", tmp_path / "o", "--tokenizer-type",
+                    "HuggingFaceTokenizer", "--tokenizer-model", hf_tokenizer_dir, "--append-eod", "--workers", 2) == 0
+    docs = docs_of(str(tmp_path / "o_text_document"))
+    eos = hf.token_to_id("<eos>")
+    assert docs[:30] == [hf.encode(t).ids + [eos] for t in texts]  # <bos> from the post-processor, EOD = <eos>

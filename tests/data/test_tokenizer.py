@@ -84,20 +84,15 @@ def test_megatron_sentencepiece_conventions(sp_model, text):
     assert tok.encode_batch([text, "plain"]) == [ref_ids, sp.encode_as_ids("plain")]
 
 
-def test_hf_tokenizer_json(tmp_path, corpus_dir):
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers, decoders
+def test_hf_tokenizer_json(tmp_path, hf_tokenizer_dir):
+    import shutil
 
-    hf = Tokenizer(models.BPE(unk_token="<unk>"))
-    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    hf.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"])
-    lines = [json.loads(l)["text"] for l in open(corpus_dir / "train.jsonl")]
-    hf.train_from_iterator(lines, trainer)
-    bos = hf.token_to_id("<bos>")
-    hf.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", bos)])
+    from tokenizers import Tokenizer
+
     d = tmp_path / "hf"
-    d.mkdir()
-    hf.save(str(d / "tokenizer.json"))
+    shutil.copytree(hf_tokenizer_dir, d)
+    hf = Tokenizer.from_file(str(d / "tokenizer.json"))
+    bos = hf.token_to_id("<bos>")
     tok = build_tokenizer("HuggingFaceTokenizer", str(d))
     assert tok.vocab_size == hf.get_vocab_size(with_added_tokens=True)
     assert (tok.eod, tok.bos, tok.pad) == (1, 2, 0)
