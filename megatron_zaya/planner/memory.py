@@ -22,6 +22,7 @@ the router, norms and residual scales are replicated.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -54,21 +55,32 @@ def _kind(name: str) -> str:
     return "vector"
 
 
-def parameter_inventory(config: ModelConfig, tp: int = 1, ep: int = 1) -> list[ParamInfo]:
-    """Every parameter tensor one rank holds, in model order, built from the real module on the meta device."""
-    from megatron_zaya.model import ZayaModel
+_SHAPES: dict[tuple, list[tuple[str, tuple[int, ...]]]] = {}
 
-    with torch.device("meta"):
-        model = ZayaModel(config)
+
+def parameter_shapes(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every parameter of the real module, built once per config on the meta device."""
+    key = tuple(sorted(config.to_dict().items()))
+    if key not in _SHAPES:
+        from megatron_zaya.model import ZayaModel
+
+        with torch.device("meta"):
+            model = ZayaModel(config)
+        _SHAPES[key] = [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+    return _SHAPES[key]
+
+
+def parameter_inventory(config: ModelConfig, tp: int = 1, ep: int = 1) -> list[ParamInfo]:
+    """Every parameter tensor one rank holds, in model order (the real module's, see parameter_shapes)."""
     params = []
-    for name, p in model.named_parameters():
+    for name, shape in parameter_shapes(config):
         kind = _kind(name)
-        numel = p.numel()
+        numel = math.prod(shape)
         if kind in ("attention", "embedding"):
             numel = -(-numel // tp)
         elif kind == "expert":
             numel = -(-numel // (ep * tp))
-        muon = p.ndim >= 2 and kind not in ("embedding",) and ".conv_" not in name
+        muon = len(shape) >= 2 and kind not in ("embedding",) and ".conv_" not in name
         params.append(ParamInfo(name, numel, 4 if kind == "router" else 2, kind == "expert", muon))
     return params
 

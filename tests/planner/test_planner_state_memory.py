@@ -79,7 +79,7 @@ def optimizer_bytes(optimizers, masters_with_copy):
 def test_adamw_state_bytes_exact(grad_dtype):
     config = model_config_from_preset("zaya1-tiny", num_layers=2, vocab_size=1024)
     mp = MixedPrecisionModel(config, torch.float32 if grad_dtype == "fp32" else torch.bfloat16)
-    mp.backward_step()
+    mp.backward_step(micro_batches=1)
     masters = [masters_for(n, p, mp.main_grads[n]) for n, p in mp.named]
     opt = torch.optim.AdamW([m for m, _ in masters], lr=1e-3)
     opt.step()

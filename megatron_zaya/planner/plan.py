@@ -1,0 +1,135 @@
+"""One planner evaluation (memory + time) and the single changes that make a layout fit."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from megatron_zaya.config import ModelConfig
+from megatron_zaya.planner.activations import ActivationMemory, activation_memory
+from megatron_zaya.planner.hardware import ClusterSpec, Efficiency
+from megatron_zaya.planner.layout import LayoutError, ParallelLayout
+from megatron_zaya.planner.memory import StateMemory, state_memory
+from megatron_zaya.planner.time import StepTime, step_time
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    optimizer: str = "adamw"
+    grad_dtype: str = "fp32"
+    activation_policy: str = "gpu"
+    reserve_fraction: float = 0.10      # HBM kept free for allocator fragmentation, comm buffers, workspaces
+    overlap: bool = True
+    hierarchical: bool = False
+    routed_fraction: float = 1.0
+
+    def validate(self) -> "PlanOptions":
+        if not 0 <= self.reserve_fraction < 1:
+            raise ValueError(f"--memory-reserve-fraction={self.reserve_fraction}: must be in [0, 1)")
+        if not 0 <= self.routed_fraction <= 1:
+            raise ValueError(f"--routed-fraction={self.routed_fraction}: must be in [0, 1]")
+        return self
+
+
+@dataclass
+class Plan:
+    config: ModelConfig
+    layout: ParallelLayout
+    cluster: ClusterSpec
+    efficiency: Efficiency
+    options: PlanOptions
+    state: StateMemory
+    activations: ActivationMemory
+    time: StepTime
+
+    @property
+    def memory_total(self) -> float:
+        return self.state.total + self.activations.stored
+
+    @property
+    def memory_usable(self) -> float:
+        return self.cluster.memory_bytes * (1 - self.options.reserve_fraction)
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_total <= self.memory_usable
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.layout.global_batch_size * self.layout.seq_length / self.time.total
+
+    @property
+    def mfu(self) -> float:
+        return self.time.model_flops_per_gpu / (self.time.total * self.cluster.peak_flops)
+
+
+def make_plan(config: ModelConfig, layout: ParallelLayout, cluster: ClusterSpec, efficiency: Efficiency | None = None,
+              options: PlanOptions | None = None) -> Plan:
+    efficiency = (efficiency or Efficiency()).validate()
+    options = (options or PlanOptions()).validate()
+    layout.validate(config)
+    state = state_memory(config, layout, options.optimizer, options.grad_dtype)
+    acts = activation_memory(config, layout.seq_length, layout.micro_batch_size, layout.recompute,
+                             options.activation_policy, layout.tensor_parallel, layout.context_parallel,
+                             options.routed_fraction)
+    t = step_time(config, layout, cluster, efficiency, options.optimizer, options.grad_dtype, options.overlap,
+                  options.hierarchical)
+    return Plan(config, layout, cluster, efficiency, options, state, acts, t)
+
+
+def _candidates(layout: ParallelLayout):
+    """Single changes, most preferred first: (kind, description, new layout)."""
+    if not layout.zero1:
+        yield "zero1", "enable ZeRO-1 (--use-distributed-optimizer)", dataclasses.replace(layout, zero1=True)
+    if layout.micro_batch_size > 1:
+        mbs = layout.micro_batch_size // 2
+        while mbs >= 1:
+            yield ("micro", f"smaller micro batch (--micro-batch-size {mbs})",
+                   dataclasses.replace(layout, micro_batch_size=mbs))
+            mbs //= 2
+    if layout.recompute == "none":
+        yield "selective", "recompute selective (--recompute selective)", dataclasses.replace(layout, recompute="selective")
+    cp = layout.context_parallel * 2
+    while cp <= layout.gpus:
+        yield "cp", f"raise CP to {cp} (--context-parallel-size {cp})", dataclasses.replace(layout, context_parallel=cp)
+        cp *= 2
+    if layout.recompute != "full":
+        yield "full", "recompute full (--recompute full)", dataclasses.replace(layout, recompute="full")
+    ep = layout.expert_parallel * 2
+    while ep <= layout.gpus:
+        yield "ep", f"raise EP to {ep} (--expert-model-parallel-size {ep})", dataclasses.replace(layout, expert_parallel=ep)
+        ep *= 2
+    tp = layout.tensor_parallel * 2
+    while tp <= 8:
+        yield "tp", f"raise TP to {tp} (--tensor-model-parallel-size {tp})", dataclasses.replace(layout, tensor_parallel=tp)
+        tp *= 2
+
+
+def fixes(plan: Plan, limit: int = 4) -> list[tuple[str, Plan]]:
+    """Single changes to the layout that make it fit, cheapest kind first; one per kind of change
+    (the smallest that suffices), and ZeRO-1 combined with another change if no single change fits."""
+    found, kinds = [], set()
+
+    def attempt(description, layout):
+        try:
+            candidate = make_plan(plan.config, layout, plan.cluster, plan.efficiency, plan.options)
+        except (LayoutError, ValueError):
+            return None
+        return candidate if candidate.fits else None
+
+    for kind, description, layout in _candidates(plan.layout):
+        if kind in kinds:
+            continue
+        candidate = attempt(description, layout)
+        if candidate is not None:
+            found.append((description, candidate))
+            kinds.add(kind)
+        if len(found) >= limit:
+            break
+    if not found and not plan.layout.zero1:
+        zero = dataclasses.replace(plan.layout, zero1=True)
+        for _, description, layout in _candidates(zero):
+            candidate = attempt(description, layout)
+            if candidate is not None:
+                found.append((f"enable ZeRO-1 and {description}", candidate))
+                break
+    return found

@@ -1,0 +1,178 @@
+"""Cluster planner: per-GPU memory and step time of a ZAYA training layout, before you book the cluster.
+
+    python tools/estimate.py --preset zaya1-base --gpus 1024 --cluster mi300x --seq-length 4096 \\
+        --micro-batch-size 1 --global-batch-size 4096 --use-distributed-optimizer
+    python tools/estimate.py --preset zaya1-base --gpus 1024 --cluster mi300x --seq-length 32768 \\
+        --micro-batch-size 1 --global-batch-size 1024 --use-distributed-optimizer --context-parallel-size 2
+
+Prints weights, gradients, optimizer shards and activations (with and without recomputation) per GPU,
+whether the layout fits (HBM minus --memory-reserve-fraction), and if not the single changes that make
+it fit; then the step time split into compute, optimizer and communication, tokens/s and MFU.
+The model behind the numbers and its assumptions: docs/PLANNER.md (megatron_zaya/planner/).
+Exit status: 0 when the layout fits, 1 when it does not, 2 for invalid flags.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from megatron_zaya.config import PRESETS, ConfigError, model_config_from_preset  # noqa: E402
+from megatron_zaya.planner.activations import POLICIES  # noqa: E402
+from megatron_zaya.planner.hardware import CLUSTERS, Efficiency, cluster_from_preset  # noqa: E402
+from megatron_zaya.planner.layout import RECOMPUTE_CHOICES, LayoutError, ParallelLayout  # noqa: E402
+from megatron_zaya.planner.memory import GRAD_DTYPES, OPTIMIZERS  # noqa: E402
+from megatron_zaya.planner.plan import Plan, PlanOptions, fixes, make_plan  # noqa: E402
+
+MODEL_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size",
+               "num_experts", "moe_ffn_hidden_size", "router_hidden_size")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    m = p.add_argument_group("model")
+    m.add_argument("--preset", default="zaya1-base", help=f"one of {sorted(PRESETS)}")
+    for flag in MODEL_FLAGS:
+        m.add_argument("--" + flag.replace("_", "-"), type=int, default=None, help="override the preset")
+    lay = p.add_argument_group("layout")
+    lay.add_argument("--gpus", type=int, required=True)
+    lay.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    lay.add_argument("--context-parallel-size", type=int, default=1)
+    lay.add_argument("--expert-model-parallel-size", type=int, default=1)
+    lay.add_argument("--use-distributed-optimizer", action="store_true", help="ZeRO-1 over DP x CP")
+    lay.add_argument("--recompute", choices=RECOMPUTE_CHOICES, default="none")
+    lay.add_argument("--seq-length", type=int, default=None, help="default: the preset's")
+    lay.add_argument("--micro-batch-size", type=int, default=1)
+    lay.add_argument("--global-batch-size", type=int, required=True, help="sequences per optimizer step")
+    lay.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    lay.add_argument("--grad-dtype", choices=GRAD_DTYPES, default="fp32")
+    c = p.add_argument_group("cluster (a preset; any field can be overridden)")
+    c.add_argument("--cluster", default="mi300x", help=f"one of {sorted(CLUSTERS)}")
+    c.add_argument("--gpus-per-node", type=int, default=None)
+    c.add_argument("--gpu-memory-gb", type=float, default=None)
+    c.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak per GPU")
+    c.add_argument("--hbm-tbps", type=float, default=None)
+    c.add_argument("--intra-node-gbps", type=float, default=None, help="per GPU, one direction, GB/s")
+    c.add_argument("--inter-node-gbps", type=float, default=None, help="per GPU, one direction, GB/s")
+    a = p.add_argument_group("assumptions (docs/PLANNER.md)")
+    d = Efficiency()
+    a.add_argument("--compute-efficiency", type=float, default=d.compute, help="achieved fraction of bf16 peak")
+    a.add_argument("--hbm-efficiency", type=float, default=d.hbm)
+    a.add_argument("--intra-node-efficiency", type=float, default=d.intra_node)
+    a.add_argument("--inter-node-efficiency", type=float, default=d.inter_node)
+    a.add_argument("--memory-reserve-fraction", type=float, default=PlanOptions.reserve_fraction)
+    a.add_argument("--activation-policy", choices=sorted(POLICIES), default="gpu")
+    a.add_argument("--routed-fraction", type=float, default=1.0, help="share of tokens routed to a real expert")
+    a.add_argument("--no-overlap", action="store_true", help="expose the data-parallel collectives entirely")
+    a.add_argument("--hierarchical-collectives", action="store_true", help="two-level (node, then network) rings")
+    p.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    return p
+
+
+def plan_from_args(args) -> Plan:
+    overrides = {f: getattr(args, f) for f in MODEL_FLAGS if getattr(args, f) is not None}
+    config = model_config_from_preset(args.preset, **overrides)
+    seq = args.seq_length or config.seq_length
+    if seq > config.max_position_embeddings:
+        config = config.replace(max_position_embeddings=seq)
+    cluster = cluster_from_preset(args.cluster, gpus_per_node=args.gpus_per_node, memory_gb=args.gpu_memory_gb,
+                                  peak_bf16_tflops=args.peak_tflops, hbm_tbps=args.hbm_tbps,
+                                  intra_node_gbps=args.intra_node_gbps, inter_node_gbps=args.inter_node_gbps)
+    layout = ParallelLayout(args.gpus, seq, args.micro_batch_size, args.global_batch_size,
+                            args.tensor_model_parallel_size, args.context_parallel_size,
+                            args.expert_model_parallel_size, args.use_distributed_optimizer, args.recompute)
+    eff = Efficiency(args.compute_efficiency, args.hbm_efficiency, args.intra_node_efficiency, args.inter_node_efficiency)
+    options = PlanOptions(args.optimizer, args.grad_dtype, args.activation_policy, args.memory_reserve_fraction,
+                          not args.no_overlap, args.hierarchical_collectives, args.routed_fraction)
+    return make_plan(config, layout, cluster, eff, options)
+
+
+def gb(n: float) -> str:
+    return f"{n / 1e9:8.2f} GB"
+
+
+def row(label: str, value: str) -> str:
+    return f"  {label:<42}{value}"
+
+
+def secs(t: float) -> str:
+    return f"{t:8.3f} s"
+
+
+def summary(plan: Plan) -> dict:
+    t, s, a = plan.time, plan.state, plan.activations
+    return {
+        "fits": plan.fits, "memory_total_gb": plan.memory_total / 1e9, "memory_usable_gb": plan.memory_usable / 1e9,
+        "weights_gb": s.weights / 1e9, "gradients_gb": s.gradients / 1e9, "optimizer_gb": s.optimizer / 1e9,
+        "activations_gb": a.stored / 1e9, "activations_no_recompute_gb": a.stored_no_recompute / 1e9,
+        "step_time_s": t.total, "compute_s": t.compute, "optimizer_s": t.optimizer, "dp_comm_s": t.dp_comm,
+        "dp_comm_exposed_s": t.dp_comm_exposed, "cp_comm_s": t.cp_comm, "ep_comm_s": t.ep_comm, "tp_comm_s": t.tp_comm,
+        "tokens_per_s": plan.tokens_per_second, "mfu": plan.mfu,
+        "data_parallel": plan.layout.data_parallel, "micro_batches": plan.layout.micro_batches,
+        "fixes": [d for d, _ in fixes(plan)] if not plan.fits else [],
+    }
+
+
+def report(plan: Plan) -> str:
+    L, c, t, s, a = plan.layout, plan.cluster, plan.time, plan.state, plan.activations
+    e = plan.efficiency
+    lines = [
+        f"cluster: {c.device} x {L.gpus} ({L.gpus // c.gpus_per_node if L.gpus % c.gpus_per_node == 0 else L.gpus / c.gpus_per_node} "
+        f"nodes of {c.gpus_per_node}), {c.memory_gb:g} GB, {c.peak_bf16_tflops:g} TFLOP/s bf16, HBM {c.hbm_tbps:g} TB/s, "
+        f"fabric {c.intra_node_gbps:g} GB/s, network {c.inter_node_gbps:g} GB/s per GPU",
+        f"layout: TP={L.tensor_parallel} CP={L.context_parallel} EP={L.expert_parallel} DP={L.data_parallel} "
+        f"ZeRO-1={'on' if L.zero1 else 'off'} recompute={L.recompute}; seq {L.seq_length}, micro batch "
+        f"{L.micro_batch_size}, global batch {L.global_batch_size} ({L.micro_batches} micro-batches per step); "
+        f"optimizer {plan.options.optimizer}, grads {plan.options.grad_dtype}",
+        "",
+        "memory per GPU",
+        row("weights (bf16, router fp32)", gb(s.weights)),
+        row(f"gradients ({plan.options.grad_dtype} main grads)", gb(s.gradients)),
+        row("master + optimizer state" + (" (largest shard)" if L.zero1 else ""), gb(s.optimizer)),
+        row(f"activations, recompute={L.recompute}", gb(a.stored)),
+        f"    (no recomputation: {a.stored_no_recompute / 1e9:.2f} GB; one block {a.per_layer_no_recompute / 1e9:.3f} GB, "
+        f"head and loss {a.outer / 1e9:.3f} GB)",
+        row("total", gb(plan.memory_total)) + f"   of {plan.memory_usable / 1e9:.1f} GB usable "
+        f"({c.memory_gb:g} GB less {plan.options.reserve_fraction:.0%} reserve)",
+        f"  -> {'FITS' if plan.fits else 'DOES NOT FIT'}",
+    ]
+    if not plan.fits:
+        found = fixes(plan)
+        if found:
+            lines.append("  changes that make it fit:")
+            for description, fixed in found:
+                lines.append(f"    - {description}: {fixed.memory_total / 1e9:.1f} GB, step {fixed.time.total:.2f} s")
+        else:
+            lines.append("  no single change found that fits: a larger-memory cluster or a smaller model")
+    lines += [
+        "",
+        f"step time (compute at {e.compute:.0%} of peak, network at {e.inter_node:.0%} and fabric at {e.intra_node:.0%} of line rate)",
+        row("compute (fwd+bwd" + ("+recompute)" if L.recompute == "full" else ")"), secs(t.compute)),
+        row("optimizer step", secs(t.optimizer)),
+        row("data-parallel comm", secs(t.dp_comm)) + f"  ({t.dp_comm_exposed:.3f} s exposed after overlap)",
+        row("context-parallel comm", secs(t.cp_comm)),
+        row("expert-parallel comm", secs(t.ep_comm)),
+        row("tensor-parallel comm", secs(t.tp_comm)),
+        row("step", secs(t.total)),
+        f"tokens/s: {plan.tokens_per_second:,.0f} ({plan.tokens_per_second / L.gpus:,.0f} per GPU); "
+        f"model TFLOP/s per GPU: {t.model_flops_per_gpu / t.total / 1e12:.1f}; MFU: {plan.mfu:.1%}",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        plan = plan_from_args(args)
+    except (ConfigError, LayoutError, ValueError) as err:
+        parser.error(str(err))
+    print(json.dumps(summary(plan), indent=2) if args.json else report(plan))
+    return 0 if plan.fits else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
