@@ -310,6 +310,7 @@ trap 'on_signal USR1' USR1
 trap 'on_signal TERM' TERM
 
 START=$(date +%s)
+LATEST_AT_START=$(latest_iteration)
 "${SRUN[@]}" &
 SRUN_PID=$!
 while kill -0 "$SRUN_PID" 2>/dev/null; do wait "$SRUN_PID"; done
@@ -392,6 +393,16 @@ if (( ${#BAD[@]} == 0 )); then
     for (( r = 0; r < WORLD; r++ )); do
         [[ -n ${SEEN[$r]:-} ]] || BAD[${NODES[r / NTASKS_PER_NODE]}]=1
     done
+fi
+if (( ${#BAD[@]} >= NNODES )); then
+    # Every node failed by itself: a software, data or configuration error, not a node fault.
+    (( NNODES > 1 )) && BAD=()
+    if [[ $(latest_iteration) == "$LATEST_AT_START" ]]; then
+        log "giving up: every node failed before a new checkpoint was written, so a restart would fail the" \
+            "same way (exit code $RC); see $ATTEMPT_DIR/rank-*.log"
+        exit "$RC"
+    fi
+    log "every node failed: not excluding any node"
 fi
 if [[ -n ${HEALTH_CHECK_CMD:-} ]]; then
     log "health check on every node: $HEALTH_CHECK_CMD"

@@ -10,21 +10,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from local_slurm import LocalSlurm, SlurmError, SlurmUnavailable  # noqa: E402
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LAUNCHER = os.path.join(REPO, "run_mi300x.sh")
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
-            "DEADLINE"}
+from slurm_jobs import Jobs  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -44,46 +38,6 @@ def slurm():
         cluster.stop()
         if os.environ.get("ZAYA_KEEP_SLURM_DIR") != "1":
             shutil.rmtree(root, ignore_errors=True)
-
-
-class Jobs:
-    """Submit run_mi300x.sh with sbatch and follow the job through scontrol."""
-
-    def __init__(self, cluster: LocalSlurm, workdir: str):
-        self.cluster = cluster
-        self.workdir = workdir
-
-    def submit(self, sbatch_args: list[str], env: dict, script_args: list[str] = ()) -> str:
-        full_env = dict(self.cluster.env, **env)
-        r = subprocess.run(["sbatch", "--parsable", *sbatch_args, LAUNCHER, *script_args], cwd=self.workdir,
-                           env=full_env, capture_output=True, text=True, timeout=30)
-        assert r.returncode == 0, f"sbatch failed: {r.stderr}"
-        return r.stdout.strip().split(";")[0]
-
-    def info(self, job_id: str) -> dict:
-        return self.cluster.job_info(job_id)
-
-    def wait(self, job_id: str, timeout: float, until=None) -> dict:
-        """Wait for a terminal state (or for until(info) to be true); returns scontrol's fields."""
-        deadline = time.time() + timeout
-        info: dict = {}
-        while time.time() < deadline:
-            info = self.info(job_id)
-            if until is not None and until(info):
-                return info
-            if until is None and info.get("JobState") in TERMINAL:
-                return info
-            time.sleep(1)
-        raise AssertionError(f"job {job_id} not done after {timeout:.0f}s: {info.get('JobState')}\n"
-                             f"{self.output(job_id)[-3000:]}")
-
-    def output(self, job_id: str) -> str:
-        """The job's Slurm output file (run_mi300x.sh writes %x-%j.out in the submit dir)."""
-        for name in os.listdir(self.workdir):
-            if name.endswith(f"-{job_id}.out"):
-                with open(os.path.join(self.workdir, name), errors="replace") as f:
-                    return f.read()
-        return ""
 
 
 @pytest.fixture

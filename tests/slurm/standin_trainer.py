@@ -8,7 +8,7 @@ environment the launcher sets, resumes from `--load`'s latest_checkpointed_itera
 one iteration per STANDIN_ITER_SECONDS (default 0.2; STANDIN_RESUME_ITER_SECONDS once resumed), and
 rank 0 saves Megatron-style checkpoint folders (iter_0000010/ + latest_checkpointed_iteration.txt)
 every --save-interval iterations and at the end. On SIGUSR1/SIGTERM it saves and exits 0, like the real trainer.
-Fault injection: STANDIN_FAIL_NODE=lnode2 makes the ranks on that node exit 3 at iteration
+Fault injection: STANDIN_FAIL_NODE=lnode2 (or * for all) makes the ranks on that node exit 3 at iteration
 STANDIN_FAIL_AT (default 3) while ZAYA_RESTART is 0 (the first submission).
 Every rank prints one `standin:` line with its view of the job, which the tests parse.
 """
@@ -87,7 +87,7 @@ def main() -> int:
             save(a.save, it, rank)
             return 0
         it += 1
-        if fail_node and fail_node == os.environ.get("SLURMD_NODENAME") and first_submission and it == fail_at:
+        if fail_node in ("*", os.environ.get("SLURMD_NODENAME")) and first_submission and it == fail_at:
             print(f"standin: rank {rank} injected failure at iteration {it}", flush=True)
             return 3
         if rank == 0:

@@ -8,14 +8,13 @@ the restart bound, and SIGUSR1 -> checkpoint -> scontrol requeue -> resume.
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
 import subprocess
 import time
 
-from conftest import LAUNCHER, REPO
+from slurm_jobs import LAUNCHER, REPO
 
 STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin_trainer.py")
 
@@ -187,6 +186,16 @@ def test_restarts_are_bounded(jobs):
     log = read(os.path.join(jobs.workdir, "logs", f"zbound-{job}", "launcher.log"))
     assert "failed nodes: lnode1" in log
     assert "giving up: MAX_RESTARTS=0" in log
+    assert "resubmitted" not in log
+
+
+def test_same_failure_on_every_node_before_any_checkpoint_is_not_restarted(jobs):
+    env = standin_env(jobs.workdir, TRAIN_ARGS="--train-iters 8", STANDIN_FAIL_NODE="*", STANDIN_FAIL_AT="1")
+    job = jobs.submit(["--nodes=2", "--ntasks-per-node=2", "--time=2", "--job-name=zall"], env)
+    info = jobs.wait(job, 60)
+    assert info["JobState"] == "FAILED"
+    log = read(os.path.join(jobs.workdir, "logs", f"zall-{job}", "launcher.log"))
+    assert "giving up: every node failed before a new checkpoint was written" in log, log
     assert "resubmitted" not in log
 
 
