@@ -141,8 +141,6 @@ class _WordCachedSentencePiece:
     def _add_words(self, words: list[str]) -> None:
         import numpy as np
 
-        if len(self._wid) + len(words) > self._CACHE_LIMIT:
-            self._reset_word_cache()
         encoded = self.sp.Encode(words, num_threads=1)
         lens = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
         flat = np.fromiter(itertools.chain.from_iterable(encoded), dtype=np.int32, count=int(lens.sum()))
@@ -162,7 +160,11 @@ class _WordCachedSentencePiece:
         try:
             ids = self._word_ids(words)
         except KeyError:
-            self._add_words(sorted(set(words).difference(self._wid)))
+            missing = set(words).difference(self._wid)
+            if len(self._wid) + len(missing) > self._CACHE_LIMIT:
+                self._reset_word_cache()  # bounded memory: start over with this batch's words
+                missing = set(words)
+            self._add_words(sorted(missing))
             ids = self._word_ids(words)
         lens = self._w_len[ids]
         total = int(lens.sum())

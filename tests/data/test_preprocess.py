@@ -241,3 +241,29 @@ def test_huggingface_tokenizer_preprocessing(tmp_path, hf_tokenizer_dir, corpus_
     docs = docs_of(str(tmp_path / "o_text_document"))
     eos = hf.token_to_id("<eos>")
     assert docs[:30] == [hf.encode(t).ids + [eos] for t in texts]  # <bos> from the post-processor, EOD = <eos>
+
+
+def test_peak_memory_does_not_grow_with_input(tmp_path, sp_model, monkeypatch):
+    """Python/numpy peak allocations while preprocessing 4x more input stay the same (streaming).
+    The word cache is capped (1M words by default); a small cap here makes the bound visible."""
+    import tracemalloc
+
+    from megatron_zaya.data.synthetic import write_jsonl
+    from megatron_zaya.data.tokenizer import GPTSentencePieceTokenizer
+
+    monkeypatch.setattr(GPTSentencePieceTokenizer, "_CACHE_LIMIT", 3000)
+
+    peaks = []
+    for n_docs in (150, 600):
+        path = tmp_path / f"in{n_docs}.jsonl"
+        write_jsonl(str(path), n_docs, seed=n_docs, max_sentences=10)
+        cfg = pre.PreprocessConfig(input=[str(path)], output_prefix=str(tmp_path / f"o{n_docs}"),
+                                   tokenizer_type="GPTSentencePieceTokenizer", tokenizer_model=sp_model,
+                                   append_eod=True, chunk_bytes=32 << 10, progress=False)
+        tracemalloc.start()
+        s = pre.run(cfg)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        assert s["documents"] == n_docs
+    input_growth = os.path.getsize(tmp_path / "in600.jsonl") - os.path.getsize(tmp_path / "in150.jsonl")
+    assert peaks[1] - peaks[0] < 0.1 * input_growth, (peaks, input_growth)

@@ -61,3 +61,16 @@ def test_fast_path_disabled_when_unsound(tmp_path, corpus_dir, option):
     assert tok.encode_batch(texts) == [sp.encode_as_ids(t) for t in texts]
     tokens, lengths = tok.encode_batch_flat(texts)
     assert tokens.tolist() == [i for t in texts for i in sp.encode_as_ids(t)]
+
+
+def test_word_cache_cap_keeps_results_exact(sp_model, corpus_dir, monkeypatch):
+    from megatron_zaya.data.tokenizer import GPTSentencePieceTokenizer
+
+    monkeypatch.setattr(GPTSentencePieceTokenizer, "_CACHE_LIMIT", 50)
+    sp = spm.SentencePieceProcessor(model_file=sp_model)
+    tok = build_tokenizer("GPTSentencePieceTokenizer", sp_model)
+    texts = corpus_texts(corpus_dir)
+    for i in range(0, len(texts), 40):
+        batch = texts[i:i + 40]
+        assert tok.encode_batch(batch) == [sp.encode_as_ids(t) for t in batch]
+        assert len(tok._wid) <= max(50, len(set(w for t in batch for w in t.split())))
