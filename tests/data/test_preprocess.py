@@ -266,4 +266,5 @@ def test_peak_memory_does_not_grow_with_input(tmp_path, sp_model, monkeypatch):
         tracemalloc.stop()
         assert s["documents"] == n_docs
     input_growth = os.path.getsize(tmp_path / "in600.jsonl") - os.path.getsize(tmp_path / "in150.jsonl")
-    assert peaks[1] - peaks[0] < 0.1 * input_growth, (peaks, input_growth)
+    # holding the tokens (uint16) of the extra input alone would add ~0.5 x input_growth
+    assert peaks[1] - peaks[0] < 0.25 * input_growth, (peaks, input_growth)
