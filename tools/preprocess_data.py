@@ -56,8 +56,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _interrupt_on_sigterm() -> None:
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        def handler(signum, frame):
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, handler)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    _interrupt_on_sigterm()  # a killed run (SIGTERM) cleans its temporary files too
     cfg = PreprocessConfig(
         input=args.input,
         output_prefix=args.output_prefix,

@@ -221,6 +221,9 @@ _WORKER: Encoder | None = None
 def _init_worker(cfg: PreprocessConfig) -> None:
     global _WORKER
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one thread per worker process
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and stops the pool
     _WORKER = Encoder(cfg)
 
 

@@ -268,3 +268,27 @@ def test_peak_memory_does_not_grow_with_input(tmp_path, sp_model, monkeypatch):
     input_growth = os.path.getsize(tmp_path / "in600.jsonl") - os.path.getsize(tmp_path / "in150.jsonl")
     # holding the tokens (uint16) of the extra input alone would add ~0.5 x input_growth
     assert peaks[1] - peaks[0] < 0.25 * input_growth, (peaks, input_growth)
+
+
+def test_sigterm_mid_run_leaves_no_output(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"text": " ".join(["7"] * 200)}) + "\n" for _ in range(5000)))
+    tool = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "tools", "preprocess_data.py")
+    proc = subprocess.Popen([sys.executable, tool, "--input", str(path), "--output-prefix", str(tmp_path / "o"),
+                             "--tokenizer-type", "NullTokenizer", "--tokenizer-model", "10", "--workers", "2",
+                             "--chunk-bytes", "2000", "--no-progress"], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while not any(".tmp" in f for f in os.listdir(tmp_path)) and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    if proc.returncode == 0:
+        pytest.skip("the run finished before the signal arrived")
+    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
