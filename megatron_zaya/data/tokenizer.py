@@ -134,6 +134,7 @@ class _WordCachedSentencePiece:
         import numpy as np
 
         self._wid: dict[str, int] = {}
+        self._last_missed = True
         self._w_tokens = np.zeros(0, np.int32)
         self._w_start = np.zeros(0, np.int64)
         self._w_len = np.zeros(0, np.int64)
@@ -157,14 +158,23 @@ class _WordCachedSentencePiece:
 
         if not words:
             return np.zeros(0, np.int32), np.zeros(0, np.int64)
-        try:
-            ids = self._word_ids(words)
-        except KeyError:
+        # While new words keep appearing (a cold cache), look for them first instead of failing a
+        # full lookup; once the cache is warm, one lookup pass with no membership test.
+        if self._last_missed:
             missing = set(words).difference(self._wid)
+        else:
+            try:
+                ids = self._word_ids(words)
+                missing = None
+            except KeyError:
+                missing = set(words).difference(self._wid)
+        self._last_missed = bool(missing)
+        if missing:
             if len(self._wid) + len(missing) > self._CACHE_LIMIT:
                 self._reset_word_cache()  # bounded memory: start over with this batch's words
                 missing = set(words)
             self._add_words(sorted(missing))
+        if missing is not None:
             ids = self._word_ids(words)
         lens = self._w_len[ids]
         total = int(lens.sum())
