@@ -36,16 +36,21 @@ class StoragePolicy:
     attention: str = "flash"          # "flash": q, k, v, out, lse; "math": fp32 q, k, v and S x S probabilities
     kv_repeated: bool = False         # K/V expanded to HQ heads before attention (the CPU path does this)
     loss: str = "fused"               # "fused": bf16 logits + lse; "reference": fp32 log-softmax
+    kernels: str = "fused"            # "fused": the Triton RMSNorm/residual/SwiGLU/RoPE/permute autograd
+                                      # functions; "reference": the torch reference ops (kernels/reference.py)
 
 
 POLICIES = {
-    "gpu": StoragePolicy("flash", False, "fused"),
-    "cpu-reference": StoragePolicy("math", True, "reference"),
-    "cpu-flash": StoragePolicy("flash", True, "reference"),
+    "gpu": StoragePolicy("flash", False, "fused", "fused"),
+    "cpu-reference": StoragePolicy("math", True, "reference", "reference"),
+    "cpu-flash": StoragePolicy("flash", True, "reference", "reference"),
 }
 
 
-def storage_policy(name: str) -> StoragePolicy:
+def storage_policy(name) -> StoragePolicy:
+    """A policy by name, or a StoragePolicy passed through."""
+    if isinstance(name, StoragePolicy):
+        return name
     if name not in POLICIES:
         raise ValueError(f"--activation-policy={name}: choose one of {sorted(POLICIES)}")
     return POLICIES[name]
@@ -65,14 +70,29 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
     c = (hq + hkv) * dh
     r, k, f, rot = config.router_hidden_size, config.num_router_classes, config.moe_ffn_hidden_size, config.rotary_dim
     rho = routed_fraction
-    terms = [
-        Term("norms: fp32 inputs (2 RMSNorms)", 2 * 4 * d),
-        Term("norms: rsqrt + normalised fp32 (2 RMSNorms)", 2 * (4 * d + 4), True),
+    fused = pol.kernels == "fused"
+    if fused:
+        # Triton: each RMSNorm keeps its fp32 input and rstd; the attention merge+norm keeps the sublayer
+        # output (bf16) and the residual (the same tensor the input norm kept), the MoE merge keeps the
+        # MoE output (bf16) and the merged fp32 residual.
+        terms = [
+            Term("block input residual (fp32) + rstd", 4 * d + 4),
+            Term("attention merge: sublayer output (bf16) + rstd", 2 * d + 4),
+            Term("MoE merge: merged residual (fp32) + MoE output (bf16)", 4 * d + 2 * d),
+        ]
+    else:
+        terms = [
+            Term("norms: fp32 inputs (2 RMSNorms)", 2 * 4 * d),
+            Term("norms: rsqrt + normalised fp32 (2 RMSNorms)", 2 * (4 * d + 4), True),
+            Term("residual merges (2 fp32 sums each, 2 merges)", 2 * 2 * 4 * d),
+        ]
+    terms += [
         Term("attention: bf16 input casts of the 4 projections", 4 * 2 * d),
         Term("attention: conv inputs (depthwise + grouped, bf16)", 2 * 2 * c),
         Term("attention: QK-norm + key temperature", 2 * hq * dh + 6 * hq + 2 * hkv * dh + 6 * hkv + 2 * hkv * dh),
-        Term("attention: RoPE cos/sin (bf16, for q and k)", 4 * 2 * rot, True),
     ]
+    if not fused:   # the fused RoPE keeps the fp32 cos/sin tables, shared by every layer (see outer_terms)
+        terms.append(Term("attention: RoPE cos/sin (bf16, for q and k)", 4 * 2 * rot, True))
     kv_heads = hq if pol.kv_repeated else hkv
     if pol.attention == "flash":
         terms.append(Term("attention: flash core (q, all-gathered k/v, out, lse)",
@@ -82,30 +102,41 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
         terms.append(Term("attention: math core S x S probabilities (fp32)", 4 * hq * seq_length, True))
     terms += [
         Term("attention: output projection input (bf16)", 2 * hq * dh),
-        Term("residual merges (2 fp32 sums each, 2 merges)", 2 * 2 * 4 * d),
         Term("router: fp32 input + norm input", 4 * d + 4 * r),
-        Term("router: norm internals", 4 * r + 4, True),
+        Term("router: norm internals", 4 if fused else 4 * r + 4, True),
         Term("router: MLP (fc1 in, GELU ins, softmax, index, mask)", 3 * 4 * r + 4 * k + 8 + 1),
         Term("router: GELU outputs", 2 * 4 * r, True),
-        Term("experts: permute/unpermute (index, gate, outputs)", rho * (8 + 2 + 2 * d + 2 * d)),
-        Term("experts: SwiGLU inputs (bf16 x, gate_up, hidden)", rho * (2 * d + 4 * f + 2 * f)),
-        Term("experts: SiLU output", rho * 2 * f, True),
     ]
+    if fused:
+        terms += [
+            Term("experts: permute order, gate (fp32), expert outputs (bf16)", 4 + rho * (8 + 2 * d)),
+            Term("experts: SwiGLU inputs (bf16 x, gate_up, hidden)", rho * (2 * d + 4 * f + 2 * f)),
+        ]
+    else:
+        terms += [
+            Term("experts: permute/unpermute (index, gate, outputs)", rho * (8 + 2 + 2 * d + 2 * d)),
+            Term("experts: SwiGLU inputs (bf16 x, gate_up, hidden)", rho * (2 * d + 4 * f + 2 * f)),
+            Term("experts: SiLU output", rho * 2 * f, True),
+        ]
     return terms
 
 
 def outer_terms(config: ModelConfig, policy: str = "gpu") -> list[Term]:
     """Saved tensors outside the blocks: embedding, input scaling, final norm, LM head, loss."""
     d, v = config.hidden_size, config.vocab_size
+    fused = storage_policy(policy).kernels == "fused"
     loss = Term("loss: bf16 logits + lse + labels (fused CE)", 2 * v + 4 + 8) if storage_policy(policy).loss == "fused" else \
         Term("loss: fp32 log-softmax + labels (reference CE)", 4 * v + 8)
-    return [
+    terms = [
         Term("embedding indices + input scaling (bf16)", 8 + 2 * d),
         Term("final norm: fp32 input", 4 * d),
-        Term("final norm: internals", 4 * d + 4, True),
+        Term("final norm: internals", 4 if fused else 4 * d + 4, True),
         Term("LM head input (bf16)", 2 * d),
         loss,
     ]
+    if fused:
+        terms.append(Term("RoPE cos/sin tables (fp32, shared by all layers)", 2 * 4 * config.rotary_dim))
+    return terms
 
 
 def conv_padding_bytes_per_sequence(config: ModelConfig) -> int:

@@ -1,0 +1,31 @@
+"""Run as a script under TRITON_INTERPRET=1 MEGATRON_ZAYA_KERNELS=triton: measures the saved-for-backward
+bytes of a small model whose RMSNorm/residual/SwiGLU/RoPE/permute/cross-entropy go through the Triton
+autograd functions (interpreted on CPU), and prints them beside the planner's fused-kernel formula."""
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch.nn.attention import SDPBackend
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_planner_activations import bf16_model, measured_saved_bytes  # noqa: E402
+
+from megatron_zaya.config import model_config_from_preset  # noqa: E402
+from megatron_zaya.planner.activations import StoragePolicy, activation_memory  # noqa: E402
+
+
+def main():
+    config = model_config_from_preset("zaya1-tiny", num_layers=1, vocab_size=1024)
+    model = bf16_model(config)
+    gen = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, config.vocab_size, (2, 32), generator=gen)
+    labels = torch.randint(0, config.vocab_size, (2, 32), generator=gen)
+    measured, routed = measured_saved_bytes(model, tokens, labels, backend=SDPBackend.MATH)
+    policy = StoragePolicy(attention="math", kv_repeated=True, loss="fused", kernels="fused")
+    predicted = activation_memory(config, 32, 2, "none", policy=policy, routed_fraction=routed).stored
+    print(json.dumps({"measured": measured, "predicted": predicted, "routed": routed}))
+
+
+if __name__ == "__main__":
+    main()
