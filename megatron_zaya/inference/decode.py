@@ -1,0 +1,163 @@
+"""Prefill and token-by-token decode with the CCA inference cache, reusing the model's own modules.
+
+Every step runs the model's stages: embedding and input scaling, then per block the input norm,
+`CompressedConvAttention.project(x, LeftContext)` (conv context and delayed value from the cache),
+`normalize_and_rotate`, `attend` against the cached K/V, the scaled residual merges and the MoE
+sublayer, then the final norm and the (tied) LM head. Only the block's sequencing is restated here
+(ZayaBlock.forward calls attention without a cache); tests/inference checks the logits against the
+full forward.
+
+Batched prompts of different lengths: each row of the cache is its own sequence with its own length.
+`forward_with_cache(..., rows=slice(r, r + 1))` prefills row r alone (no left padding, so the causal
+convolution and value shift see exactly that prompt), then decode steps advance all rows together:
+row b's new token sits at position `lengths[b]`, RoPE uses that position, and the attention mask lets
+it see slots 0..lengths[b] of its own row only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from megatron_zaya.inference.cache import InferenceCache, LayerCache
+from megatron_zaya.inference.sampling import SamplingParams, make_generator, sample_next_token
+from megatron_zaya.model.rope import rope_cos_sin
+from megatron_zaya.model.router import Routing
+from megatron_zaya.model.zaya import ZayaModel
+
+
+def _as_slice(rows, batch_size: int) -> slice:
+    if isinstance(rows, int):
+        if not 0 <= rows < batch_size:
+            raise IndexError(f"cache row {rows} out of range for batch size {batch_size}")
+        return slice(rows, rows + 1)
+    if not isinstance(rows, slice):
+        raise TypeError("rows must be an int or a slice (cache updates go through views)")
+    return rows
+
+
+def _cached_attention(attention, x: torch.Tensor, layer: LayerCache, rows: slice, positions: torch.Tensor,
+                      cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, total: int) -> torch.Tensor:
+    b = x.shape[0]
+    q, k, v, packed, v_delayed = attention.project(x, layer.left_context(rows))
+    q, k = attention.normalize_and_rotate(q, k, cos, sin)
+    keys, values = layer.keys[rows], layer.values[rows]
+    batch_index = torch.arange(b, device=x.device)[:, None]
+    keys[batch_index, positions] = k.to(keys.dtype)
+    values[batch_index, positions] = v.to(values.dtype)
+    # Conv context: the last `conv_context` pre-conv steps of (old context ++ this chunk).
+    context = layer.conv_inputs[rows]
+    window = torch.cat((context, packed.to(context.dtype)), dim=-1)
+    context.copy_(window[..., window.shape[-1] - context.shape[-1]:])
+    layer.delayed_value[rows].copy_(v_delayed[:, -1:])
+    out = attention.attend(q, keys[:, :total].to(q.dtype), values[:, :total].to(q.dtype), mask)
+    return attention.linear_proj(out)
+
+
+@torch.no_grad()
+def forward_with_cache(model: ZayaModel, cache: InferenceCache, tokens: torch.Tensor, rows=slice(None),
+                       all_logits: bool = False, return_routing: bool = False):
+    """Continue the sequences in cache `rows` with `tokens` (b, s): every row gets s more tokens.
+
+    Returns fp32 logits (b, s, V) if all_logits else (b, V) for the last token; with
+    return_routing also the list of per-layer `Routing` over the b*s tokens."""
+    rows = _as_slice(rows, cache.batch_size)
+    b, s = tokens.shape
+    start = cache.lengths[rows]
+    if start.shape[0] != b:
+        raise ValueError(f"tokens have {b} rows but cache rows {rows} select {start.shape[0]}")
+    end = start + s
+    if int(end.max()) > cache.max_length:
+        raise ValueError(f"inference cache is full: {int(end.max())} tokens > max_length {cache.max_length}")
+    config = model.config
+    positions = start[:, None] + torch.arange(s, device=tokens.device)           # (b, s)
+    cos, sin = rope_cos_sin(positions, config.rotary_dim, config.rotary_base)
+    total = int(end.max())
+    slots = torch.arange(total, device=tokens.device)
+    mask = (slots[None, None, :] <= positions[:, :, None]).unsqueeze(1)            # (b, 1, s, total)
+
+    residual = model.input_scaling(model.embedding(tokens))
+    router_state = None
+    routing: list[Routing] = []
+    for block, layer in zip(model.layers, cache.layers):
+        attn_out = _cached_attention(block.attention, block.input_norm(residual), layer, rows, positions,
+                                     cos, sin, mask, total)
+        residual, normed = block.attention_residual.forward_and_norm(attn_out, residual, block.pre_mlp_norm)
+        moe_out, router_state, layer_routing = block.moe(normed, router_state)
+        residual = block.mlp_residual(moe_out, residual)
+        routing.append(layer_routing)
+    cache.lengths[rows] = end
+    if not all_logits:
+        residual = residual[:, -1]
+    hidden = model.final_norm(residual)
+    if hasattr(model, "head_and_loss"):       # the model's LM head (vocab-parallel under tensor parallelism)
+        logits, _ = model.head_and_loss(hidden, None)
+    else:
+        logits = F.linear(hidden, model.output_weight())
+    logits = logits.float()
+    return (logits, routing) if return_routing else logits
+
+
+def prefill(model: ZayaModel, cache: InferenceCache, row: int, prompt: torch.Tensor | list[int],
+            chunk_size: int | None = None) -> torch.Tensor:
+    """Reset cache row `row` and run `prompt` (1-D token ids) into it, in chunks of `chunk_size`
+    tokens if given (bounds the S x S attention memory). Returns the last token's logits (V,)."""
+    prompt = torch.as_tensor(prompt, dtype=torch.long, device=cache.lengths.device).reshape(1, -1)
+    if prompt.shape[1] == 0:
+        raise ValueError(f"prompt {row} is empty: give at least one token (e.g. --add-bos)")
+    cache.reset(slice(row, row + 1))
+    chunk = chunk_size or prompt.shape[1]
+    for begin in range(0, prompt.shape[1], chunk):
+        logits = forward_with_cache(model, cache, prompt[:, begin:begin + chunk], rows=row)
+    return logits[0]
+
+
+@dataclass
+class GenerationOutput:
+    prompts: list[list[int]]
+    tokens: list[list[int]]                 # generated ids per row (ends with EOD if it stopped there)
+    stopped_at_eod: list[bool] = field(default_factory=list)
+
+
+@torch.no_grad()
+def generate(model: ZayaModel, prompts: list[list[int]], max_new_tokens: int,
+             sampling: SamplingParams | None = None, eod: int | None = None, seed: int = 1234,
+             vocab_limit: int | None = None, prefill_chunk: int | None = None,
+             dtype: torch.dtype | None = None) -> GenerationOutput:
+    """Sample up to `max_new_tokens` per prompt; a row stops at `eod` (when given).
+
+    Prompts may have different lengths: each is prefilled into its own cache row, then all rows
+    decode together (rows that already stopped keep stepping; their tokens are discarded)."""
+    sampling = sampling or SamplingParams()
+    if not prompts:
+        raise ValueError("generate: no prompts")
+    if max_new_tokens < 0:
+        raise ValueError(f"--max-new-tokens={max_new_tokens} must be >= 0")
+    prompts = [[int(t) for t in p] for p in prompts]
+    for i, p in enumerate(prompts):
+        if not p:
+            raise ValueError(f"prompt {i} is empty: give at least one token (e.g. --add-bos)")
+        bad = [t for t in p if not 0 <= t < model.config.vocab_size]
+        if bad:
+            raise ValueError(f"prompt {i}: token ids {bad[:5]} outside the vocabulary [0, {model.config.vocab_size})")
+    param = next(model.parameters())
+    max_length = max(len(p) for p in prompts) + max_new_tokens
+    if max_length > model.config.max_position_embeddings:
+        raise ValueError(f"prompt + --max-new-tokens = {max_length} tokens exceeds the model's "
+                         f"max_position_embeddings {model.config.max_position_embeddings}")
+    cache = InferenceCache(model.config, len(prompts), max_length, param.device, dtype or param.dtype)
+    last = torch.stack([prefill(model, cache, row, p, prefill_chunk) for row, p in enumerate(prompts)])
+    generator = make_generator(seed, param.device)
+    out = [[] for _ in prompts]
+    stopped = [False] * len(prompts)
+    for step in range(max_new_tokens):
+        next_tokens = sample_next_token(last, sampling, generator, vocab_limit)
+        for row, token in enumerate(next_tokens.tolist()):
+            if not stopped[row]:
+                out[row].append(token)
+                stopped[row] = eod is not None and token == eod
+        if all(stopped) or step == max_new_tokens - 1:
+            break
+        last = forward_with_cache(model, cache, next_tokens[:, None])
+    return GenerationOutput(prompts, out, stopped)

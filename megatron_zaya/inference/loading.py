@@ -1,0 +1,127 @@
+"""One entry point to load any checkpoint for single-process inference or evaluation.
+
+    model, config, info = load_model_for_inference("path/to/checkpoint", device="cpu", dtype=None)
+
+Accepted today:
+- a Hugging Face ZAYA folder: config.json + model.safetensors (megatron_zaya.checkpoint.hf_format),
+  or config.json + model.safetensors.index.json with sharded model-*.safetensors files;
+- anything `megatron_zaya.checkpoint.load_full_model_state(path) -> (state_dict, ModelConfig, info)`
+  accepts (megatron-zaya's own sharded checkpoints, any parallel layout), when that function exists.
+`dtype` casts the parameters (e.g. torch.bfloat16); the router's balancing biases stay fp32.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from megatron_zaya.checkpoint import hf_format
+from megatron_zaya.config import ModelConfig
+from megatron_zaya.model import ZayaModel
+
+HF_INDEX = "model.safetensors.index.json"
+
+
+class CheckpointLoadError(ValueError):
+    """The path is not a checkpoint this loader understands; the message names the path."""
+
+
+def is_hf_folder(path: Path) -> bool:
+    path = Path(path)
+    return (path / "config.json").is_file() and ((path / hf_format.HF_WEIGHTS).is_file()
+                                                 or (path / HF_INDEX).is_file())
+
+
+def _load_sharded_hf_folder(folder: Path) -> tuple[dict, ModelConfig]:
+    from safetensors.torch import load_file
+
+    config_path = folder / "config.json"
+    hf_config = json.loads(config_path.read_text())
+    if hf_config.get("model_type") != "zaya":
+        raise CheckpointLoadError(f"{config_path}: model_type is {hf_config.get('model_type')!r}, expected 'zaya'")
+    config = hf_format.model_config_from_hf(hf_config)
+    weight_map = json.loads((folder / HF_INDEX).read_text()).get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise CheckpointLoadError(f"{folder / HF_INDEX}: no 'weight_map'")
+    state = {}
+    for shard in sorted(set(weight_map.values())):
+        shard_path = folder / shard
+        if not shard_path.is_file():
+            raise CheckpointLoadError(f"{shard_path}: missing (listed in {HF_INDEX})")
+        for name, tensor in load_file(str(shard_path)).items():
+            if name == "lm_head.weight" and not config.untie_embeddings_and_output_weights:
+                continue
+            state[hf_format.hf_to_ours_name(name)] = tensor
+    return state, config
+
+
+def load_state(path) -> tuple[dict, ModelConfig, dict]:
+    """(state dict on CPU, ModelConfig, info) for any supported checkpoint; nothing is built."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such checkpoint (file or folder)")
+    if path.is_dir() and is_hf_folder(path):
+        if (path / hf_format.HF_WEIGHTS).is_file():
+            state, config = hf_format.load_hf_folder(path)
+        else:
+            state, config = _load_sharded_hf_folder(path)
+        return state, config, {"format": "huggingface", "path": str(path)}
+    try:
+        from megatron_zaya.checkpoint import load_full_model_state
+    except ImportError:
+        load_full_model_state = None
+    if load_full_model_state is None:
+        raise CheckpointLoadError(
+            f"{path}: not a Hugging Face ZAYA folder (config.json + model.safetensors) and this build has no "
+            f"loader for megatron-zaya checkpoints (megatron_zaya.checkpoint.load_full_model_state)")
+    state, config, info = load_full_model_state(str(path))
+    info = dict(info or {})
+    info.setdefault("format", "megatron-zaya")
+    info.setdefault("path", str(path))
+    return state, config, info
+
+
+def build_model(state: dict, config: ModelConfig, device="cpu", dtype: torch.dtype | None = None) -> ZayaModel:
+    """A ZayaModel in eval mode holding `state` (strict: every parameter and buffer must be there)."""
+    with torch.device("meta"):
+        model = ZayaModel(config)
+    missing, unexpected = [], []
+    expected = set(model.state_dict())
+    missing = sorted(expected - set(state))
+    unexpected = sorted(set(state) - expected)
+    if missing or unexpected:
+        raise CheckpointLoadError(f"checkpoint does not match the model built from its config: "
+                                  f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+                                  f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}")
+    model.load_state_dict(state, strict=True, assign=True)
+    model.to(device)
+    if dtype is not None:
+        for module in model.modules():
+            for name, param in module.named_parameters(recurse=False):
+                setattr(module, name, torch.nn.Parameter(param.data.to(dtype), requires_grad=False))
+    for param in model.parameters():
+        param.requires_grad_(False)
+    return model.eval()
+
+
+def load_model_for_inference(path, device="cpu", dtype: torch.dtype | None = None
+                             ) -> tuple[ZayaModel, ModelConfig, dict]:
+    """(model in eval mode on `device`, its ModelConfig, info about the checkpoint)."""
+    state, config, info = load_state(path)
+    model = build_model(state, config, device, dtype)
+    info = dict(info)
+    info.setdefault("parameters", sum(p.numel() for p in model.parameters()))
+    return model, config, info
+
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp16": torch.float16, "float16": torch.float16}
+
+
+def parse_dtype(name: str | None) -> torch.dtype | None:
+    if name is None:
+        return None
+    if name not in DTYPES:
+        raise ValueError(f"--dtype={name}: choose one of {sorted(DTYPES)}")
+    return DTYPES[name]

@@ -1,0 +1,106 @@
+"""Cached decoding against the full forward (fp32, 1e-5), and the cache size against the accounting."""
+import pytest
+import torch
+
+from megatron_zaya.config import model_config_from_preset
+from megatron_zaya.inference import InferenceCache, forward_with_cache, prefill
+from megatron_zaya.model.accounting import decode_state_bytes_per_sequence, kv_cache_bytes_per_token
+
+from inference_helpers import load_tool, make_model, one_cpu_thread, tiny_model  # noqa: F401 (fixtures)
+
+TOL = 1e-5
+
+
+def full_logits(model, tokens):
+    with torch.no_grad():
+        return model(tokens).logits.float()
+
+
+def test_token_by_token_matches_full_forward(tiny_model):
+    torch.manual_seed(1)
+    tokens = torch.randint(0, tiny_model.config.vocab_size, (2, 48))
+    full = full_logits(tiny_model, tokens)
+    cache = InferenceCache(tiny_model.config, 2, 48)
+    steps = torch.stack([forward_with_cache(tiny_model, cache, tokens[:, i:i + 1]) for i in range(48)], dim=1)
+    assert full.abs().max() > 1.0            # logits are not trivially small
+    torch.testing.assert_close(steps, full, rtol=0, atol=TOL)
+    assert cache.lengths.tolist() == [48, 48]
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 16, 48])
+def test_chunked_prefill_then_decode_matches_full_forward(tiny_model, chunk):
+    torch.manual_seed(2)
+    tokens = torch.randint(0, tiny_model.config.vocab_size, (1, 48))
+    full = full_logits(tiny_model, tokens)[0]
+    cache = InferenceCache(tiny_model.config, 1, 64)
+    last = prefill(tiny_model, cache, 0, tokens[0, :30], chunk_size=chunk)
+    torch.testing.assert_close(last, full[29], rtol=0, atol=TOL)
+    chunk_logits = forward_with_cache(tiny_model, cache, tokens[:, 30:33], all_logits=True)[0]
+    torch.testing.assert_close(chunk_logits, full[30:33], rtol=0, atol=TOL)
+    for i in range(33, 48):
+        torch.testing.assert_close(forward_with_cache(tiny_model, cache, tokens[:, i:i + 1])[0], full[i],
+                                   rtol=0, atol=TOL)
+
+
+def test_batched_rows_of_different_lengths_match_their_own_full_forward(tiny_model):
+    torch.manual_seed(3)
+    lengths, new = [5, 23, 1, 12], 10
+    seqs = [torch.randint(0, tiny_model.config.vocab_size, (n + new,)) for n in lengths]
+    cache = InferenceCache(tiny_model.config, len(seqs), max(lengths) + new)
+    firsts = [prefill(tiny_model, cache, row, s[:n]) for row, (s, n) in enumerate(zip(seqs, lengths))]
+    decoded = []
+    for step in range(new):
+        step_tokens = torch.stack([s[n + step] for s, n in zip(seqs, lengths)])[:, None]
+        decoded.append(forward_with_cache(tiny_model, cache, step_tokens))
+    for row, (s, n) in enumerate(zip(seqs, lengths)):
+        full = full_logits(tiny_model, s[None])[0]
+        torch.testing.assert_close(firsts[row], full[n - 1], rtol=0, atol=TOL)
+        torch.testing.assert_close(torch.stack([d[row] for d in decoded]), full[n:], rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("state", ["conv_inputs", "delayed_value", "keys"])
+def test_dropping_any_part_of_the_decode_state_breaks_equivalence(tiny_model, state):
+    """Negative control: each piece of the cache is needed, so the equivalence tests can fail."""
+    torch.manual_seed(4)
+    tokens = torch.randint(0, tiny_model.config.vocab_size, (1, 20))
+    full = full_logits(tiny_model, tokens)[0]
+    cache = InferenceCache(tiny_model.config, 1, 20)
+    prefill(tiny_model, cache, 0, tokens[0, :19])
+    for layer in cache.layers:
+        getattr(layer, state)[..., :1, :].zero_() if state == "keys" else getattr(layer, state).zero_()
+    wrong = forward_with_cache(tiny_model, cache, tokens[:, 19:])[0]
+    assert (wrong - full[19]).abs().max() > 100 * TOL
+
+
+def test_other_conv_kernels_and_untied_head():
+    model = make_model(seed=5, num_layers=2, cca_depthwise_kernel=3, cca_grouped_kernel=1,
+                       untie_embeddings_and_output_weights=True)
+    tokens = torch.randint(0, model.config.vocab_size, (1, 16))
+    full = full_logits(model, tokens)[0]
+    cache = InferenceCache(model.config, 1, 16)
+    prefill(model, cache, 0, tokens[0, :7], chunk_size=3)
+    steps = torch.stack([forward_with_cache(model, cache, tokens[:, i:i + 1])[0] for i in range(7, 16)])
+    torch.testing.assert_close(steps, full[7:], rtol=0, atol=TOL)
+
+
+def test_cache_full_and_bad_rows_raise(tiny_model):
+    cache = InferenceCache(tiny_model.config, 2, 4)
+    with pytest.raises(ValueError, match="cache is full"):
+        forward_with_cache(tiny_model, cache, torch.zeros(2, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="empty"):
+        prefill(tiny_model, cache, 0, [])
+
+
+@pytest.mark.parametrize("dtype,nbytes", [(torch.bfloat16, 2), (torch.float32, 4)])
+def test_cache_bytes_match_accounting_and_model_stats(dtype, nbytes, capsys):
+    config = model_config_from_preset("zaya1-base")
+    cache = InferenceCache(config.replace(num_layers=config.num_layers), 1, 1, device="meta", dtype=dtype)
+    assert cache.bytes_per_token() == kv_cache_bytes_per_token(config, nbytes) == 40 * 2 * 2 * 128 * nbytes
+    assert cache.state_bytes_per_sequence() == decode_state_bytes_per_sequence(config, nbytes)
+    # 8x smaller than 16-head attention with the same head dim.
+    assert 40 * 2 * 16 * 128 * nbytes == 8 * cache.bytes_per_token()
+    if dtype is torch.bfloat16:
+        assert load_tool("model_stats").main(["--preset", "zaya1-base"]) == 0
+        out = capsys.readouterr().out
+        line = next(l for l in out.splitlines() if l.startswith("KV-cache bytes per token"))
+        assert f"{cache.bytes_per_token():,}" in line
