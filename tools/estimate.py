@@ -108,6 +108,7 @@ def summary(plan: Plan) -> dict:
         "fits": plan.fits, "memory_total_gb": plan.memory_total / 1e9, "memory_usable_gb": plan.memory_usable / 1e9,
         "weights_gb": s.weights / 1e9, "gradients_gb": s.gradients / 1e9, "optimizer_gb": s.optimizer / 1e9,
         "activations_gb": a.stored / 1e9, "activations_no_recompute_gb": a.stored_no_recompute / 1e9,
+        "backward_transient_gb": a.backward_transient / 1e9,
         "step_time_s": t.total, "compute_s": t.compute, "optimizer_s": t.optimizer, "dp_comm_s": t.dp_comm,
         "dp_comm_exposed_s": t.dp_comm_exposed, "cp_comm_s": t.cp_comm, "ep_comm_s": t.ep_comm, "tp_comm_s": t.tp_comm,
         "tokens_per_s": plan.tokens_per_second, "mfu": plan.mfu,
@@ -135,6 +136,7 @@ def report(plan: Plan) -> str:
         row(f"activations, recompute={L.recompute}", gb(a.stored)),
         f"    (no recomputation: {a.stored_no_recompute / 1e9:.2f} GB; one block {a.per_layer_no_recompute / 1e9:.3f} GB, "
         f"head and loss {a.outer / 1e9:.3f} GB)",
+        row("logits gradient at backward start", gb(a.backward_transient)),
         row("total", gb(plan.memory_total)) + f"   of {plan.memory_usable / 1e9:.1f} GB usable "
         f"({c.memory_gb:g} GB less {plan.options.reserve_fraction:.0%} reserve)",
         f"  -> {'FITS' if plan.fits else 'DOES NOT FIT'}",

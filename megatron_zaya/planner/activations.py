@@ -8,7 +8,7 @@ width, V vocabulary, r = rotary dims, S sequence length, rho = share of tokens r
 
 Two storage policies differ only where the devices' code paths differ:
 * "gpu" (the planner's default): flash attention (saves q, k, v, the output and an fp32 log-sum-exp
-  per head; never the S x S scores), K/V heads not repeated for GQA; the fused cross-entropy saves
+  per head; never the S x S scores; the output is the projection's input, one tensor), K/V heads not repeated for GQA; the fused cross-entropy saves
   bf16 logits (2V per token) and an fp32 log-sum-exp;
 * "cpu-reference": what the CPU path saves when SDPA takes its math path: fp32 q, k, v with K/V
   repeated to HQ heads and the S x S probabilities stored (4 HQ S bytes per token), and the reference
@@ -18,6 +18,10 @@ The tests pin SDPA's backend and measure both CPU policies.
 Context parallelism: a rank keeps S / CP tokens, and flash attention saves the all-gathered K/V of the
 whole sequence (CP times the local K/V). Tensor parallelism: sequence parallelism is assumed, every
 term is divided by TP.
+
+On top of the saved tensors, the backward begins with the gradient of the logits (bf16, V per token
+with the fused cross-entropy) while everything saved is still alive: `backward_transient`, counted in
+the planner's total but not in "stored" (which is what the tests measure).
 
 Recomputation: "selective" recomputes the cheap elementwise pieces (norm internals, RoPE tables, GELU
 and SiLU outputs, attention scores) and keeps matmul/conv inputs; "full" keeps only each block's inputs
@@ -95,8 +99,9 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
         terms.append(Term("attention: RoPE cos/sin (bf16, for q and k)", 4 * 2 * rot, True))
     kv_heads = hq if pol.kv_repeated else hkv
     if pol.attention == "flash":
-        terms.append(Term("attention: flash core (q, all-gathered k/v, out, lse)",
-                          2 * hq * dh + 2 * 2 * kv_heads * dh * context_parallel + 2 * hq * dh + 4 * hq))
+        # The flash output is laid out (B, S, H, dh), so the projection's input is a view of it: one tensor.
+        terms.append(Term("attention: flash core (q, all-gathered k/v, lse; out = projection input)",
+                          2 * hq * dh + 2 * 2 * kv_heads * dh * context_parallel + 4 * hq))
     else:
         terms.append(Term("attention: math core q, k, v (fp32)", 4 * hq * dh + 2 * 4 * kv_heads * dh * context_parallel))
         terms.append(Term("attention: math core S x S probabilities (fp32)", 4 * hq * seq_length, True))
@@ -153,6 +158,7 @@ class ActivationMemory:
     per_layer_no_recompute: float
     outer: float
     terms: list[Term]
+    backward_transient: float = 0.0   # live on top at the start of the backward: the logits' gradient
 
 
 def activation_memory(config: ModelConfig, seq_length: int, micro_batch_size: int, recompute: str = "none",
@@ -181,4 +187,9 @@ def activation_memory(config: ModelConfig, seq_length: int, micro_batch_size: in
         stored = checkpoints / tensor_parallel + layer_full + outer_all
     else:
         raise ValueError(f"--recompute={recompute}: choose one of none, selective, full")
-    return ActivationMemory(none, stored, layer_full, outer_all, terms + outer_list)
+    # The backward starts with the loss gradient over the whole vocabulary while every saved tensor is
+    # still alive: bf16 d(logits) for the fused cross-entropy; fp32 d(log-softmax) and d(logits) for the
+    # reference one.
+    per_token_grad = 2 * config.vocab_size if storage_policy(policy).loss == "fused" else 8 * config.vocab_size
+    transient = per_token_grad * local_tokens / tensor_parallel
+    return ActivationMemory(none, stored, layer_full, outer_all, terms + outer_list, transient)

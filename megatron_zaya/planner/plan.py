@@ -43,7 +43,7 @@ class Plan:
 
     @property
     def memory_total(self) -> float:
-        return self.state.total + self.activations.stored
+        return self.state.total + self.activations.stored + self.activations.backward_transient
 
     @property
     def memory_usable(self) -> float:

@@ -39,6 +39,7 @@ def test_zaya1_32k_phase_needs_cp2():
     cp1 = make_plan(BASE, ParallelLayout(1024, 32768, 1, 1024, zero1=True), MI300X)
     cp2 = make_plan(BASE, ParallelLayout(1024, 32768, 1, 1024, context_parallel=2, zero1=True), MI300X)
     assert not cp1.fits and cp2.fits
+    assert cp1.memory_total > MI300X.memory_bytes         # not even with no reserve at all
     assert fixes(cp1)[0][0].startswith("raise CP to 2")
     # CP halves the tokens each rank holds: activations nearly halve (the gathered K/V stay whole).
     assert 0.45 < cp2.activations.stored / cp1.activations.stored < 0.55
