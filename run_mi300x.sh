@@ -122,7 +122,7 @@ REPO_DIR=${REPO_DIR:-$(dirname "$SCRIPT_PATH")}
 SUBMIT_DIR=${SLURM_SUBMIT_DIR:-$PWD}
 
 JOB_ID=${SLURM_JOB_ID:-DRYRUN}
-JOB_NAME=${SLURM_JOB_NAME:-zaya1-base}
+JOB_NAME=${SLURM_JOB_NAME:-${JOB_NAME:-zaya1-base}}
 REQUEUE_COUNT=${SLURM_RESTART_COUNT:-0}
 RESTART=${ZAYA_RESTART:-0}                   # resubmissions after failures so far (set by this script)
 

