@@ -92,6 +92,7 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
         ]
     terms += [
         Term("attention: bf16 input casts of the 4 projections", 4 * 2 * d),
+        Term("attention: conv input (packed q0/k0, bf16)", 2 * c) if fused and conv_uses_kernel() else
         Term("attention: conv inputs (depthwise + grouped, bf16)", 2 * 2 * c),
         Term("attention: QK-norm + key temperature", 2 * hq * dh + 6 * hq + 2 * hkv * dh + 6 * hkv + 2 * hkv * dh),
     ]
@@ -144,8 +145,18 @@ def outer_terms(config: ModelConfig, policy: str = "gpu") -> list[Term]:
     return terms
 
 
-def conv_padding_bytes_per_sequence(config: ModelConfig) -> int:
+def conv_uses_kernel() -> bool:
+    """Whether the model's CCA calls kernels.cca_causal_conv (whose Triton autograd function keeps only the
+    packed input) rather than two nn.Conv1d (which keep the padded input and the depthwise output)."""
+    from megatron_zaya.model.cca import CompressedConvAttention
+
+    return "cca_causal_conv" in CompressedConvAttention.project.__code__.co_names
+
+
+def conv_padding_bytes_per_sequence(config: ModelConfig, policy="gpu") -> int:
     """The conv inputs carry the causal left padding: (ctx + ctx - 1) extra steps of C bf16 channels."""
+    if storage_policy(policy).kernels == "fused" and conv_uses_kernel():
+        return 0
     c = (config.num_attention_heads + config.num_query_groups) * config.kv_channels
     ctx = config.cca_depthwise_kernel - 1 + config.cca_grouped_kernel - 1
     return 2 * c * (2 * ctx - 1)
@@ -169,7 +180,7 @@ def activation_memory(config: ModelConfig, seq_length: int, micro_batch_size: in
     terms = layer_terms(config, seq_length, policy, context_parallel, routed_fraction)
     per_token_all = sum(t.bytes_per_token for t in terms)
     per_token_selective = sum(t.bytes_per_token for t in terms if not t.selective_drop)
-    padding = conv_padding_bytes_per_sequence(config) * micro_batch_size
+    padding = conv_padding_bytes_per_sequence(config, policy) * micro_batch_size
     layer_full = (per_token_all * local_tokens + padding) / tensor_parallel
     layer_selective = (per_token_selective * local_tokens + padding) / tensor_parallel
     outer_list = outer_terms(config, policy)

@@ -1,0 +1,75 @@
+"""Parameter placement under TP/EP, fit remedies, and errors that name the flag."""
+import math
+
+import pytest
+import torch
+
+from megatron_zaya.config import model_config_from_preset
+from megatron_zaya.model import ZayaModel
+from megatron_zaya.planner import CLUSTERS, Efficiency, LayoutError, ParallelLayout, cluster_from_preset
+from megatron_zaya.planner.memory import state_memory
+from megatron_zaya.planner.plan import PlanOptions, fixes, make_plan
+
+BASE = model_config_from_preset("zaya1-base")
+
+
+def test_tp_and_ep_placement_of_weights():
+    with torch.device("meta"):
+        model = ZayaModel(BASE.replace(num_layers=2))
+    config = BASE.replace(num_layers=2)
+    split = {"attention": 0, "embedding": 0, "expert": 0, "router": 0, "other": 0}
+    for name, p in model.named_parameters():
+        kind = ("expert" if ".experts." in name else "router" if ".router." in name else
+                "embedding" if name.startswith("embedding.") else "attention" if ".attention." in name else "other")
+        split[kind] += p.numel()
+    layout = ParallelLayout(16, 4096, 1, 16, tensor_parallel=2, expert_parallel=4).validate(config)
+    weights = state_memory(config, layout).weights
+    expected = (2 * (split["attention"] // 2 + split["embedding"] // 2 + split["expert"] // 8 + split["other"])
+                + 4 * split["router"])
+    assert weights == expected
+
+
+def test_smaller_micro_batch_is_offered_first_when_it_suffices():
+    plan = make_plan(BASE, ParallelLayout(1024, 4096, 16, 16384, zero1=True), CLUSTERS["mi300x"])
+    assert not plan.fits
+    description, fixed = fixes(plan)[0]
+    assert description.startswith("smaller micro batch") and fixed.fits
+    # the largest micro batch that fits: twice it does not
+    mbs = fixed.layout.micro_batch_size
+    bigger = make_plan(BASE, ParallelLayout(1024, 4096, 2 * mbs, 16384, zero1=True), CLUSTERS["mi300x"])
+    assert not bigger.fits
+
+
+def test_recompute_and_cp_shrink_activations_in_order():
+    def acts(**kw):
+        return make_plan(BASE, ParallelLayout(8, 4096, 1, 8, zero1=True, **kw), CLUSTERS["h200"]).activations.stored
+    none, selective, full = acts(), acts(recompute="selective"), acts(recompute="full")
+    assert full < selective < none
+    assert math.isclose(acts(context_parallel=2) / none, 0.5, rel_tol=0.05)
+
+
+@pytest.mark.parametrize("kwargs,flag", [
+    (dict(tensor_parallel=3), "--gpus=1024"),
+    (dict(tensor_parallel=4), "--tensor-model-parallel-size=4"),
+    (dict(expert_parallel=3), "--expert-model-parallel-size=3"),
+    (dict(global_batch_size=1000), "--global-batch-size=1000"),
+    (dict(recompute="some"), "--recompute=some"),
+])
+def test_layout_errors_name_the_flag(kwargs, flag):
+    args = dict(gpus=1024, seq_length=4096, micro_batch_size=1, global_batch_size=4096) | kwargs
+    with pytest.raises(LayoutError, match=flag):
+        ParallelLayout(**args).validate(BASE)
+
+
+def test_option_errors_name_the_flag():
+    with pytest.raises(ValueError, match="--cluster=tpu"):
+        cluster_from_preset("tpu")
+    with pytest.raises(ValueError, match="--inter-node-gbps=-1"):
+        cluster_from_preset("h100", inter_node_gbps=-1)
+    layout = ParallelLayout(8, 4096, 1, 8)
+    with pytest.raises(ValueError, match="--compute-efficiency=1.5"):
+        make_plan(BASE, layout, CLUSTERS["h100"], Efficiency(compute=1.5))
+    with pytest.raises(ValueError, match="--optimizer=sgd"):
+        make_plan(BASE, layout, CLUSTERS["h100"], options=PlanOptions(optimizer="sgd"))
+    with pytest.raises(ValueError, match="--activation-policy=tpu"):
+        make_plan(BASE, layout, CLUSTERS["h100"], options=PlanOptions(activation_policy="tpu"))
