@@ -26,7 +26,8 @@
 #   recovery  MAX_REQUEUES [50]: SIGUSR1 before the time limit (see --signal below) is forwarded to the
 #             trainer, which saves and exits; the job then requeues itself (scontrol requeue) and resumes.
 #             MAX_RESTARTS [3]: a failed run is resubmitted (sbatch --dependency=afterany) with the nodes
-#             that failed added to --exclude, and resumes from the latest checkpoint.
+#             that failed added to --exclude, and resumes from the latest checkpoint. A failure on every
+#             node before any new checkpoint, or twice at the same checkpoint, is not restarted.
 #             HEALTH_CHECK_CMD []: run once per node after a failure; nodes where it fails are excluded too.
 #             EXCLUDE_NODES []: nodes to keep out of resubmissions from the start.  RESUBMIT_ARGS []: more sbatch flags.
 #             END_ITER [$TRAIN_ITERS]: the iteration this run ends at; a clean exit before it requeues.
@@ -394,6 +395,11 @@ if (( ${#BAD[@]} == 0 )); then
         [[ -n ${SEEN[$r]:-} ]] || BAD[${NODES[r / NTASKS_PER_NODE]}]=1
     done
 fi
+if (( RESTART > 0 )) && [[ ${ZAYA_FAILED_AT:-} == "$(latest_iteration)" ]]; then
+    log "giving up: failed again at the same checkpoint ($(latest_iteration)) as before the last restart, so" \
+        "the failure is reproducible (exit code $RC); see $ATTEMPT_DIR/rank-*.log"
+    exit "$RC"
+fi
 if (( ${#BAD[@]} >= NNODES )); then
     # Every node failed by itself: a software, data or configuration error, not a node fault.
     (( NNODES > 1 )) && BAD=()
@@ -438,7 +444,8 @@ if [[ -n ${RESUBMIT_ARGS:-} ]]; then
     SUB+=("${ra[@]}")
 fi
 SUB+=("$SCRIPT_PATH" "${TRAINER_EXTRA[@]}")
-NEW=$(run_clean ZAYA_RESTART=$(( RESTART + 1 )) ZAYA_EXCLUDE="$EXCLUDE" LAUNCHER_PATH="$SCRIPT_PATH" "${SUB[@]}" 2>&1)
+NEW=$(run_clean ZAYA_RESTART=$(( RESTART + 1 )) ZAYA_EXCLUDE="$EXCLUDE" ZAYA_FAILED_AT="$(latest_iteration)" \
+      LAUNCHER_PATH="$SCRIPT_PATH" "${SUB[@]}" 2>&1)
 if [[ $? -ne 0 ]]; then
     log "error: resubmission failed: $NEW"
     exit "$RC"

@@ -9,7 +9,8 @@ one iteration per STANDIN_ITER_SECONDS (default 0.2; STANDIN_RESUME_ITER_SECONDS
 rank 0 saves Megatron-style checkpoint folders (iter_0000010/ + latest_checkpointed_iteration.txt)
 every --save-interval iterations and at the end. On SIGUSR1/SIGTERM it saves and exits 0, like the real trainer.
 Fault injection: STANDIN_FAIL_NODE=lnode2 (or * for all) makes the ranks on that node exit 3 at iteration
-STANDIN_FAIL_AT (default 3) while ZAYA_RESTART is 0 (the first submission).
+STANDIN_FAIL_AT (default 3) while ZAYA_RESTART is 0 (the first submission; every submission with
+STANDIN_FAIL_ALWAYS=1).
 Every rank prints one `standin:` line with its view of the job, which the tests parse.
 """
 from __future__ import annotations
@@ -75,7 +76,7 @@ def main() -> int:
 
     fail_node = os.environ.get("STANDIN_FAIL_NODE")
     fail_at = int(os.environ.get("STANDIN_FAIL_AT", "3"))
-    first_submission = os.environ.get("ZAYA_RESTART", "0") == "0"
+    first_submission = os.environ.get("ZAYA_RESTART", "0") == "0" or os.environ.get("STANDIN_FAIL_ALWAYS") == "1"
     it = start
     step_seconds = float(os.environ.get("STANDIN_ITER_SECONDS", "0.2"))
     if start > 0 and os.environ.get("STANDIN_RESUME_ITER_SECONDS"):
@@ -84,7 +85,8 @@ def main() -> int:
         time.sleep(step_seconds)
         if stop["sig"]:
             print(f"standin: rank {rank} got SIG{stop['sig']} at iteration {it}: saving and exiting", flush=True)
-            save(a.save, it, rank)
+            if it > start:             # nothing new to save otherwise
+                save(a.save, it, rank)
             return 0
         it += 1
         if fail_node in ("*", os.environ.get("SLURMD_NODENAME")) and first_submission and it == fail_at:
