@@ -1,0 +1,116 @@
+"""Parameter groups and the optimizer set of a training run.
+
+Muon takes the hidden matrices (attention and router linears, every expert matrix); AdamW takes the
+embedding / output layer and every vector or small tensor (norms, biases, residual scales, EDA gamma,
+key temperatures, the CCA convolution kernels). `--optimizer adamw` puts everything on AdamW.
+Weight decay applies to matrices (Muon and embedding), not to vectors.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from megatron_zaya.optim.muon import Muon
+
+
+@dataclass
+class OptimizerConfig:
+    optimizer: str = "muon"            # --optimizer muon|adamw
+    lr: float = 3e-4
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    muon_momentum: float = 0.95
+    muon_ns_steps: int = 5
+    clip_grad: float = 1.0
+
+
+def is_muon_param(name: str, param: nn.Parameter) -> bool:
+    if param.ndim < 2:
+        return False
+    return not (name.startswith("embedding.") or name.startswith("output_layer.") or ".conv_" in name)
+
+
+def split_parameters(model: nn.Module, use_muon: bool):
+    """(muon matrices, AdamW params with weight decay, AdamW params without) as lists of (name, param)."""
+    muon, decay, no_decay = [], [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        if use_muon and is_muon_param(name, param):
+            muon.append((name, param))
+        elif param.ndim >= 2:
+            decay.append((name, param))
+        else:
+            no_decay.append((name, param))
+    return muon, decay, no_decay
+
+
+def apex_fused_adam_available() -> bool:
+    """True only when apex's compiled multi-tensor kernels import (an `import apex` alone proves nothing)."""
+    try:
+        importlib.import_module("amp_C")
+        from apex.multi_tensor_apply import multi_tensor_applier
+        from apex.optimizers import FusedAdam  # noqa: F401
+    except Exception:
+        return False
+    return bool(getattr(multi_tensor_applier, "available", False))
+
+
+def build_adamw(groups: list[dict], cfg: OptimizerConfig) -> torch.optim.Optimizer:
+    params = [p for g in groups for p in g["params"]]
+    kwargs = dict(lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps)
+    if params and all(p.is_cuda for p in params) and apex_fused_adam_available():
+        from apex.optimizers import FusedAdam
+        return FusedAdam(groups, adam_w_mode=True, **kwargs)
+    try:
+        return torch.optim.AdamW(groups, fused=True, **kwargs)
+    except (RuntimeError, TypeError):
+        return torch.optim.AdamW(groups, foreach=True, **kwargs)
+
+
+class OptimizerSet:
+    """Several optimizers stepped together; the LR schedule sets every group's lr."""
+
+    def __init__(self, optimizers: dict[str, torch.optim.Optimizer]):
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self):
+        return [g for opt in self.optimizers.values() for g in opt.param_groups]
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.param_groups:
+            group["lr"] = lr
+
+    def step(self) -> None:
+        for opt in self.optimizers.values():
+            opt.step()
+
+    def zero_grad(self) -> None:
+        for opt in self.optimizers.values():
+            opt.zero_grad(set_to_none=True)
+
+    def state_dict(self) -> dict:
+        return {name: opt.state_dict() for name, opt in self.optimizers.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, opt in self.optimizers.items():
+            opt.load_state_dict(state[name])
+
+
+def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> OptimizerSet:
+    if cfg.optimizer not in ("muon", "adamw"):
+        raise ValueError(f"--optimizer={cfg.optimizer}: choose muon or adamw")
+    muon, decay, no_decay = split_parameters(model, cfg.optimizer == "muon")
+    adam_groups = [g for g in ({"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
+                               {"params": [p for _, p in no_decay], "weight_decay": 0.0}) if g["params"]]
+    optimizers = {"adamw": build_adamw(adam_groups, cfg)}
+    if muon:
+        optimizers["muon"] = Muon([p for _, p in muon], lr=cfg.lr, momentum=cfg.muon_momentum,
+                                  weight_decay=cfg.weight_decay, ns_steps=cfg.muon_ns_steps)
+    return OptimizerSet(optimizers)

@@ -1,0 +1,73 @@
+"""Muon: momentum, then orthogonalised updates by quintic Newton-Schulz, for hidden matrices.
+
+update = NS5(nesterov_momentum(grad)) * 0.2 * sqrt(max(m, n))
+The 0.2 * sqrt(max(m, n)) factor matches the update's RMS to AdamW's typical ~0.2, so Muon shares
+AdamW's learning rate and (decoupled) weight decay. A parameter of shape (..., m, n) holds
+prod(...) separate m x n matrices (each expert of a grouped expert weight is its own matrix).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from megatron_zaya import kernels
+
+
+def muon_scale(shape: torch.Size) -> float:
+    return 0.2 * math.sqrt(max(shape[-2], shape[-1]))
+
+
+def momentum_direction(grad: torch.Tensor, buffer: torch.Tensor, momentum: float, nesterov: bool) -> torch.Tensor:
+    """Updates `buffer` in place (buffer = momentum * buffer + grad) and returns the direction."""
+    buffer.mul_(momentum).add_(grad)
+    return grad.add(buffer, alpha=momentum) if nesterov else buffer.clone()
+
+
+def orthogonalized_updates(directions: list[torch.Tensor], ns_steps: int, ns_dtype: torch.dtype) -> list[torch.Tensor]:
+    """Newton-Schulz on every matrix, batched: same-shape directions are stacked into one call."""
+    by_shape: dict[tuple, list[int]] = {}
+    for i, d in enumerate(directions):
+        by_shape.setdefault(tuple(d.shape), []).append(i)
+    results: list[torch.Tensor | None] = [None] * len(directions)
+    for shape, indices in by_shape.items():
+        stacked = torch.stack([directions[i] for i in indices])
+        ortho = kernels.newton_schulz(stacked, steps=ns_steps, dtype=ns_dtype) * muon_scale(torch.Size(shape))
+        for j, i in enumerate(indices):
+            results[i] = ortho[j]
+    return results
+
+
+class Muon(torch.optim.Optimizer):
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.95, nesterov: bool = True,
+                 weight_decay: float = 0.0, ns_steps: int = 5, ns_dtype: torch.dtype = torch.bfloat16):
+        defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
+                        ns_steps=ns_steps, ns_dtype=ns_dtype)
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.ndim < 2:
+                    raise ValueError(f"Muon takes matrices; got a parameter of shape {tuple(p.shape)}")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            directions = []
+            for p in params:
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
+                directions.append(momentum_direction(p.grad.float(), state["momentum_buffer"],
+                                                     group["momentum"], group["nesterov"]))
+            updates = orthogonalized_updates(directions, group["ns_steps"], group["ns_dtype"])
+            for p, update in zip(params, updates):
+                apply_update(p, update, group["lr"], group["weight_decay"])
+        return loss
+
+
+def apply_update(param: torch.Tensor, update: torch.Tensor, lr: float, weight_decay: float) -> None:
+    if weight_decay:
+        param.mul_(1 - lr * weight_decay)
+    param.add_(update.to(param.dtype), alpha=-lr)

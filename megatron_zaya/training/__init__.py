@@ -1,0 +1,1 @@
+"""The training loop, its configuration, metrics (FLOPs/MFU, routing statistics) and logging."""

@@ -1,0 +1,39 @@
+"""Global batch size over training: constant, or Megatron's --rampup-batch-size START INCREMENT SAMPLES."""
+from __future__ import annotations
+
+
+class BatchSizeSchedule:
+    def __init__(self, global_batch_size: int, micro_batch_size: int, dp_size: int,
+                 rampup: list[int] | None = None):
+        self.global_batch_size = global_batch_size
+        self.micro_times_dp = micro_batch_size * dp_size
+        self.rampup = None
+        if rampup:
+            if len(rampup) != 3:
+                raise ValueError(f"--rampup-batch-size takes START INCREMENT SAMPLES, got {rampup}")
+            start, increment, samples = (int(v) for v in rampup)
+            if start <= 0 or increment <= 0 or samples <= 0:
+                raise ValueError(f"--rampup-batch-size values must be positive, got {rampup}")
+            if (global_batch_size - start) % increment:
+                raise ValueError(f"--rampup-batch-size: global batch {global_batch_size} minus start {start} "
+                                 f"is not a multiple of the increment {increment}")
+            for size in range(start, global_batch_size + 1, increment):
+                self._check(size, "--rampup-batch-size")
+            steps = (global_batch_size - start) // increment
+            self.rampup = (start, increment, samples / max(1, steps))
+        self._check(global_batch_size, "--global-batch-size")
+
+    def _check(self, size: int, flag: str) -> None:
+        if size % self.micro_times_dp:
+            raise ValueError(f"{flag}: batch size {size} is not divisible by --micro-batch-size x data-parallel "
+                             f"size = {self.micro_times_dp}")
+
+    def batch_size(self, consumed_samples: int) -> int:
+        if self.rampup is None:
+            return self.global_batch_size
+        start, increment, samples_per_increment = self.rampup
+        size = start + int(consumed_samples // samples_per_increment) * increment
+        return min(size, self.global_batch_size)
+
+    def num_micro_batches(self, consumed_samples: int) -> int:
+        return self.batch_size(consumed_samples) // self.micro_times_dp

@@ -1,0 +1,52 @@
+"""TrainConfig: batch sizes, iteration budget, schedule, precision, logging and checkpoint flags."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TrainConfig:
+    micro_batch_size: int = 4
+    global_batch_size: int = 16
+    rampup_batch_size: list[int] | None = None     # [start, increment, ramp samples]
+    train_iters: int | None = None
+    train_samples: int | None = None
+    # schedule
+    lr_warmup_iters: int = 0
+    lr_decay_iters: int | None = None
+    lr_decay_style: str = "cosine"
+    lr_wsd_decay_iters: int = 0
+    lr_wsd_decay_style: str = "linear"
+    min_lr: float = 0.0
+    # precision and seed
+    bf16: bool = False
+    seed: int = 1234
+    # router balancing biases
+    moe_router_bias_update: bool = True
+    moe_router_bias_lr: float = 1e-2
+    moe_router_bias_beta1: float = 0.9
+    moe_router_bias_beta2: float = 0.999
+    # evaluation and logging
+    log_interval: int = 10
+    eval_interval: int = 1000
+    eval_iters: int = 10
+    tensorboard_dir: str | None = None
+    progress_bar: bool = False
+    peak_tflops: float | None = None
+    # exits
+    exit_interval: int | None = None
+    exit_duration_in_mins: float | None = None
+    # checkpoints
+    save: str | None = None
+    load: str | None = None
+    save_interval: int | None = None
+    ckpt_keep: int | None = None
+    async_save: bool = False
+    no_load_optim: bool = False
+    no_load_rng: bool = False
+    finetune: bool = False
+    # fault tolerance
+    max_consecutive_nonfinite: int = 3
+    watchdog_timeout_factor: float = 20.0
+    watchdog_min_seconds: float = 600.0
+    extra: dict = field(default_factory=dict)

@@ -1,0 +1,49 @@
+"""Console lines, a progress bar for short local runs, and TensorBoard scalars (rank 0 only)."""
+from __future__ import annotations
+
+import sys
+import time
+
+
+class TrainingLogger:
+    def __init__(self, is_main: bool, tensorboard_dir: str | None, total_iters: int, start_iter: int,
+                 progress_bar: bool = False):
+        self.is_main = is_main
+        self.writer = None
+        self.bar = None
+        if not is_main:
+            return
+        if tensorboard_dir:
+            from torch.utils.tensorboard import SummaryWriter
+            self.writer = SummaryWriter(log_dir=tensorboard_dir, max_queue=100, flush_secs=10)
+        if progress_bar:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total_iters, initial=start_iter, desc="train", unit="it", dynamic_ncols=True,
+                            file=sys.stderr)
+
+    def print(self, message: str) -> None:
+        if not self.is_main:
+            return
+        line = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {message}"
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            print(line, flush=True)
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        if self.writer is None:
+            return
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, value, step)
+
+    def advance(self, loss: float) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{loss:.3f}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.writer is not None:
+            self.writer.flush()
+            self.writer.close()

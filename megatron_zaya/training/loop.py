@@ -1,0 +1,257 @@
+"""The training loop: one step reads top to bottom.
+
+    micro-batches of the global batch -> forward (bf16 autocast, fp32 loss) -> backward, gradients
+    reduced across data-parallel ranks -> clip -> optimizer (Muon + AdamW, or their ZeRO-1 form)
+    -> balancing-bias update from global routing counts -> metrics -> maybe evaluate / checkpoint.
+
+Loss normalisation: the loss of a step is sum(token_loss * loss_mask) over the whole global batch
+divided by the number of loss tokens in it (all micro-batches, all data-parallel ranks), so a run on
+N ranks computes exactly what one process computes on the same global batch.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from megatron_zaya.optim.balancing import BalancingBiasUpdater
+from megatron_zaya.optim.schedules import LRSchedule
+from megatron_zaya.training.batch_schedule import BatchSizeSchedule
+from megatron_zaya.training.logger import TrainingLogger
+from megatron_zaya.training.metrics import device_peak_tflops, peak_memory_bytes, routing_statistics
+
+
+@dataclass
+class TrainState:
+    iteration: int = 0
+    consumed_samples: int = 0
+    consumed_valid_samples: int = 0
+    skipped_iterations: int = 0
+
+
+@dataclass
+class StepResult:
+    loss: float
+    grad_norm: float
+    num_tokens: int
+    routing_counts: torch.Tensor    # (L, E + 1) global counts
+    skipped: bool
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+def batch_to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def model_inputs(batch: dict) -> dict:
+    """Keyword arguments for the model from a data-loader micro-batch."""
+    inputs = dict(tokens=batch["tokens"], labels=batch["labels"], position_ids=batch["position_ids"])
+    if "attention_mask" in batch:
+        inputs["attention_mask"] = ~batch["attention_mask"]   # loader: True = masked; SDPA: True = attend
+    return inputs
+
+
+class Trainer:
+    def __init__(self, run, model, optimizer, parallel, train_iterator, valid_loader_factory, logger: TrainingLogger,
+                 checkpointer=None, state: TrainState | None = None):
+        self.run, self.model, self.optimizer, self.parallel = run, model, optimizer, parallel
+        self.cfg = run.train
+        self.train_iterator = train_iterator
+        self.valid_loader_factory = valid_loader_factory
+        self.logger = logger
+        self.checkpointer = checkpointer
+        self.state = state or TrainState()
+        self.device = parallel.device
+        self.batch_schedule = BatchSizeSchedule(self.cfg.global_batch_size, self.cfg.micro_batch_size,
+                                                parallel.dp_size, self.cfg.rampup_batch_size)
+        self.total_iters = self.cfg.train_iters or self._iters_for_samples(self.cfg.train_samples)
+        self.lr_schedule = LRSchedule(run.optim.lr, self.cfg.min_lr, self.cfg.lr_warmup_iters,
+                                      self.cfg.lr_decay_iters or self.total_iters, self.cfg.lr_decay_style,
+                                      self.cfg.lr_wsd_decay_iters, self.cfg.lr_wsd_decay_style)
+        biases = [block.moe.router.balancing_bias for block in model.layers]
+        self.balancer = BalancingBiasUpdater(biases, self.cfg.moe_router_bias_lr, self.cfg.moe_router_bias_beta1,
+                                             self.cfg.moe_router_bias_beta2)
+        self.autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16) if self.cfg.bf16
+                         else contextlib.nullcontext())
+        from megatron_zaya.model.accounting import training_flops_per_token
+        self.flops_per_token = training_flops_per_token(run.model, run.model.seq_length)
+        if self.cfg.peak_tflops:
+            self.peak_tflops, self.peak_source = self.cfg.peak_tflops, "--peak-tflops"
+        else:
+            self.peak_tflops, self.peak_source = device_peak_tflops(
+                self.device, torch.bfloat16 if self.cfg.bf16 else torch.float32)
+        self.consecutive_nonfinite = 0
+        self.stop_requested: str | None = None
+        self.last_validation: dict[str, float] | None = None
+
+    def _iters_for_samples(self, samples: int) -> int:
+        iters, consumed = 0, 0
+        while consumed < samples:
+            consumed += self.batch_schedule.batch_size(consumed)
+            iters += 1
+        return iters
+
+    # ---------------------------------------------------------------------------------------------
+    def train_step(self, micro_batches: list[dict]) -> StepResult:
+        model, parallel = self.model, self.parallel
+        self.optimizer.zero_grad()
+        local_tokens = sum(mb["loss_mask"].sum() for mb in micro_batches)
+        global_tokens = parallel.sum_over_data_ranks(torch.as_tensor(local_tokens, dtype=torch.float64)).item()
+        loss_scale = parallel.gradient_average_factor / max(global_tokens, 1.0)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        counts = None
+        for index, batch in enumerate(micro_batches):
+            batch = batch_to_device(batch, self.device)
+            with parallel.no_sync(index < len(micro_batches) - 1), self.autocast:
+                out = model(**model_inputs(batch))
+            masked = (out.token_losses * batch["loss_mask"]).sum()
+            (masked * loss_scale).backward()
+            loss_sum += masked.detach().double()
+            step_counts = torch.stack([r.counts for r in out.routing])
+            counts = step_counts if counts is None else counts + step_counts
+        parallel.finish_gradient_reduction()
+        loss = parallel.sum_over_data_ranks(loss_sum).item() / max(global_tokens, 1.0)
+        counts = parallel.sum_routing_counts(counts)
+        grad_norm = parallel.clip_grad_norm(self.run.optim.clip_grad)
+        skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
+        if skipped:
+            self.optimizer.zero_grad()
+        else:
+            self.optimizer.set_lr(self.lr_schedule(self.state.iteration))
+            self.optimizer.step()
+            if self.cfg.moe_router_bias_update:
+                self.balancer.update(counts)
+        return StepResult(loss, grad_norm, int(global_tokens), counts, skipped)
+
+    def next_micro_batches(self) -> list[dict]:
+        count = self.batch_schedule.num_micro_batches(self.state.consumed_samples)
+        return [next(self.train_iterator) for _ in range(count)]
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float] | None:
+        loader = self.valid_loader_factory(self.state.consumed_valid_samples) if self.valid_loader_factory else None
+        if loader is None:
+            return None
+        self.model.eval()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        tokens = torch.zeros((), dtype=torch.float64, device=self.device)
+        iterator = iter(loader)
+        per_iter = self.cfg.global_batch_size // (self.cfg.micro_batch_size * self.parallel.dp_size)
+        for _ in range(self.cfg.eval_iters * per_iter):
+            try:
+                batch = batch_to_device(next(iterator), self.device)
+            except StopIteration:
+                break
+            with self.autocast:
+                out = self.model(**model_inputs(batch))
+            loss_sum += (out.token_losses * batch["loss_mask"]).sum().double()
+            tokens += batch["loss_mask"].sum().double()
+        self.model.train()
+        self.state.consumed_valid_samples += self.cfg.eval_iters * self.cfg.global_batch_size
+        loss_sum, tokens = self.parallel.sum_over_data_ranks(loss_sum), self.parallel.sum_over_data_ranks(tokens)
+        if tokens.item() == 0:
+            return None
+        loss = loss_sum.item() / tokens.item()
+        return {"validation loss": loss, "validation ppl": math.exp(min(loss, 50.0))}
+
+    # ---------------------------------------------------------------------------------------------
+    def log_step(self, result: StepResult, step_seconds: float, batch_size: int, started: float) -> None:
+        it = self.state.iteration
+        tokens_per_device = result.num_tokens / step_seconds / self.parallel.world_size
+        tflops = tokens_per_device * self.flops_per_token / 1e12
+        mfu = tflops / self.peak_tflops
+        memory_gb = peak_memory_bytes(self.device) / 2 ** 30
+        elapsed = time.time() - started
+        done = max(1, it - self.start_iteration)
+        eta = (self.total_iters - it) * elapsed / done
+        lr = self.lr_schedule(it - 1)
+        scalars = {"lm loss": result.loss, "learning-rate": lr, "grad-norm": result.grad_norm,
+                   "batch-size": batch_size, "params-norm": self.parallel.params_norm(),
+                   "throughput/tokens-per-sec-per-device": tokens_per_device,
+                   "throughput/tflops-per-device": tflops, "throughput/mfu": mfu, "memory/peak-gb": memory_gb}
+        for layer, counts in enumerate(result.routing_counts):
+            for name, value in routing_statistics(counts).items():
+                scalars[f"moe/layer{layer:02d}/{name}"] = value
+            router = self.model.layers[layer].moe.router
+            for e, bias in enumerate(router.balancing_bias.tolist()):
+                scalars[f"moe/layer{layer:02d}/balancing-bias/{e:02d}"] = bias
+            if router.eda_gamma is not None:
+                scalars[f"moe/layer{layer:02d}/eda-gamma-norm"] = router.eda_gamma.detach().norm().item()
+        self.logger.scalars(scalars, it)
+        if it % self.cfg.log_interval == 0 or it == self.total_iters:
+            entropy = sum(scalars[f"moe/layer{i:02d}/routing_entropy"] for i in range(len(result.routing_counts)))
+            entropy /= max(1, len(result.routing_counts))
+            skip = result.routing_counts[:, -1].sum().item() / max(1, result.routing_counts.sum().item())
+            self.logger.print(
+                f"iteration {it:>7}/{self.total_iters} | consumed samples {self.state.consumed_samples:>9} | "
+                f"tokens {self.state.consumed_samples * self.run.model.seq_length:>11} | lm loss {result.loss:.4f} | "
+                f"lr {lr:.3e} | grad norm {result.grad_norm:.3f} | tokens/s/device {tokens_per_device:,.0f} | "
+                f"TFLOP/s/device {tflops:.3f} | MFU {100 * mfu:.1f}% | routing entropy {entropy:.3f} | skip {skip:.3f} | "
+                f"mem {memory_gb:.2f} GB | ETA {eta / 60:.1f} min"
+                + (" | SKIPPED (non-finite)" if result.skipped else ""))
+
+    def should_exit(self, started: float) -> str | None:
+        it = self.state.iteration
+        if self.stop_requested:
+            return self.stop_requested
+        if self.cfg.exit_interval and it % self.cfg.exit_interval == 0:
+            return f"--exit-interval {self.cfg.exit_interval} reached"
+        if self.cfg.exit_duration_in_mins:
+            elapsed = torch.tensor(float(time.time() - started > self.cfg.exit_duration_in_mins * 60))
+            if self.parallel.max_over_all_ranks(elapsed).item() > 0:
+                return f"--exit-duration-in-mins {self.cfg.exit_duration_in_mins} reached"
+        return None
+
+    def train(self) -> TrainState:
+        self.model.train()
+        started = time.time()
+        self.start_iteration = self.state.iteration
+        self.logger.print(f"training from iteration {self.state.iteration} to {self.total_iters}; "
+                          f"model FLOPs/token {self.flops_per_token:.3e} (training, active expert only); "
+                          f"MFU peak {self.peak_tflops:.1f} TFLOP/s ({self.peak_source})")
+        while self.state.iteration < self.total_iters:
+            batch_size = self.batch_schedule.batch_size(self.state.consumed_samples)
+            step_start = time.time()
+            result = self.train_step(self.next_micro_batches())
+            self.state.iteration += 1
+            self.state.consumed_samples += batch_size
+            self.handle_nonfinite(result)
+            self.log_step(result, time.time() - step_start, batch_size, started)
+            self.logger.advance(result.loss)
+            if self.cfg.eval_interval and self.state.iteration % self.cfg.eval_interval == 0:
+                self.run_evaluation()
+            if self.checkpointer is not None:
+                self.checkpointer.after_step(self)
+            reason = self.should_exit(started)
+            if reason:
+                self.logger.print(f"exiting: {reason}")
+                if self.checkpointer is not None:
+                    self.checkpointer.on_exit(self)
+                break
+        return self.state
+
+    def run_evaluation(self) -> dict[str, float] | None:
+        metrics = self.evaluate()
+        self.last_validation = metrics
+        if metrics:
+            self.logger.scalars(metrics, self.state.iteration)
+            self.logger.print(f"validation at iteration {self.state.iteration} | loss {metrics['validation loss']:.4f}"
+                              f" | ppl {metrics['validation ppl']:.3f}")
+        return metrics
+
+    def handle_nonfinite(self, result: StepResult) -> None:
+        if not result.skipped:
+            self.consecutive_nonfinite = 0
+            return
+        self.state.skipped_iterations += 1
+        self.consecutive_nonfinite += 1
+        if self.consecutive_nonfinite >= self.cfg.max_consecutive_nonfinite:
+            raise NonFiniteLossError(
+                f"{self.consecutive_nonfinite} consecutive steps with a non-finite loss or gradient at iteration "
+                f"{self.state.iteration}: {self.parallel.describe_nonfinite(self.model)}")

@@ -1,0 +1,73 @@
+"""Throughput, model FLOP/s and MFU, memory, and per-layer routing statistics.
+
+MFU = achieved model FLOP/s per device / peak bf16 dense FLOP/s of the device. Model FLOPs come from
+megatron_zaya.model.accounting (only the active expert counts; attention and CCA convolutions do;
+training = 3x forward). Peaks: the table below for accelerators, a measured matmul peak on CPU.
+"""
+from __future__ import annotations
+
+import math
+import resource
+import time
+
+import torch
+
+# Dense bf16 peak TFLOP/s per device (vendor figures, no sparsity).
+PEAK_TFLOPS_BF16 = {"MI355X": 2300.0, "MI325X": 1307.0, "MI300X": 1307.0, "MI250X": 383.0,
+                    "H200": 989.0, "H100": 989.0, "A100": 312.0}
+
+_cpu_peak_cache: dict[torch.dtype, float] = {}
+
+
+def measure_matmul_tflops(dtype: torch.dtype = torch.bfloat16, size: int = 1024, repeats: int = 5,
+                          device: str = "cpu") -> float:
+    """Best-of-`repeats` square matmul throughput in TFLOP/s on this device."""
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    a @ b
+    best = math.inf
+    for _ in range(repeats):
+        if device != "cpu":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        a @ b
+        if device != "cpu":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size ** 3 / best / 1e12
+
+
+def device_peak_tflops(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> tuple[float, str]:
+    """(peak TFLOP/s, where it came from)."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, peak in PEAK_TFLOPS_BF16.items():
+            if key in name.upper().replace(" ", ""):
+                return peak, f"table ({key})"
+        return measure_matmul_tflops(dtype, 8192, device="cuda"), f"measured matmul ({name})"
+    if dtype not in _cpu_peak_cache:
+        _cpu_peak_cache[dtype] = measure_matmul_tflops(dtype)
+    return _cpu_peak_cache[dtype], f"measured CPU {str(dtype).removeprefix('torch.')} matmul"
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux reports KiB
+
+
+def routing_statistics(counts: torch.Tensor) -> dict[str, float]:
+    """counts (E + 1,) tokens per class with the skip class last -> load statistics over the experts."""
+    experts = counts[:-1].double()
+    total_routed = experts.sum().clamp_min(1.0)
+    shares = experts / total_routed
+    nonzero = shares[shares > 0]
+    entropy = -(nonzero * nonzero.log()).sum().item()
+    mean = experts.mean().item()
+    return {
+        "tokens_per_expert_min": experts.min().item(),
+        "tokens_per_expert_max": experts.max().item(),
+        "tokens_per_expert_cv": (experts.std(unbiased=False).item() / mean) if mean > 0 else 0.0,
+        "routing_entropy": entropy / math.log(len(experts)) if len(experts) > 1 else 1.0,
+        "skip_rate": counts[-1].item() / max(1, counts.sum().item()),
+    }

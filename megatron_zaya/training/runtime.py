@@ -1,0 +1,66 @@
+"""What the training loop needs from the process layout, behind one small interface.
+
+`SingleProcess` is the plain case; `megatron_zaya.training.distributed_runtime` implements the same
+methods over the parallel package's process groups."""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+
+def nonfinite_gradients(model: torch.nn.Module) -> list[str]:
+    return [name for name, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+
+
+class SingleProcess:
+    rank = 0
+    world_size = 1
+    dp_rank = 0
+    dp_size = 1
+    is_main = True
+    gradient_average_factor = 1.0
+
+    def __init__(self, device: torch.device | None = None):
+        self.model = None
+        self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        self.model = model.to(self.device)
+        return self.model
+
+    def build_optimizer(self, model: torch.nn.Module, optim_config):
+        from megatron_zaya.optim.builder import build_optimizer
+        return build_optimizer(model, optim_config)
+
+    def sum_over_data_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def max_over_all_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def sum_routing_counts(self, counts: torch.Tensor) -> torch.Tensor:
+        return counts
+
+    def no_sync(self, skip: bool):
+        return contextlib.nullcontext()
+
+    def finish_gradient_reduction(self) -> None:
+        pass
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if max_norm and max_norm > 0:
+            return torch.nn.utils.clip_grad_norm_(params, max_norm).item()
+        return math.sqrt(sum(p.grad.double().pow(2).sum().item() for p in params))
+
+    def params_norm(self) -> float:
+        return math.sqrt(sum(p.detach().double().pow(2).sum().item() for p in self.model.parameters()))
+
+    def describe_nonfinite(self, model: torch.nn.Module) -> str:
+        bad = nonfinite_gradients(model)
+        return f"rank {self.rank}: non-finite gradients in {bad[:8]}" if bad else f"rank {self.rank}: non-finite loss"
+
+    def barrier(self) -> None:
+        pass

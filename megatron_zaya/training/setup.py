@@ -1,0 +1,90 @@
+"""Build everything a run needs from a validated RunConfig, then train.
+
+Order: process layout -> tokenizer (and the padded vocabulary) -> model -> parallel form ->
+optimizer -> checkpoint load -> data loaders -> trainer. Validation of the flags already happened
+in megatron_zaya.arguments, before any of this."""
+from __future__ import annotations
+
+import torch
+
+from megatron_zaya.data import build_tokenizer, build_train_valid_test_loaders
+from megatron_zaya.model import ZayaModel
+from megatron_zaya.training.logger import TrainingLogger
+from megatron_zaya.training.loop import Trainer, TrainState
+from megatron_zaya.training.runtime import SingleProcess
+
+
+def resolve_vocab(run, tokenizer) -> None:
+    """The model's vocabulary is the tokenizer's, padded to --make-vocab-size-divisible-by."""
+    padded = tokenizer.padded_vocab_size
+    if run.args.vocab_size is None:
+        run.model = run.model.replace(vocab_size=padded)
+    elif run.model.vocab_size < tokenizer.vocab_size:
+        raise ValueError(f"--vocab-size={run.model.vocab_size} is smaller than the tokenizer's vocabulary "
+                         f"({tokenizer.vocab_size} tokens in {run.data.tokenizer_model})")
+
+
+def build_runtime(run):
+    if run.parallel.world_size == 1:
+        return SingleProcess()
+    from megatron_zaya.training.distributed_runtime import DistributedRuntime
+    return DistributedRuntime(run)
+
+
+def build_and_train(run) -> int:
+    tokenizer = build_tokenizer(run.data.tokenizer_type, run.data.tokenizer_model,
+                                run.model.make_vocab_size_divisible_by)
+    resolve_vocab(run, tokenizer)
+    runtime = build_runtime(run)
+    torch.manual_seed(run.train.seed)    # identical initial weights on every rank
+    model = runtime.prepare_model(ZayaModel(run.model))
+    optimizer = runtime.build_optimizer(model, run.optim)
+
+    state = TrainState()
+    # Always built: it also owns the SIGTERM/SIGUSR1 handlers and the watchdog.
+    from megatron_zaya.checkpoint.training import TrainingCheckpointer
+    checkpointer = TrainingCheckpointer(run, runtime)
+
+    logger = TrainingLogger(runtime.is_main, run.train.tensorboard_dir, 0, 0, run.train.progress_bar)
+    trainer = Trainer(run, model, optimizer, runtime, None, None, logger, checkpointer, state)
+    if checkpointer is not None and run.train.load:
+        checkpointer.load(trainer)
+
+    seq = run.model.seq_length
+    gbs = run.train.global_batch_size
+    train_samples = run.train.train_samples or sum(
+        trainer.batch_schedule.batch_size(c) for c in _consumed_series(trainer))
+    valid_samples = run.train.eval_iters * gbs if run.train.eval_iters else 0
+    train_loader, valid_loader, _ = build_train_valid_test_loaders(
+        run.data, gbs, run.train.micro_batch_size, seq, runtime.dp_rank, runtime.dp_size,
+        consumed_samples=trainer.state.consumed_samples, train_samples=train_samples,
+        valid_samples=valid_samples, tokenizer=tokenizer)
+    trainer.train_iterator = iter(train_loader)
+    # Validation always uses the same first eval_iters global batches, so successive values compare.
+    trainer.valid_loader_factory = (lambda _consumed: valid_loader) if valid_loader is not None else None
+    if runtime.is_main and run.train.progress_bar:
+        logger.close()
+        logger = TrainingLogger(True, run.train.tensorboard_dir, trainer.total_iters, trainer.state.iteration, True)
+        trainer.logger = logger
+    try:
+        trainer.train()
+        evaluated_last = run.train.eval_interval and trainer.state.iteration % run.train.eval_interval == 0
+        final = trainer.last_validation if evaluated_last else trainer.run_evaluation()
+        if final:
+            logger.print(f"final validation loss {final['validation loss']:.4f} "
+                         f"(perplexity {final['validation ppl']:.2f}) at iteration {trainer.state.iteration}")
+        if checkpointer is not None:
+            checkpointer.finalize(trainer)
+    finally:
+        checkpointer.close()
+        logger.close()
+        if hasattr(runtime, "shutdown"):
+            runtime.shutdown()
+    return 0
+
+
+def _consumed_series(trainer):
+    consumed = 0
+    for _ in range(trainer.total_iters):
+        yield consumed
+        consumed += trainer.batch_schedule.batch_size(consumed)

@@ -1,0 +1,16 @@
+"""Command lines for tiny training runs in tests."""
+
+
+def tiny_run_flags(corpus, tmp_path, **extra) -> list[str]:
+    prefix, tokenizer = corpus
+    flags = {"--preset": "zaya1-tiny", "--num-layers": "2", "--data-path": prefix, "--tokenizer-model": tokenizer,
+             "--micro-batch-size": "2", "--global-batch-size": "4", "--seq-length": "32", "--train-iters": "6",
+             "--lr": "3e-3", "--num-workers": "0", "--log-interval": "1", "--eval-interval": "3",
+             "--eval-iters": "1", "--data-cache-path": str(tmp_path / "cache")}
+    flags.update({k: str(v) for k, v in extra.items()})
+    argv = []
+    for key, value in flags.items():
+        argv.append(key)
+        if value != "":
+            argv.append(value)
+    return argv

@@ -1,0 +1,53 @@
+"""A tiny training run end to end, read back through TensorBoard's own event reader."""
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from megatron_zaya.arguments import parse_args
+from megatron_zaya.training.batch_schedule import BatchSizeSchedule
+from megatron_zaya.training.setup import build_and_train
+from tests.training.helpers import tiny_run_flags
+
+
+def scalars(logdir) -> dict[str, list[tuple[int, float]]]:
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_tensorboard_scalars_written(tiny_corpus, tmp_path, capsys):
+    tb = tmp_path / "tb"
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--tensorboard-dir": tb, "--train-iters": 6,
+                                                               "--rampup-batch-size": ""}) + ["2", "2", "8"])
+    assert build_and_train(run) == 0
+    values = scalars(tb)
+    for tag in ("lm loss", "validation loss", "validation ppl", "learning-rate", "grad-norm", "params-norm",
+                "batch-size", "throughput/tokens-per-sec-per-device", "throughput/tflops-per-device",
+                "throughput/mfu", "memory/peak-gb"):
+        assert tag in values, tag
+    assert [s for s, _ in values["lm loss"]] == [1, 2, 3, 4, 5, 6]
+    # Ramp-up 2 -> 4 in steps of 2 over 8 samples: 2, 2, 2, 2 (8 samples consumed), then 4.
+    assert [v for _, v in values["batch-size"]] == [2, 2, 2, 2, 4, 4]
+    for layer in range(2):
+        for stat in ("tokens_per_expert_min", "tokens_per_expert_max", "tokens_per_expert_cv", "routing_entropy",
+                     "skip_rate", "balancing-bias/00", "balancing-bias/04"):
+            assert f"moe/layer{layer:02d}/{stat}" in values, (layer, stat)
+    assert "moe/layer01/eda-gamma-norm" in values and "moe/layer00/eda-gamma-norm" not in values
+    assert [s for s, _ in values["validation loss"]] == [3, 6]
+    out = capsys.readouterr().out
+    assert "final validation loss" in out and "MFU" in out and "ETA" in out
+
+
+def test_exit_interval_stops_early(tiny_corpus, tmp_path, capsys):
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--exit-interval": 2, "--eval-iters": 0}))
+    assert build_and_train(run) == 0
+    out = capsys.readouterr().out
+    assert "iteration       2/6" in out and "iteration       3/6" not in out
+    assert "--exit-interval 2 reached" in out
+
+
+def test_rampup_schedule_boundaries():
+    s = BatchSizeSchedule(16, 2, 2, [4, 4, 120])   # 3 increments, one per 40 samples
+    assert [s.batch_size(c) for c in (0, 39, 40, 79, 80, 119, 120, 10_000)] == [4, 4, 8, 8, 12, 12, 16, 16]
+    assert s.num_micro_batches(0) == 1 and s.num_micro_batches(120) == 4
+    with pytest.raises(ValueError, match="--rampup-batch-size"):
+        BatchSizeSchedule(16, 4, 1, [2, 2, 100])
