@@ -1,0 +1,415 @@
+"""On-disk format of megatron-zaya's sharded checkpoints, and the low-level I/O.
+
+    SAVE/
+      latest_checkpointed_iteration.txt     "100" (Megatron's name and content), replaced atomically
+      iter_0000100/
+        rank_00000.safetensors              this rank's tensors (model / optimizer / RNG / balancer)
+        rank_00000.json                     how each tensor is sliced + non-tensor state + checksum
+        ...                                 one pair per rank
+        metadata.json                       iteration, samples, config, layout, file manifest (rank 0)
+        COMPLETE                            the marker, written last
+      iter_0000100.partial-<run id>/        a save in progress (or interrupted): never loaded
+
+A tensor entry describes where its data sits in the GLOBAL (single-device) tensor: `ranges` gives,
+per dimension, the list of [start, end) runs of global indices that make up the local block (a TP
+split of the gate/up experts weight is two runs), and `flat` = [a, b] says the entry holds only
+elements a..b of the block's row-major flattening (ZeRO-1 pieces); null means the whole block.
+Any layout can therefore be assembled from any other. Replicated tensors are written by one rank.
+
+Files are written to a temporary name, fsynced, then renamed; a rank's JSON is written after its
+tensor file (its appearance means "this rank is done"); rank 0 writes metadata.json, COMPLETE,
+renames the folder into place and only then updates latest_checkpointed_iteration.txt.
+Nothing is ever unpickled: tensors are read with safetensors, everything else is JSON.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+
+FORMAT_VERSION = 1
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+COMPLETE_MARKER = "COMPLETE"
+METADATA_FILE = "metadata.json"
+ITER_RE = re.compile(r"^iter_(\d{7,})$")
+PARTIAL_RE = re.compile(r"^iter_(\d{7,})\.partial-([0-9a-f]+)$")
+
+_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+           torch.bool: "BOOL"}
+DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used; the message names the folder or file."""
+
+
+def iter_dir_name(iteration: int) -> str:
+    return f"iter_{iteration:07d}"
+
+
+def rank_stem(rank: int) -> str:
+    return f"rank_{rank:05d}"
+
+
+# -- durable writes ---------------------------------------------------------------------------------
+def fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Write to `path.tmp`, fsync, rename over `path`, fsync the folder."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def atomic_write_json(path: str, obj) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
+
+
+def file_crc32(path: str, chunk: int = 1 << 24) -> tuple[int, int]:
+    """(crc32, size in bytes) of a file."""
+    crc, size = 0, 0
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(chunk)
+            if not block:
+                return crc, size
+            crc = zlib.crc32(block, crc)
+            size += len(block)
+
+
+# -- safetensors writer (streaming, checksummed, GIL released during the big writes) ------------------
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous().reshape(-1)
+    if t.numel() == 0:
+        return memoryview(b"")
+    return memoryview(t.view(torch.uint8).numpy()).cast("B")
+
+
+def write_safetensors(path: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> dict:
+    """Write `tensors` in the safetensors format to `path` (via `path.tmp` + fsync + rename).
+    Returns {"bytes": size, "crc32": crc of the whole file}."""
+    header, offset = {}, 0
+    names = sorted(tensors)
+    for name in names:
+        t = tensors[name]
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{path}: tensor {name!r} has unsupported dtype {t.dtype}")
+        n = t.numel() * t.element_size()
+        header[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    prefix = struct.pack("<Q", len(head)) + head
+    crc = zlib.crc32(prefix)
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(prefix)
+            for name in names:
+                data = tensor_bytes(tensors[name])
+                if len(data):
+                    f.write(data)
+                    crc = zlib.crc32(data, crc)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    return {"bytes": len(prefix) + offset, "crc32": crc}
+
+
+# -- slicing descriptions ---------------------------------------------------------------------------
+Ranges = list  # per dimension: [[start, end], ...]
+
+
+def full_ranges(shape) -> Ranges:
+    return [[[0, int(n)]] for n in shape]
+
+
+def index_runs(index: torch.Tensor) -> list[list[int]]:
+    """Compress a 1-D index tensor into [start, end) runs."""
+    runs: list[list[int]] = []
+    for i in index.tolist():
+        if runs and runs[-1][1] == i:
+            runs[-1][1] = i + 1
+        else:
+            runs.append([i, i + 1])
+    return runs
+
+
+def ranges_shape(ranges: Ranges) -> list[int]:
+    return [sum(b - a for a, b in runs) for runs in ranges]
+
+
+def _run_index(runs) -> torch.Tensor:
+    return torch.cat([torch.arange(a, b) for a, b in runs]) if runs else torch.zeros(0, dtype=torch.long)
+
+
+def read_block(full: torch.Tensor, ranges: Ranges) -> torch.Tensor:
+    """The block of `full` described by `ranges` (a copy)."""
+    out = full
+    for dim, runs in enumerate(ranges):
+        if len(runs) == 1:
+            a, b = runs[0]
+            out = out.narrow(dim, a, b - a)
+        else:
+            out = out.index_select(dim, _run_index(runs))
+    return out.clone()
+
+
+def write_block(full: torch.Tensor, ranges: Ranges, block: torch.Tensor) -> None:
+    """full[ranges] = block (in place)."""
+    if all(len(runs) == 1 for runs in ranges):
+        view = full
+        for dim, ((a, b),) in enumerate(ranges):
+            view = view.narrow(dim, a, b - a)
+        view.copy_(block)
+        return
+    index = [_run_index(runs) for runs in ranges]
+    grids = torch.meshgrid(*index, indexing="ij") if index else ()
+    full[tuple(grids)] = block
+
+
+@dataclass
+class Entry:
+    """One tensor (or piece of one) to write: `tensor` holds elements `flat` of block `ranges` of a
+    global tensor of shape `shape`."""
+    key: str
+    tensor: torch.Tensor
+    shape: list[int]
+    ranges: Ranges
+    flat: list[int] | None = None
+    local: bool = False            # rank-specific (RNG): never resharded
+
+    def describe(self) -> dict:
+        return {"shape": list(self.shape), "ranges": self.ranges, "flat": self.flat, "local": self.local,
+                "dtype": _DTYPES[self.tensor.dtype]}
+
+
+@dataclass
+class RankFile:
+    """A saved rank's JSON (parsed) and lazy access to its tensors."""
+    folder: str
+    rank: int
+    meta: dict
+    verified: bool = False
+    _handle: object = field(default=None, repr=False)
+
+    @property
+    def tensor_path(self) -> str:
+        return os.path.join(self.folder, rank_stem(self.rank) + ".safetensors")
+
+    def verify(self) -> None:
+        if self.verified:
+            return
+        path = self.tensor_path
+        if not os.path.isfile(path):
+            raise CheckpointError(f"{path}: missing (listed in {rank_stem(self.rank)}.json)")
+        want = self.meta["file"]
+        crc, size = file_crc32(path)
+        if size != want["bytes"] or crc != want["crc32"]:
+            raise CheckpointError(f"{path}: corrupt ({size} bytes, crc32 {crc:08x}; expected {want['bytes']} bytes, "
+                                  f"crc32 {want['crc32']:08x})")
+        self.verified = True
+
+    def get(self, key: str, verify: bool = True) -> torch.Tensor:
+        if verify:
+            self.verify()
+        if self._handle is None:
+            from safetensors import safe_open
+            try:
+                self._handle = safe_open(self.tensor_path, framework="pt", device="cpu")
+            except Exception as err:
+                raise CheckpointError(f"{self.tensor_path}: unreadable safetensors file ({err})") from err
+        try:
+            return self._handle.get_tensor(key)
+        except Exception as err:
+            raise CheckpointError(f"{self.tensor_path}: cannot read tensor {key!r} ({err})") from err
+
+
+def read_json(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path}: missing")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path}: corrupt JSON ({err})") from err
+
+
+# -- checkpoint folders -------------------------------------------------------------------------------
+def list_complete(save_dir: str) -> list[int]:
+    """Iterations of the complete checkpoints in save_dir (marker present), ascending."""
+    if not os.path.isdir(save_dir):
+        return []
+    out = []
+    for name in os.listdir(save_dir):
+        m = ITER_RE.match(name)
+        if m and os.path.isfile(os.path.join(save_dir, name, COMPLETE_MARKER)):
+            out.append(int(m.group(1)))
+    return sorted(out)
+
+
+def read_latest(save_dir: str) -> int | None:
+    path = os.path.join(save_dir, LATEST_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        text = open(path).read().strip()
+        return int(text)
+    except (OSError, ValueError):
+        return None        # Megatron also writes "release"; unreadable -> scan the folders
+
+
+def write_latest(save_dir: str, iteration: int) -> None:
+    atomic_write_bytes(os.path.join(save_dir, LATEST_FILE), f"{iteration}\n".encode())
+
+
+class CheckpointFolder:
+    """A complete checkpoint folder, opened and checked: metadata, manifest, every rank's JSON."""
+
+    def __init__(self, folder: str, verify_all: bool = False):
+        self.folder = folder
+        if not os.path.isdir(folder):
+            raise CheckpointError(f"{folder}: no such checkpoint folder")
+        marker = os.path.join(folder, COMPLETE_MARKER)
+        if not os.path.isfile(marker):
+            raise CheckpointError(f"{marker}: missing - the save of {folder} did not complete")
+        self.metadata = read_json(os.path.join(folder, METADATA_FILE))
+        if self.metadata.get("format_version") != FORMAT_VERSION:
+            raise CheckpointError(f"{os.path.join(folder, METADATA_FILE)}: format version "
+                                  f"{self.metadata.get('format_version')} (this code reads {FORMAT_VERSION})")
+        manifest = self.metadata["files"]
+        self.ranks: list[RankFile] = []
+        for rank in range(self.metadata["layout"]["world_size"]):
+            name = rank_stem(rank) + ".json"
+            path = os.path.join(folder, name)
+            if not os.path.isfile(path):
+                raise CheckpointError(f"{path}: missing")
+            crc, size = file_crc32(path)
+            want = manifest.get(name)
+            if want is None or crc != want["crc32"] or size != want["bytes"]:
+                raise CheckpointError(f"{path}: corrupt (does not match the manifest in {METADATA_FILE})")
+            meta = read_json(path)
+            self.ranks.append(RankFile(folder, rank, meta))
+        for rf in self.ranks:
+            name = rank_stem(rf.rank) + ".safetensors"
+            if manifest.get(name) != {"bytes": rf.meta["file"]["bytes"], "crc32": rf.meta["file"]["crc32"]}:
+                raise CheckpointError(f"{os.path.join(folder, name)}: manifest and rank JSON disagree")
+            if not os.path.isfile(rf.tensor_path):
+                raise CheckpointError(f"{rf.tensor_path}: missing")
+            if os.path.getsize(rf.tensor_path) != rf.meta["file"]["bytes"]:
+                raise CheckpointError(f"{rf.tensor_path}: corrupt (size {os.path.getsize(rf.tensor_path)}, expected "
+                                      f"{rf.meta['file']['bytes']})")
+            if verify_all:
+                rf.verify()
+        # key -> [(rank file, entry description)]
+        self.index: dict[str, list[tuple[RankFile, dict]]] = {}
+        for rf in self.ranks:
+            for key, desc in rf.meta["entries"].items():
+                self.index.setdefault(key, []).append((rf, desc))
+
+    @property
+    def iteration(self) -> int:
+        return self.metadata["iteration"]
+
+    def keys(self, prefix: str = "") -> list[str]:
+        return [k for k in self.index if k.startswith(prefix)]
+
+    def has(self, key: str) -> bool:
+        return key in self.index
+
+    def global_shape(self, key: str) -> list[int]:
+        return self.index[key][0][1]["shape"]
+
+    def local(self, key: str, rank: int) -> torch.Tensor | None:
+        for rf, desc in self.index.get(key, []):
+            if rf.rank == rank:
+                return rf.get(key)
+        return None
+
+    def full(self, key: str) -> torch.Tensor:
+        """The global tensor, assembled from every piece of every rank."""
+        pieces = self.index.get(key)
+        if not pieces:
+            raise CheckpointError(f"{self.folder}: no tensor {key!r} in any rank file")
+        shape = pieces[0][1]["shape"]
+        dtype = DTYPE_NAMES[pieces[0][1]["dtype"]]
+        if len(shape) == 0:
+            return pieces[0][0].get(key).clone()
+        full = torch.empty(shape, dtype=dtype)
+        covered = 0
+        for rf, desc in pieces:
+            data = rf.get(key)
+            block_shape = ranges_shape(desc["ranges"])
+            if desc["flat"] is None:
+                write_block(full, desc["ranges"], data.view(block_shape))
+                covered += data.numel()
+            else:
+                a, b = desc["flat"]
+                block = read_block(full, desc["ranges"])
+                block.view(-1)[a:b] = data.view(-1)
+                write_block(full, desc["ranges"], block)
+                covered += b - a
+        if covered != full.numel():
+            raise CheckpointError(f"{self.folder}: tensor {key!r} is incomplete ({covered} of {full.numel()} elements "
+                                  f"in {sorted({rf.tensor_path for rf, _ in pieces})})")
+        return full
+
+    def piece(self, key: str, ranges: Ranges, flat: list[int] | None, cache: dict | None = None) -> torch.Tensor:
+        """The block `ranges` (flattened piece `flat` of it) of tensor `key`, for any target layout.
+        Uses a saved entry with exactly that slicing when there is one (same layout: no assembly)."""
+        for rf, desc in self.index.get(key, []):
+            if desc["ranges"] == ranges and desc["flat"] == flat:
+                return rf.get(key).view(ranges_shape(ranges) if flat is None else [flat[1] - flat[0]]).clone()
+        if cache is not None and key in cache:
+            full = cache[key]
+        else:
+            full = self.full(key)
+            if cache is not None:
+                cache.clear()          # keep one assembled tensor at a time
+                cache[key] = full
+        if full.dim() == 0:
+            return full.clone()
+        block = read_block(full, ranges)
+        if flat is not None:
+            return block.reshape(-1)[flat[0]:flat[1]].clone()
+        return block

@@ -1,0 +1,101 @@
+"""Reading checkpoints outside training: the full (single-device) model of any layout, and a report
+of what a checkpoint holds and whether every file is intact."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from megatron_zaya.checkpoint.format import (COMPLETE_MARKER, METADATA_FILE, CheckpointError, CheckpointFolder,
+                                             file_crc32, list_complete, read_json, read_latest, rank_stem)
+from megatron_zaya.config import ModelConfig
+
+
+def resolve_folder(path: str) -> str:
+    """An iter_NNNNNNN folder, or a --save folder (-> the checkpoint latest_checkpointed_iteration.txt
+    names, else the newest complete one)."""
+    path = os.path.abspath(path)
+    if os.path.isfile(os.path.join(path, METADATA_FILE)) or os.path.isfile(os.path.join(path, COMPLETE_MARKER)):
+        return path
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path}: no such checkpoint folder")
+    latest = read_latest(path)
+    if latest is None:
+        done = list_complete(path)
+        if not done:
+            raise CheckpointError(f"{path}: no checkpoint (no latest_checkpointed_iteration.txt, no complete iter_* folder)")
+        latest = done[-1]
+    return os.path.join(path, f"iter_{latest:07d}")
+
+
+def model_config_of(folder: CheckpointFolder) -> ModelConfig:
+    return ModelConfig(**folder.metadata["model_config"])
+
+
+def load_full_model_state(path: str) -> tuple[dict, ModelConfig, dict]:
+    """(single-device state dict on CPU, ModelConfig, info) from a checkpoint of any layout.
+    Every file read is checked against its checksum. info: iteration, consumed_samples, tokens_seen,
+    layout, folder."""
+    folder = CheckpointFolder(resolve_folder(path))
+    state = {key[len("model/"):]: folder.full(key) for key in folder.keys("model/")}
+    meta = folder.metadata
+    info = {"folder": folder.folder, "iteration": meta["iteration"],
+            "consumed_samples": meta["train_state"]["consumed_samples"], "tokens_seen": meta.get("tokens_seen"),
+            "layout": meta["layout"], "saved_at": meta.get("saved_at")}
+    return state, model_config_of(folder), info
+
+
+def _check(path: str, want: dict | None) -> str:
+    if not os.path.isfile(path):
+        return "missing"
+    if want is None:
+        return "not in the manifest"
+    crc, size = file_crc32(path)
+    if size != want["bytes"]:
+        return f"corrupt: {size} bytes, expected {want['bytes']}"
+    if crc != want["crc32"]:
+        return f"corrupt: crc32 {crc:08x}, expected {want['crc32']:08x}"
+    return "ok"
+
+
+def inspect_checkpoint(path: str) -> dict:
+    """Iteration, tokens seen, layout, model config, bytes per rank, and the integrity of every file
+    ("ok", "missing", "corrupt: ..."); never raises for a damaged checkpoint (`ok` says it all)."""
+    folder_path = resolve_folder(path)
+    report = {"folder": folder_path, "complete": os.path.isfile(os.path.join(folder_path, COMPLETE_MARKER)),
+              "files": {}, "problems": []}
+    try:
+        meta = read_json(os.path.join(folder_path, METADATA_FILE))
+    except CheckpointError as err:
+        report["problems"].append(str(err))
+        report["ok"] = False
+        return report
+    layout = meta.get("layout", {})
+    report.update(iteration=meta.get("iteration"), consumed_samples=meta.get("train_state", {}).get("consumed_samples"),
+                  tokens_seen=meta.get("tokens_seen"), layout=layout, model_config=meta.get("model_config"),
+                  saved_at=meta.get("saved_at"), format_version=meta.get("format_version"))
+    manifest = meta.get("files", {})
+    per_rank = []
+    for rank in range(layout.get("world_size", 0)):
+        sizes = {}
+        for ext in (".json", ".safetensors"):
+            name = rank_stem(rank) + ext
+            status = _check(os.path.join(folder_path, name), manifest.get(name))
+            report["files"][name] = status
+            if status != "ok":
+                report["problems"].append(f"{os.path.join(folder_path, name)}: {status}")
+            sizes[ext[1:]] = manifest.get(name, {}).get("bytes")
+        per_rank.append({"rank": rank, "bytes": sum(v or 0 for v in sizes.values())})
+    report["ranks"] = per_rank
+    report["total_bytes"] = sum(r["bytes"] for r in per_rank)
+    if not report["complete"]:
+        report["problems"].append(f"{os.path.join(folder_path, COMPLETE_MARKER)}: missing (incomplete save)")
+    if not report["problems"]:
+        try:
+            folder = CheckpointFolder(folder_path)
+            report["tensors"] = {k: folder.global_shape(k) for k in sorted(folder.keys("model/"))}
+            report["parameters"] = int(sum(torch.Size(s).numel() for s in report["tensors"].values()))
+        except CheckpointError as err:
+            report["problems"].append(str(err))
+    report["ok"] = not report["problems"]
+    return report

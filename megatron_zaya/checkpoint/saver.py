@@ -1,0 +1,252 @@
+"""Writing checkpoints: every rank its own files, in parallel; rank 0 finalizes (manifest, marker,
+rename, latest_checkpointed_iteration.txt) once every rank's files are durable; old checkpoints are
+pruned (--ckpt-keep) without ever touching the newest complete one.
+
+Synchronous saves agree on success with two tiny all-reduces. Asynchronous saves (--async-save)
+block only for a copy of the state into reused host buffers; a background thread writes, and on
+rank 0 also waits (polling the folder: no collective off the main thread) for every rank's
+`rank_NNNNN.json` - or a `rank_NNNNN.failed` note - before it finalizes. At most one save is in
+flight: the next one (and a clean exit) waits for it.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+import time
+import traceback
+
+import torch
+
+from megatron_zaya.checkpoint.format import (COMPLETE_MARKER, FORMAT_VERSION, METADATA_FILE, PARTIAL_RE, Entry,
+                                             atomic_write_bytes, atomic_write_json, file_crc32, fsync_dir,
+                                             iter_dir_name, list_complete, rank_stem, write_latest,
+                                             write_safetensors)
+
+
+class CheckpointSaveError(RuntimeError):
+    pass
+
+
+def _default_log(msg: str) -> None:
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
+
+
+class CheckpointWriter:
+    def __init__(self, save_dir: str, rank: int, world_size: int, run_id: str, keep: int | None = None,
+                 log=_default_log, finalize_timeout: float | None = None):
+        self.save_dir = os.path.abspath(save_dir)
+        self.rank, self.world_size, self.run_id = rank, world_size, run_id
+        if keep is not None and keep < 1:
+            raise ValueError(f"--ckpt-keep={keep}: must be >= 1")
+        self.keep = keep
+        self.log = log
+        self.finalize_timeout = finalize_timeout if finalize_timeout is not None else float(
+            os.environ.get("MEGATRON_ZAYA_CKPT_FINALIZE_TIMEOUT", "1800"))
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._thread: threading.Thread | None = None
+        self._pending: tuple[int, bool] | None = None     # (iteration, succeeded) of the async save
+        self.completed: list[tuple[int, bool]] = []        # (iteration, succeeded) of finished saves
+        self.fault_hook = None                             # tests: called between this rank's writes
+
+    # -- folders ----------------------------------------------------------------------------------------
+    def final_dir(self, iteration: int) -> str:
+        return os.path.join(self.save_dir, iter_dir_name(iteration))
+
+    def partial_dir(self, iteration: int) -> str:
+        return os.path.join(self.save_dir, f"{iter_dir_name(iteration)}.partial-{self.run_id}")
+
+    # -- one rank's files -----------------------------------------------------------------------------
+    def write_rank(self, folder: str, iteration: int, entries: list[Entry], objects: dict) -> int:
+        os.makedirs(folder, exist_ok=True)
+        stem = os.path.join(folder, rank_stem(self.rank))
+        tensors = {e.key: e.tensor for e in entries}
+        info = write_safetensors(stem + ".safetensors", tensors, {"format": "pt", "rank": str(self.rank),
+                                                                  "iteration": str(iteration)})
+        if self.fault_hook is not None:
+            self.fault_hook("after_tensors", stem)
+        meta = {"format_version": FORMAT_VERSION, "rank": self.rank, "world_size": self.world_size,
+                "iteration": iteration, "entries": {e.key: e.describe() for e in entries},
+                "objects": objects, "file": info}
+        atomic_write_json(stem + ".json", meta)      # its appearance means: this rank is done
+        return info["bytes"]
+
+    def _note_failure(self, folder: str, err: BaseException) -> None:
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, rank_stem(self.rank) + ".failed"), "w") as f:
+                f.write(f"{type(err).__name__}: {err}\n")
+        except OSError:
+            pass          # disk full: rank 0 then times out waiting; the previous checkpoint stays latest
+
+    # -- rank 0: finalize ------------------------------------------------------------------------------
+    def _wait_for_ranks(self, folder: str, timeout: float) -> str | None:
+        """None when every rank's JSON is there; else the reason to give up."""
+        deadline = time.monotonic() + timeout
+        while True:
+            names = set(os.listdir(folder)) if os.path.isdir(folder) else set()
+            failed = sorted(n for n in names if n.endswith(".failed"))
+            if failed:
+                notes = []
+                for n in failed:
+                    try:
+                        notes.append(f"{n[:-7]}: {open(os.path.join(folder, n)).read().strip()}")
+                    except OSError:
+                        notes.append(n[:-7])
+                return "; ".join(notes)
+            missing = [r for r in range(self.world_size) if rank_stem(r) + ".json" not in names]
+            if not missing:
+                return None
+            if time.monotonic() > deadline:
+                return f"ranks {missing[:8]} did not finish writing within {timeout:.0f} s"
+            time.sleep(0.05)
+
+    def finalize(self, folder: str, iteration: int, global_meta: dict, timeout: float) -> None:
+        problem = self._wait_for_ranks(folder, timeout)
+        if problem:
+            raise CheckpointSaveError(problem)
+        files = {}
+        for r in range(self.world_size):
+            for ext in (".json", ".safetensors"):
+                name = rank_stem(r) + ext
+                path = os.path.join(folder, name)
+                if ext == ".json":
+                    crc, size = file_crc32(path)
+                    files[name] = {"bytes": size, "crc32": crc}
+                else:
+                    import json
+                    with open(os.path.join(folder, rank_stem(r) + ".json")) as f:
+                        info = json.load(f)["file"]
+                    files[name] = {"bytes": info["bytes"], "crc32": info["crc32"]}
+                    if os.path.getsize(path) != info["bytes"]:
+                        raise CheckpointSaveError(f"{path}: size {os.path.getsize(path)} != {info['bytes']} written")
+        meta = dict(global_meta, format_version=FORMAT_VERSION, iteration=iteration, files=files,
+                    saved_at=time.strftime("%Y-%m-%d %H:%M:%S"), run_id=self.run_id)
+        atomic_write_json(os.path.join(folder, METADATA_FILE), meta)
+        if self.fault_hook is not None:
+            self.fault_hook("before_marker", folder)
+        atomic_write_bytes(os.path.join(folder, COMPLETE_MARKER), f"{iteration}\n".encode())
+        final = self.final_dir(iteration)
+        replaced = None
+        if os.path.exists(final):      # the same iteration saved again: keep the old one until the swap
+            replaced = f"{final}.replaced-{self.run_id}"
+            os.replace(final, replaced)
+        os.replace(folder, final)
+        fsync_dir(self.save_dir)
+        write_latest(self.save_dir, iteration)
+        if replaced:
+            shutil.rmtree(replaced, ignore_errors=True)
+        self.prune(iteration)
+
+    def prune(self, just_saved: int) -> None:
+        """Keep the newest --ckpt-keep complete checkpoints; drop partial folders of dead saves."""
+        for name in os.listdir(self.save_dir):
+            m = PARTIAL_RE.match(name)
+            stale = bool(m) and (m.group(2) != self.run_id or int(m.group(1)) <= just_saved)
+            if stale or ".deleting-" in name or ".replaced-" in name:
+                shutil.rmtree(os.path.join(self.save_dir, name), ignore_errors=True)
+        if not self.keep:
+            return
+        complete = list_complete(self.save_dir)
+        doomed = [it for it in complete[:-self.keep] if it != just_saved and it != complete[-1]]
+        for it in doomed:
+            path = self.final_dir(it)
+            try:
+                os.unlink(os.path.join(path, COMPLETE_MARKER))    # no longer a checkpoint, from this moment
+                fsync_dir(path)
+                gone = f"{path}.deleting-{self.run_id}"
+                os.replace(path, gone)
+                shutil.rmtree(gone, ignore_errors=True)
+                self.log(f"removed old checkpoint {path} (--ckpt-keep {self.keep})")
+            except OSError as err:
+                self.log(f"warning: could not remove old checkpoint {path}: {err}")
+
+    def _cleanup(self, folder: str) -> None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+    # -- synchronous ------------------------------------------------------------------------------------
+    def save_sync(self, iteration: int, entries: list[Entry], objects: dict, global_meta: dict, agree) -> bool:
+        """agree(flag: bool) -> bool: True when flag is True on EVERY rank (collective)."""
+        self.wait()
+        folder = self.partial_dir(iteration)
+        ok = True
+        try:
+            self.write_rank(folder, iteration, entries, objects)
+        except Exception as err:
+            ok = False
+            self.log(f"[rank {self.rank}] error: writing checkpoint iteration {iteration} to {folder} failed: "
+                     f"{type(err).__name__}: {err}")
+            self._note_failure(folder, err)
+        all_ok = agree(ok)
+        done = False
+        if self.rank == 0:
+            if all_ok:
+                try:
+                    self.finalize(folder, iteration, global_meta, timeout=min(300.0, self.finalize_timeout))
+                    done = True
+                except Exception as err:
+                    self.log(f"error: finalizing checkpoint iteration {iteration} failed: {type(err).__name__}: {err}")
+            if not done:
+                self._cleanup(folder)
+        done = not agree(not done) if self.rank == 0 else not agree(True)
+        self.completed.append((iteration, done))
+        return done
+
+    # -- asynchronous -----------------------------------------------------------------------------------
+    def snapshot(self, entries: list[Entry]) -> list[Entry]:
+        """Copies of the entries' tensors in host buffers reused from save to save (pinned for GPUs)."""
+        out, cuda = [], False
+        for e in entries:
+            t = e.tensor.detach()
+            key = e.key
+            buf = self._buffers.get(key)
+            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+                buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.is_cuda)
+                self._buffers[key] = buf
+            buf.copy_(t, non_blocking=t.is_cuda)
+            cuda = cuda or t.is_cuda
+            out.append(Entry(e.key, buf, e.shape, e.ranges, e.flat, e.local))
+        if cuda:
+            torch.cuda.synchronize()
+        live = {e.key for e in entries}
+        for key in [k for k in self._buffers if k not in live]:
+            del self._buffers[key]
+        return out
+
+    def save_async(self, iteration: int, entries: list[Entry], objects: dict, global_meta: dict) -> None:
+        self.wait()
+        copies = self.snapshot(entries)
+        self._pending = (iteration, False)
+        self._thread = threading.Thread(target=self._background, args=(iteration, copies, objects, global_meta),
+                                        name=f"checkpoint-save-{iteration}", daemon=True)
+        self._thread.start()
+
+    def _background(self, iteration, entries, objects, global_meta) -> None:
+        folder = self.partial_dir(iteration)
+        try:
+            self.write_rank(folder, iteration, entries, objects)
+            if self.rank == 0:
+                self.finalize(folder, iteration, global_meta, timeout=self.finalize_timeout)
+            self._pending = (iteration, True)
+        except Exception as err:
+            self.log(f"[rank {self.rank}] error: asynchronous checkpoint iteration {iteration} failed: "
+                     f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
+            self._note_failure(folder, err)
+            if self.rank == 0:
+                self._cleanup(folder)
+
+    @property
+    def in_flight(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self) -> tuple[int, bool] | None:
+        """Wait for the save in flight; returns its (iteration, succeeded) or None if there was none."""
+        if self._thread is None:
+            return None
+        self._thread.join()
+        self._thread = None
+        result, self._pending = self._pending, None
+        self.completed.append(result)
+        return result

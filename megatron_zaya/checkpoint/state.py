@@ -1,0 +1,299 @@
+"""What a rank saves and how a rank of ANY layout takes its part back.
+
+Model: every parameter and buffer, as the rank holds it (TP / EP slices recorded by the parallel
+package on `param.partitions`), written by one replica only (tp_rank 0 for tensors TP does not
+split; dp_cp_rank 0 for dense, expert_dp_rank 0 for expert tensors).
+Optimizer: per parameter name and state key (`optim/<param>/<key>`), so Muon / AdamW state moves
+with its parameter under any layout; ZeRO-1 pieces (flat element ranges of the local parameter)
+and their fp32 masters carry their flat range.
+RNG: per rank (CPU, CUDA, Python, NumPy), restored on the same rank when the layout allows.
+Balancing biases are model buffers; their Adam state (BalancingBiasUpdater) is replicated.
+"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+from megatron_zaya.checkpoint.format import CheckpointError, CheckpointFolder, Entry, index_runs
+
+
+def unwrap(model):
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+        model = model.module
+    return model
+
+
+def model_pstate(model):
+    return getattr(unwrap(model), "pstate", None)
+
+
+def _partition_rank(pstate, kind: str) -> int:
+    if kind == "tp":
+        return pstate.tp_rank
+    if kind == "ep":
+        return pstate.ep_rank
+    raise CheckpointError(f"unknown partition kind {kind!r} on a parameter")
+
+
+def tensor_slicing(t: torch.Tensor, pstate) -> tuple[list[int], list]:
+    """(global shape, per-dim runs of global indices) of the local tensor `t`."""
+    parts = getattr(t, "partitions", []) or []
+    shape = list(t.shape)
+    for _kind, dim, pieces in reversed(parts):
+        shape[dim] = max((b for rank_pieces in pieces for _a, b in rank_pieces), default=0)
+    index = [torch.arange(n) for n in shape]
+    for kind, dim, pieces in parts:
+        mine = pieces[_partition_rank(pstate, kind)]
+        index[dim] = torch.cat([index[dim][a:b] for a, b in mine]) if mine else index[dim][:0]
+    return shape, [index_runs(i) for i in index]
+
+
+def is_tp_split(t) -> bool:
+    return any(kind == "tp" for kind, _d, _p in (getattr(t, "partitions", []) or []))
+
+
+def is_expert(t) -> bool:
+    return bool(getattr(t, "is_expert", False))
+
+
+def writes_replica(t, pstate) -> bool:
+    """Whether this rank writes tensor `t` (one replica of every distinct slice is written)."""
+    if pstate is None:
+        return True
+    if not is_tp_split(t) and pstate.tp_rank != 0:
+        return False
+    return (pstate.expert_dp_rank if is_expert(t) else pstate.dp_cp_rank) == 0
+
+
+def named_tensors(model) -> dict[str, torch.Tensor]:
+    """state_dict names -> the live parameter / buffer objects (with their partition markers)."""
+    model = unwrap(model)
+    return dict(model.state_dict(keep_vars=True))
+
+
+# -- model ---------------------------------------------------------------------------------------------
+def model_entries(model) -> list[Entry]:
+    pstate = model_pstate(model)
+    out = []
+    for name, t in named_tensors(model).items():
+        if writes_replica(t, pstate):
+            shape, ranges = tensor_slicing(t, pstate)
+            out.append(Entry("model/" + name, t.detach(), shape, ranges))
+    return out
+
+
+@torch.no_grad()
+def load_model(model, folder: CheckpointFolder) -> list[str]:
+    """Copy every parameter / buffer from the checkpoint into this rank's slice. Returns messages
+    about tensors the checkpoint lacks (missing ones are an error)."""
+    pstate = model_pstate(model)
+    cache: dict = {}
+    missing = []
+    for name, t in named_tensors(model).items():
+        key = "model/" + name
+        if not folder.has(key):
+            missing.append(name)
+            continue
+        shape, ranges = tensor_slicing(t, pstate)
+        if folder.global_shape(key) != shape:
+            raise CheckpointError(f"{folder.folder}: {name} has shape {folder.global_shape(key)} in the checkpoint, "
+                                  f"{shape} in this model (different model config?)")
+        t.copy_(folder.piece(key, ranges, None, cache).to(t.dtype))
+    if missing:
+        raise CheckpointError(f"{folder.folder}: tensors missing from the checkpoint: {missing[:8]}"
+                              + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+    extra = sorted(k[len("model/"):] for k in folder.keys("model/"))
+    unknown = [k for k in extra if k not in named_tensors(model)]
+    return [f"checkpoint tensors not in this model (ignored): {unknown[:8]}"] if unknown else []
+
+
+# -- optimizer -----------------------------------------------------------------------------------------
+class Slot:
+    """One inner torch optimizer and, for each of its params in state_dict order, the model
+    parameter it updates: (model param name, model param, flat range or None, master or None)."""
+
+    def __init__(self, tag: str, inner, items, distributed=None):
+        self.tag, self.inner, self.items, self.distributed = tag, inner, items, distributed
+
+
+def optimizer_slots(optimizer, model, tag: str = "") -> list[Slot]:
+    names = {id(p): n for n, p in unwrap(model).named_parameters()}
+
+    def name_of(p):
+        if id(p) not in names:
+            raise CheckpointError(f"optimizer {tag or type(optimizer).__name__} holds a tensor that is not a model "
+                                  f"parameter (shape {tuple(p.shape)}): cannot checkpoint it by name")
+        return names[id(p)]
+
+    if hasattr(optimizer, "optimizers") and isinstance(optimizer.optimizers, dict):     # OptimizerSet
+        return [s for key, opt in optimizer.optimizers.items()
+                for s in optimizer_slots(opt, model, f"{tag}{key}" if not tag else f"{tag}.{key}")]
+    if hasattr(optimizer, "pieces") and hasattr(optimizer, "inner"):                    # ZeRO-1
+        by_master = {id(m): (p, a, b, m) for p, a, b, m in optimizer.pieces}
+        items = []
+        if optimizer.inner is not None:
+            for group in optimizer.inner.param_groups:
+                for m in group["params"]:
+                    p, a, b, _ = by_master[id(m)]
+                    items.append((name_of(p), p, [a, b], m))
+        return [Slot(tag or "zero1", optimizer.inner, items, distributed=optimizer)]
+    if isinstance(optimizer, torch.optim.Optimizer):
+        items = [(name_of(p), p, None, None) for g in optimizer.param_groups for p in g["params"]]
+        return [Slot(tag or type(optimizer).__name__, optimizer, items)]
+    raise CheckpointError(f"do not know how to checkpoint an optimizer of type {type(optimizer).__name__}")
+
+
+def _json_value(v):
+    if isinstance(v, (bool, int, float, str)) or v is None:
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_json_value(x) for x in v]
+    return str(v)
+
+
+def optimizer_entries(optimizer, model) -> tuple[list[Entry], dict]:
+    pstate = model_pstate(model)
+    entries, classes, groups = [], {}, {}
+    for slot in optimizer_slots(optimizer, model):
+        if slot.inner is None:
+            continue
+        cls = type(slot.inner).__name__
+        groups[slot.tag] = [{k: _json_value(v) for k, v in g.items() if k != "params"}
+                            for g in slot.inner.param_groups]
+        params = [p for g in slot.inner.param_groups for p in g["params"]]
+        for inner_param, (name, p, flat, master) in zip(params, slot.items):
+            classes[name] = cls
+            writer = writes_replica(p, pstate) if flat is None else (pstate is None or is_tp_split(p)
+                                                                      or pstate.tp_rank == 0)
+            if not writer:
+                continue
+            shape, ranges = tensor_slicing(p, pstate)
+            state = dict(slot.inner.state.get(inner_param, {}))
+            if master is not None:
+                state["master"] = master
+            for key, value in state.items():
+                if not torch.is_tensor(value):
+                    if isinstance(value, (int, float)):
+                        value = torch.tensor(float(value), dtype=torch.float64)
+                    else:
+                        raise CheckpointError(f"optimizer state {name}/{key} of type {type(value).__name__} "
+                                              f"cannot be checkpointed")
+                k = f"optim/{name}/{key}"
+                if value.dim() == 0:
+                    if flat is None or flat[0] == 0:
+                        entries.append(Entry(k, value.detach(), [], []))
+                elif flat is None and tuple(value.shape) == tuple(p.shape):
+                    entries.append(Entry(k, value.detach(), shape, ranges))
+                elif flat is not None and value.numel() == flat[1] - flat[0]:
+                    entries.append(Entry(k, value.detach().reshape(-1), shape, ranges, flat=list(flat)))
+                else:
+                    raise CheckpointError(f"optimizer state {name}/{key} has shape {tuple(value.shape)} for a "
+                                          f"parameter of shape {tuple(p.shape)}: cannot describe its slicing")
+    return entries, {"classes": classes, "param_groups": groups}
+
+
+@torch.no_grad()
+def load_optimizer(optimizer, model, folder: CheckpointFolder, saved_classes: dict) -> None:
+    pstate = model_pstate(model)
+    cache: dict = {}
+    state_keys: dict[str, list[str]] = {}
+    for key in folder.keys("optim/"):
+        name, _, sk = key[len("optim/"):].rpartition("/")
+        state_keys.setdefault(name, []).append(sk)
+    for slot in optimizer_slots(optimizer, model):
+        template = slot.inner.state_dict() if slot.inner is not None else None
+        masters = []
+        if slot.inner is not None:
+            cls = type(slot.inner).__name__
+            params = [p for g in slot.inner.param_groups for p in g["params"]]
+            new_state = {}
+            for index, (_inner_param, (name, p, flat, master)) in enumerate(zip(params, slot.items)):
+                shape, ranges = tensor_slicing(p, pstate)
+                if name in saved_classes and saved_classes[name] != cls:
+                    raise CheckpointError(f"{folder.folder}: optimizer state of {name} was saved by "
+                                          f"{saved_classes[name]}, this run uses {cls} for it; pass --no-load-optim "
+                                          f"(or --finetune) to start the optimizer afresh")
+                entry = {}
+                for sk in state_keys.get(name, []):
+                    if sk == "master":
+                        continue
+                    key = f"optim/{name}/{sk}"
+                    if folder.global_shape(key) == []:
+                        value = folder.piece(key, [], None)
+                    else:
+                        if folder.global_shape(key) != shape:
+                            raise CheckpointError(f"{folder.folder}: optimizer state {name}/{sk} has shape "
+                                                  f"{folder.global_shape(key)}, the parameter {shape}")
+                        value = folder.piece(key, ranges, flat, cache)
+                    entry[sk] = value
+                if master is not None:
+                    if "master" in state_keys.get(name, []):
+                        masters.append(folder.piece(f"optim/{name}/master", ranges, flat, cache).float())
+                    else:        # saved without ZeRO-1: the master is the parameter itself
+                        masters.append(p.detach().reshape(-1)[flat[0]:flat[1]].float().cpu().clone())
+                if entry:
+                    new_state[index] = entry
+            template["state"] = new_state
+        if slot.distributed is not None:
+            slot.distributed.load_state_dict({"inner": template, "master": masters})
+        elif slot.inner is not None:
+            slot.inner.load_state_dict(template)
+
+
+# -- RNG -------------------------------------------------------------------------------------------------
+def rng_entries_and_objects() -> tuple[list[Entry], dict]:
+    entries = [Entry("rng/torch_cpu", torch.get_rng_state(), [], [], local=True)]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        entries.append(Entry("rng/torch_cuda", torch.cuda.get_rng_state(), [], [], local=True))
+    for e in entries:
+        e.shape, e.ranges = list(e.tensor.shape), [[[0, n]] for n in e.tensor.shape]
+    version, internal, gauss = random.getstate()
+    np_state = np.random.get_state()
+    entries.append(Entry("rng/numpy_keys", torch.from_numpy(np_state[1].astype(np.int64)), [len(np_state[1])],
+                         [[[0, len(np_state[1])]]], local=True))
+    objects = {"python": [version, list(internal), gauss],
+               "numpy": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])]}
+    return entries, objects
+
+
+def load_rng(folder: CheckpointFolder, rank: int) -> bool:
+    if rank >= len(folder.ranks):
+        return False
+    rf = folder.ranks[rank]
+    objects = rf.meta["objects"].get("rng")
+    if not objects or "rng/torch_cpu" not in rf.meta["entries"]:
+        return False
+    torch.set_rng_state(rf.get("rng/torch_cpu"))
+    if "rng/torch_cuda" in rf.meta["entries"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rf.get("rng/torch_cuda"))
+    version, internal, gauss = objects["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, pos, has_gauss, cached = objects["numpy"]
+    np.random.set_state((name, rf.get("rng/numpy_keys").numpy().astype(np.uint32), pos, has_gauss, cached))
+    return True
+
+
+# -- balancing-bias optimizer ----------------------------------------------------------------------------
+def balancer_entries(balancer, rank: int) -> tuple[list[Entry], dict]:
+    if balancer is None or rank != 0:
+        return [], {}
+    state = balancer.state_dict()
+    entries = []
+    for key in ("exp_avg", "exp_avg_sq"):
+        t = state[key]
+        entries.append(Entry("balancer/" + key, t, list(t.shape), [[[0, n]] for n in t.shape]))
+    return entries, {"steps": int(state["steps"])}
+
+
+def load_balancer(balancer, folder: CheckpointFolder) -> bool:
+    if balancer is None or not folder.has("balancer/exp_avg"):
+        return False
+    steps = folder.ranks[0].meta["objects"].get("balancer", {}).get("steps", 0)
+    exp_avg, exp_avg_sq = folder.full("balancer/exp_avg"), folder.full("balancer/exp_avg_sq")
+    if tuple(exp_avg.shape) != tuple(balancer.exp_avg.shape):
+        raise CheckpointError(f"{folder.folder}: balancing-bias optimizer state has shape {tuple(exp_avg.shape)}, "
+                              f"this model {tuple(balancer.exp_avg.shape)}")
+    balancer.load_state_dict({"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq, "steps": steps})
+    return True

@@ -1,0 +1,310 @@
+"""The training loop's checkpointing and fault-tolerance hooks (see docs/CHECKPOINTING.md).
+
+`TrainingCheckpointer(run, runtime)` is always constructed: besides --save / --load it owns the
+SIGTERM / SIGUSR1 handlers (save, then a clean exit) and the per-rank watchdog.
+
+    load(trainer)        before the data loaders: model, optimizer, RNG, TrainState, balancing biases
+    after_step(trainer)  heartbeat; --save-interval; a signal on any rank -> save + stop
+    on_exit(trainer)     early exit (exit interval / duration / signal): save unless just saved
+    finalize(trainer)    end of training: save unless just saved; wait for the async save
+    close()              always (setup.py's finally): wait for a save in flight, stop the watchdog
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import sys
+import time
+
+import torch
+
+from megatron_zaya.checkpoint.format import (ITER_RE, METADATA_FILE, CheckpointError, CheckpointFolder,
+                                             list_complete, read_latest, iter_dir_name)
+from megatron_zaya.checkpoint.saver import CheckpointWriter
+from megatron_zaya.checkpoint.state import (balancer_entries, load_balancer, load_model, load_optimizer, load_rng,
+                                            model_entries, optimizer_entries, optimizer_slots,
+                                            rng_entries_and_objects)
+from megatron_zaya.training.signals import SignalMonitor
+from megatron_zaya.training.watchdog import Watchdog
+
+SIGNAL_CODES = {"SIGTERM": 1, "SIGUSR1": 2}
+
+
+def _jsonable(value):
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return str(value)
+
+
+def checkpoint_candidates(path: str) -> list[str]:
+    """Folders to try for --load PATH, best first: the one latest_checkpointed_iteration.txt names,
+    then every other complete one, newest first. PATH may also be one iter_NNNNNNN folder."""
+    path = os.path.abspath(path)
+    if ITER_RE.match(os.path.basename(path)) or os.path.isfile(os.path.join(path, METADATA_FILE)):
+        return [path]
+    latest = read_latest(path)
+    complete = list_complete(path)
+    order = []
+    if latest is not None:
+        order.append(os.path.join(path, iter_dir_name(latest)))
+        complete = [it for it in complete if it > latest] + [it for it in complete if it < latest]
+    order += [os.path.join(path, iter_dir_name(it)) for it in sorted(complete, reverse=True)
+              if latest is None or it < latest]
+    return order
+
+
+def sync_masters_from_model(optimizer, model) -> None:
+    """ZeRO-1 fp32 masters := the (just loaded) parameters, for loads that skip the optimizer."""
+    for slot in optimizer_slots(optimizer, model):
+        dist_opt = slot.distributed
+        if dist_opt is None:
+            continue
+        with torch.no_grad():
+            for p, a, b, m in dist_opt.pieces:
+                m.copy_(p.detach().reshape(-1)[a:b].float())
+
+
+class TrainingCheckpointer:
+    def __init__(self, run, runtime):
+        self.run, self.runtime, self.cfg = run, runtime, run.train
+        self.rank = getattr(runtime, "rank", 0)
+        self.world_size = getattr(runtime, "world_size", 1)
+        self.is_main = getattr(runtime, "is_main", self.rank == 0)
+        self.signals = SignalMonitor(rank=self.rank)
+        self.watchdog = Watchdog(self.cfg.watchdog_timeout_factor, self.cfg.watchdog_min_seconds, self.rank)
+        self.run_id = self._agree_run_id()
+        self.writer = None
+        if self.cfg.save:
+            os.makedirs(self.cfg.save, exist_ok=True)
+            self.writer = CheckpointWriter(self.cfg.save, self.rank, self.world_size, self.run_id,
+                                           keep=self.cfg.ckpt_keep, log=self._log_error)
+        self.last_saved: int | None = None
+        self.loaded: dict | None = None
+        self.save_log: list[dict] = []      # per save: iteration, blocking seconds, kind (tests, bench)
+        self._reported = 0
+
+    # -- small collective helpers ----------------------------------------------------------------------
+    def _max(self, value: float) -> float:
+        if self.world_size == 1:
+            return value
+        t = torch.tensor([float(value)], dtype=torch.float64, device=getattr(self.runtime, "device", "cpu"))
+        return float(self.runtime.max_over_all_ranks(t).item())
+
+    def agree(self, flag: bool) -> bool:
+        """True when flag is True on every rank."""
+        return self._max(0.0 if flag else 1.0) == 0.0
+
+    def _agree_run_id(self) -> str:
+        mine = float(random.SystemRandom().getrandbits(40)) if self.rank == 0 else 0.0
+        return f"{int(self._max(mine)):010x}"
+
+    def log(self, msg: str) -> None:
+        if self.is_main:
+            print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}", flush=True)
+
+    def _log_error(self, msg: str) -> None:
+        sys.stderr.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}\n")
+        sys.stderr.flush()
+
+    # -- load ----------------------------------------------------------------------------------------
+    def open_for_load(self, path: str) -> CheckpointFolder | None:
+        """The newest loadable checkpoint under PATH (all ranks agree), falling back past missing or
+        corrupt ones with an error naming the file; None when PATH holds no checkpoint at all."""
+        candidates = checkpoint_candidates(path)
+        if not candidates:
+            return None
+        problems = []
+        for folder_path in candidates:
+            folder, problem = None, None
+            try:
+                folder = CheckpointFolder(folder_path)
+                # Every rank checks a share of the tensor files (crc32), in parallel.
+                for rf in folder.ranks[self.rank::self.world_size]:
+                    rf.verify()
+            except CheckpointError as err:
+                problem = str(err)
+                self._log_error(f"[rank {self.rank}] error: cannot load {folder_path}: {err}")
+            if self.agree(problem is None):
+                if problems:
+                    self.log(f"WARNING: fell back to {folder_path} because newer checkpoint(s) are unusable: "
+                             + "; ".join(problems))
+                for rf in folder.ranks:
+                    rf.verified = True      # checked by the rank that owns its share
+                return folder
+            problems.append(problem or f"{folder_path}: rejected by another rank (see its error)")
+        raise CheckpointError(f"--load {path}: no loadable checkpoint; " + "; ".join(problems))
+
+    def load(self, trainer) -> None:
+        cfg = self.cfg
+        if not cfg.load:
+            return
+        started = time.time()
+        folder = self.open_for_load(cfg.load)
+        if folder is None:
+            self.log(f"WARNING: --load {cfg.load}: no checkpoint found; training from scratch")
+            return
+        meta = folder.metadata
+        notes = load_model(trainer.model, folder)
+        optimizer_loaded = rng_loaded = balancer_loaded = False
+        if not (cfg.no_load_optim or cfg.finetune):
+            classes = {}
+            for rf in folder.ranks:
+                classes.update(rf.meta["objects"].get("optimizer", {}).get("classes", {}))
+            load_optimizer(trainer.optimizer, trainer.model, folder, classes)
+            optimizer_loaded = True
+            balancer_loaded = load_balancer(trainer.balancer, folder)
+        else:
+            sync_masters_from_model(trainer.optimizer, trainer.model)
+        if not (cfg.no_load_rng or cfg.finetune):
+            rng_loaded = load_rng(folder, self.rank)
+            if not rng_loaded:
+                notes.append(f"rank {self.rank}: no RNG state in the checkpoint for this rank (saved with "
+                             f"{len(folder.ranks)} ranks); RNG not restored")
+        if cfg.finetune:
+            trainer.state = type(trainer.state)()
+        else:
+            saved = meta["train_state"]
+            trainer.state = type(trainer.state)(**{f.name: saved[f.name] for f in dataclasses.fields(trainer.state)
+                                                   if f.name in saved})
+        same_dir = cfg.save and os.path.abspath(os.path.dirname(folder.folder)) == os.path.abspath(cfg.save)
+        if same_dir and not cfg.finetune:
+            self.last_saved = trainer.state.iteration      # nothing new to save before the next step
+        layout = meta["layout"]
+        self.loaded = {"folder": folder.folder, "iteration": folder.iteration, "optimizer": optimizer_loaded,
+                       "rng": rng_loaded, "balancer": balancer_loaded, "layout": layout}
+        for note in notes:
+            self.log(f"WARNING: {note}")
+        self.log(f"loaded checkpoint {folder.folder} (iteration {folder.iteration}, consumed samples "
+                 f"{meta['train_state']['consumed_samples']}, saved with TP {layout['tensor_model_parallel_size']} "
+                 f"CP {layout['context_parallel_size']} EP {layout['expert_model_parallel_size']} "
+                 f"DP {layout['data_parallel_size']}{' ZeRO-1' if layout['use_distributed_optimizer'] else ''}) in "
+                 f"{time.time() - started:.2f} s; optimizer {'loaded' if optimizer_loaded else 'NOT loaded'}, "
+                 f"RNG {'loaded' if rng_loaded else 'NOT loaded'}"
+                 + ("; --finetune: iteration and samples reset to 0" if cfg.finetune else ""))
+
+    # -- save -----------------------------------------------------------------------------------------
+    def _global_meta(self, trainer) -> dict:
+        run, state = self.run, trainer.state
+        p = run.parallel
+        tp, cp, ep = p.tensor_model_parallel_size, p.context_parallel_size, p.expert_model_parallel_size
+        return {
+            "train_state": dataclasses.asdict(state),
+            "consumed_samples": state.consumed_samples,
+            "tokens_seen": state.consumed_samples * run.model.seq_length,
+            "model_config": run.model.to_dict(),
+            "optimizer_config": _jsonable(dataclasses.asdict(run.optim)),
+            "args": _jsonable(vars(run.args)) if getattr(run, "args", None) is not None else {},
+            "layout": {"world_size": self.world_size, "tensor_model_parallel_size": tp, "context_parallel_size": cp,
+                       "expert_model_parallel_size": ep, "data_parallel_size": self.world_size // (tp * cp),
+                       "use_distributed_optimizer": bool(p.use_distributed_optimizer),
+                       "sequence_parallel": bool(p.sequence_parallel)},
+            "torch_version": torch.__version__,
+        }
+
+    def collect(self, trainer) -> tuple[list, dict]:
+        entries = model_entries(trainer.model)
+        opt_entries, opt_objects = optimizer_entries(trainer.optimizer, trainer.model)
+        rng_entries, rng_objects = rng_entries_and_objects()
+        bal_entries, bal_objects = balancer_entries(getattr(trainer, "balancer", None), self.rank)
+        objects = {"optimizer": opt_objects, "rng": rng_objects, "balancer": bal_objects,
+                   "train_state": dataclasses.asdict(trainer.state)}
+        return entries + opt_entries + rng_entries + bal_entries, objects
+
+    def save(self, trainer, reason: str = "interval") -> bool | None:
+        """Save at trainer.state.iteration. Returns True/False for a synchronous save, None when
+        an asynchronous one was started."""
+        if self.writer is None:
+            return False
+        iteration = trainer.state.iteration
+        if self.last_saved == iteration:
+            return True
+        started = time.time()
+        with self.watchdog.paused():
+            entries, objects = self.collect(trainer)
+            meta = self._global_meta(trainer)
+            if self.cfg.async_save:
+                self.writer.save_async(iteration, entries, objects, meta)
+                ok = None
+            else:
+                ok = self.writer.save_sync(iteration, entries, objects, meta, self.agree)
+        blocked = time.time() - started
+        self.last_saved = iteration
+        if ok is not None:
+            self._reported = len(self.writer.completed)
+        self.save_log.append({"iteration": iteration, "blocking_s": blocked, "async": bool(self.cfg.async_save),
+                              "reason": reason})
+        if ok is None:
+            self.log(f"checkpoint iteration {iteration} ({reason}): state copied in {blocked:.3f} s, writing to "
+                     f"{self.writer.partial_dir(iteration)} in the background")
+        elif ok:
+            self.log(f"saved checkpoint {self.writer.final_dir(iteration)} ({reason}) in {blocked:.2f} s")
+        else:
+            self.log(f"ERROR: checkpoint at iteration {iteration} FAILED ({reason}); the previous checkpoint "
+                     f"{self._latest_complete()} stays the latest")
+        return ok
+
+    def _latest_complete(self) -> str:
+        done = list_complete(self.cfg.save) if self.cfg.save else []
+        return os.path.join(self.cfg.save, iter_dir_name(done[-1])) if done else "(none)"
+
+    def _report_async(self) -> None:
+        if self.writer is None:
+            return
+        for iteration, ok in self.writer.completed[self._reported:]:
+            if ok:
+                self.log(f"checkpoint {self.writer.final_dir(iteration)} complete")
+            else:
+                self.log(f"ERROR: asynchronous checkpoint iteration {iteration} FAILED; the latest complete one is "
+                         f"{self._latest_complete()}")
+        self._reported = len(self.writer.completed)
+
+    def _last_save_failed(self) -> bool:
+        return bool(self.writer and self.writer.completed and not self.writer.completed[-1][1])
+
+    # -- hooks ------------------------------------------------------------------------------------------
+    def after_step(self, trainer) -> None:
+        self.watchdog.beat()
+        if self.writer is not None and not self.writer.in_flight and self.writer._thread is not None:
+            self.writer.wait()
+        self._report_async()
+        code = self._max(SIGNAL_CODES.get(self.signals.received, 3) if self.signals.pending else 0)
+        if code:
+            name = {v: k for k, v in SIGNAL_CODES.items()}.get(int(code), "signal")
+            if self.writer is not None:
+                self.save(trainer, reason=f"{name} received")
+            trainer.stop_requested = f"{name} received"
+            return
+        interval = self.cfg.save_interval
+        if interval and trainer.state.iteration % interval == 0:
+            self.save(trainer)
+
+    def on_exit(self, trainer) -> None:
+        if self.writer is not None and self.last_saved != trainer.state.iteration:
+            self.save(trainer, reason="exit")
+
+    def finalize(self, trainer) -> None:
+        if self.writer is not None:
+            if self.last_saved != trainer.state.iteration:
+                self.save(trainer, reason="end of training")
+            if self.writer.in_flight or self.writer._thread is not None:
+                self.log("waiting for the checkpoint being written in the background")
+            self.writer.wait()
+            self._report_async()
+            if self._last_save_failed():
+                raise CheckpointError(f"the final checkpoint (iteration {self.writer.completed[-1][0]}) could not be "
+                                      f"written; the latest complete checkpoint is {self._latest_complete()}")
+        self.close()
+
+    def close(self) -> None:
+        """Idempotent: wait for a save in flight (its state is complete and worth keeping), stop the
+        watchdog, restore the signal handlers."""
+        if self.writer is not None and self.writer._thread is not None:
+            self.writer.wait()
+            self._report_async()
+        self.watchdog.stop()
+        self.signals.restore()

@@ -1,0 +1,101 @@
+"""A per-rank watchdog: when an iteration (or a collective inside it) takes far longer than usual,
+dump the stack of every thread to stderr and exit non-zero, so that the launcher restarts the job
+from the last checkpoint instead of a hung rank holding the whole allocation.
+
+Timeout = max(watchdog_min_seconds, watchdog_timeout_factor x median of the recent iteration times),
+armed at the first heartbeat (the end of the first iteration) and paused while a checkpoint is being
+written. Exit code: WATCHDOG_EXIT_CODE (124, like timeout(1)).
+"""
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import statistics
+import sys
+import threading
+import time
+from collections import deque
+
+WATCHDOG_EXIT_CODE = 124
+
+
+class Watchdog:
+    def __init__(self, factor: float = 20.0, min_seconds: float = 600.0, rank: int = 0,
+                 poll_seconds: float | None = None, exit_fn=None):
+        self.factor, self.min_seconds, self.rank = float(factor), float(min_seconds), rank
+        self.poll = poll_seconds if poll_seconds is not None else max(0.05, min(5.0, self.min_seconds / 20))
+        self.durations: deque[float] = deque(maxlen=50)
+        self.last_beat: float | None = None
+        self.paused_depth = 0
+        self.fired = False
+        self._exit = exit_fn or os._exit
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.enabled = self.factor > 0 and self.min_seconds > 0
+
+    def timeout(self) -> float:
+        typical = statistics.median(self.durations) if self.durations else 0.0
+        return max(self.min_seconds, self.factor * typical)
+
+    def beat(self) -> None:
+        """End of an iteration."""
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if self.last_beat is not None and self.paused_depth == 0:
+                self.durations.append(now - self.last_beat)
+            self.last_beat = now
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="megatron-zaya-watchdog", daemon=True)
+            self._thread.start()
+
+    @contextlib.contextmanager
+    def paused(self):
+        """No timeout inside (checkpoint saves); the clock restarts when it ends."""
+        with self._lock:
+            self.paused_depth += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.paused_depth -= 1
+                if self.last_beat is not None:
+                    self.last_beat = time.monotonic()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll):
+            with self._lock:
+                if self.paused_depth or self.last_beat is None:
+                    continue
+                waited, limit = time.monotonic() - self.last_beat, self.timeout()
+            if waited > limit:
+                self._fire(waited, limit)
+                return
+
+    def _fire(self, waited: float, limit: float) -> None:
+        self.fired = True
+        err = sys.stderr
+        err.write(f"\n[rank {self.rank}] WATCHDOG: no iteration finished for {waited:.1f} s (limit {limit:.1f} s = "
+                  f"max(watchdog_min_seconds {self.min_seconds:g}, {self.factor:g} x median iteration "
+                  f"{(statistics.median(self.durations) if self.durations else 0.0):.3f} s)); "
+                  f"a rank or a collective is hung. Stacks of every thread of rank {self.rank} (pid {os.getpid()}):\n")
+        err.flush()
+        try:
+            faulthandler.dump_traceback(file=err, all_threads=True)
+        except Exception:   # stderr without a file descriptor (captured): dump through Python
+            import traceback
+            for ident, frame in sys._current_frames().items():
+                err.write(f"Thread {ident}:\n{''.join(traceback.format_stack(frame))}\n")
+        err.write(f"[rank {self.rank}] WATCHDOG: exiting with code {WATCHDOG_EXIT_CODE} so the launcher can restart "
+                  f"from the latest checkpoint\n")
+        err.flush()
+        self._exit(WATCHDOG_EXIT_CODE)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._thread = None

@@ -1,0 +1,67 @@
+"""pretrain_zaya.py with fault injection for the checkpoint tests (run as a script; single process
+or under torchrun). Environment:
+  CKPT_TEST_SLOW_SAVE=S      sleep S seconds inside every save, between a rank's tensor file and its JSON
+  CKPT_TEST_SLOW_STEP=S      sleep S seconds in every iteration (time for a signal to arrive mid-run)
+  CKPT_TEST_HANG_AT=N        hang (sleep for an hour) in iteration N on rank CKPT_TEST_HANG_RANK (0)
+  CKPT_TEST_WATCHDOG=MIN,F   watchdog_min_seconds=MIN, watchdog_timeout_factor=F
+  CKPT_TEST_LOSSES=PATH      write {iteration: exact loss} as JSON (rank 0) at the end / after each step
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import torch  # noqa: E402
+
+from megatron_zaya.arguments import parse_args  # noqa: E402
+from megatron_zaya.checkpoint import saver  # noqa: E402
+from megatron_zaya.training import loop  # noqa: E402
+from megatron_zaya.training.setup import build_and_train  # noqa: E402
+
+
+def main() -> int:
+    env = os.environ
+    if env.get("CKPT_TEST_SLOW_SAVE"):
+        delay = float(env["CKPT_TEST_SLOW_SAVE"])
+        original_init = saver.CheckpointWriter.__init__
+
+        def init(self, *a, **k):
+            original_init(self, *a, **k)
+            self.fault_hook = lambda stage, path: time.sleep(delay) if stage == "after_tensors" else None
+        saver.CheckpointWriter.__init__ = init
+
+    losses = {}
+    step = loop.Trainer.train_step
+    hang_at = int(env.get("CKPT_TEST_HANG_AT", "0"))
+    hang_rank = int(env.get("CKPT_TEST_HANG_RANK", "0"))
+    slow_step = float(env.get("CKPT_TEST_SLOW_STEP", "0"))
+
+    def train_step(trainer, micro_batches):
+        if hang_at and trainer.state.iteration + 1 == hang_at and trainer.parallel.rank == hang_rank:
+            print(f"rank {hang_rank}: hanging in iteration {hang_at}", flush=True)
+            time.sleep(3600)
+        if slow_step:
+            time.sleep(slow_step)
+        result = step(trainer, micro_batches)
+        losses[trainer.state.iteration + 1] = result.loss
+        if env.get("CKPT_TEST_LOSSES") and trainer.parallel.rank == 0:
+            with open(env["CKPT_TEST_LOSSES"] + ".tmp", "w") as f:
+                json.dump(losses, f)
+            os.replace(env["CKPT_TEST_LOSSES"] + ".tmp", env["CKPT_TEST_LOSSES"])
+        return result
+    loop.Trainer.train_step = train_step
+
+    run = parse_args(sys.argv[1:])
+    if env.get("CKPT_TEST_WATCHDOG"):
+        minimum, factor = env["CKPT_TEST_WATCHDOG"].split(",")
+        run.train.watchdog_min_seconds, run.train.watchdog_timeout_factor = float(minimum), float(factor)
+    torch.manual_seed(run.train.seed)
+    return build_and_train(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

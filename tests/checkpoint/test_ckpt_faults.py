@@ -1,0 +1,203 @@
+"""Injected faults: a full disk during a save, kill -9 in the middle of a save, SIGTERM / SIGUSR1,
+NaN losses and gradients, corrupt or missing shards, a hung rank (watchdog)."""
+import errno
+import json
+import os
+import re
+import signal
+import time
+
+import pytest
+import torch
+
+from ckpt_harness import flags, run_script, start, train
+from megatron_zaya.checkpoint import CheckpointError, inspect_checkpoint, load_full_model_state, saver
+from megatron_zaya.checkpoint.format import CheckpointFolder, list_complete, read_latest
+from megatron_zaya.training.loop import NonFiniteLossError
+from megatron_zaya.training.watchdog import WATCHDOG_EXIT_CODE, Watchdog
+
+
+def _wait_for(predicate, timeout, what, proc=None):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        if proc is not None and proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"process ended ({proc.returncode}) before {what}:\n{out[-2000:]}\n{err[-3000:]}")
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_disk_full_during_save_keeps_previous_checkpoint(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch, async_save):
+    save = str(tmp_path / "full")
+    real = saver.write_safetensors
+    calls = []
+
+    def write(path, tensors, metadata=None):
+        calls.append(path)
+        if len(calls) >= 2:           # the second save hits a full disk half-way through its tensor file
+            with open(path + ".tmp", "wb") as f:
+                f.write(b"\0" * 1000)
+            raise OSError(errno.ENOSPC, "No space left on device", path + ".tmp")
+        return real(path, tensors, metadata)
+
+    monkeypatch.setattr(saver, "write_safetensors", write)
+    extra = ["--async-save"] if async_save else []
+    with pytest.raises(CheckpointError, match="could not be written.*iter_0000003"):
+        train(flags(ckpt_corpus, 6, "--save", save, "--save-interval", "3", *extra, cache=ckpt_cache))
+    assert read_latest(save) == 3 and list_complete(save) == [3]
+    assert sorted(os.listdir(save)) == ["iter_0000003", "latest_checkpointed_iteration.txt"]   # no debris
+    monkeypatch.setattr(saver, "write_safetensors", real)
+    assert inspect_checkpoint(save)["ok"]
+    resumed = train(flags(ckpt_corpus, 6, "--save", save, "--load", save, cache=ckpt_cache))
+    assert sorted(resumed.losses) == [4, 5, 6] and read_latest(save) == 6
+
+
+def test_kill9_during_save_leaves_previous_latest(ckpt_corpus, ckpt_cache, tmp_path):
+    save = str(tmp_path / "killed")
+    losses = str(tmp_path / "losses.json")
+    proc = start(flags(ckpt_corpus, 6, "--save", save, "--save-interval", "3", cache=ckpt_cache),
+                 CKPT_TEST_SLOW_SAVE=2, CKPT_TEST_LOSSES=losses)
+    try:
+        partial = lambda: [n for n in os.listdir(save) if n.startswith("iter_0000006.partial")] if os.path.isdir(save) else []
+        _wait_for(lambda: partial() and os.path.exists(os.path.join(save, partial()[0], "rank_00000.safetensors")),
+                  90, "the save of iteration 6 to start", proc)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+    assert read_latest(save) == 3 and list_complete(save) == [3]
+    assert inspect_checkpoint(save)["iteration"] == 3 and inspect_checkpoint(save)["ok"]
+    result = run_script(flags(ckpt_corpus, 6, "--save", save, "--load", save, cache=ckpt_cache), timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "loaded checkpoint" in result.stdout and "(iteration 3," in result.stdout
+    assert read_latest(save) == 6 and list_complete(save) == [3, 6]
+    assert not [n for n in os.listdir(save) if "partial" in n]          # the dead save's folder is cleaned up
+
+
+@pytest.mark.parametrize("signame", ["SIGUSR1", "SIGTERM"])
+def test_signal_saves_exits_zero_and_resumes(ckpt_corpus, ckpt_cache, tmp_path, signame):
+    save = str(tmp_path / "sig")
+    losses = str(tmp_path / "losses.json")
+    proc = start(flags(ckpt_corpus, 500, "--save", save, cache=ckpt_cache), CKPT_TEST_SLOW_STEP=0.05,
+                 CKPT_TEST_LOSSES=losses)
+    try:
+        _wait_for(lambda: os.path.exists(losses) and len(json.load(open(losses))) >= 2, 90, "two iterations", proc)
+        os.kill(proc.pid, getattr(signal, signame))
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert f"exiting: {signame} received" in out
+    saved = read_latest(save)
+    assert saved is not None and 2 <= saved < 500
+    assert len(json.load(open(losses))) == saved
+    result = run_script(flags(ckpt_corpus, saved + 2, "--save", save, "--load", save, cache=ckpt_cache),
+                        timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"(iteration {saved}," in result.stdout
+    assert read_latest(save) == saved + 2
+
+
+def _nan_gradient_at(iterations, name="layers.1.moe.router.fc1.weight"):
+    """A patch of Trainer.train_step that makes one parameter's gradient NaN in the given iterations."""
+    from megatron_zaya.training import loop
+    original = loop.Trainer.train_step
+
+    def train_step(trainer, micro_batches):
+        handle = None
+        if trainer.state.iteration + 1 in iterations:
+            param = dict(trainer.model.named_parameters())[name]
+            handle = param.register_hook(lambda g: g * float("nan"))
+        try:
+            return original(trainer, micro_batches)
+        finally:
+            if handle is not None:
+                handle.remove()
+    return train_step
+
+
+def test_nan_step_is_skipped_and_repeated_nans_stop(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch, capsys):
+    from megatron_zaya.training import loop
+    save = str(tmp_path / "nan")
+    monkeypatch.setattr(loop.Trainer, "train_step", _nan_gradient_at({3}))
+    rec = train(flags(ckpt_corpus, 4, "--save", save, "--save-interval", "1", cache=ckpt_cache))
+    assert rec.trainer.state.skipped_iterations == 1 and rec.trainer.state.iteration == 4
+    assert "SKIPPED (non-finite)" in capsys.readouterr().out
+    w2, w3 = (load_full_model_state(os.path.join(save, f"iter_000000{i}"))[0] for i in (2, 3))
+    assert all(torch.equal(w2[k], w3[k]) for k in w2)              # the NaN step changed nothing
+    for i in range(1, 5):
+        assert all(torch.isfinite(t).all() for t in load_full_model_state(os.path.join(save, f"iter_000000{i}"))[0].values())
+
+    monkeypatch.setattr(loop.Trainer, "train_step", _nan_gradient_at({2, 3, 4, 5}))
+    save2 = str(tmp_path / "nan2")
+    with pytest.raises(NonFiniteLossError, match=r"3 consecutive .*rank 0"):
+        train(flags(ckpt_corpus, 6, "--save", save2, "--save-interval", "1", cache=ckpt_cache))
+    assert read_latest(save2) == 3          # checkpoints hold no garbage: the skipped steps changed nothing
+    for i in (1, 2, 3):
+        state = load_full_model_state(os.path.join(save2, f"iter_000000{i}"))[0]
+        assert all(torch.isfinite(t).all() for t in state.values())
+
+
+def test_corrupt_or_missing_shard_names_the_file_and_load_falls_back(ckpt_corpus, ckpt_cache, tmp_path):
+    save = str(tmp_path / "corrupt")
+    train(flags(ckpt_corpus, 4, "--save", save, "--save-interval", "2", cache=ckpt_cache))
+    shard = os.path.join(save, "iter_0000004", "rank_00000.safetensors")
+    with open(shard, "r+b") as f:
+        f.seek(os.path.getsize(shard) - 100)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(CheckpointError, match=re.escape(shard) + ": corrupt"):
+        load_full_model_state(save)
+    report = inspect_checkpoint(save)
+    assert not report["ok"] and report["files"]["rank_00000.safetensors"].startswith("corrupt")
+    assert report["files"]["rank_00000.json"] == "ok"
+    rec = train(flags(ckpt_corpus, 5, "--save", save, "--load", save, cache=ckpt_cache))
+    assert rec.trainer.checkpointer.loaded["iteration"] == 2 and sorted(rec.losses) == [3, 4, 5]
+    assert read_latest(save) == 5
+
+    os.unlink(os.path.join(save, "iter_0000005", "rank_00000.json"))
+    with pytest.raises(CheckpointError, match=re.escape(os.path.join(save, "iter_0000005", "rank_00000.json")) + ": missing"):
+        CheckpointFolder(os.path.join(save, "iter_0000005"))
+    os.unlink(os.path.join(save, "iter_0000002", "rank_00000.safetensors"))
+    with pytest.raises(CheckpointError, match="no loadable checkpoint.*rank_00000"):
+        train(flags(ckpt_corpus, 6, "--load", save, cache=ckpt_cache))
+
+
+def test_watchdog_fires_on_a_stall_and_not_while_paused():
+    fired = []
+    dog = Watchdog(factor=5, min_seconds=0.3, poll_seconds=0.02, exit_fn=fired.append)
+    for _ in range(3):
+        dog.beat()
+        time.sleep(0.01)
+    with dog.paused():
+        time.sleep(0.6)
+    assert not fired
+    dog.beat()
+    time.sleep(0.8)
+    assert fired == [WATCHDOG_EXIT_CODE]
+    dog.stop()
+
+
+def test_watchdog_dumps_stacks_and_exits_nonzero_on_a_hang(ckpt_corpus, ckpt_cache, tmp_path):
+    result = run_script(flags(ckpt_corpus, 6, cache=ckpt_cache), timeout=120, CKPT_TEST_HANG_AT=3,
+                        CKPT_TEST_WATCHDOG="2,5")
+    assert result.returncode == WATCHDOG_EXIT_CODE, result.stderr[-3000:]
+    assert "WATCHDOG: no iteration finished" in result.stderr
+    assert "train_step" in result.stderr and "MainThread" in result.stderr or "Current thread" in result.stderr
+
+
+def test_loading_never_unpickles():
+    import megatron_zaya.checkpoint as pkg
+    folder = os.path.dirname(pkg.__file__)
+    for name in os.listdir(folder):
+        if name.endswith(".py"):
+            text = open(os.path.join(folder, name)).read()
+            assert not re.search(r"import pickle|pickle\.load|torch\.load\(|import dill", text), name

@@ -1,0 +1,92 @@
+"""Exact resume, async saves, keep-N, and --no-load-optim / --no-load-rng / --finetune."""
+import json
+import os
+
+import torch
+
+from ckpt_harness import flags, train
+from megatron_zaya.checkpoint import inspect_checkpoint
+from megatron_zaya.checkpoint.format import CheckpointFolder, list_complete, read_latest
+
+
+def folder_tensors(path):
+    folder = CheckpointFolder(path)
+    return {k: folder.full(k) for k in folder.index if not k.startswith("rng/")}
+
+
+def assert_same_tensors(a, b):
+    assert sorted(a) == sorted(b)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_exact_resume_bit_identical_sync_and_async(ckpt_corpus, ckpt_cache, tmp_path):
+    straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
+    full = train(flags(ckpt_corpus, 6, "--save", straight, "--save-interval", "3", cache=ckpt_cache))
+    first = train(flags(ckpt_corpus, 6, "--save", split, "--save-interval", "3", "--exit-interval", "3",
+                        "--async-save", cache=ckpt_cache))
+    assert sorted(first.losses) == [1, 2, 3]
+    second = train(flags(ckpt_corpus, 6, "--save", split, "--load", split, "--save-interval", "3", "--async-save",
+                         cache=ckpt_cache))
+    assert sorted(second.losses) == [4, 5, 6]
+    assert second.trainer.checkpointer.loaded["iteration"] == 3
+    resumed = {**first.losses, **second.losses}
+    assert [full.losses[i] for i in range(1, 7)] == [resumed[i] for i in range(1, 7)]     # bit-identical fp32
+    assert [full.tokens[i] for i in range(1, 7)] == [{**first.tokens, **second.tokens}[i] for i in range(1, 7)]
+    # The async save of iteration 3 holds exactly what the synchronous one does, and the final
+    # weights, optimizer and balancing state agree to the bit.
+    for it in (3, 6):
+        assert_same_tensors(folder_tensors(os.path.join(straight, f"iter_{it:07d}")),
+                            folder_tensors(os.path.join(split, f"iter_{it:07d}")))
+    assert read_latest(split) == 6 and list_complete(split) == [3, 6]
+    assert not [n for n in os.listdir(split) if "partial" in n]
+    report = inspect_checkpoint(split)
+    assert report["ok"] and report["iteration"] == 6 and report["tokens_seen"] == 6 * 4 * 32
+    meta = json.load(open(os.path.join(split, "iter_0000006", "metadata.json")))
+    assert meta["train_state"]["consumed_samples"] == 24
+    assert any(k.startswith("optim/") and k.endswith("/exp_avg") for k in folder_tensors(os.path.join(split, "iter_0000006")))
+    assert any(k.endswith("/momentum_buffer") for k in folder_tensors(os.path.join(split, "iter_0000006")))
+
+
+def test_keep_last_n_and_latest(ckpt_corpus, ckpt_cache, tmp_path):
+    save = str(tmp_path / "keep")
+    rec = train(flags(ckpt_corpus, 5, "--save", save, "--save-interval", "1", "--ckpt-keep", "2", cache=ckpt_cache))
+    assert list_complete(save) == [4, 5] and read_latest(save) == 5
+    assert sorted(os.listdir(save)) == ["iter_0000004", "iter_0000005", "latest_checkpointed_iteration.txt"]
+    assert [e["iteration"] for e in rec.trainer.checkpointer.save_log] == [1, 2, 3, 4, 5]
+
+
+def test_no_load_optim_no_load_rng_finetune(ckpt_corpus, ckpt_cache, tmp_path):
+    save = str(tmp_path / "base")
+    base = train(flags(ckpt_corpus, 5, "--save", save, "--save-interval", "3", cache=ckpt_cache))
+    src = os.path.join(save, "iter_0000003")
+
+    exact = train(flags(ckpt_corpus, 5, "--load", src, cache=ckpt_cache))
+    assert exact.losses == {4: base.losses[4], 5: base.losses[5]}
+    assert exact.trainer.checkpointer.loaded["optimizer"] and exact.trainer.checkpointer.loaded["rng"]
+
+    no_optim = train(flags(ckpt_corpus, 5, "--load", src, "--no-load-optim", cache=ckpt_cache))
+    assert sorted(no_optim.losses) == [4, 5]                 # iteration and data position restored
+    assert no_optim.losses[4] == base.losses[4]               # same weights, same batch
+    assert no_optim.losses[5] != base.losses[5]               # fresh Adam/Muon state: a different update
+    assert not no_optim.trainer.checkpointer.loaded["optimizer"]
+
+    no_rng = train(flags(ckpt_corpus, 5, "--load", src, "--no-load-rng", cache=ckpt_cache))
+    assert not no_rng.trainer.checkpointer.loaded["rng"] and no_rng.trainer.checkpointer.loaded["optimizer"]
+    assert no_rng.losses[4] == base.losses[4]
+
+    fine = train(flags(ckpt_corpus, 2, "--load", src, "--finetune", "--save", str(tmp_path / "ft"), cache=ckpt_cache))
+    assert sorted(fine.losses) == [1, 2]                      # iteration and samples reset
+    assert fine.tokens[1] == base.tokens[1]                   # data from the start again
+    assert fine.losses[1] != base.losses[1]                   # but with the loaded weights
+    loaded = fine.trainer.checkpointer.loaded
+    assert not loaded["optimizer"] and not loaded["rng"]
+    assert read_latest(str(tmp_path / "ft")) == 2
+
+
+def test_load_of_empty_dir_starts_from_scratch(ckpt_corpus, ckpt_cache, tmp_path):
+    save = str(tmp_path / "fresh")
+    rec = train(flags(ckpt_corpus, 2, "--save", save, "--load", save, cache=ckpt_cache))
+    assert sorted(rec.losses) == [1, 2] and read_latest(save) == 2
+    again = train(flags(ckpt_corpus, 3, "--save", save, "--load", save, cache=ckpt_cache))
+    assert sorted(again.losses) == [3]
