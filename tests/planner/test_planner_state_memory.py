@@ -48,7 +48,7 @@ class MixedPrecisionModel:
             p.grad = None
         return hook
 
-    def backward_step(self, micro_batches=2, batch=2, seq=32):
+    def backward_step(self, micro_batches=2, batch=2, seq=16):
         vocab = self.model.config.vocab_size
         gen = torch.Generator().manual_seed(0)
         for _ in range(micro_batches):
@@ -92,7 +92,7 @@ def test_adamw_state_bytes_exact(grad_dtype):
 
 
 def test_muon_state_bytes_exact():
-    config = model_config_from_preset("zaya1-tiny", num_layers=2, vocab_size=1024)
+    config = model_config_from_preset("zaya1-tiny", num_layers=1, vocab_size=512)
     mp = MixedPrecisionModel(config)
     mp.backward_step(micro_batches=1)
     muon_masters, adamw_masters = [], []
@@ -120,7 +120,7 @@ def test_muon_state_bytes_exact():
 
 @pytest.mark.parametrize("ranks,ep", [(3, 1), (4, 2)])
 def test_zero1_shards_exact_per_rank(ranks, ep):
-    config = model_config_from_preset("zaya1-tiny", num_layers=2, vocab_size=1024)
+    config = model_config_from_preset("zaya1-tiny", num_layers=1, vocab_size=512)
     mp = MixedPrecisionModel(config)
     mp.backward_step(micro_batches=1)
     # Megatron's distributed optimizer keeps separate buffers for dense bf16, dense fp32 and expert weights.
