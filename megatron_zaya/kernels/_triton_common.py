@@ -21,7 +21,7 @@ def configs(gpu_configs: list, interpret_config):
 def num_warps_configs(**meta):
     """Configs that only vary num_warps (row kernels whose block size is fixed by the row length)."""
     return configs(
-        [triton.Config(dict(meta), num_warps=w) for w in (2, 4, 8, 16)],
+        [triton.Config(dict(meta), num_warps=w) for w in (4, 8, 16)],
         triton.Config(dict(meta), num_warps=1),
     )
 

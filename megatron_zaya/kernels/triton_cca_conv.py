@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from megatron_zaya.kernels._triton_common import INTERPRET, next_pow2
+from megatron_zaya.kernels._triton_common import configs
 
 
 @triton.jit
@@ -35,86 +35,105 @@ def _load_x_pad(p_ptr, left_ptr, b, tau, chans, cmask, S, L, sp_b, sp_s, sl_b, s
     return v
 
 
+_CONFIGS = configs(
+    # Spill-free on sm_90 for dh = 128 (ptxas -v): 146, 196 and 206 registers per thread.
+    [triton.Config({"BT": bt, "BO": bo, "BK": bk}, num_warps=w) for bt, bo, bk, w in ((32, 64, 16, 4), (64, 64, 32, 8), (32, 128, 32, 8))],
+    triton.Config({"BT": 16, "BO": 16, "BK": 16}, num_warps=1),
+)
+
+
+@triton.autotune(configs=_CONFIGS, key=["DH", "K1", "K2", "HAS_LEFT"])
 @triton.jit
 def _fwd_kernel(
     p_ptr, left_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, out_ptr,
     S, DH, L,
     sp_b, sp_s, sl_b, sl_c, sl_t, sw1_c, sw1_k, sw2_o, sw2_i, sw2_k, so_b, so_s,
-    K1: tl.constexpr, K2: tl.constexpr, HAS_LEFT: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+    K1: tl.constexpr, K2: tl.constexpr, HAS_LEFT: tl.constexpr, BT: tl.constexpr, BO: tl.constexpr,
+    BK: tl.constexpr,
 ):
+    """Program (time tile, group x block of BO output channels, batch); the contraction over the
+    group's input channels runs in chunks of BK, recomputing the depthwise output per chunk."""
     pid_t = tl.program_id(0)
-    grp = tl.program_id(1)
+    n_ob = tl.cdiv(DH, BO)
+    grp = tl.program_id(1) // n_ob
+    co = (tl.program_id(1) % n_ob) * BO + tl.arange(0, BO)
+    omask_c = co < DH
+    out_chans = grp * DH + co
     b = tl.program_id(2).to(tl.int64)
     t = pid_t * BT + tl.arange(0, BT)
-    ci = tl.arange(0, BC)
-    cmask = ci < DH
-    chans = grp * DH + ci
     dot_dtype = p_ptr.dtype.element_ty
-    b1 = tl.load(b1_ptr + chans, mask=cmask, other=0.0).to(tl.float32)
-    acc = tl.zeros((BT, BC), tl.float32)
-    for k in tl.static_range(K2):
-        y1 = tl.zeros((BT, BC), tl.float32) + b1[None, :]
-        for kp in tl.static_range(K1):
-            w = tl.load(w1_ptr + chans * sw1_c + kp * sw1_k, mask=cmask, other=0.0).to(tl.float32)
-            y1 += w[None, :] * _load_x_pad(p_ptr, left_ptr, b, t + k + kp, chans, cmask, S, L,
-                                           sp_b, sp_s, sl_b, sl_c, sl_t, HAS_LEFT)
-        # W2_k^T as a (dh_in, dh_out) tile: element [i, o] = g_weight[grp * dh + o, i, k]
-        w2t = tl.load(w2_ptr + chans[None, :].to(tl.int64) * sw2_o + ci[:, None] * sw2_i + k * sw2_k,
-                      mask=cmask[:, None] & cmask[None, :], other=0.0)
-        acc = tl.dot(y1.to(dot_dtype), w2t.to(dot_dtype), acc)
-    acc += tl.load(b2_ptr + chans, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    omask = (t < S)[:, None] & cmask[None, :]
-    tl.store(out_ptr + b * so_b + t[:, None].to(tl.int64) * so_s + chans[None, :], acc.to(out_ptr.dtype.element_ty), mask=omask)
+    acc = tl.zeros((BT, BO), tl.float32)
+    for kc in range(0, DH, BK):
+        ci = kc + tl.arange(0, BK)
+        cmask = ci < DH
+        chans = grp * DH + ci
+        b1 = tl.load(b1_ptr + chans, mask=cmask, other=0.0).to(tl.float32)
+        for k in tl.static_range(K2):
+            y1 = tl.zeros((BT, BK), tl.float32) + b1[None, :]
+            for kp in tl.static_range(K1):
+                w = tl.load(w1_ptr + chans * sw1_c + kp * sw1_k, mask=cmask, other=0.0).to(tl.float32)
+                y1 += w[None, :] * _load_x_pad(p_ptr, left_ptr, b, t + k + kp, chans, cmask, S, L,
+                                               sp_b, sp_s, sl_b, sl_c, sl_t, HAS_LEFT)
+            # W2_k^T chunk (BK, BO): element [i, o] = g_weight[grp * dh + co[o], ci[i], k]
+            w2t = tl.load(w2_ptr + out_chans[None, :] * sw2_o + ci[:, None] * sw2_i + k * sw2_k,
+                          mask=cmask[:, None] & omask_c[None, :], other=0.0)
+            acc = tl.dot(y1.to(dot_dtype), w2t.to(dot_dtype), acc)
+    acc += tl.load(b2_ptr + out_chans, mask=omask_c, other=0.0).to(tl.float32)[None, :]
+    omask = (t < S)[:, None] & omask_c[None, :]
+    tl.store(out_ptr + b * so_b + t[:, None].to(tl.int64) * so_s + out_chans[None, :], acc.to(out_ptr.dtype.element_ty), mask=omask)
 
 
+@triton.autotune(configs=_CONFIGS, key=["DH", "K1", "K2", "HAS_LEFT"])
 @triton.jit
 def _bwd_kernel(
     g_ptr, w1_ptr, w2_ptr, dp_ptr, dleft_ptr, dy1_ptr,
     S, DH, L,
     sg_b, sg_s, sw1_c, sw1_k, sw2_o, sw2_i, sw2_k, sdp_b, sdp_s, sdl_b, sdl_c, sdl_t, sdy_b, sdy_s,
-    K1: tl.constexpr, K2: tl.constexpr, HAS_LEFT: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+    K1: tl.constexpr, K2: tl.constexpr, HAS_LEFT: tl.constexpr, BT: tl.constexpr, BO: tl.constexpr,
+    BK: tl.constexpr,
 ):
+    """Program (padded-time tile, group x block of BO input channels, batch); the contraction over
+    the group's output channels runs in chunks of BK."""
     pid_t = tl.program_id(0)
-    grp = tl.program_id(1)
+    n_ib = tl.cdiv(DH, BO)
+    grp = tl.program_id(1) // n_ib
+    ci = (tl.program_id(1) % n_ib) * BO + tl.arange(0, BO)  # this program's input channels
+    imask = ci < DH
+    in_chans = grp * DH + ci
     b = tl.program_id(2).to(tl.int64)
     j = pid_t * BT + tl.arange(0, BT)  # padded time in [0, S + L)
-    ci = tl.arange(0, BC)
-    cmask = ci < DH
-    chans = grp * DH + ci
     dot_dtype = g_ptr.dtype.element_ty
-    dx = tl.zeros((BT, BC), tl.float32)
+    dx = tl.zeros((BT, BO), tl.float32)
     for kp in tl.static_range(K1):
-        dy1 = tl.zeros((BT, BC), tl.float32)
-        for k in tl.static_range(K2):
-            tt = j - kp - k
-            valid = (tt >= 0) & (tt < S)
-            t_safe = tl.where(valid, tt, 0).to(tl.int64)
-            gt = tl.load(g_ptr + b * sg_b + t_safe[:, None] * sg_s + chans[None, :],
-                         mask=valid[:, None] & cmask[None, :], other=0.0)
-            # W2_k as a (dh_out, dh_in) tile: element [o, i] = g_weight[grp * dh + o, i, k]
-            w2 = tl.load(w2_ptr + chans[:, None].to(tl.int64) * sw2_o + ci[None, :] * sw2_i + k * sw2_k,
-                         mask=cmask[:, None] & cmask[None, :], other=0.0)
-            dy1 = tl.dot(gt.to(dot_dtype), w2.to(dot_dtype), dy1)
+        dy1 = tl.zeros((BT, BO), tl.float32)
+        for kc in range(0, DH, BK):
+            co = kc + tl.arange(0, BK)
+            cmask = co < DH
+            chans = grp * DH + co
+            for k in tl.static_range(K2):
+                tt = j - kp - k
+                valid = (tt >= 0) & (tt < S)
+                t_safe = tl.where(valid, tt, 0).to(tl.int64)
+                gt = tl.load(g_ptr + b * sg_b + t_safe[:, None] * sg_s + chans[None, :],
+                             mask=valid[:, None] & cmask[None, :], other=0.0)
+                # W2_k chunk (BK, BO): element [o, i] = g_weight[grp * dh + co[o], ci[i], k]
+                w2 = tl.load(w2_ptr + chans[:, None] * sw2_o + ci[None, :] * sw2_i + k * sw2_k,
+                             mask=cmask[:, None] & imask[None, :], other=0.0)
+                dy1 = tl.dot(gt.to(dot_dtype), w2.to(dot_dtype), dy1)
         if kp == 0:
-            ymask = (j < S + L)[:, None] & cmask[None, :]
-            tl.store(dy1_ptr + b * sdy_b + j[:, None].to(tl.int64) * sdy_s + chans[None, :], dy1, mask=ymask)
-        w = tl.load(w1_ptr + chans * sw1_c + kp * sw1_k, mask=cmask, other=0.0).to(tl.float32)
+            ymask = (j < S + L)[:, None] & imask[None, :]
+            tl.store(dy1_ptr + b * sdy_b + j[:, None].to(tl.int64) * sdy_s + in_chans[None, :], dy1, mask=ymask)
+        w = tl.load(w1_ptr + in_chans * sw1_c + kp * sw1_k, mask=imask, other=0.0).to(tl.float32)
         dx += w[None, :] * dy1
     in_p = (j >= L) & (j < S + L)
     t_p = tl.where(in_p, j - L, 0).to(tl.int64)
-    tl.store(dp_ptr + b * sdp_b + t_p[:, None] * sdp_s + chans[None, :], dx.to(dp_ptr.dtype.element_ty),
-             mask=in_p[:, None] & cmask[None, :])
+    tl.store(dp_ptr + b * sdp_b + t_p[:, None] * sdp_s + in_chans[None, :], dx.to(dp_ptr.dtype.element_ty),
+             mask=in_p[:, None] & imask[None, :])
     if HAS_LEFT:
         in_l = j < L
         t_l = tl.where(in_l, j, 0).to(tl.int64)
-        tl.store(dleft_ptr + b * sdl_b + chans[None, :] * sdl_c + t_l[:, None] * sdl_t, dx.to(dleft_ptr.dtype.element_ty),
-                 mask=in_l[:, None] & cmask[None, :])
-
-
-def _block_t(dh: int) -> int:
-    if INTERPRET:
-        return 16
-    return 64 if dh <= 128 else 32
+        tl.store(dleft_ptr + b * sdl_b + in_chans[None, :] * sdl_c + t_l[:, None] * sdl_t, dx.to(dleft_ptr.dtype.element_ty),
+                 mask=in_l[:, None] & imask[None, :])
 
 
 def _unit_channels(t: torch.Tensor) -> torch.Tensor:
@@ -134,14 +153,13 @@ class _CCAConv(torch.autograd.Function):
         packed = _unit_channels(packed)
         out = torch.empty((bsz, seq, chans), dtype=packed.dtype, device=packed.device)
         lf = left if left is not None else packed
-        bt = _block_t(dh)
         if bsz * seq:
-            _fwd_kernel[(triton.cdiv(seq, bt), groups, bsz)](
+            grid = lambda meta: (triton.cdiv(seq, meta["BT"]), groups * triton.cdiv(dh, meta["BO"]), bsz)  # noqa: E731
+            _fwd_kernel[grid](
                 packed, lf, w1, b1, w2, b2, out, seq, dh, ctx_len,
                 packed.stride(0), packed.stride(1), lf.stride(0), lf.stride(1), lf.stride(-1),
                 w1.stride(0), w1.stride(2), w2.stride(0), w2.stride(1), w2.stride(2), out.stride(0), out.stride(1),
-                K1=k1, K2=k2, HAS_LEFT=left is not None, BT=bt, BC=max(16, next_pow2(dh)),
-                num_warps=1 if INTERPRET else 4,
+                K1=k1, K2=k2, HAS_LEFT=left is not None,
             )
         ctx.save_for_backward(packed, w1, b1, w2, b2, left if left is not None else torch.empty(0))
         ctx.has_left = left is not None
@@ -160,15 +178,14 @@ class _CCAConv(torch.autograd.Function):
         d_packed = torch.empty_like(packed)
         d_left = torch.empty(left.shape, dtype=left.dtype, device=left.device) if left is not None else d_packed
         dy1 = torch.empty((bsz, seq + ctx_len, chans), dtype=torch.float32, device=packed.device)
-        bt = _block_t(dh)
         if bsz * seq:
-            _bwd_kernel[(triton.cdiv(seq + ctx_len, bt), groups, bsz)](
+            grid = lambda meta: (triton.cdiv(seq + ctx_len, meta["BT"]), groups * triton.cdiv(dh, meta["BO"]), bsz)  # noqa: E731
+            _bwd_kernel[grid](
                 grad, w1, w2, d_packed, d_left, dy1, seq, dh, ctx_len,
                 grad.stride(0), grad.stride(1), w1.stride(0), w1.stride(2), w2.stride(0), w2.stride(1), w2.stride(2),
                 d_packed.stride(0), d_packed.stride(1), d_left.stride(0), d_left.stride(1), d_left.stride(-1),
                 dy1.stride(0), dy1.stride(1),
-                K1=k1, K2=k2, HAS_LEFT=left is not None, BT=bt, BC=max(16, next_pow2(dh)),
-                num_warps=1 if INTERPRET else 4,
+                K1=k1, K2=k2, HAS_LEFT=left is not None,
             )
         # Weight gradients: reductions over (B, S) in fp32 with torch.
         n1 = seq + k2 - 1  # length of the depthwise output

@@ -19,14 +19,14 @@ from megatron_zaya.kernels.reference import NS_COEFFICIENTS
 _MM_CONFIGS = configs(
     [
         triton.Config({"BM": bm, "BN": bn, "BK": bk}, num_warps=w, num_stages=s)
-        for bm, bn, bk, w, s in ((128, 128, 64, 8, 3), (128, 128, 32, 4, 4), (64, 128, 64, 4, 4), (64, 64, 64, 4, 4))
+        for bm, bn, bk, w, s in ((128, 128, 64, 8, 3), (64, 128, 64, 4, 4), (64, 64, 64, 4, 4))
     ],
     triton.Config({"BM": 16, "BN": 16, "BK": 16}, num_warps=1),
 )
 _SYRK_CONFIGS = configs(
     [
         triton.Config({"BM": bm, "BK": bk}, num_warps=w, num_stages=s)
-        for bm, bk, w, s in ((128, 64, 8, 3), (128, 32, 4, 4), (64, 64, 4, 4))
+        for bm, bk, w, s in ((128, 64, 8, 3), (64, 64, 4, 4))
     ],
     triton.Config({"BM": 16, "BK": 16}, num_warps=1),
 )

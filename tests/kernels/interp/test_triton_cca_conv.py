@@ -19,7 +19,7 @@ def _params(c, dh, k1, k2, gen):
 
 
 @pytest.mark.parametrize("b,s,groups,dh,k1,k2,with_left", [
-    (2, 13, 3, 16, 2, 2, False),   # ZAYA1 kernel sizes, sequence not a multiple of the time block
+    (2, 13, 2, 32, 2, 2, False),   # ZAYA1 kernel sizes, S not a multiple of the time block, 2 channel blocks
     (1, 20, 2, 12, 2, 2, True),    # dh not a power of two, left context from a previous chunk
     (2, 5, 2, 16, 3, 2, True),     # other kernel sizes
 ])
