@@ -56,20 +56,32 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _interrupt_on_sigterm() -> None:
+def _interrupt_on_sigterm():
+    """Turn SIGTERM into KeyboardInterrupt (so temporary files are removed); returns a restore function."""
     import signal
     import threading
 
-    if threading.current_thread() is threading.main_thread():
-        def handler(signum, frame):
-            raise KeyboardInterrupt
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGTERM)
 
-        signal.signal(signal.SIGTERM, handler)
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    _interrupt_on_sigterm()  # a killed run (SIGTERM) cleans its temporary files too
+    restore = _interrupt_on_sigterm()  # a killed run (SIGTERM) cleans its temporary files too
+    try:
+        return _main(args)
+    finally:
+        restore()  # callers that import main() (tests) keep their own SIGTERM handling
+
+
+def _main(args) -> int:
     cfg = PreprocessConfig(
         input=args.input,
         output_prefix=args.output_prefix,

@@ -1,6 +1,5 @@
 """Shared fixtures for the data-pipeline tests: small generated corpora and tokenizers."""
 
-import importlib.util
 import json
 import os
 import sys
@@ -9,15 +8,7 @@ import pytest
 
 from megatron_zaya.data.synthetic import TextGenerator
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def load_tool(name):
-    """Import tools/<name>.py as a module (tools/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(f"_tool_{name}", os.path.join(ROOT, "tools", f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from data_test_utils import load_tool
 
 
 @pytest.fixture(scope="session")

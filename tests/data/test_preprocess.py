@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from conftest import load_tool
+from data_test_utils import load_tool
 from megatron_zaya.data import preprocess as pre
 from megatron_zaya.data.indexed import IndexedDataset
 from megatron_zaya.data.tokenizer import build_tokenizer
@@ -23,7 +23,12 @@ def docs_of(prefix):
 
 
 def run_tool(*args):
-    return PRE.main([*map(str, args), "--no-progress"])
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    rc = PRE.main([*map(str, args), "--no-progress"])
+    assert signal.getsignal(signal.SIGTERM) is before  # the tool restores the caller's handler
+    return rc
 
 
 def test_jsonl_matches_megatron_convention_and_counts_bad_lines(tmp_path, sp_model, corpus_dir, capsys):

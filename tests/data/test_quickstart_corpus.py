@@ -6,7 +6,7 @@ import tarfile
 
 import pytest
 
-from conftest import load_tool
+from data_test_utils import load_tool
 from megatron_zaya.data.corpus import iter_documents, split_work
 
 

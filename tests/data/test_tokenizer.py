@@ -123,7 +123,7 @@ def test_bad_arguments_are_clear(tmp_path):
 
 
 def test_train_unigram(tmp_path, corpus_dir):
-    from conftest import load_tool
+    from data_test_utils import load_tool
 
     rc = load_tool("train_tokenizer").main(["--input", str(corpus_dir / "train.jsonl"), "--vocab-size", "600",
                                             "--model-type", "unigram", "--output-prefix", str(tmp_path / "u"),
