@@ -1,0 +1,156 @@
+"""End to end under the real local Slurm: `sbatch run_mi300x.sh` trains zaya1-tiny with pretrain_zaya.py.
+
+    python -m pytest -q tests/slurm/test_run_mi300x_training.py
+
+1. A 2-node x 2-task CPU job (gloo) trains a few iterations and leaves its logs, TensorBoard events
+   and checkpoints where the launcher says.
+2. The same job with a one-minute limit and `--signal=B:USR1@50`: Slurm's warning reaches the
+   trainer through the launcher, it saves and exits, the job requeues itself, and the requeued job
+   resumes from that checkpoint and logs the same per-iteration losses as the uninterrupted run.
+
+A tiny corpus, SentencePiece model and indexed dataset are built in a temp folder with the
+project's own data tools. Skipped (with the reason) when pretrain_zaya.py is absent or Slurm
+cannot be provided.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from slurm_jobs import REPO, Jobs
+
+pytestmark = pytest.mark.skipif(not os.path.isfile(os.path.join(REPO, "pretrain_zaya.py")),
+                                reason="pretrain_zaya.py is not in the repository yet")
+
+TRAIN_ITERS = 32
+LOSS_RE = re.compile(r"iteration\s+(\d+)/\s*(\d+) \|.*?\| lm loss ([0-9.]+|nan|inf)")
+
+
+@pytest.fixture(scope="module")
+def tiny_dataset():
+    d = tempfile.mkdtemp(prefix="zs-data-", dir="/tmp")
+    os.chmod(d, 0o755)
+    sys.path.insert(0, REPO)
+    from megatron_zaya.data.synthetic import TextGenerator
+
+    gen = TextGenerator(seed=11, lexicon_size=2000)
+    with open(os.path.join(d, "train.jsonl"), "w") as f:
+        for _ in range(400):
+            f.write(json.dumps({"text": gen.document(max_sentences=10)}) + "\n")
+    py = sys.executable
+    subprocess.run([py, os.path.join(REPO, "tools/train_tokenizer.py"), "--input", f"{d}/train.jsonl",
+                    "--vocab-size", "1000", "--output-prefix", f"{d}/sp", "--num-threads", "1"],
+                   check=True, capture_output=True, timeout=120)
+    subprocess.run([py, os.path.join(REPO, "tools/preprocess_data.py"), "--input", f"{d}/train.jsonl",
+                    "--output-prefix", f"{d}/corpus", "--tokenizer-type", "GPTSentencePieceTokenizer",
+                    "--tokenizer-model", f"{d}/sp.model", "--append-eod", "--workers", "1", "--no-progress"],
+                   check=True, capture_output=True, timeout=120)
+    assert os.path.isfile(f"{d}/corpus_text_document.bin")
+    yield {"data_path": f"{d}/corpus_text_document", "tokenizer_model": f"{d}/sp.model", "dir": d}
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def train_env(dataset: dict, ckpt: str) -> dict:
+    return dict(
+        PYTHON=sys.executable, CONFIG="", PRESET="zaya1-tiny",
+        DATA_PATH=dataset["data_path"], TOKENIZER_TYPE="GPTSentencePieceTokenizer",
+        TOKENIZER_MODEL=dataset["tokenizer_model"], SEQ_LENGTH="128", MICRO_BATCH_SIZE="2",
+        GLOBAL_BATCH_SIZE="8", TRAIN_ITERS=str(TRAIN_ITERS), LR="3e-3", SAVE_INTERVAL="16", LOG_INTERVAL="1",
+        EVAL_INTERVAL="16", EVAL_ITERS="1", CKPT_DIR=ckpt,
+        EXTRA_ARGS="--num-workers 0 --lr-warmup-iters 2 --data-cache-path "
+                   + os.path.join(os.path.dirname(ckpt), "cache"),
+        OMP_NUM_THREADS="1", USR1_REPEAT_SECONDS="10",
+    )
+
+
+def losses(text: str) -> dict[int, str]:
+    return {int(m.group(1)): m.group(3) for m in LOSS_RE.finditer(text)}
+
+
+def read(path: str) -> str:
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+@pytest.fixture(scope="module")
+def reference_run(slurm, tiny_dataset):
+    """The uninterrupted 2-node x 2-task run (also the reference for the requeue test)."""
+
+    work = tempfile.mkdtemp(prefix="zs-ref-", dir="/tmp")
+    os.chmod(work, 0o755)
+    jobs = Jobs(slurm, work)
+    env = train_env(tiny_dataset, os.path.join(work, "ckpt"))
+    job = jobs.submit(["--nodes=2", "--ntasks-per-node=2", "--time=5", "--signal=B:USR1@30", "--job-name=ztrain"],
+                      env)
+    info = jobs.wait(job, 240)
+    yield {"jobs": jobs, "job": job, "info": info, "env": env, "work": work}
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def test_sbatch_two_nodes_two_tasks_trains_with_gloo(reference_run):
+    jobs, job, info, env = (reference_run[k] for k in ("jobs", "job", "info", "env"))
+    out = jobs.output(job)
+    assert info["JobState"] == "COMPLETED", out[-4000:]
+    assert info["Restarts"] == "0", out[-4000:]
+    assert info["NodeList"] == "lnode[1-2]" and info["NumNodes"] == "2"
+    logdir = os.path.join(reference_run["work"], "logs", f"ztrain-{job}")
+    launcher = read(os.path.join(logdir, "launcher.log"))
+    assert "on 2 nodes [lnode1,lnode2] x 2 tasks" in launcher and "training finished" in launcher
+    rank_logs = sorted(glob.glob(os.path.join(logdir, "attempt-0", "rank-*.log")))
+    assert [os.path.basename(p) for p in rank_logs] == [f"rank-{r}.log" for r in range(4)]
+    rank0 = read(rank_logs[0])
+    got = losses(rank0)
+    assert sorted(got) == list(range(1, TRAIN_ITERS + 1)), rank0[-3000:]
+    assert all(v not in ("nan", "inf") for v in got.values())
+    assert float(got[TRAIN_ITERS]) < float(got[1]), got          # it learns
+    assert "validation" in rank0
+    assert got == losses(out)                                      # rank 0 also reaches the job output
+    ckpt = env["CKPT_DIR"]
+    assert read(os.path.join(ckpt, "latest_checkpointed_iteration.txt")).strip() == str(TRAIN_ITERS)
+    assert os.path.isdir(os.path.join(ckpt, f"iter_{TRAIN_ITERS:07d}"))
+    assert glob.glob(os.path.join(ckpt, "tensorboard", "events.out.tfevents.*"))
+
+
+def test_sigusr1_save_requeue_resume_same_losses(reference_run, jobs, tiny_dataset):
+    ref = losses(read(os.path.join(reference_run["work"], "logs", f"ztrain-{reference_run['job']}",
+                                   "attempt-0", "rank-0.log")))
+    assert sorted(ref) == list(range(1, TRAIN_ITERS + 1))
+    env = train_env(tiny_dataset, os.path.join(jobs.workdir, "ckpt"))
+    env["SAVE_INTERVAL"] = "1000"      # the only checkpoints: the signal's and the final one
+    job = jobs.submit(["--nodes=2", "--ntasks-per-node=2", "--time=1", "--signal=B:USR1@50",
+                       "--job-name=zrequeue"], env)
+    logdir = os.path.join(jobs.workdir, "logs", f"zrequeue-{job}")
+
+    def requeued(info):
+        try:
+            return "requeueing job" in read(os.path.join(logdir, "launcher.log"))
+        except OSError:
+            return info.get("JobState") in ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED")
+
+    jobs.wait(job, 90, until=requeued)
+    launcher = read(os.path.join(logdir, "launcher.log"))
+    assert "requeueing job" in launcher, (launcher, jobs.output(job)[-3000:])
+    # One requeue is the point of the test: give the resumed attempt room to finish.
+    jobs.cluster.run("scontrol", "update", f"JobId={job}", "TimeLimit=4")
+    info = jobs.wait(job, 200, until=lambda i: i.get("JobState") in ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED")
+                     and i.get("Restarts") == "1")
+    assert info["JobState"] == "COMPLETED", jobs.output(job)[-4000:]
+
+    first = read(os.path.join(logdir, "attempt-0", "rank-0.log"))
+    second = read(os.path.join(logdir, "attempt-1", "rank-0.log"))
+    saved = int(re.search(r"requeueing job \d+ \(requeue 1/\d+\) to resume from iteration (\d+)", launcher).group(1))
+    assert 0 < saved < TRAIN_ITERS, launcher
+    l1, l2 = losses(first), losses(second)
+    assert max(l1) == saved, (sorted(l1), saved)
+    assert sorted(l2) == list(range(saved + 1, TRAIN_ITERS + 1)), second[-3000:]
+    # Resumed exactly: every iteration's loss is the uninterrupted run's.
+    assert {**l1, **l2} == ref
+    assert read(os.path.join(jobs.workdir, "ckpt", "latest_checkpointed_iteration.txt")).strip() == str(TRAIN_ITERS)
