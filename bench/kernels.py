@@ -99,8 +99,18 @@ def check(case: Case) -> bool:
 
 
 def time_ms(fn: Callable, reps: int, warmup: int = 5) -> float:
+    """Median milliseconds per call: device events on a GPU, perf_counter otherwise."""
     for _ in range(warmup):
         fn()
+    if not GPU:
+        import time
+
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(times)
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
@@ -114,12 +124,21 @@ def time_ms(fn: Callable, reps: int, warmup: int = 5) -> float:
 
 
 def copy_bandwidth(reps: int) -> float:
-    """Device copy bandwidth in GB/s: 2 x bytes of a 1 GiB copy / its median time."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    """Device copy bandwidth in GB/s: 2 x bytes of a 1 GiB copy (64 MiB on CPU) / its median time."""
+    nbytes = (1 << 30) if GPU else (1 << 26)
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda" if GPU else "cpu")
     dst = torch.empty_like(src)
     ms = time_ms(lambda: dst.copy_(src), reps)
     del src, dst
-    return 2 * (1 << 30) / (ms * 1e-3) / 1e9
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def _peak_gib(reset: bool = False) -> float:
+    if not GPU:
+        return float("nan")
+    if reset:
+        torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.max_memory_allocated() / 2**30
 
 
 # ----------------------------------------------------------------------------------------- cases
@@ -248,6 +267,9 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=100)
     p.add_argument("--list", action="store_true")
     p.add_argument("--json", default="", help="write the GPU results to this file")
+    p.add_argument("--time-on-cpu", action="store_true",
+                   help="without a GPU, run the timing/report path on the interpreter (tests the script; "
+                        "the numbers mean nothing)")
     a = p.parse_args()
     torch.manual_seed(0)
     dev = "cuda" if GPU else "cpu"
@@ -259,7 +281,7 @@ def main() -> int:
         keys = [k.strip() for k in a.only.split(",") if k.strip()]
         cases = [c for c in cases if any(k in c.name for k in keys)]
 
-    if not GPU:
+    if not GPU and not a.time_on_cpu:
         print("no GPU: Triton interpreter check (TRITON_INTERPRET=1), small ragged fp32 shapes")
         ok = True
         for c in cases:
@@ -267,7 +289,7 @@ def main() -> int:
         print("interpreter check:", "PASS" if ok else "FAIL")
         return 0 if ok else 1
 
-    name = torch.cuda.get_device_name()
+    name = torch.cuda.get_device_name() if GPU else "cpu (Triton interpreter: timings are meaningless)"
     bw = copy_bandwidth(a.reps)
     print(f"device: {name}; torch {torch.__version__}; measured copy bandwidth {bw:.0f} GB/s")
     print(f"{'kernel':<32}{'triton ms':>10}{'eager ms':>10}{'speedup':>9}{'GB/s':>8}{'%copy':>7}{'TFLOP/s':>9}  check")
@@ -277,12 +299,12 @@ def main() -> int:
         pairs = zip(run_case(c, c.triton, c.inplace), run_case(c, c.eager, c.inplace))
         good = all(torch.allclose(x.detach().float(), y.detach().float(), **c.tol) for x, y in pairs)
         ok &= good
-        torch.cuda.reset_peak_memory_stats()
-        t_tri = time_ms(lambda: run_case(c, c.triton), a.reps)
-        mem_tri = torch.cuda.max_memory_allocated() / 2**30
-        torch.cuda.reset_peak_memory_stats()
-        t_eag = time_ms(lambda: run_case(c, c.eager), a.reps)
-        mem_eag = torch.cuda.max_memory_allocated() / 2**30
+        _peak_gib(reset=True)
+        t_tri = time_ms(lambda: run_case(c, c.triton), a.reps, warmup=5 if GPU else 0)
+        mem_tri = _peak_gib()
+        _peak_gib(reset=True)
+        t_eag = time_ms(lambda: run_case(c, c.eager), a.reps, warmup=5 if GPU else 0)
+        mem_eag = _peak_gib()
         gbs = c.bytes / (t_tri * 1e-3) / 1e9 if c.bytes else float("nan")
         tfs = c.flops / (t_tri * 1e-3) / 1e12 if c.flops else float("nan")
         print(f"{c.name:<32}{t_tri:>10.3f}{t_eag:>10.3f}{t_eag / t_tri:>8.2f}x{gbs:>8.0f}{100 * gbs / bw:>6.0f}%"

@@ -23,3 +23,22 @@ def test_bench_interpreter_check_passes():
     for name in ["rms_norm", "residual+rms_norm", "swiglu", "rope", "cross_entropy", "linear_cross_entropy",
                  "moe permute", "newton_schulz", "cca conv"]:
         assert name in out, name
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU run the real benchmark")
+def test_bench_timing_report_path_runs_on_cpu(tmp_path):
+    """The GPU reporting path (timing, bandwidth, JSON) exercised on CPU through the interpreter."""
+    pytest.importorskip("triton")
+    import json
+
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    out_json = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "bench/kernels.py", "--time-on-cpu", "--reps", "1", "--only", "swiglu fwd,cca conv fwd",
+                           "--json", str(out_json)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out_json.read_text())
+    names = [r["kernel"] for r in data["results"]]
+    assert names == ["swiglu fwd", "swiglu fwd+bwd", "cca conv fwd", "cca conv fwd+bwd"]
+    for r in data["results"]:
+        assert r["check"] is True and r["triton_ms"] > 0 and r["eager_ms"] > 0 and r["copy_gbps"] > 0
