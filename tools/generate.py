@@ -1,0 +1,139 @@
+"""Sample text from a ZAYA checkpoint with the CCA inference cache (prefill, then token-by-token decode).
+
+    python tools/generate.py --load CKPT --tokenizer-type GPTSentencePieceTokenizer \\
+        --tokenizer-model tok.model --prompt "Once upon a time" --max-new-tokens 64 --top-p 0.9
+    python tools/generate.py --load CKPT --prompt-ids "1 17 42" --prompt-ids "5" --greedy
+
+CKPT is a Hugging Face ZAYA folder (config.json + model.safetensors) or a megatron-zaya checkpoint
+(see megatron_zaya/inference/loading.py). Several --prompt / --prompt-ids give a batch of prompts of
+different lengths (each prefilled into its own cache row, then decoded together). Decoding stops at
+the tokenizer's EOD (or --eod-id) unless --ignore-eod. Sampling: --greedy (or --temperature 0),
+--temperature, --top-k, --top-p, reproducible with --seed. --output-json writes prompts and
+generated ids (and text when a tokenizer is given). See docs/INFERENCE.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from megatron_zaya.inference.decode import generate  # noqa: E402
+from megatron_zaya.inference.loading import DTYPES, load_model_for_inference, parse_dtype  # noqa: E402
+from megatron_zaya.inference.sampling import SamplingParams  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--load", required=True, help="checkpoint: HF ZAYA folder or megatron-zaya checkpoint")
+    p.add_argument("--prompt", action="append", default=[], help="a text prompt (repeat for a batch)")
+    p.add_argument("--prompt-file", help="a file with one text prompt per line")
+    p.add_argument("--prompt-ids", action="append", default=[],
+                   help="a prompt as space-separated token ids (repeat for a batch; no tokenizer needed)")
+    p.add_argument("--tokenizer-type", help="Megatron tokenizer name, e.g. GPTSentencePieceTokenizer")
+    p.add_argument("--tokenizer-model", help="tokenizer model file / folder")
+    p.add_argument("--add-bos", action="store_true", help="prepend the tokenizer's BOS to text prompts")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--greedy", action="store_true", help="argmax decoding (same as --temperature 0)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0: off)")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--eod-id", type=int, default=None, help="stop token (default: the tokenizer's EOD)")
+    p.add_argument("--ignore-eod", action="store_true", help="always generate --max-new-tokens tokens")
+    p.add_argument("--prefill-chunk", type=int, default=None, help="prefill long prompts in chunks of N tokens")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="cast parameters (default: as stored)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--output-json", help="write prompts and generations to this file")
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    texts = list(args.prompt)
+    if args.prompt_file:
+        if not os.path.isfile(args.prompt_file):
+            parser.error(f"--prompt-file {args.prompt_file}: no such file")
+        with open(args.prompt_file, encoding="utf-8") as f:
+            texts += [line.rstrip("\n") for line in f if line.strip()]
+    if not texts and not args.prompt_ids:
+        parser.error("give at least one --prompt, --prompt-file or --prompt-ids")
+    tokenizer = None
+    if args.tokenizer_type or args.tokenizer_model:
+        if not (args.tokenizer_type and args.tokenizer_model):
+            parser.error("--tokenizer-type and --tokenizer-model go together")
+        from megatron_zaya.data.tokenizer import build_tokenizer
+        tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+    if texts and tokenizer is None:
+        parser.error("text prompts need --tokenizer-type and --tokenizer-model (or use --prompt-ids)")
+    try:
+        sampling = SamplingParams(greedy=args.greedy, temperature=args.temperature, top_k=args.top_k,
+                                  top_p=args.top_p)
+        dtype = parse_dtype(args.dtype)
+    except ValueError as err:
+        parser.error(str(err))
+
+    prompts: list[list[int]] = []
+    for text in texts:
+        ids = tokenizer.encode(text)
+        if args.add_bos:
+            if tokenizer.bos is None:
+                parser.error(f"--add-bos: tokenizer {args.tokenizer_type} has no BOS token")
+            ids = [tokenizer.bos] + ids
+        prompts.append(ids)
+    for spec in args.prompt_ids:
+        try:
+            prompts.append([int(t) for t in spec.replace(",", " ").split()])
+        except ValueError:
+            parser.error(f"--prompt-ids {spec!r}: expected space-separated integers")
+
+    model, config, info = load_model_for_inference(args.load, device=args.device, dtype=dtype)
+    eod = None if args.ignore_eod else (args.eod_id if args.eod_id is not None
+                                        else (tokenizer.eod if tokenizer is not None else None))
+    vocab_limit = tokenizer.vocab_size if tokenizer is not None else None
+    if vocab_limit is not None and vocab_limit > config.vocab_size:
+        parser.error(f"--tokenizer-model {args.tokenizer_model}: vocabulary {vocab_limit} is larger than the "
+                     f"checkpoint's {config.vocab_size} embedding rows")
+    start = time.perf_counter()
+    try:
+        result = generate(model, prompts, args.max_new_tokens, sampling, eod=eod, seed=args.seed,
+                          vocab_limit=vocab_limit, prefill_chunk=args.prefill_chunk)
+    except ValueError as err:
+        parser.error(str(err))
+    elapsed = time.perf_counter() - start
+
+    records = []
+    for i, (prompt, new) in enumerate(zip(result.prompts, result.tokens)):
+        record = {"prompt_ids": prompt, "generated_ids": new, "stopped_at_eod": result.stopped_at_eod[i]}
+        if tokenizer is not None:
+            record["prompt"] = tokenizer.decode(prompt)
+            record["generated"] = tokenizer.decode([t for t in new if t != eod])
+        records.append(record)
+        print(f"=== sample {i} ({len(prompt)} prompt tokens, {len(new)} generated"
+              f"{', stopped at EOD' if result.stopped_at_eod[i] else ''})")
+        if tokenizer is not None:
+            print(record["prompt"] + record["generated"])
+        else:
+            print("prompt ids:   ", " ".join(map(str, prompt)))
+            print("generated ids:", " ".join(map(str, new)))
+    generated = sum(len(t) for t in result.tokens)
+    print(f"[{info.get('format')}] {generated} tokens in {elapsed:.2f}s "
+          f"({generated / max(elapsed, 1e-9):.1f} tokens/s, batch {len(prompts)})", file=sys.stderr)
+    if args.output_json:
+        with open(args.output_json, "w", encoding="utf-8") as f:
+            json.dump({"checkpoint": info, "sampling": vars(sampling), "seed": args.seed, "samples": records}, f,
+                      indent=2, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
