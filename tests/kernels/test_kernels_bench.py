@@ -34,11 +34,11 @@ def test_bench_timing_report_path_runs_on_cpu(tmp_path):
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
     out_json = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "bench/kernels.py", "--time-on-cpu", "--reps", "1", "--only", "swiglu fwd,cca conv fwd",
+    proc = subprocess.run([sys.executable, "bench/kernels.py", "--time-on-cpu", "--reps", "1", "--only", "swiglu fwd,rope in-place",
                            "--json", str(out_json)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(out_json.read_text())
     names = [r["kernel"] for r in data["results"]]
-    assert names == ["swiglu fwd", "swiglu fwd+bwd", "cca conv fwd", "cca conv fwd+bwd"]
+    assert names == ["swiglu fwd", "swiglu fwd+bwd", "rope in-place fwd"]
     for r in data["results"]:
         assert r["check"] is True and r["triton_ms"] > 0 and r["eager_ms"] > 0 and r["copy_gbps"] > 0
