@@ -152,7 +152,8 @@ def cross_entropy_partials(
     not in the slice)."""
     z = logits.float()
     row_max = z.max(dim=-1).values
-    sumexp = torch.exp(z - row_max.unsqueeze(-1)).sum(dim=-1)
+    shift = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)  # all -inf slice: sumexp 0
+    sumexp = torch.exp(z - shift.unsqueeze(-1)).sum(dim=-1)
     local = labels - vocab_start
     in_slice = (local >= 0) & (local < z.shape[-1])
     target = z.gather(-1, local.clamp(0, z.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
@@ -176,7 +177,7 @@ def combine_cross_entropy_partials(
     global_max = row_max.clone()
     if distributed:
         dist.all_reduce(global_max, op=dist.ReduceOp.MAX, group=group)
-    total = sumexp * torch.exp(row_max - global_max)
+    total = torch.where(sumexp > 0, sumexp * torch.exp(row_max - global_max), torch.zeros_like(sumexp))
     target = target.clone()
     if distributed:
         dist.all_reduce(total, group=group)

@@ -41,7 +41,9 @@ def _partials_kernel(
         cols = start + tl.arange(0, BLOCK_V)
         z = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
         m_new = tl.maximum(m, tl.max(z, axis=0))
-        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new), axis=0)
+        # shift by 0 while everything seen is -inf (e.g. a padded vocab slice): s stays 0, no NaN
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.exp(m - shift) + tl.sum(tl.exp(z - shift), axis=0)
         m = m_new
     label = tl.load(labels_ptr + row).to(tl.int64)
     local = label - vocab_start

@@ -129,3 +129,28 @@ def test_linear_cross_entropy_torch_ops_match_too():
     torch.testing.assert_close(loss, loss_r, **TOL)
     torch.testing.assert_close(h.grad, h2.grad, **TOL)
     torch.testing.assert_close(w.grad, w2.grad, **TOL)
+
+
+def test_padded_vocab_slice_of_minus_inf():
+    """A vocab slice that is entirely -inf (padding columns) contributes nothing, without NaN,
+    in the kernel partials and in the reference partials and merge."""
+    logits, labels, grad = _problem(4, 90, 31)
+    logits[:, 70:] = float("-inf")
+    labels = labels.clamp(max=69)
+    labels[1] = R.IGNORE_INDEX
+    slices = [(0, 70), (70, 90)]
+    parts = [T.cross_entropy_partials(logits[:, lo:hi], labels, lo) for lo, hi in slices]
+    for got, (lo, hi) in zip(parts, slices):
+        for a, b in zip(got, R.cross_entropy_partials(logits[:, lo:hi], labels, lo)):
+            torch.testing.assert_close(a, b, **TOL)
+    assert torch.all(parts[1][1] == 0) and torch.all(torch.isneginf(parts[1][0]))
+    maxes, sums, targets = (torch.stack(t) for t in zip(*parts))
+    global_max = maxes.max(0).values
+    merged = torch.where(sums > 0, sums * torch.exp(maxes - global_max), torch.zeros_like(sums)).sum(0)
+    lse = global_max + torch.log(merged)
+    loss = torch.where(labels == R.IGNORE_INDEX, torch.zeros_like(lse), lse - targets.sum(0))
+    loss_r, g_r = _loss_and_grad(R.cross_entropy, logits[:, :70], labels, grad)
+    torch.testing.assert_close(loss, loss_r, **TOL)
+    g = torch.cat([T.cross_entropy_grad(logits[:, lo:hi], labels, lse, grad, lo) for lo, hi in slices], dim=1)
+    assert torch.all(g[:, 70:] == 0)
+    torch.testing.assert_close(g[:, :70], g_r, **TOL)
