@@ -80,12 +80,17 @@ class ZayaModel(nn.Module):
         for block in self.layers:
             residual, router_state, layer_routing = block(residual, router_state, cos, sin, attention_mask)
             routing.append(layer_routing)
-        hidden = self.final_norm(residual)
+        logits, losses = self.head_and_loss(self.final_norm(residual), labels)
+        return ModelOutput(logits, losses, routing)
+
+    def head_and_loss(self, hidden: torch.Tensor, labels: torch.Tensor | None):
+        """LM head and per-token loss: (logits, None) without labels, (None, losses (B, S)) with them.
+        Tensor parallelism replaces this with its vocab-parallel form."""
         logits = F.linear(hidden, self.output_weight())
         if labels is None:
-            return ModelOutput(logits, None, routing)
-        losses = kernels.cross_entropy(logits.reshape(b * s, -1), labels.reshape(b * s)).view(b, s)
-        return ModelOutput(None, losses, routing)
+            return logits, None
+        b, s = labels.shape
+        return None, kernels.cross_entropy(logits.reshape(b * s, -1), labels.reshape(b * s)).view(b, s)
 
 
 def masked_mean_loss(token_losses: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:

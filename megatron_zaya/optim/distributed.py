@@ -1,0 +1,125 @@
+"""ZeRO-1 distributed optimizer, generic over an inner torch optimizer (AdamW, ...).
+
+The GradientReducer (shard=True) lays each bucket's gradients out flat and reduce-scatters it, so
+rank r of the reduction group receives the summed gradients of the contiguous element range it
+owns (`megatron_zaya.parallel.data.shard_range`; DP x CP for dense parameters, expert-DP for expert
+parameters). This optimizer keeps fp32 master weights and the inner optimizer's state for those
+owned pieces only, steps them, writes them into the model's parameters and all-gathers each bucket's
+parameters so every replica holds the new weights (Megatron's distributed optimizer).
+
+Memory per rank for P parameters over N ranks with Adam: unsharded = 4P (fp32 master) + 8P (moments);
+ZeRO-1 = (4P + 8P) / N (+ padding < N elements per bucket). `memory_report()` measures this rank.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from megatron_zaya.parallel.data import GradientReducer
+
+
+class DistributedOptimizer:
+    def __init__(self, params_or_groups, optimizer_factory: Callable[[list[dict]], torch.optim.Optimizer],
+                 pstate, reducer: GradientReducer | None = None, bucket_size: int = 40_000_000):
+        groups = list(params_or_groups)
+        if groups and not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        self.pstate = pstate
+        self.params = [p for g in groups for p in g["params"] if p.requires_grad]
+        self.reducer = reducer or GradientReducer(self.params, pstate, bucket_size=bucket_size, shard=True)
+        if not self.reducer.shard:
+            raise ValueError("DistributedOptimizer needs a GradientReducer built with shard=True")
+        group_of = {p: gi for gi, g in enumerate(groups) for p in g["params"]}
+        # One fp32 master per owned piece: (param, start, end, master).
+        self.pieces: list[tuple[torch.nn.Parameter, int, int, torch.nn.Parameter]] = []
+        masters_by_group: list[list] = [[] for _ in groups]
+        for bucket in self.reducer.buckets:
+            for i, a, b in bucket.owned_pieces():
+                p = bucket.params[i]
+                if p not in group_of:
+                    continue
+                m = torch.nn.Parameter(p.detach().reshape(-1)[a:b].float().clone())
+                self.pieces.append((p, a, b, m))
+                masters_by_group[group_of[p]].append(m)
+        inner_groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": ms}
+                        for g, ms in zip(groups, masters_by_group) if ms]
+        # A rank can own nothing (more ranks than elements): it then only takes part in the gathers.
+        self.inner = optimizer_factory(inner_groups) if inner_groups else None
+
+    @property
+    def param_groups(self):
+        return self.inner.param_groups if self.inner is not None else []
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.reducer.zero_grad()
+        for *_, m in self.pieces:
+            m.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Inner step on the owned masters (gradients: the reduced `main_grad_shard`), then all-gather.
+        Call `reducer.finish()` (and clip_grad_norm) first."""
+        for p, a, b, m in self.pieces:
+            start, g = p.main_grad_shard
+            m.grad = g[a - start:b - start].float()
+        if self.inner is not None:
+            self.inner.step()
+        for p, a, b, m in self.pieces:
+            p.view(-1)[a:b].copy_(m)
+        self.gather_params()
+
+    @torch.no_grad()
+    def gather_params(self) -> None:
+        """Every bucket's parameters all-gathered from their owners (same layout as the gradients)."""
+        for bucket in self.reducer.buckets:
+            if bucket.size == 1:
+                continue
+            dtype = bucket.params[0].dtype
+            lo, hi = bucket.owned
+            mine = torch.zeros(hi - lo, dtype=dtype, device=bucket.buffer.device)
+            for i, a, b in bucket.owned_pieces():
+                o = bucket.offsets[i] - lo
+                mine[o + a:o + b].copy_(bucket.params[i].reshape(-1)[a:b])
+            full = torch.empty(bucket.buffer.numel(), dtype=dtype, device=mine.device)
+            dist.all_gather_into_tensor(full, mine, group=bucket.group)
+            for i, p in enumerate(bucket.params):
+                p.copy_(full[bucket.offsets[i]:bucket.offsets[i] + p.numel()].view_as(p))
+
+    # -- checkpointing: one state per rank (its shard) --------------------------------------------
+    def state_dict(self) -> dict:
+        return {"inner": self.inner.state_dict() if self.inner is not None else None,
+                "master": [m.detach().clone() for *_, m in self.pieces]}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        if self.inner is not None:
+            self.inner.load_state_dict(state["inner"])
+        for (p, a, b, m), saved in zip(self.pieces, state["master"]):
+            m.copy_(saved)
+            p.view(-1)[a:b].copy_(saved)
+        self.gather_params()
+
+    # -- memory -------------------------------------------------------------------------------------
+    def memory_report(self, state_bytes_per_param: int = 8) -> dict:
+        """Bytes on this rank of fp32 master weights + optimizer state, against what an unsharded
+        optimizer holds for the same parameters. State is measured when it exists (after a step),
+        else estimated at `state_bytes_per_param` (8 for Adam's two fp32 moments)."""
+        owned = sum(m.numel() for *_, m in self.pieces)
+        total = sum(p.numel() for p in self.params)
+        measured = 0
+        if self.inner is not None:
+            measured = sum(t.numel() * t.element_size() for *_, m in self.pieces
+                           for t in self.inner.state.get(m, {}).values() if torch.is_tensor(t) and t.dim() > 0)
+        per_param = 4 + (measured / owned if measured and owned else state_bytes_per_param)
+        sharded, unsharded = int(owned * per_param), int(total * per_param)
+        return {"params_total": total, "params_owned": owned, "sharded_bytes": sharded,
+                "unsharded_bytes": unsharded, "saved_bytes": unsharded - sharded,
+                "saved_fraction": 1 - sharded / unsharded if unsharded else 0.0}
+
+    def describe_memory(self) -> str:
+        r = self.memory_report()
+        mib = 1 / 2 ** 20
+        return (f"ZeRO-1 master+optimizer state {r['sharded_bytes'] * mib:.2f} MiB/rank instead of "
+                f"{r['unsharded_bytes'] * mib:.2f} MiB (saves {100 * r['saved_fraction']:.0f}%)")

@@ -1,0 +1,100 @@
+"""Context parallelism for CCA: the sequence split over CP ranks with Megatron's load-balanced
+causal split, K/V all-gathered, and the convolution / value-shift boundaries handled by a
+point-to-point halo exchange.
+
+Split: the sequence is cut into 2*CP equal chunks; CP rank i holds chunks i and 2*CP-1-i (so every
+rank does the same amount of causal attention work). The sequence length must be divisible by
+2*CP, and each chunk must be at least the conv context (2 tokens).
+
+Halo: the left neighbour of a chunk c is chunk c-1. Each rank receives the last `conv_context`
+normed hidden rows x of that chunk (2 rows; the last one is also the value-shift input) and
+projects them with its own weights to the pre-conv q0/k0 and the delayed value Wv2 x - the
+`LeftContext` of the CCA module. For rank i: chunk i's left is chunk i-1 (first chunk of rank
+i-1), chunk 2CP-1-i's left is chunk 2CP-2-i (second chunk of rank i+1, or for the last rank its
+own first chunk). Rank 0's first chunk gets zeros, which is exactly the zero padding of one
+process (the projections have no bias). Gradients flow back through the exchange (send_recv).
+
+K and V (post-norm, post-RoPE; 2*HKV*dh values per token) are all-gathered over CP; each rank's
+queries attend to them under a causal mask built from global token indices.
+"""
+from __future__ import annotations
+
+import torch
+
+from megatron_zaya.model.cca import LeftContext
+from megatron_zaya.parallel.mappings import gather_along, send_recv
+
+
+def cp_chunk_indices(seq_len: int, cp_size: int, cp_rank: int) -> torch.Tensor:
+    """Global token indices held by a CP rank (chunks i and 2*CP-1-i), in local order."""
+    if cp_size == 1:
+        return torch.arange(seq_len)
+    if seq_len % (2 * cp_size):
+        raise ValueError(f"sequence length {seq_len} must be divisible by 2 x --context-parallel-size "
+                         f"= {2 * cp_size} (load-balanced causal split)")
+    c = seq_len // (2 * cp_size)
+    first, second = cp_rank, 2 * cp_size - 1 - cp_rank
+    return torch.cat((torch.arange(first * c, (first + 1) * c), torch.arange(second * c, (second + 1) * c)))
+
+
+def slice_batch_for_cp(batch: dict, pstate) -> dict:
+    """This rank's CP slice of every (B, S) tensor of a micro-batch (tokens, labels, loss_mask,
+    position_ids, ...); other entries pass through. position_ids are needed under CP: the model
+    cannot infer global positions from a slice."""
+    if pstate.cp_size == 1:
+        return dict(batch)
+    out = {}
+    seq_len = batch["tokens"].shape[1]
+    index = cp_chunk_indices(seq_len, pstate.cp_size, pstate.cp_rank)
+    for key, value in batch.items():
+        if torch.is_tensor(value) and value.dim() == 2 and value.shape[1] == seq_len:
+            out[key] = value.index_select(1, index.to(value.device))
+        else:
+            out[key] = value
+    if "position_ids" not in out:
+        out["position_ids"] = index.to(batch["tokens"].device).unsqueeze(0).expand(batch["tokens"].shape[0], -1)
+    return out
+
+
+def exchange_halo(x: torch.Tensor, width: int, pstate) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (B, S_local, D) holding [chunk i, chunk 2CP-1-i] -> the `width` rows left of each chunk."""
+    r, n, ranks = pstate.cp_rank, pstate.cp_size, pstate.cp_ranks
+    half = x.shape[1] // 2
+    tail0, tail1 = x[:, half - width:half], x[:, x.shape[1] - width:]
+    nxt = ranks[r + 1] if r + 1 < n else None
+    prv = ranks[r - 1] if r > 0 else None
+    # First chunks flow right: rank r's chunk r is the left context of rank r+1's chunk r+1.
+    # Second chunks flow left: rank r's chunk 2CP-1-r is the left context of rank r-1's chunk 2CP-r.
+    left0, left1 = send_recv([tail0, tail1], dsts=[nxt, prv], srcs=[prv, nxt])
+    if nxt is None:
+        left1 = tail0   # the last rank holds chunks CP-1 and CP: adjacent
+    return left0, left1
+
+
+def left_context_from_hidden(attn, x_left: torch.Tensor) -> LeftContext:
+    """Project the neighbour's last hidden rows with this rank's weights (same as the neighbour's)."""
+    conv_inputs = torch.cat((attn.linear_q(x_left), attn.linear_k(x_left)), dim=-1).transpose(1, 2)
+    return LeftContext(conv_inputs, attn.linear_v_previous(x_left[:, -1:]))
+
+
+def context_parallel_attention(attn, x, cos, sin, pstate) -> torch.Tensor:
+    """CCA `project` + `normalize_and_rotate` + `attend` on this rank's two chunks; returns the
+    attention output before linear_proj, (B, S_local, HQ*dh)."""
+    b, s_local, _ = x.shape
+    width = attn.conv_context
+    if s_local % 2 or s_local // 2 < width:
+        raise ValueError(f"context parallel: local sequence {s_local} must be two chunks of >= {width} tokens")
+    half = s_local // 2
+    left0, left1 = exchange_halo(x, width, pstate)
+    ctx0, ctx1 = left_context_from_hidden(attn, left0), left_context_from_hidden(attn, left1)
+    left = LeftContext(torch.cat((ctx0.conv_inputs, ctx1.conv_inputs)), torch.cat((ctx0.delayed_value, ctx1.delayed_value)))
+    # Both chunks through `project` at once, stacked on the batch dimension.
+    q, k, v, _, _ = attn.project(torch.cat((x[:, :half], x[:, half:])), left)
+    q, k, v = (torch.cat((t[:b], t[b:]), dim=1) for t in (q, k, v))
+    q, k = attn.normalize_and_rotate(q, k, cos, sin)
+    k_all, v_all = gather_along(k, pstate.cp_group, 1), gather_along(v, pstate.cp_group, 1)
+    seq_len = s_local * pstate.cp_size
+    q_index = cp_chunk_indices(seq_len, pstate.cp_size, pstate.cp_rank).to(x.device)
+    k_index = torch.cat([cp_chunk_indices(seq_len, pstate.cp_size, r) for r in range(pstate.cp_size)]).to(x.device)
+    mask = (q_index[:, None] >= k_index[None, :])[None, None]
+    return attn.attend(q, k_all, v_all, mask)

@@ -1,0 +1,154 @@
+"""Find rank, world size, local rank and the rendezvous address from whatever launched us, then
+initialise torch.distributed.
+
+Launchers understood (first match wins):
+  torchrun / torch.distributed.run  RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT
+  Open MPI mpirun                   OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK
+  MPICH / Intel MPI mpirun          PMI_RANK, PMI_SIZE, MPI_LOCALRANKID (or PMI_LOCAL_RANK)
+  Slurm srun                        SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_JOB_NODELIST
+  nothing                           a single process (rank 0 of 1)
+
+MASTER_ADDR / MASTER_PORT from the environment always win. Otherwise: under MPI, rank 0 picks its
+host address and a free port and broadcasts them with mpi4py; under Slurm the first host of
+SLURM_JOB_NODELIST and a port derived from SLURM_JOB_ID; a single process uses an in-memory store.
+
+A single process with no launcher still initialises a 1-process group (so every collective in
+the code runs unchanged). Backend: "nccl" when a GPU is visible (RCCL on ROCm), "gloo" otherwise;
+the device is cuda:LOCAL_RANK (or the CPU).
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    launcher: str = "none"
+    master_addr: str | None = None
+    master_port: int | None = None
+
+
+@dataclass
+class LaunchInfo:
+    launcher: str
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str | None
+    master_port: int | None
+
+
+def expand_slurm_nodelist(nodelist: str) -> list[str]:
+    """'gpu[001-003,7],login1' -> ['gpu001', 'gpu002', 'gpu003', 'gpu7', 'login1'] (zero padding kept)."""
+    hosts = []
+    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", nodelist):
+        if plain:
+            hosts.append(plain)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            for i in range(int(lo), int(hi or lo) + 1):
+                hosts.append(f"{prefix}{str(i).zfill(len(lo))}")
+    return hosts
+
+
+def _env_int(env, *names, default=None):
+    for name in names:
+        if env.get(name, "") != "":
+            return int(env[name])
+    return default
+
+
+def detect_launcher(env=None) -> LaunchInfo:
+    """Rank, world size, local rank and (if known without communication) the master address."""
+    env = os.environ if env is None else env
+    addr = env.get("MASTER_ADDR") or None
+    port = _env_int(env, "MASTER_PORT")
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return LaunchInfo("torchrun", int(env["RANK"]), int(env["WORLD_SIZE"]),
+                          _env_int(env, "LOCAL_RANK", default=0), addr, port)
+    if "OMPI_COMM_WORLD_RANK" in env:
+        return LaunchInfo("openmpi", int(env["OMPI_COMM_WORLD_RANK"]), int(env["OMPI_COMM_WORLD_SIZE"]),
+                          _env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", default=0), addr, port)
+    if "PMI_RANK" in env:
+        return LaunchInfo("mpich", int(env["PMI_RANK"]), int(env["PMI_SIZE"]),
+                          _env_int(env, "MPI_LOCALRANKID", "PMI_LOCAL_RANK", default=0), addr, port)
+    if "SLURM_PROCID" in env:
+        if addr is None and env.get("SLURM_JOB_NODELIST"):
+            addr = expand_slurm_nodelist(env["SLURM_JOB_NODELIST"])[0]
+        if port is None and env.get("SLURM_JOB_ID"):
+            port = 15000 + int(env["SLURM_JOB_ID"]) % 20000   # same on every task of the job
+        return LaunchInfo("slurm", int(env["SLURM_PROCID"]), _env_int(env, "SLURM_NTASKS", "SLURM_NPROCS"),
+                          _env_int(env, "SLURM_LOCALID", default=0), addr, port)
+    return LaunchInfo("none", 0, 1, 0, addr, port)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _host_address() -> str:
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def _agree_with_mpi(info: LaunchInfo) -> LaunchInfo:
+    """Rank 0's address and a free port of its host, broadcast over MPI (mpi4py)."""
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise RuntimeError(f"launched by {info.launcher} without MASTER_ADDR/MASTER_PORT: install mpi4py "
+                           "(pip install mpi4py) or export MASTER_ADDR and MASTER_PORT") from exc
+    proposal = (info.master_addr or _host_address(), info.master_port or _free_port()) if info.rank == 0 else None
+    info.master_addr, info.master_port = MPI.COMM_WORLD.bcast(proposal, root=0)
+    return info
+
+
+def init_distributed(backend: str | None = None, timeout_minutes: float = 30) -> DistEnv:
+    """Initialise torch.distributed from the launcher's environment; returns this process's DistEnv.
+    Idempotent: when a group already exists it only reports it."""
+    info = detect_launcher()
+    use_gpu = torch.cuda.is_available()
+    device = torch.device("cuda", info.local_rank % max(1, torch.cuda.device_count())) if use_gpu \
+        else torch.device("cpu")
+    if use_gpu:
+        torch.cuda.set_device(device)
+    backend = backend or ("nccl" if use_gpu else "gloo")
+    if dist.is_initialized():
+        return DistEnv(dist.get_rank(), dist.get_world_size(), info.local_rank, device, dist.get_backend(),
+                       info.launcher, info.master_addr, info.master_port)
+    timeout = timedelta(minutes=timeout_minutes)
+    if info.world_size == 1 and info.master_addr is None:
+        store = dist.HashStore()
+        dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
+        return DistEnv(0, 1, info.local_rank, device, backend, info.launcher)
+    if info.launcher in ("openmpi", "mpich") and (info.master_addr is None or info.master_port is None):
+        info = _agree_with_mpi(info)
+    if info.master_addr is None or info.master_port is None:
+        raise RuntimeError(f"launched by {info.launcher}: MASTER_ADDR and MASTER_PORT are needed "
+                           f"(got {info.master_addr}:{info.master_port})")
+    dist.init_process_group(backend, init_method=f"tcp://{info.master_addr}:{info.master_port}",
+                            rank=info.rank, world_size=info.world_size, timeout=timeout)
+    return DistEnv(info.rank, info.world_size, info.local_rank, device, backend, info.launcher,
+                   info.master_addr, info.master_port)
+
+
+def destroy_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

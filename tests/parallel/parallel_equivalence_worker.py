@@ -1,0 +1,204 @@
+"""Run under torchrun or mpirun: for each layout given on the command line, compare the parallel
+model with an independent single-process run of the same model on the same global batch (fp32):
+loss (1e-5 relative), every gradient gathered to full shape (1e-4 relative, per tensor norm),
+global routing counts (exact), global grad norm, and the weights after a few optimizer steps.
+
+Layout syntax: tp2, cp2, ep2, dp (plain data parallel), sp (sequence parallel), zero (ZeRO-1),
+joined by '-', e.g.
+"tp2-ep2" or "cp2-zero". Prints one line per layout on rank 0; exits 1 on any mismatch.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from megatron_zaya.config import model_config_from_preset
+from megatron_zaya.model import ZayaModel
+from megatron_zaya.optim.distributed import DistributedOptimizer
+from megatron_zaya.parallel.apply import full_gradients, gather_full_state_dict, parallelize_model
+from megatron_zaya.parallel.context import slice_batch_for_cp
+from megatron_zaya.parallel.data import GradientReducer, clip_grad_norm
+from megatron_zaya.parallel.launch import init_distributed
+from megatron_zaya.parallel.state import ParallelState
+
+LOSS_RTOL, GRAD_RTOL, WEIGHT_RTOL = 1e-5, 1e-4, 1e-4
+GLOBAL_BATCH, SEQ, STEPS, LR, CLIP = 4, 32, 3, 1e-3, 1.0
+
+
+def config():
+    return model_config_from_preset("zaya1-tiny", num_layers=2, vocab_size=256, seq_length=SEQ)
+
+
+def build_model(seed=1234):
+    torch.manual_seed(seed)
+    model = ZayaModel(config())
+    # Spread the routing over every expert and the skip class (identical on every rank).
+    g = torch.Generator().manual_seed(7)
+    for block in model.layers:
+        block.moe.router.balancing_bias.copy_(torch.randn(5, generator=g) * 0.05)
+    return model
+
+
+def global_batch(step):
+    g = torch.Generator().manual_seed(100 + step)
+    tokens = torch.randint(0, 256, (GLOBAL_BATCH, SEQ + 1), generator=g)
+    mask = (torch.rand(GLOBAL_BATCH, SEQ, generator=g) > 0.1).float()
+    pos = torch.arange(SEQ).unsqueeze(0).expand(GLOBAL_BATCH, SEQ)
+    return {"tokens": tokens[:, :-1], "labels": tokens[:, 1:], "loss_mask": mask, "position_ids": pos}
+
+
+def local_batch(batch, ps, micro):
+    """This rank's micro-batches: samples split over DP ranks, then the CP slice."""
+    per = GLOBAL_BATCH // ps.dp_size
+    mine = {k: v[ps.dp_rank * per:(ps.dp_rank + 1) * per] for k, v in batch.items()}
+    m = per // micro
+    return [slice_batch_for_cp({k: v[i * m:(i + 1) * m] for k, v in mine.items()}, ps) for i in range(micro)]
+
+
+def rel(a, b):
+    return float((a - b).norm() / b.norm().clamp_min(1e-12)) if b.numel() else 0.0
+
+
+def reference_step(model, batch):
+    out = model(batch["tokens"], labels=batch["labels"], position_ids=batch["position_ids"])
+    loss = (out.token_losses * batch["loss_mask"]).sum() / batch["loss_mask"].sum()
+    loss.backward()
+    return loss.detach(), [r.counts for r in out.routing]
+
+
+def parallel_step(model, reducer, batch, ps, micro):
+    count = batch["loss_mask"].sum()
+    total = torch.zeros(())
+    counts = None
+    parts = local_batch(batch, ps, micro)
+    for i, mb in enumerate(parts):
+        sync = reducer.no_sync() if i < len(parts) - 1 else _null()
+        with sync:
+            out = model(mb["tokens"], labels=mb["labels"], position_ids=mb["position_ids"])
+            loss = (out.token_losses * mb["loss_mask"]).sum() / count
+            loss.backward()
+        total += loss.detach()
+        c = torch.stack([r.counts for r in out.routing])
+        counts = c if counts is None else counts + c
+    # Overlap: every bucket that communicates was launched by the backward hooks, before finish().
+    late = [i for i, b in enumerate(reducer.buckets) if b.size > 1 and b.work is None]
+    reducer.finish()
+    if late:
+        raise AssertionError(f"buckets {late} were not launched during backward")
+    dist.all_reduce(total, group=ps.dp_cp_group)
+    return total, counts
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def shard_like(full, p, ps):
+    for kind, dim, pieces in getattr(p, "partitions", []):
+        rank = ps.tp_rank if kind == "tp" else ps.ep_rank
+        full = torch.cat([full.narrow(dim, a, b - a) for a, b in pieces[rank]], dim=dim)
+    return full
+
+
+def run_layout(spec: str, world: int) -> list[str]:
+    sizes = {k: int(v) for k, v in re.findall(r"(tp|cp|ep)(\d+)", spec)}
+    flags = spec.split("-")
+    zero = "zero" in flags
+    ps = ParallelState(sizes.get("tp", 1), sizes.get("cp", 1), sizes.get("ep", 1), world,
+                       sequence_parallel="sp" in flags, model_config=config())
+    micro = 2 if GLOBAL_BATCH // ps.dp_size >= 2 else 1
+    errors, worst = [], {"loss": 0.0, "grad": 0.0, "weight": 0.0, "norm": 0.0}
+
+    ref = build_model()
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=0.1)
+    model = parallelize_model(build_model(), ps)
+    reducer = GradientReducer(model, ps, bucket_size=30_000, shard=zero)
+    if zero:
+        opt = DistributedOptimizer(model.parameters(), lambda g: torch.optim.AdamW(g, lr=LR, weight_decay=0.1),
+                                   ps, reducer=reducer)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.1)
+
+    for step in range(STEPS):
+        batch = global_batch(step)
+        ref_loss, ref_counts = reference_step(ref, batch)
+        loss, counts = parallel_step(model, reducer, batch, ps, micro)
+        worst["loss"] = max(worst["loss"], abs(float(loss / ref_loss) - 1))
+        if not torch.equal(counts, torch.stack(ref_counts)):
+            errors.append(f"step {step}: routing counts {counts.tolist()} != {torch.stack(ref_counts).tolist()}")
+        ref_grads = {n: p.grad for n, p in ref.named_parameters()}
+        if zero:   # each rank holds only the pieces it owns: compare those
+            for n, p in model.named_parameters():
+                if getattr(p, "main_grad_shard", None) is not None:
+                    start, g = p.main_grad_shard
+                    want = shard_like(ref_grads[n], p, ps).reshape(-1)[start:start + g.numel()]
+                    worst["grad"] = max(worst["grad"], r := rel(g, want))
+                    if r > GRAD_RTOL:
+                        errors.append(f"step {step}: grad {n} rel {r:.2e}")
+        else:
+            for n, g in full_gradients(model, ps).items():
+                worst["grad"] = max(worst["grad"], r := rel(g, ref_grads[n]))
+                if r > GRAD_RTOL:
+                    errors.append(f"step {step}: grad {n} rel {r:.2e}")
+        ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), CLIP)
+        norm = clip_grad_norm(model.parameters(), CLIP, ps)
+        worst["norm"] = max(worst["norm"], abs(float(norm / ref_norm) - 1))
+        ref_opt.step()
+        ref_opt.zero_grad()
+        opt.step()
+        if zero:
+            opt.zero_grad()
+        else:
+            opt.zero_grad()
+            reducer.zero_grad()
+    full = gather_full_state_dict(model, ps)
+    for n, w in ref.state_dict().items():
+        worst["weight"] = max(worst["weight"], r := rel(full[n], w))
+        if r > WEIGHT_RTOL or full[n].shape != w.shape:
+            errors.append(f"weight {n} rel {r:.2e} shapes {tuple(full[n].shape)} {tuple(w.shape)}")
+    if worst["loss"] > LOSS_RTOL:
+        errors.append(f"loss rel {worst['loss']:.2e}")
+    if worst["norm"] > LOSS_RTOL * 10:
+        errors.append(f"grad norm rel {worst['norm']:.2e}")
+    report = f"{spec}: {ps.describe()}; max rel loss {worst['loss']:.1e} grad {worst['grad']:.1e} " \
+             f"norm {worst['norm']:.1e} weights after {STEPS} steps {worst['weight']:.1e}"
+    if zero:
+        report += "; " + opt.describe_memory()
+    reducer.remove_hooks()
+    return [report] + errors
+
+
+def main():
+    if os.environ.get("PZ_DEBUG_TIMEOUT"):
+        import faulthandler
+        faulthandler.dump_traceback_later(float(os.environ["PZ_DEBUG_TIMEOUT"]), exit=True)
+    env = init_distributed()
+    torch.set_num_threads(1)
+    failed = False
+    for spec in sys.argv[1:]:
+        t0 = time.time()
+        lines = run_layout(spec, env.world_size)
+        gathered = [None] * env.world_size
+        dist.all_gather_object(gathered, lines[1:])
+        if env.rank == 0:
+            print(f"[{env.launcher} x{env.world_size}] {lines[0]} ({time.time() - t0:.1f}s)", flush=True)
+            for r, errs in enumerate(gathered):
+                for e in errs[:8]:
+                    print(f"  FAIL rank {r}: {e}", flush=True)
+        failed |= any(gathered)
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Single-process checks of the rank grid, layout validation, launcher detection and the CP split."""
+import pytest
+import torch
+
+from megatron_zaya.config import model_config_from_preset
+from megatron_zaya.parallel.context import cp_chunk_indices, slice_batch_for_cp
+from megatron_zaya.parallel.data import owners_of_bucket, shard_range
+from megatron_zaya.parallel.launch import detect_launcher, expand_slurm_nodelist
+from megatron_zaya.parallel.state import LayoutError, ParallelState, check_layout, rank_grid
+
+
+def test_rank_grid_megatron_order():
+    g = rank_grid(16, tp=2, cp=2, ep=4)
+    assert g["tp"][0] == [0, 1] and g["tp"][1] == [2, 3]            # tensor ranks adjacent
+    assert g["cp"][0] == [0, 2]
+    assert g["dp"][0] == [0, 4, 8, 12]                                # data parallel varies slowest
+    assert g["dp_cp"][0] == [0, 2, 4, 6, 8, 10, 12, 14]
+    assert g["ep"][0] == [0, 2, 4, 6] and g["expert_dp"][0] == [0, 8]  # EP folded inside DP x CP
+    for kind, groups in g.items():                                   # every kind partitions the world
+        assert sorted(r for grp in groups for r in grp) == list(range(16)), kind
+
+
+def test_parallel_state_without_process_group():
+    ps = ParallelState(1, 1, 1)
+    assert (ps.world_size, ps.dp_size, ps.dp_rank, ps.tp_size, ps.expert_dp_size) == (1, 1, 0, 1, 1)
+
+
+@pytest.mark.parametrize("world,tp,cp,ep,message", [
+    (6, 4, 1, 1, "not divisible by --tensor-model-parallel-size=4"),
+    (8, 2, 1, 3, "--expert-model-parallel-size=3 must divide"),
+    (8, 8, 1, 1, "must divide --num-attention-heads=4"),
+    (8, 4, 1, 1, "must divide --num-query-groups=2"),
+    (16, 1, 1, 16, "must divide --num-experts=4"),
+])
+def test_layout_errors_name_the_flag(world, tp, cp, ep, message):
+    cfg = model_config_from_preset("zaya1-tiny")
+    with pytest.raises(LayoutError, match=message):
+        check_layout(world, tp, cp, ep, cfg)
+
+
+def test_launcher_detection():
+    assert detect_launcher({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "h",
+                            "MASTER_PORT": "1234"}) .__dict__ == dict(
+        launcher="torchrun", rank=3, world_size=8, local_rank=1, master_addr="h", master_port=1234)
+    info = detect_launcher({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "16",
+                            "OMPI_COMM_WORLD_LOCAL_RANK": "5"})
+    assert (info.launcher, info.rank, info.world_size, info.local_rank, info.master_addr) == ("openmpi", 5, 16, 5, None)
+    info = detect_launcher({"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0"})
+    assert (info.launcher, info.rank, info.world_size, info.local_rank) == ("mpich", 2, 4, 0)
+    info = detect_launcher({"SLURM_PROCID": "9", "SLURM_NTASKS": "1024", "SLURM_LOCALID": "1",
+                            "SLURM_JOB_NODELIST": "mi300x-[007-010,042]", "SLURM_JOB_ID": "123"})
+    assert (info.launcher, info.rank, info.world_size, info.local_rank, info.master_addr) == \
+        ("slurm", 9, 1024, 1, "mi300x-007")
+    assert info.master_port == 15123
+    assert detect_launcher({}).launcher == "none"
+
+
+def test_slurm_nodelist():
+    assert expand_slurm_nodelist("gpu[001-003,7],login1") == ["gpu001", "gpu002", "gpu003", "gpu7", "login1"]
+    assert expand_slurm_nodelist("n5") == ["n5"]
+
+
+def test_cp_split_is_load_balanced_and_complete():
+    parts = [cp_chunk_indices(32, 4, r) for r in range(4)]
+    assert parts[0].tolist() == [0, 1, 2, 3, 28, 29, 30, 31]
+    assert sorted(torch.cat(parts).tolist()) == list(range(32))
+    with pytest.raises(ValueError, match="divisible by 2 x --context-parallel-size"):
+        cp_chunk_indices(30, 4, 0)
+
+    class PS:
+        cp_size, cp_rank = 2, 1
+
+    batch = {"tokens": torch.arange(16).view(2, 8), "labels": torch.arange(16).view(2, 8), "other": 3}
+    local = slice_batch_for_cp(batch, PS)
+    assert local["tokens"].tolist() == [[2, 3, 4, 5], [10, 11, 12, 13]]
+    assert local["position_ids"].tolist() == [[2, 3, 4, 5], [2, 3, 4, 5]] and local["other"] == 3
+
+
+def test_zero_ownership_is_balanced():
+    assert [shard_range(12, 4, r) for r in range(4)] == [(0, 3), (3, 6), (6, 9), (9, 12)]
+    owners = owners_of_bucket([100, 60, 50, 40, 10], 2)
+    loads = [sum(n for n, o in zip([100, 60, 50, 40, 10], owners) if o == r) for r in range(2)]
+    assert sorted(loads) == [120, 140]        # greedy largest-first
