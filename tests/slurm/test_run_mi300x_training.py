@@ -4,9 +4,11 @@
 
 1. A 2-node x 2-task CPU job (gloo) trains a few iterations and leaves its logs, TensorBoard events
    and checkpoints where the launcher says.
-2. The same job with a one-minute limit and `--signal=B:USR1@50`: Slurm's warning reaches the
-   trainer through the launcher, it saves and exits, the job requeues itself, and the requeued job
-   resumes from that checkpoint and logs the same per-iteration losses as the uninterrupted run.
+2. The same job with a one-minute limit and `--signal=B:USR1@59`: Slurm's warning (sent at its
+   next periodic check, up to ~30 s later, possibly before the trainer has even started: the
+   launcher repeats it until the trainer acts) reaches the trainer through the launcher; it saves
+   and exits, the job requeues itself, and the requeued job resumes from that checkpoint and logs
+   the same per-iteration losses as the uninterrupted run.
 
 A tiny corpus, SentencePiece model and indexed dataset are built in a temp folder with the
 project's own data tools. Skipped (with the reason) when pretrain_zaya.py is absent or Slurm
@@ -125,7 +127,7 @@ def test_sigusr1_save_requeue_resume_same_losses(reference_run, jobs, tiny_datas
     assert sorted(ref) == list(range(1, TRAIN_ITERS + 1))
     env = train_env(tiny_dataset, os.path.join(jobs.workdir, "ckpt"))
     env["SAVE_INTERVAL"] = "1000"      # the only checkpoints: the signal's and the final one
-    job = jobs.submit(["--nodes=2", "--ntasks-per-node=2", "--time=1", "--signal=B:USR1@50",
+    job = jobs.submit(["--nodes=2", "--ntasks-per-node=2", "--time=1", "--signal=B:USR1@59",
                        "--job-name=zrequeue"], env)
     logdir = os.path.join(jobs.workdir, "logs", f"zrequeue-{job}")
 
