@@ -120,6 +120,12 @@ def apply_partial_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -
     return mod.apply_partial_rope_(x, cos, sin) if mod else reference.apply_partial_rope_(x, cos, sin)
 
 
+def apply_partial_rope_qk_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """In-place partial RoPE on q and k (unit stride on the head dim); returns (q, k)."""
+    mod = _triton("rope", q, k, cos, sin)
+    return mod.apply_partial_rope_qk_(q, k, cos, sin) if mod else reference.apply_partial_rope_qk_(q, k, cos, sin)
+
+
 # --------------------------------------------------------------------------- cross-entropy
 
 
@@ -206,7 +212,7 @@ def newton_schulz_many(grads: list, steps: int = 5, eps: float = 1e-7, dtype=tor
 __all__ = [
     "set_kernel_backend", "kernel_backend", "triton_available", "reference",
     "rms_norm", "scaled_residual_add", "scaled_residual_add_rms_norm", "swiglu",
-    "apply_partial_rope", "apply_partial_rope_", "rotate_half", "cross_entropy",
+    "apply_partial_rope", "apply_partial_rope_", "apply_partial_rope_qk_", "rotate_half", "cross_entropy",
     "vocab_parallel_cross_entropy", "cross_entropy_partials", "combine_cross_entropy_partials",
     "cross_entropy_grad", "linear_cross_entropy", "moe_permute", "moe_unpermute",
     "newton_schulz", "newton_schulz_many", "NS_COEFFICIENTS",

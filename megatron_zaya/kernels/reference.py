@@ -144,6 +144,11 @@ def apply_partial_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -
     return x.copy_(apply_partial_rope(x, cos, sin))
 
 
+def apply_partial_rope_qk_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """In-place partial RoPE on both q (B, S, HQ, dh) and k (B, S, HKV, dh); returns (q, k)."""
+    return apply_partial_rope_(q, cos, sin), apply_partial_rope_(k, cos, sin)
+
+
 def cross_entropy_partials(
     logits: torch.Tensor, labels: torch.Tensor, vocab_start: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -132,3 +132,7 @@ def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 
 def apply_partial_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return _RopeInplace.apply(x, cos, sin)
+
+
+def apply_partial_rope_qk_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    return _RopeInplace.apply(q, cos, sin), _RopeInplace.apply(k, cos, sin)

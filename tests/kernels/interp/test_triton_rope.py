@@ -65,3 +65,21 @@ def test_rope_in_place_on_strided_view():
 def test_rope_rejects_odd_rotary_dim():
     with pytest.raises(ValueError):
         T.apply_partial_rope(torch.randn(1, 2, 1, 8), torch.ones(1, 2, 3), torch.zeros(1, 2, 3))
+
+
+def test_rope_qk_in_place(triton_backend):
+    gen = torch.Generator().manual_seed(9)
+    q0, k0 = torch.randn(1, 3, 4, 16, generator=gen), torch.randn(1, 3, 2, 16, generator=gen)
+    cos, sin = _cos_sin(1, 3, 8, gen)
+    gq, gk = torch.randn(q0.shape, generator=gen), torch.randn(k0.shape, generator=gen)
+
+    def run(fn):
+        lq, lk = q0.clone().requires_grad_(True), k0.clone().requires_grad_(True)
+        q, k = lq * 1.0, lk * 1.0
+        q_out, k_out = fn(q, k, cos, sin)
+        assert q_out.data_ptr() == q.data_ptr() and k_out.data_ptr() == k.data_ptr()
+        ((q_out * gq).sum() + (k_out * gk).sum()).backward()
+        return q.detach(), k.detach(), lq.grad, lk.grad
+
+    for got, want in zip(run(triton_backend.apply_partial_rope_qk_), run(R.apply_partial_rope_qk_)):
+        torch.testing.assert_close(got, want, **TOL)
