@@ -14,12 +14,14 @@ i-1), chunk 2CP-1-i's left is chunk 2CP-2-i (second chunk of rank i+1, or for th
 own first chunk). Rank 0's first chunk gets zeros, which is exactly the zero padding of one
 process (the projections have no bias). Gradients flow back through the exchange (send_recv).
 
-K and V (post-norm, post-RoPE; 2*HKV*dh values per token) are all-gathered over CP; each rank's
-queries attend to them under a causal mask built from global token indices.
+K and V (post-norm, post-RoPE; 2*HKV*dh values per token) are all-gathered over CP and put back
+in sequence order; each local chunk's queries attend to the keys up to the chunk's end with a
+bottom-right-aligned causal bias (no S x S mask is built).
 """
 from __future__ import annotations
 
 import torch
+from torch.nn.attention.bias import causal_lower_right
 
 from megatron_zaya.model.cca import LeftContext
 from megatron_zaya.parallel.mappings import gather_along, send_recv
@@ -93,8 +95,16 @@ def context_parallel_attention(attn, x, cos, sin, pstate) -> torch.Tensor:
     q, k, v = (torch.cat((t[:b], t[b:]), dim=1) for t in (q, k, v))
     q, k = attn.normalize_and_rotate(q, k, cos, sin)
     k_all, v_all = gather_along(k, pstate.cp_group, 1), gather_along(v, pstate.cp_group, 1)
+    # Gathered K/V come in rank order (each rank's two chunks): put them back in sequence order.
     seq_len = s_local * pstate.cp_size
-    q_index = cp_chunk_indices(seq_len, pstate.cp_size, pstate.cp_rank).to(x.device)
-    k_index = torch.cat([cp_chunk_indices(seq_len, pstate.cp_size, r) for r in range(pstate.cp_size)]).to(x.device)
-    mask = (q_index[:, None] >= k_index[None, :])[None, None]
-    return attn.attend(q, k_all, v_all, mask)
+    held = torch.cat([cp_chunk_indices(seq_len, pstate.cp_size, r) for r in range(pstate.cp_size)])
+    order = torch.argsort(held).to(x.device)
+    k_all, v_all = k_all.index_select(1, order), v_all.index_select(1, order)
+    # Chunk c's queries see keys [0, end of chunk c): causal aligned to the bottom right, which
+    # SDPA handles without a materialised mask (flash / memory-efficient kernels on GPUs).
+    outputs = []
+    for part, chunk in ((0, pstate.cp_rank), (1, 2 * pstate.cp_size - 1 - pstate.cp_rank)):
+        end = (chunk + 1) * half
+        qc = q[:, part * half:(part + 1) * half]
+        outputs.append(attn.attend(qc, k_all[:, :end], v_all[:, :end], causal_lower_right(half, end)))
+    return torch.cat(outputs, dim=1)

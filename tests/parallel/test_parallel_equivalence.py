@@ -27,7 +27,7 @@ def test_two_process_layouts_torchrun():
 
 
 def test_four_process_layouts_torchrun():
-    layouts = ["tp2-ep2", "cp2-zero", "tp2-sp-cp2-ep2-zero"]
+    layouts = ["tp2-ep2", "cp2-zero", "tp2-sp-cp2-ep2-zero", "cp4"]
     _check(run_torchrun(4, WORKER, *layouts), layouts)
 
 
