@@ -85,6 +85,9 @@ def build_train_valid_test_datasets(cfg: DataConfig, seq_length: int, train_vali
                                     tokenizer=None):
     """(train, valid, test) datasets (None for a split with no samples)."""
     if tokenizer is None:
+        if not cfg.tokenizer_type:
+            raise ValueError("DataConfig.tokenizer_type (--tokenizer-type) is required to know the EOD id, "
+                             "or pass tokenizer=")
         tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model)
     opts = SampleOptions(seq_length, tokenizer.eod, tokenizer.pad, cfg.reset_position_ids,
                          cfg.reset_attention_mask, cfg.eod_mask_loss)

@@ -159,6 +159,8 @@ def test_loader_errors_are_clear(tmp_path):
         build_train_valid_test_loaders(cfg, 8, 4, 8, 0, 1, train_samples=8, valid_samples=8, tokenizer=tok)
     with pytest.raises(ValueError, match="--data-path"):
         DataConfig(data_path=[])
+    with pytest.raises(ValueError, match="--tokenizer-type"):
+        build_train_valid_test_loaders(cfg, 8, 4, 8, 0, 1, train_samples=8)
 
 
 @pytest.mark.parametrize("weighted", [False, True])
