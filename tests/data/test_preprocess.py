@@ -297,3 +297,13 @@ def test_sigterm_mid_run_leaves_no_output(tmp_path):
         pytest.skip("the run finished before the signal arrived")
     assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err
     assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+
+
+def test_zstd_input(tmp_path):
+    zstandard = pytest.importorskip("zstandard")
+    path = tmp_path / "in.jsonl.zst"
+    raw = "".join(json.dumps({"text": f"{i} {i + 1}"}) + "\n" for i in range(300)).encode()
+    path.write_bytes(zstandard.ZstdCompressor().compress(raw))
+    assert run_tool("--input", path, "--output-prefix", tmp_path / "o", "--tokenizer-type", "NullTokenizer",
+                    "--tokenizer-model", 1000, "--append-eod") == 0
+    assert docs_of(str(tmp_path / "o_text_document")) == [[i, i + 1, 1000] for i in range(300)]
