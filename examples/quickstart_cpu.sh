@@ -10,7 +10,8 @@
 #   2. data/tokenizer/<name>_sp8k.model tools/train_tokenizer.py (8,000-piece BPE SentencePiece)
 #   3. data/<name>_text_document        tools/preprocess_data.py (Megatron .bin/.idx)
 #   4. pretrain_zaya.py with examples/cpu_zaya1_tiny.yaml under torchrun (2 processes, gloo):
-#      checkpoints in $OUT/ckpt, TensorBoard in $OUT/tb (tensorboard --logdir $OUT/tb)
+#      checkpoints in $OUT/ckpt, TensorBoard in $OUT/tb (tensorboard --logdir $OUT/tb); then the
+#      final validation loss and a sample from tools/generate.py
 # Environment: CORPUS, DATA_DIR (data), OUT (runs/quickstart_cpu), NPROC (2), TRAIN_ITERS, VOCAB_SIZE
 # (8000), PYTHON. Extra arguments go to pretrain_zaya.py.
 # Run `bash scripts/install.sh` first on a fresh machine.
@@ -64,5 +65,5 @@ echo "checkpoint: $OUT/ckpt (latest iteration $(cat "$OUT/ckpt/latest_checkpoint
 if [[ -f tools/generate.py ]]; then
     step "a sample from the trained model"
     "$PYTHON" tools/generate.py --load "$OUT/ckpt" --tokenizer-type GPTSentencePieceTokenizer \
-        --tokenizer-model "$TOKENIZER.model" --prompt "ROMEO:" --max-new-tokens 60 || echo "(generation failed)"
+        --tokenizer-model "$TOKENIZER.model" --prompt "ROMEO:" --max-new-tokens 60 --top-p 0.9 || echo "(generation failed)"
 fi
