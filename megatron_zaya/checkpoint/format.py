@@ -166,13 +166,12 @@ def full_ranges(shape) -> Ranges:
 
 def index_runs(index: torch.Tensor) -> list[list[int]]:
     """Compress a 1-D index tensor into [start, end) runs."""
-    runs: list[list[int]] = []
-    for i in index.tolist():
-        if runs and runs[-1][1] == i:
-            runs[-1][1] = i + 1
-        else:
-            runs.append([i, i + 1])
-    return runs
+    n = index.numel()
+    if n == 0:
+        return []
+    breaks = (torch.nonzero(index[1:] - index[:-1] != 1).flatten() + 1).tolist()
+    starts, ends = [0] + breaks, breaks + [n]
+    return [[int(index[a]), int(index[b - 1]) + 1] for a, b in zip(starts, ends)]
 
 
 def ranges_shape(ranges: Ranges) -> list[int]:

@@ -198,22 +198,29 @@ class CheckpointWriter:
     def snapshot(self, entries: list[Entry]) -> list[Entry]:
         """Copies of the entries' tensors in host buffers reused from save to save (pinned for GPUs)."""
         out, cuda = [], False
-        for e in entries:
-            t = e.tensor.detach()
-            key = e.key
-            buf = self._buffers.get(key)
-            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-                buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.is_cuda)
-                self._buffers[key] = buf
-            buf.copy_(t, non_blocking=t.is_cuda)
-            cuda = cuda or t.is_cuda
-            out.append(Entry(e.key, buf, e.shape, e.ranges, e.flat, e.local))
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)     # memory-bound copies: one thread is as fast and immune to oversubscription
+        try:
+            for e in entries:
+                out.append(self._copy(e))
+                cuda = cuda or e.tensor.is_cuda
+        finally:
+            torch.set_num_threads(threads)
         if cuda:
             torch.cuda.synchronize()
         live = {e.key for e in entries}
         for key in [k for k in self._buffers if k not in live]:
             del self._buffers[key]
         return out
+
+    def _copy(self, e: Entry) -> Entry:
+        t = e.tensor.detach()
+        buf = self._buffers.get(e.key)
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+            buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.is_cuda)
+            self._buffers[e.key] = buf
+        buf.copy_(t, non_blocking=t.is_cuda)
+        return Entry(e.key, buf, e.shape, e.ranges, e.flat, e.local)
 
     def save_async(self, iteration: int, entries: list[Entry], objects: dict, global_meta: dict) -> None:
         self.wait()
@@ -241,11 +248,16 @@ class CheckpointWriter:
     def in_flight(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def wait(self) -> tuple[int, bool] | None:
-        """Wait for the save in flight; returns its (iteration, succeeded) or None if there was none."""
+    def wait(self, timeout: float | None = None) -> tuple[int, bool] | None:
+        """Wait for the save in flight; returns its (iteration, succeeded) or None if there was none
+        (or it is still running after `timeout` seconds: it is then abandoned, never half-published)."""
         if self._thread is None:
             return None
-        self._thread.join()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self.log(f"[rank {self.rank}] warning: the background checkpoint save did not finish within {timeout:.0f} s; "
+                     f"abandoning it (the previous checkpoint stays the latest)")
+            return None
         self._thread = None
         result, self._pending = self._pending, None
         self.completed.append(result)

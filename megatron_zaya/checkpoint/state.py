@@ -38,7 +38,19 @@ def _partition_rank(pstate, kind: str) -> int:
 
 
 def tensor_slicing(t: torch.Tensor, pstate) -> tuple[list[int], list]:
-    """(global shape, per-dim runs of global indices) of the local tensor `t`."""
+    """(global shape, per-dim runs of global indices) of the local tensor `t` (cached on the tensor)."""
+    cached = getattr(t, "_checkpoint_slicing", None)
+    if cached is not None and cached[0] == (id(pstate), tuple(t.shape)):
+        return cached[1]
+    result = _tensor_slicing(t, pstate)
+    try:
+        t._checkpoint_slicing = ((id(pstate), tuple(t.shape)), result)
+    except (AttributeError, RuntimeError):
+        pass
+    return result
+
+
+def _tensor_slicing(t: torch.Tensor, pstate) -> tuple[list[int], list]:
     parts = getattr(t, "partitions", []) or []
     shape = list(t.shape)
     for _kind, dim, pieces in reversed(parts):
@@ -110,12 +122,26 @@ def load_model(model, folder: CheckpointFolder) -> list[str]:
 
 
 # -- optimizer -----------------------------------------------------------------------------------------
-class Slot:
-    """One inner torch optimizer and, for each of its params in state_dict order, the model
-    parameter it updates: (model param name, model param, flat range or None, master or None)."""
+def optimizer_family(cls_name: str) -> str:
+    """Optimizers whose per-parameter state is interchangeable share a family name: a checkpoint of
+    Muon loads into DistributedMuon (ZeRO-1) and back, AdamW into apex FusedAdam, and so on."""
+    name = cls_name.removeprefix("Distributed")
+    return {"FusedAdam": "AdamW", "Adam": "AdamW"}.get(name, name)
 
-    def __init__(self, tag: str, inner, items, distributed=None):
-        self.tag, self.inner, self.items, self.distributed = tag, inner, items, distributed
+
+class Slot:
+    """One optimizer holding per-parameter state, and for each of its parameters the model parameter
+    it updates: items = [(model param name, model param, flat range or None, master or None, state key)].
+    kind: "torch" (a torch.optim.Optimizer), "zero" (DistributedOptimizer: the torch optimizer `inner`
+    over flat fp32 master pieces) or "owner" (DistributedMuon: whole matrices on their owner rank)."""
+
+    def __init__(self, tag: str, kind: str, container, items, family: str, distributed=None):
+        self.tag, self.kind, self.container, self.items = tag, kind, container, items
+        self.family, self.distributed = family, distributed
+
+    @property
+    def param_groups(self):
+        return self.container.param_groups if self.container is not None else []
 
 
 def optimizer_slots(optimizer, model, tag: str = "") -> list[Slot]:
@@ -129,19 +155,26 @@ def optimizer_slots(optimizer, model, tag: str = "") -> list[Slot]:
 
     if hasattr(optimizer, "optimizers") and isinstance(optimizer.optimizers, dict):     # OptimizerSet
         return [s for key, opt in optimizer.optimizers.items()
-                for s in optimizer_slots(opt, model, f"{tag}{key}" if not tag else f"{tag}.{key}")]
-    if hasattr(optimizer, "pieces") and hasattr(optimizer, "inner"):                    # ZeRO-1
+                for s in optimizer_slots(opt, model, f"{tag}.{key}" if tag else key)]
+    if hasattr(optimizer, "pieces") and hasattr(optimizer, "inner"):                    # ZeRO-1 AdamW
         by_master = {id(m): (p, a, b, m) for p, a, b, m in optimizer.pieces}
         items = []
         if optimizer.inner is not None:
             for group in optimizer.inner.param_groups:
                 for m in group["params"]:
                     p, a, b, _ = by_master[id(m)]
-                    items.append((name_of(p), p, [a, b], m))
-        return [Slot(tag or "zero1", optimizer.inner, items, distributed=optimizer)]
+                    items.append((name_of(p), p, [a, b], m, m))
+        family = optimizer_family(type(optimizer.inner).__name__) if optimizer.inner is not None else "AdamW"
+        return [Slot(tag or "zero1", "zero", optimizer.inner, items, family, distributed=optimizer)]
+    if hasattr(optimizer, "owner") and hasattr(optimizer, "state") and not isinstance(optimizer, torch.optim.Optimizer):
+        items = [(name_of(p), p, None, None, p) for p, (bucket, _i, owner) in optimizer.owner.items()
+                 if owner == bucket.rank]                                             # ZeRO-1 Muon
+        return [Slot(tag or type(optimizer).__name__, "owner", optimizer, items,
+                     optimizer_family(type(optimizer).__name__))]
     if isinstance(optimizer, torch.optim.Optimizer):
-        items = [(name_of(p), p, None, None) for g in optimizer.param_groups for p in g["params"]]
-        return [Slot(tag or type(optimizer).__name__, optimizer, items)]
+        items = [(name_of(p), p, None, None, p) for g in optimizer.param_groups for p in g["params"]]
+        return [Slot(tag or type(optimizer).__name__, "torch", optimizer, items,
+                     optimizer_family(type(optimizer).__name__))]
     raise CheckpointError(f"do not know how to checkpoint an optimizer of type {type(optimizer).__name__}")
 
 
@@ -157,20 +190,17 @@ def optimizer_entries(optimizer, model) -> tuple[list[Entry], dict]:
     pstate = model_pstate(model)
     entries, classes, groups = [], {}, {}
     for slot in optimizer_slots(optimizer, model):
-        if slot.inner is None:
-            continue
-        cls = type(slot.inner).__name__
-        groups[slot.tag] = [{k: _json_value(v) for k, v in g.items() if k != "params"}
-                            for g in slot.inner.param_groups]
-        params = [p for g in slot.inner.param_groups for p in g["params"]]
-        for inner_param, (name, p, flat, master) in zip(params, slot.items):
-            classes[name] = cls
-            writer = writes_replica(p, pstate) if flat is None else (pstate is None or is_tp_split(p)
-                                                                      or pstate.tp_rank == 0)
+        groups[slot.tag] = [{k: _json_value(v) for k, v in g.items() if k != "params"} for g in slot.param_groups]
+        for name, p, flat, master, key_obj in slot.items:
+            classes[name] = slot.family
+            if flat is None and slot.kind != "owner":
+                writer = writes_replica(p, pstate)
+            else:      # ZeRO-1: every piece / owned matrix is on one rank of its group; TP copies once
+                writer = pstate is None or is_tp_split(p) or pstate.tp_rank == 0
             if not writer:
                 continue
             shape, ranges = tensor_slicing(p, pstate)
-            state = dict(slot.inner.state.get(inner_param, {}))
+            state = dict(slot.container.state.get(key_obj, {}))
             if master is not None:
                 state["master"] = master
             for key, value in state.items():
@@ -203,43 +233,44 @@ def load_optimizer(optimizer, model, folder: CheckpointFolder, saved_classes: di
         name, _, sk = key[len("optim/"):].rpartition("/")
         state_keys.setdefault(name, []).append(sk)
     for slot in optimizer_slots(optimizer, model):
-        template = slot.inner.state_dict() if slot.inner is not None else None
-        masters = []
-        if slot.inner is not None:
-            cls = type(slot.inner).__name__
-            params = [p for g in slot.inner.param_groups for p in g["params"]]
-            new_state = {}
-            for index, (_inner_param, (name, p, flat, master)) in enumerate(zip(params, slot.items)):
-                shape, ranges = tensor_slicing(p, pstate)
-                if name in saved_classes and saved_classes[name] != cls:
-                    raise CheckpointError(f"{folder.folder}: optimizer state of {name} was saved by "
-                                          f"{saved_classes[name]}, this run uses {cls} for it; pass --no-load-optim "
-                                          f"(or --finetune) to start the optimizer afresh")
-                entry = {}
-                for sk in state_keys.get(name, []):
-                    if sk == "master":
-                        continue
-                    key = f"optim/{name}/{sk}"
-                    if folder.global_shape(key) == []:
-                        value = folder.piece(key, [], None)
-                    else:
-                        if folder.global_shape(key) != shape:
-                            raise CheckpointError(f"{folder.folder}: optimizer state {name}/{sk} has shape "
-                                                  f"{folder.global_shape(key)}, the parameter {shape}")
-                        value = folder.piece(key, ranges, flat, cache)
-                    entry[sk] = value
-                if master is not None:
-                    if "master" in state_keys.get(name, []):
-                        masters.append(folder.piece(f"optim/{name}/master", ranges, flat, cache).float())
-                    else:        # saved without ZeRO-1: the master is the parameter itself
-                        masters.append(p.detach().reshape(-1)[flat[0]:flat[1]].float().cpu().clone())
-                if entry:
-                    new_state[index] = entry
-            template["state"] = new_state
-        if slot.distributed is not None:
+        new_state, masters = {}, []
+        for index, (name, p, flat, master, key_obj) in enumerate(slot.items):
+            shape, ranges = tensor_slicing(p, pstate)
+            saved = saved_classes.get(name)
+            if saved is not None and optimizer_family(saved) != slot.family:
+                raise CheckpointError(f"{folder.folder}: optimizer state of {name} was saved by {saved}, this run "
+                                      f"uses {slot.family} for it; pass --no-load-optim (or --finetune) to start "
+                                      f"the optimizer afresh")
+            entry = {}
+            for sk in state_keys.get(name, []):
+                if sk == "master":
+                    continue
+                key = f"optim/{name}/{sk}"
+                if folder.global_shape(key) == []:
+                    entry[sk] = folder.piece(key, [], None)
+                    continue
+                if folder.global_shape(key) != shape:
+                    raise CheckpointError(f"{folder.folder}: optimizer state {name}/{sk} has shape "
+                                          f"{folder.global_shape(key)}, the parameter {shape}")
+                entry[sk] = folder.piece(key, ranges, flat, cache)
+            if master is not None:
+                if "master" in state_keys.get(name, []):
+                    masters.append(folder.piece(f"optim/{name}/master", ranges, flat, cache).float())
+                else:        # saved without ZeRO-1: the master is the parameter itself
+                    masters.append(p.detach().reshape(-1)[flat[0]:flat[1]].float().cpu().clone())
+            if entry:
+                new_state[index] = (key_obj, entry)
+        if slot.kind == "owner":
+            slot.container.state = {k: {sk: v.to(k.device, torch.float32) if v.is_floating_point() else v.to(k.device)
+                                        for sk, v in e.items()} for k, e in new_state.values()}
+            continue
+        template = slot.container.state_dict() if slot.container is not None else None
+        if template is not None:
+            template["state"] = {index: e for index, (_k, e) in new_state.items()}
+        if slot.kind == "zero":
             slot.distributed.load_state_dict({"inner": template, "master": masters})
-        elif slot.inner is not None:
-            slot.inner.load_state_dict(template)
+        elif slot.container is not None:
+            slot.container.load_state_dict(template)
 
 
 # -- RNG -------------------------------------------------------------------------------------------------

@@ -304,7 +304,7 @@ class TrainingCheckpointer:
         """Idempotent: wait for a save in flight (its state is complete and worth keeping), stop the
         watchdog, restore the signal handlers."""
         if self.writer is not None and self.writer._thread is not None:
-            self.writer.wait()
+            self.writer.wait(timeout=float(os.environ.get("MEGATRON_ZAYA_CKPT_CLOSE_TIMEOUT", "300")))
             self._report_async()
         self.watchdog.stop()
         self.signals.restore()

@@ -5,6 +5,7 @@ or under torchrun). Environment:
   CKPT_TEST_HANG_AT=N        hang (sleep for an hour) in iteration N on rank CKPT_TEST_HANG_RANK (0)
   CKPT_TEST_WATCHDOG=MIN,F   watchdog_min_seconds=MIN, watchdog_timeout_factor=F
   CKPT_TEST_LOSSES=PATH      write {iteration: exact loss} as JSON (rank 0) at the end / after each step
+  CKPT_TEST_PIDDIR=DIR       write this process's pid to DIR/<rank>.pid (to signal training processes only)
 """
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ from megatron_zaya.training.setup import build_and_train  # noqa: E402
 
 def main() -> int:
     env = os.environ
+    if env.get("CKPT_TEST_PIDDIR"):
+        with open(os.path.join(env["CKPT_TEST_PIDDIR"], f"{env.get('RANK', '0')}.pid"), "w") as f:
+            f.write(str(os.getpid()))
     if env.get("CKPT_TEST_SLOW_SAVE"):
         delay = float(env["CKPT_TEST_SLOW_SAVE"])
         original_init = saver.CheckpointWriter.__init__

@@ -1,0 +1,71 @@
+"""Offline conversions (one CPU process, no torch.distributed): a sharded checkpoint of any layout
+-> a Hugging Face ZAYA folder, and a full model state (e.g. from a Hugging Face folder) -> a sharded
+checkpoint in ANY layout (model weights only: load it with --finetune or --no-load-optim)."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from megatron_zaya.checkpoint.format import CheckpointError, list_complete
+from megatron_zaya.checkpoint.hf_format import load_hf_folder, save_hf_folder
+from megatron_zaya.checkpoint.inspection import load_full_model_state
+from megatron_zaya.checkpoint.saver import CheckpointWriter
+from megatron_zaya.checkpoint.state import model_entries
+from megatron_zaya.config import ModelConfig
+
+
+def checkpoint_to_hf(path: str, output_dir: str, dtype: torch.dtype | None = None) -> dict:
+    state, config, info = load_full_model_state(path)
+    save_hf_folder(state, config, output_dir, dtype)
+    return info
+
+
+def _sharded_model(state: dict, config: ModelConfig, tp: int, cp: int, ep: int, world: int, rank: int):
+    from megatron_zaya.model import ZayaModel
+    model = ZayaModel(config)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(f"model state does not match the config: missing {missing[:8]}, unexpected "
+                              f"{unexpected[:8]}")
+    if world == 1:
+        return model
+    from megatron_zaya.parallel.apply import parallelize_model
+    from megatron_zaya.parallel.state import ParallelState
+    # No process group: ParallelState only computes this rank's coordinates; the splits need no communication.
+    return parallelize_model(model, ParallelState(tp, cp, ep, world_size=world, rank=rank, model_config=config))
+
+
+def save_model_as_checkpoint(state: dict, config: ModelConfig, save_dir: str, tp: int = 1, cp: int = 1, ep: int = 1,
+                             world_size: int | None = None, iteration: int = 0, source: str = "") -> str:
+    """Write `state` (single-device names and shapes) as the checkpoint of a layout with world_size ranks
+    (default tp x cp: data parallel 1), atomically like a training save. Returns the folder."""
+    world = world_size or tp * cp
+    if iteration in list_complete(save_dir):
+        raise CheckpointError(f"{save_dir}: iteration {iteration} already exists; refusing to overwrite")
+    os.makedirs(save_dir, exist_ok=True)
+    run_id = f"{int.from_bytes(os.urandom(5), 'big'):010x}"
+    writers = [CheckpointWriter(save_dir, r, world, run_id) for r in range(world)]
+    folder = writers[0].partial_dir(iteration)
+    try:
+        for rank, writer in enumerate(writers):
+            model = _sharded_model(state, config, tp, cp, ep, world, rank)
+            writer.write_rank(folder, iteration, model_entries(model), {"converted_from": source})
+        zero = {"iteration": iteration, "consumed_samples": 0, "consumed_valid_samples": 0, "skipped_iterations": 0}
+        meta = {"train_state": zero, "consumed_samples": 0, "tokens_seen": 0, "model_config": config.to_dict(),
+                "optimizer_config": None, "args": {}, "converted_from": source,
+                "layout": {"world_size": world, "tensor_model_parallel_size": tp, "context_parallel_size": cp,
+                           "expert_model_parallel_size": ep, "data_parallel_size": world // (tp * cp),
+                           "use_distributed_optimizer": False, "sequence_parallel": False},
+                "torch_version": torch.__version__}
+        writers[0].finalize(folder, iteration, meta, timeout=10)
+    except BaseException:
+        import shutil
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return writers[0].final_dir(iteration)
+
+
+def hf_to_checkpoint(hf_dir: str, save_dir: str, **layout) -> str:
+    state, config = load_hf_folder(hf_dir)
+    return save_model_as_checkpoint(state, config, save_dir, source=os.path.abspath(hf_dir), **layout)

@@ -1,0 +1,94 @@
+"""Resharding: a checkpoint saved under a 4-process layout (TP2 x EP2 with ZeRO-1, and CP2 x EP2
+without) loads under other 4-process layouts and under 1 process, and training continues with the
+same losses (fp32, 1e-5 relative: different layouts reduce in different orders)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from ckpt_harness import ROOT, subprocess_env
+from megatron_zaya.checkpoint import inspect_checkpoint, load_full_model_state
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ckpt_reshard_worker.py")
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(cmd, timeout=300):
+    result = subprocess.run(cmd, env=subprocess_env(), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    return result
+
+
+def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
+    d = str(tmp_path)
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
+          "--master-port", str(_free_port()), WORKER, d,
+          "save:tp2-ep2-zero", "load:cp2-ep2", "load:dp-zero", "save:cp2-ep2:b", "load:tp2-ep2-zero:b"])
+    _run([sys.executable, WORKER, d, "load:single", "load:single:b"])
+    results = {r["task"]: r for r in json.load(open(os.path.join(d, "losses.json")))}
+    for saver, loaders in (("save:tp2-ep2-zero", ["load:cp2-ep2", "load:dp-zero", "load:single"]),
+                           ("save:cp2-ep2:b", ["load:tp2-ep2-zero:b", "load:single:b"])):
+        want = results[saver]["losses"]
+        for loader in loaders:
+            got = results[loader]["losses"]
+            assert sorted(got) == ["3", "4"], (loader, got)
+            for step in got:
+                assert abs(got[step] / want[step] - 1) < 1e-5, (saver, loader, step, got[step], want[step])
+    assert results["load:single"]["loaded_from"]["use_distributed_optimizer"]
+    assert results["load:single"]["loaded_from"]["tensor_model_parallel_size"] == 2
+    # The layout is described; the full model assembles on one CPU process.
+    report = inspect_checkpoint(os.path.join(d, "ckpt"))
+    assert report["ok"] and report["layout"]["world_size"] == 4 and len(report["ranks"]) == 4
+    state, config, info = load_full_model_state(os.path.join(d, "ckpt"))
+    assert state["layers.0.moe.experts.gate_up_weight"].shape[0] == config.num_experts
+    assert info["layout"]["expert_model_parallel_size"] == 2
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "megatron_zaya", "training", "distributed_runtime.py")),
+                    reason="the distributed training runtime has not landed yet")
+def test_pretrain_under_torchrun_sigusr1_saves_and_resumes(ckpt_corpus, ckpt_cache, tmp_path):
+    """A SIGUSR1 to every training process: a complete checkpoint, exit code 0; --load resumes."""
+    import signal
+    import time
+    from ckpt_harness import RUNNER, flags
+    from megatron_zaya.checkpoint.format import read_latest
+    save = str(tmp_path / "dist")
+    losses = str(tmp_path / "losses.json")
+    env = subprocess_env()
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    env.update(CKPT_TEST_SLOW_STEP="0.05", CKPT_TEST_LOSSES=losses, CKPT_TEST_PIDDIR=str(piddir))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(_free_port()), RUNNER,
+           *flags(ckpt_corpus, 500, "--save", save, "--use-distributed-optimizer", cache=ckpt_cache)]
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 150
+        while not (os.path.exists(losses) and len(json.load(open(losses))) >= 2):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-4000:]
+            time.sleep(0.1)
+        for pid_file in piddir.iterdir():       # every training process, as Slurm signals the job step's tasks
+            os.kill(int(pid_file.read_text()), signal.SIGUSR1)
+        out, err = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-4000:]
+    saved = read_latest(save)
+    assert saved is not None and inspect_checkpoint(save)["ok"]
+    assert inspect_checkpoint(save)["layout"]["world_size"] == 2
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(_free_port()), RUNNER,
+           *flags(ckpt_corpus, saved + 1, "--save", save, "--load", save, cache=ckpt_cache)]
+    result = _run(cmd)
+    assert f"(iteration {saved}," in result.stdout and read_latest(save) == saved + 1

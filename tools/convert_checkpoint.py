@@ -1,0 +1,71 @@
+"""Convert between megatron-zaya's sharded checkpoints and Hugging Face ZAYA folders.
+
+    # sharded checkpoint (any layout; the --save folder or one iter_NNNNNNN folder) -> HF folder
+    python tools/convert_checkpoint.py to-hf runs/tiny/ckpt hf/tiny [--dtype bf16]
+    # HF folder -> sharded checkpoint in any layout (model weights; train from it with --load DIR --finetune)
+    python tools/convert_checkpoint.py from-hf hf/tiny runs/tiny-tp2 --tensor-model-parallel-size 2 \
+        --expert-model-parallel-size 2 --world-size 4
+    # re-layout a sharded checkpoint's model offline (training loads any layout online anyway)
+    python tools/convert_checkpoint.py reshard runs/tiny/ckpt runs/tiny-ep4 --expert-model-parallel-size 4 --world-size 4
+
+Every conversion writes atomically (a temporary folder renamed at the end) and refuses to overwrite.
+Exit status 0 on success, 1 on a checkpoint problem (the message names the file), 2 on usage errors.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from megatron_zaya.checkpoint import CheckpointError, load_full_model_state  # noqa: E402
+from megatron_zaya.checkpoint.convert import checkpoint_to_hf, hf_to_checkpoint, save_model_as_checkpoint  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    to_hf = sub.add_parser("to-hf", help="sharded checkpoint -> Hugging Face folder")
+    to_hf.add_argument("checkpoint")
+    to_hf.add_argument("output")
+    to_hf.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: as saved")
+    for name in ("from-hf", "reshard"):
+        p = sub.add_parser(name, help="HF folder -> sharded checkpoint" if name == "from-hf"
+                           else "sharded checkpoint -> sharded checkpoint of another layout (model only)")
+        p.add_argument("source")
+        p.add_argument("output", help="a --save folder (iter_NNNNNNN and latest_checkpointed_iteration.txt go in it)")
+        p.add_argument("--tensor-model-parallel-size", type=int, default=1)
+        p.add_argument("--context-parallel-size", type=int, default=1)
+        p.add_argument("--expert-model-parallel-size", type=int, default=1)
+        p.add_argument("--world-size", type=int, default=None, help="default: TP x CP (data parallel 1)")
+        p.add_argument("--iteration", type=int, default=None, help="default: 0 (from-hf) or the source's (reshard)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "to-hf":
+            info = checkpoint_to_hf(args.checkpoint, args.output, DTYPES.get(args.dtype))
+            print(f"wrote {args.output} from {info['folder']} (iteration {info['iteration']}, "
+                  f"{info['tokens_seen']} tokens seen)")
+            return 0
+        layout = dict(tp=args.tensor_model_parallel_size, cp=args.context_parallel_size,
+                      ep=args.expert_model_parallel_size, world_size=args.world_size)
+        if args.command == "from-hf":
+            folder = hf_to_checkpoint(args.source, args.output, iteration=args.iteration or 0, **layout)
+        else:
+            state, config, info = load_full_model_state(args.source)
+            iteration = info["iteration"] if args.iteration is None else args.iteration
+            folder = save_model_as_checkpoint(state, config, args.output, iteration=iteration, source=info["folder"],
+                                              **layout)
+        print(f"wrote {folder}")
+        return 0
+    except (CheckpointError, FileNotFoundError, FileExistsError, ValueError) as err:
+        print(f"convert_checkpoint.py: error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
