@@ -1,0 +1,113 @@
+"""tools/evaluate.py and megatron_zaya.inference.evaluation: loss and perplexity against an independent
+computation over the same validation samples, routing statistics, TensorBoard output."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from megatron_zaya.data import DataConfig, IndexedDatasetWriter, build_tokenizer, build_train_valid_test_datasets
+from megatron_zaya.inference.evaluation import EvalResult, LayerRoutingStats, evaluate
+
+from inference_helpers import hf_checkpoint, load_tool, one_cpu_thread, tiny_model  # noqa: F401 (fixtures)
+
+SEQ = 32
+
+
+@pytest.fixture(scope="module")
+def dataset_prefix(tmp_path_factory):
+    prefix = str(tmp_path_factory.mktemp("evaldata") / "docs_text_document")
+    rng = np.random.default_rng(0)
+    with IndexedDatasetWriter(prefix, np.uint16) as writer:
+        for _ in range(40):
+            doc = rng.integers(0, 7999, size=int(rng.integers(10, 60))).tolist() + [8000]   # EOD = 8000
+            writer.add_document(doc)
+    return prefix
+
+
+def validation_samples(prefix, n):
+    cfg = DataConfig(data_path=[prefix], split="60,40,0", seed=1234, num_workers=0,
+                     tokenizer_type="NullTokenizer", tokenizer_model="8000")
+    tok = build_tokenizer("NullTokenizer", "8000")
+    valid = build_train_valid_test_datasets(cfg, SEQ, [0, n, 0], tok)[1]
+    return [valid[i] for i in range(n)]
+
+
+def test_evaluate_tool_matches_independent_loss(tiny_model, hf_checkpoint, dataset_prefix, tmp_path, capsys):
+    out_json, tb = tmp_path / "eval.json", tmp_path / "tb"
+    tool = load_tool("evaluate")
+    assert tool.main(["--load", str(hf_checkpoint), "--data-path", dataset_prefix, "--split", "60,40,0",
+                      "--tokenizer-type", "NullTokenizer", "--tokenizer-model", "8000", "--seq-length", str(SEQ),
+                      "--micro-batch-size", "3", "--eval-iters", "3", "--output-json", str(out_json),
+                      "--tensorboard-dir", str(tb), "--step", "7"]) == 0
+    report = json.loads(out_json.read_text())
+    samples = validation_samples(dataset_prefix, 9)
+    tokens = torch.stack([torch.from_numpy(s["tokens"]) for s in samples])
+    labels = torch.stack([torch.from_numpy(s["labels"]) for s in samples])
+    with torch.no_grad():
+        out = tiny_model(tokens)
+    expected = F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]).double(), labels.reshape(-1)).item()
+    assert report["samples"] == 9 and report["tokens"] == 9 * SEQ
+    assert report["loss"] == pytest.approx(expected, abs=1e-5)
+    assert report["perplexity"] == pytest.approx(math.exp(expected), rel=1e-5)
+    # Routing statistics against the model's own routing over the same tokens.
+    for layer, routing in zip(report["routing"], out.routing):
+        counts = routing.counts.double()
+        assert layer["tokens"] == 9 * SEQ
+        assert layer["load"] == pytest.approx((counts[:-1] / counts.sum()).tolist(), abs=1e-12)
+        assert layer["skip_rate"] == pytest.approx((counts[-1] / counts.sum()).item(), abs=1e-12)
+        probs = routing.probs
+        h = -(probs * probs.clamp_min(1e-30).log()).sum(-1).mean().item() / math.log(probs.shape[-1])
+        assert layer["router_entropy"] == pytest.approx(h, rel=1e-4)
+    printed = capsys.readouterr().out
+    assert f"loss {report['loss']:.4f}" in printed and "skip" in printed
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(tb))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert "valid/loss" in tags and "valid-routing/layer_00/skip_rate" in tags
+    event = acc.Scalars("valid/loss")[0]
+    assert event.step == 7 and event.value == pytest.approx(report["loss"], rel=1e-6)
+
+
+def test_default_is_one_pass_over_the_validation_split(hf_checkpoint, dataset_prefix, tmp_path):
+    tool = load_tool("evaluate")
+    out_json = tmp_path / "eval.json"
+    assert tool.main(["--load", str(hf_checkpoint), "--data-path", dataset_prefix, "--split", "60,40,0",
+                      "--tokenizer-type", "NullTokenizer", "--tokenizer-model", "8000", "--seq-length", str(SEQ),
+                      "--micro-batch-size", "4", "--output-json", str(out_json)]) == 0
+    from megatron_zaya.data.indexed import IndexedDataset
+    ds = IndexedDataset(dataset_prefix)
+    valid_tokens = int(np.asarray(ds.sequence_lengths, dtype=np.int64)[24:40].sum())   # split 60,40 of 40 docs
+    assert json.loads(out_json.read_text())["samples"] == (valid_tokens - 1) // SEQ
+    with pytest.raises(SystemExit):
+        tool.main(["--load", str(hf_checkpoint), "--data-path", str(tmp_path / "nope"),
+                   "--tokenizer-type", "NullTokenizer", "--tokenizer-model", "8000"])
+
+
+def test_loss_is_token_weighted_and_masks_apply(tiny_model):
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 8000, (5, 16))
+    labels = torch.randint(0, 8000, (5, 16))
+    mask = (torch.rand(5, 16) > 0.3).float()
+    batches = [{"tokens": tokens[:2], "labels": labels[:2], "loss_mask": mask[:2]},
+               {"tokens": tokens[2:], "labels": labels[2:], "loss_mask": mask[2:]}]
+    result = evaluate(tiny_model, batches)
+    with torch.no_grad():
+        logits = tiny_model(tokens).logits
+    per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
+    expected = (per_token * mask.reshape(-1)).sum() / mask.sum()
+    assert result.loss == pytest.approx(expected.item(), rel=1e-5)
+    assert result.loss_tokens == mask.sum().item() and result.samples == 5
+
+
+def test_routing_statistics_formulas():
+    balanced = LayerRoutingStats(torch.tensor([25, 25, 25, 25, 0]))
+    assert balanced.load_entropy == pytest.approx(1.0) and balanced.max_load == pytest.approx(1.0)
+    assert balanced.skip_rate == 0.0
+    collapsed = LayerRoutingStats(torch.tensor([0, 60, 0, 0, 40]))
+    assert collapsed.load_entropy == pytest.approx(0.0, abs=1e-9) and collapsed.max_load == pytest.approx(4.0)
+    assert collapsed.skip_rate == pytest.approx(0.4) and collapsed.load == pytest.approx([0, 0.6, 0, 0])
+    assert math.isnan(EvalResult().loss)

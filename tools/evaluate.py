@@ -1,0 +1,145 @@
+"""Held-out loss, perplexity and per-expert routing statistics of a checkpoint on a validation split.
+
+    python tools/evaluate.py --load CKPT --data-path data/web_text_document \\
+        --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model tok.model \\
+        --split 969,30,1 --seq-length 1024 --micro-batch-size 4 [--eval-iters 50] \\
+        [--tensorboard-dir runs/eval] [--output-json eval.json]
+
+CKPT is a Hugging Face ZAYA folder or a megatron-zaya checkpoint (megatron_zaya/inference/loading.py).
+The samples are the data pipeline's own validation samples (megatron_zaya.data: same --data-path
+blend, --split, --seed, index cache and masks as training), read in order. Without --eval-iters the
+whole validation split is read once (about one pass: (tokens - 1) // seq_length samples per
+dataset). --split-name test evaluates the test split instead. Prints the loss/perplexity and a table
+of routing statistics per layer (load per expert, load entropy, max load, skip rate, router entropy;
+see megatron_zaya/inference/evaluation.py); --tensorboard-dir also writes them as scalars at
+--step (default: the checkpoint's iteration, else 0).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from megatron_zaya.inference.evaluation import evaluate, format_table, write_tensorboard  # noqa: E402
+from megatron_zaya.inference.loading import DTYPES, load_model_for_inference, parse_dtype  # noqa: E402
+
+SPLITS = {"valid": 1, "test": 2}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--load", required=True, help="checkpoint: HF ZAYA folder or megatron-zaya checkpoint")
+    p.add_argument("--data-path", nargs="+", required=True, help="Megatron blend: [weight] prefix ...")
+    p.add_argument("--split", default="969,30,1", help="train,valid,test shares (as in training)")
+    p.add_argument("--split-name", default="valid", choices=sorted(SPLITS))
+    p.add_argument("--tokenizer-type", required=True)
+    p.add_argument("--tokenizer-model", required=True)
+    p.add_argument("--seq-length", type=int, default=None, help="default: the checkpoint config's seq_length")
+    p.add_argument("--micro-batch-size", type=int, default=4)
+    p.add_argument("--eval-iters", type=int, default=None, help="micro-batches to evaluate (default: one pass)")
+    p.add_argument("--seed", type=int, default=1234, help="data shuffle seed (as in training)")
+    p.add_argument("--data-cache-path", default=None)
+    p.add_argument("--no-index-cache", action="store_true", help="build the sample indices in memory")
+    p.add_argument("--eod-mask-loss", action="store_true")
+    p.add_argument("--reset-position-ids", action="store_true")
+    p.add_argument("--reset-attention-mask", action="store_true")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="cast parameters (default: as stored)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--tensorboard-dir", default=None)
+    p.add_argument("--step", type=int, default=None, help="TensorBoard step (default: checkpoint iteration or 0)")
+    p.add_argument("--output-json", default=None)
+    return p
+
+
+def one_pass_samples(data_path: list[str], split: str, split_id: int, seq_length: int) -> int:
+    from megatron_zaya.data.blend import parse_data_path
+    from megatron_zaya.data.gpt_dataset import split_indices
+    from megatron_zaya.data.indexed import IndexedDataset
+
+    total = 0
+    for prefix in parse_data_path(data_path)[1]:
+        indexed = IndexedDataset(prefix)
+        idx = split_indices(indexed, split)[split_id]
+        if idx is not None and len(idx):
+            tokens = int(np.asarray(indexed.sequence_lengths, dtype=np.int64)[idx].sum())
+            total += max(0, (tokens - 1) // seq_length)
+    return total
+
+
+def batches_of(dataset, num_samples: int, micro_batch_size: int):
+    from megatron_zaya.data.loaders import collate
+
+    for begin in range(0, num_samples, micro_batch_size):
+        yield collate([dataset[i] for i in range(begin, min(begin + micro_batch_size, num_samples))])
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    for prefix in args.data_path:
+        try:
+            float(prefix)
+            continue
+        except ValueError:
+            pass
+        if not (os.path.isfile(prefix + ".bin") and os.path.isfile(prefix + ".idx")):
+            parser.error(f"--data-path {prefix}: no {prefix}.bin / {prefix}.idx")
+    if args.micro_batch_size < 1:
+        parser.error(f"--micro-batch-size={args.micro_batch_size} must be >= 1")
+    try:
+        dtype = parse_dtype(args.dtype)
+    except ValueError as err:
+        parser.error(str(err))
+
+    from megatron_zaya.data import DataConfig, build_train_valid_test_datasets, build_tokenizer
+
+    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+    model, config, info = load_model_for_inference(args.load, device=args.device, dtype=dtype)
+    if tokenizer.vocab_size > config.vocab_size:
+        parser.error(f"--tokenizer-model {args.tokenizer_model}: vocabulary {tokenizer.vocab_size} is larger than "
+                     f"the checkpoint's {config.vocab_size} embedding rows")
+    seq_length = args.seq_length or config.seq_length
+    split_id = SPLITS[args.split_name]
+    available = one_pass_samples(args.data_path, args.split, split_id, seq_length)
+    num_samples = available if args.eval_iters is None else args.eval_iters * args.micro_batch_size
+    if num_samples < 1:
+        parser.error(f"--data-path/--split {args.split}: the {args.split_name} split has fewer than "
+                     f"--seq-length {seq_length} + 1 tokens")
+    data_config = DataConfig(data_path=args.data_path, split=args.split, data_cache_path=args.data_cache_path,
+                             seed=args.seed, num_workers=0, reset_position_ids=args.reset_position_ids,
+                             reset_attention_mask=args.reset_attention_mask, eod_mask_loss=args.eod_mask_loss,
+                             tokenizer_type=args.tokenizer_type, tokenizer_model=args.tokenizer_model,
+                             no_index_cache=args.no_index_cache)
+    sizes = [0, 0, 0]
+    sizes[split_id] = num_samples
+    dataset = build_train_valid_test_datasets(data_config, seq_length, sizes, tokenizer)[split_id]
+    num_samples = min(num_samples, len(dataset))
+
+    start = time.perf_counter()
+    result = evaluate(model, batches_of(dataset, num_samples, args.micro_batch_size))
+    elapsed = time.perf_counter() - start
+    print(f"checkpoint {info.get('path', args.load)} [{info.get('format')}], {args.split_name} split of "
+          f"{' '.join(args.data_path)}, seq_length {seq_length}, {elapsed:.1f}s")
+    print(format_table(result))
+    step = args.step if args.step is not None else int(info.get("iteration") or 0)
+    if args.tensorboard_dir:
+        write_tensorboard(result, args.tensorboard_dir, step, prefix=args.split_name)
+    if args.output_json:
+        with open(args.output_json, "w", encoding="utf-8") as f:
+            json.dump({"checkpoint": info, "split": args.split_name, "seq_length": seq_length, "step": step,
+                       **result.as_dict()}, f, indent=2, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
