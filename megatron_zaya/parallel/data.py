@@ -117,7 +117,10 @@ class GradientReducer:
     accumulated during backward.
 
     Per step: `with reducer.no_sync():` around all micro-batches but the last, backward of the last,
-    `reducer.finish()` before clipping / the optimizer, then `reducer.zero_grad()`."""
+    `reducer.finish()` before clipping / the optimizer, then `reducer.zero_grad()`.
+    Buckets are launched in the order their last gradient arrives, so every rank of a group must
+    produce gradients for the same parameters (true for this model: every weight takes part in
+    every forward, experts included, even with no tokens)."""
 
     def __init__(self, params_or_module, pstate, bucket_size: int = 40_000_000, overlap: bool = True,
                  shard: bool = False, average: bool = False, grad_dtype: torch.dtype = torch.float32):

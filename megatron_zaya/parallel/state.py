@@ -115,6 +115,10 @@ class ParallelState:
             setattr(self, f"{kind}_ranks", ranks)
             setattr(self, f"{kind}_size", len(ranks))
             setattr(self, f"{kind}_rank", ranks.index(self.rank))
+        if initialized and self.world_size > 1:
+            # Bring up the world communicator now (NCCL wants every rank in the first collective of
+            # a group; the CP halo's point-to-point ops run on the world group).
+            dist.barrier()
 
     @classmethod
     def build(cls, parallel_config, world_size: int | None = None, model_config=None) -> "ParallelState":

@@ -81,3 +81,39 @@ def test_zero_ownership_is_balanced():
     owners = owners_of_bucket([100, 60, 50, 40, 10], 2)
     loads = [sum(n for n, o in zip([100, 60, 50, 40, 10], owners) if o == r) for r in range(2)]
     assert sorted(loads) == [120, 140]        # greedy largest-first
+
+
+def test_single_process_without_launcher(tmp_path):
+    """No launcher variables: init_distributed makes a 1-process gloo group, and the parallel form of
+    a model with the trivial layout computes exactly what the plain model computes."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "single.py"
+    script.write_text(
+        "import torch\n"
+        "from megatron_zaya.config import model_config_from_preset\n"
+        "from megatron_zaya.model import ZayaModel\n"
+        "from megatron_zaya.parallel.apply import gather_full_state_dict, parallelize_model\n"
+        "from megatron_zaya.parallel.launch import init_distributed\n"
+        "from megatron_zaya.parallel.state import ParallelState\n"
+        "env = init_distributed()\n"
+        "assert (env.rank, env.world_size, env.backend, env.launcher) == (0, 1, 'gloo', 'none'), env\n"
+        "cfg = model_config_from_preset('zaya1-tiny', num_layers=2, vocab_size=256, seq_length=16)\n"
+        "torch.manual_seed(0); ref = ZayaModel(cfg)\n"
+        "torch.manual_seed(0); par = parallelize_model(ZayaModel(cfg), ParallelState(1, 1, 1))\n"
+        "tokens = torch.randint(0, 256, (2, 16))\n"
+        "a, b = ref(tokens, labels=tokens), par(tokens, labels=tokens)\n"
+        "assert torch.equal(a.token_losses, b.token_losses)\n"
+        "sd = gather_full_state_dict(par, ParallelState(1, 1, 1))\n"
+        "assert all(torch.equal(sd[k], v) for k, v in ref.state_dict().items())\n"
+        "print('ok')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                            "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+                                                            "SLURM_PROCID")}
+    env.update(OMP_NUM_THREADS="1", MEGATRON_ZAYA_KERNELS="torch")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stdout + result.stderr
