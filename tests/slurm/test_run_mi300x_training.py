@@ -39,6 +39,13 @@ LOSS_RE = re.compile(r"iteration\s+(\d+)/\s*(\d+) \|.*?\| lm loss ([0-9.]+|nan|i
 @pytest.fixture(scope="module")
 def tiny_dataset():
     d = tempfile.mkdtemp(prefix="zs-data-", dir="/tmp")
+    try:
+        yield _build_dataset(d)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _build_dataset(d: str) -> dict:
     os.chmod(d, 0o755)
     sys.path.insert(0, REPO)
     from megatron_zaya.data.synthetic import TextGenerator
@@ -56,8 +63,7 @@ def tiny_dataset():
                     "--tokenizer-model", f"{d}/sp.model", "--append-eod", "--workers", "1", "--no-progress"],
                    check=True, capture_output=True, timeout=120)
     assert os.path.isfile(f"{d}/corpus_text_document.bin")
-    yield {"data_path": f"{d}/corpus_text_document", "tokenizer_model": f"{d}/sp.model", "dir": d}
-    shutil.rmtree(d, ignore_errors=True)
+    return {"data_path": f"{d}/corpus_text_document", "tokenizer_model": f"{d}/sp.model", "dir": d}
 
 
 def train_env(dataset: dict, ckpt: str) -> dict:
@@ -88,13 +94,15 @@ def reference_run(slurm, tiny_dataset):
 
     work = tempfile.mkdtemp(prefix="zs-ref-", dir="/tmp")
     os.chmod(work, 0o755)
-    jobs = Jobs(slurm, work)
-    env = train_env(tiny_dataset, os.path.join(work, "ckpt"))
-    job = jobs.submit(["--nodes=2", "--ntasks-per-node=2", "--time=5", "--signal=B:USR1@30", "--job-name=ztrain"],
-                      env)
-    info = jobs.wait(job, 240)
-    yield {"jobs": jobs, "job": job, "info": info, "env": env, "work": work}
-    shutil.rmtree(work, ignore_errors=True)
+    try:
+        jobs = Jobs(slurm, work)
+        env = train_env(tiny_dataset, os.path.join(work, "ckpt"))
+        job = jobs.submit(["--nodes=2", "--ntasks-per-node=2", "--time=5", "--signal=B:USR1@30",
+                           "--job-name=ztrain"], env)
+        info = jobs.wait(job, 240)
+        yield {"jobs": jobs, "job": job, "info": info, "env": env, "work": work}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def test_sbatch_two_nodes_two_tasks_trains_with_gloo(reference_run):
