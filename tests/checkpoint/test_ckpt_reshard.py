@@ -56,7 +56,8 @@ def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
 @pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "megatron_zaya", "training", "distributed_runtime.py")),
                     reason="the distributed training runtime has not landed yet")
 def test_pretrain_under_torchrun_sigusr1_saves_and_resumes(ckpt_corpus, ckpt_cache, tmp_path):
-    """A SIGUSR1 to every training process: a complete checkpoint, exit code 0; --load resumes."""
+    """A SIGUSR1 to every training process (2 ranks, ZeRO-1): a complete checkpoint, exit code 0;
+    --load resumes, here in one process (resharding through the real trainer)."""
     import signal
     import time
     from ckpt_harness import RUNNER, flags
@@ -87,8 +88,50 @@ def test_pretrain_under_torchrun_sigusr1_saves_and_resumes(ckpt_corpus, ckpt_cac
     saved = read_latest(save)
     assert saved is not None and inspect_checkpoint(save)["ok"]
     assert inspect_checkpoint(save)["layout"]["world_size"] == 2
+    # Resume in ONE process from the 2-process ZeRO-1 checkpoint (DistributedMuon + sharded AdamW state).
+    from ckpt_harness import train
+    resumed = train(flags(ckpt_corpus, saved + 1, "--save", save, "--load", save, cache=ckpt_cache))
+    assert resumed.trainer.checkpointer.loaded["iteration"] == saved
+    assert resumed.trainer.checkpointer.loaded["optimizer"] and sorted(resumed.losses) == [saved + 1]
+    assert read_latest(save) == saved + 1
+    momentum = [s for s in resumed.trainer.optimizer.optimizers["muon"].state.values() if "momentum_buffer" in s]
+    assert momentum and all(s["momentum_buffer"].abs().sum() > 0 for s in momentum)
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "megatron_zaya", "training", "distributed_runtime.py")),
+                    reason="the distributed training runtime has not landed yet")
+def test_kill9_one_rank_during_a_save_keeps_the_previous_checkpoint(ckpt_corpus, ckpt_cache, tmp_path):
+    import signal
+    import time
+    from ckpt_harness import RUNNER, flags, train
+    from megatron_zaya.checkpoint.format import list_complete, read_latest
+    save = str(tmp_path / "dist")
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    env = subprocess_env()
+    env.update(CKPT_TEST_SLOW_SAVE="3", CKPT_TEST_PIDDIR=str(piddir))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(_free_port()), RUNNER,
-           *flags(ckpt_corpus, saved + 1, "--save", save, "--load", save, cache=ckpt_cache)]
-    result = _run(cmd)
-    assert f"(iteration {saved}," in result.stdout and read_latest(save) == saved + 1
+           *flags(ckpt_corpus, 6, "--save", save, "--save-interval", "2", cache=ckpt_cache)]
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 150
+
+        def writing_iter4():
+            parts = [n for n in os.listdir(save) if n.startswith("iter_0000004.partial")] if os.path.isdir(save) else []
+            return parts and os.path.exists(os.path.join(save, parts[0], "rank_00001.safetensors"))
+        while not writing_iter4():
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-4000:]
+            time.sleep(0.05)
+        os.kill(int((piddir / "1.pid").read_text()), signal.SIGKILL)      # rank 1 dies in the middle of the save
+        proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode != 0
+    assert read_latest(save) == 2 and list_complete(save) == [2]
+    assert inspect_checkpoint(save)["ok"]
+    resumed = train(flags(ckpt_corpus, 3, "--load", save, cache=ckpt_cache))   # 2 ranks -> 1 process
+    assert resumed.trainer.checkpointer.loaded["iteration"] == 2 and sorted(resumed.losses) == [3]
