@@ -4,7 +4,9 @@
     python bench/model_throughput.py --preset zaya1-100m --micro-batch-size 4 --seq-length 512 --dtype bf16
 
 Both models hold the same weights (ours exported to a Hugging Face folder and loaded by transformers).
-Timing: `--warmup` untimed iterations, then the median of `--iters` timed iterations.
+Timing: `--warmup` untimed iterations of each, then `--iters` timed iterations of each, INTERLEAVED
+(ours, reference, ours, ...) so that a change of machine load hits both alike; the median is reported.
+The load average is printed before and after: on a shared machine, only trust runs with a low one.
 """
 from __future__ import annotations
 
@@ -24,15 +26,26 @@ from megatron_zaya.config import model_config_from_preset  # noqa: E402
 from megatron_zaya.model import ZayaModel  # noqa: E402
 
 
-def time_steps(step, warmup: int, iters: int) -> float:
+def time_interleaved(steps, warmup: int, iters: int) -> list[float]:
+    """Median seconds per call of each step function, their timed calls alternating."""
     for _ in range(warmup):
-        step()
-    times = []
+        for step in steps:
+            step()
+    times = [[] for _ in steps]
     for _ in range(iters):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for step, record in zip(steps, times):
+            start = time.perf_counter()
+            step()
+            record.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
+
+
+def load_average() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "n/a"
 
 
 def main(argv=None) -> int:
@@ -43,7 +56,10 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every CPU)")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    load_before = load_average()
     import transformers
 
     torch.manual_seed(0)
@@ -70,10 +86,11 @@ def main(argv=None) -> int:
         loss.backward()
 
     n_tokens = tokens.numel()
-    t_ours = time_steps(ours_step, args.warmup, args.iters)
-    t_ref = time_steps(reference_step, args.warmup, args.iters)
+    ours.train()
+    t_ours, t_ref = time_interleaved([ours_step, reference_step], args.warmup, args.iters)
     print(f"config {args.preset}: batch {args.micro_batch_size}x{args.seq_length}, {args.dtype}, "
-          f"threads {torch.get_num_threads()}")
+          f"threads {torch.get_num_threads()} | {time.strftime('%Y-%m-%d %H:%M %Z')} | "
+          f"load before {load_before} after {load_average()}")
     print(f"{'model':<28}{'s/iter':>10}{'tokens/s':>12}")
     print(f"{'megatron-zaya':<28}{t_ours:>10.3f}{n_tokens / t_ours:>12.0f}")
     print(f"{'transformers ZayaForCausalLM':<28}{t_ref:>10.3f}{n_tokens / t_ref:>12.0f}")

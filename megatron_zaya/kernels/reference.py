@@ -91,9 +91,9 @@ def moe_permute(
     left out. Stable, so tokens keep their order within an expert."""
     order = torch.argsort(expert_index, stable=True)
     counts = torch.bincount(expert_index, minlength=num_experts + 1)[:num_experts]
-    kept = int(counts.sum())
+    kept = int(counts.sum())   # the output's row count (a host value; a device sync on accelerators)
     order = order[:kept]
-    return x.index_select(0, order), order, counts
+    return _GatherRows.apply(x, order), order, counts
 
 
 def moe_unpermute(
@@ -104,8 +104,43 @@ def moe_unpermute(
     expert_out: (K, D) in permuted order; order: (K,) token index of each row; gate: (N,) per token.
     Tokens that no row names (skipped tokens) get zeros."""
     weighted = expert_out * gate.index_select(0, order).unsqueeze(-1).to(expert_out.dtype)
-    out = expert_out.new_zeros(num_tokens, expert_out.shape[-1])
-    return out.index_add(0, order, weighted)
+    # = zeros(num_tokens, D).index_add(0, order, weighted): top-1 routing names each token at most
+    # once, so the scatter is a gather by the inverse map (and its backward a gather by `order`).
+    return _GatherRows.apply(weighted, inverse_rows(order, num_tokens), order)
+
+
+def inverse_rows(order: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """inv[t] = the position of t in `order` (an injective index into [0, num_rows)), or
+    len(order) for t not in it (a row of zeros in _GatherRows)."""
+    inv = torch.full((num_rows,), order.shape[0], dtype=torch.int64, device=order.device)
+    inv[order] = torch.arange(order.shape[0], dtype=torch.int64, device=order.device)
+    return inv
+
+
+def _gather_padded(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """src[index], where index == len(src) (possible only when index is longer than src: an
+    inverse map of a partial order) selects a row of zeros."""
+    if index.shape[0] > src.shape[0]:
+        src = torch.cat((src, src.new_zeros(1, *src.shape[1:])))
+    return src.index_select(0, index)
+
+
+class _GatherRows(torch.autograd.Function):
+    """out = src[index] for an injective row index (index may name a zero row, see inverse_rows).
+    The backward gathers too, by the inverse index, instead of index_select's scatter-add (a
+    zero-filled buffer plus an atomic-free but serial scatter on CPU)."""
+
+    @staticmethod
+    def forward(ctx, src, index, inverse=None):
+        ctx.save_for_backward(index if inverse is None else inverse)
+        ctx.inverse_given, ctx.num_src = inverse is not None, src.shape[0]
+        return _gather_padded(src, index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (saved,) = ctx.saved_tensors
+        back = saved if ctx.inverse_given else inverse_rows(saved, ctx.num_src)
+        return _gather_padded(grad.contiguous(), back), None, None
 
 
 # Quintic Newton-Schulz coefficients (Keller Jordan's Muon): converge fast to an approximate

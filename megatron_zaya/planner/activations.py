@@ -120,7 +120,9 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
         ]
     else:
         terms += [
-            Term("experts: permute/unpermute (index, gate, outputs)", rho * (8 + 2 + 2 * d + 2 * d)),
+            # The reference un-permute is a gather (kernels/reference.py): it keeps the order, the bf16 gate
+            # per row and the expert outputs (the gate product), not a scatter source.
+            Term("experts: permute/unpermute (index, gate, expert outputs)", rho * (8 + 2 + 2 * d)),
             Term("experts: SwiGLU inputs (bf16 x, gate_up, hidden)", rho * (2 * d + 4 * f + 2 * f)),
             Term("experts: SiLU output", rho * 2 * f, True),
         ]

@@ -1,0 +1,68 @@
+"""The throughput bench scripts run end to end for a step or two on a tiny config (no timing checks)."""
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["--preset", "zaya1-tiny", "--num-layers", "2", "--seq-length", "32", "--micro-batch-size", "2"]
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def keep_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_train_throughput_one_process_reports_everything(tmp_path, capsys, keep_threads):
+    bench = load_script("train_throughput")
+    args = TINY + ["--global-batch-size", "4", "--warmup", "1", "--iters", "1", "--bf16", "--json", str(tmp_path / "r.json")]
+    if importlib.util.find_spec("transformers") is not None:
+        args.append("--compare-reference")
+    assert bench.main(args) == 0
+    out = capsys.readouterr().out
+    for text in ("tokens/s", "TFLOP/s", "MFU", "of bf16 peak", "of fp32 peak", "time split", "peak memory"):
+        assert text in out, text
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["tokens_per_step"] == 4 * 32
+    assert set(report["split_s"]) == {"data", "forward", "backward", "communication", "optimizer", "balancing", "other"}
+    assert report["split_s"]["forward"] > 0 and report["split_s"]["backward"] > 0 and report["split_s"]["optimizer"] > 0
+    assert report["peak_tflops"]["bf16"] > 0 and report["peak_tflops"]["fp32"] > 0
+    assert report["peak_memory_bytes"] > 0 and all(map(lambda x: x == x, report["losses"]))
+    if "reference" in report:
+        # Same weights, same batches, same optimizer: the first step's losses agree.
+        assert abs(report["reference"]["losses"][0] - report["losses"][0]) < 1e-2
+
+
+def test_model_throughput_runs(capsys, keep_threads):
+    pytest.importorskip("transformers")
+    bench = load_script("model_throughput")
+    assert bench.main(["--preset", "zaya1-tiny", "--micro-batch-size", "1", "--seq-length", "32",
+                       "--warmup", "0", "--iters", "1", "--dtype", "bf16"]) == 0
+    assert "speed-up" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not installed")
+def test_train_throughput_two_processes_expert_parallel(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", MEGATRON_ZAYA_KERNELS="torch")
+    cmd = ["torchrun", "--standalone", "--nproc-per-node", "2", "bench/train_throughput.py", *TINY,
+           "--warmup", "0", "--iters", "1", "--expert-model-parallel-size", "2", "--json", str(tmp_path / "r.json")]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["world_size"] == 2 and report["layout"]["ep"] == 2
+    assert report["split_s"]["communication"] > 0
