@@ -14,6 +14,7 @@ import yaml
 
 from megatron_zaya.config import PRESETS, ConfigError, ModelConfig, model_config_from_preset
 from megatron_zaya.optim.builder import OptimizerConfig
+from megatron_zaya.parallel.state import LayoutError, check_layout
 from megatron_zaya.optim.schedules import DECAY_STYLES, WSD_DECAY_STYLES, LRSchedule
 from megatron_zaya.training.batch_schedule import BatchSizeSchedule
 from megatron_zaya.training.config import TrainConfig
@@ -159,7 +160,7 @@ def parse_args(argv=None) -> RunConfig:
     args = parser.parse_args(argv)
     try:
         return validate(args)
-    except (ConfigError, ValueError) as err:
+    except (ConfigError, LayoutError, ValueError) as err:
         parser.error(str(err))
 
 
@@ -172,20 +173,8 @@ def validate(args: argparse.Namespace) -> RunConfig:
 
     parallel = ParallelSizes(world_size_from_env(), args.tensor_model_parallel_size, args.context_parallel_size,
                              args.expert_model_parallel_size, args.sequence_parallel, args.use_distributed_optimizer)
-    tp, cp, ep, world = (parallel.tensor_model_parallel_size, parallel.context_parallel_size,
-                         parallel.expert_model_parallel_size, parallel.world_size)
-    for flag, size in (("--tensor-model-parallel-size", tp), ("--context-parallel-size", cp),
-                       ("--expert-model-parallel-size", ep)):
-        if size < 1:
-            raise ValueError(f"{flag}={size}: must be >= 1")
-    if world % (tp * cp):
-        raise ValueError(f"--tensor-model-parallel-size={tp} x --context-parallel-size={cp} does not divide "
-                         f"the world size {world}")
-    if (parallel.data_parallel_size * cp) % ep:
-        raise ValueError(f"--expert-model-parallel-size={ep} must divide data-parallel x context-parallel size "
-                         f"{parallel.data_parallel_size * cp}")
-    if model.num_experts % ep:
-        raise ValueError(f"--expert-model-parallel-size={ep} must divide --num-experts={model.num_experts}")
+    tp, cp = parallel.tensor_model_parallel_size, parallel.context_parallel_size
+    check_layout(parallel.world_size, tp, cp, parallel.expert_model_parallel_size, model)
     if cp > 1 and model.seq_length % (2 * cp):
         raise ValueError(f"--seq-length={model.seq_length} must be divisible by 2 x --context-parallel-size={cp}")
 

@@ -1,12 +1,15 @@
 """The ZAYA1 language model: embedding, input scaling, blocks, final norm, tied head, causal LM loss.
 
 Initialisation (the transformers reference's placeholder inits are not all trainable):
-- linear and embedding weights ~ N(0, init_method_std); output projections of each sublayer
+- linear and embedding weights ~ N(0, init_method_std), except the router's (below); output projections of each sublayer
   (attention linear_proj, expert down) ~ N(0, init_method_std / sqrt(2 * num_layers)) as in Megatron;
 - expert weights ~ N(0, init_method_std); linear biases 0; norm weights 1; residual/input scales 1, biases 0;
 - CCA convolutions keep PyTorch's default (kaiming-uniform) init, so the conv path starts at the
   scale of its inputs;
 - key temperature T = key_temperature_init (1.0; the reference's 0 would make every logit zero);
+- router linears (down_proj, fc1, fc2, out_proj) ~ N(0, 1 / fan_in): their logits then vary across
+  tokens by O(1) from the start. With N(0, 0.02) the softmax is uniform to ~1e-3, so the balancing
+  biases alone would pick the expert and move every token at once from one expert to the next;
 - EDA gamma 1; balancing biases 0 with skip_class_bias_init (-1) for the skip class.
 """
 from __future__ import annotations
@@ -57,6 +60,9 @@ class ZayaModel(nn.Module):
             elif isinstance(module, nn.Conv1d):
                 module.reset_parameters()
         for block in self.layers:
+            router = block.moe.router
+            for linear in (router.down_proj, router.fc1, router.fc2, router.out_proj):
+                nn.init.normal_(linear.weight, 0.0, linear.in_features ** -0.5)
             nn.init.normal_(block.attention.linear_proj.weight, 0.0, output_std)
             nn.init.normal_(block.moe.experts.gate_up_weight, 0.0, std)
             nn.init.normal_(block.moe.experts.down_weight, 0.0, output_std)

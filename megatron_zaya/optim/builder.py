@@ -114,3 +114,24 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> OptimizerSet:
         optimizers["muon"] = Muon([p for _, p in muon], lr=cfg.lr, momentum=cfg.muon_momentum,
                                   weight_decay=cfg.weight_decay, ns_steps=cfg.muon_ns_steps)
     return OptimizerSet(optimizers)
+
+
+def build_distributed_optimizer(model: nn.Module, cfg: OptimizerConfig, pstate, reducer) -> OptimizerSet:
+    """ZeRO-1: AdamW on sharded fp32 masters (megatron_zaya.optim.distributed) and Muon with whole-matrix
+    owners (megatron_zaya.optim.distributed_muon), both over the reducer's sharded gradient buckets.
+    Muon steps first: its broadcasts make every replica current before AdamW's parameter all-gather."""
+    from megatron_zaya.optim.distributed import DistributedOptimizer
+    from megatron_zaya.optim.distributed_muon import DistributedMuon
+
+    if cfg.optimizer not in ("muon", "adamw"):
+        raise ValueError(f"--optimizer={cfg.optimizer}: choose muon or adamw")
+    muon, decay, no_decay = split_parameters(model, cfg.optimizer == "muon")
+    optimizers = {}
+    if muon:
+        optimizers["muon"] = DistributedMuon([p for _, p in muon], reducer, lr=cfg.lr, momentum=cfg.muon_momentum,
+                                             weight_decay=cfg.weight_decay, ns_steps=cfg.muon_ns_steps)
+    adam_groups = [g for g in ({"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
+                               {"params": [p for _, p in no_decay], "weight_decay": 0.0}) if g["params"]]
+    optimizers["adamw"] = DistributedOptimizer(adam_groups, lambda groups: build_adamw(groups, cfg), pstate,
+                                               reducer=reducer)
+    return OptimizerSet(optimizers)

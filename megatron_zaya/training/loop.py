@@ -39,6 +39,7 @@ class StepResult:
     num_tokens: int
     routing_counts: torch.Tensor    # (L, E + 1) global counts
     skipped: bool
+    diagnosis: str = ""             # which parameters had non-finite gradients, when skipped
 
 
 class NonFiniteLossError(RuntimeError):
@@ -101,17 +102,20 @@ class Trainer:
     def train_step(self, micro_batches: list[dict]) -> StepResult:
         model, parallel = self.model, self.parallel
         self.optimizer.zero_grad()
+        parallel.zero_grad()
+        micro_batches = [parallel.local_batch(batch_to_device(mb, self.device)) for mb in micro_batches]
         local_tokens = sum(mb["loss_mask"].sum() for mb in micro_batches)
         global_tokens = parallel.sum_over_data_ranks(torch.as_tensor(local_tokens, dtype=torch.float64)).item()
         loss_scale = parallel.gradient_average_factor / max(global_tokens, 1.0)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         counts = None
         for index, batch in enumerate(micro_batches):
-            batch = batch_to_device(batch, self.device)
-            with parallel.no_sync(index < len(micro_batches) - 1), self.autocast:
-                out = model(**model_inputs(batch))
-            masked = (out.token_losses * batch["loss_mask"]).sum()
-            (masked * loss_scale).backward()
+            # Backward inside no_sync too: gradient hooks decide there whether buckets communicate.
+            with parallel.no_sync(index < len(micro_batches) - 1):
+                with self.autocast:
+                    out = model(**model_inputs(batch))
+                masked = (out.token_losses * batch["loss_mask"]).sum()
+                (masked * loss_scale).backward()
             loss_sum += masked.detach().double()
             step_counts = torch.stack([r.counts for r in out.routing])
             counts = step_counts if counts is None else counts + step_counts
@@ -120,14 +124,17 @@ class Trainer:
         counts = parallel.sum_routing_counts(counts)
         grad_norm = parallel.clip_grad_norm(self.run.optim.clip_grad)
         skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
+        diagnosis = ""
         if skipped:
+            diagnosis = parallel.describe_nonfinite(model)   # before the gradients are cleared
             self.optimizer.zero_grad()
+            parallel.zero_grad()
         else:
             self.optimizer.set_lr(self.lr_schedule(self.state.iteration))
             self.optimizer.step()
             if self.cfg.moe_router_bias_update:
                 self.balancer.update(counts)
-        return StepResult(loss, grad_norm, int(global_tokens), counts, skipped)
+        return StepResult(loss, grad_norm, int(global_tokens), counts, skipped, diagnosis)
 
     def next_micro_batches(self) -> list[dict]:
         count = self.batch_schedule.num_micro_batches(self.state.consumed_samples)
@@ -145,7 +152,7 @@ class Trainer:
         per_iter = self.cfg.global_batch_size // (self.cfg.micro_batch_size * self.parallel.dp_size)
         for _ in range(self.cfg.eval_iters * per_iter):
             try:
-                batch = batch_to_device(next(iterator), self.device)
+                batch = self.parallel.local_batch(batch_to_device(next(iterator), self.device))
             except StopIteration:
                 break
             with self.autocast:
@@ -194,7 +201,7 @@ class Trainer:
                 f"lr {lr:.3e} | grad norm {result.grad_norm:.3f} | tokens/s/device {tokens_per_device:,.0f} | "
                 f"TFLOP/s/device {tflops:.3f} | MFU {100 * mfu:.1f}% | routing entropy {entropy:.3f} | skip {skip:.3f} | "
                 f"mem {memory_gb:.2f} GB | ETA {eta / 60:.1f} min"
-                + (" | SKIPPED (non-finite)" if result.skipped else ""))
+                + (f" | SKIPPED (non-finite: {result.diagnosis})" if result.skipped else ""))
 
     def should_exit(self, started: float) -> str | None:
         it = self.state.iteration
@@ -254,4 +261,4 @@ class Trainer:
         if self.consecutive_nonfinite >= self.cfg.max_consecutive_nonfinite:
             raise NonFiniteLossError(
                 f"{self.consecutive_nonfinite} consecutive steps with a non-finite loss or gradient at iteration "
-                f"{self.state.iteration}: {self.parallel.describe_nonfinite(self.model)}")
+                f"{self.state.iteration}: {result.diagnosis}")

@@ -43,6 +43,12 @@ class SingleProcess:
     def sum_routing_counts(self, counts: torch.Tensor) -> torch.Tensor:
         return counts
 
+    def local_batch(self, batch: dict) -> dict:
+        return batch
+
+    def zero_grad(self) -> None:
+        pass
+
     def no_sync(self, skip: bool):
         return contextlib.nullcontext()
 
@@ -50,10 +56,11 @@ class SingleProcess:
         pass
 
     def clip_grad_norm(self, max_norm: float) -> float:
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        if max_norm and max_norm > 0:
-            return torch.nn.utils.clip_grad_norm_(params, max_norm).item()
-        return math.sqrt(sum(p.grad.double().pow(2).sum().item() for p in params))
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads)
+        if max_norm and max_norm > 0 and torch.isfinite(norm):   # non-finite: leave grads for the diagnosis
+            torch.nn.utils.clip_grads_with_norm_(grads, max_norm, norm)
+        return norm.item()
 
     def params_norm(self) -> float:
         return math.sqrt(sum(p.detach().double().pow(2).sum().item() for p in self.model.parameters()))

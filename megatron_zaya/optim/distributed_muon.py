@@ -1,0 +1,80 @@
+"""Muon in the ZeRO-1 layout: each whole matrix has one owner rank in its gradient group.
+
+Per step (after the GradientReducer's reduce-scatter and the global clip):
+  1. each bucket holding Muon matrices all-gathers its reduced gradient shards, so the owner of a
+     matrix sees the matrix's full summed gradient;
+  2. each owner runs momentum + Newton-Schulz for ITS matrices only (batched by shape) and updates
+     them; the momentum buffers live only on the owner (sharded optimizer state);
+  3. each updated matrix is broadcast from its owner to the group.
+Owners come from `owners_of_bucket` (largest first to the least-loaded rank), so the Newton-Schulz
+work is spread evenly. Dense matrices use the DP x CP group, expert matrices the expert-DP group.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from megatron_zaya.optim.muon import apply_update, momentum_direction, orthogonalized_updates
+from megatron_zaya.parallel.data import owners_of_bucket
+
+
+class DistributedMuon:
+    def __init__(self, params: list[torch.nn.Parameter], reducer, lr: float, momentum: float = 0.95,
+                 nesterov: bool = True, weight_decay: float = 0.0, ns_steps: int = 5,
+                 ns_dtype: torch.dtype = torch.bfloat16):
+        self.param_groups = [dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
+                                  ns_steps=ns_steps, ns_dtype=ns_dtype, params=list(params))]
+        self.reducer = reducer
+        wanted = set(params)
+        self.buckets = [b for b in reducer.buckets if any(p in wanted for p in b.params)]
+        self.owner: dict[torch.nn.Parameter, tuple] = {}   # param -> (bucket, index, owner group rank)
+        by_group: dict = {}
+        for bucket in self.buckets:
+            for i, p in enumerate(bucket.params):
+                if p in wanted:
+                    by_group.setdefault(id(bucket.group), []).append((bucket, i, p))
+        for members in by_group.values():
+            size = members[0][0].size
+            owners = owners_of_bucket([p.numel() for _, _, p in members], size)
+            for (bucket, i, p), owner in zip(members, owners):
+                self.owner[p] = (bucket, i, owner)
+        self.state: dict[torch.nn.Parameter, dict] = {}
+
+    def _full_gradient(self, bucket) -> None:
+        """All-gather the reduced shards of a (sharded) bucket into its whole buffer."""
+        if bucket.size == 1:
+            return
+        lo, hi = bucket.owned
+        mine = bucket.buffer[lo:hi].clone()
+        dist.all_gather_into_tensor(bucket.buffer, mine, group=bucket.group)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        group = self.param_groups[0]
+        for bucket in self.buckets:
+            self._full_gradient(bucket)
+        mine = [p for p, (bucket, _, owner) in self.owner.items() if owner == bucket.rank]
+        directions = []
+        for p in mine:
+            bucket, i, _ = self.owner[p]
+            state = self.state.setdefault(p, {"momentum_buffer": torch.zeros_like(p, dtype=torch.float32)})
+            directions.append(momentum_direction(bucket.view(i).float(), state["momentum_buffer"],
+                                                 group["momentum"], group["nesterov"]))
+        for p, update in zip(mine, orthogonalized_updates(directions, group["ns_steps"], group["ns_dtype"])):
+            apply_update(p, update, group["lr"], group["weight_decay"])
+        for p, (bucket, _, owner) in self.owner.items():
+            if bucket.size > 1:
+                dist.broadcast(p.data, src=dist.get_global_rank(bucket.group, owner), group=bucket.group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass   # gradients live in the reducer's buckets, cleared by the reducer
+
+    def state_dict(self) -> dict:
+        """Momentum of the matrices this rank owns, keyed by their position in the parameter list."""
+        index = {p: n for n, p in enumerate(self.param_groups[0]["params"])}
+        return {"momentum": {index[p]: s["momentum_buffer"].clone() for p, s in self.state.items()},
+                "lr": self.param_groups[0]["lr"]}
+
+    def load_state_dict(self, state: dict) -> None:
+        params = self.param_groups[0]["params"]
+        self.state = {params[int(n)]: {"momentum_buffer": t.clone()} for n, t in state["momentum"].items()}

@@ -1,0 +1,100 @@
+"""The training loop's process-layout interface (see runtime.SingleProcess) over several processes:
+process groups from megatron_zaya.parallel, the parallel model, bucketed gradient reduction and,
+with --use-distributed-optimizer, the ZeRO-1 optimizer.
+
+Gradients are SUMMED across ranks (not averaged): the loop divides each rank's loss by the number of
+loss tokens in the whole global batch, so the sum is exactly the single-process gradient."""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.distributed as dist
+
+from megatron_zaya.parallel.apply import parallelize_model
+from megatron_zaya.parallel.context import slice_batch_for_cp
+from megatron_zaya.parallel.data import GradientReducer, clip_grad_norm, is_expert
+from megatron_zaya.parallel.launch import destroy_distributed, init_distributed
+from megatron_zaya.parallel.state import ParallelState
+from megatron_zaya.training.runtime import nonfinite_gradients
+
+
+class DistributedRuntime:
+    gradient_average_factor = 1.0
+
+    def __init__(self, run):
+        self.run = run
+        self.env = init_distributed(run.args.distributed_backend)
+        self.rank, self.world_size, self.device = self.env.rank, self.env.world_size, self.env.device
+        p = run.parallel
+        self.pstate = ParallelState(p.tensor_model_parallel_size, p.context_parallel_size,
+                                    p.expert_model_parallel_size, sequence_parallel=p.sequence_parallel,
+                                    model_config=run.model)
+        self.dp_rank, self.dp_size = self.pstate.dp_rank, self.pstate.dp_size
+        self.is_main = self.rank == 0
+        self.model = None
+        self.reducer = None
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        self.model = parallelize_model(model.to(self.device), self.pstate)
+        self.reducer = GradientReducer(self.model, self.pstate, overlap=True,
+                                       shard=self.run.parallel.use_distributed_optimizer)
+        return self.model
+
+    def build_optimizer(self, model, optim_config):
+        from megatron_zaya.optim.builder import build_distributed_optimizer, build_optimizer
+        if self.run.parallel.use_distributed_optimizer:
+            return build_distributed_optimizer(model, optim_config, self.pstate, self.reducer)
+        return build_optimizer(model, optim_config)
+
+    # -- what the loop calls ----------------------------------------------------------------------
+    def local_batch(self, batch: dict) -> dict:
+        return slice_batch_for_cp(batch, self.pstate) if self.pstate.cp_size > 1 else batch
+
+    def sum_over_data_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.to(self.device).clone()
+        if self.pstate.dp_cp_size > 1:
+            dist.all_reduce(tensor, group=self.pstate.dp_cp_group)
+        return tensor
+
+    def max_over_all_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.to(self.device).clone()
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return tensor
+
+    def sum_routing_counts(self, counts: torch.Tensor) -> torch.Tensor:
+        return counts   # the parallel model's forward hook already made them global
+
+    def no_sync(self, skip: bool):
+        return self.reducer.no_sync() if skip else contextlib.nullcontext()
+
+    def zero_grad(self) -> None:
+        self.reducer.zero_grad()
+
+    def finish_gradient_reduction(self) -> None:
+        self.reducer.finish()
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        return clip_grad_norm(list(self.model.parameters()), max_norm, self.pstate).item()
+
+    def params_norm(self) -> float:
+        """Global parameter norm, each element counted on exactly one rank."""
+        square = torch.zeros((), dtype=torch.float64, device=self.device)
+        for p in self.model.parameters():
+            sliced = getattr(p, "tensor_model_parallel", False) or self.pstate.tp_rank == 0
+            replica = self.pstate.expert_dp_rank if is_expert(p) else self.pstate.dp_cp_rank
+            if sliced and replica == 0:
+                square += p.detach().double().pow(2).sum()
+        dist.all_reduce(square)
+        return math.sqrt(square.item())
+
+    def describe_nonfinite(self, model: torch.nn.Module) -> str:
+        bad = nonfinite_gradients(model)
+        return f"rank {self.rank}: non-finite gradients in {bad[:8]}" if bad else f"rank {self.rank}: non-finite loss"
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def shutdown(self) -> None:
+        destroy_distributed()
