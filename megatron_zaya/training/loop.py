@@ -201,7 +201,7 @@ class Trainer:
                 f"lr {lr:.3e} | grad norm {result.grad_norm:.3f} | tokens/s/device {tokens_per_device:,.0f} | "
                 f"TFLOP/s/device {tflops:.3f} | MFU {100 * mfu:.1f}% | routing entropy {entropy:.3f} | skip {skip:.3f} | "
                 f"mem {memory_gb:.2f} GB | ETA {eta / 60:.1f} min"
-                + (f" | SKIPPED (non-finite: {result.diagnosis})" if result.skipped else ""))
+                + (f" | SKIPPED (non-finite) {result.diagnosis}" if result.skipped else ""))
 
     def should_exit(self, started: float) -> str | None:
         it = self.state.iteration
