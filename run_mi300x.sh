@@ -378,6 +378,11 @@ fi
 # --------------------------------------------------------------------------------------------
 # Failure: find the nodes to blame, then resubmit without them (a bounded number of times).
 # --------------------------------------------------------------------------------------------
+if training_done; then
+    log "warning: exit code $RC, but the last checkpoint is iteration $(latest_iteration) = END_ITER: the run" \
+        "is complete (a rank failed while shutting down; see $ATTEMPT_DIR/exit/)"
+    finish
+fi
 declare -A BAD=()
 declare -A SEEN=()
 for f in "$ATTEMPT_DIR"/exit/rank-*; do

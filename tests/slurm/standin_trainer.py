@@ -11,6 +11,7 @@ every --save-interval iterations and at the end. On SIGUSR1/SIGTERM it saves and
 Fault injection: STANDIN_FAIL_NODE=lnode2 (or * for all) makes the ranks on that node exit 3 at iteration
 STANDIN_FAIL_AT (default 3) while ZAYA_RESTART is 0 (the first submission; every submission with
 STANDIN_FAIL_ALWAYS=1).
+STANDIN_ABORT_AT_EXIT_NODE=lnode2: the ranks on that node abort after training has finished.
 Every rank prints one `standin:` line with its view of the job, which the tests parse.
 """
 from __future__ import annotations
@@ -98,6 +99,9 @@ def main() -> int:
             save(a.save, it, rank)
     save(a.save, it, rank)
     print(f"standin: rank {rank} finished at iteration {it}", flush=True)
+    if os.environ.get("STANDIN_ABORT_AT_EXIT_NODE") == os.environ.get("SLURMD_NODENAME"):
+        time.sleep(0.5)                # after rank 0's final save
+        os.abort()                     # a crash while shutting down (exit code 134)
     return 0
 
 

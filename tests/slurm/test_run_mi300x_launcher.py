@@ -172,11 +172,21 @@ def test_failure_resubmits_without_the_failed_node_and_resumes(jobs):
     assert views[0]["ZAYA_RESTART"] == "1"
     # Resumed from the checkpoint that was the latest when the first job failed (>= 4: saved every
     # 2 iterations before the failure at 5; the healthy ranks may have run a little further).
-    at_failure = int(re.search(r"ended with exit code 3 after \d+ s; latest checkpoint: (\d+)", log1).group(1))
+    at_failure = int(re.search(r"ended with exit code \d+ after \d+ s; latest checkpoint: (\d+)", log1).group(1))
     assert at_failure >= 4
     assert views[0]["resumed_from"] == at_failure
     assert views[0]["MASTER_ADDR"] == "lnode1"
     assert latest(env["CKPT_DIR"]) == 8
+
+
+def test_crash_at_shutdown_after_the_last_checkpoint_is_success(jobs):
+    env = standin_env(jobs.workdir, TRAIN_ARGS="--train-iters 4", END_ITER="4", STANDIN_ABORT_AT_EXIT_NODE="lnode2")
+    job = jobs.submit(["--nodes=2", "--ntasks-per-node=2", "--time=2", "--job-name=zabort"], env)
+    info = jobs.wait(job, 60)
+    log = read(os.path.join(jobs.workdir, "logs", f"zabort-{job}", "launcher.log"))
+    assert info["JobState"] == "COMPLETED", log
+    assert "= END_ITER: the run is complete" in log and "training finished" in log
+    assert "resubmitted" not in log
 
 
 def test_restarts_are_bounded(jobs):
