@@ -104,7 +104,10 @@ def main(argv=None) -> int:
     from megatron_zaya.data import DataConfig, build_train_valid_test_datasets, build_tokenizer
 
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
-    model, config, info = load_model_for_inference(args.load, device=args.device, dtype=dtype)
+    try:
+        model, config, info = load_model_for_inference(args.load, device=args.device, dtype=dtype)
+    except (OSError, ValueError, RuntimeError) as err:
+        parser.error(f"--load: {err}")
     if tokenizer.vocab_size > config.vocab_size:
         parser.error(f"--tokenizer-model {args.tokenizer_model}: vocabulary {tokenizer.vocab_size} is larger than "
                      f"the checkpoint's {config.vocab_size} embedding rows")

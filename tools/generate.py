@@ -96,7 +96,10 @@ def main(argv=None) -> int:
         except ValueError:
             parser.error(f"--prompt-ids {spec!r}: expected space-separated integers")
 
-    model, config, info = load_model_for_inference(args.load, device=args.device, dtype=dtype)
+    try:
+        model, config, info = load_model_for_inference(args.load, device=args.device, dtype=dtype)
+    except (OSError, ValueError, RuntimeError) as err:
+        parser.error(f"--load: {err}")
     eod = None if args.ignore_eod else (args.eod_id if args.eod_id is not None
                                         else (tokenizer.eod if tokenizer is not None else None))
     vocab_limit = tokenizer.vocab_size if tokenizer is not None else None

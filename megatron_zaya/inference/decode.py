@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from megatron_zaya.inference.cache import InferenceCache, LayerCache
+from megatron_zaya.inference.loading import compute_dtype, inference_autocast
 from megatron_zaya.inference.sampling import SamplingParams, make_generator, sample_next_token
 from megatron_zaya.model.rope import rope_cos_sin
 from megatron_zaya.model.router import Routing
@@ -61,7 +62,13 @@ def forward_with_cache(model: ZayaModel, cache: InferenceCache, tokens: torch.Te
     """Continue the sequences in cache `rows` with `tokens` (b, s): every row gets s more tokens.
 
     Returns fp32 logits (b, s, V) if all_logits else (b, V) for the last token; with
-    return_routing also the list of per-layer `Routing` over the b*s tokens."""
+    return_routing also the list of per-layer `Routing` over the b*s tokens. A model with bf16/fp16
+    weights runs under autocast to that dtype (see loading.inference_autocast)."""
+    with inference_autocast(model):
+        return _forward_with_cache(model, cache, tokens, rows, all_logits, return_routing)
+
+
+def _forward_with_cache(model, cache, tokens, rows, all_logits, return_routing):
     rows = _as_slice(rows, cache.batch_size)
     b, s = tokens.shape
     start = cache.lengths[rows]
@@ -146,7 +153,7 @@ def generate(model: ZayaModel, prompts: list[list[int]], max_new_tokens: int,
     if max_length > model.config.max_position_embeddings:
         raise ValueError(f"prompt + --max-new-tokens = {max_length} tokens exceeds the model's "
                          f"max_position_embeddings {model.config.max_position_embeddings}")
-    cache = InferenceCache(model.config, len(prompts), max_length, param.device, dtype or param.dtype)
+    cache = InferenceCache(model.config, len(prompts), max_length, param.device, dtype or compute_dtype(model))
     last = torch.stack([prefill(model, cache, row, p, prefill_chunk) for row, p in enumerate(prompts)])
     generator = make_generator(seed, param.device)
     out = [[] for _ in prompts]

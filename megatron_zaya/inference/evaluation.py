@@ -22,6 +22,7 @@ from typing import Iterable
 
 import torch
 
+from megatron_zaya.inference.loading import inference_autocast
 from megatron_zaya.model.zaya import ZayaModel
 
 
@@ -106,8 +107,9 @@ def evaluate(model: ZayaModel, batches: Iterable[dict], max_batches: int | None 
         attention_mask = batch.get("attention_mask")
         if attention_mask is not None:
             attention_mask = ~attention_mask.to(device)   # Megatron: True = masked; the model: True = attend
-        out = model(tokens, labels=labels, position_ids=None if position_ids is None else position_ids.to(device),
-                    attention_mask=attention_mask)
+        with inference_autocast(model):
+            out = model(tokens, labels=labels, position_ids=None if position_ids is None else position_ids.to(device),
+                        attention_mask=attention_mask)
         result.loss_sum += float((out.token_losses.float() * loss_mask).sum())
         result.loss_tokens += float(loss_mask.sum())
         result.samples += tokens.shape[0]

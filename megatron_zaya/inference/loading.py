@@ -7,7 +7,10 @@ Accepted today:
   or config.json + model.safetensors.index.json with sharded model-*.safetensors files;
 - anything `megatron_zaya.checkpoint.load_full_model_state(path) -> (state_dict, ModelConfig, info)`
   accepts (megatron-zaya's own sharded checkpoints, any parallel layout), when that function exists.
-`dtype` casts the parameters (e.g. torch.bfloat16); the router's balancing biases stay fp32.
+`dtype` (e.g. torch.bfloat16; default: the stored dtype) casts the parameters except the router's, which computes in fp32 by
+design (spec section 3; its balancing biases are fp32 buffers); the model then runs under autocast
+to that dtype, as in bf16 training (fp32 residual stream, norms and router): decode and evaluation
+enter `inference_autocast(model)` themselves.
 """
 from __future__ import annotations
 
@@ -96,13 +99,33 @@ def build_model(state: dict, config: ModelConfig, device="cpu", dtype: torch.dty
                                   f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}")
     model.load_state_dict(state, strict=True, assign=True)
     model.to(device)
-    if dtype is not None:
-        for module in model.modules():
-            for name, param in module.named_parameters(recurse=False):
-                setattr(module, name, torch.nn.Parameter(param.data.to(dtype), requires_grad=False))
+    # Weights in `dtype` (default: as stored), except the router's: it computes in fp32 by design.
+    target = dtype or state["embedding.weight"].dtype
+    router_params = {id(p) for block in model.layers for p in block.moe.router.parameters()}
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            want = torch.float32 if id(param) in router_params else target
+            if param.dtype != want:
+                setattr(module, name, torch.nn.Parameter(param.data.to(want), requires_grad=False))
+    for buffer_owner in model.modules():
+        for name, buf in buffer_owner.named_buffers(recurse=False):
+            if buf.is_floating_point() and buf.dtype != torch.float32:
+                setattr(buffer_owner, name, buf.float())
     for param in model.parameters():
         param.requires_grad_(False)
     return model.eval()
+
+
+def compute_dtype(model: ZayaModel) -> torch.dtype:
+    """The dtype the model's matmuls run in: that of its (non-router) weights."""
+    return model.embedding.weight.dtype
+
+
+def inference_autocast(model: ZayaModel):
+    """Autocast to the model's weight dtype when it is not fp32 (a no-op context for fp32 models)."""
+    dtype = compute_dtype(model)
+    device_type = model.embedding.weight.device.type
+    return torch.autocast(device_type=device_type, dtype=dtype, enabled=dtype != torch.float32)
 
 
 def load_model_for_inference(path, device="cpu", dtype: torch.dtype | None = None
