@@ -233,7 +233,7 @@ def load_optimizer(optimizer, model, folder: CheckpointFolder, saved_classes: di
         name, _, sk = key[len("optim/"):].rpartition("/")
         state_keys.setdefault(name, []).append(sk)
     for slot in optimizer_slots(optimizer, model):
-        new_state, masters = {}, []
+        new_state, masters = {}, {}
         for index, (name, p, flat, master, key_obj) in enumerate(slot.items):
             shape, ranges = tensor_slicing(p, pstate)
             saved = saved_classes.get(name)
@@ -255,9 +255,9 @@ def load_optimizer(optimizer, model, folder: CheckpointFolder, saved_classes: di
                 entry[sk] = folder.piece(key, ranges, flat, cache)
             if master is not None:
                 if "master" in state_keys.get(name, []):
-                    masters.append(folder.piece(f"optim/{name}/master", ranges, flat, cache).float())
+                    masters[id(master)] = folder.piece(f"optim/{name}/master", ranges, flat, cache).float()
                 else:        # saved without ZeRO-1: the master is the parameter itself
-                    masters.append(p.detach().reshape(-1)[flat[0]:flat[1]].float().cpu().clone())
+                    masters[id(master)] = p.detach().reshape(-1)[flat[0]:flat[1]].float().cpu().clone()
             if entry:
                 new_state[index] = (key_obj, entry)
         if slot.kind == "owner":
@@ -267,8 +267,9 @@ def load_optimizer(optimizer, model, folder: CheckpointFolder, saved_classes: di
         template = slot.container.state_dict() if slot.container is not None else None
         if template is not None:
             template["state"] = {index: e for index, (_k, e) in new_state.items()}
-        if slot.kind == "zero":
-            slot.distributed.load_state_dict({"inner": template, "master": masters})
+        if slot.kind == "zero":   # masters in the optimizer's piece order (bucket order, not group order)
+            ordered = [masters[id(m)] for *_, m in slot.distributed.pieces]
+            slot.distributed.load_state_dict({"inner": template, "master": ordered})
         elif slot.container is not None:
             slot.container.load_state_dict(template)
 
