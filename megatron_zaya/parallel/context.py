@@ -75,8 +75,9 @@ def exchange_halo(x: torch.Tensor, width: int, pstate) -> tuple[torch.Tensor, to
 
 def left_context_from_hidden(attn, x_left: torch.Tensor) -> LeftContext:
     """Project the neighbour's last hidden rows with this rank's weights (same as the neighbour's)."""
-    conv_inputs = torch.cat((attn.linear_q(x_left), attn.linear_k(x_left)), dim=-1).transpose(1, 2)
-    return LeftContext(conv_inputs, attn.linear_v_previous(x_left[:, -1:]))
+    xk = attn.replicated_input(x_left) if hasattr(attn, "replicated_input") else x_left
+    conv_inputs = torch.cat((attn.linear_q(x_left), attn.linear_k(xk)), dim=-1).transpose(1, 2)
+    return LeftContext(conv_inputs, attn.linear_v_previous(xk[:, -1:]))
 
 
 def context_parallel_attention(attn, x, cos, sin, pstate) -> torch.Tensor:
@@ -94,6 +95,8 @@ def context_parallel_attention(attn, x, cos, sin, pstate) -> torch.Tensor:
     q, k, v, _, _ = attn.project(torch.cat((x[:, :half], x[:, half:])), left)
     q, k, v = (torch.cat((t[:b], t[b:]), dim=1) for t in (q, k, v))
     q, k = attn.normalize_and_rotate(q, k, cos, sin)
+    if hasattr(attn, "replicated_kv"):
+        k, v = attn.replicated_kv(k, v)
     k_all, v_all = gather_along(k, pstate.cp_group, 1), gather_along(v, pstate.cp_group, 1)
     # Gathered K/V come in rank order (each rank's two chunks): put them back in sequence order.
     seq_len = s_local * pstate.cp_size

@@ -209,17 +209,37 @@ def _grad_and_counted(param, pstate):
     return g, counted and group_rank == 0
 
 
+def _replicated_square(param, g) -> torch.Tensor | float:
+    """Sum of squares of the rows of a TP slice that are replicas of another rank's rows (KV heads
+    when TP > HKV, `param.tp_replicated_rows`), on every replica but the first: counted once."""
+    rows = getattr(param, "tp_replicated_rows", None)
+    if rows is None or getattr(param, "tp_replica_primary", True) or param.numel() == 0:
+        return 0.0
+    width = param.numel() // param.shape[0]
+    lo, hi = rows[0] * width, rows[1] * width
+    start = param.main_grad_shard[0] if getattr(param, "main_grad_shard", None) is not None else 0
+    flat = g.reshape(-1)
+    a, b = max(lo, start), min(hi, start + flat.numel())
+    return flat[a - start:b - start].float().pow(2).sum() if a < b else 0.0
+
+
 def clip_grad_norm(params, max_norm: float | None, pstate) -> torch.Tensor:
     """Global L2 norm of the reduced gradients across TP / EP / DP / CP shards (replicas counted once,
     ZeRO-1 shards once), and in-place scaling by max_norm / norm when it is exceeded. Call after
     `GradientReducer.finish()`. max_norm None or <= 0: only the norm. Returns the norm (fp32 tensor)."""
-    pieces = [_grad_and_counted(p, pstate) for p in params]
-    pieces = [(g, counted) for g, counted in pieces if g is not None]
-    device = pieces[0][0].device if pieces else torch.device("cpu")
-    square = torch.zeros((), dtype=torch.float32, device=device)
-    for g, counted in pieces:
+    pieces = []
+    square = None
+    for p in params:
+        g, counted = _grad_and_counted(p, pstate)
+        if g is None:
+            continue
+        pieces.append((g, counted))
+        if square is None:
+            square = torch.zeros((), dtype=torch.float32, device=g.device)
         if counted:
-            square += g.float().pow(2).sum()
+            square += g.float().pow(2).sum() - _replicated_square(p, g)
+    if square is None:
+        square = torch.zeros((), dtype=torch.float32)
     if pstate.world_size > 1:
         dist.all_reduce(square, group=pstate.world_group)
     norm = square.sqrt()

@@ -9,6 +9,7 @@ a group of one rank (or no group), so single-process runs take no communication 
     reduce_scatter_along reduce-scatter   all-gather(dim)
     all_to_all          all_to_all_single all_to_all_single with the splits swapped
     send_recv           send to dst, receive from src   the reverse
+    gradient_only_if    identity          the gradient, or zeros
 """
 from __future__ import annotations
 
@@ -149,6 +150,23 @@ class _SendRecv(torch.autograd.Function):
         # The gradient of what we received goes back to its sender; ours comes from our receiver.
         outs = _exchange(list(grads), list(grads), ctx.srcs, ctx.dsts)   # unused outputs: zero grads
         return (None, None) + tuple(outs)
+
+
+class _GradGate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, keep):
+        ctx.keep = keep
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (grad if ctx.keep else torch.zeros_like(grad)), None
+
+
+def gradient_only_if(x, keep: bool):
+    """Identity forward; the backward passes the gradient on only where `keep` (one replica of a
+    replicated computation hands its input gradient back, so it is not counted twice)."""
+    return _GradGate.apply(x, keep)
 
 
 def copy_to_group(x, group):

@@ -46,9 +46,10 @@ def check_layout(world_size: int, tp: int, cp: int, ep: int, model_config=None) 
         if c.num_attention_heads % tp:
             raise LayoutError(f"--tensor-model-parallel-size={tp} must divide --num-attention-heads="
                               f"{c.num_attention_heads}")
-        if c.num_query_groups % tp:
-            raise LayoutError(f"--tensor-model-parallel-size={tp} must divide --num-query-groups="
-                              f"{c.num_query_groups} (replicating KV heads for TP > HKV is not supported)")
+        if c.num_query_groups % tp and tp % c.num_query_groups:
+            raise LayoutError(f"--tensor-model-parallel-size={tp} must divide or be a multiple of "
+                              f"--num-query-groups={c.num_query_groups} (KV heads are split, or replicated "
+                              f"when TP > HKV)")
         if c.vocab_size % tp:
             raise LayoutError(f"--tensor-model-parallel-size={tp} must divide the padded vocab {c.vocab_size}")
         if c.moe_ffn_hidden_size % tp:

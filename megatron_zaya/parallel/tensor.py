@@ -2,7 +2,8 @@
 LM head + cross-entropy (logits never gathered: 262K vocab), and the parallel CCA forward.
 
 Splits (rank t of TP, HQ/TP query heads and HKV/TP KV heads per rank):
-  linear_q, linear_k           rows of this rank's heads (column-parallel)
+  linear_q, linear_k           rows of this rank's heads (column-parallel); when TP > HKV each KV
+                               head is replicated on TP/HKV ranks (see ParallelCCA)
   linear_v_current/_previous   the rows of this rank's KV heads. v = cat(v_current, v_shifted)
                                viewed as HKV heads, so a KV head's channels come from one or both
                                projections: with HKV=2, TP=2, rank 0 holds all of v_current
@@ -22,6 +23,7 @@ Every split is recorded on the parameter (`param.partitions`) so gather_full_sta
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -29,7 +31,7 @@ from megatron_zaya import kernels
 from megatron_zaya.model.cca import CompressedConvAttention
 from megatron_zaya.model.zaya import ZayaModel
 from megatron_zaya.parallel.context import context_parallel_attention
-from megatron_zaya.parallel.mappings import (copy_to_group, gather_along, reduce_from_group,
+from megatron_zaya.parallel.mappings import (copy_to_group, gather_along, gradient_only_if, reduce_from_group,
                                              reduce_scatter_along)
 
 
@@ -56,7 +58,10 @@ def _ranges(width: int, size: int) -> list[list[tuple[int, int]]]:
 
 def split_attention(attn: CompressedConvAttention, tp: int, rank: int) -> None:
     hq, hkv, dh = attn.num_heads, attn.num_kv_heads, attn.head_dim
-    q_rows, k_rows = _ranges(hq * dh, tp), _ranges(hkv * dh, tp)
+    replicas = tp // hkv if tp > hkv else 1          # ranks sharing one KV head when TP > HKV
+    q_rows = _ranges(hq * dh, tp)
+    kv_heads = [[(r // replicas, r // replicas + 1)] for r in range(tp)] if replicas > 1 else _ranges(hkv, tp)
+    k_rows = [[(a * dh, b * dh)] for ((a, b),) in kv_heads]
     # The value concat [current | shifted] of width HKV*dh, cut at the KV-head boundaries.
     half = hkv * dh // 2
     current = [[(a, min(b, half))] if a < half else [] for ((a, b),) in k_rows]
@@ -69,13 +74,27 @@ def split_attention(attn: CompressedConvAttention, tp: int, rank: int) -> None:
     for conv in (attn.conv_depthwise, attn.conv_grouped):
         split_parameter(conv, "weight", "tp", 0, channels, rank)
         split_parameter(conv, "bias", "tp", 0, channels, rank)
-    split_parameter(attn, "key_temperature", "tp", 0, _ranges(hkv, tp), rank)
+    split_parameter(attn, "key_temperature", "tp", 0, kv_heads, rank)
     split_parameter(attn.linear_proj, "weight", "tp", 1, q_rows, rank)
-    attn.num_heads, attn.num_kv_heads = hq // tp, hkv // tp
+    attn.num_heads, attn.num_kv_heads = hq // tp, max(1, hkv // tp)
     local_channels = (attn.num_heads + attn.num_kv_heads) * dh
     attn.conv_depthwise.groups = attn.conv_depthwise.in_channels = attn.conv_depthwise.out_channels = local_channels
     attn.conv_grouped.in_channels = attn.conv_grouped.out_channels = local_channels
     attn.conv_grouped.groups = attn.num_heads + attn.num_kv_heads
+    attn.kv_replicas = replicas
+    if replicas > 1:
+        # This rank holds part of its KV head's query heads; the KV head itself is replicated.
+        attn.query_groups_global, attn.groups = attn.groups, attn.num_heads
+        primary = rank % replicas == 0
+        q_width = attn.num_heads * dh
+        for p, rows in ((attn.linear_k.weight, (0, dh)), (attn.key_temperature, (0, 1)),
+                        (attn.linear_v_current.weight, (0, attn.linear_v_current.weight.shape[0])),
+                        (attn.linear_v_previous.weight, (0, attn.linear_v_previous.weight.shape[0])),
+                        (attn.conv_depthwise.weight, (q_width, q_width + dh)),
+                        (attn.conv_depthwise.bias, (q_width, q_width + dh)),
+                        (attn.conv_grouped.weight, (q_width, q_width + dh)),
+                        (attn.conv_grouped.bias, (q_width, q_width + dh))):
+            p.tp_replicated_rows, p.tp_replica_primary = rows, primary
 
 
 def split_expert_ffn(experts, tp: int, rank: int) -> None:
@@ -111,9 +130,51 @@ def mark_sequence_parallel_params(model: ZayaModel) -> None:
 
 class ParallelCCA(CompressedConvAttention):
     """CCA under TP (local heads: input copied in, output all-reduced) and/or CP (two chunks,
-    halo exchange, K/V all-gather). Same parameters and names as the single-device module."""
+    halo exchange, K/V all-gather). Same parameters and names as the single-device module.
+
+    KV-head replication (TP > HKV, R = TP / HKV ranks per KV head): each rank computes its KV head
+    in full and 1/R of that head's query heads. Exact gradients need three reductions over the R
+    replicas (`kv_group`): the q-k mean of the KV head sums the query heads of all replicas
+    (all-reduce); k and v (after norm and RoPE) and the k0 used in the local q-k means get their
+    gradients summed over the replicas (identity forward, all-reduce backward), so the replicated
+    weights hold identical, complete gradients; and only the first replica hands the replicated
+    projections' input gradient back to x (the TP all-reduce would count it R times otherwise)."""
 
     pstate = None
+    kv_replicas = 1
+    kv_group = None
+    kv_primary = True
+
+    def replicated_input(self, x):
+        return x if self.kv_replicas == 1 else gradient_only_if(x, self.kv_primary)
+
+    def replicated_kv(self, k, v):
+        if self.kv_replicas == 1:
+            return k, v
+        return copy_to_group(k, self.kv_group), copy_to_group(v, self.kv_group)
+
+    def project(self, x, left=None):
+        if self.kv_replicas == 1:
+            return super().project(x, left)
+        b, s, _ = x.shape
+        dh = self.head_dim
+        xk = self.replicated_input(x)
+        q0, k0 = self.linear_q(x), self.linear_k(xk)
+        q0_heads, k0_head = q0.view(b, s, self.num_heads, dh), k0.view(b, s, 1, dh)
+        mean_q = (q0_heads + copy_to_group(k0_head, self.kv_group)) * 0.5
+        q_sum = reduce_from_group(q0_heads.sum(dim=2, keepdim=True), self.kv_group)
+        mean_k = q_sum / (2 * self.query_groups_global) + k0_head * 0.5
+        packed = torch.cat((q0, k0), dim=-1).transpose(1, 2)
+        padded = F.pad(packed, (self.conv_context, 0)) if left is None else \
+            torch.cat((left.conv_inputs.to(packed.dtype), packed), dim=-1)
+        mixed = self.conv_grouped(self.conv_depthwise(padded)).transpose(1, 2)
+        q_width = self.num_heads * dh
+        q = mixed[..., :q_width].reshape(b, s, self.num_heads, dh) + mean_q
+        k = mixed[..., q_width:].reshape(b, s, 1, dh) + mean_k
+        v_current, v_delayed = self.linear_v_current(xk), self.linear_v_previous(xk)
+        previous = torch.zeros_like(v_delayed[:, :1]) if left is None else left.delayed_value.to(v_delayed.dtype)
+        v = torch.cat((v_current, torch.cat((previous, v_delayed[:, :-1]), dim=1)), dim=-1).view(b, s, 1, dh)
+        return q, k, v, packed, v_delayed
 
     def forward(self, x, cos, sin, attention_mask=None):
         ps = self.pstate
@@ -125,6 +186,7 @@ class ParallelCCA(CompressedConvAttention):
         else:
             q, k, v, _, _ = self.project(x)
             q, k = self.normalize_and_rotate(q, k, cos, sin)
+            k, v = self.replicated_kv(k, v)
             out = self.attend(q, k, v, attention_mask)
         return exit_tp_region(self.linear_proj(out), ps)
 
@@ -170,8 +232,20 @@ def apply_tensor_parallel(model: ZayaModel, pstate) -> None:
     if model.output_layer is not None:
         split_parameter(model.output_layer, "weight", "tp", 0, _ranges(vocab, tp), rank)
     model.__class__ = TensorParallelZayaModel
+    hkv = model.config.num_query_groups
+    kv_group = None
+    if tp > hkv:   # one group per KV head's replicas (new_group is collective: every rank makes all)
+        replicas = tp // hkv
+        for tp_ranks in pstate.grid["tp"]:
+            for g in range(hkv):
+                ranks = tp_ranks[g * replicas:(g + 1) * replicas]
+                group = dist.new_group(ranks)
+                if pstate.rank in ranks:
+                    kv_group = group
     for block in model.layers:
         split_attention(block.attention, tp, rank)
         split_expert_ffn(block.moe.experts, tp, rank)
+        if kv_group is not None:
+            block.attention.kv_group, block.attention.kv_primary = kv_group, rank % (tp // hkv) == 0
     if pstate.sequence_parallel:
         mark_sequence_parallel_params(model)

@@ -4,7 +4,7 @@ loss (1e-5 relative), every gradient gathered to full shape (1e-4 relative, per 
 global routing counts (exact), global grad norm, and the weights after a few optimizer steps.
 
 Layout syntax: tp2, cp2, ep2, dp (plain data parallel), sp (sequence parallel), zero (ZeRO-1),
-joined by '-', e.g.
+kv1 (a model with one KV head, so TP > HKV replicates it), joined by '-', e.g.
 "tp2-ep2" or "cp2-zero". Prints one line per layout on rank 0; exits 1 on any mismatch.
 """
 from __future__ import annotations
@@ -30,8 +30,12 @@ LOSS_RTOL, GRAD_RTOL, WEIGHT_RTOL = 1e-5, 1e-4, 1e-4
 GLOBAL_BATCH, SEQ, STEPS, LR, CLIP = 4, 32, 3, 1e-3, 1.0
 
 
+KV_HEADS = 2
+
+
 def config():
-    return model_config_from_preset("zaya1-tiny", num_layers=2, vocab_size=256, seq_length=SEQ)
+    return model_config_from_preset("zaya1-tiny", num_layers=2, vocab_size=256, seq_length=SEQ,
+                                    num_query_groups=KV_HEADS)
 
 
 def build_model(seed=1234):
@@ -105,13 +109,16 @@ class _null:
 def shard_like(full, p, ps):
     for kind, dim, pieces in getattr(p, "partitions", []):
         rank = ps.tp_rank if kind == "tp" else ps.ep_rank
-        full = torch.cat([full.narrow(dim, a, b - a) for a, b in pieces[rank]], dim=dim)
+        parts = [full.narrow(dim, a, b - a) for a, b in pieces[rank]]
+        full = torch.cat(parts, dim=dim) if parts else full.narrow(dim, 0, 0)
     return full
 
 
 def run_layout(spec: str, world: int) -> list[str]:
     sizes = {k: int(v) for k, v in re.findall(r"(tp|cp|ep)(\d+)", spec)}
+    global KV_HEADS
     flags = spec.split("-")
+    KV_HEADS = 1 if "kv1" in flags else 2      # kv1: one KV head, replicated over TP ranks
     zero = "zero" in flags
     ps = ParallelState(sizes.get("tp", 1), sizes.get("cp", 1), sizes.get("ep", 1), world,
                        sequence_parallel="sp" in flags, model_config=config())
@@ -160,6 +167,11 @@ def run_layout(spec: str, world: int) -> list[str]:
         else:
             opt.zero_grad()
             reducer.zero_grad()
+    ref_state = ref.state_dict()
+    for n, p in model.named_parameters():     # every rank's own shard (replicas included)
+        r = rel(p.detach(), shard_like(ref_state[n], p, ps))
+        if r > WEIGHT_RTOL:
+            errors.append(f"local shard of {n} rel {r:.2e}")
     full = gather_full_state_dict(model, ps)
     for n, w in ref.state_dict().items():
         worst["weight"] = max(worst["weight"], r := rel(full[n], w))

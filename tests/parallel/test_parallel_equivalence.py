@@ -22,12 +22,12 @@ def _check(result, layouts):
 
 
 def test_two_process_layouts_torchrun():
-    layouts = ["dp", "dp-zero", "cp2", "ep2", "tp2", "tp2-sp"]
+    layouts = ["dp", "dp-zero", "cp2", "ep2", "tp2", "tp2-sp", "tp2-kv1"]
     _check(run_torchrun(2, WORKER, *layouts), layouts)
 
 
 def test_four_process_layouts_torchrun():
-    layouts = ["tp2-ep2", "cp2-zero", "tp2-sp-cp2-ep2-zero", "cp4"]
+    layouts = ["tp2-ep2", "cp2-zero", "tp2-sp-cp2-ep2-zero", "cp4", "tp4", "tp2-sp-cp2-kv1-zero"]
     _check(run_torchrun(4, WORKER, *layouts), layouts)
 
 

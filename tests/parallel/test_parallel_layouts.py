@@ -29,11 +29,12 @@ def test_parallel_state_without_process_group():
     (6, 4, 1, 1, "not divisible by --tensor-model-parallel-size=4"),
     (8, 2, 1, 3, "--expert-model-parallel-size=3 must divide"),
     (8, 8, 1, 1, "must divide --num-attention-heads=4"),
-    (8, 4, 1, 1, "must divide --num-query-groups=2"),
+    (2, 2, 1, 1, "must divide or be a multiple of --num-query-groups=3"),
     (16, 1, 1, 16, "must divide --num-experts=4"),
 ])
 def test_layout_errors_name_the_flag(world, tp, cp, ep, message):
-    cfg = model_config_from_preset("zaya1-tiny")
+    cfg = model_config_from_preset("zaya1-tiny", num_attention_heads=6 if world == 2 else 4,
+                                   num_query_groups=3 if world == 2 else 2)
     with pytest.raises(LayoutError, match=message):
         check_layout(world, tp, cp, ep, cfg)
 
