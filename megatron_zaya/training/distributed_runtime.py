@@ -86,6 +86,9 @@ class DistributedRuntime:
             replica = self.pstate.expert_dp_rank if is_expert(p) else self.pstate.dp_cp_rank
             if sliced and replica == 0:
                 square += p.detach().double().pow(2).sum()
+                rows = getattr(p, "tp_replicated_rows", None)   # KV heads shared by TP ranks (TP > HKV)
+                if rows is not None and not getattr(p, "tp_replica_primary", True):
+                    square -= p.detach()[rows[0]:rows[1]].double().pow(2).sum()
         dist.all_reduce(square)
         return math.sqrt(square.item())
 

@@ -73,3 +73,20 @@ def test_zero1_stop_and_resume_is_exact(tiny_corpus, tmp_path):
     second = train(tiny_corpus, tmp_path, "second", 2, *save)
     assert len(first) == 2 and len(second) == 2
     assert first + second == straight
+
+
+def scalar(logdir, tag) -> list[float]:
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [e.value for e in acc.Scalars(tag)]
+
+
+def test_tensor_parallel_with_shared_kv_heads_logs_single_process_norms(tiny_corpus, tmp_path):
+    """TP=2 over a 1-KV-head model (the KV head is replicated on both ranks): the logged loss,
+    gradient norm and parameter norm count every element once, as one process does."""
+    flags = ["--num-query-groups", "1", "--train-iters", "1"]
+    single = train(tiny_corpus, tmp_path, "tp1", 1, *flags)
+    tp2 = train(tiny_corpus, tmp_path, "tp2", 2, *flags, "--tensor-model-parallel-size", "2")
+    assert tp2 == pytest.approx(single, rel=1e-5)
+    for tag in ("params-norm", "grad-norm"):
+        assert scalar(tmp_path / "tp2", tag) == pytest.approx(scalar(tmp_path / "tp1", tag), rel=1e-5), tag
