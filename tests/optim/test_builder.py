@@ -1,0 +1,47 @@
+"""Parameter groups, the AdamW-only mode and the apex detection."""
+import sys
+import types
+
+import torch
+
+from megatron_zaya.config import model_config_from_preset
+from megatron_zaya.model import ZayaModel
+from megatron_zaya.optim.builder import OptimizerConfig, apex_fused_adam_available, build_optimizer, split_parameters
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    return ZayaModel(model_config_from_preset("zaya1-tiny", vocab_size=256, num_layers=2))
+
+
+def test_muon_takes_hidden_matrices_and_adamw_the_rest():
+    muon, decay, no_decay = split_parameters(tiny_model(), use_muon=True)
+    muon_names = {n for n, _ in muon}
+    assert "layers.0.attention.linear_q.weight" in muon_names
+    assert "layers.1.moe.experts.gate_up_weight" in muon_names
+    assert "layers.1.moe.router.fc1.weight" in muon_names
+    assert {n for n, _ in decay} == {"embedding.weight", *(f"layers.{i}.attention.conv_{k}.weight"
+                                                           for i in range(2) for k in ("depthwise", "grouped"))}
+    assert all(p.ndim == 1 for _, p in no_decay)
+    assert any(n.endswith("eda_gamma") for n, _ in no_decay) and any(n.endswith("key_temperature") for n, _ in no_decay)
+
+
+def test_adamw_only_optimizer_steps_every_parameter():
+    model = tiny_model()
+    opt = build_optimizer(model, OptimizerConfig(optimizer="adamw", lr=1e-2))
+    assert set(opt.optimizers) == {"adamw"}
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    tokens = torch.randint(0, 256, (2, 16))
+    model(tokens, labels=tokens).token_losses.mean().backward()
+    opt.step()
+    changed = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
+    assert "layers.0.attention.linear_q.weight" in changed and "embedding.weight" in changed
+
+
+def test_apex_import_without_compiled_kernels_is_not_used(monkeypatch):
+    fake = types.ModuleType("apex")
+    fake.optimizers = types.ModuleType("apex.optimizers")
+    monkeypatch.setitem(sys.modules, "apex", fake)
+    monkeypatch.setitem(sys.modules, "apex.optimizers", fake.optimizers)
+    monkeypatch.setitem(sys.modules, "amp_C", None)     # the compiled extension is missing
+    assert apex_fused_adam_available() is False
