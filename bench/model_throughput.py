@@ -57,7 +57,11 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every CPU)")
+    parser.add_argument("--compile", action="store_true",
+                        help="our reference (CPU) kernels through torch.compile (kernels.set_reference_compile)")
     args = parser.parse_args(argv)
+    from megatron_zaya import kernels
+    kernels.set_reference_compile(args.compile)
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     load_before = load_average()
     import transformers
@@ -89,7 +93,7 @@ def main(argv=None) -> int:
     ours.train()
     t_ours, t_ref = time_interleaved([ours_step, reference_step], args.warmup, args.iters)
     print(f"config {args.preset}: batch {args.micro_batch_size}x{args.seq_length}, {args.dtype}, "
-          f"threads {torch.get_num_threads()} | {time.strftime('%Y-%m-%d %H:%M %Z')} | "
+          f"threads {torch.get_num_threads()}{' | ours: compiled reference ops' if args.compile else ''} | {time.strftime('%Y-%m-%d %H:%M %Z')} | "
           f"load before {load_before} after {load_average()}")
     print(f"{'model':<28}{'s/iter':>10}{'tokens/s':>12}")
     print(f"{'megatron-zaya':<28}{t_ours:>10.3f}{n_tokens / t_ours:>12.0f}")

@@ -407,6 +407,8 @@ def main(argv=None) -> int:
     parser.add_argument("--distributed-backend", choices=["nccl", "gloo"], default=None)
     parser.add_argument("--kernels", choices=["auto", "triton", "torch"], default=None,
                         help="megatron_zaya.kernels backend (default: MEGATRON_ZAYA_KERNELS or auto)")
+    parser.add_argument("--compile", action="store_true",
+                        help="reference (CPU) kernels through torch.compile (kernels.set_reference_compile)")
     parser.add_argument("--compare-reference", action="store_true",
                         help="also train transformers' ZayaForCausalLM on the same batches (1 process only)")
     parser.add_argument("--profile", default=None, help="after timing, profile --profile-steps steps into this dir")
@@ -414,9 +416,11 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="also write the results as JSON here")
     args = parser.parse_args(argv)
 
+    from megatron_zaya import kernels
     if args.kernels:
-        from megatron_zaya import kernels
         kernels.set_kernel_backend(args.kernels)
+    if args.compile:
+        kernels.set_reference_compile(True)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
     cpus = os.cpu_count() or 1
@@ -481,7 +485,8 @@ def main(argv=None) -> int:
         "active_parameters": counts.active_non_embedding(cfg.num_experts) + counts.embedding,
         "seq_length": cfg.seq_length, "micro_batch_size": args.micro_batch_size,
         "global_batch_size": args.global_batch_size, "dtype": "bf16 autocast" if args.bf16 else "fp32",
-        "optimizer": args.optimizer, "kernels": __import__("megatron_zaya.kernels", fromlist=["x"]).kernel_backend(),
+        "optimizer": args.optimizer, "kernels": kernels.kernel_backend() + (" + compiled reference ops"
+                                                                             if kernels.reference_compiled() else ""),
         "load_before": load_before, "load_after": load_after, "warmup": args.warmup, "iters": args.iters,
         "flops_per_token": flops_per_token, "tokens_per_step": tokens, "step_s": result["step_s"],
         "tokens_per_s": tokens_per_s, "model_tflops": tflops,

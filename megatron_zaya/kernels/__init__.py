@@ -62,6 +62,34 @@ def _module(name: str):
     return mod
 
 
+# Opt-in on the reference path (CPU): the elementwise reference ops through torch.compile (inductor
+# fuses each op's forward and backward into a few C++ loops). Same math; off by default because every
+# new shape costs a compilation. MEGATRON_ZAYA_COMPILE=1 or set_reference_compile(True).
+_compile_reference = os.environ.get("MEGATRON_ZAYA_COMPILE", "0").strip() not in ("", "0")
+_compiled: dict[str, object] = {}
+COMPILED_OPS = ("rms_norm", "scaled_residual_add", "scaled_residual_add_rms_norm", "swiglu", "apply_partial_rope",
+                "cross_entropy")
+
+
+def set_reference_compile(enabled: bool) -> None:
+    global _compile_reference
+    _compile_reference = bool(enabled)
+
+
+def reference_compiled() -> bool:
+    return _compile_reference
+
+
+def _ref(name: str):
+    """reference.<name>, or its torch.compile'd form when the reference compile switch is on."""
+    if not _compile_reference or name not in COMPILED_OPS:
+        return getattr(reference, name)
+    fn = _compiled.get(name)
+    if fn is None:
+        fn = _compiled[name] = torch.compile(getattr(reference, name))
+    return fn
+
+
 def triton_available(name: str = "rmsnorm") -> bool:
     return _module(name) is not None
 
@@ -83,13 +111,13 @@ def _triton(name: str, *tensors):
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     mod = _triton("rmsnorm", x, weight)
-    return mod.rms_norm(x, weight, eps) if mod else reference.rms_norm(x, weight, eps)
+    return mod.rms_norm(x, weight, eps) if mod else _ref("rms_norm")(x, weight, eps)
 
 
 def scaled_residual_add(out, residual, out_scale, out_bias, res_scale, res_bias) -> torch.Tensor:
     args = (out, residual, out_scale, out_bias, res_scale, res_bias)
     mod = _triton("rmsnorm", *args)
-    return mod.scaled_residual_add(*args) if mod else reference.scaled_residual_add(*args)
+    return mod.scaled_residual_add(*args) if mod else _ref("scaled_residual_add")(*args)
 
 
 def scaled_residual_add_rms_norm(
@@ -97,7 +125,7 @@ def scaled_residual_add_rms_norm(
 ):
     args = (out, residual, out_scale, out_bias, res_scale, res_bias, norm_weight)
     mod = _triton("rmsnorm", *args)
-    impl = mod.scaled_residual_add_rms_norm if mod else reference.scaled_residual_add_rms_norm
+    impl = mod.scaled_residual_add_rms_norm if mod else _ref("scaled_residual_add_rms_norm")
     return impl(*args, eps, norm_dtype)
 
 
@@ -106,12 +134,12 @@ def scaled_residual_add_rms_norm(
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     mod = _triton("swiglu", gate_up)
-    return mod.swiglu(gate_up) if mod else reference.swiglu(gate_up)
+    return mod.swiglu(gate_up) if mod else _ref("swiglu")(gate_up)
 
 
 def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     mod = _triton("rope", x, cos, sin)
-    return mod.apply_partial_rope(x, cos, sin) if mod else reference.apply_partial_rope(x, cos, sin)
+    return mod.apply_partial_rope(x, cos, sin) if mod else _ref("apply_partial_rope")(x, cos, sin)
 
 
 def apply_partial_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -137,7 +165,7 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-token fp32 cross-entropy (no reduction); label -100 gives loss 0, as in F.cross_entropy."""
     ops = _ce_ops(logits, labels)
     if ops is reference:
-        return reference.cross_entropy(logits, labels)
+        return _ref("cross_entropy")(logits, labels)
     from megatron_zaya.kernels.ce_autograd import VocabParallelCrossEntropy
 
     return VocabParallelCrossEntropy.apply(logits, labels, 0, None, reference.IGNORE_INDEX, ops)
@@ -210,7 +238,8 @@ def newton_schulz_many(grads: list, steps: int = 5, eps: float = 1e-7, dtype=tor
 
 
 __all__ = [
-    "set_kernel_backend", "kernel_backend", "triton_available", "reference",
+    "set_kernel_backend", "kernel_backend", "triton_available", "reference", "set_reference_compile",
+    "reference_compiled",
     "rms_norm", "scaled_residual_add", "scaled_residual_add_rms_norm", "swiglu",
     "apply_partial_rope", "apply_partial_rope_", "apply_partial_rope_qk_", "rotate_half", "cross_entropy",
     "vocab_parallel_cross_entropy", "cross_entropy_partials", "combine_cross_entropy_partials",

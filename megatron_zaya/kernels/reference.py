@@ -77,7 +77,9 @@ def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-token cross-entropy in fp32 (no reduction). logits: (N, V), labels: (N,)."""
-    return F.cross_entropy(logits.float(), labels, reduction="none")
+    # = F.cross_entropy(logits.float(), labels, reduction="none"), bit for bit; the backward hands
+    # back logits' dtype directly instead of an fp32 gradient plus a cast.
+    return F.nll_loss(F.log_softmax(logits, dim=-1, dtype=torch.float32), labels, reduction="none")
 
 
 def moe_permute(
