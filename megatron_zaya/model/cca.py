@@ -68,7 +68,10 @@ class CompressedConvAttention(nn.Module):
             padded = F.pad(packed, (self.conv_context, 0))
         else:
             padded = torch.cat((left.conv_inputs.to(packed.dtype), packed), dim=-1)
-        mixed = self.conv_grouped(self.conv_depthwise(padded)).transpose(1, 2)   # (B, S, C)
+        # Channel-last and contiguous: q and k then have a unit stride on the head dim, which the
+        # elementwise QK-norm/RoPE passes and SDPA's fused CPU kernel need (a strided q sends SDPA
+        # to its math path, S x S scores included).
+        mixed = self.conv_grouped(self.conv_depthwise(padded)).transpose(1, 2).contiguous()   # (B, S, C)
         q_width = self.num_heads * dh
         q = mixed[..., :q_width].reshape(b, s, self.num_heads, dh) + mean_q
         k = mixed[..., q_width:].reshape(b, s, self.num_kv_heads, dh) + mean_k
