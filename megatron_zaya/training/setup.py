@@ -45,9 +45,8 @@ def build_and_train(run) -> int:
     from megatron_zaya.checkpoint.training import TrainingCheckpointer
     checkpointer = TrainingCheckpointer(run, runtime)
 
-    logger = TrainingLogger(runtime.is_main, run.train.tensorboard_dir, 0, 0, run.train.progress_bar)
-    trainer = Trainer(run, model, optimizer, runtime, None, None, logger, checkpointer, state)
-    if checkpointer is not None and run.train.load:
+    trainer = Trainer(run, model, optimizer, runtime, None, None, None, checkpointer, state)
+    if run.train.load:
         checkpointer.load(trainer)
 
     seq = run.model.seq_length
@@ -62,10 +61,8 @@ def build_and_train(run) -> int:
     trainer.train_iterator = iter(train_loader)
     # Validation always uses the same first eval_iters global batches, so successive values compare.
     trainer.valid_loader_factory = (lambda _consumed: valid_loader) if valid_loader is not None else None
-    if runtime.is_main and run.train.progress_bar:
-        logger.close()
-        logger = TrainingLogger(True, run.train.tensorboard_dir, trainer.total_iters, trainer.state.iteration, True)
-        trainer.logger = logger
+    logger = trainer.logger = TrainingLogger(runtime.is_main, run.train.tensorboard_dir, trainer.total_iters,
+                                             trainer.state.iteration, run.train.progress_bar)
     try:
         trainer.train()
         evaluated_last = run.train.eval_interval and trainer.state.iteration % run.train.eval_interval == 0
@@ -73,8 +70,7 @@ def build_and_train(run) -> int:
         if final:
             logger.print(f"final validation loss {final['validation loss']:.4f} "
                          f"(perplexity {final['validation ppl']:.2f}) at iteration {trainer.state.iteration}")
-        if checkpointer is not None:
-            checkpointer.finalize(trainer)
+        checkpointer.finalize(trainer)
     finally:
         checkpointer.close()
         logger.close()
