@@ -64,8 +64,11 @@ def _interrupt_on_sigterm():
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     previous = signal.getsignal(signal.SIGTERM)
+    main_pid = os.getpid()
 
     def handler(signum, frame):
+        if os.getpid() != main_pid:   # a forked pool worker that inherited this handler: leave quietly
+            os._exit(128 + signum)
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
