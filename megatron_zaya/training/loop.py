@@ -59,12 +59,12 @@ def model_inputs(batch: dict) -> dict:
 
 
 class Trainer:
-    def __init__(self, run, model, optimizer, parallel, train_iterator, valid_loader_factory, logger: TrainingLogger,
+    def __init__(self, run, model, optimizer, parallel, train_iterator, valid_loader, logger: TrainingLogger,
                  checkpointer=None, state: TrainState | None = None):
         self.run, self.model, self.optimizer, self.parallel = run, model, optimizer, parallel
         self.cfg = run.train
         self.train_iterator = train_iterator
-        self.valid_loader_factory = valid_loader_factory
+        self.valid_loader = valid_loader   # the same first eval_iters global batches at every evaluation
         self.logger = logger
         self.checkpointer = checkpointer
         self.state = state or TrainState()
@@ -142,7 +142,7 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float] | None:
-        loader = self.valid_loader_factory(self.state.consumed_valid_samples) if self.valid_loader_factory else None
+        loader = self.valid_loader
         if loader is None:
             return None
         self.model.eval()

@@ -60,7 +60,7 @@ def build_and_train(run) -> int:
         valid_samples=valid_samples, tokenizer=tokenizer)
     trainer.train_iterator = iter(train_loader)
     # Validation always uses the same first eval_iters global batches, so successive values compare.
-    trainer.valid_loader_factory = (lambda _consumed: valid_loader) if valid_loader is not None else None
+    trainer.valid_loader = valid_loader
     logger = trainer.logger = TrainingLogger(runtime.is_main, run.train.tensorboard_dir, trainer.total_iters,
                                              trainer.state.iteration, run.train.progress_bar)
     try:

@@ -6,22 +6,16 @@ losses (the second one already follows an optimizer step). Later steps get 1e-3:
 argmax, so float reassociation (sums over ranks instead of micro-batches) can flip a near-tie token
 to another expert once the weights have moved, which changes the loss by ~1e-4 without any bug."""
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from tests.parallel.parallel_launcher import free_port
 from tests.training.helpers import tiny_run_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def losses(logdir) -> list[float]:
