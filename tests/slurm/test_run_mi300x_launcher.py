@@ -223,8 +223,6 @@ def test_reproducible_failure_is_not_restarted_again_and_again(jobs):
     assert "giving up: " in log2 and "resubmitted" not in log2, log2
 
 
-@pytest.mark.skipif(os.path.isfile(os.path.join(REPO, "pretrain_zaya.py")),
-                    reason="covered with the real trainer by test_run_mi300x_training.py (saves ~40 s of Slurm time)")
 def test_sigusr1_before_time_limit_saves_requeues_and_resumes(jobs):
     # --time=1 with B:USR1@50: the batch script gets SIGUSR1 10-40 s into the job (Slurm checks
     # limits periodically). 55 iterations of 1 s cannot finish before it arrives.

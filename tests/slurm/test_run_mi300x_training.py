@@ -4,11 +4,14 @@
 
 1. A 2-node x 2-task CPU job (gloo) trains a few iterations and leaves its logs, TensorBoard events
    and checkpoints where the launcher says.
-2. The same job with a one-minute limit and `--signal=B:USR1@59`: Slurm's warning (sent at its
-   next periodic check, up to ~30 s later, possibly before the trainer has even started: the
-   launcher repeats it until the trainer acts) reaches the trainer through the launcher; it saves
-   and exits, the job requeues itself, and the requeued job resumes from that checkpoint and logs
-   the same per-iteration losses as the uninterrupted run.
+2. The same job gets Slurm's time-limit warning, SIGUSR1 to the batch script, once training is under
+   way: `scancel --batch --signal=USR1` is the delivery `--signal=B:USR1@N` makes, sent when the
+   rank-0 log shows iteration 3 instead of at Slurm's next periodic limit check (up to ~30 s late,
+   after a 32-iteration run may already have finished). The warning reaches the trainer through the
+   launcher; it saves and exits, the job requeues itself, and the requeued job resumes from that
+   checkpoint and logs the same per-iteration losses as the uninterrupted run. The time-limit
+   delivery itself is tested with the stand-in trainer (test_run_mi300x_launcher.py), which cannot
+   finish before the warning comes.
 
 A tiny corpus, SentencePiece model and indexed dataset are built in a temp folder with the
 project's own data tools. Skipped (with the reason) when pretrain_zaya.py is absent or Slurm
@@ -27,7 +30,7 @@ import tempfile
 
 import pytest
 
-from slurm_jobs import REPO, Jobs
+from slurm_jobs import REPO, TERMINAL, Jobs
 
 pytestmark = pytest.mark.skipif(not os.path.isfile(os.path.join(REPO, "pretrain_zaya.py")),
                                 reason="pretrain_zaya.py is not in the repository yet")
@@ -135,26 +138,34 @@ def test_sigusr1_save_requeue_resume_same_losses(reference_run, jobs, tiny_datas
     assert sorted(ref) == list(range(1, TRAIN_ITERS + 1))
     env = train_env(tiny_dataset, os.path.join(jobs.workdir, "ckpt"))
     env["SAVE_INTERVAL"] = "1000"      # the only checkpoints: the signal's and the final one
-    job = jobs.submit(["--nodes=2", "--ntasks-per-node=2", "--time=1", "--signal=B:USR1@59",
+    job = jobs.submit(["--nodes=2", "--ntasks-per-node=2", "--time=5", "--signal=B:USR1@30",
                        "--job-name=zrequeue"], env)
     logdir = os.path.join(jobs.workdir, "logs", f"zrequeue-{job}")
+    rank0_log = os.path.join(logdir, "attempt-0", "rank-0.log")
+
+    def training(info):
+        try:
+            return max(losses(read(rank0_log)), default=0) >= 3
+        except OSError:
+            return info.get("JobState") in TERMINAL
+
+    jobs.wait(job, 120, until=training)
+    jobs.cluster.run("scancel", "--batch", "--signal=USR1", job)
 
     def requeued(info):
         try:
             return "requeueing job" in read(os.path.join(logdir, "launcher.log"))
         except OSError:
-            return info.get("JobState") in ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED")
+            return info.get("JobState") in TERMINAL
 
     jobs.wait(job, 90, until=requeued)
     launcher = read(os.path.join(logdir, "launcher.log"))
     assert "requeueing job" in launcher, (launcher, jobs.output(job)[-3000:])
-    # One requeue is the point of the test: give the resumed attempt room to finish.
-    jobs.cluster.run("scontrol", "update", f"JobId={job}", "TimeLimit=4")
-    info = jobs.wait(job, 200, until=lambda i: i.get("JobState") in ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED")
-                     and i.get("Restarts") == "1")
+    assert "received SIGUSR1" in launcher, launcher
+    info = jobs.wait(job, 200, until=lambda i: i.get("JobState") in TERMINAL and i.get("Restarts") == "1")
     assert info["JobState"] == "COMPLETED", jobs.output(job)[-4000:]
 
-    first = read(os.path.join(logdir, "attempt-0", "rank-0.log"))
+    first = read(rank0_log)
     second = read(os.path.join(logdir, "attempt-1", "rank-0.log"))
     saved = int(re.search(r"requeueing job \d+ \(requeue 1/\d+\) to resume from iteration (\d+)", launcher).group(1))
     assert 0 < saved < TRAIN_ITERS, launcher
