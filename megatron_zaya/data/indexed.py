@@ -217,9 +217,16 @@ class IndexedDatasetWriter:
         self._bin_tmp = bin_path(self.path_prefix) + self._tmp_suffix
         self._len_tmp = self.path_prefix + ".lengths" + self._tmp_suffix
         self._doc_tmp = self.path_prefix + ".docs" + self._tmp_suffix
-        self._bin = open(self._bin_tmp, "wb")
-        self._len_f = open(self._len_tmp, "wb")
-        self._doc_f = open(self._doc_tmp, "wb")
+        opened = []
+        try:   # an interrupt between the opens must not leave a temporary file behind
+            for path in (self._bin_tmp, self._len_tmp, self._doc_tmp):
+                opened.append((open(path, "wb"), path))
+        except BaseException:
+            for f, path in opened:
+                f.close()
+                os.remove(path)
+            raise
+        (self._bin, _), (self._len_f, _), (self._doc_f, _) = opened
         self._lengths: list[np.ndarray] = []
         self._doc_ends: list[np.ndarray] = []
         self._buffered = 0

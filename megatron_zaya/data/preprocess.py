@@ -299,11 +299,13 @@ def run(cfg: PreprocessConfig) -> dict:
     dtype = main_encoder.dtype
     compressed = any(p.endswith((".gz", ".zst", ".zstd")) for p in paths)
     progress = Progress(None if compressed else input_size(paths), cfg.progress, cfg.log_interval)
-    writers = {k: IndexedDatasetWriter(output_prefix_for(cfg.output_prefix, k), dtype) for k in cfg.json_keys}
+    writers: dict[str, IndexedDatasetWriter] = {}
     stats = Stats()
     t0 = time.time()
     pool = None
     try:
+        for k in cfg.json_keys:   # inside the try: an interrupt here still removes the writers' files
+            writers[k] = IndexedDatasetWriter(output_prefix_for(cfg.output_prefix, k), dtype)
         chunks = _chunks(iter_records(paths, cfg.text_mode), cfg.chunk_bytes)
 
         def consume(result):
@@ -349,6 +351,11 @@ def run(cfg: PreprocessConfig) -> dict:
         if pool is not None:
             pool.terminate()
             pool.join()
+        # An interrupt inside Pool() leaves workers that no Pool object owns: without this they
+        # outlive us, blocked on the task queue, holding our stdout/stderr open.
+        for child in mp.active_children():
+            child.kill()
+            child.join()
         for w in writers.values():
             w.abort()
         raise
