@@ -182,7 +182,7 @@ def print_report(report: dict, show_tensors: bool) -> None:
     print(f"status:      {'OK' if report.get('ok') else 'PROBLEMS FOUND'}")
     for key in ("iteration", "consumed_samples", "tokens_seen", "saved_at", "format_version", "complete"):
         if key in report:
-            print(f"{key + ':':<13}{report[key] if report[key] is not None else '(not recorded)'}")
+            print(f"{key + ': ':<13}{report[key] if report[key] is not None else '(not recorded)'}")
     if report.get("layout"):
         print("layout:      " + ", ".join(f"{k}={v}" for k, v in report["layout"].items()))
     if report.get("model_config"):
