@@ -183,8 +183,11 @@ def validate(args: argparse.Namespace) -> RunConfig:
     for flag in ("micro_batch_size", "global_batch_size", "log_interval", "eval_interval"):
         if getattr(args, flag) <= 0:
             raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)}: must be positive")
-    BatchSizeSchedule(args.global_batch_size, args.micro_batch_size, parallel.data_parallel_size, args.rampup_batch_size)
-    total_iters = args.train_iters or -(-args.train_samples // args.global_batch_size)
+    schedule = BatchSizeSchedule(args.global_batch_size, args.micro_batch_size, parallel.data_parallel_size,
+                                 args.rampup_batch_size)
+    total_iters = args.train_iters or schedule.iterations_for_samples(args.train_samples)
+    if total_iters <= 0:
+        raise ValueError(f"--train-samples={args.train_samples} is less than one global batch: no iteration to run")
     LRSchedule(args.lr, args.min_lr, args.lr_warmup_iters, args.lr_decay_iters or total_iters, args.lr_decay_style,
                args.lr_wsd_decay_iters, args.lr_wsd_decay_style)
 

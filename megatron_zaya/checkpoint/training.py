@@ -25,6 +25,7 @@ from megatron_zaya.checkpoint.saver import CheckpointWriter
 from megatron_zaya.checkpoint.state import (balancer_entries, load_balancer, load_model, load_optimizer, load_rng,
                                             model_entries, optimizer_entries, optimizer_slots,
                                             rng_entries_and_objects)
+from megatron_zaya.training.data_phase import data_signature, enter_data_phase
 from megatron_zaya.training.signals import SignalMonitor
 from megatron_zaya.training.watchdog import Watchdog
 
@@ -171,6 +172,7 @@ class TrainingCheckpointer:
             saved = meta["train_state"]
             trainer.state = type(trainer.state)(**{f.name: saved[f.name] for f in dataclasses.fields(trainer.state)
                                                    if f.name in saved})
+        data_note = enter_data_phase(trainer.state, data_signature(self.run))
         same_dir = cfg.save and os.path.abspath(os.path.dirname(folder.folder)) == os.path.abspath(cfg.save)
         if same_dir and not cfg.finetune:
             self.last_saved = trainer.state.iteration      # nothing new to save before the next step
@@ -186,6 +188,8 @@ class TrainingCheckpointer:
                  f"{time.time() - started:.2f} s; optimizer {'loaded' if optimizer_loaded else 'NOT loaded'}, "
                  f"RNG {'loaded' if rng_loaded else 'NOT loaded'}"
                  + ("; --finetune: iteration and samples reset to 0" if cfg.finetune else ""))
+        if data_note:
+            self.log(data_note)
 
     # -- save -----------------------------------------------------------------------------------------
     def _global_meta(self, trainer) -> dict:

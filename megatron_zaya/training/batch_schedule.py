@@ -37,3 +37,23 @@ class BatchSizeSchedule:
 
     def num_micro_batches(self, consumed_samples: int) -> int:
         return self.batch_size(consumed_samples) // self.micro_times_dp
+
+    def samples_consumed(self, start_consumed: int, iterations: int) -> int:
+        """Samples the next `iterations` steps consume, starting at `start_consumed`."""
+        consumed = start_consumed
+        for _ in range(iterations):
+            consumed += self.batch_size(consumed)
+        return consumed - start_consumed
+
+    def iterations_for_samples(self, train_samples: int) -> int:
+        """--train-samples -> iterations: whole global batches only, a partial last batch is dropped.
+
+        Megatron-LM's update_train_iters does the same: train_samples // global_batch_size without
+        ramp-up; with it, the ramp-up steps then (train_samples - consumed) // global_batch_size.
+        The one difference: Megatron counts every ramp-up step even when --train-samples ends inside
+        the ramp-up; here the run never consumes more than --train-samples."""
+        iterations, consumed = 0, 0
+        while consumed + self.batch_size(consumed) <= train_samples:
+            consumed += self.batch_size(consumed)
+            iterations += 1
+        return iterations

@@ -30,6 +30,10 @@ class TrainState:
     consumed_samples: int = 0
     consumed_valid_samples: int = 0
     skipped_iterations: int = 0
+    # the current data phase (megatron_zaya/training/data_phase.py)
+    data_signature: str = ""
+    data_start_iteration: int = 0
+    data_start_samples: int = 0
 
 
 @dataclass
@@ -71,7 +75,7 @@ class Trainer:
         self.device = parallel.device
         self.batch_schedule = BatchSizeSchedule(self.cfg.global_batch_size, self.cfg.micro_batch_size,
                                                 parallel.dp_size, self.cfg.rampup_batch_size)
-        self.total_iters = self.cfg.train_iters or self._iters_for_samples(self.cfg.train_samples)
+        self.total_iters = self.cfg.train_iters or self.batch_schedule.iterations_for_samples(self.cfg.train_samples)
         self.lr_schedule = LRSchedule(run.optim.lr, self.cfg.min_lr, self.cfg.lr_warmup_iters,
                                       self.cfg.lr_decay_iters or self.total_iters, self.cfg.lr_decay_style,
                                       self.cfg.lr_wsd_decay_iters, self.cfg.lr_wsd_decay_style)
@@ -90,13 +94,6 @@ class Trainer:
         self.consecutive_nonfinite = 0
         self.stop_requested: str | None = None
         self.last_validation: dict[str, float] | None = None
-
-    def _iters_for_samples(self, samples: int) -> int:
-        iters, consumed = 0, 0
-        while consumed < samples:
-            consumed += self.batch_schedule.batch_size(consumed)
-            iters += 1
-        return iters
 
     # ---------------------------------------------------------------------------------------------
     def train_step(self, micro_batches: list[dict]) -> StepResult:

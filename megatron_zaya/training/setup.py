@@ -9,6 +9,7 @@ import torch
 
 from megatron_zaya.data import build_tokenizer, build_train_valid_test_loaders
 from megatron_zaya.model import ZayaModel
+from megatron_zaya.training.data_phase import data_signature, train_data_position
 from megatron_zaya.training.logger import TrainingLogger
 from megatron_zaya.training.loop import Trainer, TrainState
 from megatron_zaya.training.runtime import SingleProcess
@@ -40,7 +41,7 @@ def build_and_train(run) -> int:
     model = runtime.prepare_model(ZayaModel(run.model))
     optimizer = runtime.build_optimizer(model, run.optim)
 
-    state = TrainState()
+    state = TrainState(data_signature=data_signature(run))
     # Always built: it also owns the SIGTERM/SIGUSR1 handlers and the watchdog.
     from megatron_zaya.checkpoint.training import TrainingCheckpointer
     checkpointer = TrainingCheckpointer(run, runtime)
@@ -51,14 +52,14 @@ def build_and_train(run) -> int:
 
     seq = run.model.seq_length
     gbs = run.train.global_batch_size
-    train_samples = run.train.train_samples or sum(
-        trainer.batch_schedule.batch_size(c) for c in _consumed_series(trainer))
+    # Sized from the schedule (never the raw --train-samples: a partial last batch is not trained on).
+    consumed, train_samples = train_data_position(trainer.state, trainer.batch_schedule, trainer.total_iters)
     valid_samples = run.train.eval_iters * gbs if run.train.eval_iters else 0
     train_loader, valid_loader, _ = build_train_valid_test_loaders(
         run.data, gbs, run.train.micro_batch_size, seq, runtime.dp_rank, runtime.dp_size,
-        consumed_samples=trainer.state.consumed_samples, train_samples=train_samples,
+        consumed_samples=consumed, train_samples=train_samples,
         valid_samples=valid_samples, tokenizer=tokenizer)
-    trainer.train_iterator = iter(train_loader)
+    trainer.train_iterator = iter(train_loader if train_loader is not None else ())   # None: nothing left
     # Validation always uses the same first eval_iters global batches, so successive values compare.
     trainer.valid_loader = valid_loader
     logger = trainer.logger = TrainingLogger(runtime.is_main, run.train.tensorboard_dir, trainer.total_iters,
@@ -78,9 +79,3 @@ def build_and_train(run) -> int:
             runtime.shutdown()
     return 0
 
-
-def _consumed_series(trainer):
-    consumed = 0
-    for _ in range(trainer.total_iters):
-        yield consumed
-        consumed += trainer.batch_schedule.batch_size(consumed)
