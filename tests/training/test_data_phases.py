@@ -1,0 +1,46 @@
+"""A two-phase run (the ZAYA1 recipe in small): phase 2 changes the sequence length and global batch,
+starts at sample 0 of its own dataset, and resumes exactly mid-phase (same losses as straight)."""
+import json
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from megatron_zaya.arguments import parse_args
+from megatron_zaya.training.setup import build_and_train
+from tests.training.helpers import tiny_run_flags
+
+
+def losses(logdir) -> dict[int, float]:
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {e.step: e.value for e in acc.Scalars("lm loss")}
+
+
+def phase(corpus, tmp_path, name, **flags) -> dict[int, float]:
+    argv = tiny_run_flags(corpus, tmp_path, **{"--train-iters": 8, "--eval-iters": 0, "--tensorboard-dir":
+                                               tmp_path / name, **flags})
+    assert build_and_train(parse_args(argv)) == 0
+    return losses(tmp_path / name)
+
+
+def train_state(folder) -> dict:
+    latest = (folder / "latest_checkpointed_iteration.txt").read_text().strip()
+    return json.loads((folder / f"iter_{int(latest):07d}" / "metadata.json").read_text())["train_state"]
+
+
+def test_phase_change_starts_its_data_at_zero_and_resumes_exactly(tiny_corpus, tmp_path, capsys):
+    p1, p2, p2b = tmp_path / "p1", tmp_path / "p2", tmp_path / "p2b"
+    phase(tiny_corpus, tmp_path, "tb1", **{"--save": p1, "--exit-interval": 3})          # 3 x 4 samples of 32
+    capsys.readouterr()
+    new_data = {"--seq-length": 64, "--global-batch-size": 8}
+    straight = phase(tiny_corpus, tmp_path, "tb2", **new_data, **{"--load": p1, "--save": p2})
+    assert "a new data phase starts at iteration 3 (consumed samples 12)" in capsys.readouterr().out
+    state = train_state(p2)
+    assert (state["iteration"], state["consumed_samples"]) == (8, 12 + 5 * 8)
+    assert (state["data_start_iteration"], state["data_start_samples"]) == (3, 12)
+
+    first = phase(tiny_corpus, tmp_path, "tb3", **new_data, **{"--load": p1, "--save": p2b, "--exit-interval": 5})
+    second = phase(tiny_corpus, tmp_path, "tb4", **new_data, **{"--load": p2b, "--save": p2b})
+    out = capsys.readouterr().out
+    assert out.count("a new data phase starts") == 1              # the mid-phase resume keeps the phase
+    assert sorted(straight) == [4, 5, 6, 7, 8]
+    assert {**first, **second} == straight
