@@ -58,3 +58,25 @@ def test_newton_schulz_orthogonalises():
     x = reference_newton_schulz(g)
     singular = torch.linalg.svdvals(x)
     assert singular.min() > 0.5 and singular.max() < 1.3
+
+
+def test_default_bf16_newton_schulz_is_close_to_float64():
+    """Muon's default bf16 Newton-Schulz against the float64 reference, on the update itself (lr 1,
+    no decay, zero weights: weights after one step = -update). bf16 keeps 8 mantissa bits and five
+    iterations compound the rounding: measured ~3.5% relative (Frobenius) error on these shapes, so
+    the stated tolerance is 6% relative and a cosine above 0.998 with the exact update."""
+    torch.manual_seed(2)
+    for shape in [(16, 24), (24, 16), (64, 128), (3, 32, 48)]:
+        p = torch.nn.Parameter(torch.zeros(shape))
+        opt = Muon([p], lr=1.0, momentum=0.9, weight_decay=0.0)
+        assert opt.defaults["ns_dtype"] == torch.bfloat16
+        grad = torch.randn(shape)
+        p.grad = grad.clone()
+        opt.step()
+        direction = (grad * 1.9).double()          # Nesterov on a zero buffer: g + 0.9 * g
+        matrices = direction if direction.ndim == 3 else direction[None]
+        ref = torch.stack([reference_newton_schulz(m) for m in matrices]).reshape(shape)
+        ref = ref * 0.2 * math.sqrt(max(shape[-2:]))
+        got = -p.detach().double()
+        assert (got - ref).norm() / ref.norm() < 0.06, shape
+        assert torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0) > 0.998, shape

@@ -1,0 +1,40 @@
+"""Monitoring details: the MFU peak table, the progress bar, --exit-duration-in-mins."""
+import re
+
+import torch
+
+from megatron_zaya.arguments import parse_args
+from megatron_zaya.training import metrics
+from megatron_zaya.training.setup import build_and_train
+from tests.training.helpers import tiny_run_flags
+
+
+def test_mfu_peak_from_the_device_table(monkeypatch):
+    names = iter(["NVIDIA H200", "NVIDIA H100 80GB HBM3", "AMD Instinct MI300X", "Some Future GPU"])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: next(names))
+    monkeypatch.setattr(metrics, "measure_matmul_tflops", lambda *a, **k: 42.0)
+    cuda = torch.device("cuda")
+    assert metrics.device_peak_tflops(cuda) == (989.0, "table (H200)")
+    assert metrics.device_peak_tflops(cuda) == (989.0, "table (H100)")
+    assert metrics.device_peak_tflops(cuda) == (1307.0, "table (MI300X)")
+    assert metrics.device_peak_tflops(cuda) == (42.0, "measured matmul (Some Future GPU)")
+
+
+def test_progress_bar_line(tiny_corpus, tmp_path, capsys):
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": 3, "--eval-iters": 0,
+                                                               "--progress-bar": ""}))
+    assert build_and_train(run) == 0
+    captured = capsys.readouterr()
+    assert re.search(r"train: 100%\|.*\| 3/3 \[.*loss=\d+\.\d{3}\]", captured.err), captured.err[-500:]
+    assert "iteration       3/3" in captured.out + captured.err      # console lines go through the bar
+
+
+def test_exit_duration_exits_and_saves(tiny_corpus, tmp_path, capsys):
+    save = tmp_path / "ckpt"
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--eval-iters": 0, "--save": save,
+                                                               "--exit-duration-in-mins": 1e-6}))
+    assert build_and_train(run) == 0
+    out = capsys.readouterr().out
+    assert "exiting: --exit-duration-in-mins 1e-06 reached" in out
+    assert "iteration       1/6" in out and "iteration       2/6" not in out
+    assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
