@@ -1,11 +1,13 @@
 """Run under torchrun or mpirun: for each layout given on the command line, compare the parallel
 model with an independent single-process run of the same model on the same global batch (fp32):
 loss (1e-5 relative), every gradient gathered to full shape (1e-4 relative, per tensor norm),
-global routing counts (exact), global grad norm, and the weights after a few optimizer steps.
+global routing counts (exact), global grad norm, and the weights after a few optimizer steps
+(AdamW; with "muon": single-process Muon + AdamW against DistributedMuon + ZeRO-1 AdamW or plain
+Muon + AdamW, fp32 Newton-Schulz, same 1e-4 weight tolerance).
 
 Layout syntax: tp2, cp2, ep2, dp (plain data parallel), sp (sequence parallel), zero (ZeRO-1),
-kv1 (a model with one KV head, so TP > HKV replicates it), joined by '-', e.g.
-"tp2-ep2" or "cp2-zero". Prints one line per layout on rank 0; exits 1 on any mismatch.
+kv1 (a model with one KV head, so TP > HKV replicates it), muon (Muon on the hidden matrices),
+joined by '-', e.g. "tp2-ep2", "cp2-zero" or "ep2-zero-muon". Prints one line per layout on rank 0; exits 1 on any mismatch.
 """
 from __future__ import annotations
 
@@ -19,7 +21,10 @@ import torch.distributed as dist
 
 from megatron_zaya.config import model_config_from_preset
 from megatron_zaya.model import ZayaModel
+from megatron_zaya.optim.builder import split_parameters
 from megatron_zaya.optim.distributed import DistributedOptimizer
+from megatron_zaya.optim.distributed_muon import DistributedMuon
+from megatron_zaya.optim.muon import Muon
 from megatron_zaya.parallel.apply import full_gradients, gather_full_state_dict, parallelize_model
 from megatron_zaya.parallel.context import slice_batch_for_cp
 from megatron_zaya.parallel.data import GradientReducer, clip_grad_norm
@@ -114,26 +119,42 @@ def shard_like(full, p, ps):
     return full
 
 
+def adamw(params):
+    return torch.optim.AdamW(params, lr=LR, weight_decay=0.1)
+
+
+def build_optimizers(model, ps, reducer, zero: bool, muon: bool) -> list:
+    """[Muon (or DistributedMuon), AdamW (or ZeRO-1 AdamW)], in the order the trainer steps them.
+    Muon matrices are whole on every rank here (no TP layout is combined with muon)."""
+    matrices, decay, no_decay = split_parameters(model, muon)
+    rest = [p for _, p in decay + no_decay] if muon else list(model.parameters())
+    opts = []
+    if matrices:
+        matrices = [p for _, p in matrices]
+        opts.append(DistributedMuon(matrices, reducer, lr=LR, weight_decay=0.1, ns_dtype=torch.float32) if zero
+                    else Muon(matrices, lr=LR, weight_decay=0.1, ns_dtype=torch.float32))
+    opts.append(DistributedOptimizer(rest, adamw, ps, reducer=reducer) if zero else adamw(rest))
+    return opts
+
+
 def run_layout(spec: str, world: int) -> list[str]:
     sizes = {k: int(v) for k, v in re.findall(r"(tp|cp|ep)(\d+)", spec)}
     global KV_HEADS
     flags = spec.split("-")
     KV_HEADS = 1 if "kv1" in flags else 2      # kv1: one KV head, replicated over TP ranks
-    zero = "zero" in flags
+    zero, muon = "zero" in flags, "muon" in flags
+    if muon and sizes.get("tp", 1) > 1:
+        raise ValueError(f"{spec}: muon is checked without TP (Muon on a TP shard is not single-process Muon)")
     ps = ParallelState(sizes.get("tp", 1), sizes.get("cp", 1), sizes.get("ep", 1), world,
                        sequence_parallel="sp" in flags, model_config=config())
     micro = 2 if GLOBAL_BATCH // ps.dp_size >= 2 else 1
     errors, worst = [], {"loss": 0.0, "grad": 0.0, "weight": 0.0, "norm": 0.0}
 
     ref = build_model()
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=0.1)
+    ref_opts = build_optimizers(ref, None, None, zero=False, muon=muon)
     model = parallelize_model(build_model(), ps)
     reducer = GradientReducer(model, ps, bucket_size=30_000, shard=zero)
-    if zero:
-        opt = DistributedOptimizer(model.parameters(), lambda g: torch.optim.AdamW(g, lr=LR, weight_decay=0.1),
-                                   ps, reducer=reducer)
-    else:
-        opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.1)
+    opts = build_optimizers(model, ps, reducer, zero, muon)
 
     for step in range(STEPS):
         batch = global_batch(step)
@@ -159,14 +180,13 @@ def run_layout(spec: str, world: int) -> list[str]:
         ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), CLIP)
         norm = clip_grad_norm(model.parameters(), CLIP, ps)
         worst["norm"] = max(worst["norm"], abs(float(norm / ref_norm) - 1))
-        ref_opt.step()
-        ref_opt.zero_grad()
-        opt.step()
-        if zero:
+        for opt in ref_opts:
+            opt.step()
             opt.zero_grad()
-        else:
+        for opt in opts:
+            opt.step()
             opt.zero_grad()
-            reducer.zero_grad()
+        reducer.zero_grad()
     ref_state = ref.state_dict()
     for n, p in model.named_parameters():     # every rank's own shard (replicas included)
         r = rel(p.detach(), shard_like(ref_state[n], p, ps))
@@ -183,8 +203,10 @@ def run_layout(spec: str, world: int) -> list[str]:
         errors.append(f"grad norm rel {worst['norm']:.2e}")
     report = f"{spec}: {ps.describe()}; max rel loss {worst['loss']:.1e} grad {worst['grad']:.1e} " \
              f"norm {worst['norm']:.1e} weights after {STEPS} steps {worst['weight']:.1e}"
+    if muon:
+        report += "; Muon on the hidden matrices"
     if zero:
-        report += "; " + opt.describe_memory()
+        report += "; " + opts[-1].describe_memory()
     reducer.remove_hooks()
     return [report] + errors
 

@@ -2,7 +2,8 @@
 
 Each launch runs several layouts in the same processes (see parallel_equivalence_worker.py for the
 checks and tolerances: loss 1e-5, gradients gathered to full shape 1e-4, weights after 3 AdamW
-steps 1e-4, exact global routing counts, global grad norm)."""
+steps 1e-4, exact global routing counts, global grad norm). The "muon" layouts check the weights
+after 3 steps of Muon + AdamW (fp32 Newton-Schulz) against single-process Muon, same 1e-4."""
 import os
 
 import pytest
@@ -28,6 +29,18 @@ def test_two_process_layouts_torchrun():
 
 def test_four_process_layouts_torchrun():
     layouts = ["tp2-ep2", "cp2-zero", "tp2-sp-cp2-ep2-zero", "cp4", "tp4", "tp2-sp-cp2-kv1-zero"]
+    _check(run_torchrun(4, WORKER, *layouts), layouts)
+
+
+def test_distributed_muon_two_processes():
+    """DistributedMuon (whole-matrix owners over DP=2; experts local under EP=2) and plain Muon on DP."""
+    layouts = ["dp-muon", "dp-zero-muon", "ep2-zero-muon"]
+    _check(run_torchrun(2, WORKER, *layouts), layouts)
+
+
+def test_distributed_muon_expert_data_parallel():
+    """EP=2 x expert-DP=2: expert matrices get their owners in the expert-DP group, dense ones in DP=4."""
+    layouts = ["ep2-zero-muon"]
     _check(run_torchrun(4, WORKER, *layouts), layouts)
 
 
