@@ -5,7 +5,10 @@ Launchers understood (first match wins):
   torchrun / torch.distributed.run  RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT
   Open MPI mpirun                   OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK
   MPICH / Intel MPI mpirun          PMI_RANK, PMI_SIZE, MPI_LOCALRANKID (or PMI_LOCAL_RANK)
-  Slurm srun                        SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_JOB_NODELIST
+  Slurm srun                        SLURM_PROCID, SLURM_STEP_NUM_TASKS (or SLURM_NTASKS), SLURM_LOCALID,
+                                    SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST); only inside an srun
+                                    step (SLURM_STEP_ID of a task-launch step, not the batch script:
+                                    sbatch sets SLURM_PROCID=0 there too)
   nothing                           a single process (rank 0 of 1)
 
 MASTER_ADDR / MASTER_PORT from the environment always win. Otherwise: under MPI, rank 0 picks its
@@ -21,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -71,6 +75,21 @@ def _env_int(env, *names, default=None):
     return default
 
 
+# Slurm's special step ids (slurm.h; 0xfffffffa.. since 20.11, 0xfffffffe/0xffffffff before): the batch
+# script, the extern container, the interactive step, a pending step. A task-launch (srun) step has a
+# small id.
+_SLURM_SPECIAL_STEP = 0xFFFFFFF0
+
+
+def in_slurm_step(env) -> bool:
+    """True inside the tasks of an srun step; False in an sbatch script or an salloc shell, where
+    SLURM_PROCID (=0) and SLURM_NTASKS (the job's) may be set but no other task will ever start."""
+    step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID", ""))
+    if not step.isdigit():
+        return False
+    return int(step) < _SLURM_SPECIAL_STEP
+
+
 def detect_launcher(env=None) -> LaunchInfo:
     """Rank, world size, local rank and (if known without communication) the master address."""
     env = os.environ if env is None else env
@@ -85,13 +104,20 @@ def detect_launcher(env=None) -> LaunchInfo:
     if "PMI_RANK" in env:
         return LaunchInfo("mpich", int(env["PMI_RANK"]), int(env["PMI_SIZE"]),
                           _env_int(env, "MPI_LOCALRANKID", "PMI_LOCAL_RANK", default=0), addr, port)
-    if "SLURM_PROCID" in env:
-        if addr is None and env.get("SLURM_JOB_NODELIST"):
-            addr = expand_slurm_nodelist(env["SLURM_JOB_NODELIST"])[0]
+    if "SLURM_PROCID" in env and in_slurm_step(env):
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+        if addr is None and nodelist:
+            addr = expand_slurm_nodelist(nodelist)[0]
         if port is None and env.get("SLURM_JOB_ID"):
             port = 15000 + int(env["SLURM_JOB_ID"]) % 20000   # same on every task of the job
-        return LaunchInfo("slurm", int(env["SLURM_PROCID"]), _env_int(env, "SLURM_NTASKS", "SLURM_NPROCS"),
+        return LaunchInfo("slurm", int(env["SLURM_PROCID"]),
+                          _env_int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS", default=1),
                           _env_int(env, "SLURM_LOCALID", default=0), addr, port)
+    if "SLURM_PROCID" in env and _env_int(env, "SLURM_NTASKS", "SLURM_NPROCS", default=1) > 1:
+        warnings.warn(f"SLURM_PROCID is set but this process is not a task of an srun step (SLURM_STEP_ID="
+                      f"{env.get('SLURM_STEP_ID', 'unset')}, e.g. the sbatch script itself): running as ONE "
+                      f"process, not {env.get('SLURM_NTASKS') or env.get('SLURM_NPROCS')}; start the ranks "
+                      "with srun (or torchrun/mpirun)", RuntimeWarning, stacklevel=2)
     return LaunchInfo("none", 0, 1, 0, addr, port)
 
 
@@ -115,8 +141,16 @@ def _agree_with_mpi(info: LaunchInfo) -> LaunchInfo:
     except ImportError as exc:
         raise RuntimeError(f"launched by {info.launcher} without MASTER_ADDR/MASTER_PORT: install mpi4py "
                            "(pip install mpi4py) or export MASTER_ADDR and MASTER_PORT") from exc
+    comm = MPI.COMM_WORLD
+    if (comm.Get_size(), comm.Get_rank()) != (info.world_size, info.rank):
+        raise RuntimeError(
+            f"launched by {info.launcher} as rank {info.rank} of {info.world_size}, but mpi4py's "
+            f"MPI.COMM_WORLD is rank {comm.Get_rank()} of {comm.Get_size()}: mpi4py is built against a "
+            f"different MPI ({MPI.Get_library_version().splitlines()[0].strip()}) than the mpirun that "
+            "started this job. Use the mpirun of mpi4py's MPI, rebuild mpi4py for this one "
+            "(pip install --no-binary mpi4py mpi4py), or export MASTER_ADDR and MASTER_PORT")
     proposal = (info.master_addr or _host_address(), info.master_port or _free_port()) if info.rank == 0 else None
-    info.master_addr, info.master_port = MPI.COMM_WORLD.bcast(proposal, root=0)
+    info.master_addr, info.master_port = comm.bcast(proposal, root=0)
     return info
 
 

@@ -49,7 +49,8 @@ def test_launcher_detection():
     info = detect_launcher({"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0"})
     assert (info.launcher, info.rank, info.world_size, info.local_rank) == ("mpich", 2, 4, 0)
     info = detect_launcher({"SLURM_PROCID": "9", "SLURM_NTASKS": "1024", "SLURM_LOCALID": "1",
-                            "SLURM_JOB_NODELIST": "mi300x-[007-010,042]", "SLURM_JOB_ID": "123"})
+                            "SLURM_JOB_NODELIST": "mi300x-[007-010,042]", "SLURM_JOB_ID": "123",
+                            "SLURM_STEP_ID": "0"})
     assert (info.launcher, info.rank, info.world_size, info.local_rank, info.master_addr) == \
         ("slurm", 9, 1024, 1, "mi300x-007")
     assert info.master_port == 15123
