@@ -6,7 +6,8 @@ Synchronous saves agree on success with two tiny all-reduces. Asynchronous saves
 block only for a copy of the state into reused host buffers; a background thread writes, and on
 rank 0 also waits (polling the folder: no collective off the main thread) for every rank's
 `rank_NNNNN.json` - or a `rank_NNNNN.failed` note - before it finalizes. At most one save is in
-flight: the next one (and a clean exit) waits for it.
+flight: the next one (and a clean exit) waits for it; the ranks agree on its outcome then (one
+all-reduce), so a failed finalize on rank 0 is a failed save on every rank.
 """
 from __future__ import annotations
 
@@ -135,7 +136,17 @@ class CheckpointWriter:
             os.replace(final, replaced)
         os.replace(folder, final)
         fsync_dir(self.save_dir)
-        write_latest(self.save_dir, iteration)
+        try:
+            write_latest(self.save_dir, iteration)
+        except BaseException:
+            # Not published: undo the rename, so the failed save leaves no complete folder newer than
+            # the latest (pruning counts complete folders) and a replaced one comes back.
+            os.unlink(os.path.join(final, COMPLETE_MARKER))
+            os.replace(final, folder)
+            if replaced:
+                os.replace(replaced, final)
+            fsync_dir(self.save_dir)
+            raise
         if replaced:
             shutil.rmtree(replaced, ignore_errors=True)
         self.prune(iteration)
@@ -169,7 +180,7 @@ class CheckpointWriter:
     # -- synchronous ------------------------------------------------------------------------------------
     def save_sync(self, iteration: int, entries: list[Entry], objects: dict, global_meta: dict, agree) -> bool:
         """agree(flag: bool) -> bool: True when flag is True on EVERY rank (collective)."""
-        self.wait()
+        self.wait(agree=agree)
         folder = self.partial_dir(iteration)
         ok = True
         try:
@@ -222,8 +233,9 @@ class CheckpointWriter:
         buf.copy_(t, non_blocking=t.is_cuda)
         return Entry(e.key, buf, e.shape, e.ranges, e.flat, e.local)
 
-    def save_async(self, iteration: int, entries: list[Entry], objects: dict, global_meta: dict) -> None:
-        self.wait()
+    def save_async(self, iteration: int, entries: list[Entry], objects: dict, global_meta: dict,
+                   agree=None) -> None:
+        self.wait(agree=agree)
         copies = self.snapshot(entries)
         self._pending = (iteration, False)
         self._thread = threading.Thread(target=self._background, args=(iteration, copies, objects, global_meta),
@@ -248,9 +260,13 @@ class CheckpointWriter:
     def in_flight(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def wait(self, timeout: float | None = None) -> tuple[int, bool] | None:
+    def wait(self, timeout: float | None = None, agree=None) -> tuple[int, bool] | None:
         """Wait for the save in flight; returns its (iteration, succeeded) or None if there was none
-        (or it is still running after `timeout` seconds: it is then abandoned, never half-published)."""
+        (or it is still running after `timeout` seconds: it is then abandoned, never half-published).
+
+        Only rank 0 knows whether the finalize (manifest, marker, rename, latest) succeeded: with
+        `agree` (collective, see save_sync; every rank must call wait at the same point) every rank
+        records the same outcome. Without it (close() on an error path) the outcome is this rank's."""
         if self._thread is None:
             return None
         self._thread.join(timeout)
@@ -260,5 +276,7 @@ class CheckpointWriter:
             return None
         self._thread = None
         result, self._pending = self._pending, None
+        if agree is not None:
+            result = (result[0], agree(result[1]))
         self.completed.append(result)
         return result

@@ -90,11 +90,13 @@ class TrainingCheckpointer:
         self._reported = 0
 
     # -- small collective helpers ----------------------------------------------------------------------
-    def _max(self, value: float) -> float:
-        if self.world_size == 1:
-            return value
-        t = torch.tensor([float(value)], dtype=torch.float64, device=getattr(self.runtime, "device", "cpu"))
-        return float(self.runtime.max_over_all_ranks(t).item())
+    def _max(self, value: float, *more: float):
+        """Max over all ranks of value (and of each of `more`: one all-reduce; then a tuple)."""
+        values = [float(value), *map(float, more)]
+        if self.world_size > 1:
+            t = torch.tensor(values, dtype=torch.float64, device=getattr(self.runtime, "device", "cpu"))
+            values = self.runtime.max_over_all_ranks(t).tolist()
+        return tuple(values) if more else values[0]
 
     def agree(self, flag: bool) -> bool:
         """True when flag is True on every rank."""
@@ -232,7 +234,7 @@ class TrainingCheckpointer:
             entries, objects = self.collect(trainer)
             meta = self._global_meta(trainer)
             if self.cfg.async_save:
-                self.writer.save_async(iteration, entries, objects, meta)
+                self.writer.save_async(iteration, entries, objects, meta, self.agree)
                 ok = None
             else:
                 ok = self.writer.save_sync(iteration, entries, objects, meta, self.agree)
@@ -273,10 +275,11 @@ class TrainingCheckpointer:
     # -- hooks ------------------------------------------------------------------------------------------
     def after_step(self, trainer) -> None:
         self.watchdog.beat()
-        if self.writer is not None and not self.writer.in_flight and self.writer._thread is not None:
-            self.writer.wait()
+        writing = self.writer is not None and self.writer.in_flight
+        code, writing = self._max(SIGNAL_CODES.get(self.signals.received, 3) if self.signals.pending else 0, writing)
+        if self.writer is not None and self.writer._thread is not None and not writing:
+            self.writer.wait(agree=self.agree)      # done on every rank: all agree on the outcome
         self._report_async()
-        code = self._max(SIGNAL_CODES.get(self.signals.received, 3) if self.signals.pending else 0)
         if code:
             name = {v: k for k, v in SIGNAL_CODES.items()}.get(int(code), "signal")
             if self.writer is not None:
@@ -297,7 +300,8 @@ class TrainingCheckpointer:
                 self.save(trainer, reason="end of training")
             if self.writer.in_flight or self.writer._thread is not None:
                 self.log("waiting for the checkpoint being written in the background")
-            self.writer.wait()
+            with self.watchdog.paused():
+                self.writer.wait(agree=self.agree)
             self._report_async()
             if self._last_save_failed():
                 raise CheckpointError(f"the final checkpoint (iteration {self.writer.completed[-1][0]}) could not be "

@@ -29,30 +29,101 @@ def _wait_for(predicate, timeout, what, proc=None):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.mark.parametrize("async_save", [False, True])
-def test_disk_full_during_save_keeps_previous_checkpoint(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch, async_save):
-    save = str(tmp_path / "full")
-    real = saver.write_safetensors
+def _disk_full_at(monkeypatch, target):
+    """Make the second write of `target` (a file name; the first save goes through) fail with ENOSPC
+    half-way, as a full disk would: the tensor file, a rank JSON, metadata.json, COMPLETE or
+    latest_checkpointed_iteration.txt."""
+    from megatron_zaya.checkpoint import format as fmt
     calls = []
 
-    def write(path, tensors, metadata=None):
+    def full(path):
+        if os.path.basename(path) != target:
+            return False
         calls.append(path)
-        if len(calls) >= 2:           # the second save hits a full disk half-way through its tensor file
+        return len(calls) >= 2
+
+    real_tensors, real_bytes = saver.write_safetensors, fmt.atomic_write_bytes
+
+    def write_tensors(path, tensors, metadata=None):
+        if full(path):
             with open(path + ".tmp", "wb") as f:
                 f.write(b"\0" * 1000)
             raise OSError(errno.ENOSPC, "No space left on device", path + ".tmp")
-        return real(path, tensors, metadata)
+        return real_tensors(path, tensors, metadata)
 
-    monkeypatch.setattr(saver, "write_safetensors", write)
+    def write_bytes(path, data):
+        if full(path):
+            raise OSError(errno.ENOSPC, "No space left on device", path + ".tmp")
+        return real_bytes(path, data)
+
+    monkeypatch.setattr(saver, "write_safetensors", write_tensors)
+    monkeypatch.setattr(saver, "atomic_write_bytes", write_bytes)     # COMPLETE
+    monkeypatch.setattr(fmt, "atomic_write_bytes", write_bytes)       # JSON files, latest (through format)
+    return calls
+
+
+@pytest.mark.parametrize("target", ["rank_00000.safetensors", "rank_00000.json", "metadata.json", "COMPLETE",
+                                    "latest_checkpointed_iteration.txt"])
+@pytest.mark.parametrize("async_save", [False, True])
+def test_disk_full_during_save_keeps_previous_checkpoint(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch, async_save,
+                                                         target):
+    """A full disk at any write of a save (this rank's files, rank 0's finalize, even the latest file
+    after the rename): the save is reported failed and the run exits non-zero naming the previous
+    checkpoint, which stays the latest, the newest complete one and loadable; no debris is left."""
+    save = str(tmp_path / "full")
+    calls = _disk_full_at(monkeypatch, target)
     extra = ["--async-save"] if async_save else []
     with pytest.raises(CheckpointError, match="could not be written.*iter_0000003"):
         train(flags(ckpt_corpus, 6, "--save", save, "--save-interval", "3", *extra, cache=ckpt_cache))
+    assert len(calls) == 2
     assert read_latest(save) == 3 and list_complete(save) == [3]
     assert sorted(os.listdir(save)) == ["iter_0000003", "latest_checkpointed_iteration.txt"]   # no debris
-    monkeypatch.setattr(saver, "write_safetensors", real)
+    monkeypatch.undo()
     assert inspect_checkpoint(save)["ok"]
     resumed = train(flags(ckpt_corpus, 6, "--save", save, "--load", save, cache=ckpt_cache))
     assert sorted(resumed.losses) == [4, 5, 6] and read_latest(save) == 6
+
+
+def test_async_outcome_is_the_same_on_every_rank(tmp_path):
+    """Rank 0's finalize fails after every rank wrote its files: with the agreement at wait() both
+    ranks record the save as failed (rank 1 alone would have recorded a success)."""
+    import threading
+    from megatron_zaya.checkpoint.format import Entry
+    barrier, flags_seen = threading.Barrier(2), {}
+
+    def agree_as(rank):
+        def agree(flag):
+            flags_seen[rank] = flag
+            barrier.wait()
+            result = all(flags_seen.values())
+            barrier.wait()
+            return result
+        return agree
+
+    writers = [saver.CheckpointWriter(str(tmp_path), r, 2, "run", finalize_timeout=30) for r in range(2)]
+
+    def no_marker(stage, path):
+        if stage == "before_marker":
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+    writers[0].fault_hook = no_marker
+    own = {}
+
+    def rank(r):
+        entry = Entry(f"model/w{r}", torch.full((4,), float(r)), [4], [[[0, 4]]])
+        writers[r].save_async(5, [entry], {}, {})
+        writers[r]._thread.join(60)
+        own[r] = writers[r]._pending[1]                     # what this rank alone knows
+        writers[r].wait(agree=agree_as(r))
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert own == {0: False, 1: True}
+    assert writers[0].completed == writers[1].completed == [(5, False)]
+    assert list_complete(str(tmp_path)) == [] and read_latest(str(tmp_path)) is None
+    assert not os.listdir(str(tmp_path))                   # rank 0 removed the failed save's folder
 
 
 def test_kill9_during_save_leaves_previous_latest(ckpt_corpus, ckpt_cache, tmp_path):
@@ -216,9 +287,15 @@ def test_watchdog_dumps_stacks_and_exits_nonzero_on_a_hang(ckpt_corpus, ckpt_cac
 
 
 def test_loading_never_unpickles():
-    import megatron_zaya.checkpoint as pkg
-    folder = os.path.dirname(pkg.__file__)
-    for name in os.listdir(folder):
-        if name.endswith(".py"):
-            text = open(os.path.join(folder, name)).read()
-            assert not re.search(r"import pickle|pickle\.load|torch\.load\(|import dill", text), name
+    """No pickle anywhere a checkpoint is read: the checkpoint and inference packages and tools/."""
+    from ckpt_harness import ROOT
+    scanned = 0
+    for sub in ("megatron_zaya/checkpoint", "megatron_zaya/inference", "tools"):
+        for dirpath, _, names in os.walk(os.path.join(ROOT, sub)):
+            for name in names:
+                if name.endswith(".py"):
+                    text = open(os.path.join(dirpath, name)).read()
+                    scanned += 1
+                    assert not re.search(r"import pickle|pickle\.loads?\(|torch\.load\(|import dill|"
+                                         r"weights_only\s*=\s*False", text), os.path.join(dirpath, name)
+    assert scanned >= 20
