@@ -49,4 +49,5 @@ class TrainConfig:
     max_consecutive_nonfinite: int = 3
     watchdog_timeout_factor: float = 20.0
     watchdog_min_seconds: float = 600.0
+    watchdog_first_iteration_seconds: float = 1800.0   # startup allowance: compilation, first collectives
     extra: dict = field(default_factory=dict)

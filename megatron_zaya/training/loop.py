@@ -219,6 +219,8 @@ class Trainer:
         self.logger.print(f"training from iteration {self.state.iteration} to {self.total_iters}; "
                           f"model FLOPs/token {self.flops_per_token:.3e} (training, active expert only); "
                           f"MFU peak {self.peak_tflops:.1f} TFLOP/s ({self.peak_source})")
+        if self.watchdog is not None:
+            self.watchdog.arm(self.cfg.watchdog_first_iteration_seconds)
         while self.state.iteration < self.total_iters:
             batch_size = self.batch_schedule.batch_size(self.state.consumed_samples)
             step_start = time.time()
@@ -240,8 +242,13 @@ class Trainer:
                 break
         return self.state
 
+    @property
+    def watchdog(self):
+        return getattr(self.checkpointer, "watchdog", None)
+
     def run_evaluation(self) -> dict[str, float] | None:
-        metrics = self.evaluate()
+        with self.watchdog.paused() if self.watchdog is not None else contextlib.nullcontext():
+            metrics = self.evaluate()
         self.last_validation = metrics
         if metrics:
             self.logger.scalars(metrics, self.state.iteration)

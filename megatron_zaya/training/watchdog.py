@@ -2,9 +2,10 @@
 dump the stack of every thread to stderr and exit non-zero, so that the launcher restarts the job
 from the last checkpoint instead of a hung rank holding the whole allocation.
 
-Timeout = max(watchdog_min_seconds, watchdog_timeout_factor x median of the recent iteration times),
-armed at the first heartbeat (the end of the first iteration) and paused while a checkpoint is being
-written. Exit code: WATCHDOG_EXIT_CODE (124, like timeout(1)).
+Timeout = max(watchdog_min_seconds, watchdog_timeout_factor x median of the recent iteration times).
+Armed when training starts (`arm`), with max(watchdog_min_seconds, watchdog_first_iteration_seconds)
+for the first iteration (compilation, first collectives); paused during evaluation and checkpoint
+saves. Exit code: WATCHDOG_EXIT_CODE (124, like timeout(1)).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class Watchdog:
         self.poll = poll_seconds if poll_seconds is not None else max(0.05, min(5.0, self.min_seconds / 20))
         self.durations: deque[float] = deque(maxlen=50)
         self.last_beat: float | None = None
+        self.first_limit: float | None = None      # set by arm() until the first beat
         self.paused_depth = 0
         self.fired = False
         self._exit = exit_fn or os._exit
@@ -36,8 +38,19 @@ class Watchdog:
         self.enabled = self.factor > 0 and self.min_seconds > 0
 
     def timeout(self) -> float:
+        if self.first_limit is not None:
+            return max(self.min_seconds, self.first_limit)
         typical = statistics.median(self.durations) if self.durations else 0.0
         return max(self.min_seconds, self.factor * typical)
+
+    def arm(self, first_iteration_seconds: float) -> None:
+        """Start of training: the clock runs from now; the first iteration may take up to
+        max(min_seconds, first_iteration_seconds) and is not counted in the median."""
+        if not self.enabled:
+            return
+        with self._lock:
+            self.last_beat, self.first_limit = time.monotonic(), float(first_iteration_seconds)
+        self._start()
 
     def beat(self) -> None:
         """End of an iteration."""
@@ -45,16 +58,19 @@ class Watchdog:
             return
         now = time.monotonic()
         with self._lock:
-            if self.last_beat is not None and self.paused_depth == 0:
+            if self.last_beat is not None and self.paused_depth == 0 and self.first_limit is None:
                 self.durations.append(now - self.last_beat)
-            self.last_beat = now
+            self.last_beat, self.first_limit = now, None
+        self._start()
+
+    def _start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="megatron-zaya-watchdog", daemon=True)
             self._thread.start()
 
     @contextlib.contextmanager
     def paused(self):
-        """No timeout inside (checkpoint saves); the clock restarts when it ends."""
+        """No timeout inside (evaluation, checkpoint saves); the clock restarts when it ends."""
         with self._lock:
             self.paused_depth += 1
         try:
@@ -78,9 +94,12 @@ class Watchdog:
     def _fire(self, waited: float, limit: float) -> None:
         self.fired = True
         err = sys.stderr
+        rule = (f"max(watchdog_min_seconds {self.min_seconds:g}, watchdog_first_iteration_seconds {self.first_limit:g})"
+                if self.first_limit is not None else
+                f"max(watchdog_min_seconds {self.min_seconds:g}, {self.factor:g} x median iteration "
+                f"{(statistics.median(self.durations) if self.durations else 0.0):.3f} s)")
         err.write(f"\n[rank {self.rank}] WATCHDOG: no iteration finished for {waited:.1f} s (limit {limit:.1f} s = "
-                  f"max(watchdog_min_seconds {self.min_seconds:g}, {self.factor:g} x median iteration "
-                  f"{(statistics.median(self.durations) if self.durations else 0.0):.3f} s)); "
+                  f"{rule}); "
                   f"a rank or a collective is hung. Stacks of every thread of rank {self.rank} (pid {os.getpid()}):\n")
         err.flush()
         try:

@@ -2,8 +2,11 @@
 or under torchrun). Environment:
   CKPT_TEST_SLOW_SAVE=S      sleep S seconds inside every save, between a rank's tensor file and its JSON
   CKPT_TEST_SLOW_STEP=S      sleep S seconds in every iteration (time for a signal to arrive mid-run)
+  CKPT_TEST_SLOW_EVAL=S      sleep S seconds in every evaluation
   CKPT_TEST_HANG_AT=N        hang (sleep for an hour) in iteration N on rank CKPT_TEST_HANG_RANK (0)
-  CKPT_TEST_WATCHDOG=MIN,F   watchdog_min_seconds=MIN, watchdog_timeout_factor=F
+  CKPT_TEST_WATCHDOG=MIN,F[,FIRST]  watchdog_min_seconds=MIN, watchdog_timeout_factor=F
+                             (, watchdog_first_iteration_seconds=FIRST); with several ranks the hung
+                             rank gets 3 x MIN, so the healthy ranks (stuck in a collective) fire first
   CKPT_TEST_LOSSES=PATH      write {iteration: exact loss} as JSON (rank 0) at the end / after each step
   CKPT_TEST_PIDDIR=DIR       write this process's pid to DIR/<rank>.pid (to signal training processes only)
 """
@@ -58,11 +61,22 @@ def main() -> int:
             os.replace(env["CKPT_TEST_LOSSES"] + ".tmp", env["CKPT_TEST_LOSSES"])
         return result
     loop.Trainer.train_step = train_step
+    if env.get("CKPT_TEST_SLOW_EVAL"):
+        evaluate = loop.Trainer.evaluate
+
+        def slow_evaluate(trainer):
+            time.sleep(float(env["CKPT_TEST_SLOW_EVAL"]))
+            return evaluate(trainer)
+        loop.Trainer.evaluate = slow_evaluate
 
     run = parse_args(sys.argv[1:])
     if env.get("CKPT_TEST_WATCHDOG"):
-        minimum, factor = env["CKPT_TEST_WATCHDOG"].split(",")
-        run.train.watchdog_min_seconds, run.train.watchdog_timeout_factor = float(minimum), float(factor)
+        minimum, factor, *first = map(float, env["CKPT_TEST_WATCHDOG"].split(","))
+        if hang_at and int(env.get("WORLD_SIZE", "1")) > 1 and int(env.get("RANK", "0")) == hang_rank:
+            minimum *= 3
+        run.train.watchdog_min_seconds, run.train.watchdog_timeout_factor = minimum, factor
+        if first:
+            run.train.watchdog_first_iteration_seconds = first[0]
     torch.manual_seed(run.train.seed)
     return build_and_train(run)
 

@@ -278,12 +278,66 @@ def test_watchdog_fires_on_a_stall_and_not_while_paused():
     dog.stop()
 
 
+def test_watchdog_armed_at_start_allows_a_longer_first_iteration():
+    fired = []
+    dog = Watchdog(factor=5, min_seconds=0.2, poll_seconds=0.02, exit_fn=fired.append)
+    dog.arm(first_iteration_seconds=0.8)
+    time.sleep(0.5)
+    assert not fired and dog.timeout() == 0.8      # the first iteration: the startup allowance
+    dog.beat()
+    assert dog.timeout() == 0.2 and not dog.durations   # then the usual rule; the first one is not typical
+    time.sleep(0.5)
+    assert fired == [WATCHDOG_EXIT_CODE]
+    dog.stop()
+    fired.clear()
+    dog = Watchdog(factor=5, min_seconds=0.2, poll_seconds=0.02, exit_fn=fired.append)
+    dog.arm(first_iteration_seconds=0.3)
+    time.sleep(0.6)                                # a hang in the first iteration is caught too
+    assert fired == [WATCHDOG_EXIT_CODE]
+    dog.stop()
+
+
+def _assert_watchdog_dump(stderr: str, rank: int):
+    assert f"[rank {rank}] WATCHDOG: no iteration finished" in stderr, stderr[-3000:]
+    assert f"[rank {rank}] WATCHDOG: exiting with code {WATCHDOG_EXIT_CODE}" in stderr, stderr[-3000:]
+
+
 def test_watchdog_dumps_stacks_and_exits_nonzero_on_a_hang(ckpt_corpus, ckpt_cache, tmp_path):
-    result = run_script(flags(ckpt_corpus, 6, cache=ckpt_cache), timeout=120, CKPT_TEST_HANG_AT=3,
-                        CKPT_TEST_WATCHDOG="2,5")
+    """A hang in the FIRST iteration: the watchdog is armed when training starts."""
+    result = run_script(flags(ckpt_corpus, 6, cache=ckpt_cache), timeout=120, CKPT_TEST_HANG_AT=1,
+                        CKPT_TEST_WATCHDOG="1,5,3")
     assert result.returncode == WATCHDOG_EXIT_CODE, result.stderr[-3000:]
-    assert "WATCHDOG: no iteration finished" in result.stderr
-    assert "train_step" in result.stderr and "MainThread" in result.stderr or "Current thread" in result.stderr
+    _assert_watchdog_dump(result.stderr, 0)
+    assert "watchdog_first_iteration_seconds 3" in result.stderr
+    assert "train_step" in result.stderr and "Current thread" in result.stderr
+
+
+def test_watchdog_is_paused_during_evaluation_and_saves(ckpt_corpus, ckpt_cache, tmp_path):
+    """An evaluation and a save each far longer than the watchdog's limit (2 s) do not fire it."""
+    result = run_script(flags(ckpt_corpus, 3, "--eval-interval", "3", "--save", str(tmp_path / "s"), cache=ckpt_cache),
+                        timeout=120, CKPT_TEST_WATCHDOG="2,5,30", CKPT_TEST_SLOW_EVAL=4, CKPT_TEST_SLOW_SAVE=4)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "WATCHDOG" not in result.stderr and read_latest(str(tmp_path / "s")) == 3
+
+
+def test_watchdog_two_ranks_one_hangs_both_exit_nonzero_with_stacks(ckpt_corpus, ckpt_cache, tmp_path):
+    """Rank 1 hangs in iteration 3: rank 0, stuck in the step's first collective, and rank 1 itself
+    each dump every thread's stack and exit with 124; torchrun fails."""
+    import subprocess
+    import sys
+    from ckpt_harness import RUNNER, ROOT, subprocess_env
+    from tests.parallel.parallel_launcher import free_port
+    env = subprocess_env()
+    env.update(CKPT_TEST_HANG_AT="3", CKPT_TEST_HANG_RANK="1", CKPT_TEST_WATCHDOG="2,5")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), RUNNER, *flags(ckpt_corpus, 6, cache=ckpt_cache)]
+    result = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert result.returncode != 0
+    for rank in (0, 1):
+        _assert_watchdog_dump(result.stderr, rank)
+    assert result.stderr.count("Current thread") >= 2
+    assert "sum_over_data_ranks" in result.stderr            # rank 0's stack: the collective it waits in
+    assert "rank 1: hanging in iteration 3" in result.stdout
 
 
 def test_loading_never_unpickles():
