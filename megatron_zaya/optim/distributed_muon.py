@@ -66,6 +66,26 @@ class DistributedMuon:
             if bucket.size > 1:
                 dist.broadcast(p.data, src=dist.get_global_rank(bucket.group, owner), group=bucket.group)
 
+    # -- memory (the same report as DistributedOptimizer's) ---------------------------------------
+    def memory_report(self, state_bytes_per_param: int = 4) -> dict:
+        """Bytes on this rank of Muon's state (one fp32 momentum per element of the matrices it owns;
+        Muon keeps no master copy) against an unsharded Muon holding every matrix's momentum.
+        Measured once the buffers exist (after a step), else `state_bytes_per_param` per element."""
+        owned = sum(p.numel() for p, (bucket, _, owner) in self.owner.items() if owner == bucket.rank)
+        total = sum(p.numel() for p in self.owner)
+        measured = sum(t.numel() * t.element_size() for s in self.state.values() for t in s.values())
+        per_param = measured / owned if measured and owned else state_bytes_per_param
+        sharded, unsharded = int(owned * per_param), int(total * per_param)
+        return {"params_total": total, "params_owned": owned, "sharded_bytes": sharded,
+                "unsharded_bytes": unsharded, "saved_bytes": unsharded - sharded,
+                "saved_fraction": 1 - sharded / unsharded if unsharded else 0.0}
+
+    def describe_memory(self) -> str:
+        r = self.memory_report()
+        mib = 1 / 2 ** 20
+        return (f"distributed Muon momentum {r['sharded_bytes'] * mib:.2f} MiB/rank instead of "
+                f"{r['unsharded_bytes'] * mib:.2f} MiB (saves {100 * r['saved_fraction']:.0f}%)")
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         pass   # gradients live in the reducer's buckets, cleared by the reducer
 

@@ -45,8 +45,25 @@ class DistributedRuntime:
     def build_optimizer(self, model, optim_config):
         from megatron_zaya.optim.builder import build_distributed_optimizer, build_optimizer
         if self.run.parallel.use_distributed_optimizer:
-            return build_distributed_optimizer(model, optim_config, self.pstate, self.reducer)
+            optimizer = build_distributed_optimizer(model, optim_config, self.pstate, self.reducer)
+            self.log_optimizer_memory(optimizer)
+            return optimizer
         return build_optimizer(model, optim_config)
+
+    def log_optimizer_memory(self, optimizer) -> None:
+        """Once, before the first step (state estimated: 8 B/param for Adam's moments + 4 B master,
+        4 B for Muon's momentum): rank 0's report per optimizer, and the largest total over ranks
+        (ranks differ: Muon owns whole matrices, and AdamW's elements of the shared buckets follow)."""
+        reports = {name: opt.memory_report() for name, opt in optimizer.optimizers.items()}
+        mine = torch.tensor([float(sum(r["sharded_bytes"] for r in reports.values()))], device=self.device)
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+        if self.is_main:
+            mib = 1 / 2 ** 20
+            unsharded = sum(r["unsharded_bytes"] for r in reports.values())
+            parts = "; ".join(f"{name}: {opt.describe_memory()}" for name, opt in optimizer.optimizers.items())
+            print(f"ZeRO-1 on rank 0: {parts}; in all {sum(r['sharded_bytes'] for r in reports.values()) * mib:.2f} "
+                  f"MiB, at most {mine.item() * mib:.2f} MiB on any rank, instead of {unsharded * mib:.2f} MiB",
+                  flush=True)
 
     # -- what the loop calls ----------------------------------------------------------------------
     def local_batch(self, batch: dict) -> dict:

