@@ -17,7 +17,6 @@ from megatron_zaya.parallel.context import slice_batch_for_cp
 from megatron_zaya.parallel.data import GradientReducer, clip_grad_norm, is_expert
 from megatron_zaya.parallel.launch import destroy_distributed, init_distributed
 from megatron_zaya.parallel.state import ParallelState
-from megatron_zaya.training.runtime import nonfinite_gradients
 
 
 class DistributedRuntime:
@@ -108,10 +107,6 @@ class DistributedRuntime:
                     square -= p.detach()[rows[0]:rows[1]].double().pow(2).sum()
         dist.all_reduce(square)
         return math.sqrt(square.item())
-
-    def describe_nonfinite(self, model: torch.nn.Module) -> str:
-        bad = nonfinite_gradients(model)
-        return f"rank {self.rank}: non-finite gradients in {bad[:8]}" if bad else f"rank {self.rank}: non-finite loss"
 
     def barrier(self) -> None:
         dist.barrier()

@@ -22,6 +22,7 @@ from megatron_zaya.optim.schedules import LRSchedule
 from megatron_zaya.training.batch_schedule import BatchSizeSchedule
 from megatron_zaya.training.logger import TrainingLogger
 from megatron_zaya.training.metrics import device_peak_tflops, peak_memory_bytes, routing_statistics
+from megatron_zaya.training.nonfinite import diagnose
 
 
 @dataclass
@@ -43,7 +44,7 @@ class StepResult:
     num_tokens: int
     routing_counts: torch.Tensor    # (L, E + 1) global counts
     skipped: bool
-    diagnosis: str = ""             # which parameters had non-finite gradients, when skipped
+    diagnosis: str = ""             # when skipped: which rank(s) and layer produced the non-finite values
 
 
 class NonFiniteLossError(RuntimeError):
@@ -122,8 +123,8 @@ class Trainer:
         grad_norm = parallel.clip_grad_norm(self.run.optim.clip_grad)
         skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
         diagnosis = ""
-        if skipped:
-            diagnosis = parallel.describe_nonfinite(model)   # before the gradients are cleared
+        if skipped:   # every rank: which rank and layer produced it (megatron_zaya/training/nonfinite.py)
+            diagnosis = diagnose(self, micro_batches[-1], loss_scale, loss_sum)
             self.optimizer.zero_grad()
             parallel.zero_grad()
         else:

@@ -65,9 +65,5 @@ class SingleProcess:
     def params_norm(self) -> float:
         return math.sqrt(sum(p.detach().double().pow(2).sum().item() for p in self.model.parameters()))
 
-    def describe_nonfinite(self, model: torch.nn.Module) -> str:
-        bad = nonfinite_gradients(model)
-        return f"rank {self.rank}: non-finite gradients in {bad[:8]}" if bad else f"rank {self.rank}: non-finite loss"
-
     def barrier(self) -> None:
         pass

@@ -7,6 +7,7 @@ or under torchrun). Environment:
   CKPT_TEST_WATCHDOG=MIN,F[,FIRST]  watchdog_min_seconds=MIN, watchdog_timeout_factor=F
                              (, watchdog_first_iteration_seconds=FIRST); with several ranks the hung
                              rank gets 3 x MIN, so the healthy ranks (stuck in a collective) fire first
+  CKPT_TEST_NAN_FORWARD=R:L  from the first iteration on, rank R's block layers[L] outputs NaN
   CKPT_TEST_LOSSES=PATH      write {iteration: exact loss} as JSON (rank 0) at the end / after each step
   CKPT_TEST_PIDDIR=DIR       write this process's pid to DIR/<rank>.pid (to signal training processes only)
 """
@@ -47,7 +48,12 @@ def main() -> int:
     hang_rank = int(env.get("CKPT_TEST_HANG_RANK", "0"))
     slow_step = float(env.get("CKPT_TEST_SLOW_STEP", "0"))
 
+    nan_forward = [int(v) for v in env["CKPT_TEST_NAN_FORWARD"].split(":")] if env.get("CKPT_TEST_NAN_FORWARD") else None
+
     def train_step(trainer, micro_batches):
+        if nan_forward and trainer.parallel.rank == nan_forward[0] and not hasattr(trainer, "_nan_hook"):
+            trainer._nan_hook = trainer.model.layers[nan_forward[1]].register_forward_hook(
+                lambda module, inputs, out: (out[0] * float("nan"), *out[1:]))
         if hang_at and trainer.state.iteration + 1 == hang_at and trainer.parallel.rank == hang_rank:
             print(f"rank {hang_rank}: hanging in iteration {hang_at}", flush=True)
             time.sleep(3600)

@@ -237,6 +237,43 @@ def test_nan_step_is_skipped_and_repeated_nans_stop(ckpt_corpus, ckpt_cache, tmp
         assert all(torch.isfinite(t).all() for t in state.values())
 
 
+def test_nan_in_the_forward_of_one_rank_is_traced_to_its_rank_and_layer(ckpt_corpus, ckpt_cache, tmp_path):
+    """2 ranks under torchrun; rank 1's layers.1 outputs NaN: after the reduction every rank's gradients
+    are NaN, yet the stop names rank 1 and layers.1 (and not rank 0)."""
+    import subprocess
+    import sys
+    from ckpt_harness import RUNNER, ROOT, subprocess_env
+    from tests.parallel.parallel_launcher import free_port
+    env = dict(subprocess_env(), CKPT_TEST_NAN_FORWARD="1:1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), RUNNER, *flags(ckpt_corpus, 6, cache=ckpt_cache)]
+    result = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert result.returncode != 0
+    stops = re.findall(r"^\[rank(\d)\]: megatron_zaya\.training\.loop\.NonFiniteLossError: (.*)$", result.stderr, re.M)
+    assert sorted(rank for rank, _ in stops) == ["0", "1"], result.stderr[-4000:]   # both ranks stop,
+    stops = [text for _, text in stops]
+    assert stops[0] == stops[1]                                                       # with the same diagnosis
+    assert "3 consecutive steps" in stops[0] and "non-finite produced on rank(s) [1]: " in stops[0], stops[0]
+    assert stops[0].endswith("rank 1: loss non-finite, first non-finite output: layers.1"), stops[0]
+    assert "rank 0:" not in stops[0]
+    assert "SKIPPED (non-finite) non-finite produced on rank(s) [1]" in result.stdout
+
+
+def test_nan_loss_with_finite_blocks_is_blamed_on_the_head_or_loss(ckpt_corpus, ckpt_cache, monkeypatch):
+    import dataclasses
+    from megatron_zaya.model.zaya import ZayaModel
+    original = ZayaModel.forward
+
+    def forward(model, *args, **kwargs):
+        out = original(model, *args, **kwargs)
+        return dataclasses.replace(out, token_losses=out.token_losses * float("nan"))
+
+    monkeypatch.setattr(ZayaModel, "forward", forward)
+    with pytest.raises(NonFiniteLossError, match=r"rank\(s\) \[0\]: rank 0: loss non-finite, every block's output "
+                                                r"finite \(the head or the loss\)"):
+        train(flags(ckpt_corpus, 6, cache=ckpt_cache))
+
+
 def test_corrupt_or_missing_shard_names_the_file_and_load_falls_back(ckpt_corpus, ckpt_cache, tmp_path):
     save = str(tmp_path / "corrupt")
     train(flags(ckpt_corpus, 4, "--save", save, "--save-interval", "2", cache=ckpt_cache))
