@@ -20,6 +20,20 @@ import torch.distributed as dist
 from megatron_zaya.parallel.data import GradientReducer
 
 
+def sharding_report(owned: int, total: int, bytes_per_param: float) -> dict:
+    """Per-rank state bytes of a sharded optimizer against the same state unsharded."""
+    sharded, unsharded = int(owned * bytes_per_param), int(total * bytes_per_param)
+    return {"params_total": total, "params_owned": owned, "sharded_bytes": sharded,
+            "unsharded_bytes": unsharded, "saved_bytes": unsharded - sharded,
+            "saved_fraction": 1 - sharded / unsharded if unsharded else 0.0}
+
+
+def describe_sharding(what: str, report: dict) -> str:
+    mib = 1 / 2 ** 20
+    return (f"{what} {report['sharded_bytes'] * mib:.2f} MiB/rank instead of "
+            f"{report['unsharded_bytes'] * mib:.2f} MiB (saves {100 * report['saved_fraction']:.0f}%)")
+
+
 class DistributedOptimizer:
     def __init__(self, params_or_groups, optimizer_factory: Callable[[list[dict]], torch.optim.Optimizer],
                  pstate, reducer: GradientReducer | None = None, bucket_size: int = 40_000_000):
@@ -113,13 +127,7 @@ class DistributedOptimizer:
             measured = sum(t.numel() * t.element_size() for *_, m in self.pieces
                            for t in self.inner.state.get(m, {}).values() if torch.is_tensor(t) and t.dim() > 0)
         per_param = 4 + (measured / owned if measured and owned else state_bytes_per_param)
-        sharded, unsharded = int(owned * per_param), int(total * per_param)
-        return {"params_total": total, "params_owned": owned, "sharded_bytes": sharded,
-                "unsharded_bytes": unsharded, "saved_bytes": unsharded - sharded,
-                "saved_fraction": 1 - sharded / unsharded if unsharded else 0.0}
+        return sharding_report(owned, total, per_param)
 
     def describe_memory(self) -> str:
-        r = self.memory_report()
-        mib = 1 / 2 ** 20
-        return (f"ZeRO-1 master+optimizer state {r['sharded_bytes'] * mib:.2f} MiB/rank instead of "
-                f"{r['unsharded_bytes'] * mib:.2f} MiB (saves {100 * r['saved_fraction']:.0f}%)")
+        return describe_sharding("ZeRO-1 master+optimizer state", self.memory_report())

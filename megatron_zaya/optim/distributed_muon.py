@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from megatron_zaya.optim.distributed import describe_sharding, sharding_report
 from megatron_zaya.optim.muon import apply_update, momentum_direction, orthogonalized_updates
 from megatron_zaya.parallel.data import owners_of_bucket
 
@@ -75,16 +76,10 @@ class DistributedMuon:
         total = sum(p.numel() for p in self.owner)
         measured = sum(t.numel() * t.element_size() for s in self.state.values() for t in s.values())
         per_param = measured / owned if measured and owned else state_bytes_per_param
-        sharded, unsharded = int(owned * per_param), int(total * per_param)
-        return {"params_total": total, "params_owned": owned, "sharded_bytes": sharded,
-                "unsharded_bytes": unsharded, "saved_bytes": unsharded - sharded,
-                "saved_fraction": 1 - sharded / unsharded if unsharded else 0.0}
+        return sharding_report(owned, total, per_param)
 
     def describe_memory(self) -> str:
-        r = self.memory_report()
-        mib = 1 / 2 ** 20
-        return (f"distributed Muon momentum {r['sharded_bytes'] * mib:.2f} MiB/rank instead of "
-                f"{r['unsharded_bytes'] * mib:.2f} MiB (saves {100 * r['saved_fraction']:.0f}%)")
+        return describe_sharding("distributed Muon momentum", self.memory_report())
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         pass   # gradients live in the reducer's buckets, cleared by the reducer
