@@ -119,6 +119,12 @@ class Encoder:
             except json.JSONDecodeError as e:
                 self._skip(stats, "malformed JSON", where, f"{e.msg} at column {e.colno}")
                 continue
+            except RecursionError:
+                self._skip(stats, "malformed JSON", where, "nested too deeply")
+                continue
+            except ValueError as e:  # e.g. an integer longer than sys.get_int_max_str_digits()
+                self._skip(stats, "malformed JSON", where, str(e).split(":")[0])
+                continue
             if not isinstance(obj, dict):
                 self._skip(stats, "not a JSON object", where)
                 continue
@@ -139,6 +145,11 @@ class Encoder:
                     break
             if any(v is None for v in values.values()):
                 continue
+            if "\\u" in text:  # only a JSON \u escape can smuggle in a lone surrogate (raw bytes are checked above)
+                bad = _lone_surrogate(values)
+                if bad is not None:
+                    self._skip(stats, "invalid Unicode", where, f"lone surrogate in key {bad!r}")
+                    continue
             for k in keys:
                 docs[k].append((where, values[k]))
         out = {}
@@ -213,6 +224,17 @@ class Encoder:
         stats.documents += len(per_doc)
         stats.tokens += int(tokens.size)
         return tokens, seq_lens, per_doc
+
+
+def _lone_surrogate(values: dict) -> str | None:
+    """The first key whose text holds a lone surrogate (unencodable as UTF-8, so untokenizable)."""
+    for k, sents in values.items():
+        for t in sents:
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError:
+                return k
+    return None
 
 
 _WORKER: Encoder | None = None

@@ -11,6 +11,7 @@ import glob
 import gzip
 import io
 import os
+import zlib
 from typing import Iterator, NamedTuple
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -116,8 +117,12 @@ def iter_records(paths: list[str], text_mode: str = "file") -> Iterator[Record]:
                 yield from _iter_jsonl(path)
             else:
                 yield from _iter_text(path, text_mode)
-        except (OSError, EOFError) as e:
+        except (OSError, EOFError, zlib.error) as e:
             raise InputError(f"--input {path}: read failed ({e})") from None
+        except Exception as e:
+            if type(e).__module__.startswith("zstandard") or type(e).__name__ == "ZstdError":
+                raise InputError(f"--input {path}: read failed (corrupt zstd data: {e})") from None
+            raise
 
 
 def input_size(paths: list[str]) -> int:

@@ -307,3 +307,71 @@ def test_zstd_input(tmp_path):
     assert run_tool("--input", path, "--output-prefix", tmp_path / "o", "--tokenizer-type", "NullTokenizer",
                     "--tokenizer-model", 1000, "--append-eod") == 0
     assert docs_of(str(tmp_path / "o_text_document")) == [[i, i + 1, 1000] for i in range(300)]
+
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_hostile_json_is_skipped_with_line_numbers(tmp_path, workers, capsys):
+    path = tmp_path / "in.jsonl"
+    lines = [json.dumps({"text": "1 2"}),
+             '{"text": "3 \\ud800 4"}',                                  # line 2: lone surrogate (\u escape)
+             '{"text": "5", "x": ' + "[" * 100000 + "]" * 100000 + "}",   # line 3: nested too deeply
+             '{"text": "6", "n": ' + "9" * 5000 + "}",                   # line 4: integer over the digit limit
+             '{"text": ["7", "\\udfff"]}',                               # line 5: lone surrogate in a list
+             '{"text": "8", "note": "\\ud83d\\ude00 \\ud800"}',          # other keys are not checked
+             '{"text": "9 10"}']
+    path.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "o"
+    assert run_tool("--input", path, "--output-prefix", out, "--tokenizer-type", "NullTokenizer",
+                    "--tokenizer-model", 100, "--workers", workers, "--chunk-bytes", 64) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    assert docs_of(str(out) + "_text_document") == [[1, 2], [8], [9, 10]]
+    summary = captured.out
+    assert "documents: 3 (from 7 records)" in summary and "skipped:   4" in summary
+    bad_json = next(l for l in summary.splitlines() if l.strip().startswith("malformed JSON"))
+    assert ": 2" in bad_json and "in.jsonl:3 (nested too deeply)" in bad_json and "in.jsonl:4 (" in bad_json
+    assert "digits" in bad_json
+    bad_uni = next(l for l in summary.splitlines() if l.strip().startswith("invalid Unicode"))
+    assert ": 2" in bad_uni and "in.jsonl:2 (lone surrogate in key 'text')" in bad_uni and "in.jsonl:5" in bad_uni
+
+
+def test_lone_surrogate_is_an_error_in_strict_mode(tmp_path, capsys):
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"text": "1"}\n{"text": "\\ud800"}\n')
+    assert run_tool("--input", path, "--output-prefix", tmp_path / "o", "--tokenizer-type", "NullTokenizer",
+                    "--tokenizer-model", 100, "--strict") == 2
+    err = capsys.readouterr().err
+    assert "in.jsonl:2: invalid Unicode" in err and "Traceback" not in err
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+
+
+def _corrupt_gzip(raw):
+    data = bytearray(gzip.compress(raw))
+    data[20:32] = b"x" * 12   # inside the deflate stream: zlib.error, not an OSError
+    return bytes(data)
+
+
+def _corrupt_zstd(raw):
+    zstandard = pytest.importorskip("zstandard")
+    data = zstandard.ZstdCompressor().compress(raw)
+    return data[:30] + b"x" * 40 + data[70:]
+
+
+@pytest.mark.parametrize("name,make", [
+    ("in.jsonl.gz", _corrupt_gzip),
+    ("in.jsonl.gz", lambda raw: b"not gzip at all"),
+    ("in.jsonl.gz", lambda raw: gzip.compress(raw)[:-30]),      # truncated
+    ("in.jsonl.zst", _corrupt_zstd),
+    ("in.jsonl.zst", lambda raw: pytest.importorskip("zstandard") and b"not zstd at all"),
+])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_corrupt_compressed_input_is_an_input_error(tmp_path, name, make, workers, capsys):
+    raw = "".join(json.dumps({"text": f"{i} {i + 1}"}) + "\n" for i in range(3000)).encode()
+    path = tmp_path / name
+    path.write_bytes(make(raw))
+    assert run_tool("--input", path, "--output-prefix", tmp_path / "o", "--tokenizer-type", "NullTokenizer",
+                    "--tokenizer-model", 10000, "--workers", workers) == 2
+    err = capsys.readouterr().err
+    assert f"--input {path}: read failed" in err and "Traceback" not in err
+    assert sorted(os.listdir(tmp_path)) == [name]
