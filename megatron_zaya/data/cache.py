@@ -26,6 +26,17 @@ def description_hash(description: dict) -> str:
     return hashlib.md5(text.encode("utf-8")).hexdigest()
 
 
+def array_digest(*arrays: np.ndarray, chunk_bytes: int = 1 << 24) -> str:
+    """blake2b of the raw bytes of `arrays` (memory maps included), read `chunk_bytes` at a time."""
+    h = hashlib.blake2b(digest_size=16)
+    for arr in arrays:
+        buf = memoryview(np.ascontiguousarray(arr)).cast("B")
+        h.update(f"{arr.dtype.str}:{arr.size};".encode())
+        for i in range(0, len(buf), chunk_bytes):
+            h.update(buf[i:i + chunk_bytes])
+    return h.hexdigest()
+
+
 def _lock_is_stale(lock_path: str) -> bool:
     try:
         with open(lock_path) as f:

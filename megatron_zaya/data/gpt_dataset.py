@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import index_builders as ib
-from .cache import cached_arrays
+from .cache import array_digest, cached_arrays
 from .indexed import IndexedDataset
 
 
@@ -31,6 +31,19 @@ class SampleOptions:
 def default_cache_dir(path_prefix: str) -> str:
     """Megatron's default: a `cache/GPTDataset_indices` folder beside the data."""
     return os.path.join(os.path.dirname(os.path.abspath(path_prefix)), "cache", "GPTDataset_indices")
+
+
+def dataset_fingerprint(indexed: IndexedDataset) -> dict:
+    """What identifies the data an index cache entry was built from: the .idx/.bin sizes, the .idx
+    mtime and a hash of the sequence lengths and document boundaries (a re-tokenized corpus with
+    the same number of documents must not reuse stale indices)."""
+    st = os.stat(indexed.path_prefix + ".idx")
+    return {
+        "idx_bytes": st.st_size,
+        "idx_mtime_ns": st.st_mtime_ns,
+        "bin_bytes": os.path.getsize(indexed.path_prefix + ".bin"),
+        "lengths_blake2b": array_digest(indexed.sequence_lengths, indexed.document_indices),
+    }
 
 
 def ltor_masks_and_position_ids(tokens: np.ndarray, opts: SampleOptions):
@@ -79,7 +92,7 @@ class GPTDataset:
         self.description = {
             "class": "GPTDataset",
             "path_prefix": os.path.abspath(indexed.path_prefix),
-            "idx_bytes": os.path.getsize(indexed.path_prefix + ".idx"),
+            **dataset_fingerprint(indexed),
             "split": split_name,
             "indices": [int(self.indices[0]), int(self.indices[-1]) + 1, int(len(self.indices))],
             "num_samples": num_samples,

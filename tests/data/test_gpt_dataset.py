@@ -106,6 +106,55 @@ def test_cache_is_reused_and_keyed(tmp_path):
     assert default.cache_dir == str(tmp_path / "cache" / "GPTDataset_indices")
 
 
+@pytest.mark.parametrize("same_total", [True, False])
+def test_cache_is_not_reused_after_retokenizing(tmp_path, same_total):
+    """Same document count (so the same .idx size), other lengths: the stale indices must not be used,
+    even when the .idx mtime is unchanged (coarse clocks, copies with preserved times)."""
+    prefix, seqs = make_corpus(tmp_path, n_docs=37)
+    cache = str(tmp_path / "cache")
+    opts = SampleOptions(8, 999)
+    old = GPTDataset(IndexedDataset(prefix), np.arange(37), 60, opts, seed=1, cache_dir=cache)
+    st = os.stat(prefix + ".idx")
+    if same_total:   # same .bin size too: move tokens from the longest documents to the shortest
+        seqs = sorted(seqs, key=len)
+        new = [s[:] for s in seqs]
+        for i in range(10):
+            moved = new[-1 - i][:len(new[-1 - i]) // 2]
+            new[-1 - i] = new[-1 - i][len(moved):]
+            new[i] = moved + new[i]
+        assert sum(map(len, new)) == sum(map(len, seqs)) and list(map(len, new)) != list(map(len, seqs))
+    else:
+        new = [s[:2] for s in seqs]   # much shorter documents: the old sample index points past the end
+    write_dataset(prefix, new, dtype=np.uint16)
+    os.utime(prefix + ".idx", ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.path.getsize(prefix + ".idx") == st.st_size
+    ds = IndexedDataset(prefix)
+    fresh = GPTDataset(ds, np.arange(37), 60, opts, seed=1, cache_dir=cache)
+    assert fresh.description != old.description
+    assert len([f for f in os.listdir(cache) if f.endswith(".npy")]) == 6
+    ref_ds = GPTDataset(ds, np.arange(37), 60, opts, seed=1, use_cache=False)
+    assert len(fresh) == len(ref_ds)
+    for i in range(len(fresh)):
+        assert np.array_equal(fresh[i]["tokens"], ref_ds[i]["tokens"])
+    # a pure mtime change (touch) also makes a new entry; the same file reopened reuses it
+    again = GPTDataset(IndexedDataset(prefix), np.arange(37), 60, opts, seed=1, cache_dir=cache)
+    assert again.description == fresh.description
+    os.utime(prefix + ".idx", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    GPTDataset(IndexedDataset(prefix), np.arange(37), 60, opts, seed=1, cache_dir=cache)
+    assert len([f for f in os.listdir(cache) if f.endswith(".npy")]) == 9
+
+
+def test_array_digest_is_chunk_independent():
+    from megatron_zaya.data.cache import array_digest
+
+    a = np.arange(100_000, dtype=np.int32)
+    assert array_digest(a) == array_digest(a, chunk_bytes=4096) == array_digest(a, chunk_bytes=7)
+    b = a.copy()
+    b[5], b[6] = b[6], b[5]
+    assert array_digest(b) != array_digest(a)
+    assert array_digest(a.astype(np.int64)) != array_digest(a)
+
+
 def _racer(cache_dir, counter, results, rank):
     def build():
         with counter.get_lock():
