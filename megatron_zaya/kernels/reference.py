@@ -84,12 +84,9 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return _BlockedCrossEntropy.apply(logits, labels)
 
 
-_CE_BLOCK_ELEMENTS = 1 << 18   # 1 MiB of fp32: measured best of 2^16..2^26 at 2048 x 8192 and x 32768
-
-
 def _row_blocks(logits: torch.Tensor):
-    """Row ranges of about _CE_BLOCK_ELEMENTS logits each (a block's fp32 softmax stays in cache)."""
-    rows = max(1, _CE_BLOCK_ELEMENTS // max(1, logits.shape[-1]))
+    """Row ranges of about 4 MiB of fp32 logits each (a block's fp32 softmax stays in cache)."""
+    rows = max(1, (1 << 20) // max(1, logits.shape[-1]))
     return ((start, min(start + rows, logits.shape[0])) for start in range(0, logits.shape[0], rows))
 
 
