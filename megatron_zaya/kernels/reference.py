@@ -78,44 +78,42 @@ def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-token cross-entropy in fp32 (no reduction); label IGNORE_INDEX (-100) gives 0.
-    logits: (N, V), labels: (N,). = F.cross_entropy(logits.float(), labels, reduction="none"):
-    the loss bit for bit (-log_softmax in fp32 at the label, row by row), its gradient
-    (softmax - onehot(label)) * grad_loss up to fp32 rounding."""
+    logits: (N, V), labels: (N,). = F.cross_entropy(logits.float(), labels, reduction="none") up to
+    fp32 rounding: logsumexp(z) - z[label], z the fp32 logits."""
     return _BlockedCrossEntropy.apply(logits, labels)
 
 
 def _row_blocks(logits: torch.Tensor):
-    """Row ranges of about 4 MiB of fp32 logits each (a block's fp32 softmax stays in cache)."""
+    """Row ranges of about 4 MiB of fp32 logits each (a block's fp32 copy stays in cache)."""
     rows = max(1, (1 << 20) // max(1, logits.shape[-1]))
     return ((start, min(start + rows, logits.shape[0])) for start in range(0, logits.shape[0], rows))
 
 
 class _BlockedCrossEntropy(torch.autograd.Function):
-    """cross_entropy in blocks of rows: no (N, V) fp32 log-probabilities in memory, and the backward
-    recomputes each block's fp32 softmax and writes (softmax - onehot) * grad_loss straight in
-    logits' dtype (no (N, V) fp32 gradient, zero fill or cast, which nll_loss(log_softmax) has)."""
+    """cross_entropy in blocks of rows: no (N, V) fp32 copy of the logits in the forward, and the
+    backward writes (softmax - onehot(label)) * grad_loss straight in logits' dtype (no (N, V) fp32
+    gradient, zero fill or cast, which nll_loss(log_softmax(...)) has)."""
 
     @staticmethod
     def forward(ctx, logits, labels):
-        valid = labels != IGNORE_INDEX
-        target = labels.clamp_min(0).unsqueeze(1)
-        loss = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+        lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
         for start, stop in _row_blocks(logits):
-            log_probs = F.log_softmax(logits[start:stop], dim=-1, dtype=torch.float32)
-            loss[start:stop] = -log_probs.gather(1, target[start:stop]).squeeze(1)
-        ctx.save_for_backward(logits, labels)
-        return loss.masked_fill_(~valid, 0.0)
+            lse[start:stop] = torch.logsumexp(logits[start:stop].float(), dim=-1)
+        valid = labels != IGNORE_INDEX
+        target = logits.gather(1, labels.clamp_min(0).unsqueeze(1)).squeeze(1).float()
+        ctx.save_for_backward(logits, labels, lse)
+        return torch.where(valid, lse - target, torch.zeros_like(lse))
 
     @staticmethod
     def backward(ctx, grad_loss):
-        logits, labels = ctx.saved_tensors
-        scale = grad_loss.float().masked_fill(labels == IGNORE_INDEX, 0.0).unsqueeze(1)
-        target = labels.clamp_min(0)
+        logits, labels, lse = ctx.saved_tensors
+        scale = torch.where(labels != IGNORE_INDEX, grad_loss.float(), torch.zeros_like(lse))
         grad = torch.empty_like(logits)
         for start, stop in _row_blocks(logits):
-            probs = torch.softmax(logits[start:stop], dim=-1, dtype=torch.float32)
-            probs[torch.arange(stop - start, device=logits.device), target[start:stop]] -= 1.0
-            torch.mul(probs, scale[start:stop], out=grad[start:stop])
+            probs = (logits[start:stop].float() - lse[start:stop, None]).exp_()       # softmax rows
+            rows = torch.arange(stop - start, device=logits.device)
+            probs[rows, labels[start:stop].clamp_min(0)] -= 1.0
+            grad[start:stop] = probs.mul_(scale[start:stop, None])
         return grad, None
 
 

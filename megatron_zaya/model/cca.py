@@ -63,11 +63,8 @@ class CompressedConvAttention(nn.Module):
         packed, v_current, v_delayed = F.linear(x, weight).split(
             (q_width + kv_width, kv_width // 2, kv_width // 2), dim=-1)      # packed = [q0 | k0] (B, S, C)
         # q-k mean from the PRE-convolution projections; query head h pairs with KV head h // groups.
-        # (split rather than slices throughout: a split's backward is one cat, a slice's a zero-filled
-        # full-size buffer plus a copy and an add per slice.)
-        q0, k0 = packed.split((q_width, kv_width), dim=-1)
-        q0 = q0.view(b, s, self.num_kv_heads, self.groups, dh)
-        k0 = k0.view(b, s, self.num_kv_heads, 1, dh)
+        q0 = packed[..., :q_width].view(b, s, self.num_kv_heads, self.groups, dh)
+        k0 = packed[..., q_width:].view(b, s, self.num_kv_heads, 1, dh)
         mean_q = (q0 + k0) * 0.5                                               # (B, S, HKV, groups, dh)
         mean_k = mean_q.mean(dim=3)
         mean_q = mean_q.view(b, s, self.num_heads, dh)
@@ -81,9 +78,8 @@ class CompressedConvAttention(nn.Module):
         # The adds write q and k channel-last and contiguous (the layout of their first operand):
         # the elementwise QK-norm/RoPE passes and SDPA's fused CPU kernel need a unit stride on the
         # head dim (a strided q sends SDPA to its math path, S x S scores included).
-        mixed_q, mixed_k = mixed.split((q_width, kv_width), dim=-1)
-        q = mean_q + mixed_q.reshape(b, s, self.num_heads, dh)
-        k = mean_k + mixed_k.reshape(b, s, self.num_kv_heads, dh)
+        q = mean_q + mixed[..., :q_width].reshape(b, s, self.num_heads, dh)
+        k = mean_k + mixed[..., q_width:].reshape(b, s, self.num_kv_heads, dh)
         # Value shift: half the value channels from this token, half from the previous one.
         if left is None:
             v_shifted = F.pad(v_delayed, (0, 0, 1, -1))                        # zeros, then rows 0..S-2
@@ -97,8 +93,8 @@ class CompressedConvAttention(nn.Module):
         eps = torch.finfo(q.dtype).eps
         scale = math.sqrt(self.head_dim)
         q = q * (scale / q.norm(dim=-1, keepdim=True).clamp_min(eps))
-        # The key temperature folds into the per-row factor: one full-size multiply instead of two.
-        k = k * (scale / k.norm(dim=-1, keepdim=True).clamp_min(eps) * self.key_temperature.to(k.dtype)[:, None])
+        k = k * (scale / k.norm(dim=-1, keepdim=True).clamp_min(eps))
+        k = k * self.key_temperature.to(k.dtype)[None, None, :, None]
         return kernels.apply_partial_rope(q, cos, sin), kernels.apply_partial_rope(k, cos, sin)
 
     def attend(self, q, k, v, attention_mask: torch.Tensor | None = None):
