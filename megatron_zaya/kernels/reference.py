@@ -70,51 +70,16 @@ def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
     rotary_dim = cos.shape[-1]
     cos = cos.unsqueeze(2).to(x.dtype)
     sin = sin.unsqueeze(2).to(x.dtype)
-    # split, not two slices: its backward is one cat (a slice's backward zero-fills a full-size buffer).
-    x_rot, x_pass = x.split((rotary_dim, x.shape[-1] - rotary_dim), dim=-1)
+    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
     x_rot = x_rot * cos + rotate_half(x_rot) * sin
     return torch.cat((x_rot, x_pass), dim=-1)
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Per-token cross-entropy in fp32 (no reduction); label IGNORE_INDEX (-100) gives 0.
-    logits: (N, V), labels: (N,). = F.cross_entropy(logits.float(), labels, reduction="none") up to
-    fp32 rounding: logsumexp(z) - z[label], z the fp32 logits."""
-    return _BlockedCrossEntropy.apply(logits, labels)
-
-
-def _row_blocks(logits: torch.Tensor):
-    """Row ranges of about 4 MiB of fp32 logits each (a block's fp32 copy stays in cache)."""
-    rows = max(1, (1 << 20) // max(1, logits.shape[-1]))
-    return ((start, min(start + rows, logits.shape[0])) for start in range(0, logits.shape[0], rows))
-
-
-class _BlockedCrossEntropy(torch.autograd.Function):
-    """cross_entropy in blocks of rows: no (N, V) fp32 copy of the logits in the forward, and the
-    backward writes (softmax - onehot(label)) * grad_loss straight in logits' dtype (no (N, V) fp32
-    gradient, zero fill or cast, which nll_loss(log_softmax(...)) has)."""
-
-    @staticmethod
-    def forward(ctx, logits, labels):
-        lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
-        for start, stop in _row_blocks(logits):
-            lse[start:stop] = torch.logsumexp(logits[start:stop].float(), dim=-1)
-        valid = labels != IGNORE_INDEX
-        target = logits.gather(1, labels.clamp_min(0).unsqueeze(1)).squeeze(1).float()
-        ctx.save_for_backward(logits, labels, lse)
-        return torch.where(valid, lse - target, torch.zeros_like(lse))
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        logits, labels, lse = ctx.saved_tensors
-        scale = torch.where(labels != IGNORE_INDEX, grad_loss.float(), torch.zeros_like(lse))
-        grad = torch.empty_like(logits)
-        for start, stop in _row_blocks(logits):
-            probs = (logits[start:stop].float() - lse[start:stop, None]).exp_()       # softmax rows
-            rows = torch.arange(stop - start, device=logits.device)
-            probs[rows, labels[start:stop].clamp_min(0)] -= 1.0
-            grad[start:stop] = probs.mul_(scale[start:stop, None])
-        return grad, None
+    """Per-token cross-entropy in fp32 (no reduction). logits: (N, V), labels: (N,)."""
+    # = F.cross_entropy(logits.float(), labels, reduction="none"), bit for bit; the backward hands
+    # back logits' dtype directly instead of an fp32 gradient plus a cast.
+    return F.nll_loss(F.log_softmax(logits, dim=-1, dtype=torch.float32), labels, reduction="none")
 
 
 def moe_permute(

@@ -55,36 +55,34 @@ class CompressedConvAttention(nn.Module):
         plus the raw q0/k0 and delayed values (for handing context to the right)."""
         b, s, _ = x.shape
         dh = self.head_dim
-        q_width, kv_width = self.num_heads * dh, self.num_kv_heads * dh
-        # The four input projections read the same x: one matmul on their stacked weights (the
-        # parameters stay separate for checkpoints, export and TP slicing; the columns are the same).
-        weight = torch.cat((self.linear_q.weight, self.linear_k.weight,
-                            self.linear_v_current.weight, self.linear_v_previous.weight))
-        packed, v_current, v_delayed = F.linear(x, weight).split(
-            (q_width + kv_width, kv_width // 2, kv_width // 2), dim=-1)      # packed = [q0 | k0] (B, S, C)
-        # q-k mean from the PRE-convolution projections; query head h pairs with KV head h // groups.
-        q0 = packed[..., :q_width].view(b, s, self.num_kv_heads, self.groups, dh)
-        k0 = packed[..., q_width:].view(b, s, self.num_kv_heads, 1, dh)
-        mean_q = (q0 + k0) * 0.5                                               # (B, S, HKV, groups, dh)
-        mean_k = mean_q.mean(dim=3)
-        mean_q = mean_q.view(b, s, self.num_heads, dh)
+        q0 = self.linear_q(x)
+        k0 = self.linear_k(x)
+        # q-k mean from the PRE-convolution projections.
+        q0_heads = q0.view(b, s, self.num_heads, dh)
+        k0_heads = k0.view(b, s, self.num_kv_heads, dh)
+        mean_q = (q0_heads + k0_heads.repeat_interleave(self.groups, dim=2)) * 0.5
+        mean_k = mean_q.view(b, s, self.num_kv_heads, self.groups, dh).mean(dim=3)
         # Causal depthwise then grouped convolution over time on the packed q0/k0 channels.
-        packed = packed.transpose(1, 2)                                        # (B, C, S)
+        packed = torch.cat((q0, k0), dim=-1).transpose(1, 2)          # (B, C, S)
         if left is None:
             padded = F.pad(packed, (self.conv_context, 0))
         else:
             padded = torch.cat((left.conv_inputs.to(packed.dtype), packed), dim=-1)
-        mixed = self.conv_grouped(self.conv_depthwise(padded)).transpose(1, 2)   # (B, S, C), a view
-        # The adds write q and k channel-last and contiguous (the layout of their first operand):
-        # the elementwise QK-norm/RoPE passes and SDPA's fused CPU kernel need a unit stride on the
-        # head dim (a strided q sends SDPA to its math path, S x S scores included).
-        q = mean_q + mixed[..., :q_width].reshape(b, s, self.num_heads, dh)
-        k = mean_k + mixed[..., q_width:].reshape(b, s, self.num_kv_heads, dh)
+        # Channel-last and contiguous: q and k then have a unit stride on the head dim, which the
+        # elementwise QK-norm/RoPE passes and SDPA's fused CPU kernel need (a strided q sends SDPA
+        # to its math path, S x S scores included).
+        mixed = self.conv_grouped(self.conv_depthwise(padded)).transpose(1, 2).contiguous()   # (B, S, C)
+        q_width = self.num_heads * dh
+        q = mixed[..., :q_width].reshape(b, s, self.num_heads, dh) + mean_q
+        k = mixed[..., q_width:].reshape(b, s, self.num_kv_heads, dh) + mean_k
         # Value shift: half the value channels from this token, half from the previous one.
+        v_current = self.linear_v_current(x)
+        v_delayed = self.linear_v_previous(x)
         if left is None:
-            v_shifted = F.pad(v_delayed, (0, 0, 1, -1))                        # zeros, then rows 0..S-2
+            previous = torch.zeros_like(v_delayed[:, :1])
         else:
-            v_shifted = torch.cat((left.delayed_value.to(v_delayed.dtype), v_delayed[:, :-1]), dim=1)
+            previous = left.delayed_value.to(v_delayed.dtype)
+        v_shifted = torch.cat((previous, v_delayed[:, :-1]), dim=1)
         v = torch.cat((v_current, v_shifted), dim=-1).view(b, s, self.num_kv_heads, dh)
         return q, k, v, packed, v_delayed
 
@@ -100,9 +98,10 @@ class CompressedConvAttention(nn.Module):
     def attend(self, q, k, v, attention_mask: torch.Tensor | None = None):
         """Causal GQA softmax attention; (B, S, H, dh) in, (B, S, HQ*dh) out."""
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        # Grouped KV heads go to SDPA as they are: torch 2.13's fused CPU (flash) kernel takes
-        # enable_gqa directly, so no repeat_interleave copies of K and V (nor their backward sums).
-        gqa = self.groups > 1
+        gqa = self.groups > 1 and q.is_cuda
+        if self.groups > 1 and not gqa:
+            # CPU SDPA falls back to its slow math path under enable_gqa: repeat KV heads instead.
+            k, v = k.repeat_interleave(self.groups, dim=1), v.repeat_interleave(self.groups, dim=1)
         if attention_mask is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:
