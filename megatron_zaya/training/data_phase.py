@@ -18,7 +18,10 @@ import json
 
 
 def data_signature(run) -> str:
+    """The run's data signature; "" for a run without a data pipeline (synthetic batches)."""
     data = run.data
+    if data is None:
+        return ""
     return json.dumps({"data_path": list(data.data_path),
                        "phases": [[list(p.data_path), p.train_samples] for p in data.phases],
                        "split": data.split, "seq_length": run.model.seq_length,
@@ -27,6 +30,8 @@ def data_signature(run) -> str:
 
 def enter_data_phase(state, signature: str) -> str | None:
     """Start a new data phase on `state` when the loaded signature differs; the log line, or None."""
+    if not signature:            # no data pipeline: no data position to keep
+        return None
     previous, state.data_signature = state.data_signature, signature
     if not previous or previous == signature:
         return None

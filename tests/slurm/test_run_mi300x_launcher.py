@@ -114,7 +114,9 @@ def test_outside_slurm_without_dry_run_says_how_to_submit():
 # ---------------------------------------------------------------------------------------------
 
 def standin_env(tmp: str, **extra) -> dict:
-    env = dict(TRAIN_SCRIPT=STANDIN, CKPT_DIR=os.path.join(tmp, "ckpt"), OMP_NUM_THREADS="1")
+    # Resubmissions get run_mi300x.sh's own B:USR1@600 unless told otherwise (see Jobs.submit).
+    env = dict(TRAIN_SCRIPT=STANDIN, CKPT_DIR=os.path.join(tmp, "ckpt"), OMP_NUM_THREADS="1",
+               RESUBMIT_ARGS="--signal=B:USR1@5")
     env.update(extra)
     return env
 
