@@ -27,6 +27,7 @@ from megatron_zaya.data.preprocess import (  # noqa: E402
     run,
 )
 from megatron_zaya.data.sources import InputError  # noqa: E402
+from megatron_zaya.data.workers import WorkerError  # noqa: E402
 from megatron_zaya.data.tokenizer import TOKENIZER_TYPES  # noqa: E402
 
 
@@ -110,6 +111,9 @@ def _main(args) -> int:
     except (InputError, ValueError, FileNotFoundError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except WorkerError as e:
+        print(f"error: {e}\nno output written", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted: no output written", file=sys.stderr)
         return 130

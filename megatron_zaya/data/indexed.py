@@ -211,22 +211,19 @@ class IndexedDatasetWriter:
         self.dtype = np.dtype(dtype)
         if self.dtype not in CODE_OF_DTYPE:
             raise ValueError(f"unsupported dtype {self.dtype} for an indexed dataset (use one of {sorted(str(np.dtype(t)) for t in DTYPE_CODES.values())})")
-        self._tmp_suffix = f".tmp{os.getpid()}"
         parent = os.path.dirname(os.path.abspath(self.path_prefix))
         os.makedirs(parent, exist_ok=True)
-        self._bin_tmp = bin_path(self.path_prefix) + self._tmp_suffix
-        self._len_tmp = self.path_prefix + ".lengths" + self._tmp_suffix
-        self._doc_tmp = self.path_prefix + ".docs" + self._tmp_suffix
+        self._bin_tmp, self._len_tmp, self._doc_tmp, self._idx_tmp = temporary_paths(self.path_prefix)
         opened = []
         try:   # an interrupt between the opens must not leave a temporary file behind
             for path in (self._bin_tmp, self._len_tmp, self._doc_tmp):
-                opened.append((open(path, "wb"), path))
+                opened.append(open(path, "wb"))
         except BaseException:
-            for f, path in opened:
+            for f in opened:
                 f.close()
-                os.remove(path)
+            remove_temporaries(self.path_prefix)  # by name: the interrupt may land after open() returned
             raise
-        (self._bin, _), (self._len_f, _), (self._doc_f, _) = opened
+        self._bin, self._len_f, self._doc_f = opened
         self._lengths: list[np.ndarray] = []
         self._doc_ends: list[np.ndarray] = []
         self._buffered = 0
@@ -335,7 +332,7 @@ class IndexedDatasetWriter:
         self._closed = True
         n, d = self._num_sequences, self._num_documents + 1
         itemsize = self.dtype.itemsize
-        idx_tmp = idx_path(self.path_prefix) + self._tmp_suffix
+        idx_tmp = self._idx_tmp
         step = 1 << 22
         with open(idx_tmp, "wb") as f:
             f.write(MAGIC)
@@ -374,11 +371,7 @@ class IndexedDatasetWriter:
             for f in (self._bin, self._len_f, self._doc_f):
                 f.close()
             self._closed = True
-        for p in (self._bin_tmp, self._len_tmp, self._doc_tmp, idx_path(self.path_prefix) + self._tmp_suffix):
-            try:
-                os.remove(p)
-            except FileNotFoundError:
-                pass
+        remove_temporaries(self.path_prefix)
 
     def __enter__(self):
         return self
@@ -390,6 +383,24 @@ class IndexedDatasetWriter:
         else:
             self.abort()
         return False
+
+
+def temporary_paths(path_prefix: str) -> list[str]:
+    """The temporary files an `IndexedDatasetWriter` of this process uses for `path_prefix`."""
+    prefix = _normalize_prefix(str(path_prefix))
+    suffix = f".tmp{os.getpid()}"
+    return [p + suffix for p in (bin_path(prefix), prefix + ".lengths", prefix + ".docs", idx_path(prefix))]
+
+
+def remove_temporaries(path_prefix: str) -> None:
+    """Delete this process's temporary writer files for `path_prefix`, whichever exist. Callers
+    interrupted while a writer was being built (it may exist on disk but not yet in their hands)
+    call this with the prefix alone."""
+    for p in temporary_paths(path_prefix):
+        try:
+            os.remove(p)
+        except FileNotFoundError:
+            pass
 
 
 def write_dataset(path_prefix: str, documents: Iterable[Sequence[int]], dtype=np.int32) -> None:

@@ -3,7 +3,7 @@
 The main process reads raw records (JSONL lines or text documents) and groups them into chunks of
 about `chunk_bytes`; worker processes decode, parse, optionally trim and tokenize a chunk and send
 back compact numpy arrays; the main process appends them, in input order, to one
-`IndexedDatasetWriter` per JSON key. At most `2 x workers` chunks are in flight, so memory does not
+`IndexedDatasetWriter` per JSON key. At most one chunk per worker is in flight, so memory does not
 depend on the input size. Bad records are counted per reason (with the first few locations) and
 never abort the run. See docs/DATA.md.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import itertools
 import json
-import multiprocessing as mp
 import os
 import sys
 import time
@@ -21,12 +20,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .indexed import IndexedDatasetWriter, optimal_dtype
+from .indexed import IndexedDatasetWriter, optimal_dtype, remove_temporaries
 from .sources import Record, expand_inputs, input_size, is_jsonl, iter_records
 from .tokenizer import build_tokenizer
 from .trimming import OUTCOMES, ReasoningTrimmer
+from .workers import OrderedWorkers
 
 MAX_EXAMPLES = 5  # locations remembered per skip reason
+KEPT, EMPTY, TRIMMED_AWAY = 0, 1, 2  # per-document status of one key's tokens
 
 
 @dataclass
@@ -57,6 +58,7 @@ class Stats:
     skipped: collections.Counter = field(default_factory=collections.Counter)
     examples: dict = field(default_factory=dict)
     trimming: collections.Counter = field(default_factory=collections.Counter)
+    key_tokens: collections.Counter = field(default_factory=collections.Counter)
 
     def skip(self, reason: str, where: str) -> None:
         self.skipped[reason] += 1
@@ -71,6 +73,7 @@ class Stats:
         self.records += other.records
         self.skipped.update(other.skipped)
         self.trimming.update(other.trimming)
+        self.key_tokens.update(other.key_tokens)
         for k, v in other.examples.items():
             ex = self.examples.setdefault(k, [])
             ex.extend(v[: MAX_EXAMPLES - len(ex)])
@@ -152,9 +155,22 @@ class Encoder:
                     continue
             for k in keys:
                 docs[k].append((where, values[k]))
+        # Every key holds the same records; a record is written for all keys or for none, so the
+        # outputs stay aligned document by document (see docs/DATA.md, "Several keys").
+        encoded = {k: self._encode_key(docs[k], stats) for k in keys}
+        n_docs = len(docs[keys[0]])
+        keep = np.ones(n_docs, dtype=bool)
+        for k in keys:
+            status = encoded[k][2]
+            for i in np.nonzero((status == EMPTY) & keep)[0]:
+                self._skip(stats, "empty document", docs[k][i][0], f"key {k!r}" if len(keys) > 1 else "")
+            keep &= status == KEPT
         out = {}
         for k in keys:
-            out[k] = self._tokenize(docs[k], stats)
+            out[k] = self._finish(*encoded[k][:2], encoded[k][3], keep)
+            stats.tokens += int(out[k][0].size)
+            stats.key_tokens[k] += int(out[k][0].size)
+        stats.documents += int(keep.sum())
         return out, stats
 
     def _skip(self, stats: Stats, reason: str, where: str, detail: str = "") -> None:
@@ -162,16 +178,19 @@ class Encoder:
             raise StrictError(f"{where}: {reason}" + (f" ({detail})" if detail else ""))
         stats.skip(reason, f"{where} ({detail})" if detail else where)
 
-    def _tokenize(self, docs: list, stats: Stats):
+    def _encode_key(self, docs: list, stats: Stats):
+        """Tokens of one key's documents, before any record is dropped: (tokens, lengths of the
+        non-empty sequences, status per document (KEPT / EMPTY / TRIMMED_AWAY), document of each
+        sequence). No EOD yet."""
         if self.trimmer is None and hasattr(self.tokenizer, "encode_batch_flat"):
-            return self._tokenize_flat(docs, stats)
+            return self._encode_key_flat(docs)
         tok = self.tokenizer
         flat = [s for _, sents in docs for s in sents]
         encoded = tok.encode_batch(flat) if flat else []
-        pieces, seq_lens, per_doc = [], [], []
+        pieces, seq_lens, seq_doc = [], [], []
+        status = np.full(len(docs), KEPT, dtype=np.int8)
         it = iter(encoded)
-        eod = [tok.eod] if self.cfg.append_eod else []
-        for where, sents in docs:
+        for d, (where, sents) in enumerate(docs):
             doc_ids = [next(it) for _ in sents]
             if self.trimmer is not None:
                 if len(sents) != 1:
@@ -181,49 +200,47 @@ class Encoder:
                     doc_ids = [ids] if ids is not None else []
                 stats.trimming[outcome] += 1
                 if ids is None:
+                    status[d] = TRIMMED_AWAY
                     continue
-            lens = [len(x) for x in doc_ids if len(x) > 0]
-            if not lens:
-                self._skip(stats, "empty document", where)
+            doc_ids = [x for x in doc_ids if len(x) > 0]
+            if not doc_ids:
+                status[d] = EMPTY
                 continue
-            for x in doc_ids:
-                if x:
-                    pieces.append(x)
-            if eod:
-                pieces.append(eod)
-                lens[-1] += 1
-            seq_lens.extend(lens)
-            per_doc.append(len(lens))
-        n_tokens = sum(seq_lens)
-        tokens = np.fromiter(itertools.chain.from_iterable(pieces), dtype=self.dtype, count=n_tokens)
-        stats.documents += len(per_doc)
-        stats.tokens += n_tokens
-        return tokens, np.asarray(seq_lens, np.int64), np.asarray(per_doc, np.int64)
+            pieces.extend(doc_ids)
+            seq_lens.extend(len(x) for x in doc_ids)
+            seq_doc.extend([d] * len(doc_ids))
+        seq_lens = np.asarray(seq_lens, np.int64)
+        tokens = np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.int64, count=int(seq_lens.sum()))
+        return tokens, seq_lens, status, np.asarray(seq_doc, np.int64)
 
-    def _tokenize_flat(self, docs: list, stats: Stats):
-        """Vectorized twin of `_tokenize` (no trimming): same output, numpy all the way."""
+    def _encode_key_flat(self, docs: list):
+        """Vectorized twin of `_encode_key` (no trimming): same output, numpy all the way."""
         n_docs = len(docs)
         flat = [s for _, sents in docs for s in sents]
         if not flat:
-            return np.zeros(0, self.dtype), np.zeros(0, np.int64), np.zeros(0, np.int64)
+            return (np.zeros(0, np.int64), np.zeros(0, np.int64), np.full(n_docs, EMPTY, np.int8),
+                    np.zeros(0, np.int64))
         toks, lens = self.tokenizer.encode_batch_flat(flat)
         sent_counts = np.fromiter((len(sents) for _, sents in docs), dtype=np.int64, count=n_docs)
         doc_of = np.repeat(np.arange(n_docs), sent_counts)
-        doc_tokens = np.bincount(doc_of, weights=lens, minlength=n_docs).astype(np.int64)
-        for k in np.nonzero(doc_tokens == 0)[0]:
-            self._skip(stats, "empty document", docs[k][0])
+        doc_tokens = np.bincount(doc_of, weights=lens, minlength=n_docs)
+        status = np.where(doc_tokens > 0, KEPT, EMPTY).astype(np.int8)
         nonempty = lens > 0
-        seq_lens = lens[nonempty].astype(np.int64)
-        per_doc_all = np.bincount(doc_of[nonempty], minlength=n_docs)
-        per_doc = per_doc_all[doc_tokens > 0].astype(np.int64)
+        return toks, lens[nonempty].astype(np.int64), status, doc_of[nonempty]
+
+    def _finish(self, toks: np.ndarray, seq_lens: np.ndarray, seq_doc: np.ndarray, keep: np.ndarray):
+        """Drop the sequences of records not kept, append EOD, cast: (tokens, lengths, sequences per document)."""
+        seq_keep = keep[seq_doc]
+        if not seq_keep.all():
+            toks = toks[np.repeat(seq_keep, seq_lens)]
+            seq_lens, seq_doc = seq_lens[seq_keep], seq_doc[seq_keep]
+        per_doc = np.bincount(seq_doc, minlength=len(keep))[keep].astype(np.int64)
+        seq_lens = seq_lens.copy()
         if self.cfg.append_eod and len(per_doc):
-            ends = np.cumsum(doc_tokens)[doc_tokens > 0]
+            ends = np.cumsum(seq_lens)[np.cumsum(per_doc) - 1]
             toks = np.insert(toks, ends, self.tokenizer.eod)
             seq_lens[np.cumsum(per_doc) - 1] += 1
-        tokens = toks.astype(self.dtype, copy=False)
-        stats.documents += len(per_doc)
-        stats.tokens += int(tokens.size)
-        return tokens, seq_lens, per_doc
+        return toks.astype(self.dtype, copy=False), seq_lens, per_doc
 
 
 def _lone_surrogate(values: dict) -> str | None:
@@ -245,7 +262,7 @@ def _init_worker(cfg: PreprocessConfig) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one thread per worker process
     import signal
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and stops the pool
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and stops the workers
     _WORKER = Encoder(cfg)
 
 
@@ -315,8 +332,10 @@ def run(cfg: PreprocessConfig) -> dict:
         raise ValueError(f"--workers must be at least 1, got {cfg.workers}")
     if not cfg.json_keys:
         raise ValueError("--json-keys needs at least one key")
-    if not any(is_jsonl(p) for p in paths) and len(cfg.json_keys) > 1:
-        raise ValueError("--json-keys with several keys only applies to JSONL input")
+    if len(cfg.json_keys) > 1 and not all(is_jsonl(p) for p in paths):
+        text = next(p for p in paths if not is_jsonl(p))
+        raise ValueError(f"--json-keys with several keys needs JSONL input only ({text} is plain text, "
+                         "which would fill only the first key and misalign the outputs)")
     main_encoder = Encoder(cfg)  # validates the tokenizer and trimming flags before any work
     dtype = main_encoder.dtype
     compressed = any(p.endswith((".gz", ".zst", ".zstd")) for p in paths)
@@ -324,7 +343,6 @@ def run(cfg: PreprocessConfig) -> dict:
     writers: dict[str, IndexedDatasetWriter] = {}
     stats = Stats()
     t0 = time.time()
-    pool = None
     try:
         for k in cfg.json_keys:   # inside the try: an interrupt here still removes the writers' files
             writers[k] = IndexedDatasetWriter(output_prefix_for(cfg.output_prefix, k), dtype)
@@ -346,40 +364,21 @@ def run(cfg: PreprocessConfig) -> dict:
                 except StrictError as e:
                     raise ValueError(str(e)) from None
         else:
-            ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-            pool = ctx.Pool(cfg.workers, initializer=_init_worker, initargs=(cfg,))
-            pending: collections.deque = collections.deque()
-            for chunk in chunks:
-                pending.append(pool.apply_async(_work, (chunk,)))
-                if len(pending) >= 2 * cfg.workers:
-                    consume_result = pending.popleft().get()
-                    if isinstance(consume_result, StrictError):
-                        raise ValueError(str(consume_result))
-                    consume(consume_result)
-            while pending:
-                r = pending.popleft().get()
-                if isinstance(r, StrictError):
-                    raise ValueError(str(r))
-                consume(r)
-            pool.close()
-            pool.join()
-            pool = None
+            with OrderedWorkers(cfg.workers, _work, initializer=_init_worker, initargs=(cfg,)) as workers:
+                for result in workers.imap(chunks):
+                    if isinstance(result, StrictError):
+                        raise ValueError(str(result))
+                    consume(result)
         if stats.documents == 0:
             reasons = ", ".join(f"{n} {r}" for r, n in stats.skipped.items()) or "the input is empty"
             raise EmptyInputError(f"--input {' '.join(cfg.input)}: no documents to write ({reasons})")
         for w in writers.values():
             w.finalize()
-    except BaseException:
-        if pool is not None:
-            pool.terminate()
-            pool.join()
-        # An interrupt inside Pool() leaves workers that no Pool object owns: without this they
-        # outlive us, blocked on the task queue, holding our stdout/stderr open.
-        for child in mp.active_children():
-            child.kill()
-            child.join()
+    except BaseException:   # the workers are already stopped: OrderedWorkers kills them on the way out
         for w in writers.values():
             w.abort()
+        for k in cfg.json_keys:   # a writer interrupted while being built is not in `writers` yet
+            remove_temporaries(output_prefix_for(cfg.output_prefix, k))
         raise
     finally:
         progress.close()
@@ -391,6 +390,7 @@ def run(cfg: PreprocessConfig) -> dict:
         "records": stats.records,
         "documents": stats.documents,
         "tokens": stats.tokens,
+        "tokens_per_key": {k: stats.key_tokens.get(k, 0) for k in cfg.json_keys},
         "bytes": stats.bytes,
         "skipped": dict(stats.skipped),
         "skip_examples": stats.examples,
@@ -406,9 +406,13 @@ class EmptyInputError(ValueError):
 
 
 def format_summary(s: dict) -> str:
+    n_out = len(s["outputs"])
+    per_key = s.get("tokens_per_key") or {}
     lines = [
-        f"documents: {s['documents']:,} (from {s['records']:,} records)",
-        f"tokens:    {s['tokens']:,} ({s['dtype']}, vocab {s['vocab_size']:,})",
+        f"documents: {s['documents']:,} (from {s['records']:,} records)"
+        + (f", the same records in each of the {n_out} outputs" if n_out > 1 else ""),
+        f"tokens:    {s['tokens']:,} ({s['dtype']}, vocab {s['vocab_size']:,})"
+        + (" = " + " + ".join(f"{v:,} {k}" for k, v in per_key.items()) if n_out > 1 else ""),
         f"bytes:     {s['bytes']:,}",
         f"time:      {s['seconds']:.1f}s, {s['documents_per_s']:,.0f} docs/s, {s['tokens_per_s'] / 1e6:.2f}M tokens/s",
     ]

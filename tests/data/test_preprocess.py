@@ -115,6 +115,37 @@ def test_several_keys_and_sentence_lists(tmp_path):
     assert [a[i].tolist() for i in range(3)] == [[3], [4, 5, 10], [7, 10]]
 
 
+@pytest.mark.parametrize("workers,extra", [(1, []), (2, []), (1, ["--trim-max-length", "100000"])])
+def test_several_keys_stay_aligned(tmp_path, workers, extra, capsys):
+    """A record empty (or bad) in one key is skipped for every key: document i of each output comes
+    from the same input record (Megatron keeps them aligned by writing empty documents)."""
+    rows = [{"q": "1 2", "a": "3"}, {"q": "", "a": "4 5"}, {"q": "6", "a": ["", ""]}, {"q": "7", "a": 8},
+            {"q": "9", "a": "10 11"}, {"q": ["", "12"], "a": ["13", "14"]}]
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "o"
+    assert run_tool("--input", path, "--json-keys", "q", "a", "--output-prefix", out, "--tokenizer-type",
+                    "NullTokenizer", "--tokenizer-model", 100, "--append-eod", "--workers", workers,
+                    "--chunk-bytes", 40, *extra) == 0
+    summary = capsys.readouterr().out
+    assert docs_of(str(out) + "_q_document") == [[1, 2, 100], [9, 100], [12, 100]]
+    assert docs_of(str(out) + "_a_document") == [[3, 100], [10, 11, 100], [13, 14, 100]]
+    assert "documents: 3 (from 6 records), the same records in each of the 2 outputs" in summary
+    assert "tokens:    15 (uint16, vocab 101) = 7 q + 8 a" in summary
+    empty = next(l for l in summary.splitlines() if l.strip().startswith("empty document"))
+    assert ": 2" in empty and "in.jsonl:2 (key 'q')" in empty and "in.jsonl:3 (key 'a')" in empty
+    assert "key 'a' is not a string: 1" in summary
+
+
+def test_several_keys_need_jsonl_only(tmp_path, capsys):
+    (tmp_path / "a.jsonl").write_text(json.dumps({"q": "1", "a": "2"}) + "\n")
+    (tmp_path / "b.txt").write_text("3 4")
+    assert run_tool("--input", tmp_path / "a.jsonl", tmp_path / "b.txt", "--json-keys", "q", "a",
+                    "--output-prefix", tmp_path / "o", "--tokenizer-type", "NullTokenizer",
+                    "--tokenizer-model", 100) == 2
+    assert "b.txt is plain text" in capsys.readouterr().err
+
+
 def test_large_vocab_is_int32(tmp_path):
     path = tmp_path / "in.jsonl"
     path.write_text(json.dumps({"text": "70000 5 65535"}) + "\n")
