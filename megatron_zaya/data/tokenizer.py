@@ -11,7 +11,10 @@
 - `HuggingFaceTokenizer`: a local Hugging Face `tokenizer.json` (a file, or a directory holding it and
   optionally `tokenizer_config.json` / `special_tokens_map.json`), loaded with the `tokenizers`
   package, no hub access. Like Megatron (which calls `AutoTokenizer(text).input_ids`) encoding adds
-  the post-processor's special tokens (e.g. Gemma's <bos>); EOD is the EOS token.
+  the post-processor's special tokens (e.g. Gemma's <bos>); EOD is the EOS token. As in
+  transformers 5, `add_bos_token` / `add_eos_token` in `tokenizer_config.json` do not override the
+  post-processor of a `tokenizer.json` (tests/data/test_tokenizer.py checks the ids against
+  transformers' own loading of the same folder).
 - `NullTokenizer`: `tokenizer_model` is a vocabulary size; text is space-separated integer ids and
   EOD is the id just past the vocabulary (Megatron's convention), handy for tests.
 

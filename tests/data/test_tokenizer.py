@@ -104,6 +104,66 @@ def test_hf_tokenizer_json(tmp_path, hf_tokenizer_dir):
     assert build_tokenizer("HuggingFaceTokenizer", str(d / "tokenizer.json")).eod == 0
 
 
+@pytest.fixture(scope="module")
+def byte_level_bpe_json(corpus_dir):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    hf = Tokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<pad>", "<eos>", "<bos>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    hf.train_from_iterator([json.loads(l)["text"] for l in open(corpus_dir / "train.jsonl")], trainer)
+    return hf.to_str()
+
+
+def _tokenizer_dir(directory, tokenizer_json: str, bos_post_processor: bool, config: dict | None):
+    from tokenizers import Tokenizer, processors
+
+    hf = Tokenizer.from_str(tokenizer_json)
+    if bos_post_processor:
+        hf.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
+    directory.mkdir()
+    hf.save(str(directory / "tokenizer.json"))
+    if config is not None:
+        (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory
+
+
+TEXTS = ["Thetion proment", "", " ", "  leading and trailing  ", "tabs\tand\n\nnewlines\r\n",
+         "héllo wörld, ça va? 🙂 日本語", "literal <eos> and <bos> and <pad> tokens", "<eos>", "x" * 300]
+
+
+@pytest.mark.parametrize("bos_post_processor", [True, False])
+@pytest.mark.parametrize("config", [
+    None,
+    {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<eos>", "bos_token": "<bos>", "pad_token": "<pad>"},
+    # transformers 5 ignores add_*_token beside a tokenizer.json (the post-processor decides): so do we
+    {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<eos>", "bos_token": "<bos>",
+     "add_bos_token": True, "add_eos_token": True},
+], ids=["no-config", "config", "config-add-flags"])
+def test_hf_tokenizer_matches_transformers(tmp_path, byte_level_bpe_json, monkeypatch, bos_post_processor, config):
+    """Megatron's HuggingFaceTokenizer encodes with `AutoTokenizer(...)(text).input_ids` and takes
+    EOD from `eos_token_id`: the same local folder must give the same ids through ours."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    transformers = pytest.importorskip("transformers")
+    d = _tokenizer_dir(tmp_path / "tok", byte_level_bpe_json, bos_post_processor, config)
+    ours = build_tokenizer("HuggingFaceTokenizer", str(d))
+    if config is None:   # transformers needs the special tokens named; ours finds them by name
+        ref = transformers.PreTrainedTokenizerFast(tokenizer_file=str(d / "tokenizer.json"), eos_token="<eos>",
+                                                   bos_token="<bos>", pad_token="<pad>")
+    else:
+        ref = transformers.AutoTokenizer.from_pretrained(str(d))
+    assert ours.vocab_size == len(ref)
+    assert ours.eod == ref.eos_token_id and ours.bos == ref.bos_token_id
+    for text in TEXTS:
+        ids = ours.encode(text)
+        assert ids == ref(text).input_ids, text
+        assert ours.decode(ids) == ref.decode(ids), text
+        assert (ids[:1] == [2]) == bos_post_processor
+    assert ours.encode_batch(TEXTS) == ref(TEXTS).input_ids
+
+
 def test_null_tokenizer():
     tok = build_tokenizer("NullTokenizer", 1000)
     assert tok.vocab_size == 1001 and tok.eod == 1000 and tok.encode("5 7 9") == [5, 7, 9]
