@@ -51,7 +51,8 @@ def save_model_as_checkpoint(state: dict, config: ModelConfig, save_dir: str, tp
         for rank, writer in enumerate(writers):
             model = _sharded_model(state, config, tp, cp, ep, world, rank)
             writer.write_rank(folder, iteration, model_entries(model), {"converted_from": source})
-        zero = {"iteration": iteration, "consumed_samples": 0, "consumed_valid_samples": 0, "skipped_iterations": 0}
+        zero = {"iteration": iteration, "consumed_samples": 0, "consumed_tokens": 0, "consumed_valid_samples": 0,
+                "skipped_iterations": 0}
         meta = {"train_state": zero, "consumed_samples": 0, "tokens_seen": 0, "model_config": config.to_dict(),
                 "optimizer_config": None, "args": {}, "converted_from": source,
                 "layout": {"world_size": world, "tensor_model_parallel_size": tp, "context_parallel_size": cp,

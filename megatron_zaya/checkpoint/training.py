@@ -171,7 +171,9 @@ class TrainingCheckpointer:
         if cfg.finetune:
             trainer.state = type(trainer.state)()
         else:
-            saved = meta["train_state"]
+            saved = dict(meta["train_state"])
+            if "consumed_tokens" not in saved:   # saved before tokens were counted per step
+                saved["consumed_tokens"] = saved["consumed_samples"] * meta["model_config"]["seq_length"]
             trainer.state = type(trainer.state)(**{f.name: saved[f.name] for f in dataclasses.fields(trainer.state)
                                                    if f.name in saved})
         data_note = enter_data_phase(trainer.state, data_signature(self.run))
@@ -201,7 +203,7 @@ class TrainingCheckpointer:
         return {
             "train_state": dataclasses.asdict(state),
             "consumed_samples": state.consumed_samples,
-            "tokens_seen": state.consumed_samples * run.model.seq_length,
+            "tokens_seen": state.consumed_tokens,
             "model_config": run.model.to_dict(),
             "optimizer_config": _jsonable(dataclasses.asdict(run.optim)),
             "args": _jsonable(vars(run.args)) if getattr(run, "args", None) is not None else {},

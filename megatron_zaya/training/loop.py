@@ -29,6 +29,7 @@ from megatron_zaya.training.nonfinite import diagnose
 class TrainState:
     iteration: int = 0
     consumed_samples: int = 0
+    consumed_tokens: int = 0        # summed per step: stays right when --seq-length changes on a resume
     consumed_valid_samples: int = 0
     skipped_iterations: int = 0
     # the current data phase (megatron_zaya/training/data_phase.py)
@@ -195,7 +196,7 @@ class Trainer:
             skip = result.routing_counts[:, -1].sum().item() / max(1, result.routing_counts.sum().item())
             self.logger.print(
                 f"iteration {it:>7}/{self.total_iters} | consumed samples {self.state.consumed_samples:>9} | "
-                f"tokens {self.state.consumed_samples * self.run.model.seq_length:>11} | lm loss {result.loss:.4f} | "
+                f"tokens {self.state.consumed_tokens:>11} | lm loss {result.loss:.4f} | "
                 f"lr {lr:.3e} | grad norm {result.grad_norm:.3f} | tokens/s/device {tokens_per_device:,.0f} | "
                 f"TFLOP/s/device {tflops:.3f} | MFU {100 * mfu:.1f}% | routing entropy {entropy:.3f} | skip {skip:.3f} | "
                 f"mem {memory_gb:.2f} GB | ETA {eta / 60:.1f} min"
@@ -228,6 +229,7 @@ class Trainer:
             result = self.train_step(self.next_micro_batches())
             self.state.iteration += 1
             self.state.consumed_samples += batch_size
+            self.state.consumed_tokens += batch_size * self.run.model.seq_length
             self.handle_nonfinite(result)
             self.log_step(result, time.time() - step_start, batch_size, started)
             self.logger.advance(result.loss)

@@ -37,6 +37,10 @@ def test_phase_change_starts_its_data_at_zero_and_resumes_exactly(tiny_corpus, t
     state = train_state(p2)
     assert (state["iteration"], state["consumed_samples"]) == (8, 12 + 5 * 8)
     assert (state["data_start_iteration"], state["data_start_samples"]) == (3, 12)
+    # tokens are summed per step: 12 samples of 32, then 40 of 64 (not 52 x 64)
+    assert state["consumed_tokens"] == 12 * 32 + 5 * 8 * 64
+    meta = json.loads((p2 / "iter_0000008" / "metadata.json").read_text())
+    assert meta["tokens_seen"] == state["consumed_tokens"]
 
     first = phase(tiny_corpus, tmp_path, "tb3", **new_data, **{"--load": p1, "--save": p2b, "--exit-interval": 5})
     second = phase(tiny_corpus, tmp_path, "tb4", **new_data, **{"--load": p2b, "--save": p2b})
