@@ -82,7 +82,10 @@ class OrderedWorkers:
             if len(busy) == n:
                 yield self._receive(busy.popleft())
             worker = i % n   # round robin: the worker just freed (or never used yet)
-            self._conns[worker].send(item)
+            try:
+                self._conns[worker].send(item)
+            except OSError:   # it died while idle
+                raise self._died(worker) from None
             busy.append(worker)
         while busy:
             yield self._receive(busy.popleft())
@@ -91,11 +94,14 @@ class OrderedWorkers:
         try:
             status, value = self._conns[worker].recv()
         except (EOFError, OSError):
-            self._procs[worker].join(timeout=5)
-            raise WorkerError(f"worker process {worker} exited (exit code {self._procs[worker].exitcode})") from None
+            raise self._died(worker) from None
         if status == "error":
             raise WorkerError(f"worker process {worker} failed:\n{value}")
         return value
+
+    def _died(self, worker: int) -> WorkerError:
+        self._procs[worker].join(timeout=5)
+        return WorkerError(f"worker process {worker} exited (exit code {self._procs[worker].exitcode})")
 
     def close(self) -> None:
         """Ask every worker to leave and wait for it (killing one that does not leave in 10 s)."""

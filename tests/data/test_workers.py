@@ -50,6 +50,15 @@ def test_a_dead_worker_is_an_error_not_a_hang():
             list(workers.imap(range(10)))
 
 
+def test_a_worker_killed_while_idle_is_an_error_not_a_broken_pipe():
+    with pytest.raises(WorkerError, match="exited \\(exit code -9\\)"):
+        with OrderedWorkers(2, abs) as workers:
+            assert list(workers.imap([-1, -2])) == [1, 2]
+            workers._procs[0].kill()
+            workers._procs[0].join()
+            list(workers.imap(range(10)))
+
+
 def test_leaving_the_block_stops_every_worker():
     with OrderedWorkers(2, _square_after_a_pause) as workers:
         procs = list(workers._procs)
