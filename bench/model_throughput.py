@@ -59,6 +59,9 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every CPU)")
     parser.add_argument("--compile", action="store_true",
                         help="our reference (CPU) kernels through torch.compile (kernels.set_reference_compile)")
+    parser.add_argument("--profile", default=None, metavar="DIR",
+                        help="after timing, profile 2 forward+backward steps of OUR model into DIR/ops.txt "
+                             "(torch.profiler, self CPU time by op, and by op and input shape)")
     args = parser.parse_args(argv)
     from megatron_zaya import kernels
     kernels.set_reference_compile(args.compile)
@@ -99,7 +102,24 @@ def main(argv=None) -> int:
     print(f"{'megatron-zaya':<28}{t_ours:>10.3f}{n_tokens / t_ours:>12.0f}")
     print(f"{'transformers ZayaForCausalLM':<28}{t_ref:>10.3f}{n_tokens / t_ref:>12.0f}")
     print(f"speed-up: {t_ref / t_ours:.2f}x")
+    if args.profile:
+        profile_ours(ours_step, args.profile)
     return 0
+
+
+def profile_ours(step, path: str, steps: int = 2) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    os.makedirs(path, exist_ok=True)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(steps):
+            step()
+    with open(os.path.join(path, "ops.txt"), "w") as f:
+        f.write(f"{steps} forward+backward steps of megatron-zaya, load {load_average()}\n\n")
+        f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=50))
+        f.write("\n\nby input shape:\n")
+        f.write(prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=50))
+    print(f"profile of {steps} steps of ours written to {path}/ops.txt")
 
 
 if __name__ == "__main__":
