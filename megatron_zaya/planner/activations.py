@@ -12,7 +12,7 @@ Two storage policies differ only where the devices' code paths differ:
   bf16 logits (2V per token) and an fp32 log-sum-exp;
 * "cpu-reference": what the CPU path saves when SDPA takes its math path: fp32 q, k, v with K/V
   repeated to HQ heads and the S x S probabilities stored (4 HQ S bytes per token), and the reference
-  cross-entropy's fp32 log-softmax (4V per token);
+  (row-blocked) cross-entropy's bf16 logits (2V per token);
 * "cpu-flash": the CPU path when SDPA takes its flash kernel (bf16, K/V repeated, no S x S).
 The tests pin SDPA's backend and measure both CPU policies.
 Context parallelism: a rank keeps S / CP tokens, and flash attention saves the all-gathered K/V of the
@@ -21,7 +21,8 @@ term is divided by TP.
 
 On top of the saved tensors, the backward begins with the gradient of the logits (bf16, V per token
 with the fused cross-entropy) while everything saved is still alive: `backward_transient`, counted in
-the planner's total but not in "stored" (which is what the tests measure).
+the planner's total but not in "stored" (which is what the tests measure); both cross-entropies write
+it in the logits' dtype.
 
 Recomputation: "selective" recomputes the cheap elementwise pieces (norm internals, RoPE tables, GELU
 and SiLU outputs, attention scores) and keeps matmul/conv inputs; "full" keeps only each block's inputs
@@ -39,7 +40,7 @@ from megatron_zaya.config import ModelConfig
 class StoragePolicy:
     attention: str = "flash"          # "flash": q, k, v, out, lse; "math": fp32 q, k, v and S x S probabilities
     kv_repeated: bool = False         # K/V expanded to HQ heads before attention (the CPU path does this)
-    loss: str = "fused"               # "fused": bf16 logits + lse; "reference": fp32 log-softmax
+    loss: str = "fused"               # "fused": bf16 logits + lse; "reference": bf16 logits (lse recomputed)
     kernels: str = "fused"            # "fused": the Triton RMSNorm/residual/SwiGLU/RoPE/permute autograd
                                       # functions; "reference": the torch reference ops (kernels/reference.py)
 
@@ -134,7 +135,7 @@ def outer_terms(config: ModelConfig, policy: str = "gpu") -> list[Term]:
     d, v = config.hidden_size, config.vocab_size
     fused = storage_policy(policy).kernels == "fused"
     loss = Term("loss: bf16 logits + lse + labels (fused CE)", 2 * v + 4 + 8) if storage_policy(policy).loss == "fused" else \
-        Term("loss: fp32 log-softmax + labels (reference CE)", 4 * v + 8)
+        Term("loss: bf16 logits + labels (reference blocked CE)", 2 * v + 8)
     terms = [
         Term("embedding indices + input scaling (bf16)", 8 + 2 * d),
         Term("final norm: fp32 input", 4 * d),
@@ -201,8 +202,8 @@ def activation_memory(config: ModelConfig, seq_length: int, micro_batch_size: in
     else:
         raise ValueError(f"--recompute={recompute}: choose one of none, selective, full")
     # The backward starts with the loss gradient over the whole vocabulary while every saved tensor is
-    # still alive: bf16 d(logits) for the fused cross-entropy; fp32 d(log-softmax) and d(logits) for the
-    # reference one.
-    per_token_grad = 2 * config.vocab_size if storage_policy(policy).loss == "fused" else 8 * config.vocab_size
+    # still alive: bf16 d(logits) for both cross-entropies (the reference one writes each row block's
+    # fp32 softmax gradient straight into the logits' dtype; the block itself is 1 MiB).
+    per_token_grad = 2 * config.vocab_size
     transient = per_token_grad * local_tokens / tensor_parallel
     return ActivationMemory(none, stored, layer_full, outer_all, terms + outer_list, transient)
