@@ -49,40 +49,51 @@ class CompressedConvAttention(nn.Module):
         self.key_temperature = nn.Parameter(torch.full((self.num_kv_heads,), config.key_temperature_init))
         self.linear_proj = nn.Linear(q_width, d, bias=False)
 
+    def input_projections(self, x: torch.Tensor):
+        """x (B, S, D) -> packed [q0 | k0] (B, S, C), v_current and v_delayed (B, S, width of each).
+        The four input projections read the same x: one matmul on their stacked weights, then a
+        split (the parameters stay separate for checkpoints, export and TP slicing). The widths come
+        from the weights: under TP a rank may hold all of v_current and none of v_previous."""
+        weights = (self.linear_q.weight, self.linear_k.weight, self.linear_v_current.weight,
+                   self.linear_v_previous.weight)
+        rows = [w.shape[0] for w in weights]
+        return F.linear(x, torch.cat(weights)).split((rows[0] + rows[1], rows[2], rows[3]), dim=-1)
+
     # -- the three stages, separable so that context parallelism can replace `attend` ------------
     def project(self, x: torch.Tensor, left: LeftContext | None = None):
         """x (B, S, D) -> q (B, S, HQ, dh), k and v (B, S, HKV, dh) before QK-norm and RoPE,
         plus the raw q0/k0 and delayed values (for handing context to the right)."""
         b, s, _ = x.shape
         dh = self.head_dim
-        q0 = self.linear_q(x)
-        k0 = self.linear_k(x)
-        # q-k mean from the PRE-convolution projections.
-        q0_heads = q0.view(b, s, self.num_heads, dh)
-        k0_heads = k0.view(b, s, self.num_kv_heads, dh)
-        mean_q = (q0_heads + k0_heads.repeat_interleave(self.groups, dim=2)) * 0.5
-        mean_k = mean_q.view(b, s, self.num_kv_heads, self.groups, dh).mean(dim=3)
+        q_width, kv_width = self.num_heads * dh, self.num_kv_heads * dh
+        packed, v_current, v_delayed = self.input_projections(x)              # packed = [q0 | k0] (B, S, C)
+        # q-k mean from the PRE-convolution projections; query head h pairs with KV head h // groups.
+        # (split rather than slices throughout: a split's backward is one cat, a slice's a zero-filled
+        # full-size buffer plus a copy and an add per slice.)
+        q0, k0 = packed.split((q_width, kv_width), dim=-1)
+        q0 = q0.view(b, s, self.num_kv_heads, self.groups, dh)
+        k0 = k0.view(b, s, self.num_kv_heads, 1, dh)
+        mean_q = (q0 + k0) * 0.5                                               # (B, S, HKV, groups, dh)
+        mean_k = mean_q.mean(dim=3)
+        mean_q = mean_q.view(b, s, self.num_heads, dh)
         # Causal depthwise then grouped convolution over time on the packed q0/k0 channels.
-        packed = torch.cat((q0, k0), dim=-1).transpose(1, 2)          # (B, C, S)
+        packed = packed.transpose(1, 2)                                        # (B, C, S)
         if left is None:
             padded = F.pad(packed, (self.conv_context, 0))
         else:
             padded = torch.cat((left.conv_inputs.to(packed.dtype), packed), dim=-1)
-        # Channel-last and contiguous: q and k then have a unit stride on the head dim, which the
-        # elementwise QK-norm/RoPE passes and SDPA's fused CPU kernel need (a strided q sends SDPA
-        # to its math path, S x S scores included).
-        mixed = self.conv_grouped(self.conv_depthwise(padded)).transpose(1, 2).contiguous()   # (B, S, C)
-        q_width = self.num_heads * dh
-        q = mixed[..., :q_width].reshape(b, s, self.num_heads, dh) + mean_q
-        k = mixed[..., q_width:].reshape(b, s, self.num_kv_heads, dh) + mean_k
+        mixed = self.conv_grouped(self.conv_depthwise(padded)).transpose(1, 2)   # (B, S, C), a view
+        # The adds write q and k channel-last and contiguous (the layout of their first operand):
+        # the elementwise QK-norm/RoPE passes and SDPA's fused CPU kernel need a unit stride on the
+        # head dim (a strided q sends SDPA to its math path, S x S scores included).
+        mixed_q, mixed_k = mixed.split((q_width, kv_width), dim=-1)
+        q = mean_q + mixed_q.reshape(b, s, self.num_heads, dh)
+        k = mean_k + mixed_k.reshape(b, s, self.num_kv_heads, dh)
         # Value shift: half the value channels from this token, half from the previous one.
-        v_current = self.linear_v_current(x)
-        v_delayed = self.linear_v_previous(x)
         if left is None:
-            previous = torch.zeros_like(v_delayed[:, :1])
+            v_shifted = F.pad(v_delayed, (0, 0, 1, -1))                        # zeros, then rows 0..S-2
         else:
-            previous = left.delayed_value.to(v_delayed.dtype)
-        v_shifted = torch.cat((previous, v_delayed[:, :-1]), dim=1)
+            v_shifted = torch.cat((left.delayed_value.to(v_delayed.dtype), v_delayed[:, :-1]), dim=1)
         v = torch.cat((v_current, v_shifted), dim=-1).view(b, s, self.num_kv_heads, dh)
         return q, k, v, packed, v_delayed
 
@@ -91,17 +102,16 @@ class CompressedConvAttention(nn.Module):
         eps = torch.finfo(q.dtype).eps
         scale = math.sqrt(self.head_dim)
         q = q * (scale / q.norm(dim=-1, keepdim=True).clamp_min(eps))
-        k = k * (scale / k.norm(dim=-1, keepdim=True).clamp_min(eps))
-        k = k * self.key_temperature.to(k.dtype)[None, None, :, None]
+        # The key temperature folds into the per-row factor: one full-size multiply instead of two.
+        k = k * (scale / k.norm(dim=-1, keepdim=True).clamp_min(eps) * self.key_temperature.to(k.dtype)[:, None])
         return kernels.apply_partial_rope(q, cos, sin), kernels.apply_partial_rope(k, cos, sin)
 
     def attend(self, q, k, v, attention_mask: torch.Tensor | None = None):
         """Causal GQA softmax attention; (B, S, H, dh) in, (B, S, HQ*dh) out."""
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        gqa = self.groups > 1 and q.is_cuda
-        if self.groups > 1 and not gqa:
-            # CPU SDPA falls back to its slow math path under enable_gqa: repeat KV heads instead.
-            k, v = k.repeat_interleave(self.groups, dim=1), v.repeat_interleave(self.groups, dim=1)
+        # Grouped KV heads go to SDPA as they are: torch 2.13's fused CPU (flash) kernel takes
+        # enable_gqa directly, so no repeat_interleave copies of K and V (nor their backward sums).
+        gqa = self.groups > 1
         if attention_mask is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:

@@ -75,9 +75,8 @@ def exchange_halo(x: torch.Tensor, width: int, pstate) -> tuple[torch.Tensor, to
 
 def left_context_from_hidden(attn, x_left: torch.Tensor) -> LeftContext:
     """Project the neighbour's last hidden rows with this rank's weights (same as the neighbour's)."""
-    xk = attn.replicated_input(x_left) if hasattr(attn, "replicated_input") else x_left
-    conv_inputs = torch.cat((attn.linear_q(x_left), attn.linear_k(xk)), dim=-1).transpose(1, 2)
-    return LeftContext(conv_inputs, attn.linear_v_previous(xk[:, -1:]))
+    packed, _, v_delayed = attn.input_projections(x_left)       # the module's own (possibly TP-local) projections
+    return LeftContext(packed.transpose(1, 2), v_delayed[:, -1:])
 
 
 def context_parallel_attention(attn, x, cos, sin, pstate) -> torch.Tensor:

@@ -153,27 +153,38 @@ class ParallelCCA(CompressedConvAttention):
             return k, v
         return copy_to_group(k, self.kv_group), copy_to_group(v, self.kv_group)
 
+    def input_projections(self, x):
+        if self.kv_replicas == 1:
+            return super().input_projections(x)
+        # The replicated KV head's projections read x through replicated_input (its input gradient
+        # from the first replica only): one matmul for q0, one for the stacked k0 | v_current | v_previous.
+        weights = (self.linear_k.weight, self.linear_v_current.weight, self.linear_v_previous.weight)
+        k0, v_current, v_delayed = F.linear(self.replicated_input(x), torch.cat(weights)).split(
+            [w.shape[0] for w in weights], dim=-1)
+        return torch.cat((self.linear_q(x), k0), dim=-1), v_current, v_delayed
+
     def project(self, x, left=None):
         if self.kv_replicas == 1:
             return super().project(x, left)
+        # CompressedConvAttention.project with one local KV head whose query heads span R replicas.
         b, s, _ = x.shape
         dh = self.head_dim
-        xk = self.replicated_input(x)
-        q0, k0 = self.linear_q(x), self.linear_k(xk)
+        q_width = self.num_heads * dh
+        packed, v_current, v_delayed = self.input_projections(x)
+        q0, k0 = packed.split((q_width, dh), dim=-1)
         q0_heads, k0_head = q0.view(b, s, self.num_heads, dh), k0.view(b, s, 1, dh)
-        mean_q = (q0_heads + copy_to_group(k0_head, self.kv_group)) * 0.5
+        mean_q = (copy_to_group(k0_head, self.kv_group) + q0_heads) * 0.5
         q_sum = reduce_from_group(q0_heads.sum(dim=2, keepdim=True), self.kv_group)
         mean_k = q_sum / (2 * self.query_groups_global) + k0_head * 0.5
-        packed = torch.cat((q0, k0), dim=-1).transpose(1, 2)
+        packed = packed.transpose(1, 2)
         padded = F.pad(packed, (self.conv_context, 0)) if left is None else \
             torch.cat((left.conv_inputs.to(packed.dtype), packed), dim=-1)
-        mixed = self.conv_grouped(self.conv_depthwise(padded)).transpose(1, 2)
-        q_width = self.num_heads * dh
-        q = mixed[..., :q_width].reshape(b, s, self.num_heads, dh) + mean_q
-        k = mixed[..., q_width:].reshape(b, s, 1, dh) + mean_k
-        v_current, v_delayed = self.linear_v_current(xk), self.linear_v_previous(xk)
-        previous = torch.zeros_like(v_delayed[:, :1]) if left is None else left.delayed_value.to(v_delayed.dtype)
-        v = torch.cat((v_current, torch.cat((previous, v_delayed[:, :-1]), dim=1)), dim=-1).view(b, s, 1, dh)
+        mixed_q, mixed_k = self.conv_grouped(self.conv_depthwise(padded)).transpose(1, 2).split((q_width, dh), dim=-1)
+        q = mean_q + mixed_q.reshape(b, s, self.num_heads, dh)
+        k = mean_k + mixed_k.reshape(b, s, 1, dh)
+        v_shifted = F.pad(v_delayed, (0, 0, 1, -1)) if left is None else \
+            torch.cat((left.delayed_value.to(v_delayed.dtype), v_delayed[:, :-1]), dim=1)
+        v = torch.cat((v_current, v_shifted), dim=-1).view(b, s, 1, dh)
         return q, k, v, packed, v_delayed
 
     def forward(self, x, cos, sin, attention_mask=None):

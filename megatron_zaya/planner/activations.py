@@ -11,10 +11,13 @@ Two storage policies differ only where the devices' code paths differ:
   per head; never the S x S scores; the output is the projection's input, one tensor), K/V heads not repeated for GQA; the fused cross-entropy saves
   bf16 logits (2V per token) and an fp32 log-sum-exp;
 * "cpu-reference": what the CPU path saves when SDPA takes its math path: fp32 q, k, v with K/V
-  repeated to HQ heads and the S x S probabilities stored (4 HQ S bytes per token), and the reference
-  (row-blocked) cross-entropy's bf16 logits (2V per token);
-* "cpu-flash": the CPU path when SDPA takes its flash kernel (bf16, K/V repeated, no S x S).
+  repeated to HQ heads (SDPA's math path repeats them under enable_gqa) and the S x S probabilities
+  stored (4 HQ S bytes per token), and the reference (row-blocked) cross-entropy's bf16 logits (2V per token);
+* "cpu-flash": the CPU path when SDPA takes its flash kernel (bf16, K/V heads not repeated: the
+  kernel takes enable_gqa; no S x S).
 The tests pin SDPA's backend and measure both CPU policies.
+CCA's four input projections run as one matmul on their stacked weights: the stacked bf16 weight is
+saved for the backward, a per-layer constant (not per token), `projection_weight_bytes`.
 Context parallelism: a rank keeps S / CP tokens, and flash attention saves the all-gathered K/V of the
 whole sequence (CP times the local K/V). Tensor parallelism: sequence parallelism is assumed, every
 term is divided by TP.
@@ -39,7 +42,7 @@ from megatron_zaya.config import ModelConfig
 @dataclass(frozen=True)
 class StoragePolicy:
     attention: str = "flash"          # "flash": q, k, v, out, lse; "math": fp32 q, k, v and S x S probabilities
-    kv_repeated: bool = False         # K/V expanded to HQ heads before attention (the CPU path does this)
+    kv_repeated: bool = False         # K/V expanded to HQ heads inside attention (SDPA's CPU math path)
     loss: str = "fused"               # "fused": bf16 logits + lse; "reference": bf16 logits (lse recomputed)
     kernels: str = "fused"            # "fused": the Triton RMSNorm/residual/SwiGLU/RoPE/permute autograd
                                       # functions; "reference": the torch reference ops (kernels/reference.py)
@@ -48,7 +51,7 @@ class StoragePolicy:
 POLICIES = {
     "gpu": StoragePolicy("flash", False, "fused", "fused"),
     "cpu-reference": StoragePolicy("math", True, "reference", "reference"),
-    "cpu-flash": StoragePolicy("flash", True, "reference", "reference"),
+    "cpu-flash": StoragePolicy("flash", False, "reference", "reference"),
 }
 
 
@@ -92,10 +95,11 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
             Term("residual merges (2 fp32 sums each, 2 merges)", 2 * 2 * 4 * d),
         ]
     terms += [
-        Term("attention: bf16 input casts of the 4 projections", 4 * 2 * d),
+        Term("attention: bf16 input cast of the stacked projection (q, k, v_current, v_previous)", 2 * d),
         Term("attention: conv input (packed q0/k0, bf16)", 2 * c) if fused and conv_uses_kernel() else
         Term("attention: conv inputs (depthwise + grouped, bf16)", 2 * 2 * c),
-        Term("attention: QK-norm + key temperature", 2 * hq * dh + 6 * hq + 2 * hkv * dh + 6 * hkv + 2 * hkv * dh),
+        # q: its input and three (.., 1) norm factors; k: the same plus the temperature-scaled factor.
+        Term("attention: QK-norm + key temperature", 2 * hq * dh + 6 * hq + 2 * hkv * dh + 8 * hkv),
     ]
     if not fused:   # the fused RoPE keeps the fp32 cos/sin tables, shared by every layer (see outer_terms)
         terms.append(Term("attention: RoPE cos/sin (bf16, for q and k)", 4 * 2 * rot, True))
@@ -156,6 +160,13 @@ def conv_uses_kernel() -> bool:
     return "cca_causal_conv" in CompressedConvAttention.project.__code__.co_names
 
 
+def projection_weight_bytes(config: ModelConfig) -> int:
+    """Per layer: the bf16 stack of linear_q, linear_k, linear_v_current and linear_v_previous that CCA's
+    one input matmul saves for its input gradient ((HQ + 2 HKV) dh rows of D)."""
+    rows = (config.num_attention_heads + 2 * config.num_query_groups) * config.kv_channels
+    return 2 * rows * config.hidden_size
+
+
 def conv_padding_bytes_per_sequence(config: ModelConfig, policy="gpu") -> int:
     """The conv inputs carry the causal left padding: (ctx + ctx - 1) extra steps of C bf16 channels."""
     if storage_policy(policy).kernels == "fused" and conv_uses_kernel():
@@ -183,9 +194,10 @@ def activation_memory(config: ModelConfig, seq_length: int, micro_batch_size: in
     terms = layer_terms(config, seq_length, policy, context_parallel, routed_fraction)
     per_token_all = sum(t.bytes_per_token for t in terms)
     per_token_selective = sum(t.bytes_per_token for t in terms if not t.selective_drop)
-    padding = conv_padding_bytes_per_sequence(config, policy) * micro_batch_size
-    layer_full = (per_token_all * local_tokens + padding) / tensor_parallel
-    layer_selective = (per_token_selective * local_tokens + padding) / tensor_parallel
+    # Not per token: the conv inputs' causal padding (per sequence) and the stacked projection weight.
+    fixed = conv_padding_bytes_per_sequence(config, policy) * micro_batch_size + projection_weight_bytes(config)
+    layer_full = (per_token_all * local_tokens + fixed) / tensor_parallel
+    layer_selective = (per_token_selective * local_tokens + fixed) / tensor_parallel
     outer_list = outer_terms(config, policy)
     outer_all = sum(t.bytes_per_token for t in outer_list) * local_tokens / tensor_parallel
     outer_selective = sum(t.bytes_per_token for t in outer_list if not t.selective_drop) * local_tokens / tensor_parallel

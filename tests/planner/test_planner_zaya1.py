@@ -39,7 +39,10 @@ def test_zaya1_32k_phase_needs_cp2():
     cp1 = make_plan(BASE, ParallelLayout(1024, 32768, 1, 1024, zero1=True), MI300X)
     cp2 = make_plan(BASE, ParallelLayout(1024, 32768, 1, 1024, context_parallel=2, zero1=True), MI300X)
     assert not cp1.fits and cp2.fits
-    assert cp1.memory_total > MI300X.memory_bytes         # not even with no reserve at all
+    # Not a matter of the reserve's size: CP=1 needs over 95% of the whole HBM (188.6 GB of 192 since CCA
+    # casts its input once for its stacked projection; 205 GB with four casts), more than any runtime
+    # leaves free (its context, allocator slack and communication buffers).
+    assert cp1.memory_total > 0.95 * MI300X.memory_bytes
     assert fixes(cp1)[0][0].startswith("raise CP to 2")
     # CP halves the tokens each rank holds: activations nearly halve (the gathered K/V stay whole).
     assert 0.45 < cp2.activations.stored / cp1.activations.stored < 0.55
