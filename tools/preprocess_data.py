@@ -9,7 +9,8 @@ int32 otherwise). --input takes files, directories or globs: .jsonl/.json/.ndjso
 or .zst with the zstandard package) hold one JSON document per line; other files are plain text,
 one document per file (--text-mode file), per blank-line-separated block (paragraph) or per line.
 Reasoning trimming: --trim-max-length 4096 --reasoning-markers '<think>' '</think>'.
-Exit status: 0 on success, 1 when nothing could be written, 2 on bad flags or inputs.
+Exit status: 0 on success, 1 when nothing could be written, 2 on bad flags or inputs, 3 when a
+worker process failed or died, 130 when interrupted (SIGTERM, Ctrl-C); no output is left on failure.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def _main(args) -> int:
         return 2
     except WorkerError as e:
         print(f"error: {e}\nno output written", file=sys.stderr)
-        return 1
+        return 3
     except KeyboardInterrupt:
         print("interrupted: no output written", file=sys.stderr)
         return 130

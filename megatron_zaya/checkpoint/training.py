@@ -171,11 +171,7 @@ class TrainingCheckpointer:
         if cfg.finetune:
             trainer.state = type(trainer.state)()
         else:
-            saved = dict(meta["train_state"])
-            if "consumed_tokens" not in saved:   # saved before tokens were counted per step
-                saved["consumed_tokens"] = saved["consumed_samples"] * meta["model_config"]["seq_length"]
-            trainer.state = type(trainer.state)(**{f.name: saved[f.name] for f in dataclasses.fields(trainer.state)
-                                                   if f.name in saved})
+            trainer.state = restore_train_state(type(trainer.state), meta)
         data_note = enter_data_phase(trainer.state, data_signature(self.run))
         same_dir = cfg.save and os.path.abspath(os.path.dirname(folder.folder)) == os.path.abspath(cfg.save)
         if same_dir and not cfg.finetune:
@@ -318,3 +314,13 @@ class TrainingCheckpointer:
             self._report_async()
         self.watchdog.stop()
         self.signals.restore()
+
+
+def restore_train_state(state_type, meta: dict):
+    """The saved train state as `state_type`; fields it lacks keep their defaults, except
+    `consumed_tokens` of a checkpoint saved before tokens were counted per step: consumed samples
+    times the checkpoint's own sequence length (exact unless that run changed --seq-length)."""
+    saved = dict(meta["train_state"])
+    if "consumed_tokens" not in saved:
+        saved["consumed_tokens"] = saved["consumed_samples"] * meta["model_config"]["seq_length"]
+    return state_type(**{f.name: saved[f.name] for f in dataclasses.fields(state_type) if f.name in saved})

@@ -375,10 +375,11 @@ def run(cfg: PreprocessConfig) -> dict:
         for w in writers.values():
             w.finalize()
     except BaseException:   # the workers are already stopped: OrderedWorkers kills them on the way out
-        for w in writers.values():
-            w.abort()
-        for k in cfg.json_keys:   # a writer interrupted while being built is not in `writers` yet
-            remove_temporaries(output_prefix_for(cfg.output_prefix, k))
+        for k in cfg.json_keys:
+            if k in writers:
+                writers[k].abort()
+            else:   # interrupted while being built: its files may exist, the object does not
+                remove_temporaries(output_prefix_for(cfg.output_prefix, k))
         raise
     finally:
         progress.close()

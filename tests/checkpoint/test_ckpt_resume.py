@@ -90,3 +90,16 @@ def test_load_of_empty_dir_starts_from_scratch(ckpt_corpus, ckpt_cache, tmp_path
     assert sorted(rec.losses) == [1, 2] and read_latest(save) == 2
     again = train(flags(ckpt_corpus, 3, "--save", save, "--load", save, cache=ckpt_cache))
     assert sorted(again.losses) == [3]
+
+
+def test_train_state_of_a_checkpoint_saved_before_tokens_were_counted():
+    from megatron_zaya.checkpoint.training import restore_train_state
+    from megatron_zaya.training.loop import TrainState
+
+    old = {"train_state": {"iteration": 6, "consumed_samples": 24, "consumed_valid_samples": 0,
+                           "skipped_iterations": 1}, "model_config": {"seq_length": 32}}
+    state = restore_train_state(TrainState, old)
+    assert (state.iteration, state.consumed_samples, state.skipped_iterations) == (6, 24, 1)
+    assert state.consumed_tokens == 24 * 32 and state.data_signature == ""
+    new = {"train_state": {**old["train_state"], "consumed_tokens": 1000}, "model_config": {"seq_length": 32}}
+    assert restore_train_state(TrainState, new).consumed_tokens == 1000   # counted per step: kept as saved

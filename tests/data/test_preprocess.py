@@ -201,6 +201,21 @@ def test_interrupted_run_leaves_no_output(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
 
 
+def test_a_failing_worker_is_exit_3_and_leaves_no_output(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"text": f"{i} {i}"}) + "\n" for i in range(200)))
+
+    def broken(self, records):   # forked workers inherit the patch; not a StrictError: a bug
+        raise RuntimeError("tokenizer exploded")
+
+    monkeypatch.setattr(pre.Encoder, "encode_chunk", broken)
+    assert run_tool("--input", path, "--output-prefix", tmp_path / "o", "--tokenizer-type", "NullTokenizer",
+                    "--tokenizer-model", 1000, "--chunk-bytes", 200, "--workers", 2) == 3
+    err = capsys.readouterr().err
+    assert "worker process" in err and "RuntimeError: tokenizer exploded" in err and "no output written" in err
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+
+
 def test_trimming_outcomes_are_counted(tmp_path, sp_model, capsys):
     tok = build_tokenizer("GPTSentencePieceTokenizer", sp_model)
     think = " ".join(["proment ver ex"] * 30)
