@@ -4,6 +4,10 @@
     python bench/model_throughput.py --preset zaya1-100m --micro-batch-size 4 --seq-length 512 --dtype bf16
 
 Both models hold the same weights (ours exported to a Hugging Face folder and loaded by transformers).
+Batches: `--batches fresh` (default) draws new random tokens for every iteration, the same for both
+models, as training does: the routing, hence the experts' row counts, changes from step to step (on
+CPU, bf16 matmuls compile a oneDNN kernel per new shape, which a model must cope with);
+`--batches repeated` feeds one batch again and again (every shape seen in the warm-up).
 Timing: `--warmup` untimed iterations of each, then `--iters` timed iterations of each, INTERLEAVED
 (ours, reference, ours, ...) so that a change of machine load hits both alike; the median is reported.
 The load average is printed before and after: on a shared machine, only trust runs with a low one.
@@ -40,6 +44,25 @@ def time_interleaved(steps, warmup: int, iters: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
+class BatchStream:
+    """Random (tokens, labels) batches; with fresh=True the i-th call of each model gets the i-th batch
+    (the same for both), otherwise always the first."""
+
+    def __init__(self, vocab_size: int, shape, fresh: bool):
+        self.vocab_size, self.shape, self.fresh = vocab_size, shape, fresh
+        self.batches: list = []
+        self.calls: dict[str, int] = {}
+
+    def next(self, who: str):
+        index = self.calls.get(who, 0) if self.fresh else 0
+        self.calls[who] = index + 1
+        while len(self.batches) <= index:
+            gen = torch.Generator().manual_seed(len(self.batches))
+            self.batches.append((torch.randint(0, self.vocab_size, self.shape, generator=gen),
+                                 torch.randint(0, self.vocab_size, self.shape, generator=gen)))
+        return self.batches[index]
+
+
 def load_average() -> str:
     try:
         with open("/proc/loadavg") as f:
@@ -57,13 +80,20 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every CPU)")
+    parser.add_argument("--batches", choices=["fresh", "repeated"], default="fresh",
+                        help="new random tokens each iteration (as in training) or one batch repeated")
     parser.add_argument("--compile", action="store_true",
                         help="our reference (CPU) kernels through torch.compile (kernels.set_reference_compile)")
+    parser.add_argument("--glibc-malloc-defaults", action="store_true",
+                        help="leave glibc's malloc settings (default: keep freed memory in the process for both "
+                             "models, as CPU training runs do: megatron_zaya/training/cpu_allocator.py)")
     parser.add_argument("--profile", default=None, metavar="DIR",
                         help="after timing, profile 2 forward+backward steps of OUR model into DIR/ops.txt "
                              "(torch.profiler, self CPU time by op, and by op and input shape)")
     args = parser.parse_args(argv)
     from megatron_zaya import kernels
+    from megatron_zaya.training.cpu_allocator import keep_freed_memory
+    kept = False if args.glibc_malloc_defaults else keep_freed_memory()
     kernels.set_reference_compile(args.compile)
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     load_before = load_average()
@@ -76,27 +106,30 @@ def main(argv=None) -> int:
         save_hf_folder(ours.state_dict(), config, os.path.join(tmp, "hf"))
         reference = transformers.ZayaForCausalLM.from_pretrained(os.path.join(tmp, "hf"), attn_implementation="sdpa")
     reference.train()
-    tokens = torch.randint(0, config.vocab_size, (args.micro_batch_size, args.seq_length))
-    labels = torch.randint(0, config.vocab_size, tokens.shape)
+    shape = (args.micro_batch_size, args.seq_length)
+    batches = BatchStream(config.vocab_size, shape, fresh=args.batches == "fresh")
     autocast = torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16,
                               enabled=args.dtype == "bf16")
 
     def ours_step():
+        tokens, labels = batches.next("ours")
         with autocast:
             loss = ours(tokens, labels=labels).token_losses.mean()
         loss.backward()
 
     def reference_step():
+        tokens, labels = batches.next("reference")
         with autocast:
             logits = reference(tokens).logits
             loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
         loss.backward()
 
-    n_tokens = tokens.numel()
+    n_tokens = args.micro_batch_size * args.seq_length
     ours.train()
     t_ours, t_ref = time_interleaved([ours_step, reference_step], args.warmup, args.iters)
-    print(f"config {args.preset}: batch {args.micro_batch_size}x{args.seq_length}, {args.dtype}, "
-          f"threads {torch.get_num_threads()}{' | ours: compiled reference ops' if args.compile else ''} | {time.strftime('%Y-%m-%d %H:%M %Z')} | "
+    print(f"config {args.preset}: batch {args.micro_batch_size}x{args.seq_length} ({args.batches}), {args.dtype}, "
+          f"threads {torch.get_num_threads()}{' | ours: compiled reference ops' if args.compile else ''} | "
+          f"malloc: {'freed memory kept' if kept else 'glibc defaults'} | {time.strftime('%Y-%m-%d %H:%M %Z')} | "
           f"load before {load_before} after {load_average()}")
     print(f"{'model':<28}{'s/iter':>10}{'tokens/s':>12}")
     print(f"{'megatron-zaya':<28}{t_ours:>10.3f}{n_tokens / t_ours:>12.0f}")

@@ -161,11 +161,13 @@ def _ce_ops(*tensors):
     return _triton("cross_entropy", *tensors) or reference
 
 
-def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Per-token fp32 cross-entropy (no reduction); label -100 gives loss 0, as in F.cross_entropy."""
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, overwrite_logits: bool = False) -> torch.Tensor:
+    """Per-token fp32 cross-entropy (no reduction); label -100 gives loss 0, as in F.cross_entropy.
+    overwrite_logits: the caller will not read logits again (the CPU reference then builds the
+    gradient in their memory; the Triton path keeps the logits and ignores it)."""
     ops = _ce_ops(logits, labels)
     if ops is reference:
-        return _ref("cross_entropy")(logits, labels)
+        return _ref("cross_entropy")(logits, labels, overwrite_logits)
     from megatron_zaya.kernels.ce_autograd import VocabParallelCrossEntropy
 
     return VocabParallelCrossEntropy.apply(logits, labels, 0, None, reference.IGNORE_INDEX, ops)

@@ -76,12 +76,16 @@ def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
     return torch.cat((x_rot, x_pass), dim=-1)
 
 
-def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, overwrite_logits: bool = False) -> torch.Tensor:
     """Per-token cross-entropy in fp32 (no reduction); label IGNORE_INDEX (-100) gives 0.
     logits: (N, V), labels: (N,). = F.cross_entropy(logits.float(), labels, reduction="none"):
     the loss bit for bit (-log_softmax in fp32 at the label, row by row), its gradient
-    (softmax - onehot(label)) * grad_loss up to fp32 rounding."""
-    return _BlockedCrossEntropy.apply(logits, labels)
+    (softmax - onehot(label)) * grad_loss up to rounding (the unscaled part is rounded to logits'
+    dtype in the forward: two roundings in bf16 instead of one).
+    overwrite_logits: the caller no longer needs logits, so the gradient is built in their memory."""
+    if not (torch.is_grad_enabled() and logits.requires_grad):
+        return _blocked_cross_entropy(logits, labels, None)
+    return _BlockedCrossEntropy.apply(logits, labels, overwrite_logits)
 
 
 _CE_BLOCK_ELEMENTS = 1 << 18   # 1 MiB of fp32: measured best of 2^16..2^26 at 2048 x 8192 and x 32768
@@ -93,33 +97,56 @@ def _row_blocks(logits: torch.Tensor):
     return ((start, min(start + rows, logits.shape[0])) for start in range(0, logits.shape[0], rows))
 
 
+def _blocked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor | None):
+    """Per-row fp32 losses, block by block; with `grad` (logits' shape and dtype, possibly logits
+    themselves) also softmax - onehot(label) written into it."""
+    target = labels.clamp_min(0).unsqueeze(1)
+    loss = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    for start, stop in _row_blocks(logits):
+        log_probs = F.log_softmax(logits[start:stop].float(), dim=-1)
+        loss[start:stop] = -log_probs.gather(1, target[start:stop]).squeeze(1)
+        if grad is not None:
+            probs = log_probs.exp_()
+            probs.scatter_add_(1, target[start:stop], probs.new_full((stop - start, 1), -1.0))
+            grad[start:stop].copy_(probs)
+    return loss.masked_fill_(labels == IGNORE_INDEX, 0.0)
+
+
 class _BlockedCrossEntropy(torch.autograd.Function):
-    """cross_entropy in blocks of rows: no (N, V) fp32 log-probabilities in memory, and the backward
-    recomputes each block's fp32 softmax and writes (softmax - onehot) * grad_loss straight in
-    logits' dtype (no (N, V) fp32 gradient, zero fill or cast, which nll_loss(log_softmax) has)."""
+    """cross_entropy in blocks of rows, with the gradient's unscaled part made in the forward.
+
+    Each block's fp32 log-softmax gives the loss at the label and, exponentiated in place, the
+    softmax: softmax - onehot(label) is written in logits' dtype (into the logits themselves when
+    the caller allows it) and saved instead of the logits, so the backward is one multiply by the
+    per-row loss gradient. One softmax per block instead of two (forward and backward), and no
+    (N, V) fp32 tensor, zero fill or cast, which nll_loss(log_softmax) has. Without autograd
+    (evaluation) `cross_entropy` computes the losses alone."""
 
     @staticmethod
-    def forward(ctx, logits, labels):
-        valid = labels != IGNORE_INDEX
-        target = labels.clamp_min(0).unsqueeze(1)
-        loss = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
-        for start, stop in _row_blocks(logits):
-            log_probs = F.log_softmax(logits[start:stop], dim=-1, dtype=torch.float32)
-            loss[start:stop] = -log_probs.gather(1, target[start:stop]).squeeze(1)
-        ctx.save_for_backward(logits, labels)
-        return loss.masked_fill_(~valid, 0.0)
+    def forward(ctx, logits, labels, overwrite_logits=False):
+        grad = logits.detach() if overwrite_logits else torch.empty_like(logits)
+        loss = _blocked_cross_entropy(logits, labels, grad)
+        ctx.save_for_backward(grad, labels != IGNORE_INDEX)
+        ctx.backward_done = False
+        return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
-        logits, labels = ctx.saved_tensors
-        scale = grad_loss.float().masked_fill(labels == IGNORE_INDEX, 0.0).unsqueeze(1)
-        target = labels.clamp_min(0)
-        grad = torch.empty_like(logits)
-        for start, stop in _row_blocks(logits):
-            probs = torch.softmax(logits[start:stop], dim=-1, dtype=torch.float32)
-            probs[torch.arange(stop - start, device=logits.device), target[start:stop]] -= 1.0
-            torch.mul(probs, scale[start:stop], out=grad[start:stop])
-        return grad, None
+        if ctx.backward_done:
+            raise RuntimeError("cross_entropy: a second backward through the same graph (retain_graph) is not "
+                               "supported: its saved gradient was scaled in place by the first")
+        ctx.backward_done = True
+        grad, valid = ctx.saved_tensors
+        scale = grad_loss.float().masked_fill(~valid, 0.0).unsqueeze(1)
+        low_precision_scale = scale.to(grad.dtype)
+        if torch.equal(low_precision_scale.float(), scale):
+            # Exact in logits' dtype (e.g. 1 / 2^k from a mean, or 0): one multiply in that dtype,
+            # the same rounding as the fp32 product (a mixed-dtype in-place multiply is 4x slower on CPU).
+            return grad.mul_(low_precision_scale), None, None
+        for start, stop in _row_blocks(grad):
+            block = grad[start:stop]
+            block.copy_(block.float().mul_(scale[start:stop]))
+        return grad, None, None
 
 
 def moe_permute(
@@ -135,7 +162,7 @@ def moe_permute(
     counts = torch.bincount(expert_index, minlength=num_experts + 1)[:num_experts]
     kept = int(counts.sum())   # the output's row count (a host value; a device sync on accelerators)
     order = order[:kept]
-    return _GatherRows.apply(x, order), order, counts
+    return GatherRows.apply(x, order), order, counts
 
 
 def moe_unpermute(
@@ -148,12 +175,12 @@ def moe_unpermute(
     weighted = expert_out * gate.index_select(0, order).unsqueeze(-1).to(expert_out.dtype)
     # = zeros(num_tokens, D).index_add(0, order, weighted): top-1 routing names each token at most
     # once, so the scatter is a gather by the inverse map (and its backward a gather by `order`).
-    return _GatherRows.apply(weighted, inverse_rows(order, num_tokens), order)
+    return GatherRows.apply(weighted, inverse_rows(order, num_tokens), order)
 
 
 def inverse_rows(order: torch.Tensor, num_rows: int) -> torch.Tensor:
     """inv[t] = the position of t in `order` (an injective index into [0, num_rows)), or
-    len(order) for t not in it (a row of zeros in _GatherRows)."""
+    len(order) for t not in it (a row of zeros in GatherRows)."""
     inv = torch.full((num_rows,), order.shape[0], dtype=torch.int64, device=order.device)
     inv[order] = torch.arange(order.shape[0], dtype=torch.int64, device=order.device)
     return inv
@@ -167,7 +194,7 @@ def _gather_padded(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return src.index_select(0, index)
 
 
-class _GatherRows(torch.autograd.Function):
+class GatherRows(torch.autograd.Function):
     """out = src[index] for an injective row index (index may name a zero row, see inverse_rows).
     The backward gathers too, by the inverse index, instead of index_select's scatter-add (a
     zero-filled buffer plus an atomic-free but serial scatter on CPU)."""

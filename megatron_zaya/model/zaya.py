@@ -96,7 +96,8 @@ class ZayaModel(nn.Module):
         if labels is None:
             return logits, None
         b, s = labels.shape
-        return None, kernels.cross_entropy(logits.reshape(b * s, -1), labels.reshape(b * s)).view(b, s)
+        losses = kernels.cross_entropy(logits.reshape(b * s, -1), labels.reshape(b * s), overwrite_logits=True)
+        return None, losses.view(b, s)
 
 
 def masked_mean_loss(token_losses: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:

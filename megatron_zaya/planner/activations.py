@@ -12,7 +12,9 @@ Two storage policies differ only where the devices' code paths differ:
   bf16 logits (2V per token) and an fp32 log-sum-exp;
 * "cpu-reference": what the CPU path saves when SDPA takes its math path: fp32 q, k, v with K/V
   repeated to HQ heads (SDPA's math path repeats them under enable_gqa) and the S x S probabilities
-  stored (4 HQ S bytes per token), and the reference (row-blocked) cross-entropy's bf16 logits (2V per token);
+  stored (4 HQ S bytes per token), and the reference (row-blocked) cross-entropy's unscaled gradient,
+  made in the forward in the logits' memory (2V per token); the experts' rows padded to bucketed
+  counts (model/experts.py), `padded_fraction` rows per token instead of rho;
 * "cpu-flash": the CPU path when SDPA takes its flash kernel (bf16, K/V heads not repeated: the
   kernel takes enable_gqa; no S x S).
 The tests pin SDPA's backend and measure both CPU policies.
@@ -22,10 +24,10 @@ Context parallelism: a rank keeps S / CP tokens, and flash attention saves the a
 whole sequence (CP times the local K/V). Tensor parallelism: sequence parallelism is assumed, every
 term is divided by TP.
 
-On top of the saved tensors, the backward begins with the gradient of the logits (bf16, V per token
-with the fused cross-entropy) while everything saved is still alive: `backward_transient`, counted in
-the planner's total but not in "stored" (which is what the tests measure); both cross-entropies write
-it in the logits' dtype.
+On top of the saved tensors, the fused cross-entropy's backward begins with the gradient of the
+logits (bf16, 2V per token) while everything saved is still alive: `backward_transient`, counted in
+the planner's total but not in "stored" (which is what the tests measure). The reference
+cross-entropy scales its saved gradient in place: no transient.
 
 Recomputation: "selective" recomputes the cheap elementwise pieces (norm internals, RoPE tables, GELU
 and SiLU outputs, attention scores) and keeps matmul/conv inputs; "full" keeps only each block's inputs
@@ -72,12 +74,14 @@ class Term:
 
 
 def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", context_parallel: int = 1,
-                routed_fraction: float = 1.0) -> list[Term]:
+                routed_fraction: float = 1.0, padded_fraction: float | None = None) -> list[Term]:
     pol = storage_policy(policy)
     d, hq, hkv, dh = config.hidden_size, config.num_attention_heads, config.num_query_groups, config.kv_channels
     c = (hq + hkv) * dh
     r, k, f, rot = config.router_hidden_size, config.num_router_classes, config.moe_ffn_hidden_size, config.rotary_dim
     rho = routed_fraction
+    # Expert rows per token after the CPU path's bucket padding (about rho * 17/16; a group pads to >= 16 rows).
+    rows = rho if padded_fraction is None else padded_fraction
     fused = pol.kernels == "fused"
     if fused:
         # Triton: each RMSNorm keeps its fp32 input and rstd; the attention merge+norm keeps the sublayer
@@ -121,16 +125,18 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
     if fused:
         terms += [
             Term("experts: permute order, gate (fp32), expert outputs (bf16)", 4 + rho * (8 + 2 * d)),
-            Term("experts: SwiGLU inputs (bf16 x, gate_up, hidden)", rho * (2 * d + 4 * f + 2 * f)),
+            Term("experts: SwiGLU inputs (bf16 x, gate_up, hidden)", rows * (2 * d + 4 * f + 2 * f)),
         ]
     else:
         terms += [
             # The reference un-permute is a gather (kernels/reference.py): it keeps the order, the bf16 gate
             # per row and the expert outputs (the gate product), not a scatter source.
             Term("experts: permute/unpermute (index, gate, expert outputs)", rho * (8 + 2 + 2 * d)),
-            Term("experts: SwiGLU inputs (bf16 x, gate_up, hidden)", rho * (2 * d + 4 * f + 2 * f)),
-            Term("experts: SiLU output", rho * 2 * f, True),
+            Term("experts: SwiGLU inputs (bf16 x, gate_up, hidden)", rows * (2 * d + 4 * f + 2 * f)),
+            Term("experts: SiLU output", rows * 2 * f, True),
         ]
+    if padded_fraction is not None:
+        terms.append(Term("experts: row padding indices (int64, in and out)", 8 * (rho + rows)))
     return terms
 
 
@@ -139,7 +145,7 @@ def outer_terms(config: ModelConfig, policy: str = "gpu") -> list[Term]:
     d, v = config.hidden_size, config.vocab_size
     fused = storage_policy(policy).kernels == "fused"
     loss = Term("loss: bf16 logits + lse + labels (fused CE)", 2 * v + 4 + 8) if storage_policy(policy).loss == "fused" else \
-        Term("loss: bf16 logits + labels (reference blocked CE)", 2 * v + 8)
+        Term("loss: unscaled bf16 logits gradient + label mask (reference blocked CE)", 2 * v + 1)
     terms = [
         Term("embedding indices + input scaling (bf16)", 8 + 2 * d),
         Term("final norm: fp32 input", 4 * d),
@@ -188,10 +194,10 @@ class ActivationMemory:
 
 def activation_memory(config: ModelConfig, seq_length: int, micro_batch_size: int, recompute: str = "none",
                       policy: str = "gpu", tensor_parallel: int = 1, context_parallel: int = 1,
-                      routed_fraction: float = 1.0) -> ActivationMemory:
+                      routed_fraction: float = 1.0, padded_fraction: float | None = None) -> ActivationMemory:
     """Peak saved-for-backward bytes of one micro-batch on one GPU."""
     local_tokens = micro_batch_size * seq_length / context_parallel
-    terms = layer_terms(config, seq_length, policy, context_parallel, routed_fraction)
+    terms = layer_terms(config, seq_length, policy, context_parallel, routed_fraction, padded_fraction)
     per_token_all = sum(t.bytes_per_token for t in terms)
     per_token_selective = sum(t.bytes_per_token for t in terms if not t.selective_drop)
     # Not per token: the conv inputs' causal padding (per sequence) and the stacked projection weight.
@@ -213,9 +219,8 @@ def activation_memory(config: ModelConfig, seq_length: int, micro_batch_size: in
         stored = checkpoints / tensor_parallel + layer_full + outer_all
     else:
         raise ValueError(f"--recompute={recompute}: choose one of none, selective, full")
-    # The backward starts with the loss gradient over the whole vocabulary while every saved tensor is
-    # still alive: bf16 d(logits) for both cross-entropies (the reference one writes each row block's
-    # fp32 softmax gradient straight into the logits' dtype; the block itself is 1 MiB).
-    per_token_grad = 2 * config.vocab_size
+    # The fused cross-entropy's backward starts with the bf16 d(logits) over the whole vocabulary while
+    # every saved tensor is still alive; the reference one scales the gradient it saved, in place.
+    per_token_grad = 2 * config.vocab_size if storage_policy(policy).loss == "fused" else 0
     transient = per_token_grad * local_tokens / tensor_parallel
     return ActivationMemory(none, stored, layer_full, outer_all, terms + outer_list, transient)

@@ -105,3 +105,51 @@ def test_grouped_matmul_matches_per_expert_loop():
     ref.sum().backward()
     torch.testing.assert_close(gx, x.grad)
     torch.testing.assert_close(gw, w.grad)
+
+
+def test_bucketed_rows_bounds_padding_and_shapes():
+    from megatron_zaya.model.experts import bucketed_rows
+
+    assert bucketed_rows(0) == 0 and bucketed_rows(1) == 16 and bucketed_rows(16) == 16
+    for rows in range(1, 5000):
+        padded = bucketed_rows(rows)
+        assert padded >= rows and padded % 16 == 0
+        if rows >= 128:
+            assert padded <= rows * 9 / 8
+    # Few distinct sizes: 8 per power of two.
+    assert len({bucketed_rows(r) for r in range(257, 513)}) == 8
+
+
+def test_padded_experts_match_float64_experts():
+    """CPU bf16 autocast pads each expert's rows (model/experts.py); outputs and gradients must be
+    those of a float64 per-expert loop within bf16 tolerance (2e-2 relative to the largest value)."""
+    from megatron_zaya.model.experts import padded_group_layout, pads_groups
+
+    torch.manual_seed(0)
+    experts = GroupedExperts(4, 24, 40)
+    torch.nn.init.normal_(experts.gate_up_weight, 0, 0.2)
+    torch.nn.init.normal_(experts.down_weight, 0, 0.2)
+    counts = torch.tensor([37, 0, 5, 130])
+    padded_counts, dest, source = padded_group_layout(counts)
+    assert padded_counts.tolist() == [48, 0, 16, 144]
+    assert source.shape[0] == 208 and (source == 172).sum() == 208 - 172
+    x = torch.randn(int(counts.sum()), 24, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert pads_groups(x)
+        out = experts(x, counts)
+    grad_out = torch.randn(out.shape)
+    out.float().backward(grad_out)
+
+    x64 = x.detach().double().requires_grad_()
+    w1 = experts.gate_up_weight.detach().double().requires_grad_()
+    w2 = experts.down_weight.detach().double().requires_grad_()
+    ref = []
+    for rows, a, b in zip(torch.split(x64, counts.tolist()), w1, w2):
+        gate, up = (rows @ a.T).chunk(2, dim=-1)
+        ref.append((torch.nn.functional.silu(gate) * up) @ b.T)
+    ref = torch.cat(ref)
+    ref.backward(grad_out.double())
+    for got, want in [(out, ref), (x.grad, x64.grad), (experts.gate_up_weight.grad, w1.grad),
+                      (experts.down_weight.grad, w2.grad)]:
+        err = (got.double() - want).abs().max() / want.abs().max()
+        assert err < 2e-2, err

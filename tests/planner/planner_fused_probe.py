@@ -21,9 +21,10 @@ def main():
     gen = torch.Generator().manual_seed(3)
     tokens = torch.randint(0, config.vocab_size, (2, 32), generator=gen)
     labels = torch.randint(0, config.vocab_size, (2, 32), generator=gen)
-    measured, routed = measured_saved_bytes(model, tokens, labels, backend=SDPBackend.MATH)
+    measured, routed, padded = measured_saved_bytes(model, tokens, labels, backend=SDPBackend.MATH)
     policy = StoragePolicy(attention="math", kv_repeated=True, loss="fused", kernels="fused")
-    predicted = activation_memory(config, 32, 2, "none", policy=policy, routed_fraction=routed).stored
+    predicted = activation_memory(config, 32, 2, "none", policy=policy, routed_fraction=routed,
+                                  padded_fraction=padded).stored
     print(json.dumps({"measured": measured, "predicted": predicted, "routed": routed}))
 
 

@@ -16,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from megatron_zaya.config import model_config_from_preset
 from megatron_zaya.model import ZayaModel
+from megatron_zaya.model.experts import bucketed_rows
 from megatron_zaya.planner.activations import activation_memory
 
 
@@ -50,8 +51,10 @@ def measured_saved_bytes(model, tokens, labels, recompute_blocks=False, backend=
         if originals:
             for block, fwd in zip(model.layers, originals):
                 block.forward = fwd
-    routed = sum(int(r.counts[:-1].sum()) for r in out.routing) / (len(out.routing) * tokens.numel())
-    return sum(seen.values()), routed
+    per_layer_tokens = len(out.routing) * tokens.numel()
+    routed = sum(int(r.counts[:-1].sum()) for r in out.routing) / per_layer_tokens
+    padded = sum(bucketed_rows(c) for r in out.routing for c in r.counts[:-1].tolist()) / per_layer_tokens
+    return sum(seen.values()), routed, padded
 
 
 MATH = ("cpu-reference", SDPBackend.MATH)
@@ -74,8 +77,9 @@ def test_activation_formula_matches_saved_tensors(preset, overrides, batch, seq,
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, config.vocab_size, (batch, seq), generator=gen)
     labels = torch.randint(0, config.vocab_size, (batch, seq), generator=gen)
-    measured, routed = measured_saved_bytes(model, tokens, labels, backend=backend)
-    predicted = activation_memory(config, seq, batch, "none", policy=policy, routed_fraction=routed)
+    measured, routed, padded = measured_saved_bytes(model, tokens, labels, backend=backend)
+    predicted = activation_memory(config, seq, batch, "none", policy=policy, routed_fraction=routed,
+                                  padded_fraction=padded)
     assert abs(predicted.stored - measured) / measured < 0.01, (predicted.stored, measured, routed)
     # Without knowing the routing, the planner's upper bound (every token routed) stays within 20%.
     bound = activation_memory(config, seq, batch, "none", policy=policy).stored
@@ -88,9 +92,10 @@ def test_full_recompute_formula_matches_checkpointed_blocks():
     gen = torch.Generator().manual_seed(2)
     tokens = torch.randint(0, config.vocab_size, (2, 64), generator=gen)
     labels = torch.randint(0, config.vocab_size, (2, 64), generator=gen)
-    measured_none, routed = measured_saved_bytes(model, tokens, labels)
-    measured_full, _ = measured_saved_bytes(model, tokens, labels, recompute_blocks=True)
-    predicted = activation_memory(config, 64, 2, "full", policy="cpu-reference", routed_fraction=routed)
+    measured_none, routed, padded = measured_saved_bytes(model, tokens, labels)
+    measured_full, _, _ = measured_saved_bytes(model, tokens, labels, recompute_blocks=True)
+    predicted = activation_memory(config, 64, 2, "full", policy="cpu-reference", routed_fraction=routed,
+                                  padded_fraction=padded)
     # The checkpointed forward stores only block inputs; the formula's peak adds one block being recomputed.
     stored_inputs = predicted.stored - predicted.per_layer_no_recompute
     assert measured_full < measured_none / 2
