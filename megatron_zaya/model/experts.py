@@ -58,12 +58,14 @@ def pads_groups(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
 
 
-def padded_group_layout(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def padded_group_layout(counts: torch.Tensor):
     """Rows of groups of `counts` rows, each group padded to bucketed_rows: returns (padded counts,
     dest: the padded position of each row (K,), source: the row of each padded position or K for
-    a zero row (K_pad,))."""
+    a zero row (K_pad,)), or None when every group already has a bucketed size."""
     rows = counts.tolist()
     padded = torch.tensor([bucketed_rows(r) for r in rows], dtype=counts.dtype, device=counts.device)
+    if torch.equal(padded, counts):
+        return None
     shift = torch.cumsum(padded, 0) - padded - (torch.cumsum(counts, 0) - counts)
     total = int(counts.sum())
     dest = torch.arange(total, device=counts.device) + torch.repeat_interleave(shift, counts, output_size=total)
@@ -81,10 +83,12 @@ class GroupedExperts(nn.Module):
         """tokens (K, D) sorted by expert with counts (E,) -> expert outputs (K, D), same order."""
         if not pads_groups(tokens) or tokens.shape[0] == 0:
             return self.grouped_swiglu(tokens, counts)
-        padded_counts, dest, source = padded_group_layout(counts)
-        if torch.equal(padded_counts, counts):
+        layout = padded_group_layout(counts)
+        if layout is None:
             return self.grouped_swiglu(tokens, counts)
-        # Zero rows in and out of the padding: they meet only zeros, so outputs and gradients are unchanged.
+        padded_counts, dest, source = layout
+        # Zero rows in and out of the padding meet only zeros; outputs and gradients differ from the
+        # unpadded ones by rounding only (oneDNN may block a different M differently).
         out = self.grouped_swiglu(GatherRows.apply(tokens, source, dest), padded_counts)
         return GatherRows.apply(out, dest, source)
 
