@@ -63,13 +63,14 @@ def padded_group_layout(counts: torch.Tensor):
     dest: the padded position of each row (K,), source: the row of each padded position or K for
     a zero row (K_pad,)), or None when every group already has a bucketed size."""
     rows = counts.tolist()
-    padded = torch.tensor([bucketed_rows(r) for r in rows], dtype=counts.dtype, device=counts.device)
-    if torch.equal(padded, counts):
+    padded_rows = [bucketed_rows(r) for r in rows]
+    if padded_rows == rows:
         return None
+    padded = torch.tensor(padded_rows, dtype=counts.dtype, device=counts.device)
     shift = torch.cumsum(padded, 0) - padded - (torch.cumsum(counts, 0) - counts)
-    total = int(counts.sum())
+    total = sum(rows)
     dest = torch.arange(total, device=counts.device) + torch.repeat_interleave(shift, counts, output_size=total)
-    return padded, dest, inverse_rows(dest, int(padded.sum()))
+    return padded, dest, inverse_rows(dest, sum(padded_rows))
 
 
 class GroupedExperts(nn.Module):
@@ -81,9 +82,7 @@ class GroupedExperts(nn.Module):
 
     def forward(self, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """tokens (K, D) sorted by expert with counts (E,) -> expert outputs (K, D), same order."""
-        if not pads_groups(tokens) or tokens.shape[0] == 0:
-            return self.grouped_swiglu(tokens, counts)
-        layout = padded_group_layout(counts)
+        layout = padded_group_layout(counts) if pads_groups(tokens) and tokens.shape[0] > 0 else None
         if layout is None:
             return self.grouped_swiglu(tokens, counts)
         padded_counts, dest, source = layout

@@ -46,8 +46,3 @@ def keep_freed_memory() -> bool:
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     _applied = mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, _INT_MAX) == 1
     return _applied
-
-
-def freed_memory_kept() -> bool:
-    """Whether keep_freed_memory() is in effect in this process (without applying it)."""
-    return bool(_applied)
