@@ -54,6 +54,7 @@ from megatron_zaya.model.accounting import count_parameters, training_flops_per_
 from megatron_zaya.optim.builder import OptimizerConfig, build_optimizer  # noqa: E402
 from megatron_zaya.training.config import TrainConfig  # noqa: E402
 from megatron_zaya.training.loop import Trainer  # noqa: E402
+from megatron_zaya.training.setup import build_runtime  # noqa: E402
 from megatron_zaya.training.metrics import PEAK_TFLOPS_BF16, measure_matmul_tflops  # noqa: E402
 
 PHASES = ("data", "forward", "backward", "communication", "optimizer", "balancing", "other")
@@ -239,14 +240,6 @@ def build_run(args, world_size: int) -> RunConfig:
                              args.expert_model_parallel_size, args.sequence_parallel, args.use_distributed_optimizer)
     ns = argparse.Namespace(distributed_backend=args.distributed_backend)
     return RunConfig(model, train, optim, parallel, None, ns)
-
-
-def build_runtime(run):
-    from megatron_zaya.training.runtime import SingleProcess
-    if run.parallel.world_size == 1:
-        return SingleProcess()
-    from megatron_zaya.training.distributed_runtime import DistributedRuntime
-    return DistributedRuntime(run)
 
 
 def run_ours(args, run, runtime, peaks) -> dict:

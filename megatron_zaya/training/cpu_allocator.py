@@ -13,8 +13,8 @@ kept.
 `keep_freed_memory()` sets M_MMAP_MAX = 0 (every block from the heap; glibc still falls back to mmap
 when the heap cannot grow) and M_TRIM_THRESHOLD to its maximum (never give the top back). The
 process's resident memory then stays at its peak instead of shrinking between steps: what a training
-process holds anyway. Applied by bench/model_throughput.py (to both models it compares); not yet by
-the training setup. Set MEGATRON_ZAYA_KEEP_FREED_MEMORY=0 to leave glibc's defaults. Not glibc (macOS,
+process holds anyway. Applied by the training setup on CPU (training/setup.build_runtime, so also by
+bench/train_throughput.py) and by bench/model_throughput.py (to both models it compares). Set MEGATRON_ZAYA_KEEP_FREED_MEMORY=0 to leave glibc's defaults. Not glibc (macOS,
 musl): nothing to do, returns False.
 """
 from __future__ import annotations

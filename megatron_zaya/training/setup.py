@@ -9,6 +9,7 @@ import torch
 
 from megatron_zaya.data import build_tokenizer, build_train_valid_test_loaders
 from megatron_zaya.model import ZayaModel
+from megatron_zaya.training.cpu_allocator import keep_freed_memory
 from megatron_zaya.training.data_phase import data_signature, train_data_position
 from megatron_zaya.training.logger import TrainingLogger
 from megatron_zaya.training.loop import Trainer, TrainState
@@ -26,10 +27,16 @@ def resolve_vocab(run, tokenizer) -> None:
 
 
 def build_runtime(run):
+    """SingleProcess for one process, else DistributedRuntime. On CPU, freed memory is then kept in
+    the process (cpu_allocator), so each step does not fault its tensors' pages in again."""
     if run.parallel.world_size == 1:
-        return SingleProcess()
-    from megatron_zaya.training.distributed_runtime import DistributedRuntime
-    return DistributedRuntime(run)
+        runtime = SingleProcess()
+    else:
+        from megatron_zaya.training.distributed_runtime import DistributedRuntime
+        runtime = DistributedRuntime(run)
+    if runtime.device.type == "cpu":
+        keep_freed_memory()
+    return runtime
 
 
 def build_and_train(run) -> int:
