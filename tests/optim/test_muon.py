@@ -63,8 +63,9 @@ def test_newton_schulz_orthogonalises():
 def test_default_bf16_newton_schulz_is_close_to_float64():
     """Muon's default bf16 Newton-Schulz against the float64 reference, on the update itself (lr 1,
     no decay, zero weights: weights after one step = -update). bf16 keeps 8 mantissa bits and five
-    iterations compound the rounding: measured ~3.5% relative (Frobenius) error on these shapes, so
-    the stated tolerance is 6% relative and a cosine above 0.998 with the exact update."""
+    iterations compound the rounding: measured 1.4-1.6% relative (Frobenius) error on these shapes
+    with the baddbmm form (2.8-3.4% with separate matmuls, scalings and adds), so the stated
+    tolerance is 3% relative and a cosine above 0.9995 with the exact update."""
     torch.manual_seed(2)
     for shape in [(16, 24), (24, 16), (64, 128), (3, 32, 48)]:
         p = torch.nn.Parameter(torch.zeros(shape))
@@ -78,5 +79,5 @@ def test_default_bf16_newton_schulz_is_close_to_float64():
         ref = torch.stack([reference_newton_schulz(m) for m in matrices]).reshape(shape)
         ref = ref * 0.2 * math.sqrt(max(shape[-2:]))
         got = -p.detach().double()
-        assert (got - ref).norm() / ref.norm() < 0.06, shape
-        assert torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0) > 0.998, shape
+        assert (got - ref).norm() / ref.norm() < 0.03, shape
+        assert torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0) > 0.9995, shape
