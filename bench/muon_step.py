@@ -1,0 +1,77 @@
+"""Time Muon's step (momentum, Newton-Schulz, update) on every Muon matrix of a preset, on this machine.
+
+    python bench/muon_step.py --preset zaya1-100m
+    python bench/muon_step.py --preset zaya1-tiny --iters 9
+
+The matrices are the ones `optim.builder` gives Muon (attention and router linears, the stacked
+expert weights), with random gradients. Prints the median seconds of a step, the Newton-Schulz FLOPs
+(5 steps: 2 m^2 n + 2 m^3 + 2 m^2 n per matrix, m <= n) and their rate, and the time per shape group.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from megatron_zaya.config import model_config_from_preset  # noqa: E402
+from megatron_zaya.kernels import reference  # noqa: E402
+from megatron_zaya.model import ZayaModel  # noqa: E402
+from megatron_zaya.optim.builder import split_parameters  # noqa: E402
+from megatron_zaya.optim.muon import Muon  # noqa: E402
+from megatron_zaya.training.cpu_allocator import keep_freed_memory  # noqa: E402
+
+
+def median_seconds(fn, iters: int) -> float:
+    fn()
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def newton_schulz_flops(shape, steps: int = 5) -> float:
+    m, n = sorted(shape[-2:])
+    return shape[:-2].numel() * steps * (4 * m * m * n + 2 * m ** 3)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="zaya1-100m")
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every CPU)")
+    args = parser.parse_args()
+    keep_freed_memory()
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    torch.manual_seed(0)
+    model = ZayaModel(model_config_from_preset(args.preset))
+    matrices = [p for _, p in split_parameters(model, use_muon=True)[0]]
+    for p in matrices:
+        p.grad = torch.randn_like(p)
+    optimizer = Muon(matrices, lr=1e-4)
+    flops = sum(newton_schulz_flops(p.shape) for p in matrices)
+    step = median_seconds(optimizer.step, args.iters)
+    print(f"{args.preset}: {len(matrices)} Muon matrices, {sum(p.numel() for p in matrices) / 1e6:.1f}M parameters, "
+          f"{torch.get_num_threads()} threads, median of {args.iters}")
+    print(f"Muon.step {step:.3f} s | Newton-Schulz {flops / 1e9:.0f} GFLOP, {flops / step / 1e12:.3f} TFLOP/s "
+          f"over the whole step")
+    by_shape: dict[tuple, list[torch.Tensor]] = {}
+    for p in matrices:
+        by_shape.setdefault(tuple(p.shape), []).append(p.grad)
+    for shape, grads in by_shape.items():
+        stacked = torch.stack(grads)
+        seconds = median_seconds(lambda: reference.newton_schulz(stacked), args.iters)
+        print(f"  newton_schulz {len(grads):3d} x {str(shape):18s} {1e3 * seconds:8.1f} ms "
+              f"{newton_schulz_flops(stacked.shape) / seconds / 1e12:.3f} TFLOP/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
