@@ -76,13 +76,7 @@ class CompressedConvAttention(nn.Module):
         mean_q = (q0 + k0) * 0.5                                               # (B, S, HKV, groups, dh)
         mean_k = mean_q.mean(dim=3)
         mean_q = mean_q.view(b, s, self.num_heads, dh)
-        # Causal depthwise then grouped convolution over time on the packed q0/k0 channels.
-        packed = packed.transpose(1, 2)                                        # (B, C, S)
-        if left is None:
-            padded = F.pad(packed, (self.conv_context, 0))
-        else:
-            padded = torch.cat((left.conv_inputs.to(packed.dtype), packed), dim=-1)
-        mixed = self.conv_grouped(self.conv_depthwise(padded)).transpose(1, 2)   # (B, S, C), a view
+        mixed = self.causal_conv(packed, left)                                 # (B, S, C)
         # The adds write q and k channel-last and contiguous (the layout of their first operand):
         # the elementwise QK-norm/RoPE passes and SDPA's fused CPU kernel need a unit stride on the
         # head dim (a strided q sends SDPA to its math path, S x S scores included).
@@ -95,7 +89,15 @@ class CompressedConvAttention(nn.Module):
         else:
             v_shifted = torch.cat((left.delayed_value.to(v_delayed.dtype), v_delayed[:, :-1]), dim=1)
         v = torch.cat((v_current, v_shifted), dim=-1).view(b, s, self.num_kv_heads, dh)
-        return q, k, v, packed, v_delayed
+        return q, k, v, packed.transpose(1, 2), v_delayed
+
+    def causal_conv(self, packed: torch.Tensor, left: LeftContext | None = None) -> torch.Tensor:
+        """Causal depthwise then grouped convolution over time on packed q0/k0 (B, S, C) -> (B, S, C),
+        through kernels.cca_causal_conv (fused Triton on a GPU; two Conv1d on the module's weights
+        otherwise). Left of the first step: `left`'s inputs, or zeros."""
+        return kernels.cca_causal_conv(packed, self.conv_depthwise.weight, self.conv_depthwise.bias,
+                                       self.conv_grouped.weight, self.conv_grouped.bias,
+                                       None if left is None else left.conv_inputs)
 
     def normalize_and_rotate(self, q, k, cos, sin):
         """QK-norm to length sqrt(dh), linear key temperature, then partial RoPE."""

@@ -176,16 +176,13 @@ class ParallelCCA(CompressedConvAttention):
         mean_q = (copy_to_group(k0_head, self.kv_group) + q0_heads) * 0.5
         q_sum = reduce_from_group(q0_heads.sum(dim=2, keepdim=True), self.kv_group)
         mean_k = q_sum / (2 * self.query_groups_global) + k0_head * 0.5
-        packed = packed.transpose(1, 2)
-        padded = F.pad(packed, (self.conv_context, 0)) if left is None else \
-            torch.cat((left.conv_inputs.to(packed.dtype), packed), dim=-1)
-        mixed_q, mixed_k = self.conv_grouped(self.conv_depthwise(padded)).transpose(1, 2).split((q_width, dh), dim=-1)
+        mixed_q, mixed_k = self.causal_conv(packed, left).split((q_width, dh), dim=-1)
         q = mean_q + mixed_q.reshape(b, s, self.num_heads, dh)
         k = mean_k + mixed_k.reshape(b, s, 1, dh)
         v_shifted = F.pad(v_delayed, (0, 0, 1, -1)) if left is None else \
             torch.cat((left.delayed_value.to(v_delayed.dtype), v_delayed[:, :-1]), dim=1)
         v = torch.cat((v_current, v_shifted), dim=-1).view(b, s, 1, dh)
-        return q, k, v, packed, v_delayed
+        return q, k, v, packed.transpose(1, 2), v_delayed
 
     def forward(self, x, cos, sin, attention_mask=None):
         ps = self.pstate

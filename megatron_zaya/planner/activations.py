@@ -46,7 +46,7 @@ class StoragePolicy:
     attention: str = "flash"          # "flash": q, k, v, out, lse; "math": fp32 q, k, v and S x S probabilities
     kv_repeated: bool = False         # K/V expanded to HQ heads inside attention (SDPA's CPU math path)
     loss: str = "fused"               # "fused": bf16 logits + lse; "reference": bf16 logits (lse recomputed)
-    kernels: str = "fused"            # "fused": the Triton RMSNorm/residual/SwiGLU/RoPE/permute autograd
+    kernels: str = "fused"            # "fused": the Triton RMSNorm/residual/SwiGLU/RoPE/permute/CCA-conv autograd
                                       # functions; "reference": the torch reference ops (kernels/reference.py)
 
 
@@ -100,7 +100,7 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
         ]
     terms += [
         Term("attention: bf16 input cast of the stacked projection (q, k, v_current, v_previous)", 2 * d),
-        Term("attention: conv input (packed q0/k0, bf16)", 2 * c) if fused and conv_uses_kernel() else
+        Term("attention: conv input (packed q0/k0, bf16)", 2 * c) if fused else
         Term("attention: conv inputs (depthwise + grouped, bf16)", 2 * 2 * c),
         # q: its input and three (.., 1) norm factors; k: the same plus the temperature-scaled factor.
         Term("attention: QK-norm + key temperature", 2 * hq * dh + 6 * hq + 2 * hkv * dh + 8 * hkv),
@@ -158,14 +158,6 @@ def outer_terms(config: ModelConfig, policy: str = "gpu") -> list[Term]:
     return terms
 
 
-def conv_uses_kernel() -> bool:
-    """Whether the model's CCA calls kernels.cca_causal_conv (whose Triton autograd function keeps only the
-    packed input) rather than two nn.Conv1d (which keep the padded input and the depthwise output)."""
-    from megatron_zaya.model.cca import CompressedConvAttention
-
-    return "cca_causal_conv" in CompressedConvAttention.project.__code__.co_names
-
-
 def projection_weight_bytes(config: ModelConfig) -> int:
     """Per layer: the bf16 stack of linear_q, linear_k, linear_v_current and linear_v_previous that CCA's
     one input matmul saves for its input gradient ((HQ + 2 HKV) dh rows of D)."""
@@ -175,7 +167,7 @@ def projection_weight_bytes(config: ModelConfig) -> int:
 
 def conv_padding_bytes_per_sequence(config: ModelConfig, policy="gpu") -> int:
     """The conv inputs carry the causal left padding: (ctx + ctx - 1) extra steps of C bf16 channels."""
-    if storage_policy(policy).kernels == "fused" and conv_uses_kernel():
+    if storage_policy(policy).kernels == "fused":
         return 0
     c = (config.num_attention_heads + config.num_query_groups) * config.kv_channels
     ctx = config.cca_depthwise_kernel - 1 + config.cca_grouped_kernel - 1
