@@ -4,7 +4,7 @@
     python bench/lm_head_layouts.py --tokens 2048 --hidden 256 --vocab 32768 --dtype fp32
 
 rows:   logits (N, V) = h @ W^T, the layout of F.linear; the CE gradient g is (N, V);
-        backward dX = g @ W, dW = g^T @ h (g^T a transposed view).
+        backward dX = g @ W, dW = g^T @ h (g^T a transposed view), or dW^T = h^T @ g (h^T a view).
 cols:   logits^T (V, N) = W @ h^T; the CE runs down the columns and writes g^T (V, N);
         backward dW = g^T @ h (both operands contiguous), dX = (g^T)^T @ W.
 Each matmul is timed alone (median of --iters), and the whole head + CE + backward of each layout.
@@ -50,6 +50,7 @@ def main() -> None:
         "rows fwd  h @ W^T": lambda: F.linear(h, w),
         "rows dX   g @ W": lambda: g @ w,
         "rows dW   g^T @ h": lambda: g.t() @ h,
+        "rows dW^T h^T @ g": lambda: h.t() @ g,
         "cols fwd  W @ h^T": lambda: w @ h.t(),
         "cols dW   g^T @ h (contig)": lambda: g_t @ h,
         "cols dX   (g^T)^T @ W": lambda: g_t.t() @ w,
