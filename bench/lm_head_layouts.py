@@ -12,32 +12,25 @@ Each matmul is timed alone (median of --iters), and the whole head + CE + backwa
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-def median_seconds(fn, iters: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from bench.timing import median_seconds  # noqa: E402
 
 
-def main() -> None:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     parser.add_argument("--iters", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     torch.manual_seed(0)
     n, d, v = args.tokens, args.hidden, args.vocab
@@ -57,8 +50,9 @@ def main() -> None:
         "cols dX^T W^T @ g^T": lambda: w.t() @ g_t,
     }
     for name, fn in rows.items():
-        print(f"{name:30s} {1e3 * median_seconds(fn, args.iters):8.1f} ms")
+        print(f"{name:30s} {1e3 * median_seconds(fn, args.iters, warmup=2):8.1f} ms")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

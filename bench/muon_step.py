@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+from bench.timing import median_seconds  # noqa: E402
 from megatron_zaya.config import model_config_from_preset  # noqa: E402
 from megatron_zaya.kernels import reference  # noqa: E402
 from megatron_zaya.model import ZayaModel  # noqa: E402
@@ -27,27 +26,17 @@ from megatron_zaya.optim.muon import Muon  # noqa: E402
 from megatron_zaya.training.cpu_allocator import keep_freed_memory  # noqa: E402
 
 
-def median_seconds(fn, iters: int) -> float:
-    fn()
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def newton_schulz_flops(shape, steps: int = 5) -> float:
     m, n = sorted(shape[-2:])
     return shape[:-2].numel() * steps * (4 * m * m * n + 2 * m ** 3)
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="zaya1-100m")
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every CPU)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     keep_freed_memory()
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     torch.manual_seed(0)

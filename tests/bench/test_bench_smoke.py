@@ -56,6 +56,16 @@ def test_model_throughput_runs(capsys, keep_threads):
     assert "speed-up" in capsys.readouterr().out
 
 
+def test_muon_step_and_lm_head_layouts_run(capsys, keep_threads):
+    assert load_script("muon_step").main(["--preset", "zaya1-tiny", "--iters", "1", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "Muon.step" in out and "newton_schulz" in out and "(4, 512, 128)" in out   # the stacked experts
+    assert load_script("lm_head_layouts").main(["--tokens", "64", "--hidden", "32", "--vocab", "256",
+                                                "--iters", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "rows dW^T" in out and "cols dX" in out
+
+
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not installed")
 def test_train_throughput_two_processes_expert_parallel(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", MEGATRON_ZAYA_KERNELS="torch")
