@@ -222,8 +222,9 @@ def newton_schulz(grad: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype=t
 
     Runs in `dtype` (bf16 on accelerators, as in Muon) and returns that dtype. Each step is
     gram = X X^T, poly = b gram + c gram^2, X = a X + poly X, the last two as one baddbmm each (one
-    rounding per product-and-sum instead of three; at 100M-model shapes in bf16 on CPU, about half
-    the error against float64 and 5-30% faster than separate matmuls, scalings and adds)."""
+    rounding per product-and-sum instead of three). At zaya1-100m's shapes in bf16 on CPU: about half
+    the error against float64 of separate matmuls, scalings and adds, and Muon's step ~20% faster
+    (bench/muon_step.py; one shape group slower, see BENCHMARKS.md)."""
     a, b, c = NS_COEFFICIENTS
     x = grad.to(dtype)
     transposed = x.shape[-2] > x.shape[-1]

@@ -14,8 +14,9 @@ kept.
 when the heap cannot grow) and M_TRIM_THRESHOLD to its maximum (never give the top back). The
 process's resident memory then stays at its peak instead of shrinking between steps: what a training
 process holds anyway. Applied by the training setup on CPU (training/setup.build_runtime, so also by
-bench/train_throughput.py) and by bench/model_throughput.py (to both models it compares). Set MEGATRON_ZAYA_KEEP_FREED_MEMORY=0 to leave glibc's defaults. Not glibc (macOS,
-musl): nothing to do, returns False.
+bench/train_throughput.py) and by bench/model_throughput.py (to both models it compares). Set
+MEGATRON_ZAYA_KEEP_FREED_MEMORY=0 to leave glibc's defaults. Not glibc (macOS, musl): nothing to do,
+returns False.
 """
 from __future__ import annotations
 
