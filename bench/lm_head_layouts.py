@@ -1,4 +1,4 @@
-"""Time the LM head + cross-entropy step (forward and backward) in two memory layouts, on CPU or GPU.
+"""Time the LM head's three matmuls (forward, dX, dW) in two memory layouts, on CPU or GPU.
 
     python bench/lm_head_layouts.py                           # zaya1-100m's head: 2048 x 512 x 32768, bf16
     python bench/lm_head_layouts.py --tokens 2048 --hidden 256 --vocab 32768 --dtype fp32
@@ -7,7 +7,7 @@ rows:   logits (N, V) = h @ W^T, the layout of F.linear; the CE gradient g is (N
         backward dX = g @ W, dW = g^T @ h (g^T a transposed view), or dW^T = h^T @ g (h^T a view).
 cols:   logits^T (V, N) = W @ h^T; the CE runs down the columns and writes g^T (V, N);
         backward dW = g^T @ h (both operands contiguous), dX = (g^T)^T @ W.
-Each matmul is timed alone (median of --iters), and the whole head + CE + backward of each layout.
+Each matmul is timed alone (median of --iters, after 2 warm-up calls); the CE itself is not timed.
 """
 from __future__ import annotations
 

@@ -4,8 +4,9 @@
     python bench/muon_step.py --preset zaya1-tiny --iters 9
 
 The matrices are the ones `optim.builder` gives Muon (attention and router linears, the stacked
-expert weights), with random gradients. Prints the median seconds of a step, the Newton-Schulz FLOPs
-(5 steps: 2 m^2 n + 2 m^3 + 2 m^2 n per matrix, m <= n) and their rate, and the time per shape group.
+expert weights), with random gradients. Prints the median seconds of a step, the Newton-Schulz
+FLOPs (planner.time.newton_schulz_flops per matrix: 5 steps of 4 m^2 n + 2 m^3, m <= n) and their
+rate, and the time of each shape group.
 """
 from __future__ import annotations
 
@@ -23,12 +24,13 @@ from megatron_zaya.kernels import reference  # noqa: E402
 from megatron_zaya.model import ZayaModel  # noqa: E402
 from megatron_zaya.optim.builder import split_parameters  # noqa: E402
 from megatron_zaya.optim.muon import Muon  # noqa: E402
+from megatron_zaya.planner.time import newton_schulz_flops  # noqa: E402
 from megatron_zaya.training.cpu_allocator import keep_freed_memory  # noqa: E402
 
 
-def newton_schulz_flops(shape, steps: int = 5) -> float:
-    m, n = sorted(shape[-2:])
-    return shape[:-2].numel() * steps * (4 * m * m * n + 2 * m ** 3)
+def matrix_flops(shape: torch.Size) -> float:
+    """Newton-Schulz FLOPs of a (..., m, n) batch of matrices (planner.time.newton_schulz_flops each)."""
+    return shape[:-2].numel() * newton_schulz_flops(shape[-2], shape[-1])
 
 
 def main(argv=None) -> int:
@@ -45,7 +47,7 @@ def main(argv=None) -> int:
     for p in matrices:
         p.grad = torch.randn_like(p)
     optimizer = Muon(matrices, lr=1e-4)
-    flops = sum(newton_schulz_flops(p.shape) for p in matrices)
+    flops = sum(matrix_flops(p.shape) for p in matrices)
     step = median_seconds(optimizer.step, args.iters)
     print(f"{args.preset}: {len(matrices)} Muon matrices, {sum(p.numel() for p in matrices) / 1e6:.1f}M parameters, "
           f"{torch.get_num_threads()} threads, median of {args.iters}")
@@ -58,7 +60,7 @@ def main(argv=None) -> int:
         stacked = torch.stack(grads)
         seconds = median_seconds(lambda: reference.newton_schulz(stacked), args.iters)
         print(f"  newton_schulz {len(grads):3d} x {str(shape):18s} {1e3 * seconds:8.1f} ms "
-              f"{newton_schulz_flops(stacked.shape) / seconds / 1e12:.3f} TFLOP/s")
+              f"{matrix_flops(stacked.shape) / seconds / 1e12:.3f} TFLOP/s")
     return 0
 
 
