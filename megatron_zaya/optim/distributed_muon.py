@@ -22,7 +22,7 @@ from megatron_zaya.parallel.data import owners_of_bucket
 class DistributedMuon:
     def __init__(self, params: list[torch.nn.Parameter], reducer, lr: float, momentum: float = 0.95,
                  nesterov: bool = True, weight_decay: float = 0.0, ns_steps: int = 5,
-                 ns_dtype: torch.dtype = torch.bfloat16):
+                 ns_dtype: torch.dtype | None = None):
         self.param_groups = [dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
                                   ns_steps=ns_steps, ns_dtype=ns_dtype, params=list(params))]
         self.reducer = reducer

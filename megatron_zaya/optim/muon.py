@@ -4,6 +4,8 @@ update = NS5(nesterov_momentum(grad)) * 0.2 * sqrt(max(m, n))
 The 0.2 * sqrt(max(m, n)) factor matches the update's RMS to AdamW's typical ~0.2, so Muon shares
 AdamW's learning rate and (decoupled) weight decay. A parameter of shape (..., m, n) holds
 prod(...) separate m x n matrices (each expert of a grouped expert weight is its own matrix).
+Newton-Schulz runs in `ns_dtype`; None (the default) picks bf16 where bf16 matmuls are native and
+fp32 elsewhere (an AVX2-only CPU), per device (kernels.capability.newton_schulz_dtype).
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import math
 import torch
 
 from megatron_zaya import kernels
+from megatron_zaya.kernels.capability import newton_schulz_dtype
 
 
 def muon_scale(shape: torch.Size) -> float:
@@ -24,15 +27,18 @@ def momentum_direction(grad: torch.Tensor, buffer: torch.Tensor, momentum: float
     return grad.add(buffer, alpha=momentum) if nesterov else buffer.clone()
 
 
-def orthogonalized_updates(directions: list[torch.Tensor], ns_steps: int, ns_dtype: torch.dtype) -> list[torch.Tensor]:
-    """Newton-Schulz on every matrix, batched: same-shape directions are stacked into one call."""
+def orthogonalized_updates(directions: list[torch.Tensor], ns_steps: int,
+                           ns_dtype: torch.dtype | None) -> list[torch.Tensor]:
+    """Newton-Schulz on every matrix, batched: same-shape directions are stacked into one call.
+    ns_dtype None: the device's default (bf16 where native, else fp32)."""
     by_shape: dict[tuple, list[int]] = {}
     for i, d in enumerate(directions):
         by_shape.setdefault(tuple(d.shape), []).append(i)
     results: list[torch.Tensor | None] = [None] * len(directions)
     for shape, indices in by_shape.items():
         stacked = torch.stack([directions[i] for i in indices])
-        ortho = kernels.newton_schulz(stacked, steps=ns_steps, dtype=ns_dtype) * muon_scale(torch.Size(shape))
+        dtype = ns_dtype or newton_schulz_dtype(stacked.device)
+        ortho = kernels.newton_schulz(stacked, steps=ns_steps, dtype=dtype) * muon_scale(torch.Size(shape))
         for j, i in enumerate(indices):
             results[i] = ortho[j]
     return results
@@ -40,7 +46,7 @@ def orthogonalized_updates(directions: list[torch.Tensor], ns_steps: int, ns_dty
 
 class Muon(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.95, nesterov: bool = True,
-                 weight_decay: float = 0.0, ns_steps: int = 5, ns_dtype: torch.dtype = torch.bfloat16):
+                 weight_decay: float = 0.0, ns_steps: int = 5, ns_dtype: torch.dtype | None = None):
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
                         ns_steps=ns_steps, ns_dtype=ns_dtype)
         super().__init__(params, defaults)

@@ -20,21 +20,29 @@ _cpu_peak_cache: dict[torch.dtype, float] = {}
 
 
 def measure_matmul_tflops(dtype: torch.dtype = torch.bfloat16, size: int = 1024, repeats: int = 5,
-                          device: str = "cpu") -> float:
-    """Best-of-`repeats` square matmul throughput in TFLOP/s on this device."""
-    a = torch.randn(size, size, device=device).to(dtype)
-    b = torch.randn(size, size, device=device).to(dtype)
-    a @ b
-    best = math.inf
-    for _ in range(repeats):
+                          device: str = "cpu", time_budget_s: float = 1.0) -> float:
+    """Best-of-`repeats` square matmul throughput in TFLOP/s on this device, at `size` or, on a
+    device where one matmul of that size would take longer than `time_budget_s` (bf16 on an
+    AVX2-only CPU: ~100 s at 2048), at the largest power-of-two size that fits the budget."""
+    def seconds(a, b):
         if device != "cpu":
             torch.cuda.synchronize()
         start = time.perf_counter()
         a @ b
         if device != "cpu":
             torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return 2 * size ** 3 / best / 1e12
+        return time.perf_counter() - start
+
+    n = min(size, 128)
+    while True:
+        a = torch.randn(n, n, device=device).to(dtype)
+        b = torch.randn(n, n, device=device).to(dtype)
+        first = seconds(a, b)                        # warm-up, and the cost of this size
+        if n >= size or first * 8 > time_budget_s:   # the next size costs ~8x
+            break
+        n = min(size, 2 * n)
+    best = min(seconds(a, b) for _ in range(repeats))
+    return 2 * n ** 3 / best / 1e12
 
 
 def device_peak_tflops(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> tuple[float, str]:

@@ -5,9 +5,12 @@ optimizer -> checkpoint load -> data loaders -> trainer. Validation of the flags
 in megatron_zaya.arguments, before any of this."""
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from megatron_zaya.data import build_tokenizer, build_train_valid_test_loaders
+from megatron_zaya.kernels.capability import slow_bf16_warning
 from megatron_zaya.model import ZayaModel
 from megatron_zaya.training.cpu_allocator import keep_freed_memory
 from megatron_zaya.training.data_phase import data_signature, train_data_position
@@ -28,7 +31,8 @@ def resolve_vocab(run, tokenizer) -> None:
 
 def build_runtime(run):
     """SingleProcess for one process, else DistributedRuntime. On CPU, freed memory is then kept in
-    the process (cpu_allocator), so each step does not fault its tensors' pages in again."""
+    the process (cpu_allocator), so each step does not fault its tensors' pages in again, and --bf16
+    on a CPU without native bf16 matmuls is warned about (once, by the main rank)."""
     if run.parallel.world_size == 1:
         runtime = SingleProcess()
     else:
@@ -36,6 +40,9 @@ def build_runtime(run):
         runtime = DistributedRuntime(run)
     if runtime.device.type == "cpu":
         keep_freed_memory()
+        warning = slow_bf16_warning(runtime.device) if run.train.bf16 else None
+        if warning and runtime.is_main:
+            print(f"WARNING {warning}", file=sys.stderr, flush=True)
     return runtime
 
 

@@ -18,7 +18,8 @@ assert keep_freed_memory() == kept          # applied once per process, the same
 BUILD_RUNTIME = """
 from types import SimpleNamespace
 from megatron_zaya.training.setup import build_runtime
-assert build_runtime(SimpleNamespace(parallel=SimpleNamespace(world_size=1))).device.type == "cpu"
+run = SimpleNamespace(parallel=SimpleNamespace(world_size=1), train=SimpleNamespace(bf16=False))
+assert build_runtime(run).device.type == "cpu"
 kept = 1
 """
 PROBE = r"""
