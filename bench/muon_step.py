@@ -2,11 +2,13 @@
 
     python bench/muon_step.py --preset zaya1-100m
     python bench/muon_step.py --preset zaya1-tiny --iters 9
+    python bench/muon_step.py --preset zaya1-tiny --ns-dtype bf16   # force a Newton-Schulz dtype
 
 The matrices are the ones `optim.builder` gives Muon (attention and router linears, the stacked
 expert weights), with random gradients. Prints the median seconds of a step, the Newton-Schulz
 FLOPs (planner.time.newton_schulz_flops per matrix: 5 steps of 4 m^2 n + 2 m^3, m <= n) and their
-rate, and the time of each shape group.
+rate, and the time of each shape group. Newton-Schulz runs in Muon's default dtype for this machine
+(bf16 where bf16 matmuls are native, fp32 elsewhere: kernels/capability.py) unless --ns-dtype says.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import torch  # noqa: E402
 from bench.timing import median_seconds  # noqa: E402
 from megatron_zaya.config import model_config_from_preset  # noqa: E402
 from megatron_zaya.kernels import reference  # noqa: E402
+from megatron_zaya.kernels.capability import newton_schulz_dtype  # noqa: E402
 from megatron_zaya.model import ZayaModel  # noqa: E402
 from megatron_zaya.optim.builder import split_parameters  # noqa: E402
 from megatron_zaya.optim.muon import Muon  # noqa: E402
@@ -38,7 +41,10 @@ def main(argv=None) -> int:
     parser.add_argument("--preset", default="zaya1-100m")
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every CPU)")
+    parser.add_argument("--ns-dtype", choices=["auto", "bf16", "fp32"], default="auto",
+                        help="Newton-Schulz dtype (auto: Muon's default on this machine)")
     args = parser.parse_args(argv)
+    ns_dtype = {"auto": newton_schulz_dtype("cpu"), "bf16": torch.bfloat16, "fp32": torch.float32}[args.ns_dtype]
     keep_freed_memory()
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     torch.manual_seed(0)
@@ -46,11 +52,12 @@ def main(argv=None) -> int:
     matrices = [p for _, p in split_parameters(model, use_muon=True)[0]]
     for p in matrices:
         p.grad = torch.randn_like(p)
-    optimizer = Muon(matrices, lr=1e-4)
+    optimizer = Muon(matrices, lr=1e-4, ns_dtype=ns_dtype)
     flops = sum(matrix_flops(p.shape) for p in matrices)
     step = median_seconds(optimizer.step, args.iters)
     print(f"{args.preset}: {len(matrices)} Muon matrices, {sum(p.numel() for p in matrices) / 1e6:.1f}M parameters, "
-          f"{torch.get_num_threads()} threads, median of {args.iters}")
+          f"{torch.get_num_threads()} threads, Newton-Schulz in {str(ns_dtype).removeprefix('torch.')}, "
+          f"median of {args.iters}")
     print(f"Muon.step {step:.3f} s | Newton-Schulz {flops / 1e9:.0f} GFLOP, {flops / step / 1e12:.3f} TFLOP/s "
           f"over the whole step")
     by_shape: dict[tuple, list[torch.Tensor]] = {}
@@ -58,7 +65,7 @@ def main(argv=None) -> int:
         by_shape.setdefault(tuple(p.shape), []).append(p.grad)
     for shape, grads in by_shape.items():
         stacked = torch.stack(grads)
-        seconds = median_seconds(lambda: reference.newton_schulz(stacked), args.iters)
+        seconds = median_seconds(lambda: reference.newton_schulz(stacked, dtype=ns_dtype), args.iters)
         print(f"  newton_schulz {len(grads):3d} x {str(shape):18s} {1e3 * seconds:8.1f} ms "
               f"{matrix_flops(stacked.shape) / seconds / 1e12:.3f} TFLOP/s")
     return 0

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from megatron_zaya.kernels.capability import newton_schulz_dtype
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--preset", "zaya1-tiny", "--num-layers", "2", "--seq-length", "32", "--micro-batch-size", "2"]
 
@@ -60,6 +62,9 @@ def test_muon_step_and_lm_head_layouts_run(capsys, keep_threads):
     assert load_script("muon_step").main(["--preset", "zaya1-tiny", "--iters", "1", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "Muon.step" in out and "newton_schulz" in out and "(4, 512, 128)" in out   # the stacked experts
+    assert f"Newton-Schulz in {str(newton_schulz_dtype('cpu')).removeprefix('torch.')}" in out
+    assert load_script("muon_step").main(["--preset", "zaya1-tiny", "--iters", "1", "--ns-dtype", "fp32"]) == 0
+    assert "Newton-Schulz in float32" in capsys.readouterr().out
     assert load_script("lm_head_layouts").main(["--tokens", "64", "--hidden", "32", "--vocab", "256",
                                                 "--iters", "1"]) == 0
     out = capsys.readouterr().out
