@@ -27,6 +27,7 @@ import torch  # noqa: E402
 
 from megatron_zaya.checkpoint.hf_format import save_hf_folder  # noqa: E402
 from megatron_zaya.config import model_config_from_preset  # noqa: E402
+from megatron_zaya.kernels.capability import slow_bf16_warning  # noqa: E402
 from megatron_zaya.model import ZayaModel  # noqa: E402
 
 
@@ -96,6 +97,9 @@ def main(argv=None) -> int:
     kept = False if args.glibc_malloc_defaults else keep_freed_memory()
     kernels.set_reference_compile(args.compile)
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    warning = slow_bf16_warning("cpu", "--dtype bf16") if args.dtype == "bf16" and not torch.cuda.is_available() else None
+    if warning:
+        print(f"WARNING {warning}", flush=True)
     load_before = load_average()
     import transformers
 

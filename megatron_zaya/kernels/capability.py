@@ -21,15 +21,15 @@ def bf16_matmul_is_native(device: torch.device | str) -> bool:
 
 def newton_schulz_dtype(device: torch.device | str) -> torch.dtype:
     """Muon's default Newton-Schulz dtype: bf16 (as ZAYA1's Muon) where bf16 matmuls are native,
-    fp32 otherwise (more accurate, and there the faster of the two by 100x or more)."""
+    fp32 otherwise (more accurate, and there 20x to 500x faster)."""
     return torch.bfloat16 if bf16_matmul_is_native(device) else torch.float32
 
 
-def slow_bf16_warning(device: torch.device | str) -> str | None:
-    """A one-line warning for --bf16 on a device without native bf16 matmuls, else None."""
+def slow_bf16_warning(device: torch.device | str, flag: str = "--bf16") -> str | None:
+    """A one-line warning for `flag` (bf16 compute) on a device without native bf16 matmuls, else None."""
     if bf16_matmul_is_native(device):
         return None
     capability = torch.backends.cpu.get_cpu_capability()
-    return (f"--bf16: this CPU ({capability}) has no native bf16 matmul (oneDNN needs AVX-512, AMX or "
-            f"Arm BF16), so bf16 matmuls run 100x or more slower than fp32 here; drop --bf16 on this "
+    return (f"{flag}: this CPU ({capability}) has no native bf16 matmul (oneDNN needs AVX-512, AMX or "
+            f"Arm BF16), so bf16 matmuls run 20x to 500x slower than fp32 here; drop {flag} on this "
             f"machine (fp32 trains the same model)")

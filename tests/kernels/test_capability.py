@@ -28,6 +28,7 @@ def test_newton_schulz_dtype_and_warning_follow_the_capability(monkeypatch):
     assert capability.newton_schulz_dtype("cpu") == torch.float32
     warning = capability.slow_bf16_warning("cpu")
     assert warning.startswith("--bf16:") and "drop --bf16" in warning
+    assert capability.slow_bf16_warning("cpu", "--dtype bf16").startswith("--dtype bf16: this CPU")
 
 
 def _muon_update(ns_dtype, seed=3):
