@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# examples/quickstart_cpu.sh: from nothing to a trained zaya1-tiny on CPU, 2 processes, a few minutes.
+# examples/quickstart_cpu.sh: from nothing to a trained zaya1-tiny on CPU, 2 processes, 5-12 minutes on 2 cores.
 #
 #   bash examples/quickstart_cpu.sh                       # corpus -> tokenizer -> dataset -> train
 #   TRAIN_ITERS=20 bash examples/quickstart_cpu.sh         # shorter
