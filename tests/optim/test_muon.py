@@ -63,9 +63,10 @@ def test_newton_schulz_orthogonalises():
 def test_bf16_newton_schulz_is_close_to_float64():
     """Muon's bf16 Newton-Schulz (the default on GPUs and on CPUs with native bf16) against the
     float64 reference, on the update itself (lr 1, no decay, zero weights: weights after one step =
-    -update). bf16 keeps 8 mantissa bits and five iterations compound the rounding: measured 1.4-1.6% relative (Frobenius) error on these shapes
-    with the baddbmm form (2.8-3.4% with separate matmuls, scalings and adds), so the stated
-    tolerance is 3% relative and a cosine above 0.9995 with the exact update."""
+    -update). bf16 keeps 8 mantissa bits and five iterations compound the rounding: measured
+    1.4-1.6% relative (Frobenius) error on these shapes with the baddbmm form (2.8-3.4% with
+    separate matmuls, scalings and adds), so the stated tolerance is 3% relative and a cosine above
+    0.9995 with the exact update."""
     torch.manual_seed(2)
     for shape in [(16, 24), (24, 16), (64, 128), (3, 32, 48)]:
         p = torch.nn.Parameter(torch.zeros(shape))
