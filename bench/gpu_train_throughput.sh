@@ -21,8 +21,8 @@ OUT=${OUT:-bench_gpu_train_throughput.json}
 EXTRA=()
 [[ -n "${LAYERS:-}" ]] && EXTRA+=(--num-layers "$LAYERS")
 [[ -n "${PROFILE:-}" ]] && EXTRA+=(--profile "$PROFILE")
-python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no GPU visible to torch')"
+${PYTHON:-python3} -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no GPU visible to torch')"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv 2>/dev/null || rocm-smi 2>/dev/null || true
-MEGATRON_ZAYA_KERNELS=${MEGATRON_ZAYA_KERNELS:-triton} python bench/train_throughput.py \
+MEGATRON_ZAYA_KERNELS=${MEGATRON_ZAYA_KERNELS:-triton} ${PYTHON:-python3} bench/train_throughput.py \
     --preset "$PRESET" --seq-length "$SEQ" --micro-batch-size "$MICRO" --global-batch-size "$GLOBAL" \
     --bf16 --optimizer muon --warmup "$WARMUP" --iters "$ITERS" --json "$OUT" ${EXTRA[@]+"${EXTRA[@]}"}

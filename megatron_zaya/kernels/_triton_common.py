@@ -6,10 +6,22 @@ import os
 
 import torch
 import triton
+import triton.language as tl
 
 # Read once, when a kernel module is imported: that is also when @triton.jit decides between the
 # compiler and the interpreter, so the two always agree.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "no")
+_DOT_IN_FP32 = tl.constexpr(INTERPRET)
+
+
+@triton.jit
+def dot_operand(x, like_ptr):
+    """x cast to the element type of like_ptr, for tl.dot; fp32 when interpreting: the interpreter's
+    tl.dot returns garbage for bf16 operands (triton 3.x on CPU: errors of ~1e10 on a 16 x 16 product)."""
+    if _DOT_IN_FP32:
+        return x.to(tl.float32)
+    else:
+        return x.to(like_ptr.dtype.element_ty)
 
 
 def configs(gpu_configs: list, interpret_config):

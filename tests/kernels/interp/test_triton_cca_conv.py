@@ -63,3 +63,34 @@ def test_cca_conv_matches_the_model_layout():
     want = gc(dw(torch.nn.functional.pad(x.transpose(1, 2), (2, 0)))).transpose(1, 2)
     got = T.cca_causal_conv(x, dw.weight, dw.bias, gc.weight, gc.bias)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_cca_causal_conv_bf16_as_the_model_calls_it():
+    """Under bf16 autocast the model passes a bf16 packed tensor and fp32 conv parameters: the
+    output and d(packed) come back in bf16, the parameter gradients in fp32, all within bf16
+    rounding (atol = rtol = 3e-2) of the fp32 reference on the same bf16-rounded inputs.
+    (Interpreted, tl.dot takes fp32 operands: _triton_common.dot_operand; before it, the
+    interpreter's bf16 dot gave errors of ~1e10.)"""
+    gen = torch.Generator().manual_seed(11)
+    b, s, groups, dh = 2, 13, 2, 32
+    c = groups * dh
+    packed0 = torch.randn(b, s, c, generator=gen).bfloat16()
+    params = _params(c, dh, 2, 2, gen)
+    g = torch.randn(b, s, c, generator=gen).bfloat16()
+
+    def run(fn, packed_dtype):
+        packed = packed0.to(packed_dtype, copy=True).requires_grad_(True)
+        for p in params:
+            p.grad = None
+        out = fn(packed, *params, None)
+        out.backward(g.to(out.dtype))
+        return out.detach(), packed.grad, [p.grad.clone() for p in params]
+
+    out, d_packed, d_params = run(T.cca_causal_conv, torch.bfloat16)
+    out_r, d_packed_r, d_params_r = run(R.cca_causal_conv, torch.float32)
+    assert out.dtype == d_packed.dtype == torch.bfloat16
+    assert all(d.dtype == torch.float32 for d in d_params)
+    torch.testing.assert_close(out.float(), out_r, atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(d_packed.float(), d_packed_r, atol=3e-2, rtol=3e-2)
+    for got, want in zip(d_params, d_params_r):
+        torch.testing.assert_close(got, want, atol=3e-2 * want.abs().max().item(), rtol=3e-2)

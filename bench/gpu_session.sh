@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Every GPU check of this repository in one run, sized for a 15-minute GPU lease (each step under its
+# own time limit, about 9 minutes in all): the device, the whole model with Triton kernels against the
+# PyTorch reference (fp32 and bf16), the kernel benchmark (issue 7), and training throughput
+# and MFU of zaya1-base-4l (issue 9). Logs and JSON go to $OUT (default bench_gpu_session/), with
+# one line per step and its exit code in $OUT/summary.txt. A failing step does not stop the others.
+#
+#   bash bench/gpu_session.sh
+#   OUT=/tmp/out SEQ=4096 bash bench/gpu_session.sh
+#
+# Runs from the repository root without installing (the bench scripts put the root on sys.path).
+# It needs torch with a visible GPU, plus triton, numpy, safetensors and pyyaml.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench_gpu_session}
+SEQ=${SEQ:-4096}
+mkdir -p "$OUT"
+: > "$OUT/summary.txt"
+export PYTHONUNBUFFERED=1
+
+step() {   # step NAME SECONDS COMMAND...: run it under a time limit, log it, record its exit code
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name (limit ${limit} s)"
+    local start=$SECONDS
+    timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+    local rc=${PIPESTATUS[0]}
+    echo "$name: rc=$rc ($((SECONDS - start)) s)" | tee -a "$OUT/summary.txt"
+}
+
+"${PYTHON:-python3}" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no GPU visible to torch')" || exit 1
+{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>/dev/null || rocm-smi 2>/dev/null
+  "${PYTHON:-python3}" -c "import torch, triton; print('torch', torch.__version__, '| triton', triton.__version__, '|', torch.cuda.get_device_name())"
+  date -u +"%Y-%m-%d %H:%M UTC"; } | tee "$OUT/device.txt"
+
+step model_check 150 "${PYTHON:-python3}" bench/gpu_model_check.py --seq-length 2048 --dtype both
+step kernels 150 "${PYTHON:-python3}" bench/kernels.py --reps 50 --json "$OUT/kernels.json"
+step train_throughput 240 env SEQ="$SEQ" WARMUP=2 ITERS=5 OUT="$OUT/train_throughput.json" \
+    bash bench/gpu_train_throughput.sh
+echo "== summary"
+cat "$OUT/summary.txt"
+! grep -qv "rc=0 " "$OUT/summary.txt"
