@@ -220,7 +220,7 @@ class Trainer:
         self.start_iteration = self.state.iteration
         self.logger.print(f"training from iteration {self.state.iteration} to {self.total_iters}; "
                           f"model FLOPs/token {self.flops_per_token:.3e} (training, active expert only); "
-                          f"MFU peak {self.peak_tflops:.1f} TFLOP/s ({self.peak_source})")
+                          f"MFU peak {self.peak_tflops:.3g} TFLOP/s ({self.peak_source})")
         if self.watchdog is not None:
             self.watchdog.arm(self.cfg.watchdog_first_iteration_seconds)
         while self.state.iteration < self.total_iters:

@@ -2,7 +2,8 @@
 
 MFU = achieved model FLOP/s per device / peak bf16 dense FLOP/s of the device. Model FLOPs come from
 megatron_zaya.model.accounting (only the active expert counts; attention and CCA convolutions do;
-training = 3x forward). Peaks: the table below for accelerators, a measured matmul peak on CPU.
+training = 3x forward). Peaks: the table below for accelerators, a measured matmul peak on CPU (fp32's
+when bf16 is asked for on a CPU without native bf16 matmuls: there fp32 is the faster of the two).
 """
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import resource
 import time
 
 import torch
+
+from megatron_zaya.kernels.capability import bf16_matmul_is_native
 
 # Dense bf16 peak TFLOP/s per device (vendor figures, no sparsity).
 PEAK_TFLOPS_BF16 = {"MI355X": 2300.0, "MI325X": 1307.0, "MI300X": 1307.0, "MI250X": 383.0,
@@ -53,9 +56,13 @@ def device_peak_tflops(device: torch.device, dtype: torch.dtype = torch.bfloat16
             if key in name.upper().replace(" ", ""):
                 return peak, f"table ({key})"
         return measure_matmul_tflops(dtype, 8192, device="cuda"), f"measured matmul ({name})"
+    note = ""
+    if dtype == torch.bfloat16 and not bf16_matmul_is_native(device):
+        # bf16 is emulated here at a small fraction of fp32's rate: the device's real peak is fp32's.
+        dtype, note = torch.float32, ", bf16 not native"
     if dtype not in _cpu_peak_cache:
         _cpu_peak_cache[dtype] = measure_matmul_tflops(dtype)
-    return _cpu_peak_cache[dtype], f"measured CPU {str(dtype).removeprefix('torch.')} matmul"
+    return _cpu_peak_cache[dtype], f"measured CPU {str(dtype).removeprefix('torch.')} matmul{note}"
 
 
 def peak_memory_bytes(device: torch.device) -> int:

@@ -74,3 +74,16 @@ def test_matmul_peak_shrinks_the_size_to_the_time_budget(monkeypatch):
     assert metrics.measure_matmul_tflops(torch.float32, size=256, repeats=2, time_budget_s=60.0) > 0
     assert set(sizes) == {128, 256}                # within budget: up to the size asked for
 
+
+
+def test_cpu_mfu_peak_is_fp32s_where_bf16_is_not_native(monkeypatch):
+    peaks = {torch.bfloat16: 0.001, torch.float32: 0.05}
+    monkeypatch.setattr(metrics, "measure_matmul_tflops", lambda dtype, *a, **k: peaks[dtype])
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(metrics, "_cpu_peak_cache", {})
+    monkeypatch.setattr(metrics, "bf16_matmul_is_native", lambda device: False)
+    assert metrics.device_peak_tflops(cpu, torch.bfloat16) == (0.05, "measured CPU float32 matmul, bf16 not native")
+    assert metrics.device_peak_tflops(cpu, torch.float32) == (0.05, "measured CPU float32 matmul")
+    monkeypatch.setattr(metrics, "_cpu_peak_cache", {})
+    monkeypatch.setattr(metrics, "bf16_matmul_is_native", lambda device: True)
+    assert metrics.device_peak_tflops(cpu, torch.bfloat16) == (0.001, "measured CPU bfloat16 matmul")
