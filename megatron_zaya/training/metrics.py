@@ -40,8 +40,9 @@ def measure_matmul_tflops(dtype: torch.dtype = torch.bfloat16, size: int = 1024,
     while True:
         a = torch.randn(n, n, device=device).to(dtype)
         b = torch.randn(n, n, device=device).to(dtype)
-        first = seconds(a, b)                        # warm-up, and the cost of this size
-        if n >= size or first * 8 > time_budget_s:   # the next size costs ~8x
+        seconds(a, b)                                # warm-up (library and kernel set-up)
+        once = seconds(a, b)                         # the cost of this size
+        if n >= size or once * 8 > time_budget_s:    # the next size costs ~8x
             break
         n = min(size, 2 * n)
     best = min(seconds(a, b) for _ in range(repeats))
