@@ -10,8 +10,9 @@ a step for each backend.
 The kernel tests check each kernel alone on small shapes. This script checks them inside the model,
 at the model's own shapes, dtypes and layouts. Without a GPU the script sets TRITON_INTERPRET=1
 before triton is imported and runs on the CPU: its timings then mean nothing.
-Tolerances (TOLERANCES): in fp32 (TF32 off) every gradient agrees to a relative Frobenius error of
-1e-4, each token's loss to 1e-4 and the mean loss to 1e-5; in bf16 to 5e-2, 5e-2 and 1e-2. The
+Tolerances (TOLERANCES): in fp32 every gradient agrees to a relative Frobenius error of 1e-4, each
+token's loss to 1e-4 and the mean loss to 1e-5 (interpreted); on a GPU, where torch's TF32 is off but
+Triton's tl.dot rounds fp32 operands to TF32, to 5e-3, 1e-3 and 1e-4; in bf16 to 5e-2, 5e-2, 1e-2. The
 two backends round differently, so a token near a routing tie can pick another expert: the count
 of such tokens is printed, and their per-token losses are left out of the per-token check (not of
 the mean, nor of the gradients).
@@ -37,8 +38,10 @@ import megatron_zaya.kernels as K  # noqa: E402
 from megatron_zaya.config import model_config_from_preset  # noqa: E402
 from megatron_zaya.model import ZayaModel  # noqa: E402
 
-# (gradient relative error, per-token loss |diff|, mean loss |diff|)
-TOLERANCES = {"fp32": (1e-4, 1e-4, 1e-5), "bf16": (5e-2, 5e-2, 1e-2)}
+# (gradient relative error, per-token loss |diff|, mean loss |diff|). fp32 on a GPU: Triton's tl.dot
+# takes fp32 operands as TF32 (10-bit mantissa) by default, in the CCA conv kernel, so 5e-3.
+TOLERANCES = {"fp32": (5e-3 if GPU else 1e-4, 1e-3 if GPU else 1e-4, 1e-4 if GPU else 1e-5),
+              "bf16": (5e-2, 5e-2, 1e-2)}
 
 
 def relative_errors(reference: dict[str, torch.Tensor], test: dict[str, torch.Tensor]) -> dict[str, float]:

@@ -33,9 +33,9 @@ step() {   # step NAME SECONDS COMMAND...: run it under a time limit, log it, re
   "${PYTHON:-python3}" -c "import torch, triton; print('torch', torch.__version__, '| triton', triton.__version__, '|', torch.cuda.get_device_name())"
   date -u +"%Y-%m-%d %H:%M UTC"; } | tee "$OUT/device.txt"
 
-step model_check 150 "${PYTHON:-python3}" bench/gpu_model_check.py --seq-length 2048 --dtype both
+step model_check 180 "${PYTHON:-python3}" bench/gpu_model_check.py --seq-length 2048 --dtype both
 step kernels 150 "${PYTHON:-python3}" bench/kernels.py --reps 50 --json "$OUT/kernels.json"
-step train_throughput 240 env SEQ="$SEQ" WARMUP=2 ITERS=5 OUT="$OUT/train_throughput.json" \
+step train_throughput 210 env SEQ="$SEQ" WARMUP=2 ITERS=5 OUT="$OUT/train_throughput.json" \
     bash bench/gpu_train_throughput.sh
 echo "== summary"
 cat "$OUT/summary.txt"
