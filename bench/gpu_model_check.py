@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import torch
 
@@ -35,6 +33,7 @@ if not GPU:
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import megatron_zaya.kernels as K  # noqa: E402
+from bench.timing import median_seconds  # noqa: E402
 from megatron_zaya.config import model_config_from_preset  # noqa: E402
 from megatron_zaya.model import ZayaModel  # noqa: E402
 
@@ -70,19 +69,6 @@ def step(model, tokens, labels, dtype: str, backend: str):
     return out.token_losses.detach().float(), grads, [r.expert_index for r in out.routing]
 
 
-def timed(fn, iters: int) -> float:
-    times = []
-    for _ in range(iters):
-        if GPU:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if GPU:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def check(model, tokens, labels, dtype: str, iters: int) -> bool:
     loss_ref, grads_ref, routes_ref = step(model, tokens, labels, dtype, "torch")
     loss_tri, grads_tri, routes_tri = step(model, tokens, labels, dtype, "triton")
@@ -103,7 +89,9 @@ def check(model, tokens, labels, dtype: str, iters: int) -> bool:
     for name, err in worst:
         print(f"    {err:.2e}  {name}")
     if iters:
-        seconds = {b: timed(lambda b=b: step(model, tokens, labels, dtype, b), iters) for b in ("torch", "triton")}
+        sync = torch.cuda.synchronize if GPU else None
+        seconds = {b: median_seconds(lambda b=b: step(model, tokens, labels, dtype, b), iters, synchronize=sync)
+                   for b in ("torch", "triton")}
         n = tokens.numel()
         print(f"[{dtype}] forward+backward, median of {iters}: torch {seconds['torch']:.4f} s "
               f"({n / seconds['torch']:.0f} tokens/s), triton {seconds['triton']:.4f} s "

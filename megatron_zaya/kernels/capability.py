@@ -8,18 +8,23 @@ bf16 matmul took 97 s (0.18 GFLOP/s) against 0.21 s in fp32 (82 GFLOP/s).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_bf16_is_native() -> bool:
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):   # a build without this private check: assume native
+        return True
 
 
 def bf16_matmul_is_native(device: torch.device | str) -> bool:
     """True when bf16 matmuls on `device` run on native kernels (any GPU; a CPU oneDNN supports)."""
     device = torch.device(device)
-    if device.type != "cpu":
-        return True
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):   # a build without this private check: assume native
-        return True
+    return device.type != "cpu" or _cpu_bf16_is_native()   # the CPU answer: asked once per process
 
 
 def newton_schulz_dtype(device: torch.device | str) -> torch.dtype:
