@@ -4,7 +4,8 @@
 #   DATA_PATH=/data/zaya/web_text_document TOKENIZER_MODEL=/data/tok/zaya.model CKPT_DIR=/ckpt/zaya1-base \
 #       sbatch run_mi300x.sh                                      # 128 nodes x 8 GPUs, phase 1 of the recipe
 #   bash run_mi300x.sh --dry-run                                  # print the exact command, also outside Slurm
-#   sbatch --nodes=2 --ntasks-per-node=2 run_mi300x.sh --train-iters 20   # any size; extra args go to the trainer
+#   sbatch --nodes=2 --ntasks-per-node=2 run_mi300x.sh --train-iters 20 \
+#       --lr-warmup-iters 2 --lr-wsd-decay-iters 4                # any size; extra args go to the trainer
 #
 # Everything is set by environment variables (defaults in brackets; docs/LAUNCH.md has the full list):
 #   trainer   REPO_DIR [folder of this script]  PYTHON [python3]  TRAIN_SCRIPT [$REPO_DIR/pretrain_zaya.py]

@@ -11,7 +11,7 @@ backward, on small ragged shapes against the reference (TRITON_INTERPRET=1 is se
 is imported), printing the max error and tolerance of each output and gradient.
 
     python bench/kernels.py                 # all kernels
-    python bench/kernels.py --only ce,rope  # a subset (names: see --list)
+    python bench/kernels.py --only cross_entropy,rope  # a subset (names: see --list)
     python bench/kernels.py --reps 200 --json out.json
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if ! $PY -c "import torch" 2>/dev/null; then
-    echo "[install] no torch found: installing the CPU build torch==2.13.0"
+    echo "[install] no torch found: installing torch==2.13.0 (for the CPU-only build, install torch from https://download.pytorch.org/whl/cpu first)"
     $PY -m pip install -q "torch==2.13.0"
 fi
 extras=${1:-}
