@@ -2,7 +2,7 @@
 
 One process on CPU (the quickstart does all of this for you: bash examples/quickstart_cpu.sh):
     python pretrain_zaya.py --preset zaya1-tiny --data-path data/shakespeare_text_document \
-        --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model data/tokenizer.model \
+        --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model data/tokenizer/shakespeare_sp8k.model \
         --micro-batch-size 8 --global-batch-size 16 --seq-length 256 --train-iters 200 --lr 3e-3 \
         --lr-warmup-iters 20 --tensorboard-dir runs/tiny/tb --save runs/tiny/ckpt --save-interval 100
 
@@ -16,13 +16,37 @@ import sys
 import torch
 
 from megatron_zaya.arguments import parse_args
+from megatron_zaya.checkpoint.format import CheckpointError
+from megatron_zaya.errors import UserInputError
 from megatron_zaya.training.setup import build_and_train
+
+PROG = "pretrain_zaya.py"
+
+
+def user_error_line(err: BaseException) -> str | None:
+    """The one-line message for an error that is the user's input (a bad flag, data file,
+    checkpoint or path), None for anything else, which keeps its traceback."""
+    if isinstance(err, (UserInputError, CheckpointError)):
+        return str(err)
+    if isinstance(err, OSError) and err.filename is not None:     # a path the run was given
+        return f"{err.filename}: {err.strerror or err}"
+    return None
 
 
 def main(argv=None) -> int:
-    run = parse_args(argv)          # every flag validated before any process group or allocation
+    """Parse and validate every flag (before any process group or allocation), then train. Errors
+    in the user's input found later (a corrupt dataset or checkpoint, an unusable path) end the
+    run with one `error:` line and exit status 2, like a bad flag."""
+    run = parse_args(argv)
     torch.manual_seed(run.train.seed)
-    return build_and_train(run)
+    try:
+        return build_and_train(run)
+    except (UserInputError, CheckpointError, OSError) as err:
+        line = user_error_line(err)
+        if line is None:
+            raise
+        print(f"{PROG}: error: {' '.join(line.splitlines())}", file=sys.stderr, flush=True)
+        return 2
 
 
 if __name__ == "__main__":

@@ -8,11 +8,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 from dataclasses import dataclass, fields
 
 import yaml
 
+from megatron_zaya.checkpoint.format import COMPLETE_MARKER, ITER_RE, LATEST_FILE, METADATA_FILE, iter_dir_name
 from megatron_zaya.config import PRESETS, ConfigError, ModelConfig, model_config_from_preset
+from megatron_zaya.data.blend import parse_data_path
+from megatron_zaya.data.gpt_dataset import default_cache_dir
+from megatron_zaya.data.index_builders import parse_split
+from megatron_zaya.data.indexed import IndexedDatasetError, check_indexed_dataset
+from megatron_zaya.data.tokenizer import check_tokenizer_flags
+from megatron_zaya.errors import UserInputError
 from megatron_zaya.optim.builder import OptimizerConfig
 from megatron_zaya.parallel.state import LayoutError, check_layout
 from megatron_zaya.optim.schedules import DECAY_STYLES, WSD_DECAY_STYLES, LRSchedule
@@ -36,6 +44,7 @@ class ParallelSizes:
     expert_model_parallel_size: int = 1
     sequence_parallel: bool = False
     use_distributed_optimizer: bool = False
+    ddp_bucket_size: int = 40_000_000
 
     @property
     def data_parallel_size(self) -> int:
@@ -74,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--expert-model-parallel-size", type=int, default=1)
     g.add_argument("--sequence-parallel", action="store_true")
     g.add_argument("--use-distributed-optimizer", action="store_true")
+    g.add_argument("--ddp-bucket-size", type=int, default=40_000_000,
+                   help="elements per gradient bucket; a bucket's all-reduce (reduce-scatter under ZeRO-1) "
+                        "starts as soon as its last gradient is ready, overlapping the rest of the backward")
     g.add_argument("--distributed-backend", choices=["nccl", "gloo"], default=None)
     g = p.add_argument_group("batch and schedule")
     g.add_argument("--micro-batch-size", type=int, default=4)
@@ -132,7 +144,55 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _yaml_error(parser: argparse.ArgumentParser, path: str, key, message: str):
+    parser.error(f"--config {path}: key {key!r} {message}")
+
+
+def _convert_word(parser, path: str, key, action: argparse.Action, word: str):
+    """One word through the flag's argparse `type` and `choices`, as on a command line."""
+    try:
+        value = action.type(word) if action.type else word
+    except (TypeError, ValueError, argparse.ArgumentTypeError):
+        kind = getattr(action.type, "__name__", "")
+        _yaml_error(parser, path, key, f"has an invalid {kind} value {word!r}")
+    if action.choices is not None and value not in action.choices:
+        _yaml_error(parser, path, key, f"has value {word!r}; choose one of {list(action.choices)}")
+    return value
+
+
+def _yaml_words(parser, path: str, key, action: argparse.Action, value) -> list[str]:
+    """The command-line words a YAML value stands for: a list gives one word per item, a string
+    is split on whitespace (as a shell would), a number is one word."""
+    items = value if isinstance(value, list) else (value.split() if isinstance(value, str) else [value])
+    if any(isinstance(x, (list, dict, bool)) or x is None for x in items):
+        _yaml_error(parser, path, key, f"expects numbers or strings, got {value!r}")
+    if isinstance(action.nargs, int) and len(items) != action.nargs:
+        _yaml_error(parser, path, key, f"expects {action.nargs} values, got {value!r}")
+    if not items:
+        _yaml_error(parser, path, key, "expects at least one value")
+    return [str(x) for x in items]
+
+
+def _yaml_value(parser: argparse.ArgumentParser, path: str, key, action: argparse.Action, value):
+    """A YAML value converted exactly as argparse converts the same flag on the command line;
+    anything argparse would reject stops with one line naming the file, the key and the value."""
+    if isinstance(action, argparse._StoreConstAction):        # store_true / store_false
+        if not isinstance(value, bool):
+            _yaml_error(parser, path, key, f"is an on/off flag: give true or false, not {value!r}")
+        return action.const if value else action.default
+    if value is None:
+        if action.default is not None:
+            _yaml_error(parser, path, key, "has no value")
+        return None
+    if action.nargs in ("+", "*") or isinstance(action.nargs, int):
+        return [_convert_word(parser, path, key, action, w) for w in _yaml_words(parser, path, key, action, value)]
+    if isinstance(value, (list, dict, bool)):
+        _yaml_error(parser, path, key, f"expects a single value (as on the command line), got {value!r}")
+    return _convert_word(parser, path, key, action, str(value))
+
+
 def _apply_yaml_defaults(parser: argparse.ArgumentParser, path: str) -> None:
+    """Make the keys of the YAML file `path` the parser's defaults (so command-line flags win)."""
     if not os.path.isfile(path):
         parser.error(f"--config {path}: file not found")
     try:
@@ -142,13 +202,13 @@ def _apply_yaml_defaults(parser: argparse.ArgumentParser, path: str) -> None:
         parser.error(f"--config {path}: not valid YAML ({err})")
     if not isinstance(values, dict):
         parser.error(f"--config {path}: expected a mapping of flag names to values")
-    known = {a.dest for a in parser._actions}
+    actions = {a.dest: a for a in parser._actions if not isinstance(a, argparse._HelpAction)}
     defaults = {}
     for key, value in values.items():
         dest = str(key).lstrip("-").replace("-", "_")
-        if dest not in known or dest == "config":
+        if dest not in actions or dest == "config":
             parser.error(f"--config {path}: unknown key {key!r}")
-        defaults[dest] = value
+        defaults[dest] = _yaml_value(parser, path, key, actions[dest], value)
     parser.set_defaults(**defaults)
 
 
@@ -164,53 +224,220 @@ def parse_args(argv=None) -> RunConfig:
         parser.error(str(err))
 
 
+def _ge0(v) -> bool:
+    return v >= 0
+
+
+def _ge1(v) -> bool:
+    return v >= 1
+
+
+def _gt0(v) -> bool:
+    return v > 0
+
+
+def _unit(v) -> bool:
+    return 0 <= v < 1
+
+
+# Flags with an obvious domain: (dest, predicate, what it must be). Unset (None) flags are skipped;
+# the predicates are written so that NaN fails them.
+NUMBER_DOMAINS = (
+    ("micro_batch_size", _ge1, "must be >= 1"), ("global_batch_size", _ge1, "must be >= 1"),
+    ("train_iters", _ge1, "must be >= 1"), ("train_samples", _ge1, "must be >= 1"),
+    ("log_interval", _ge1, "must be >= 1"), ("eval_interval", _ge1, "must be >= 1"),
+    ("eval_iters", _ge0, "must be >= 0"), ("seed", lambda v: 0 <= v <= 2**32 - 1, "must be in [0, 2**32 - 1]"),
+    ("lr", _ge0, "must be >= 0"), ("min_lr", _ge0, "must be >= 0"), ("lr_warmup_iters", _ge0, "must be >= 0"),
+    ("lr_decay_iters", _ge1, "must be >= 1"), ("lr_wsd_decay_iters", _ge0, "must be >= 0"),
+    ("weight_decay", _ge0, "must be >= 0"), ("clip_grad", _ge0, "must be >= 0 (0 turns clipping off)"),
+    ("adam_beta1", _unit, "must be in [0, 1)"), ("adam_beta2", _unit, "must be in [0, 1)"),
+    ("adam_eps", _gt0, "must be > 0"), ("muon_momentum", _unit, "must be in [0, 1)"),
+    ("moe_router_bias_lr", _ge0, "must be >= 0"), ("moe_router_bias_beta1", _unit, "must be in [0, 1)"),
+    ("moe_router_bias_beta2", _unit, "must be in [0, 1)"), ("num_workers", _ge0, "must be >= 0"),
+    ("save_interval", _ge1, "must be >= 1"), ("ckpt_keep", _ge1, "must be >= 1"),
+    ("exit_interval", _ge1, "must be >= 1"), ("exit_duration_in_mins", _gt0, "must be > 0"),
+    ("peak_tflops", _gt0, "must be > 0"), ("ddp_bucket_size", _ge1, "must be >= 1"),
+)
+
+
+def check_number_domains(args: argparse.Namespace) -> None:
+    """Range checks of the numeric flags (NUMBER_DOMAINS); raises UserInputError naming the flag."""
+    for dest, ok, domain in NUMBER_DOMAINS:
+        value = getattr(args, dest, None)
+        if value is not None and not ok(value):
+            raise UserInputError(f"--{dest.replace('_', '-')}={value}: {domain}")
+
+
+def check_data_path(data_path: list[str], flag: str = "--data-path") -> list[str]:
+    """Parse a Megatron blend exactly as the data pipeline does and check the header of each
+    `.bin`/`.idx` pair (a few bytes read, no index built); returns the prefixes."""
+    prefixes = parse_data_path(data_path, flag)[1]
+    for prefix in dict.fromkeys(prefixes):
+        try:
+            check_indexed_dataset(prefix)
+        except IndexedDatasetError as err:
+            raise UserInputError(f"{flag} {prefix}: {err}") from None
+    return prefixes
+
+
+def check_creatable_dir(flag: str, path: str) -> None:
+    """`path` is a directory, or can be created: the nearest existing ancestor is a directory in
+    which a folder can be made (tried with a temporary folder, removed at once: os.access says yes
+    to root everywhere, even in /proc)."""
+    probe = os.path.abspath(path)
+    if os.path.exists(probe) and not os.path.isdir(probe):
+        raise UserInputError(f"{flag} {path}: exists and is not a directory")
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise UserInputError(f"{flag} {path}: {probe} is not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".megatron-zaya-check-", dir=probe))
+    except OSError as err:
+        raise UserInputError(f"{flag} {path}: cannot create folders in {probe} ({err.strerror})") from None
+
+
+def _latest_iteration_folder(path: str) -> str | None:
+    """The folder --load PATH would read: PATH itself if it is one iteration's folder, else the one
+    the tracker file names (Megatron-LM's "release" too), else the highest iter_NNNNNNN."""
+    if ITER_RE.match(os.path.basename(os.path.normpath(path))) or os.path.isfile(os.path.join(path, METADATA_FILE)):
+        return path
+    try:
+        with open(os.path.join(path, LATEST_FILE)) as f:
+            text = f.read().strip()
+        name = "release" if text == "release" else iter_dir_name(int(text))
+        if os.path.isdir(os.path.join(path, name)):
+            return os.path.join(path, name)
+    except (OSError, ValueError):
+        pass
+    iterations = [name for name in os.listdir(path) if ITER_RE.match(name)]
+    return os.path.join(path, max(iterations)) if iterations else None
+
+
+def _megatron_lm_files(folder: str) -> list[str]:
+    """Megatron-LM checkpoint entries (mp_rank_* folders, *.pt, *.distcp) in a folder that has no
+    megatron-zaya files (COMPLETE marker, rank_*.safetensors); [] otherwise."""
+    names = sorted(os.listdir(folder))
+    if COMPLETE_MARKER in names or any(n.startswith("rank_") and n.endswith(".safetensors") for n in names):
+        return []
+    return [n for n in names if (n.startswith("mp_rank_") and os.path.isdir(os.path.join(folder, n)))
+            or n.endswith((".pt", ".distcp"))]
+
+
+def check_load_path(path: str) -> None:
+    """--load: a missing folder means "train from scratch" (Megatron-LM's behaviour, with a
+    warning later); a file, or a Megatron-LM checkpoint, is an error before the model is built."""
+    if not os.path.exists(path):
+        return
+    if not os.path.isdir(path):
+        raise UserInputError(f"--load {path}: not a directory")
+    folder = _latest_iteration_folder(path)
+    foreign = _megatron_lm_files(folder) if folder else []
+    if foreign:
+        raise UserInputError(
+            f"--load {path}: {folder} is not a megatron-zaya checkpoint (looks like Megatron-LM: "
+            f"{', '.join(foreign[:3])}); convert its weights to a Hugging Face ZAYA folder, then run tools/convert_checkpoint.py from-hf HF DIR "
+            f"and use --load DIR --finetune")
+
+
+def _megatron_null_tokenizer_form(args: argparse.Namespace) -> None:
+    """Megatron-LM's `--tokenizer-type NullTokenizer --vocab-size N` (no --tokenizer-model): N is the
+    tokenizer's size (ids 0..N-1, EOD = N), not the model's, whose vocabulary is then N + 1 padded,
+    as Megatron pads it. Rewritten here into this project's form, --tokenizer-model N."""
+    if args.tokenizer_type == "NullTokenizer" and args.tokenizer_model is None and args.vocab_size is not None:
+        args.tokenizer_model, args.vocab_size = str(args.vocab_size), None
+
+
+def _check_sequence_splits(args: argparse.Namespace, model: ModelConfig) -> None:
+    """Sequence-length rules of context and sequence parallelism, checked before any process group:
+    CP cuts the sequence into 2 x CP chunks; SP splits each rank's chunk over TP."""
+    tp, cp = args.tensor_model_parallel_size, args.context_parallel_size
+    if cp > 1 and model.seq_length % (2 * cp):
+        raise UserInputError(f"--seq-length={model.seq_length} must be divisible by 2 x --context-parallel-size={cp}")
+    if cp > 1 and args.reset_attention_mask:
+        raise UserInputError(f"--reset-attention-mask is not supported with --context-parallel-size={cp} "
+                             f"(CP attention is the causal default; drop the flag or use CP=1)")
+    if args.sequence_parallel and tp == 1:
+        raise UserInputError("--sequence-parallel needs --tensor-model-parallel-size > 1")
+    if args.sequence_parallel and (model.seq_length // cp) % tp:
+        raise UserInputError(f"--sequence-parallel: the sequence each rank holds ({model.seq_length} / "
+                             f"--context-parallel-size={cp} = {model.seq_length // cp}) must be divisible by "
+                             f"--tensor-model-parallel-size={tp}")
+
+
+def _check_split(args: argparse.Namespace) -> None:
+    """--split parses like the data pipeline's, and gives training a share (there are iterations)."""
+    shares = parse_split(args.split)
+    if shares[0] == 0:
+        raise UserInputError(f"--split {args.split}: the train share is 0, so there is no training data "
+                             f"for the iterations to run")
+
+
+def _check_tokenizer(args: argparse.Namespace) -> None:
+    check_tokenizer_flags(args.tokenizer_type, args.tokenizer_model)
+    if args.tokenizer_type == "NullTokenizer" and args.vocab_size is not None:
+        needed = int(args.tokenizer_model) + 1          # ids 0..N-1 and EOD = N
+        if args.vocab_size < needed:
+            raise UserInputError(f"--vocab-size={args.vocab_size} is smaller than the NullTokenizer vocabulary "
+                                 f"({needed} ids with EOD for --tokenizer-model {args.tokenizer_model})")
+
+
+def _check_paths(args: argparse.Namespace, prefixes: list[str]) -> None:
+    """Folders the run will create can be created (checked now, not after the model is built)."""
+    for flag, path in (("--save", args.save), ("--tensorboard-dir", args.tensorboard_dir),
+                       ("--data-cache-path", args.data_cache_path)):
+        if path:
+            check_creatable_dir(flag, path)
+    if not args.data_cache_path:
+        default = default_cache_dir(prefixes[0])
+        if not os.path.isdir(default):
+            check_creatable_dir("index cache (no --data-cache-path; default beside the data)", default)
+    if args.load:
+        check_load_path(args.load)
+
+
+def _check_data(args: argparse.Namespace) -> list[str]:
+    """--data-path, --split and the tokenizer flags; returns the dataset prefixes."""
+    if not args.data_path:
+        raise UserInputError("--data-path is required")
+    _check_split(args)
+    _check_tokenizer(args)
+    return check_data_path(args.data_path)
+
+
 def validate(args: argparse.Namespace) -> RunConfig:
-    """All cross-flag checks; raises ValueError naming the flag."""
+    """All flag checks, cheapest first; raises ValueError (UserInputError) naming the flag."""
+    _megatron_null_tokenizer_form(args)
     overrides = {name: getattr(args, name) for name in MODEL_FLAGS if getattr(args, name) is not None}
     if args.untie_embeddings_and_output_weights:
         overrides["untie_embeddings_and_output_weights"] = True
     model = model_config_from_preset(args.preset, **overrides)
 
     parallel = ParallelSizes(world_size_from_env(), args.tensor_model_parallel_size, args.context_parallel_size,
-                             args.expert_model_parallel_size, args.sequence_parallel, args.use_distributed_optimizer)
-    tp, cp = parallel.tensor_model_parallel_size, parallel.context_parallel_size
-    check_layout(parallel.world_size, tp, cp, parallel.expert_model_parallel_size, model)
-    if cp > 1 and model.seq_length % (2 * cp):
-        raise ValueError(f"--seq-length={model.seq_length} must be divisible by 2 x --context-parallel-size={cp}")
+                             args.expert_model_parallel_size, args.sequence_parallel, args.use_distributed_optimizer,
+                             args.ddp_bucket_size)
+    check_layout(parallel.world_size, parallel.tensor_model_parallel_size, parallel.context_parallel_size,
+                 parallel.expert_model_parallel_size, model)
+    _check_sequence_splits(args, model)
 
     if (args.train_iters is None) == (args.train_samples is None):
-        raise ValueError("give exactly one of --train-iters and --train-samples")
-    for flag in ("micro_batch_size", "global_batch_size", "log_interval", "eval_interval"):
-        if getattr(args, flag) <= 0:
-            raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)}: must be positive")
+        raise UserInputError("give exactly one of --train-iters and --train-samples")
+    check_number_domains(args)
     schedule = BatchSizeSchedule(args.global_batch_size, args.micro_batch_size, parallel.data_parallel_size,
                                  args.rampup_batch_size)
-    total_iters = args.train_iters or schedule.iterations_for_samples(args.train_samples)
-    if total_iters <= 0:
-        raise ValueError(f"--train-samples={args.train_samples} is less than one global batch: no iteration to run")
+    if args.train_iters is not None:
+        total_iters = args.train_iters
+    else:
+        total_iters = schedule.iterations_for_samples(args.train_samples)
+        if total_iters <= 0:
+            raise UserInputError(f"--train-samples={args.train_samples} is less than one global batch: "
+                                 f"no iteration to run")
     LRSchedule(args.lr, args.min_lr, args.lr_warmup_iters, args.lr_decay_iters or total_iters, args.lr_decay_style,
                args.lr_wsd_decay_iters, args.lr_wsd_decay_style)
 
     from megatron_zaya.data import DataConfig
-    if not args.data_path:
-        raise ValueError("--data-path is required")
-    for token in args.data_path:
-        try:
-            float(token)
-            continue   # a blend weight
-        except ValueError:
-            pass
-        for ext in (".bin", ".idx"):
-            if not os.path.isfile(token + ext):
-                raise ValueError(f"--data-path {token}: {token + ext} not found")
-    if args.tokenizer_model and not os.path.exists(args.tokenizer_model):
-        raise ValueError(f"--tokenizer-model {args.tokenizer_model}: not found")
-    if args.save_interval is not None and args.save_interval <= 0:
-        raise ValueError(f"--save-interval={args.save_interval}: must be positive")
-    if args.save:
-        parent = os.path.dirname(os.path.abspath(args.save))
-        if not os.access(parent if not os.path.exists(args.save) else args.save, os.W_OK):
-            raise ValueError(f"--save {args.save}: not writable")
+    prefixes = _check_data(args)
+    _check_paths(args, prefixes)
     data = DataConfig(data_path=args.data_path, split=args.split, data_cache_path=args.data_cache_path,
                       seed=args.seed, num_workers=args.num_workers, reset_position_ids=args.reset_position_ids,
                       reset_attention_mask=args.reset_attention_mask, eod_mask_loss=args.eod_mask_loss,

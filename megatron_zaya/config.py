@@ -7,8 +7,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from megatron_zaya.errors import UserInputError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserInputError):
     """A configuration value is invalid; the message names the flag and the value."""
 
 
@@ -37,7 +39,7 @@ class ModelConfig:
     moe_router_topk: int = 1
     router_hidden_size: int = 256
     skip_class_bias_init: float = -1.0    # balancing bias of the skip class at init
-    # Initialisation (see docs/ARCHITECTURE.md, "Initialisation").
+    # Initialisation (the policy and why: the docstring of megatron_zaya/model/zaya.py).
     init_method_std: float = 0.02
     key_temperature_init: float = 1.0
 
@@ -61,8 +63,10 @@ class ModelConfig:
                 raise ConfigError(f"--{flag.replace('_', '-')}={getattr(self, flag)}: {msg}")
 
         for name in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
-                     "vocab_size", "num_experts", "moe_ffn_hidden_size", "router_hidden_size", "seq_length"):
+                     "vocab_size", "num_experts", "moe_ffn_hidden_size", "router_hidden_size", "seq_length",
+                     "make_vocab_size_divisible_by", "norm_epsilon", "rotary_base"):
             need(getattr(self, name) > 0, name, "must be positive")
+        need(self.init_method_std >= 0, "init_method_std", "must be >= 0")
         need(self.num_attention_heads % self.num_query_groups == 0, "num_attention_heads",
              f"query heads must be divisible by --num-query-groups={self.num_query_groups}")
         need(self.vocab_size % self.make_vocab_size_divisible_by == 0, "vocab_size",

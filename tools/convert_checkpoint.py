@@ -5,10 +5,13 @@
     # HF folder -> sharded checkpoint in any layout (model weights; train from it with --load DIR --finetune)
     python tools/convert_checkpoint.py from-hf hf/tiny runs/tiny-tp2 --tensor-model-parallel-size 2 \
         --expert-model-parallel-size 2 --world-size 4
-    # re-layout a sharded checkpoint's model offline (training loads any layout online anyway)
+    # re-layout a sharded checkpoint's model offline (training loads any layout online anyway); the
+    # output keeps the source's iteration and data position: continue with --no-load-optim (or --finetune)
     python tools/convert_checkpoint.py reshard runs/tiny/ckpt runs/tiny-ep4 --expert-model-parallel-size 4 --world-size 4
 
-Every conversion writes atomically (a temporary folder renamed at the end) and refuses to overwrite.
+Every conversion writes atomically (a temporary folder renamed at the end) and refuses to overwrite:
+to-hf needs a new or empty output folder, from-hf and reshard one without checkpoints (and without a
+latest_checkpointed_iteration.txt). Sharded outputs hold model weights only (no optimizer state).
 Exit status 0 on success, 1 on a checkpoint problem (the message names the file), 2 on usage errors.
 """
 from __future__ import annotations
@@ -21,8 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from megatron_zaya.checkpoint import CheckpointError, load_full_model_state  # noqa: E402
-from megatron_zaya.checkpoint.convert import checkpoint_to_hf, hf_to_checkpoint, save_model_as_checkpoint  # noqa: E402
+from megatron_zaya.checkpoint import CheckpointError  # noqa: E402
+from megatron_zaya.checkpoint.convert import checkpoint_to_hf, hf_to_checkpoint, reshard_checkpoint  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -43,7 +46,9 @@ def main(argv=None) -> int:
         p.add_argument("--context-parallel-size", type=int, default=1)
         p.add_argument("--expert-model-parallel-size", type=int, default=1)
         p.add_argument("--world-size", type=int, default=None, help="default: TP x CP (data parallel 1)")
-        p.add_argument("--iteration", type=int, default=None, help="default: 0 (from-hf) or the source's (reshard)")
+        p.add_argument("--iteration", type=int, default=None,
+                       help="default: 0 (from-hf) or the source's (reshard, keeping its data position; another "
+                            "value relabels the output as a fresh start at that iteration)")
     args = parser.parse_args(argv)
     try:
         if args.command == "to-hf":
@@ -56,10 +61,7 @@ def main(argv=None) -> int:
         if args.command == "from-hf":
             folder = hf_to_checkpoint(args.source, args.output, iteration=args.iteration or 0, **layout)
         else:
-            state, config, info = load_full_model_state(args.source)
-            iteration = info["iteration"] if args.iteration is None else args.iteration
-            folder = save_model_as_checkpoint(state, config, args.output, iteration=iteration, source=info["folder"],
-                                              **layout)
+            folder = reshard_checkpoint(args.source, args.output, iteration=args.iteration, **layout)
         print(f"wrote {folder}")
         return 0
     except (CheckpointError, FileNotFoundError, FileExistsError, ValueError) as err:

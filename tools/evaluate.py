@@ -27,6 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from megatron_zaya.config import ConfigError  # noqa: E402
+from megatron_zaya.errors import UserInputError  # noqa: E402
 from megatron_zaya.inference.evaluation import evaluate, format_table, write_tensorboard  # noqa: E402
 from megatron_zaya.inference.loading import DTYPES, load_model_for_inference, parse_dtype  # noqa: E402
 
@@ -59,6 +61,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_eval_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The data and size flags, checked as pretrain_zaya.py checks them, before the checkpoint is
+    loaded: the --data-path blend and each .bin/.idx header, --split, the tokenizer flags, sizes."""
+    from megatron_zaya.arguments import check_data_path
+    from megatron_zaya.data.index_builders import parse_split
+    from megatron_zaya.data.tokenizer import check_tokenizer_flags
+
+    for flag, value in (("--micro-batch-size", args.micro_batch_size), ("--eval-iters", args.eval_iters),
+                        ("--seq-length", args.seq_length)):
+        if value is not None and value < 1:
+            parser.error(f"{flag}={value} must be >= 1")
+    try:
+        check_data_path(args.data_path)
+        parse_split(args.split)
+        check_tokenizer_flags(args.tokenizer_type, args.tokenizer_model)
+    except UserInputError as err:
+        parser.error(str(err))
+
+
 def one_pass_samples(data_path: list[str], split: str, split_id: int, seq_length: int) -> int:
     from megatron_zaya.data.blend import parse_data_path
     from megatron_zaya.data.gpt_dataset import split_indices
@@ -86,16 +107,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    for prefix in args.data_path:
-        try:
-            float(prefix)
-            continue
-        except ValueError:
-            pass
-        if not (os.path.isfile(prefix + ".bin") and os.path.isfile(prefix + ".idx")):
-            parser.error(f"--data-path {prefix}: no {prefix}.bin / {prefix}.idx")
-    if args.micro_batch_size < 1:
-        parser.error(f"--micro-batch-size={args.micro_batch_size} must be >= 1")
+    check_eval_flags(parser, args)
     try:
         dtype = parse_dtype(args.dtype)
     except ValueError as err:
@@ -103,7 +115,10 @@ def main(argv=None) -> int:
 
     from megatron_zaya.data import DataConfig, build_train_valid_test_datasets, build_tokenizer
 
-    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+    try:
+        tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+    except UserInputError as err:
+        parser.error(str(err))
     try:
         model, config, info = load_model_for_inference(args.load, device=args.device, dtype=dtype)
     except (OSError, ValueError, RuntimeError) as err:
@@ -112,6 +127,10 @@ def main(argv=None) -> int:
         parser.error(f"--tokenizer-model {args.tokenizer_model}: vocabulary {tokenizer.vocab_size} is larger than "
                      f"the checkpoint's {config.vocab_size} embedding rows")
     seq_length = args.seq_length or config.seq_length
+    try:
+        config.replace(seq_length=seq_length)      # the check pretrain_zaya.py makes (ModelConfig.validate)
+    except ConfigError as err:
+        parser.error(f"--seq-length={seq_length} does not fit the checkpoint {args.load}: {err}")
     split_id = SPLITS[args.split_name]
     available = one_pass_samples(args.data_path, args.split, split_id, seq_length)
     num_samples = available if args.eval_iters is None else args.eval_iters * args.micro_batch_size

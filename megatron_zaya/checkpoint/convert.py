@@ -1,15 +1,18 @@
 """Offline conversions (one CPU process, no torch.distributed): a sharded checkpoint of any layout
--> a Hugging Face ZAYA folder, and a full model state (e.g. from a Hugging Face folder) -> a sharded
-checkpoint in ANY layout (model weights only: load it with --finetune or --no-load-optim)."""
+-> a Hugging Face ZAYA folder, and a full model state (e.g. from a Hugging Face folder, or a sharded
+checkpoint: reshard) -> a sharded checkpoint in ANY layout. The sharded output holds model weights
+only (metadata "weights_only": load it with --finetune or --no-load-optim) and goes into a folder
+that holds no checkpoint yet: a conversion never replaces or re-points an existing one."""
 from __future__ import annotations
 
 import os
 
 import torch
 
-from megatron_zaya.checkpoint.format import CheckpointError, list_complete
+from megatron_zaya.checkpoint.format import LATEST_FILE, CheckpointError
 from megatron_zaya.checkpoint.hf_format import load_hf_folder, save_hf_folder
 from megatron_zaya.checkpoint.inspection import load_full_model_state
+from megatron_zaya.checkpoint.preflight import held_iterations
 from megatron_zaya.checkpoint.saver import CheckpointWriter
 from megatron_zaya.checkpoint.state import model_entries
 from megatron_zaya.config import ModelConfig
@@ -36,13 +39,31 @@ def _sharded_model(state: dict, config: ModelConfig, tp: int, cp: int, ep: int, 
     return parallelize_model(model, ParallelState(tp, cp, ep, world_size=world, rank=rank, model_config=config))
 
 
+def check_output_folder(save_dir: str) -> None:
+    """A conversion writes only into a folder without checkpoints and without a latest file."""
+    held = held_iterations(save_dir)
+    if held or os.path.exists(os.path.join(save_dir, LATEST_FILE)):
+        what = f"checkpoints (iterations {held})" if held else LATEST_FILE
+        raise CheckpointError(f"{save_dir}: already holds {what}; refusing to write a converted checkpoint into it "
+                              f"(choose a new output folder)")
+
+
+def fresh_train_state(iteration: int) -> dict:
+    """The train state of a checkpoint that starts at `iteration` with no data consumed."""
+    return {"iteration": iteration, "consumed_samples": 0, "consumed_tokens": 0, "consumed_valid_samples": 0,
+            "skipped_iterations": 0}
+
+
 def save_model_as_checkpoint(state: dict, config: ModelConfig, save_dir: str, tp: int = 1, cp: int = 1, ep: int = 1,
-                             world_size: int | None = None, iteration: int = 0, source: str = "") -> str:
-    """Write `state` (single-device names and shapes) as the checkpoint of a layout with world_size ranks
-    (default tp x cp: data parallel 1), atomically like a training save. Returns the folder."""
+                             world_size: int | None = None, iteration: int = 0, source: str = "",
+                             train_state: dict | None = None) -> str:
+    """Write `state` (single-device names and shapes) as a weights-only checkpoint of a layout with
+    world_size ranks (default tp x cp: data parallel 1), atomically like a training save, into a
+    folder without checkpoints. `train_state` (default: fresh at `iteration`) is what a
+    --no-load-optim resume continues from. Returns the folder."""
     world = world_size or tp * cp
-    if iteration in list_complete(save_dir):
-        raise CheckpointError(f"{save_dir}: iteration {iteration} already exists; refusing to overwrite")
+    check_output_folder(save_dir)
+    train_state = dict(train_state or fresh_train_state(iteration), iteration=iteration)
     os.makedirs(save_dir, exist_ok=True)
     run_id = f"{int.from_bytes(os.urandom(5), 'big'):010x}"
     writers = [CheckpointWriter(save_dir, r, world, run_id) for r in range(world)]
@@ -51,10 +72,9 @@ def save_model_as_checkpoint(state: dict, config: ModelConfig, save_dir: str, tp
         for rank, writer in enumerate(writers):
             model = _sharded_model(state, config, tp, cp, ep, world, rank)
             writer.write_rank(folder, iteration, model_entries(model), {"converted_from": source})
-        zero = {"iteration": iteration, "consumed_samples": 0, "consumed_tokens": 0, "consumed_valid_samples": 0,
-                "skipped_iterations": 0}
-        meta = {"train_state": zero, "consumed_samples": 0, "tokens_seen": 0, "model_config": config.to_dict(),
-                "optimizer_config": None, "args": {}, "converted_from": source,
+        meta = {"train_state": train_state, "consumed_samples": train_state["consumed_samples"],
+                "tokens_seen": train_state.get("consumed_tokens", 0), "model_config": config.to_dict(),
+                "optimizer_config": None, "args": {}, "converted_from": source, "weights_only": True,
                 "layout": {"world_size": world, "tensor_model_parallel_size": tp, "context_parallel_size": cp,
                            "expert_model_parallel_size": ep, "data_parallel_size": world // (tp * cp),
                            "use_distributed_optimizer": False, "sequence_parallel": False},
@@ -65,6 +85,19 @@ def save_model_as_checkpoint(state: dict, config: ModelConfig, save_dir: str, tp
         shutil.rmtree(folder, ignore_errors=True)
         raise
     return writers[0].final_dir(iteration)
+
+
+def reshard_checkpoint(source: str, save_dir: str, iteration: int | None = None, **layout) -> str:
+    """The model of checkpoint `source` (any layout) as a weights-only checkpoint in another layout.
+    It keeps the source's train state (iteration, consumed samples and tokens, data phase), so a
+    --no-load-optim resume continues where the source stopped; another `iteration` relabels it as
+    a fresh start at that iteration (no data consumed)."""
+    state, config, info = load_full_model_state(source)
+    if iteration is None:
+        iteration = info["iteration"]
+    kept = info["train_state"] if iteration == info["iteration"] else None
+    return save_model_as_checkpoint(state, config, save_dir, iteration=iteration, source=info["folder"],
+                                    train_state=kept, **layout)
 
 
 def hf_to_checkpoint(hf_dir: str, save_dir: str, **layout) -> str:

@@ -9,6 +9,8 @@
         metadata.json                       iteration, samples, config, layout, file manifest (rank 0)
         COMPLETE                            the marker, written last
       iter_0000100.partial-<run id>/        a save in progress (or interrupted): never loaded
+      iter_0000100.replaced-<run id>/       the previous iter_0000100 while a save of the same iteration swaps in
+      iter_0000100.deleting-<run id>/       a pruned checkpoint being removed (COMPLETE already gone)
 
 A tensor entry describes where its data sits in the GLOBAL (single-device) tensor: `ranges` gives,
 per dimension, the list of [start, end) runs of global indices that make up the local block (a TP
@@ -18,7 +20,8 @@ Any layout can therefore be assembled from any other. Replicated tensors are wri
 
 Files are written to a temporary name, fsynced, then renamed; a rank's JSON is written after its
 tensor file (its appearance means "this rank is done"); rank 0 writes metadata.json, COMPLETE,
-renames the folder into place and only then updates latest_checkpointed_iteration.txt.
+renames the folder into place and only then updates latest_checkpointed_iteration.txt (which never
+moves backwards past a complete checkpoint).
 Nothing is ever unpickled: tensors are read with safetensors, everything else is JSON.
 """
 from __future__ import annotations
@@ -37,7 +40,12 @@ LATEST_FILE = "latest_checkpointed_iteration.txt"
 COMPLETE_MARKER = "COMPLETE"
 METADATA_FILE = "metadata.json"
 ITER_RE = re.compile(r"^iter_(\d{7,})$")
-PARTIAL_RE = re.compile(r"^iter_(\d{7,})\.partial-([0-9a-f]+)$")
+# The saver's working folders: exactly iter_NNNNNNN.<kind>-<run id> (10 hex digits, see
+# TrainingCheckpointer._agree_run_id); nothing else in a --save folder is ever touched.
+_RUN_ID = r"[0-9a-f]{10}"
+PARTIAL_RE = re.compile(rf"^iter_(\d{{7,}})\.partial-({_RUN_ID})$")       # a save in progress / interrupted
+REPLACED_RE = re.compile(rf"^iter_(\d{{7,}})\.replaced-({_RUN_ID})$")     # a same-iteration save's predecessor
+DELETING_RE = re.compile(rf"^iter_(\d{{7,}})\.deleting-({_RUN_ID})$")     # pruned: COMPLETE already removed
 
 _DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
            torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
@@ -298,8 +306,59 @@ def read_latest(save_dir: str) -> int | None:
         return None        # Megatron also writes "release"; unreadable -> scan the folders
 
 
-def write_latest(save_dir: str, iteration: int) -> None:
+def unreadable_latest_file(save_dir: str) -> str | None:
+    """A description of a latest_checkpointed_iteration.txt that exists but names no iteration (damaged,
+    or edited by hand), for a warning; None when it is absent or readable."""
+    path = os.path.join(save_dir, LATEST_FILE)
+    if not os.path.isfile(path) or read_latest(save_dir) is not None:
+        return None
+    try:
+        text = open(path, errors="replace").read(64).strip()
+    except OSError as err:
+        return f"{path}: unreadable ({err.strerror})"
+    return f"{path}: holds {text!r}, not an iteration number"
+
+
+def list_replaced_complete(save_dir: str) -> dict[int, str]:
+    """{iteration: folder name} of complete `iter_N.replaced-<id>` folders: the only copy of iteration N
+    when a save crashed between moving the old iter_N aside and renaming the new one into place."""
+    if not os.path.isdir(save_dir):
+        return {}
+    out = {}
+    for name in sorted(os.listdir(save_dir)):
+        m = REPLACED_RE.match(name)
+        if m and os.path.isfile(os.path.join(save_dir, name, COMPLETE_MARKER)):
+            out.setdefault(int(m.group(1)), name)
+    return out
+
+
+def write_latest(save_dir: str, iteration: int) -> bool:
+    """Point latest_checkpointed_iteration.txt at `iteration`. It never moves backwards past a complete
+    checkpoint: when it already names a later iteration whose folder is complete, it is left as it is
+    and False is returned (the caller logs it)."""
+    current = read_latest(save_dir)
+    if (current is not None and current > iteration
+            and os.path.isfile(os.path.join(save_dir, iter_dir_name(current), COMPLETE_MARKER))):
+        return False
     atomic_write_bytes(os.path.join(save_dir, LATEST_FILE), f"{iteration}\n".encode())
+    return True
+
+
+def checkpoint_candidates(path: str) -> list[str]:
+    """Folders to try for --load PATH, best first: the one latest_checkpointed_iteration.txt names,
+    then every other complete one, newest first. PATH may also be one iter_NNNNNNN folder."""
+    path = os.path.abspath(path)
+    if ITER_RE.match(os.path.basename(path)) or os.path.isfile(os.path.join(path, METADATA_FILE)):
+        return [path]
+    latest = read_latest(path)
+    complete = list_complete(path)
+    order = []
+    if latest is not None:
+        order.append(os.path.join(path, iter_dir_name(latest)))
+        complete = [it for it in complete if it > latest] + [it for it in complete if it < latest]
+    order += [os.path.join(path, iter_dir_name(it)) for it in sorted(complete, reverse=True)
+              if latest is None or it < latest]
+    return order
 
 
 class CheckpointFolder:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -133,10 +134,14 @@ def _atomic_folder_write(output_dir: Path, write) -> None:
         raise FileExistsError(f"{output_dir}: exists and is not empty; refusing to overwrite")
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.tmp", dir=output_dir.parent))
-    write(tmp)
-    if output_dir.exists():
-        output_dir.rmdir()
-    os.replace(tmp, output_dir)
+    try:
+        write(tmp)
+        if output_dir.exists():
+            output_dir.rmdir()
+        os.replace(tmp, output_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)     # a failed write leaves nothing behind
+        raise
 
 
 def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: torch.dtype | None = None) -> None:

@@ -35,13 +35,13 @@ def model_config_of(folder: CheckpointFolder) -> ModelConfig:
 def load_full_model_state(path: str) -> tuple[dict, ModelConfig, dict]:
     """(single-device state dict on CPU, ModelConfig, info) from a checkpoint of any layout.
     Every file read is checked against its checksum. info: iteration, consumed_samples, tokens_seen,
-    layout, folder."""
+    layout, folder, saved_at, train_state."""
     folder = CheckpointFolder(resolve_folder(path))
     state = {key[len("model/"):]: folder.full(key) for key in folder.keys("model/")}
     meta = folder.metadata
     info = {"folder": folder.folder, "iteration": meta["iteration"],
             "consumed_samples": meta["train_state"]["consumed_samples"], "tokens_seen": meta.get("tokens_seen"),
-            "layout": meta["layout"], "saved_at": meta.get("saved_at")}
+            "layout": meta["layout"], "saved_at": meta.get("saved_at"), "train_state": dict(meta["train_state"])}
     return state, model_config_of(folder), info
 
 

@@ -1,6 +1,8 @@
 """Writing checkpoints: every rank its own files, in parallel; rank 0 finalizes (manifest, marker,
 rename, latest_checkpointed_iteration.txt) once every rank's files are durable; old checkpoints are
-pruned (--ckpt-keep) without ever touching the newest complete one.
+pruned (--ckpt-keep) without ever touching the newest complete one or one newer than the save.
+Pruning removes only the saver's own working folders (format.PARTIAL_RE, REPLACED_RE, DELETING_RE);
+a same-iteration save interrupted between its two renames is restored by recover_replaced.
 
 Synchronous saves agree on success with two tiny all-reduces. Asynchronous saves (--async-save)
 block only for a copy of the state into reused host buffers; a background thread writes, and on
@@ -20,10 +22,10 @@ import traceback
 
 import torch
 
-from megatron_zaya.checkpoint.format import (COMPLETE_MARKER, FORMAT_VERSION, METADATA_FILE, PARTIAL_RE, Entry,
-                                             atomic_write_bytes, atomic_write_json, file_crc32, fsync_dir,
-                                             iter_dir_name, list_complete, rank_stem, write_latest,
-                                             write_safetensors)
+from megatron_zaya.checkpoint.format import (COMPLETE_MARKER, DELETING_RE, FORMAT_VERSION, METADATA_FILE, PARTIAL_RE,
+                                             REPLACED_RE, Entry, atomic_write_bytes, atomic_write_json, file_crc32,
+                                             fsync_dir, iter_dir_name, list_complete, list_replaced_complete,
+                                             rank_stem, read_latest, write_latest, write_safetensors)
 
 
 class CheckpointSaveError(RuntimeError):
@@ -33,6 +35,22 @@ class CheckpointSaveError(RuntimeError):
 def _default_log(msg: str) -> None:
     sys.stderr.write(msg + "\n")
     sys.stderr.flush()
+
+
+def recover_replaced(save_dir: str, log=_default_log) -> list[int]:
+    """Rename a complete `iter_N.replaced-<id>` back to iter_N where iter_N is missing (a save of an
+    existing iteration crashed between its two renames: that folder is the only copy). Returns the
+    iterations restored. One process only (rank 0): the renames are not safe to race."""
+    restored = []
+    for iteration, name in list_replaced_complete(save_dir).items():
+        final = os.path.join(save_dir, iter_dir_name(iteration))
+        if os.path.exists(final):
+            continue
+        os.replace(os.path.join(save_dir, name), final)
+        fsync_dir(save_dir)
+        log(f"restored checkpoint {final} from {name} (a save of the same iteration was interrupted)")
+        restored.append(iteration)
+    return restored
 
 
 class CheckpointWriter:
@@ -134,10 +152,15 @@ class CheckpointWriter:
         if os.path.exists(final):      # the same iteration saved again: keep the old one until the swap
             replaced = f"{final}.replaced-{self.run_id}"
             os.replace(final, replaced)
-        os.replace(folder, final)
+        try:
+            os.replace(folder, final)
+        except BaseException:
+            if replaced:               # (a crash right here is undone by recover_replaced at the next start)
+                os.replace(replaced, final)
+            raise
         fsync_dir(self.save_dir)
         try:
-            write_latest(self.save_dir, iteration)
+            published = write_latest(self.save_dir, iteration)
         except BaseException:
             # Not published: undo the rename, so the failed save leaves no complete folder newer than
             # the latest (pruning counts complete folders) and a replaced one comes back.
@@ -149,19 +172,34 @@ class CheckpointWriter:
             raise
         if replaced:
             shutil.rmtree(replaced, ignore_errors=True)
+        if not published:
+            self.log(f"warning: {final} saved, but latest_checkpointed_iteration.txt keeps naming the later complete "
+                     f"checkpoint iteration {read_latest(self.save_dir)} (it never moves backwards)")
         self.prune(iteration)
 
+    def _is_debris(self, name: str, just_saved: int) -> bool:
+        """Whether `name` in the save folder is a working folder of the saver that is no longer needed:
+        a partial folder of a dead (or this, finished) save, a half-deleted pruned checkpoint, or a
+        replaced predecessor whose iteration is complete again. Only the saver's exact names match."""
+        m = PARTIAL_RE.match(name)
+        if m:
+            return m.group(2) != self.run_id or int(m.group(1)) <= just_saved
+        if DELETING_RE.match(name):
+            return True
+        m = REPLACED_RE.match(name)
+        return bool(m) and os.path.isfile(os.path.join(self.final_dir(int(m.group(1))), COMPLETE_MARKER))
+
     def prune(self, just_saved: int) -> None:
-        """Keep the newest --ckpt-keep complete checkpoints; drop partial folders of dead saves."""
+        """Keep the newest --ckpt-keep complete checkpoints, never one newer than `just_saved`; drop
+        the saver's own debris (see _is_debris), after restoring an interrupted replacement."""
+        recover_replaced(self.save_dir, self.log)
         for name in os.listdir(self.save_dir):
-            m = PARTIAL_RE.match(name)
-            stale = bool(m) and (m.group(2) != self.run_id or int(m.group(1)) <= just_saved)
-            if stale or ".deleting-" in name or ".replaced-" in name:
+            if self._is_debris(name, just_saved):
                 shutil.rmtree(os.path.join(self.save_dir, name), ignore_errors=True)
         if not self.keep:
             return
         complete = list_complete(self.save_dir)
-        doomed = [it for it in complete[:-self.keep] if it != just_saved and it != complete[-1]]
+        doomed = [it for it in complete[:-self.keep] if it < just_saved]
         for it in doomed:
             path = self.final_dir(it)
             try:

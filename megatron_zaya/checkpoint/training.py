@@ -19,12 +19,14 @@ import time
 
 import torch
 
-from megatron_zaya.checkpoint.format import (ITER_RE, METADATA_FILE, CheckpointError, CheckpointFolder,
-                                             list_complete, read_latest, iter_dir_name)
-from megatron_zaya.checkpoint.saver import CheckpointWriter
+from megatron_zaya.checkpoint.format import (CheckpointError, CheckpointFolder, checkpoint_candidates, iter_dir_name,
+                                             list_complete, unreadable_latest_file)
+from megatron_zaya.checkpoint.preflight import (WEIGHTS_ONLY_ADVICE, check_model_config, check_weights_only,
+                                                loads_optimizer)
+from megatron_zaya.checkpoint.saver import CheckpointWriter, recover_replaced
 from megatron_zaya.checkpoint.state import (balancer_entries, load_balancer, load_model, load_optimizer, load_rng,
                                             model_entries, optimizer_entries, optimizer_slots,
-                                            rng_entries_and_objects)
+                                            rng_entries_and_objects, unwrap)
 from megatron_zaya.training.data_phase import data_signature, enter_data_phase
 from megatron_zaya.training.signals import SignalMonitor
 from megatron_zaya.training.watchdog import Watchdog
@@ -42,23 +44,6 @@ def _jsonable(value):
     return str(value)
 
 
-def checkpoint_candidates(path: str) -> list[str]:
-    """Folders to try for --load PATH, best first: the one latest_checkpointed_iteration.txt names,
-    then every other complete one, newest first. PATH may also be one iter_NNNNNNN folder."""
-    path = os.path.abspath(path)
-    if ITER_RE.match(os.path.basename(path)) or os.path.isfile(os.path.join(path, METADATA_FILE)):
-        return [path]
-    latest = read_latest(path)
-    complete = list_complete(path)
-    order = []
-    if latest is not None:
-        order.append(os.path.join(path, iter_dir_name(latest)))
-        complete = [it for it in complete if it > latest] + [it for it in complete if it < latest]
-    order += [os.path.join(path, iter_dir_name(it)) for it in sorted(complete, reverse=True)
-              if latest is None or it < latest]
-    return order
-
-
 def sync_masters_from_model(optimizer, model) -> None:
     """ZeRO-1 fp32 masters := the (just loaded) parameters, for loads that skip the optimizer."""
     for slot in optimizer_slots(optimizer, model):
@@ -70,6 +55,26 @@ def sync_masters_from_model(optimizer, model) -> None:
                 m.copy_(p.detach().reshape(-1)[a:b].float())
 
 
+def require_optimizer_state(folder: CheckpointFolder) -> None:
+    """A run that loads the optimizer needs a checkpoint saved with one: one written by training
+    (optimizer classes recorded, even before any state exists) or with `optim/` tensors."""
+    saved_by_training = any(rf.meta["objects"].get("optimizer", {}).get("classes") for rf in folder.ranks)
+    if not (saved_by_training or folder.keys("optim/")):
+        raise CheckpointError(f"{folder.folder}: holds no optimizer state; {WEIGHTS_ONLY_ADVICE}")
+
+
+def optimizer_state_gaps(model, folder: CheckpointFolder) -> list[str]:
+    """A warning naming the trained parameters the checkpoint has no optimizer state for (they start
+    with fresh state), or nothing. Every rank sees the same names."""
+    with_state = {key[len("optim/"):].rpartition("/")[0] for key in folder.keys("optim/")}
+    trained = [name for name, p in unwrap(model).named_parameters() if p.requires_grad]
+    missing = [name for name in trained if name not in with_state]
+    if not missing:
+        return []
+    return [f"no optimizer state in the checkpoint for {len(missing)} of {len(trained)} parameters (fresh state for "
+            f"them): {missing[:8]}" + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")]
+
+
 class TrainingCheckpointer:
     def __init__(self, run, runtime):
         self.run, self.runtime, self.cfg = run, runtime, run.train
@@ -78,7 +83,9 @@ class TrainingCheckpointer:
         self.is_main = getattr(runtime, "is_main", self.rank == 0)
         self.signals = SignalMonitor(rank=self.rank)
         self.watchdog = Watchdog(self.cfg.watchdog_timeout_factor, self.cfg.watchdog_min_seconds, self.rank)
-        self.run_id = self._agree_run_id()
+        if self.cfg.save and self.is_main:
+            recover_replaced(self.cfg.save, self._log_error)   # before any rank looks for checkpoints:
+        self.run_id = self._agree_run_id()                     # the run id's all-reduce orders it
         self.writer = None
         if self.cfg.save:
             os.makedirs(self.cfg.save, exist_ok=True)
@@ -121,6 +128,9 @@ class TrainingCheckpointer:
         candidates = checkpoint_candidates(path)
         if not candidates:
             return None
+        unreadable = unreadable_latest_file(path)
+        if unreadable:
+            self.log(f"WARNING: {unreadable}; using the newest complete checkpoint instead")
         problems = []
         for folder_path in candidates:
             folder, problem = None, None
@@ -152,15 +162,22 @@ class TrainingCheckpointer:
             self.log(f"WARNING: --load {cfg.load}: no checkpoint found; training from scratch")
             return
         meta = folder.metadata
-        notes = load_model(trainer.model, folder)
+        config_notes = check_model_config(meta, self.run, cfg.finetune, folder.folder)
+        check_weights_only(meta, cfg, folder.folder)
+        if loads_optimizer(cfg):
+            require_optimizer_state(folder)
+        notes = load_model(trainer.model, folder) + config_notes
         optimizer_loaded = rng_loaded = balancer_loaded = False
-        if not (cfg.no_load_optim or cfg.finetune):
+        if loads_optimizer(cfg):
             classes = {}
             for rf in folder.ranks:
                 classes.update(rf.meta["objects"].get("optimizer", {}).get("classes", {}))
             load_optimizer(trainer.optimizer, trainer.model, folder, classes)
             optimizer_loaded = True
+            notes += optimizer_state_gaps(trainer.model, folder)
             balancer_loaded = load_balancer(trainer.balancer, folder)
+            if trainer.balancer is not None and not balancer_loaded:
+                notes.append("no balancing-bias optimizer state in the checkpoint: it starts afresh")
         else:
             sync_masters_from_model(trainer.optimizer, trainer.model)
         if not (cfg.no_load_rng or cfg.finetune):

@@ -15,42 +15,51 @@ with its own blend. A component used in several phases continues where the previ
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from megatron_zaya.errors import UserInputError
+
 from . import index_builders as ib
 
 
-def parse_data_path(data_path: list[str] | str) -> tuple[list[float] | None, list[str]]:
-    """Split Megatron's `--data-path` list into (normalized weights or None, prefixes)."""
+def _is_number(x: str) -> bool:
+    try:
+        float(x)
+        return True
+    except ValueError:
+        return False
+
+
+def parse_data_path(data_path: list[str] | str, flag: str = "--data-path") -> tuple[list[float] | None, list[str]]:
+    """Split Megatron's `--data-path` list into (normalized weights or None, prefixes).
+
+    Raises `UserInputError` naming `flag` for an empty list, a mix of weighted and unweighted
+    entries, an odd W P list, and weights that are negative, not finite or sum to zero.
+    """
     items = data_path.split() if isinstance(data_path, str) else [str(x) for x in data_path]
     if not items:
-        raise ValueError("--data-path is empty")
-
-    def is_number(x: str) -> bool:
-        try:
-            float(x)
-            return True
-        except ValueError:
-            return False
-
+        raise UserInputError(f"{flag} is empty")
     if len(items) == 1:
         return None, items
-    if not is_number(items[0]):
-        if any(is_number(x) for x in items):
-            raise ValueError(f"--data-path {' '.join(items)}: mix of weights and paths; use W1 P1 W2 P2 ...")
+    if not _is_number(items[0]):
+        if any(_is_number(x) for x in items):
+            raise UserInputError(f"{flag} {' '.join(items)}: mix of weights and paths; use W1 P1 W2 P2 ...")
         return None, items
     if len(items) % 2:
-        raise ValueError(f"--data-path {' '.join(items)}: expected weight/path pairs (W1 P1 W2 P2 ...)")
+        raise UserInputError(f"{flag} {' '.join(items)}: expected weight/path pairs (W1 P1 W2 P2 ...)")
     weights, prefixes = [], []
     for w, p in zip(items[0::2], items[1::2]):
-        if not is_number(w):
-            raise ValueError(f"--data-path: {w!r} is not a weight (expected W1 P1 W2 P2 ...)")
-        if float(w) < 0:
-            raise ValueError(f"--data-path: negative weight {w} for {p}")
+        if not _is_number(w):
+            raise UserInputError(f"{flag}: {w!r} is not a weight (expected W1 P1 W2 P2 ...)")
+        if not (math.isfinite(float(w)) and float(w) >= 0):
+            raise UserInputError(f"{flag}: weight {w} for {p} must be a finite number >= 0")
         weights.append(float(w))
         prefixes.append(p)
+    if sum(weights) <= 0:
+        raise UserInputError(f"{flag} {' '.join(items)}: the weights must have a positive sum")
     return normalize(weights), prefixes
 
 
@@ -58,7 +67,7 @@ def normalize(weights: list[float]) -> list[float]:
     w = np.asarray(weights, dtype=np.float64)
     total = float(w.sum())
     if total <= 0:
-        raise ValueError(f"blend weights {weights} must have a positive sum")
+        raise UserInputError(f"blend weights {weights} must have a positive sum")
     return (w / total).tolist()
 
 

@@ -18,17 +18,26 @@ import re
 
 import numpy as np
 
+from megatron_zaya.errors import UserInputError
+
 SPLIT_NAMES = ("train", "valid", "test")
 
 
 def parse_split(split: str) -> list[float]:
-    """'969,30,1' (or '98/2/0', '1') -> three weights summing to 1."""
+    """'969,30,1' (or '98/2/0', '98 2 0', '1') -> three weights summing to 1.
+
+    Each of the up to three shares must be a finite number >= 0 and their sum positive; anything
+    else (letters, a fourth share, a negative share like '-5,10,1') raises `UserInputError` naming
+    --split.
+    """
+    words = re.split(r"\s*[,/]\s*|\s+", str(split).strip())
     try:
-        values = [float(x) for x in re.findall(r"[.0-9]+", str(split))]
+        values = [float(w) for w in words]
     except ValueError:
         values = []
-    if not values or len(values) > 3 or any(v < 0 for v in values) or sum(values) <= 0:
-        raise ValueError(f"--split {split!r}: expected up to three non-negative numbers like '969,30,1'")
+    if not values or len(values) > 3 or not all(math.isfinite(v) and v >= 0 for v in values) or sum(values) <= 0:
+        raise UserInputError(f"--split {split!r}: expected up to three numbers >= 0 with a positive sum "
+                             f"(train,valid,test shares like '969,30,1')")
     values += [0.0] * (3 - len(values))
     total = sum(values)
     return [v / total for v in values]
@@ -52,7 +61,7 @@ def num_epochs(tokens_per_epoch: int, seq_length: int, num_samples: int | None, 
     if num_samples is None:
         return 1
     if tokens_per_epoch <= 0:
-        raise ValueError("the dataset split holds no tokens")
+        raise UserInputError("the dataset split holds no tokens")
     needed = num_samples * seq_length + add_extra_token
     return max(1, -(-needed // tokens_per_epoch))  # smallest e with e * tokens_per_epoch >= needed
 
@@ -90,7 +99,7 @@ def build_sample_index(sizes: np.ndarray, document_index: np.ndarray, seq_length
         raise ValueError(f"--seq-length must be positive, got {seq_length}")
     num_samples = (epochs * tokens_per_epoch - add_extra_token) // seq_length
     if num_samples <= 0:
-        raise ValueError(
+        raise UserInputError(
             f"the dataset split holds {tokens_per_epoch} tokens per epoch, too few for one sample of "
             f"{seq_length}+{add_extra_token} tokens"
         )

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
+
+from megatron_zaya.errors import UserInputError
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -37,7 +39,7 @@ DTYPE_CODES: dict[int, type] = {
 CODE_OF_DTYPE = {np.dtype(v): k for k, v in DTYPE_CODES.items()}
 
 
-class IndexedDatasetError(ValueError):
+class IndexedDatasetError(UserInputError):
     """A `.bin`/`.idx` pair is missing, truncated or corrupted."""
 
 
@@ -63,6 +65,81 @@ def _normalize_prefix(path_prefix: str) -> str:
     return path_prefix
 
 
+class IndexHeader(NamedTuple):
+    """What the 34-byte header of an `.idx` says, checked against the file size."""
+
+    prefix: str
+    dtype: np.dtype
+    num_sequences: int
+    num_document_indices: int
+    idx_size: int
+    base: int          # bytes of the index without the optional sequence modes
+
+
+def read_header(path_prefix: str) -> IndexHeader:
+    """Read and check the `.idx` header of a `.bin`/`.idx` pair: both files exist, magic, version,
+    dtype code, and an index size consistent with the counts. O(1): reads 34 bytes."""
+    prefix = _normalize_prefix(str(path_prefix))
+    ipath, bpath = idx_path(prefix), bin_path(prefix)
+    for p in (ipath, bpath):
+        if not os.path.isfile(p):
+            raise IndexedDatasetError(f"{p}: file not found (expected a .bin/.idx pair for prefix {prefix!r})")
+    idx_size = os.path.getsize(ipath)
+    if idx_size < HEADER_SIZE:
+        raise IndexedDatasetError(f"{ipath}: truncated index ({idx_size} bytes, the header alone is {HEADER_SIZE})")
+    with open(ipath, "rb") as f:
+        header = f.read(HEADER_SIZE)
+    magic = header[:9]
+    if magic != MAGIC:
+        raise IndexedDatasetError(f"{ipath}: bad magic {magic!r}, expected {MAGIC!r} (not a Megatron MMIDIDX index)")
+    (version,) = struct.unpack("<Q", header[9:17])
+    if version != VERSION:
+        raise IndexedDatasetError(f"{ipath}: unsupported version {version}, expected {VERSION}")
+    code = header[17]
+    if code not in DTYPE_CODES:
+        raise IndexedDatasetError(f"{ipath}: unknown dtype code {code} (valid: {sorted(DTYPE_CODES)})")
+    n, d = struct.unpack("<QQ", header[18:34])
+    base = HEADER_SIZE + 12 * n + 8 * d
+    if idx_size not in (base, base + n):
+        raise IndexedDatasetError(
+            f"{ipath}: size {idx_size} bytes is inconsistent with {n} sequences and {d} document "
+            f"indices (expected {base} bytes, or {base + n} with sequence modes); truncated or corrupted"
+        )
+    return IndexHeader(prefix, np.dtype(DTYPE_CODES[code]), n, d, idx_size, base)
+
+
+def check_indexed_dataset(path_prefix: str) -> IndexHeader:
+    """Cheap open-time check of a `.bin`/`.idx` pair, for validating flags before any work: the
+    header (`read_header`), the first and last document index, and the `.bin` size against the
+    last sequence's pointer and length. Reads a few dozen bytes whatever the dataset's size;
+    `IndexedDataset(prefix)` checks every pointer. Raises `IndexedDatasetError` naming the file."""
+    h = read_header(path_prefix)
+    ipath, bpath = idx_path(h.prefix), bin_path(h.prefix)
+    n, d = h.num_sequences, h.num_document_indices
+    if d < 1:
+        raise IndexedDatasetError(f"{ipath}: document index is empty (it must start with 0)")
+    with open(ipath, "rb") as f:
+        f.seek(HEADER_SIZE + 12 * n)
+        first = struct.unpack("<q", f.read(8))[0]
+        f.seek(HEADER_SIZE + 12 * n + 8 * (d - 1))
+        last = struct.unpack("<q", f.read(8))[0]
+        expected_bin = 0
+        if n:
+            f.seek(HEADER_SIZE + 4 * (n - 1))
+            length = struct.unpack("<i", f.read(4))[0]
+            f.seek(HEADER_SIZE + 4 * n + 8 * (n - 1))
+            pointer = struct.unpack("<q", f.read(8))[0]
+            expected_bin = pointer + length * h.dtype.itemsize
+    if first != 0 or last != n:
+        raise IndexedDatasetError(f"{ipath}: document indices must run from 0 to {n} (the number of sequences), "
+                                  f"got {first}..{last}")
+    bin_size = os.path.getsize(bpath)
+    if bin_size != expected_bin:
+        raise IndexedDatasetError(f"{bpath}: size {bin_size} bytes does not match the index (its last sequence "
+                                  f"ends at byte {expected_bin}); truncated or mismatched pair")
+    return h
+
+
 class IndexedDataset:
     """Read-only, memory-mapped view of a Megatron indexed dataset.
 
@@ -72,33 +149,10 @@ class IndexedDataset:
     """
 
     def __init__(self, path_prefix: str):
-        self.path_prefix = _normalize_prefix(str(path_prefix))
+        header = read_header(path_prefix)
+        self.path_prefix, self.dtype = header.prefix, header.dtype
         ipath, bpath = idx_path(self.path_prefix), bin_path(self.path_prefix)
-        for p in (ipath, bpath):
-            if not os.path.isfile(p):
-                raise IndexedDatasetError(f"{p}: file not found (expected a .bin/.idx pair for prefix {self.path_prefix!r})")
-        idx_size = os.path.getsize(ipath)
-        if idx_size < HEADER_SIZE:
-            raise IndexedDatasetError(f"{ipath}: truncated index ({idx_size} bytes, the header alone is {HEADER_SIZE})")
-        with open(ipath, "rb") as f:
-            header = f.read(HEADER_SIZE)
-        magic = header[:9]
-        if magic != MAGIC:
-            raise IndexedDatasetError(f"{ipath}: bad magic {magic!r}, expected {MAGIC!r} (not a Megatron MMIDIDX index)")
-        (version,) = struct.unpack("<Q", header[9:17])
-        if version != VERSION:
-            raise IndexedDatasetError(f"{ipath}: unsupported version {version}, expected {VERSION}")
-        code = header[17]
-        if code not in DTYPE_CODES:
-            raise IndexedDatasetError(f"{ipath}: unknown dtype code {code} (valid: {sorted(DTYPE_CODES)})")
-        self.dtype = np.dtype(DTYPE_CODES[code])
-        n, d = struct.unpack("<QQ", header[18:34])
-        base = HEADER_SIZE + 12 * n + 8 * d
-        if idx_size not in (base, base + n):
-            raise IndexedDatasetError(
-                f"{ipath}: size {idx_size} bytes is inconsistent with {n} sequences and {d} document "
-                f"indices (expected {base} bytes, or {base + n} with sequence modes); truncated or corrupted"
-            )
+        n, d, idx_size, base = header.num_sequences, header.num_document_indices, header.idx_size, header.base
         self.multimodal = idx_size == base + n and n > 0
         self._idx_mmap = np.memmap(ipath, mode="r", dtype=np.uint8) if idx_size else None
         buf = self._idx_mmap

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from megatron_zaya.errors import UserInputError
+
 from .blend import BlendedDataset, PhasedDataset, parse_data_path, plan_phases
 from .config import DataConfig
 from .cache import cached_arrays
@@ -72,7 +74,7 @@ def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: li
             continue
         idx = split_indices(indexed[prefix], cfg.split)[split_id]
         if idx is None or len(idx) == 0:
-            raise ValueError(f"--split {cfg.split}: the {split_name} split of {prefix} is empty but the blend needs "
+            raise UserInputError(f"--split {cfg.split}: the {split_name} split of {prefix} is empty but the blend needs "
                              f"{plan.requests[d]} samples from it")
         components.append(GPTDataset(indexed[prefix], idx, plan.requests[d], opts, cfg.seed, split_name,
                                      cfg.data_cache_path, use_cache=not cfg.no_index_cache))

@@ -31,6 +31,8 @@ import os
 import re
 from typing import Sequence
 
+from megatron_zaya.errors import UserInputError
+
 # Control characters that SentencePiece's normalizers delete or remap; texts containing any of them
 # (or any non-ASCII character) always take the exact, unsplit encoding path.
 _UNSAFE_FOR_WORD_CACHE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
@@ -101,7 +103,7 @@ def _load_sentencepiece(model_path: str):
     try:
         sp.Load(model_path)
     except (OSError, RuntimeError) as e:
-        raise ValueError(f"--tokenizer-model {model_path}: not a valid SentencePiece model ({e})") from None
+        raise UserInputError(f"--tokenizer-model {model_path}: not a valid SentencePiece model ({e})") from None
     return sp
 
 
@@ -257,7 +259,7 @@ class GPTSentencePieceTokenizer(_WordCachedSentencePiece, BaseTokenizer):
         self._bos = self.sp.bos_id()
         self._pad = self.sp.pad_id()
         if self._eod < 0:
-            raise ValueError(f"--tokenizer-model {model_path}: the SentencePiece model has no EOS piece, which GPTSentencePieceTokenizer uses as EOD")
+            raise UserInputError(f"--tokenizer-model {model_path}: the SentencePiece model has no EOS piece, which GPTSentencePieceTokenizer uses as EOD")
         self._setup_word_cache()
 
     def encode(self, text: str) -> list[int]:
@@ -394,7 +396,7 @@ class HuggingFaceTokenizer(BaseTokenizer):
         try:
             self.tok = Tokenizer.from_file(json_path)
         except Exception as e:  # the tokenizers package raises a generic Exception on bad files
-            raise ValueError(f"--tokenizer-model {json_path}: not a valid Hugging Face tokenizer.json ({e})") from None
+            raise UserInputError(f"--tokenizer-model {json_path}: not a valid Hugging Face tokenizer.json ({e})") from None
         self.model_path = json_path
         self._vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         declared: dict[str, str] = {}
@@ -411,7 +413,7 @@ class HuggingFaceTokenizer(BaseTokenizer):
         self._bos = self._find("bos_token", declared, _BOS_CANDIDATES)
         self._pad = self._find("pad_token", declared, _PAD_CANDIDATES)
         if self._eod is None:
-            raise ValueError(
+            raise UserInputError(
                 f"--tokenizer-model {json_path}: cannot tell the EOS/EOD token; add a tokenizer_config.json "
                 f"with \"eos_token\" beside it (none of {list(_EOS_CANDIDATES)} is in the vocabulary)"
             )
@@ -447,7 +449,7 @@ class NullTokenizer(BaseTokenizer):
         try:
             base = int(vocab_size)
         except (TypeError, ValueError):
-            raise ValueError(f"--tokenizer-model for NullTokenizer must be the vocabulary size, got {vocab_size!r}") from None
+            raise UserInputError(f"--tokenizer-model for NullTokenizer must be the vocabulary size, got {vocab_size!r}") from None
         self._eod = base
         self._vocab_size = base + 1
         self._bos = None
@@ -468,13 +470,39 @@ TOKENIZER_TYPES = {
 }
 
 
+def check_tokenizer_flags(tokenizer_type: str, tokenizer_model) -> None:
+    """Cheap checks of --tokenizer-type / --tokenizer-model before anything is built or loaded.
+
+    The type must be a known one; every type needs --tokenizer-model: a vocabulary size (an integer
+    >= 1) for NullTokenizer, a tokenizer.json or a folder holding one for HuggingFaceTokenizer, and
+    a SentencePiece model file otherwise. Raises `UserInputError` naming the flag.
+    """
+    if tokenizer_type not in TOKENIZER_TYPES:
+        raise UserInputError(f"--tokenizer-type {tokenizer_type!r} is not supported; "
+                             f"choose one of {sorted(TOKENIZER_TYPES)}")
+    if tokenizer_model is None:
+        what = "the vocabulary size" if tokenizer_type == "NullTokenizer" else "a tokenizer file"
+        raise UserInputError(f"--tokenizer-type {tokenizer_type} needs --tokenizer-model ({what})")
+    if tokenizer_type == "NullTokenizer":
+        if not re.fullmatch(r"\s*\d+\s*", str(tokenizer_model)) or int(tokenizer_model) < 1:
+            raise UserInputError(f"--tokenizer-model {tokenizer_model!r}: NullTokenizer takes the vocabulary size, "
+                                 f"an integer >= 1")
+    elif tokenizer_type == "HuggingFaceTokenizer":
+        path = str(tokenizer_model)
+        if not (os.path.isfile(path) or os.path.isfile(os.path.join(path, "tokenizer.json"))):
+            raise UserInputError(f"--tokenizer-model {path}: no tokenizer.json found (give the file or the directory "
+                                 f"holding it)")
+    elif not os.path.isfile(str(tokenizer_model)):
+        raise UserInputError(f"--tokenizer-model {tokenizer_model}: SentencePiece model file not found")
+
+
 def build_tokenizer(tokenizer_type: str, tokenizer_model, make_vocab_size_divisible_by: int = 128,
                     tensor_parallel_size: int = 1, **kwargs) -> BaseTokenizer:
     """Build a tokenizer by Megatron's `--tokenizer-type` name from `--tokenizer-model`."""
     cls = TOKENIZER_TYPES.get(tokenizer_type)
     if cls is None:
-        raise ValueError(f"--tokenizer-type {tokenizer_type!r} is not supported; choose one of {sorted(TOKENIZER_TYPES)}")
+        raise UserInputError(f"--tokenizer-type {tokenizer_type!r} is not supported; choose one of {sorted(TOKENIZER_TYPES)}")
     if tokenizer_model is None:
-        raise ValueError(f"--tokenizer-type {tokenizer_type} needs --tokenizer-model")
+        raise UserInputError(f"--tokenizer-type {tokenizer_type} needs --tokenizer-model")
     return cls(tokenizer_model, make_vocab_size_divisible_by=make_vocab_size_divisible_by,
                tensor_parallel_size=tensor_parallel_size, **kwargs)

@@ -11,8 +11,8 @@ class ParallelConfig:
     expert_model_parallel_size: int = 1     # --expert-model-parallel-size
     sequence_parallel: bool = False         # --sequence-parallel (needs TP > 1)
     use_distributed_optimizer: bool = False  # --use-distributed-optimizer (ZeRO-1)
-    overlap_grad_reduce: bool = True        # --overlap-grad-reduce
-    ddp_bucket_size: int = 40_000_000       # --ddp-bucket-size, in elements per gradient bucket
+    ddp_bucket_size: int = 40_000_000       # --ddp-bucket-size, in elements per gradient bucket (reduction
+                                            # always overlaps the backward: there is no --overlap-grad-reduce)
 
     def validate(self) -> "ParallelConfig":
         for name in ("tensor_model_parallel_size", "context_parallel_size", "expert_model_parallel_size",

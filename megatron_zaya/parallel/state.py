@@ -23,8 +23,10 @@ import itertools
 
 import torch.distributed as dist
 
+from megatron_zaya.errors import UserInputError
 
-class LayoutError(ValueError):
+
+class LayoutError(UserInputError):
     """A parallel layout that cannot be built; the message names the flag and the sizes."""
 
 

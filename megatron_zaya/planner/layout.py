@@ -4,11 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megatron_zaya.config import ModelConfig
+from megatron_zaya.errors import UserInputError
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 
 
-class LayoutError(ValueError):
+class LayoutError(UserInputError):
     """The layout is impossible; the message names the flag and the value."""
 
 

@@ -1,15 +1,20 @@
 """Where a run's training data starts, across the phases of a multi-phase recipe.
 
 A phase of a recipe (examples/zaya1_base/) resumes the previous phase's checkpoint with another data
-blend, sequence length or global batch size. Megatron-LM keeps reading the new data at the
-checkpoint's consumed_samples (its dataset is sized for the whole run from sample 0); after a long
-phase that position lies far beyond the new phase's dataset, and a new blend would start deep inside.
+blend or sequence length. Megatron-LM keeps reading the new data at the checkpoint's
+consumed_samples (its dataset is sized for the whole run from sample 0); after a long phase that
+position lies far beyond the new phase's dataset, and a new blend would start deep inside.
 
-Here the train state carries a data signature (blend, phases, split, sequence length, global batch
-size). When a loaded checkpoint's signature differs from this run's, a new data phase starts: its
-data position is 0 of its own dataset, which is sized for the iterations left. The phase start
-(iteration and consumed samples) is saved in later checkpoints, so resuming mid-phase is exact.
-Same signature, or a checkpoint without one: Megatron's behaviour (one position for the whole run).
+Here the train state carries a data signature (blend, phases, split, sequence length). When a
+loaded checkpoint's signature differs from this run's, a new data phase starts: its data position
+is 0 of its own dataset, which is sized for the iterations left. The phase start (iteration and
+consumed samples) is saved in later checkpoints, so resuming mid-phase is exact. Same signature, or
+a checkpoint without one: Megatron's behaviour (one position for the whole run).
+
+The global batch size is not part of the signature: the samples are the same whatever their
+grouping, so a run that only changes --global-batch-size keeps reading where it stopped (its
+dataset is sized for the samples already consumed plus those of the iterations left at the new
+batch size). Checkpoints written when the signature held it are compared without it.
 Megatron-LM has no flag for this, so there is none here either.
 """
 from __future__ import annotations
@@ -24,8 +29,19 @@ def data_signature(run) -> str:
         return ""
     return json.dumps({"data_path": list(data.data_path),
                        "phases": [[list(p.data_path), p.train_samples] for p in data.phases],
-                       "split": data.split, "seq_length": run.model.seq_length,
-                       "global_batch_size": run.train.global_batch_size}, sort_keys=True)
+                       "split": data.split, "seq_length": run.model.seq_length}, sort_keys=True)
+
+
+def _signature_fields(signature: str) -> dict:
+    """The compared fields of a signature (older checkpoints also stored the global batch size)."""
+    fields = json.loads(signature)
+    fields.pop("global_batch_size", None)
+    return fields
+
+
+def data_changed(previous: str, current: str) -> bool:
+    """Whether two non-empty data signatures describe different data (a new data phase)."""
+    return _signature_fields(previous) != _signature_fields(current)
 
 
 def enter_data_phase(state, signature: str) -> str | None:
@@ -33,15 +49,18 @@ def enter_data_phase(state, signature: str) -> str | None:
     if not signature:            # no data pipeline: no data position to keep
         return None
     previous, state.data_signature = state.data_signature, signature
-    if not previous or previous == signature:
+    if not previous or not data_changed(previous, signature):
         return None
     state.data_start_iteration, state.data_start_samples = state.iteration, state.consumed_samples
-    changed = sorted(k for k, v in json.loads(signature).items() if json.loads(previous).get(k) != v)
+    old = _signature_fields(previous)
+    changed = sorted(k for k, v in _signature_fields(signature).items() if old.get(k) != v)
     return (f"data changed since the checkpoint ({', '.join(changed)}): a new data phase starts at iteration "
             f"{state.iteration} (consumed samples {state.consumed_samples}) from sample 0 of its own dataset")
 
 
 def train_data_position(state, schedule, total_iters: int) -> tuple[int, int]:
-    """(consumed samples within the current data phase, samples the phase's dataset needs)."""
-    phase_samples = schedule.samples_consumed(state.data_start_samples, total_iters - state.data_start_iteration)
-    return state.consumed_samples - state.data_start_samples, phase_samples
+    """(consumed samples within the current data phase, samples the phase's dataset needs): those
+    already read in the phase plus those of the iterations left, at this run's batch sizes."""
+    consumed_in_phase = state.consumed_samples - state.data_start_samples
+    still_needed = schedule.samples_consumed(state.consumed_samples, total_iters - state.iteration)
+    return consumed_in_phase, consumed_in_phase + still_needed

@@ -37,8 +37,8 @@ class DistributedRuntime:
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         self.model = parallelize_model(model.to(self.device), self.pstate)
-        self.reducer = GradientReducer(self.model, self.pstate, overlap=True,
-                                       shard=self.run.parallel.use_distributed_optimizer)
+        self.reducer = GradientReducer(self.model, self.pstate, bucket_size=self.run.parallel.ddp_bucket_size,
+                                       overlap=True, shard=self.run.parallel.use_distributed_optimizer)
         return self.model
 
     def build_optimizer(self, model, optim_config):

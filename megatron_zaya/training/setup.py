@@ -1,15 +1,17 @@
 """Build everything a run needs from a validated RunConfig, then train.
 
-Order: process layout -> tokenizer (and the padded vocabulary) -> model -> parallel form ->
-optimizer -> checkpoint load -> data loaders -> trainer. Validation of the flags already happened
-in megatron_zaya.arguments, before any of this."""
+Order: tokenizer (and the padded vocabulary) -> checks of --save / --load (checkpoint.preflight)
+-> process layout -> model -> parallel form -> optimizer -> checkpoint load -> data loaders ->
+trainer. Validation of the flags already happened in megatron_zaya.arguments, before any of this."""
 from __future__ import annotations
 
 import sys
 
 import torch
 
+from megatron_zaya.checkpoint.preflight import check_before_build
 from megatron_zaya.data import build_tokenizer, build_train_valid_test_loaders
+from megatron_zaya.errors import UserInputError
 from megatron_zaya.kernels.capability import slow_bf16_warning
 from megatron_zaya.model import ZayaModel
 from megatron_zaya.training.cpu_allocator import keep_freed_memory
@@ -25,8 +27,8 @@ def resolve_vocab(run, tokenizer) -> None:
     if run.args.vocab_size is None:
         run.model = run.model.replace(vocab_size=padded)
     elif run.model.vocab_size < tokenizer.vocab_size:
-        raise ValueError(f"--vocab-size={run.model.vocab_size} is smaller than the tokenizer's vocabulary "
-                         f"({tokenizer.vocab_size} tokens in {run.data.tokenizer_model})")
+        raise UserInputError(f"--vocab-size={run.model.vocab_size} is smaller than the tokenizer's vocabulary "
+                             f"({tokenizer.vocab_size} tokens in {run.data.tokenizer_model})")
 
 
 def build_runtime(run):
@@ -46,10 +48,20 @@ def build_runtime(run):
     return runtime
 
 
+def final_evaluation(run, trainer, logger) -> None:
+    """Validate at the last iteration (unless the loop just did) and print the result."""
+    evaluated_last = run.train.eval_interval and trainer.state.iteration % run.train.eval_interval == 0
+    final = trainer.last_validation if evaluated_last else trainer.run_evaluation()
+    if final:
+        logger.print(f"final validation loss {final['validation loss']:.4f} "
+                     f"(perplexity {final['validation ppl']:.2f}) at iteration {trainer.state.iteration}")
+
+
 def build_and_train(run) -> int:
     tokenizer = build_tokenizer(run.data.tokenizer_type, run.data.tokenizer_model,
                                 run.model.make_vocab_size_divisible_by)
     resolve_vocab(run, tokenizer)
+    check_before_build(run)              # --save / --load problems: before process groups and the model
     runtime = build_runtime(run)
     torch.manual_seed(run.train.seed)    # identical initial weights on every rank
     model = runtime.prepare_model(ZayaModel(run.model))
@@ -80,11 +92,10 @@ def build_and_train(run) -> int:
                                              trainer.state.iteration, run.train.progress_bar)
     try:
         trainer.train()
-        evaluated_last = run.train.eval_interval and trainer.state.iteration % run.train.eval_interval == 0
-        final = trainer.last_validation if evaluated_last else trainer.run_evaluation()
-        if final:
-            logger.print(f"final validation loss {final['validation loss']:.4f} "
-                         f"(perplexity {final['validation ppl']:.2f}) at iteration {trainer.state.iteration}")
+        if trainer.stop_requested:       # preemption: the checkpoint first, and no evaluation to wait for
+            logger.print(f"skipping the final evaluation ({trainer.stop_requested})")
+        else:
+            final_evaluation(run, trainer, logger)
         checkpointer.finalize(trainer)
     finally:
         checkpointer.close()

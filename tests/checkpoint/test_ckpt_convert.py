@@ -63,3 +63,23 @@ def test_bad_source_is_a_clear_error(tmp_path, capsys):
     tool = _tool()
     assert tool.main(["to-hf", str(tmp_path / "nothing"), str(tmp_path / "out")]) == 1
     assert "nothing" in capsys.readouterr().err
+
+
+def test_failed_hf_write_leaves_no_temporary_folder(tmp_path, monkeypatch):
+    """A write that fails half-way (here: the weights file) removes its hidden temporary folder."""
+    import errno
+    from megatron_zaya.checkpoint import hf_format
+    from megatron_zaya.config import model_config_from_preset
+    from megatron_zaya.model import ZayaModel
+    config = model_config_from_preset("zaya1-tiny", num_layers=1, hidden_size=32, num_attention_heads=2,
+                                      num_query_groups=2, kv_channels=16, vocab_size=128, num_experts=2,
+                                      moe_ffn_hidden_size=32, router_hidden_size=8, seq_length=16)
+    state = ZayaModel(config).state_dict()
+
+    def disk_full(tensors, path, metadata=None):
+        open(path, "wb").write(b"\0" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+    monkeypatch.setattr(hf_format, "save_file", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        hf_format.save_hf_folder(state, config, tmp_path / "hf")
+    assert os.listdir(tmp_path) == []

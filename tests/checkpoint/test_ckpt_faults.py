@@ -197,6 +197,41 @@ def test_sigterm_mid_iteration_saves_and_stops(ckpt_corpus, ckpt_cache, tmp_path
     assert resumed.losses == {4: straight.losses[4], 5: straight.losses[5]}
 
 
+def test_signal_skips_the_final_evaluation_and_the_save_completes_first(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch,
+                                                                        capsys):
+    """A preemption signal: the asynchronous checkpoint is waited for at once, and the final
+    evaluation (minutes at scale, inside the grace period) does not run."""
+    from megatron_zaya.training import loop
+    events = []
+    original_step, original_evaluate, original_wait = loop.Trainer.train_step, loop.Trainer.evaluate, \
+        saver.CheckpointWriter.wait
+
+    def train_step(trainer, micro_batches):
+        if trainer.state.iteration + 1 == 2:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return original_step(trainer, micro_batches)
+
+    def evaluate(trainer):
+        events.append("evaluate")
+        return original_evaluate(trainer)
+
+    def wait(writer, *args, **kwargs):
+        outcome = original_wait(writer, *args, **kwargs)
+        if outcome is not None:
+            events.append(outcome)
+        return outcome
+
+    monkeypatch.setattr(loop.Trainer, "train_step", train_step)
+    monkeypatch.setattr(loop.Trainer, "evaluate", evaluate)
+    monkeypatch.setattr(saver.CheckpointWriter, "wait", wait)
+    save = str(tmp_path / "usr1")
+    rec = train(flags(ckpt_corpus, 10, "--save", save, "--async-save", "--eval-iters", "1", cache=ckpt_cache))
+    assert sorted(rec.losses) == [1, 2] and rec.trainer.stop_requested == "SIGUSR1 received"
+    assert events == [(2, True)]
+    assert "skipping the final evaluation (SIGUSR1 received)" in capsys.readouterr().out
+    assert read_latest(save) == 2 and inspect_checkpoint(save)["ok"]
+
+
 def _nan_gradient_at(iterations, name="layers.1.moe.router.fc1.weight"):
     """A patch of Trainer.train_step that makes one parameter's gradient NaN in the given iterations."""
     from megatron_zaya.training import loop

@@ -103,3 +103,35 @@ def test_train_state_of_a_checkpoint_saved_before_tokens_were_counted():
     assert state.consumed_tokens == 24 * 32 and state.data_signature == ""
     new = {"train_state": {**old["train_state"], "consumed_tokens": 1000}, "model_config": {"seq_length": 32}}
     assert restore_train_state(TrainState, new).consumed_tokens == 1000   # counted per step: kept as saved
+
+
+def samples_of(recorder) -> list[tuple]:
+    """Every sample a run trained on, in order (one process: micro-batches in sequence)."""
+    return [tuple(s) for it in sorted(recorder.tokens) for mb in recorder.tokens[it] for s in mb]
+
+
+def test_a_new_global_batch_size_keeps_reading_where_the_run_stopped(ckpt_corpus, ckpt_cache, tmp_path, capsys):
+    """Only --global-batch-size changes on resume: no new data phase, and the next samples are exactly
+    those a run at the old batch size would have read next (nothing trained on twice, nothing skipped)."""
+    straight = samples_of(train(flags(ckpt_corpus, 7, cache=ckpt_cache)))            # 7 x 4 = 28 samples
+    save = str(tmp_path / "ckpt")
+    first = samples_of(train(flags(ckpt_corpus, 3, "--save", save, cache=ckpt_cache)))            # 12 samples
+    capsys.readouterr()
+    second = samples_of(train(flags(ckpt_corpus, 5, "--save", save, "--load", save, "--global-batch-size", "8",
+                                    cache=ckpt_cache)))                                             # 2 x 8 more
+    assert "new data phase" not in capsys.readouterr().out
+    assert first == straight[:12] and second == straight[12:28]
+    state = json.loads(open(os.path.join(save, "iter_0000005", "metadata.json")).read())["train_state"]
+    assert (state["consumed_samples"], state["data_start_iteration"], state["data_start_samples"]) == (28, 0, 0)
+
+
+def test_a_signature_saved_with_the_global_batch_size_is_the_same_data():
+    """Checkpoints written before the global batch size left the data signature keep their phase."""
+    from megatron_zaya.training.data_phase import data_changed, enter_data_phase
+    from megatron_zaya.training.loop import TrainState
+    old = json.dumps({"data_path": ["a"], "phases": [], "split": "1", "seq_length": 32, "global_batch_size": 4})
+    new = json.dumps({"data_path": ["a"], "phases": [], "split": "1", "seq_length": 32})
+    assert not data_changed(old, new)
+    assert data_changed(old, new.replace("32", "64"))
+    state = TrainState(iteration=3, consumed_samples=12, data_signature=old)
+    assert enter_data_phase(state, new) is None and state.data_start_iteration == 0

@@ -37,7 +37,8 @@ def test_parse_data_path():
     assert parse_data_path(["30", "a", "70", "b"]) == ([0.3, 0.7], ["a", "b"])
     assert parse_data_path("a") == (None, ["a"])
     assert parse_data_path(["a", "b"]) == (None, ["a", "b"])
-    for bad in (["1", "a", "2"], ["a", "1", "b"], ["-1", "a", "2", "b"], []):
+    for bad in (["1", "a", "2"], ["a", "1", "b"], ["-1", "a", "2", "b"], [], ["0", "a", "0", "b"],
+                ["nan", "a", "1", "b"], ["inf", "a", "1", "b"]):
         with pytest.raises(ValueError, match="--data-path"):
             parse_data_path(bad)
 

@@ -67,6 +67,17 @@ def test_split_indices_and_bad_split(tmp_path):
         ib.parse_split("a,b")
 
 
+@pytest.mark.parametrize("split", ["-5,10,1", "5,-10,1", "1,,2", "1,1,1,1", "0,0,0", "nan,1", "inf", "abc", ""])
+def test_bad_split_is_rejected(split):
+    """Signs are part of the number: '-5,10,1' used to be read as 5,10,1."""
+    with pytest.raises(ValueError, match="--split"):
+        ib.parse_split(split)
+
+
+def test_split_separators():
+    assert ib.parse_split("98/2/0") == ib.parse_split("98 2 0") == ib.parse_split(" 98, 2 ,0 ") == [0.98, 0.02, 0.0]
+
+
 def test_masks_and_position_ids():
     eod = 0
     tokens = np.array([5, 6, 0, 7, 8, 0, 9])

@@ -10,6 +10,7 @@ from megatron_zaya.data.indexed import (
     IndexedDataset,
     IndexedDatasetError,
     IndexedDatasetWriter,
+    check_indexed_dataset,
     optimal_dtype,
     write_dataset,
 )
@@ -161,11 +162,35 @@ def test_corruption_is_reported_with_file_name(tmp_path, corrupt, message):
     assert str(tmp_path) in str(e.value)
 
 
+@pytest.mark.parametrize(
+    "corrupt, message",
+    [
+        (lambda p: _patch(p + ".idx", 0, b"XXXX"), "bad magic"),
+        (lambda p: _patch(p + ".idx", 17, bytes([9])), "unknown dtype code 9"),
+        (lambda p: open(p + ".idx", "r+b").truncate(70), "inconsistent"),
+        (lambda p: open(p + ".bin", "r+b").truncate(8), "does not match the index"),
+        (lambda p: open(p + ".bin", "ab").write(b"xx"), "does not match the index"),
+        (lambda p: _patch(p + ".idx", 34 + 24 + 16, struct.pack("<q", 7)), "document indices"),
+        (lambda p: os.remove(p + ".idx"), "file not found"),
+    ],
+)
+def test_cheap_check_finds_damage_without_reading_the_index(tmp_path, corrupt, message):
+    """check_indexed_dataset (what pretrain_zaya.py runs on every --data-path before any work)
+    reads the header and a few entries only, yet names a truncated or mismatched pair."""
+    prefix = _good(tmp_path)
+    assert check_indexed_dataset(prefix + ".bin").num_sequences == 2     # a .bin/.idx suffix is accepted
+    corrupt(prefix)
+    with pytest.raises(IndexedDatasetError, match=message) as e:
+        check_indexed_dataset(prefix)
+    assert str(tmp_path) in str(e.value)
+
+
 def test_empty_dataset(tmp_path):
     prefix = str(tmp_path / "e")
     write_dataset(prefix, [], dtype=np.uint16)
     ds = IndexedDataset(prefix)
     assert len(ds) == 0 and ds.num_documents == 0
+    assert check_indexed_dataset(prefix).num_sequences == 0
 
 
 def test_spilling_and_merge_via_add_index(tmp_path, monkeypatch):

@@ -111,3 +111,26 @@ def test_routing_statistics_formulas():
     assert collapsed.load_entropy == pytest.approx(0.0, abs=1e-9) and collapsed.max_load == pytest.approx(4.0)
     assert collapsed.skip_rate == pytest.approx(0.4) and collapsed.load == pytest.approx([0, 0.6, 0, 0])
     assert math.isnan(EvalResult().loss)
+
+
+def test_seq_length_beyond_the_checkpoint_positions_is_refused(hf_checkpoint, dataset_prefix, tiny_model, capsys):
+    """pretrain_zaya.py refuses --seq-length > max_position_embeddings; so does evaluate.py."""
+    too_long = tiny_model.config.max_position_embeddings + 64
+    with pytest.raises(SystemExit) as exc:
+        load_tool("evaluate").main(["--load", str(hf_checkpoint), "--data-path", dataset_prefix, "--split", "60,40,0",
+                                    "--tokenizer-type", "NullTokenizer", "--tokenizer-model", "8000",
+                                    "--seq-length", str(too_long), "--micro-batch-size", "1", "--eval-iters", "1"])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 2 and f"--seq-length={too_long}" in line and "max-position-embeddings" in line, line
+
+
+@pytest.mark.parametrize("extra, expected", [(["--split=-5,10,1"], "--split"), (["--split", "abc"], "--split"),
+                                             (["--tokenizer-model", "x"], "--tokenizer-model 'x'"),
+                                             (["--eval-iters", "0"], "--eval-iters=0")])
+def test_evaluate_flags_are_checked_before_loading(dataset_prefix, tmp_path, capsys, extra, expected):
+    argv = ["--load", str(tmp_path / "not_loaded"), "--data-path", dataset_prefix,
+            "--tokenizer-type", "NullTokenizer", "--tokenizer-model", "8000"]
+    with pytest.raises(SystemExit) as exc:
+        load_tool("evaluate").main(argv + extra)
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 2 and expected in line and "--load" not in line, line

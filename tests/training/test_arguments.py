@@ -1,4 +1,6 @@
 """Flags are validated before anything expensive; each bad value gets one line naming the flag."""
+import os
+
 import pytest
 
 from megatron_zaya.arguments import parse_args
@@ -49,3 +51,213 @@ def test_yaml_config_and_flag_override(tiny_corpus, tmp_path, capsys):
     bad.write_text("learning_rate: 0.1\n")
     assert "unknown key 'learning_rate'" in error_of(tiny_run_flags(tiny_corpus, tmp_path) + ["--config", str(bad)],
                                                       capsys)
+
+
+def _flags_with(tiny_corpus, tmp_path, extra):
+    """tiny_run_flags plus `extra`; a list value is several words, None drops a default flag."""
+    multi = {k: v for k, v in extra.items() if isinstance(v, list)}
+    argv = tiny_run_flags(tiny_corpus, tmp_path, **{k: v for k, v in extra.items() if k not in multi})
+    for k, values in multi.items():
+        argv += [k, *values]
+    return argv
+
+
+# Each of these used to pass validation and die later (after the model was built) with a traceback.
+LATE_ERRORS = [
+    ({"--split": "abc"}, "--split 'abc'"),
+    ({"--split": "1,1,1,1"}, "--split '1,1,1,1'"),
+    ({"--split": "0,0,0"}, "--split '0,0,0'"),
+    ({"--split=-5,10,1": ""}, "--split '-5,10,1'"),          # one word: argparse takes -5 for a flag
+    ({"--split": "0,100,0"}, "--split 0,100,0: the train share is 0"),
+    ({"--data-path": ["30", "{P}", "70"]}, "expected weight/path pairs"),
+    ({"--data-path": ["0", "{P}", "0", "{P}"]}, "positive sum"),
+    ({"--data-path": ["-1", "{P}", "2", "{P}"]}, "weight -1"),
+    ({"--tokenizer-type": "Bogus"}, "--tokenizer-type 'Bogus'"),
+    ({"--tokenizer-model": None}, "needs --tokenizer-model"),
+    ({"--tokenizer-type": "NullTokenizer", "--tokenizer-model": "many"}, "--tokenizer-model 'many'"),
+    ({"--seed": "-1"}, "--seed=-1"),
+    ({"--seed": str(2**33)}, f"--seed={2**33}"),
+    ({"--eval-iters": "-1"}, "--eval-iters=-1"),
+    ({"--ckpt-keep": "0"}, "--ckpt-keep=0"),
+    ({"--ckpt-keep": "-1"}, "--ckpt-keep=-1"),
+    ({"--optimizer": "adamw", "--adam-beta1": "1.5"}, "--adam-beta1=1.5"),
+    ({"--adam-beta2": "nan"}, "--adam-beta2=nan"),
+    ({"--adam-eps": "0"}, "--adam-eps=0.0"),
+    ({"--clip-grad": "-1"}, "--clip-grad=-1.0"),
+    ({"--lr": "-0.1", "--min-lr": "-1"}, "--lr=-0.1"),
+    ({"--train-iters": "0"}, "--train-iters=0"),
+    ({"--train-iters": "-3"}, "--train-iters=-3"),
+    ({"--train-iters": None, "--train-samples": "0"}, "--train-samples=0"),
+    ({"--make-vocab-size-divisible-by": "0"}, "--make-vocab-size-divisible-by=0"),
+]
+
+
+@pytest.mark.parametrize("extra, expected", LATE_ERRORS)
+def test_late_errors_are_caught_by_validation(tiny_corpus, tmp_path, capsys, extra, expected):
+    prefix = tiny_corpus[0]
+    extra = {k: [w.replace("{P}", prefix) for w in v] if isinstance(v, list) else v for k, v in extra.items()}
+    line = error_of(_flags_with(tiny_corpus, tmp_path, extra), capsys)
+    assert line.startswith("pretrain_zaya.py: error:") and expected in line, line
+
+
+def _damaged_copy(tiny_corpus, tmp_path, ext, keep_bytes):
+    prefix = str(tmp_path / "damaged_text_document")
+    for e in (".bin", ".idx"):
+        data = open(tiny_corpus[0] + e, "rb").read()
+        open(prefix + e, "wb").write(data[:keep_bytes] if e == ext else data)
+    return prefix
+
+
+@pytest.mark.parametrize("ext, keep", [(".idx", 1000), (".idx", 10), (".bin", 1000)])
+def test_truncated_dataset_is_named_before_any_work(tiny_corpus, tmp_path, capsys, ext, keep):
+    prefix = _damaged_copy(tiny_corpus, tmp_path, ext, keep)
+    line = error_of(tiny_run_flags(tiny_corpus, tmp_path, **{"--data-path": prefix}), capsys)
+    assert f"--data-path {prefix}: {prefix}{ext}" in line, line
+
+
+def test_null_tokenizer_takes_a_vocabulary_size(tiny_corpus, tmp_path, capsys):
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--tokenizer-type": "NullTokenizer",
+                                                               "--tokenizer-model": "500"}))
+    assert run.data.tokenizer_model == "500"
+    line = error_of(tiny_run_flags(tiny_corpus, tmp_path, **{"--tokenizer-type": "NullTokenizer",
+                                                              "--tokenizer-model": "500", "--vocab-size": "256"}),
+                    capsys)
+    assert "--vocab-size=256" in line and "501" in line
+
+
+def test_null_tokenizer_in_megatron_form_takes_its_size_from_vocab_size(tiny_corpus, tmp_path):
+    """Megatron-LM's `--tokenizer-type NullTokenizer --vocab-size N`: N token ids plus EOD; the model's
+    vocabulary is then padded from the tokenizer, not fixed to N."""
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--tokenizer-type": "NullTokenizer",
+                                                               "--tokenizer-model": None, "--vocab-size": "500"}))
+    assert run.data.tokenizer_model == "500" and run.args.vocab_size is None
+
+
+@pytest.mark.parametrize("world, extra, expected", [
+    ("2", {"--sequence-parallel": ""}, "--sequence-parallel needs --tensor-model-parallel-size > 1"),
+    ("2", {"--tensor-model-parallel-size": "2", "--sequence-parallel": "", "--seq-length": "33"},
+     "must be divisible by --tensor-model-parallel-size=2"),
+    ("8", {"--tensor-model-parallel-size": "4", "--context-parallel-size": "2", "--sequence-parallel": "",
+           "--seq-length": "36", "--global-batch-size": "2", "--micro-batch-size": "1"},
+     "(36 / --context-parallel-size=2 = 18) must be divisible by --tensor-model-parallel-size=4"),
+    ("2", {"--context-parallel-size": "2", "--reset-attention-mask": "", "--global-batch-size": "2"},
+     "--reset-attention-mask is not supported with --context-parallel-size=2"),
+    ("1", {"--ddp-bucket-size": "0"}, "--ddp-bucket-size=0"),
+])
+def test_layout_rules_that_used_to_fail_after_the_process_groups(tiny_corpus, tmp_path, capsys, monkeypatch,
+                                                                  world, extra, expected):
+    """Sequence/tensor/context-parallel rules that only failed at ParallelState or the first forward."""
+    monkeypatch.setenv("WORLD_SIZE", world)
+    line = error_of(tiny_run_flags(tiny_corpus, tmp_path, **extra), capsys)
+    assert line.startswith("pretrain_zaya.py: error:") and expected in line, line
+
+
+def test_ddp_bucket_size_reaches_the_layout(tiny_corpus, tmp_path):
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--ddp-bucket-size": "1000"}))
+    assert run.parallel.ddp_bucket_size == 1000
+
+
+def test_folders_to_create_are_checked(tiny_corpus, tmp_path, capsys):
+    nested = tmp_path / "runs" / "x" / "y" / "z"
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--save": nested, "--tensorboard-dir": nested / "tb"}))
+    assert run.train.save == str(nested) and not (tmp_path / "runs").exists()     # nothing created yet
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    for flag in ("--save", "--tensorboard-dir", "--data-cache-path"):
+        assert f"{flag} {a_file}: exists and is not a directory" in error_of(
+            tiny_run_flags(tiny_corpus, tmp_path, **{flag: a_file}), capsys)
+        assert f"{a_file} is not a directory" in error_of(
+            tiny_run_flags(tiny_corpus, tmp_path, **{flag: a_file / "sub"}), capsys)
+    assert "--load" in error_of(tiny_run_flags(tiny_corpus, tmp_path, **{"--load": a_file}), capsys)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
+def test_uncreatable_folder_is_caught_even_as_root(tiny_corpus, tmp_path, capsys):
+    """os.access() says yes to root even in /proc; the check makes a real (temporary) folder."""
+    line = error_of(tiny_run_flags(tiny_corpus, tmp_path, **{"--tensorboard-dir": "/proc/nope/tb"}), capsys)
+    assert "--tensorboard-dir /proc/nope/tb: cannot create folders in /proc" in line
+
+
+def _megatron_lm_checkpoint(root, files):
+    root.mkdir()
+    (root / "latest_checkpointed_iteration.txt").write_text("100\n")
+    for name in files:
+        (root / "iter_0000100" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "iter_0000100" / name).write_bytes(b"\x80")
+    return root
+
+
+@pytest.mark.parametrize("files", [["mp_rank_00/model_optim_rng.pt"], ["__0_0.distcp", "common.pt", "metadata.json"]])
+def test_megatron_lm_checkpoint_is_named_before_the_model_is_built(tiny_corpus, tmp_path, capsys, files):
+    ckpt = _megatron_lm_checkpoint(tmp_path / "mlm", files)
+    line = error_of(tiny_run_flags(tiny_corpus, tmp_path, **{"--load": ckpt}), capsys)
+    assert f"--load {ckpt}" in line and "not a megatron-zaya checkpoint (looks like Megatron-LM" in line, line
+
+
+def test_own_checkpoint_folder_and_missing_load_pass(tiny_corpus, tmp_path):
+    ours = tmp_path / "ours" / "iter_0000100"
+    ours.mkdir(parents=True)
+    for name in ("COMPLETE", "metadata.json", "rank_00000.safetensors"):
+        (ours / name).write_text("")
+    (ours.parent / "latest_checkpointed_iteration.txt").write_text("100\n")
+    assert parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--load": ours.parent})).train.load
+    assert parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--load": tmp_path / "none"})).train.load
+
+
+def test_yaml_values_are_converted_like_command_line_words(tiny_corpus, tmp_path, capsys):
+    prefix = tiny_corpus[0]
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"data-path: {prefix}\nbf16: true\nrampup-batch-size: 2 2 8\nsave: null\nlr: 1e-3\n")
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--data-path": None, "--lr": None})
+                     + ["--config", str(cfg)])
+    assert run.data.data_path == [prefix] and run.train.bf16 is True and run.optim.lr == 1e-3
+    assert run.train.rampup_batch_size == [2, 2, 8]
+    cfg.write_text(f"data-path: 30 {prefix} 70 {prefix}\n")
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--data-path": None}) + ["--config", str(cfg)])
+    assert run.data.data_path == ["30", prefix, "70", prefix]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('bf16: "no"\n', "key 'bf16' is an on/off flag"),
+    ("sequence-parallel: false_\n", "key 'sequence-parallel' is an on/off flag"),
+    ("micro-batch-size: 2.5\n", "key 'micro-batch-size' has an invalid int value '2.5'"),
+    ("lr: fast\n", "key 'lr' has an invalid float value 'fast'"),
+    ("optimizer: sgd\n", "key 'optimizer' has value 'sgd'"),
+    ("rampup-batch-size: [2, 2]\n", "key 'rampup-batch-size' expects 3 values"),
+    ("split: [98, 2, 0]\n", "key 'split' expects a single value"),
+    ("lr: null\n", "key 'lr' has no value"),
+])
+def test_bad_yaml_values_name_key_and_file(tiny_corpus, tmp_path, capsys, text, expected):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(text)
+    line = error_of(tiny_run_flags(tiny_corpus, tmp_path) + ["--config", str(cfg)], capsys)
+    assert f"--config {cfg}: {expected}" in line, line
+
+
+def test_main_turns_late_user_errors_into_one_line(tiny_corpus, tmp_path, capsys, monkeypatch):
+    """Errors in the user's input found during setup (a dataset damaged after validation, a bad
+    checkpoint, an unusable path) exit with status 2 and one line; bugs keep their traceback."""
+    import pretrain_zaya
+    from megatron_zaya.checkpoint.format import CheckpointError
+    from megatron_zaya.data.indexed import IndexedDatasetError
+
+    argv = tiny_run_flags(tiny_corpus, tmp_path)
+    for err, line in [(IndexedDatasetError("x.idx: truncated"), "x.idx: truncated"),
+                      (CheckpointError("--load c: no loadable checkpoint"), "--load c: no loadable checkpoint"),
+                      (FileExistsError(17, "File exists", "/runs/s"), "/runs/s: File exists")]:
+        monkeypatch.setattr(pretrain_zaya, "build_and_train", lambda run, err=err: (_ for _ in ()).throw(err))
+        assert pretrain_zaya.main(argv) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [f"pretrain_zaya.py: error: {line}"]
+    for bug in (RuntimeError("a bug"), ValueError("a bug"), OSError("no file name")):
+        monkeypatch.setattr(pretrain_zaya, "build_and_train", lambda run, bug=bug: (_ for _ in ()).throw(bug))
+        with pytest.raises(type(bug)):
+            pretrain_zaya.main(argv)
+
+
+def test_default_index_cache_beside_the_data_is_checked(tiny_corpus, tmp_path, capsys):
+    """Without --data-cache-path the index cache goes to <data dir>/cache/GPTDataset_indices."""
+    prefix = _damaged_copy(tiny_corpus, tmp_path, ".bin", None)        # an intact copy
+    (tmp_path / "cache").write_text("")                                  # a file where the folder goes
+    line = error_of(tiny_run_flags(tiny_corpus, tmp_path, **{"--data-path": prefix, "--data-cache-path": None}),
+                    capsys)
+    assert "index cache (no --data-cache-path" in line and f"{tmp_path / 'cache'} is not a directory" in line

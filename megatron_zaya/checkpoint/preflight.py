@@ -1,0 +1,157 @@
+"""Checks of --save and --load made before anything expensive exists.
+
+`check_before_build(run)` runs in setup.build_and_train after the tokenizer (the padded vocabulary
+is part of the model config) and before process groups, the model and the optimizer. It only reads
+files every rank sees alike, so every rank raises the same error:
+
+  - --save holding checkpoints that this run would overwrite or prune (it does not continue from
+    that folder's latest checkpoint);
+  - --load of a checkpoint whose model config does not fit this run (check_model_config);
+  - --load of a weights-only checkpoint (offline conversions) by a run that would load its optimizer.
+
+TrainingCheckpointer.load repeats the last two checks on the folder it actually loads (it may fall
+back past a damaged one), together with the optimizer-state checks that need the rank files.
+"""
+from __future__ import annotations
+
+import os
+
+from megatron_zaya.checkpoint.format import (ITER_RE, METADATA_FILE, CheckpointError, checkpoint_candidates,
+                                             list_complete, list_replaced_complete, read_json)
+from megatron_zaya.training.data_phase import data_changed, data_signature
+
+# Model config fields that change the shape (or the set) of the model's tensors: never loadable across.
+SHAPE_FIELDS = frozenset({
+    "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size",
+    "num_experts", "moe_ffn_hidden_size", "moe_router_topk", "router_hidden_size", "cca_depthwise_kernel",
+    "cca_grouped_kernel", "untie_embeddings_and_output_weights"})
+# Fields that do not change what a loaded model computes: initial values (the checkpoint's weights
+# replace them), the vocabulary padding rule (vocab_size itself is compared), the position limit (a
+# bound on --seq-length), and the sequence length (part of the data phase, data_phase.py).
+INERT_FIELDS = frozenset({"init_method_std", "key_temperature_init", "skip_class_bias_init",
+                          "make_vocab_size_divisible_by", "max_position_embeddings", "seq_length"})
+# Every other field (rotary_base, rotary_percent, norm_epsilon, ...) changes the function the weights
+# compute: a plain resume must keep it; --finetune or a new data phase (the recipe's 32K phase raises
+# rotary_base) may change it, with a warning.
+
+WEIGHTS_ONLY_ADVICE = ("pass --finetune to start a new run from these weights, or --no-load-optim to keep its "
+                       "iteration and data position with a fresh optimizer")
+
+
+def loads_optimizer(train_cfg) -> bool:
+    """Whether a --load by this run restores the optimizer state."""
+    return not (train_cfg.no_load_optim or train_cfg.finetune)
+
+
+def _same_path(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def held_iterations(save_dir: str) -> list[int]:
+    """Iterations of the complete checkpoints in save_dir, including one left only as an interrupted
+    replacement (recovered at start-up by saver.recover_replaced)."""
+    return sorted(set(list_complete(save_dir)) | set(list_replaced_complete(save_dir)))
+
+
+def _why_not_continuing(save: str, load: str | None, finetune: bool, newest: int) -> str | None:
+    """None when --load continues the run whose checkpoints --save holds; else the reason it does not."""
+    if not load:
+        return "there is no --load, so it starts at iteration 0"
+    if finetune:
+        return f"--finetune restarts the iteration count at 0 (--load {load})"
+    if _same_path(load, save):
+        return None
+    match = ITER_RE.match(os.path.basename(os.path.normpath(load)))
+    if match and _same_path(os.path.dirname(os.path.normpath(load)), save):
+        loaded = int(match.group(1))
+        return None if loaded >= newest else f"--load {load} is iteration {loaded}, older than the latest one"
+    return f"--load {load} is another folder"
+
+
+def check_save_folder(save: str | None, load: str | None, finetune: bool) -> None:
+    """Refuse a --save folder that holds checkpoints this run would overwrite, prune or supersede:
+    only a run continuing from that folder's latest checkpoint may save into it."""
+    if not save:
+        return
+    held = held_iterations(save)
+    if not held:
+        return
+    reason = _why_not_continuing(save, load, finetune, held[-1])
+    if reason is None:
+        return
+    raise CheckpointError(
+        f"--save {save} already holds checkpoints (latest iteration {held[-1]}) and this run does not continue "
+        f"from it: {reason}. Its saves would overwrite or prune those checkpoints. To resume that run, pass "
+        f"--load {save} (without --finetune); otherwise choose another --save folder, or move {save}'s "
+        f"checkpoints away first")
+
+
+def first_candidate_metadata(load: str) -> tuple[str, dict] | None:
+    """(folder, metadata.json) of the checkpoint --load would try first that has readable metadata;
+    None when there is none (TrainingCheckpointer.load reports what it finds)."""
+    for folder in checkpoint_candidates(load):
+        try:
+            return folder, read_json(os.path.join(folder, METADATA_FILE))
+        except CheckpointError:
+            continue
+    return None
+
+
+def starts_new_data_phase(meta: dict, run) -> bool:
+    """Whether loading the checkpoint described by `meta` starts a new data phase (data_phase.py):
+    another blend or sequence length than the one it was saved with."""
+    saved = meta.get("train_state", {}).get("data_signature", "")
+    current = data_signature(run)
+    if saved and current:
+        return data_changed(saved, current)
+    return meta.get("model_config", {}).get("seq_length") != run.model.seq_length
+
+
+def _describe(diffs: dict) -> str:
+    return "; ".join(f"{key}: {old!r} in the checkpoint, {new!r} in this run"
+                     for key, (old, new) in sorted(diffs.items()))
+
+
+def check_model_config(meta: dict, run, finetune: bool, where: str) -> list[str]:
+    """Compare the checkpoint's model config with this run's. Shape fields must match; other
+    differences are errors on a plain resume and warnings (returned) under --finetune or when a new
+    data phase starts. `where` names the checkpoint folder in the messages."""
+    saved, current = meta.get("model_config") or {}, run.model.to_dict()
+    diffs = {k: (saved[k], current[k]) for k in saved.keys() & current.keys()
+             if k not in INERT_FIELDS and saved[k] != current[k]}
+    if not diffs:
+        return []
+    shapes = {k: v for k, v in diffs.items() if k in SHAPE_FIELDS}
+    if shapes:
+        raise CheckpointError(f"{where}: the model config differs in fields that set tensor shapes "
+                              f"({_describe(shapes)}); the checkpoint cannot be loaded into this model, not even "
+                              f"with --finetune")
+    if finetune:
+        return [f"model config differs from the checkpoint's (--finetune): {_describe(diffs)}"]
+    if starts_new_data_phase(meta, run):
+        return [f"model config differs from the checkpoint's (a new data phase starts): {_describe(diffs)}"]
+    raise CheckpointError(
+        f"{where}: resuming with a different model config ({_describe(diffs)}); pass the checkpoint's values, or "
+        f"--finetune to start a new run from these weights (a new data phase - another blend or --seq-length - "
+        f"may change them too)")
+
+
+def check_weights_only(meta: dict, train_cfg, where: str) -> None:
+    """A checkpoint marked weights-only (offline conversions) cannot restore an optimizer."""
+    if meta.get("weights_only") and loads_optimizer(train_cfg):
+        source = f", converted from {meta['converted_from']}" if meta.get("converted_from") else ""
+        raise CheckpointError(f"{where}: holds model weights only (no optimizer state{source}); {WEIGHTS_ONLY_ADVICE}")
+
+
+def check_before_build(run) -> None:
+    """Every check of --save and --load that needs no model (see the module docstring)."""
+    cfg = run.train
+    check_save_folder(cfg.save, cfg.load, cfg.finetune)
+    if not cfg.load:
+        return
+    found = first_candidate_metadata(cfg.load)
+    if found is None:
+        return
+    folder, meta = found
+    check_model_config(meta, run, cfg.finetune, folder)
+    check_weights_only(meta, cfg, folder)

@@ -1,0 +1,140 @@
+"""What a --load accepts: the model config must fit (shape fields always; the rest on a plain resume),
+a checkpoint without optimizer state needs --finetune or --no-load-optim, gaps in the optimizer
+state are warned about; offline reshards keep the data position and are marked weights-only."""
+import importlib.util
+import json
+import os
+
+import pytest
+
+from ckpt_harness import ROOT, flags, train
+from megatron_zaya.arguments import parse_args
+from megatron_zaya.checkpoint import CheckpointError
+from megatron_zaya.checkpoint.format import METADATA_FILE, read_latest
+from megatron_zaya.checkpoint.preflight import check_model_config
+
+
+def _tool():
+    """tools/convert_checkpoint.py as a module."""
+    path = os.path.join(ROOT, "tools", "convert_checkpoint.py")
+    spec = importlib.util.spec_from_file_location("_convert_checkpoint", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def no_build(*args, **kwargs):
+    raise AssertionError("the run got as far as building its runtime and model")
+
+
+def metadata(folder) -> dict:
+    return json.load(open(os.path.join(folder, METADATA_FILE)))
+
+
+def test_model_config_mismatch_is_refused_before_the_model_is_built(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch):
+    src = str(tmp_path / "src")
+    train(flags(ckpt_corpus, 1, "--save", src, cache=ckpt_cache))
+    monkeypatch.setattr("megatron_zaya.training.setup.build_runtime", no_build)
+    with pytest.raises(CheckpointError, match=r"different model config \(rotary_base: 10000\.0 in the checkpoint, "
+                                              r"500\.0 in this run\).*--finetune"):
+        train(flags(ckpt_corpus, 2, "--load", src, "--rotary-base", "500", cache=ckpt_cache))
+    for extra in (["--no-load-optim"], ["--finetune"]):
+        with pytest.raises(CheckpointError, match=r"tensor shapes \(num_layers: 2 in the checkpoint, 1 in this run\)"):
+            train(flags(ckpt_corpus, 2, "--load", src, "--num-layers", "1", *extra, cache=ckpt_cache))
+
+
+def test_model_config_changes_allowed_with_finetune_or_a_new_data_phase(ckpt_corpus, ckpt_cache, tmp_path):
+    """The recipe's 32K phase raises rotary_base on a resume (no --finetune): a new data phase may
+    change non-shape fields, with a warning; seq_length and initial values never matter."""
+    src = str(tmp_path / "src")
+    train(flags(ckpt_corpus, 1, "--save", src, cache=ckpt_cache))
+    meta = metadata(os.path.join(src, "iter_0000001"))
+
+    def run_of(*extra):
+        run = parse_args(flags(ckpt_corpus, 2, "--load", src, *extra, cache=ckpt_cache))
+        run.model = run.model.replace(vocab_size=meta["model_config"]["vocab_size"])   # as resolve_vocab does
+        return run
+
+    assert check_model_config(meta, run_of("--init-method-std", "0.5"), False, src) == []
+    with pytest.raises(CheckpointError, match="norm_epsilon"):
+        check_model_config(meta, run_of("--norm-epsilon", "1e-3"), False, src)
+    [note] = check_model_config(meta, run_of("--rotary-base", "500"), True, src)
+    assert "(--finetune): rotary_base: 10000.0 in the checkpoint, 500.0 in this run" in note
+    [note] = check_model_config(meta, run_of("--rotary-base", "500", "--seq-length", "64"), False, src)
+    assert "(a new data phase starts): rotary_base" in note
+    with pytest.raises(CheckpointError, match="rotary_base"):      # another batch size is not a new data phase
+        check_model_config(meta, run_of("--rotary-base", "500", "--global-batch-size", "8"), False, src)
+
+
+def test_reshard_keeps_the_data_position_and_needs_no_load_optim(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch):
+    """reshard's output holds weights only: a plain resume is refused (before any build, and again at
+    load time for a checkpoint without the weights-only mark); --no-load-optim continues at the
+    source's iteration with the source's next batch."""
+    src, resharded = str(tmp_path / "src"), str(tmp_path / "resharded")
+    train(flags(ckpt_corpus, 2, "--save", src, cache=ckpt_cache))
+    assert _tool().main(["reshard", src, resharded]) == 0
+    meta = metadata(os.path.join(resharded, "iter_0000002"))
+    assert meta["weights_only"] and meta["train_state"] == metadata(os.path.join(src, "iter_0000002"))["train_state"]
+    assert meta["consumed_samples"] == 8
+
+    with monkeypatch.context() as m:
+        m.setattr("megatron_zaya.training.setup.build_runtime", no_build)
+        with pytest.raises(CheckpointError, match="holds model weights only.*--finetune.*--no-load-optim"):
+            train(flags(ckpt_corpus, 3, "--load", resharded, cache=ckpt_cache))
+    del meta["weights_only"]                       # as a conversion written before the mark existed
+    json.dump(meta, open(os.path.join(resharded, "iter_0000002", METADATA_FILE), "w"))
+    with pytest.raises(CheckpointError, match="holds no optimizer state.*--finetune.*--no-load-optim"):
+        train(flags(ckpt_corpus, 3, "--load", resharded, cache=ckpt_cache))
+
+    straight = train(flags(ckpt_corpus, 3, "--load", src, cache=ckpt_cache))
+    fresh_optim = train(flags(ckpt_corpus, 3, "--load", resharded, "--no-load-optim", cache=ckpt_cache))
+    assert sorted(fresh_optim.losses) == [3] and fresh_optim.tokens[3] == straight.tokens[3]
+    assert fresh_optim.trainer.state.consumed_samples == 12
+
+
+def test_conversion_into_a_folder_with_checkpoints_is_refused(ckpt_corpus, ckpt_cache, tmp_path, capsys):
+    src, later = str(tmp_path / "src"), str(tmp_path / "later")
+    train(flags(ckpt_corpus, 1, "--save", src, cache=ckpt_cache))
+    train(flags(ckpt_corpus, 2, "--save", later, cache=ckpt_cache))
+    before = sorted(os.listdir(later))
+    assert _tool().main(["reshard", src, later, "--iteration", "0"]) == 1
+    assert f"{later}: already holds checkpoints (iterations [2])" in capsys.readouterr().err
+    assert sorted(os.listdir(later)) == before and read_latest(later) == 2
+    lonely = tmp_path / "lonely"
+    lonely.mkdir()
+    (lonely / "latest_checkpointed_iteration.txt").write_text("5\n")
+    assert _tool().main(["reshard", src, str(lonely)]) == 1
+    assert "already holds latest_checkpointed_iteration.txt" in capsys.readouterr().err
+
+
+def test_gaps_in_the_optimizer_state_are_warned_about(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch, capsys):
+    from megatron_zaya.checkpoint import training as ckpt_training
+    save = str(tmp_path / "gaps")
+    real_entries = ckpt_training.optimizer_entries
+
+    def without_one(optimizer, model):
+        entries, objects = real_entries(optimizer, model)
+        return [e for e in entries if not e.key.startswith("optim/final_norm.weight/")], objects
+    with monkeypatch.context() as m:
+        m.setattr(ckpt_training, "optimizer_entries", without_one)
+        m.setattr(ckpt_training, "balancer_entries", lambda balancer, rank: ([], {}))
+        train(flags(ckpt_corpus, 1, "--save", save, cache=ckpt_cache))
+    capsys.readouterr()
+    rec = train(flags(ckpt_corpus, 2, "--load", save, cache=ckpt_cache))
+    out = capsys.readouterr().out
+    assert rec.trainer.checkpointer.loaded["optimizer"]
+    assert "WARNING: no optimizer state in the checkpoint for 1 of" in out and "['final_norm.weight']" in out
+    assert "WARNING: no balancing-bias optimizer state in the checkpoint" in out
+
+
+def test_a_damaged_latest_file_is_warned_about_and_the_newest_checkpoint_loads(ckpt_corpus, ckpt_cache, tmp_path,
+                                                                               capsys):
+    save = str(tmp_path / "ckpt")
+    train(flags(ckpt_corpus, 2, "--save", save, "--save-interval", "1", cache=ckpt_cache))
+    with open(os.path.join(save, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write("abc\n")
+    capsys.readouterr()
+    resumed = train(flags(ckpt_corpus, 3, "--save", save, "--load", save, cache=ckpt_cache))
+    out = capsys.readouterr().out
+    assert "latest_checkpointed_iteration.txt: holds 'abc', not an iteration number" in out, out
+    assert sorted(resumed.losses) == [3] and read_latest(save) == 3

@@ -1,0 +1,166 @@
+"""Nothing in a --save folder is lost: a run that does not continue from the folder's latest
+checkpoint is refused before anything is built; latest_checkpointed_iteration.txt never moves
+backwards; pruning touches only the saver's own folders; an interrupted same-iteration save is
+restored, not deleted."""
+import errno
+import os
+
+import pytest
+import torch
+
+from ckpt_harness import flags, train
+from megatron_zaya.checkpoint import CheckpointError, saver
+from megatron_zaya.checkpoint.format import (COMPLETE_MARKER, LATEST_FILE, Entry, list_complete, read_latest,
+                                             write_latest)
+from megatron_zaya.checkpoint.preflight import check_save_folder
+
+RUN_ID = "0123456789"
+
+
+def fake_checkpoint(save, iteration, name=None, complete=True):
+    """A folder the checks take for a (complete) checkpoint: the marker is all they look at."""
+    folder = os.path.join(save, name or f"iter_{iteration:07d}")
+    os.makedirs(folder)
+    if complete:
+        open(os.path.join(folder, COMPLETE_MARKER), "w").write(f"{iteration}\n")
+    return folder
+
+
+def snapshot(save):
+    """Every file under `save` with its size and modification time."""
+    out = {}
+    for dirpath, _, names in os.walk(save):
+        for n in names:
+            path = os.path.join(dirpath, n)
+            out[os.path.relpath(path, save)] = (os.path.getsize(path), os.stat(path).st_mtime_ns)
+    return out
+
+
+def no_build(*args, **kwargs):
+    raise AssertionError("the run got as far as building its runtime and model")
+
+
+def test_run_not_continuing_a_populated_save_folder_is_refused_before_any_build(ckpt_corpus, ckpt_cache, tmp_path,
+                                                                                  monkeypatch):
+    """The audit's case: a fresh run (or --finetune, or an older iteration of the folder, or another
+    --load) saving into a folder with checkpoints would overwrite iteration 1, prune 2 and 3 and move
+    latest from 4 to 1. It is refused, naming --save and the latest iteration, and nothing changes."""
+    save = str(tmp_path / "B")
+    train(flags(ckpt_corpus, 4, "--save", save, "--save-interval", "1", cache=ckpt_cache))
+    before = snapshot(save)
+    monkeypatch.setattr("megatron_zaya.training.setup.build_runtime", no_build)
+    for load in ([], ["--load", save, "--finetune"], ["--load", os.path.join(save, "iter_0000002")],
+                 ["--load", str(tmp_path / "elsewhere")]):
+        with pytest.raises(CheckpointError, match=rf"--save {save} already holds checkpoints \(latest iteration 4\)"
+                                                  rf".*pass --load {save}"):
+            train(flags(ckpt_corpus, 1, "--save", save, "--ckpt-keep", "1", "--seed", "9", *load, cache=ckpt_cache))
+    assert snapshot(save) == before and read_latest(save) == 4
+    monkeypatch.undo()
+    resumed = train(flags(ckpt_corpus, 5, "--save", save, "--load", save, "--ckpt-keep", "1", cache=ckpt_cache))
+    assert resumed.trainer.checkpointer.loaded["iteration"] == 4 and sorted(resumed.losses) == [5]
+    assert list_complete(save) == [5] and read_latest(save) == 5
+
+
+def test_save_folder_check_accepts_the_normal_cases(tmp_path):
+    save, other = str(tmp_path / "X"), str(tmp_path / "Y")
+    check_save_folder(None, None, False)                       # no --save
+    check_save_folder(save, None, False)                       # a new folder
+    os.makedirs(save)
+    fake_checkpoint(save, 3, name=f"iter_0000003.partial-{RUN_ID}", complete=False)
+    check_save_folder(save, other, False)                      # --load Y --save X, X without checkpoints
+    check_save_folder(save, save, True)                        # --finetune into a folder without checkpoints
+    fake_checkpoint(save, 2)
+    fake_checkpoint(save, 4)
+    check_save_folder(save, save, False)                       # --load X --save X: the resume
+    check_save_folder(save, save + os.sep, False)
+    check_save_folder(save, os.path.join(save, "iter_0000004"), False)   # its newest checkpoint, by name
+    with pytest.raises(CheckpointError, match="iteration 2, older than the latest"):
+        check_save_folder(save, os.path.join(save, "iter_0000002"), False)
+    with pytest.raises(CheckpointError, match="another folder"):
+        check_save_folder(save, other, False)
+
+
+def test_a_checkpoint_left_only_as_an_interrupted_replacement_counts(tmp_path):
+    save = str(tmp_path / "X")
+    os.makedirs(save)
+    fake_checkpoint(save, 5, name=f"iter_0000005.replaced-{RUN_ID}")
+    with pytest.raises(CheckpointError, match="latest iteration 5"):
+        check_save_folder(save, None, False)
+
+
+def test_latest_never_moves_backwards_past_a_complete_checkpoint(tmp_path):
+    save = str(tmp_path)
+    fake_checkpoint(save, 4)
+    assert write_latest(save, 4) and read_latest(save) == 4
+    assert not write_latest(save, 1) and read_latest(save) == 4
+    assert write_latest(save, 6) and read_latest(save) == 6       # forwards, even to a folder not there yet
+    os.unlink(os.path.join(save, LATEST_FILE))
+    open(os.path.join(save, LATEST_FILE), "w").write("9\n")        # names a folder that is not complete
+    assert write_latest(save, 4) and read_latest(save) == 4
+
+
+def test_prune_touches_only_the_savers_own_folders_and_nothing_newer(tmp_path):
+    save = str(tmp_path)
+    user = ["photos.replaced-2023", "notes.deleting-x", "iter_0000001.partial-old", "my_iter_0000001.partial-" + RUN_ID,
+            "iter_0000001.replaced-2023", "iter_0000001.deleting-abc"]
+    for name in user:
+        os.makedirs(os.path.join(save, name))
+    debris = [f"iter_0000001.partial-{'a' * 10}", f"iter_0000002.deleting-{'b' * 10}",
+              f"iter_0000001.replaced-{'c' * 10}"]
+    for name in debris:
+        os.makedirs(os.path.join(save, name))
+    for it in (1, 2, 3):
+        fake_checkpoint(save, it)
+    writer = saver.CheckpointWriter(save, 0, 1, RUN_ID, keep=1, log=lambda msg: None)
+    writer.prune(just_saved=1)        # a checkpoint older than others: they are never pruned for it
+    left = set(os.listdir(save))
+    assert set(user) <= left and not set(debris) & left
+    assert list_complete(save) == [1, 2, 3]
+    writer.prune(just_saved=3)
+    assert list_complete(save) == [3] and set(user) <= set(os.listdir(save))
+
+
+def _save(writer, iteration, value):
+    entry = Entry("model/w", torch.full((4,), float(value)), [4], [[[0, 4]]])
+    folder = writer.partial_dir(iteration)
+    writer.write_rank(folder, iteration, [entry], {})
+    writer.finalize(folder, iteration, {"value": value}, timeout=10)
+
+
+def _value(save, iteration):
+    import json
+    return json.load(open(os.path.join(save, f"iter_{iteration:07d}", "metadata.json")))["value"]
+
+
+def test_replacing_an_iteration_that_fails_or_is_interrupted_keeps_the_old_copy(tmp_path, monkeypatch):
+    """A failure of the rename into place puts the replaced folder back; a crash between the two
+    renames (only the `.replaced-` folder is left) is repaired by the next prune, not deleted."""
+    save = str(tmp_path)
+    first = saver.CheckpointWriter(save, 0, 1, "a" * 10, log=lambda msg: None)
+    _save(first, 1, 1)
+    second = saver.CheckpointWriter(save, 0, 1, "b" * 10, log=lambda msg: None)
+    real_replace = os.replace
+
+    def failing_replace(src, dst):
+        if ".partial-" in os.path.basename(src):
+            raise OSError(errno.EIO, "Input/output error", src)
+        return real_replace(src, dst)
+    monkeypatch.setattr(saver.os, "replace", failing_replace)
+    with pytest.raises(OSError):
+        _save(second, 1, 2)
+    monkeypatch.undo()
+    assert list_complete(save) == [1] and _value(save, 1) == 1
+
+    os.rename(os.path.join(save, "iter_0000001"), os.path.join(save, f"iter_0000001.replaced-{'b' * 10}"))
+    _save(second, 2, 2)                 # its prune restores iteration 1 instead of deleting its only copy
+    assert list_complete(save) == [1, 2] and _value(save, 1) == 1
+    assert sorted(os.listdir(save)) == ["iter_0000001", "iter_0000002", LATEST_FILE]
+
+
+def test_interrupted_replacement_is_restored_at_start_up_and_resumed(ckpt_corpus, ckpt_cache, tmp_path):
+    save = str(tmp_path / "crashed")
+    train(flags(ckpt_corpus, 2, "--save", save, cache=ckpt_cache))
+    os.rename(os.path.join(save, "iter_0000002"), os.path.join(save, f"iter_0000002.replaced-{RUN_ID}"))
+    resumed = train(flags(ckpt_corpus, 3, "--save", save, "--load", save, cache=ckpt_cache))
+    assert resumed.trainer.checkpointer.loaded["iteration"] == 2 and sorted(resumed.losses) == [3]
+    assert sorted(os.listdir(save)) == ["iter_0000002", "iter_0000003", LATEST_FILE]
