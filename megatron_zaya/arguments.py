@@ -68,6 +68,12 @@ def world_size_from_env() -> int:
     return 1
 
 
+# Megatron-LM switches for metrics this trainer always logs (console and TensorBoard): accepted, so
+# that existing launch scripts run unchanged, and otherwise ignored.
+ALWAYS_LOGGED = ("--log-throughput", "--log-timers-to-tensorboard", "--log-validation-ppl-to-tensorboard",
+                 "--log-memory-to-tensorboard", "--log-params-norm", "--log-learning-rate-to-tensorboard")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pretrain_zaya.py", description="Pretrain a ZAYA1-style MoE model.",
                                 allow_abbrev=False)
@@ -137,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-interval", type=int, default=1000)
     g.add_argument("--eval-iters", type=int, default=10)
     g.add_argument("--tensorboard-dir", default=None)
+    g.add_argument("--tensorboard-log-interval", type=int, default=1,
+                   help="write TensorBoard scalars every N iterations (the console line: --log-interval)")
+    g.add_argument("--tensorboard-queue-size", type=int, default=1000,
+                   help="TensorBoard events buffered before a write to disk")
+    for flag in ALWAYS_LOGGED:
+        g.add_argument(flag, action="store_true", help="accepted for Megatron-LM scripts: always logged here")
     g.add_argument("--progress-bar", action="store_true", help="tqdm progress bar (short local runs)")
     g.add_argument("--peak-tflops", type=float, default=None, help="per-device peak for MFU (default: table/measured)")
     g.add_argument("--exit-interval", type=int, default=None)
@@ -257,6 +269,7 @@ NUMBER_DOMAINS = (
     ("save_interval", _ge1, "must be >= 1"), ("ckpt_keep", _ge1, "must be >= 1"),
     ("exit_interval", _ge1, "must be >= 1"), ("exit_duration_in_mins", _gt0, "must be > 0"),
     ("peak_tflops", _gt0, "must be > 0"), ("ddp_bucket_size", _ge1, "must be >= 1"),
+    ("tensorboard_log_interval", _ge1, "must be >= 1"), ("tensorboard_queue_size", _ge1, "must be >= 1"),
 )
 
 

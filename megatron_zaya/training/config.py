@@ -31,6 +31,8 @@ class TrainConfig:
     eval_interval: int = 1000
     eval_iters: int = 10
     tensorboard_dir: str | None = None
+    tensorboard_log_interval: int = 1
+    tensorboard_queue_size: int = 1000
     progress_bar: bool = False
     peak_tflops: float | None = None
     # exits

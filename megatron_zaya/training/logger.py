@@ -7,7 +7,7 @@ import time
 
 class TrainingLogger:
     def __init__(self, is_main: bool, tensorboard_dir: str | None, total_iters: int, start_iter: int,
-                 progress_bar: bool = False):
+                 progress_bar: bool = False, queue_size: int = 1000):
         self.is_main = is_main
         self.writer = None
         self.bar = None
@@ -15,11 +15,18 @@ class TrainingLogger:
             return
         if tensorboard_dir:
             from torch.utils.tensorboard import SummaryWriter
-            self.writer = SummaryWriter(log_dir=tensorboard_dir, max_queue=100, flush_secs=10)
+            # purge_step: a run resumed from iteration N drops the points past N that an earlier
+            # attempt wrote into the same folder, so every step has one point.
+            self.writer = SummaryWriter(log_dir=tensorboard_dir, max_queue=queue_size, flush_secs=10,
+                                        purge_step=start_iter + 1)
         if progress_bar:
             from tqdm import tqdm
             self.bar = tqdm(total=total_iters, initial=start_iter, desc="train", unit="it", dynamic_ncols=True,
                             file=sys.stderr)
+
+    @property
+    def writes_scalars(self) -> bool:
+        return self.writer is not None
 
     def print(self, message: str) -> None:
         if not self.is_main:

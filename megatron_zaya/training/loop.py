@@ -21,7 +21,8 @@ from megatron_zaya.optim.balancing import BalancingBiasUpdater
 from megatron_zaya.optim.schedules import LRSchedule
 from megatron_zaya.training.batch_schedule import BatchSizeSchedule
 from megatron_zaya.training.logger import TrainingLogger
-from megatron_zaya.training.metrics import device_peak_tflops, peak_memory_bytes, routing_statistics
+from megatron_zaya.training.metrics import (IntervalMeter, device_peak_tflops, format_duration, peak_memory_bytes,
+                                           routing_statistics, synchronize)
 from megatron_zaya.training.nonfinite import diagnose
 
 
@@ -96,6 +97,7 @@ class Trainer:
         self.consecutive_nonfinite = 0
         self.stop_requested: str | None = None
         self.last_validation: dict[str, float] | None = None
+        self.interval = IntervalMeter()
 
     # ---------------------------------------------------------------------------------------------
     def train_step(self, micro_batches: list[dict]) -> StepResult:
@@ -168,19 +170,38 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------------------
     def log_step(self, result: StepResult, step_seconds: float, batch_size: int, started: float) -> None:
+        """TensorBoard every --tensorboard-log-interval iterations (this step's values), the console line
+        every --log-interval (averages over the interval). Throughput counts every token processed."""
         it = self.state.iteration
-        tokens_per_device = result.num_tokens / step_seconds / self.parallel.world_size
+        tokens = batch_size * self.run.model.seq_length
+        self.interval.add(result.loss, step_seconds, tokens, result.skipped)
+        if self.cfg.tensorboard_dir and (it % self.cfg.tensorboard_log_interval == 0 or it == self.total_iters):
+            self.write_scalars(result, step_seconds, tokens, batch_size)
+        if it % self.cfg.log_interval == 0 or it == self.total_iters:
+            self.print_interval(result, started)
+            self.interval = IntervalMeter()
+
+    def throughput(self, tokens: int, seconds: float) -> tuple[float, float, float]:
+        """(tokens/s per device, model TFLOP/s per device, MFU) of `tokens` processed in `seconds`."""
+        tokens_per_device = tokens / max(seconds, 1e-9) / self.parallel.world_size
         tflops = tokens_per_device * self.flops_per_token / 1e12
-        mfu = tflops / self.peak_tflops
-        memory_gb = peak_memory_bytes(self.device) / 2 ** 30
-        elapsed = time.time() - started
-        done = max(1, it - self.start_iteration)
-        eta = (self.total_iters - it) * elapsed / done
-        lr = self.lr_schedule(it - 1)
-        scalars = {"lm loss": result.loss, "learning-rate": lr, "grad-norm": result.grad_norm,
-                   "batch-size": batch_size, "params-norm": self.parallel.params_norm(),
+        return tokens_per_device, tflops, tflops / self.peak_tflops
+
+    def write_scalars(self, result: StepResult, step_seconds: float, tokens: int, batch_size: int) -> None:
+        """This iteration's scalars. Every rank takes part in the parameter norm (a collective); only
+        the writing rank computes the rest."""
+        params_norm = self.parallel.params_norm()
+        if not self.logger.writes_scalars:
+            return
+        it = self.state.iteration
+        tokens_per_device, tflops, mfu = self.throughput(tokens, step_seconds)
+        scalars = {"lm loss": result.loss, "learning-rate": self.lr_schedule(it - 1), "grad-norm": result.grad_norm,
+                   "batch-size": batch_size, "params-norm": params_norm, "iteration-time": step_seconds,
+                   "skipped-iterations": self.state.skipped_iterations,
+                   "consumed-samples": self.state.consumed_samples, "consumed-tokens": self.state.consumed_tokens,
                    "throughput/tokens-per-sec-per-device": tokens_per_device,
-                   "throughput/tflops-per-device": tflops, "throughput/mfu": mfu, "memory/peak-gb": memory_gb}
+                   "throughput/tflops-per-device": tflops, "throughput/mfu": mfu,
+                   "memory/peak-gb": peak_memory_bytes(self.device) / 2 ** 30}
         for layer, counts in enumerate(result.routing_counts):
             for name, value in routing_statistics(counts).items():
                 scalars[f"moe/layer{layer:02d}/{name}"] = value
@@ -190,17 +211,25 @@ class Trainer:
             if router.eda_gamma is not None:
                 scalars[f"moe/layer{layer:02d}/eda-gamma-norm"] = router.eda_gamma.detach().norm().item()
         self.logger.scalars(scalars, it)
-        if it % self.cfg.log_interval == 0 or it == self.total_iters:
-            entropy = sum(scalars[f"moe/layer{i:02d}/routing_entropy"] for i in range(len(result.routing_counts)))
-            entropy /= max(1, len(result.routing_counts))
-            skip = result.routing_counts[:, -1].sum().item() / max(1, result.routing_counts.sum().item())
-            self.logger.print(
-                f"iteration {it:>7}/{self.total_iters} | consumed samples {self.state.consumed_samples:>9} | "
-                f"tokens {self.state.consumed_tokens:>11} | lm loss {result.loss:.4f} | "
-                f"lr {lr:.3e} | grad norm {result.grad_norm:.3f} | tokens/s/device {tokens_per_device:,.0f} | "
-                f"TFLOP/s/device {tflops:.3f} | MFU {100 * mfu:.1f}% | routing entropy {entropy:.3f} | skip {skip:.3f} | "
-                f"mem {memory_gb:.2f} GB | ETA {eta / 60:.1f} min"
-                + (f" | SKIPPED (non-finite) {result.diagnosis}" if result.skipped else ""))
+
+    def print_interval(self, result: StepResult, started: float) -> None:
+        """The console line: loss, time per iteration and throughput averaged over the interval; lr, grad
+        norm and routing of this iteration; the ETA from the whole run's pace since it started."""
+        if not self.logger.is_main:
+            return
+        it, m = self.state.iteration, self.interval
+        tokens_per_device, tflops, mfu = self.throughput(m.tokens, m.seconds)
+        counts = result.routing_counts
+        entropy = sum(routing_statistics(c)["routing_entropy"] for c in counts) / max(1, len(counts))
+        skip = counts[:, -1].sum().item() / max(1, counts.sum().item())
+        eta = (self.total_iters - it) * (time.time() - started) / max(1, it - self.start_iteration)
+        self.logger.print(
+            f"iteration {it:>7}/{self.total_iters} | consumed samples {self.state.consumed_samples:>9} | "
+            f"tokens {self.state.consumed_tokens:>11} | time/iteration {1000 * m.seconds_per_iteration:.1f} ms | "
+            f"lm loss {m.mean_loss:.4f} | lr {self.lr_schedule(it - 1):.3e} | grad norm {result.grad_norm:.3f} | "
+            f"tokens/s/device {tokens_per_device:,.0f} | TFLOP/s/device {tflops:.3f} | MFU {100 * mfu:.1f}% | "
+            f"routing entropy {entropy:.3f} | skip {skip:.3f} | mem {peak_memory_bytes(self.device) / 2 ** 30:.2f} GB | "
+            f"ETA {format_duration(eta)}" + (f" | skipped iterations {m.skipped}" if m.skipped else ""))
 
     def should_exit(self, started: float) -> str | None:
         it = self.state.iteration
@@ -227,6 +256,7 @@ class Trainer:
             batch_size = self.batch_schedule.batch_size(self.state.consumed_samples)
             step_start = time.time()
             result = self.train_step(self.next_micro_batches())
+            synchronize(self.device)           # the step's queued device work belongs to its time
             self.state.iteration += 1
             self.state.consumed_samples += batch_size
             self.state.consumed_tokens += batch_size * self.run.model.seq_length
@@ -253,8 +283,9 @@ class Trainer:
         with self.watchdog.paused() if self.watchdog is not None else contextlib.nullcontext():
             metrics = self.evaluate()
         self.last_validation = metrics
-        if metrics:
-            self.logger.scalars(metrics, self.state.iteration)
+        if metrics:     # Megatron-LM's tags
+            self.logger.scalars({"lm loss validation": metrics["validation loss"],
+                                 "lm loss validation ppl": metrics["validation ppl"]}, self.state.iteration)
             self.logger.print(f"validation at iteration {self.state.iteration} | loss {metrics['validation loss']:.4f}"
                               f" | ppl {metrics['validation ppl']:.3f}")
         return metrics
@@ -265,6 +296,8 @@ class Trainer:
             return
         self.state.skipped_iterations += 1
         self.consecutive_nonfinite += 1
+        self.logger.print(f"iteration {self.state.iteration:>7}/{self.total_iters} | SKIPPED (non-finite) "
+                          f"{result.diagnosis}")
         if self.consecutive_nonfinite >= self.cfg.max_consecutive_nonfinite:
             raise NonFiniteLossError(
                 f"{self.consecutive_nonfinite} consecutive steps with a non-finite loss or gradient at iteration "

@@ -10,14 +10,17 @@ from __future__ import annotations
 import math
 import resource
 import time
+from dataclasses import dataclass
 
 import torch
 
 from megatron_zaya.kernels.capability import bf16_matmul_is_native
 
 # Dense bf16 peak TFLOP/s per device (vendor figures, no sparsity).
+# The first key contained in the device name wins, so variants come before their family
+# (H100 PCIe and H100 NVL run at lower clocks than the SXM part).
 PEAK_TFLOPS_BF16 = {"MI355X": 2300.0, "MI325X": 1307.0, "MI300X": 1307.0, "MI250X": 383.0,
-                    "H200": 989.0, "H100": 989.0, "A100": 312.0}
+                    "H200": 989.0, "H100PCIE": 756.0, "H100NVL": 835.0, "H100": 989.0, "A100": 312.0}
 
 _cpu_peak_cache: dict[torch.dtype, float] = {}
 
@@ -49,13 +52,22 @@ def measure_matmul_tflops(dtype: torch.dtype = torch.bfloat16, size: int = 1024,
     return 2 * n ** 3 / best / 1e12
 
 
+def table_peak_tflops(device_name: str) -> tuple[float, str] | None:
+    """(peak, "table (KEY)") for an accelerator named like torch.cuda.get_device_name; None if unknown."""
+    compact = device_name.upper().replace(" ", "")
+    for key, peak in PEAK_TFLOPS_BF16.items():
+        if key in compact:
+            return peak, f"table ({key})"
+    return None
+
+
 def device_peak_tflops(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> tuple[float, str]:
     """(peak TFLOP/s, where it came from)."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        for key, peak in PEAK_TFLOPS_BF16.items():
-            if key in name.upper().replace(" ", ""):
-                return peak, f"table ({key})"
+        known = table_peak_tflops(name)
+        if known is not None:
+            return known
         return measure_matmul_tflops(dtype, 8192, device="cuda"), f"measured matmul ({name})"
     note = ""
     if dtype == torch.bfloat16 and not bf16_matmul_is_native(device):
@@ -87,3 +99,52 @@ def routing_statistics(counts: torch.Tensor) -> dict[str, float]:
         "routing_entropy": entropy / math.log(len(experts)) if len(experts) > 1 else 1.0,
         "skip_rate": counts[-1].item() / max(1, counts.sum().item()),
     }
+
+
+@dataclass
+class IntervalMeter:
+    """Sums over the iterations since the last console line, which reports their averages (as
+    Megatron-LM does): loss over the steps that were not skipped, time and tokens over all of them."""
+    iterations: int = 0
+    loss_sum: float = 0.0
+    loss_steps: int = 0
+    seconds: float = 0.0
+    tokens: int = 0
+    skipped: int = 0
+
+    def add(self, loss: float, seconds: float, tokens: int, skipped: bool) -> None:
+        self.iterations += 1
+        self.seconds += seconds
+        self.tokens += tokens
+        if skipped:
+            self.skipped += 1
+        else:
+            self.loss_sum += loss
+            self.loss_steps += 1
+
+    @property
+    def mean_loss(self) -> float:
+        return self.loss_sum / self.loss_steps if self.loss_steps else float("nan")
+
+    @property
+    def seconds_per_iteration(self) -> float:
+        return self.seconds / max(1, self.iterations)
+
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def format_duration(seconds: float) -> str:
+    """12345 -> "3h25m45s", 75 -> "1m15s"; for ETAs."""
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m{secs:02d}s"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so that a host clock measures it (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

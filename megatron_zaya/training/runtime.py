@@ -63,7 +63,8 @@ class SingleProcess:
         return norm.item()
 
     def params_norm(self) -> float:
-        return math.sqrt(sum(p.detach().double().pow(2).sum().item() for p in self.model.parameters()))
+        squares = torch.stack([p.detach().double().pow(2).sum() for p in self.model.parameters()])
+        return math.sqrt(squares.sum().item())      # one device sync, not one per parameter
 
     def barrier(self) -> None:
         pass

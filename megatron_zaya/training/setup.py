@@ -89,7 +89,8 @@ def build_and_train(run) -> int:
     # Validation always uses the same first eval_iters global batches, so successive values compare.
     trainer.valid_loader = valid_loader
     logger = trainer.logger = TrainingLogger(runtime.is_main, run.train.tensorboard_dir, trainer.total_iters,
-                                             trainer.state.iteration, run.train.progress_bar)
+                                             trainer.state.iteration, run.train.progress_bar,
+                                             run.train.tensorboard_queue_size)
     try:
         trainer.train()
         if trainer.stop_requested:       # preemption: the checkpoint first, and no evaluation to wait for

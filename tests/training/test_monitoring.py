@@ -10,12 +10,15 @@ from tests.training.helpers import tiny_run_flags
 
 
 def test_mfu_peak_from_the_device_table(monkeypatch):
-    names = iter(["NVIDIA H200", "NVIDIA H100 80GB HBM3", "AMD Instinct MI300X", "Some Future GPU"])
+    names = iter(["NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H100 NVL",
+                  "AMD Instinct MI300X", "Some Future GPU"])
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: next(names))
     monkeypatch.setattr(metrics, "measure_matmul_tflops", lambda *a, **k: 42.0)
     cuda = torch.device("cuda")
     assert metrics.device_peak_tflops(cuda) == (989.0, "table (H200)")
     assert metrics.device_peak_tflops(cuda) == (989.0, "table (H100)")
+    assert metrics.device_peak_tflops(cuda) == (756.0, "table (H100PCIE)")
+    assert metrics.device_peak_tflops(cuda) == (835.0, "table (H100NVL)")
     assert metrics.device_peak_tflops(cuda) == (1307.0, "table (MI300X)")
     assert metrics.device_peak_tflops(cuda) == (42.0, "measured matmul (Some Future GPU)")
 
@@ -38,3 +41,12 @@ def test_exit_duration_exits_and_saves(tiny_corpus, tmp_path, capsys):
     assert "exiting: --exit-duration-in-mins 1e-06 reached" in out
     assert "iteration       1/6" in out and "iteration       2/6" not in out
     assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
+
+
+def test_interval_meter_averages_and_durations():
+    m = metrics.IntervalMeter()
+    m.add(2.0, 0.5, 100, skipped=False)
+    m.add(float("nan"), 1.5, 100, skipped=True)      # a skipped step: time and tokens count, its loss does not
+    m.add(4.0, 1.0, 100, skipped=False)
+    assert (m.mean_loss, m.seconds_per_iteration, m.tokens_per_second(), m.skipped) == (3.0, 1.0, 100.0, 1)
+    assert [metrics.format_duration(s) for s in (5, 75, 12345)] == ["5s", "1m15s", "3h25m45s"]

@@ -1,4 +1,7 @@
 """A tiny training run end to end, read back through TensorBoard's own event reader."""
+import re
+import shutil
+
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -20,8 +23,9 @@ def test_tensorboard_scalars_written(tiny_corpus, tmp_path, capsys):
                                                                "--rampup-batch-size": ""}) + ["2", "2", "8"])
     assert build_and_train(run) == 0
     values = scalars(tb)
-    for tag in ("lm loss", "validation loss", "validation ppl", "learning-rate", "grad-norm", "params-norm",
-                "batch-size", "throughput/tokens-per-sec-per-device", "throughput/tflops-per-device",
+    for tag in ("lm loss", "lm loss validation", "lm loss validation ppl", "learning-rate", "grad-norm",
+                "params-norm", "batch-size", "iteration-time", "skipped-iterations", "consumed-samples",
+                "consumed-tokens", "throughput/tokens-per-sec-per-device", "throughput/tflops-per-device",
                 "throughput/mfu", "memory/peak-gb"):
         assert tag in values, tag
     assert [s for s, _ in values["lm loss"]] == [1, 2, 3, 4, 5, 6]
@@ -32,7 +36,8 @@ def test_tensorboard_scalars_written(tiny_corpus, tmp_path, capsys):
                      "skip_rate", "balancing-bias/00", "balancing-bias/04"):
             assert f"moe/layer{layer:02d}/{stat}" in values, (layer, stat)
     assert "moe/layer01/eda-gamma-norm" in values and "moe/layer00/eda-gamma-norm" not in values
-    assert [s for s, _ in values["validation loss"]] == [3, 6]
+    assert [s for s, _ in values["lm loss validation"]] == [3, 6]
+    assert [v for _, v in values["consumed-samples"]] == [2, 4, 6, 8, 12, 16]
     out = capsys.readouterr().out
     assert "final validation loss" in out and "MFU" in out and "ETA" in out
 
@@ -51,3 +56,51 @@ def test_rampup_schedule_boundaries():
     assert s.num_micro_batches(0) == 1 and s.num_micro_batches(120) == 4
     with pytest.raises(ValueError, match="--rampup-batch-size"):
         BatchSizeSchedule(16, 4, 1, [2, 2, 100])
+
+
+def console_lines(out: str) -> dict[int, str]:
+    return {int(m.group(1)): line for line in out.splitlines() if (m := re.search(r"iteration +(\d+)/\d+ \|", line))}
+
+
+def test_console_averages_the_interval_and_counts_every_token(tiny_corpus, tmp_path, capsys):
+    """--log-interval 3: the printed loss is the mean of the three iterations' losses; tokens/s counts
+    every token processed (not only those in the loss: --eod-mask-loss drops some); TensorBoard is
+    written every --tensorboard-log-interval iterations (and at the last)."""
+    tb = tmp_path / "tb"
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{
+        "--tensorboard-dir": tb, "--train-iters": 7, "--log-interval": 3, "--tensorboard-log-interval": 1,
+        "--eval-iters": 0, "--eod-mask-loss": "", "--log-throughput": "", "--log-params-norm": ""}))
+    assert build_and_train(run) == 0
+    values = {tag: dict(points) for tag, points in scalars(tb).items()}
+    lines = console_lines(capsys.readouterr().out)
+    assert sorted(lines) == [3, 6, 7]
+    loss = values["lm loss"]
+    for last, steps in ((3, (1, 2, 3)), (6, (4, 5, 6)), (7, (7,))):
+        printed = float(re.search(r"lm loss (\S+) \|", lines[last]).group(1))
+        assert printed == pytest.approx(sum(loss[s] for s in steps) / len(steps), abs=1e-4), (last, printed)
+    tokens = 4 * 32                                    # global batch x sequence length
+    for step in range(1, 8):
+        assert values["throughput/tokens-per-sec-per-device"][step] == pytest.approx(
+            tokens / values["iteration-time"][step], rel=1e-4)
+
+    tb2 = tmp_path / "tb2"
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{
+        "--tensorboard-dir": tb2, "--train-iters": 7, "--tensorboard-log-interval": 3, "--eval-iters": 0}))
+    assert build_and_train(run) == 0
+    assert sorted(dict(scalars(tb2)["lm loss"])) == [3, 6, 7]
+
+
+def test_a_resume_from_an_older_checkpoint_leaves_one_point_per_step(tiny_corpus, tmp_path):
+    """A crash after iteration 5, resumed from the checkpoint of iteration 3 into the same TensorBoard
+    folder: iterations 4 and 5 are written again, and TensorBoard keeps only the new points."""
+    tb, save = tmp_path / "tb", tmp_path / "ckpt"
+    first = tiny_run_flags(tiny_corpus, tmp_path, **{"--tensorboard-dir": tb, "--train-iters": 5, "--eval-iters": 0,
+                                                     "--save": save, "--save-interval": 3})
+    assert build_and_train(parse_args(first)) == 0
+    shutil.rmtree(save / "iter_0000005")
+    (save / "latest_checkpointed_iteration.txt").write_text("3\n")
+    resumed = tiny_run_flags(tiny_corpus, tmp_path, **{"--tensorboard-dir": tb, "--train-iters": 6, "--eval-iters": 0,
+                                                       "--save": save, "--load": save})
+    assert build_and_train(parse_args(resumed)) == 0
+    steps = [s for s, _ in scalars(tb)["lm loss"]]
+    assert steps == [1, 2, 3, 4, 5, 6], steps
