@@ -73,7 +73,7 @@ def tree_rss_bytes(pid: int) -> int:
 def run_preprocess(inp: str, out: str, model: str, workers: int) -> dict:
     cmd = [sys.executable, os.path.join(ROOT, "tools", "preprocess_data.py"), "--input", inp, "--output-prefix", out,
            "--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", model, "--append-eod",
-           "--workers", str(workers), "--no-progress"]
+           "--workers", str(workers), "--no-progress", "--overwrite"]
     load = os.getloadavg()[0]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
@@ -112,7 +112,7 @@ def main(argv=None) -> int:
         head(corpus, sample, 10_000_000)
         model_prefix = os.path.join(work, "sp")
         subprocess.run([sys.executable, os.path.join(ROOT, "tools", "train_tokenizer.py"), "--input", sample,
-                        "--vocab-size", str(args.vocab_size), "--output-prefix", model_prefix], check=True,
+                        "--vocab-size", str(args.vocab_size), "--output-prefix", model_prefix, "--overwrite"], check=True,
                        stdout=subprocess.DEVNULL)
         quarter = os.path.join(work, "quarter.jsonl")
         head(corpus, quarter, size // 4)

@@ -41,12 +41,12 @@ if [[ ! -s $CORPUS ]]; then
 fi
 if [[ ! -s $TOKENIZER.model ]]; then
     step "2/4 tokenizer: $TOKENIZER.model"
-    "$PYTHON" tools/train_tokenizer.py --input "$CORPUS" --vocab-size "$VOCAB_SIZE" --output-prefix "$TOKENIZER"
+    "$PYTHON" tools/train_tokenizer.py --input "$CORPUS" --vocab-size "$VOCAB_SIZE" --output-prefix "$TOKENIZER" --overwrite
 fi
 if [[ ! -s ${PREFIX}_text_document.idx ]]; then
     step "3/4 dataset: ${PREFIX}_text_document.{bin,idx}"
     "$PYTHON" tools/preprocess_data.py --input "$CORPUS" --output-prefix "$PREFIX" \
-        --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model "$TOKENIZER.model" --append-eod --workers 2
+        --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model "$TOKENIZER.model" --append-eod --workers 2 --overwrite
 fi
 
 step "4/4 pretraining zaya1-tiny with $NPROC processes on CPU (checkpoints $OUT/ckpt, TensorBoard $OUT/tb)"

@@ -72,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_whole_nodes(gpus: int, gpus_per_node: int) -> None:
+    """--gpus fills whole nodes of --gpus-per-node (or lies within one node); LayoutError otherwise."""
+    if gpus > gpus_per_node and gpus % gpus_per_node:
+        raise LayoutError(f"--gpus={gpus} is not a whole number of nodes of --gpus-per-node={gpus_per_node} "
+                          f"(use a multiple of {gpus_per_node}, or at most {gpus_per_node} GPUs on one node)")
+
+
 def plan_from_args(args) -> Plan:
     overrides = {f: getattr(args, f) for f in MODEL_FLAGS if getattr(args, f) is not None}
     config = model_config_from_preset(args.preset, **overrides)
@@ -81,6 +88,7 @@ def plan_from_args(args) -> Plan:
     cluster = cluster_from_preset(args.cluster, gpus_per_node=args.gpus_per_node, memory_gb=args.gpu_memory_gb,
                                   peak_bf16_tflops=args.peak_tflops, hbm_tbps=args.hbm_tbps,
                                   intra_node_gbps=args.intra_node_gbps, inter_node_gbps=args.inter_node_gbps)
+    check_whole_nodes(args.gpus, cluster.gpus_per_node)
     layout = ParallelLayout(args.gpus, seq, args.micro_batch_size, args.global_batch_size,
                             args.tensor_model_parallel_size, args.context_parallel_size,
                             args.expert_model_parallel_size, args.use_distributed_optimizer, args.recompute)
@@ -117,12 +125,18 @@ def summary(plan: Plan) -> dict:
     }
 
 
+def nodes_text(gpus: int, gpus_per_node: int) -> str:
+    """'4 nodes of 8', or '1 node, 4 of its 8 GPUs' for a layout within one node."""
+    if gpus < gpus_per_node:
+        return f"1 node, {gpus} of its {gpus_per_node} GPUs"
+    return f"{gpus // gpus_per_node} nodes of {gpus_per_node}"
+
+
 def report(plan: Plan) -> str:
     L, c, t, s, a = plan.layout, plan.cluster, plan.time, plan.state, plan.activations
     e = plan.efficiency
     lines = [
-        f"cluster: {c.device} x {L.gpus} ({L.gpus // c.gpus_per_node if L.gpus % c.gpus_per_node == 0 else L.gpus / c.gpus_per_node} "
-        f"nodes of {c.gpus_per_node}), {c.memory_gb:g} GB, {c.peak_bf16_tflops:g} TFLOP/s bf16, HBM {c.hbm_tbps:g} TB/s, "
+        f"cluster: {c.device} x {L.gpus} ({nodes_text(L.gpus, c.gpus_per_node)}), {c.memory_gb:g} GB, {c.peak_bf16_tflops:g} TFLOP/s bf16, HBM {c.hbm_tbps:g} TB/s, "
         f"fabric {c.intra_node_gbps:g} GB/s, network {c.inter_node_gbps:g} GB/s per GPU",
         f"layout: TP={L.tensor_parallel} CP={L.context_parallel} EP={L.expert_parallel} DP={L.data_parallel} "
         f"ZeRO-1={'on' if L.zero1 else 'off'} recompute={L.recompute}; seq {L.seq_length}, micro batch "

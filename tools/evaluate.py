@@ -12,7 +12,8 @@ whole validation split is read once (about one pass: (tokens - 1) // seq_length 
 dataset). --split-name test evaluates the test split instead. Prints the loss/perplexity and a table
 of routing statistics per layer (load per expert, load entropy, max load, skip rate, router entropy;
 see megatron_zaya/inference/evaluation.py); --tensorboard-dir also writes them as scalars at
---step (default: the checkpoint's iteration, else 0).
+--step (default: the checkpoint's iteration, else 0). Progress goes to stderr every --log-interval
+micro-batches (default: about ten lines per run; 0: none).
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ import torch  # noqa: E402
 
 from megatron_zaya.config import ConfigError  # noqa: E402
 from megatron_zaya.errors import UserInputError  # noqa: E402
+from megatron_zaya.inference.cli_checks import (  # noqa: E402
+    check_device, check_threads, check_writable_output, peek_model_config)
 from megatron_zaya.inference.evaluation import evaluate, format_table, write_tensorboard  # noqa: E402
 from megatron_zaya.inference.loading import DTYPES, load_model_for_inference, parse_dtype  # noqa: E402
 
@@ -54,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reset-attention-mask", action="store_true")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="cast parameters (default: as stored)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--log-interval", type=int, default=None,
+                   help="print progress to stderr every N micro-batches (default: ~10 lines per run; 0: off)")
     p.add_argument("--tensorboard-dir", default=None)
     p.add_argument("--step", type=int, default=None, help="TensorBoard step (default: checkpoint iteration or 0)")
     p.add_argument("--output-json", default=None)
@@ -72,12 +77,21 @@ def check_eval_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) 
                         ("--seq-length", args.seq_length)):
         if value is not None and value < 1:
             parser.error(f"{flag}={value} must be >= 1")
+    if args.log_interval is not None and args.log_interval < 0:
+        parser.error(f"--log-interval={args.log_interval} must be >= 0 (0: no progress lines)")
     try:
         check_data_path(args.data_path)
-        parse_split(args.split)
+        shares = parse_split(args.split)
         check_tokenizer_flags(args.tokenizer_type, args.tokenizer_model)
+        check_threads(args.threads)
+        check_device(args.device)
+        check_writable_output("--output-json", args.output_json)
+        check_writable_output("--tensorboard-dir", args.tensorboard_dir, is_dir=True)
     except UserInputError as err:
         parser.error(str(err))
+    if shares[SPLITS[args.split_name]] == 0:
+        parser.error(f"--split {args.split}: the {args.split_name} split (--split-name) has a zero share; "
+                     f"give it a share (train,valid,test) or choose another --split-name")
 
 
 def one_pass_samples(data_path: list[str], split: str, split_id: int, seq_length: int) -> int:
@@ -95,19 +109,61 @@ def one_pass_samples(data_path: list[str], split: str, split_id: int, seq_length
     return total
 
 
-def batches_of(dataset, num_samples: int, micro_batch_size: int):
+def batches_of(dataset, num_samples: int, micro_batch_size: int, vocab_size: int, data_path: list[str]):
+    """Micro-batches of the first `num_samples` samples; a token id >= `vocab_size` (the checkpoint's
+    embedding rows) raises UserInputError naming --data-path instead of an embedding IndexError."""
     from megatron_zaya.data.loaders import collate
 
     for begin in range(0, num_samples, micro_batch_size):
-        yield collate([dataset[i] for i in range(begin, min(begin + micro_batch_size, num_samples))])
+        batch = collate([dataset[i] for i in range(begin, min(begin + micro_batch_size, num_samples))])
+        top = max(int(batch["tokens"].max()), int(batch["labels"].max()))
+        if top >= vocab_size:
+            raise UserInputError(f"--data-path {' '.join(data_path)}: token id {top} (samples {begin}..) is outside "
+                                 f"the checkpoint's vocabulary of {vocab_size}; wrong tokenizer or dataset?")
+        yield batch
+
+
+def with_progress(batches, total: int, interval: int | None):
+    """Yield `batches`, printing 'evaluated i/total micro-batches' to stderr every `interval` of them
+    (None: about ten lines in all, none for under 20 batches; 0: never)."""
+    if interval is None:
+        interval = total // 10 if total >= 20 else 0
+    start = time.perf_counter()
+    for i, batch in enumerate(batches, 1):
+        yield batch
+        if interval and (i % interval == 0 or i == total):
+            elapsed = time.perf_counter() - start
+            eta = elapsed / i * (total - i)
+            print(f"evaluated {i}/{total} micro-batches, {elapsed:.0f}s elapsed, ~{eta:.0f}s left",
+                  file=sys.stderr, flush=True)
+
+
+def count_samples(parser: argparse.ArgumentParser, args: argparse.Namespace, seq_length: int) -> int:
+    """Samples to evaluate: one pass over the split, or --eval-iters micro-batches; refuses a split
+    without a single sample of --seq-length + 1 tokens."""
+    available = one_pass_samples(args.data_path, args.split, SPLITS[args.split_name], seq_length)
+    if available < 1:
+        parser.error(f"--data-path/--split {args.split}: the {args.split_name} split has fewer than "
+                     f"--seq-length {seq_length} + 1 tokens")
+    return available if args.eval_iters is None else args.eval_iters * args.micro_batch_size
+
+
+def check_seq_length(parser: argparse.ArgumentParser, args: argparse.Namespace, config) -> int:
+    """--seq-length (default: the checkpoint's) as pretrain_zaya.py checks it against the config."""
+    seq_length = args.seq_length or config.seq_length
+    try:
+        config.replace(seq_length=seq_length)      # the check pretrain_zaya.py makes (ModelConfig.validate)
+    except ConfigError as err:
+        parser.error(f"--seq-length={seq_length} does not fit the checkpoint {args.load}: {err}")
+    return seq_length
 
 
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    check_eval_flags(parser, args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    check_eval_flags(parser, args)
     try:
         dtype = parse_dtype(args.dtype)
     except ValueError as err:
@@ -119,6 +175,9 @@ def main(argv=None) -> int:
         tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
     except UserInputError as err:
         parser.error(str(err))
+    peeked = peek_model_config(args.load)       # config.json / metadata.json only: no tensor read yet
+    if peeked is not None:
+        count_samples(parser, args, check_seq_length(parser, args, peeked))
     try:
         model, config, info = load_model_for_inference(args.load, device=args.device, dtype=dtype)
     except (OSError, ValueError, RuntimeError) as err:
@@ -126,17 +185,9 @@ def main(argv=None) -> int:
     if tokenizer.vocab_size > config.vocab_size:
         parser.error(f"--tokenizer-model {args.tokenizer_model}: vocabulary {tokenizer.vocab_size} is larger than "
                      f"the checkpoint's {config.vocab_size} embedding rows")
-    seq_length = args.seq_length or config.seq_length
-    try:
-        config.replace(seq_length=seq_length)      # the check pretrain_zaya.py makes (ModelConfig.validate)
-    except ConfigError as err:
-        parser.error(f"--seq-length={seq_length} does not fit the checkpoint {args.load}: {err}")
+    seq_length = check_seq_length(parser, args, config)
     split_id = SPLITS[args.split_name]
-    available = one_pass_samples(args.data_path, args.split, split_id, seq_length)
-    num_samples = available if args.eval_iters is None else args.eval_iters * args.micro_batch_size
-    if num_samples < 1:
-        parser.error(f"--data-path/--split {args.split}: the {args.split_name} split has fewer than "
-                     f"--seq-length {seq_length} + 1 tokens")
+    num_samples = count_samples(parser, args, seq_length)
     data_config = DataConfig(data_path=args.data_path, split=args.split, data_cache_path=args.data_cache_path,
                              seed=args.seed, num_workers=0, reset_position_ids=args.reset_position_ids,
                              reset_attention_mask=args.reset_attention_mask, eod_mask_loss=args.eod_mask_loss,
@@ -148,7 +199,12 @@ def main(argv=None) -> int:
     num_samples = min(num_samples, len(dataset))
 
     start = time.perf_counter()
-    result = evaluate(model, batches_of(dataset, num_samples, args.micro_batch_size))
+    batches = batches_of(dataset, num_samples, args.micro_batch_size, config.vocab_size, args.data_path)
+    total = -(-num_samples // args.micro_batch_size)
+    try:
+        result = evaluate(model, with_progress(batches, total, args.log_interval))
+    except UserInputError as err:
+        parser.error(str(err))
     elapsed = time.perf_counter() - start
     print(f"checkpoint {info.get('path', args.load)} [{info.get('format')}], {args.split_name} split of "
           f"{' '.join(args.data_path)}, seq_length {seq_length}, {elapsed:.1f}s")

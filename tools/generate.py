@@ -23,6 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+from megatron_zaya.errors import UserInputError  # noqa: E402
+from megatron_zaya.inference.cli_checks import (  # noqa: E402
+    check_device, check_prompts_fit, check_threads, check_writable_output, peek_model_config)
 from megatron_zaya.inference.decode import generate  # noqa: E402
 from megatron_zaya.inference.loading import DTYPES, load_model_for_inference, parse_dtype  # noqa: E402
 from megatron_zaya.inference.sampling import SamplingParams  # noqa: E402
@@ -46,33 +49,81 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--eod-id", type=int, default=None, help="stop token (default: the tokenizer's EOD)")
     p.add_argument("--ignore-eod", action="store_true", help="always generate --max-new-tokens tokens")
-    p.add_argument("--prefill-chunk", type=int, default=None, help="prefill long prompts in chunks of N tokens")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--prefill-chunk", type=int, default=None,
+                   help="prefill long prompts in chunks of N >= 1 tokens (default: the whole prompt at once)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (checked before loading)")
     p.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="cast parameters (default: as stored)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (0: torch's default)")
     p.add_argument("--output-json", help="write prompts and generations to this file")
     return p
+
+
+def check_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The flags that need neither the tokenizer nor the checkpoint: sizes, device, output path."""
+    if args.max_new_tokens < 0:
+        parser.error(f"--max-new-tokens={args.max_new_tokens} must be >= 0")
+    if args.prefill_chunk is not None and args.prefill_chunk < 1:
+        parser.error(f"--prefill-chunk={args.prefill_chunk} must be >= 1 (omit it to prefill whole prompts)")
+    if args.eod_id is not None and args.eod_id < 0:
+        parser.error(f"--eod-id={args.eod_id} must be >= 0")
+    try:
+        check_threads(args.threads)
+        check_device(args.device)
+        check_writable_output("--output-json", args.output_json)
+    except UserInputError as err:
+        parser.error(str(err))
+
+
+def read_prompt_file(parser: argparse.ArgumentParser, path: str) -> list[str]:
+    """The non-blank lines of --prompt-file (UTF-8), one prompt each."""
+    if not os.path.isfile(path):
+        parser.error(f"--prompt-file {path}: no such file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [line.rstrip("\n") for line in f if line.strip()]
+    except UnicodeDecodeError as err:
+        parser.error(f"--prompt-file {path}: not UTF-8 text (byte {err.start}: {err.reason})")
+    except OSError as err:
+        parser.error(f"--prompt-file {path}: cannot read ({err.strerror})")
+
+
+def load_tokenizer(parser: argparse.ArgumentParser, args: argparse.Namespace):
+    """The tokenizer of --tokenizer-type/--tokenizer-model (None when neither is given); checked cheaply first."""
+    if not (args.tokenizer_type or args.tokenizer_model):
+        return None
+    if not (args.tokenizer_type and args.tokenizer_model):
+        parser.error("--tokenizer-type and --tokenizer-model go together")
+    from megatron_zaya.data.tokenizer import build_tokenizer, check_tokenizer_flags
+    try:
+        check_tokenizer_flags(args.tokenizer_type, args.tokenizer_model)
+        return build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+    except UserInputError as err:
+        parser.error(str(err))
+
+
+def check_against_config(parser, args, config, prompts, tokenizer, eod) -> None:
+    """Tokenizer vocabulary, prompt ids, the stop token and the length against the checkpoint's config."""
+    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
+        parser.error(f"--tokenizer-model {args.tokenizer_model}: vocabulary {tokenizer.vocab_size} is larger than "
+                     f"the checkpoint's {config.vocab_size} embedding rows")
+    try:
+        check_prompts_fit(config, prompts, args.max_new_tokens, eod)
+    except UserInputError as err:
+        parser.error(str(err))
 
 
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    check_flags(parser, args)
     if args.threads:
         torch.set_num_threads(args.threads)
     texts = list(args.prompt)
     if args.prompt_file:
-        if not os.path.isfile(args.prompt_file):
-            parser.error(f"--prompt-file {args.prompt_file}: no such file")
-        with open(args.prompt_file, encoding="utf-8") as f:
-            texts += [line.rstrip("\n") for line in f if line.strip()]
+        texts += read_prompt_file(parser, args.prompt_file)
     if not texts and not args.prompt_ids:
         parser.error("give at least one --prompt, --prompt-file or --prompt-ids")
-    tokenizer = None
-    if args.tokenizer_type or args.tokenizer_model:
-        if not (args.tokenizer_type and args.tokenizer_model):
-            parser.error("--tokenizer-type and --tokenizer-model go together")
-        from megatron_zaya.data.tokenizer import build_tokenizer
-        tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+    tokenizer = load_tokenizer(parser, args)
     if texts and tokenizer is None:
         parser.error("text prompts need --tokenizer-type and --tokenizer-model (or use --prompt-ids)")
     try:
@@ -95,17 +146,18 @@ def main(argv=None) -> int:
             prompts.append([int(t) for t in spec.replace(",", " ").split()])
         except ValueError:
             parser.error(f"--prompt-ids {spec!r}: expected space-separated integers")
+    eod = None if args.ignore_eod else (args.eod_id if args.eod_id is not None
+                                        else (tokenizer.eod if tokenizer is not None else None))
+    peeked = peek_model_config(args.load)       # config.json / metadata.json only: no tensor read yet
+    if peeked is not None:
+        check_against_config(parser, args, peeked, prompts, tokenizer, eod)
 
     try:
         model, config, info = load_model_for_inference(args.load, device=args.device, dtype=dtype)
     except (OSError, ValueError, RuntimeError) as err:
         parser.error(f"--load: {err}")
-    eod = None if args.ignore_eod else (args.eod_id if args.eod_id is not None
-                                        else (tokenizer.eod if tokenizer is not None else None))
+    check_against_config(parser, args, config, prompts, tokenizer, eod)
     vocab_limit = tokenizer.vocab_size if tokenizer is not None else None
-    if vocab_limit is not None and vocab_limit > config.vocab_size:
-        parser.error(f"--tokenizer-model {args.tokenizer_model}: vocabulary {vocab_limit} is larger than the "
-                     f"checkpoint's {config.vocab_size} embedding rows")
     start = time.perf_counter()
     try:
         result = generate(model, prompts, args.max_new_tokens, sampling, eod=eod, seed=args.seed,

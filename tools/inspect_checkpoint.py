@@ -55,6 +55,8 @@ def read_safetensors_header(path: str) -> tuple[dict, list[str]]:
             continue
         try:
             dtype, shape, (begin, end) = entry["dtype"], [int(d) for d in entry["shape"]], entry["data_offsets"]
+            if not all(isinstance(x, int) and not isinstance(x, bool) for x in (begin, end)):
+                raise TypeError("data_offsets must be integers")
         except (KeyError, TypeError, ValueError):
             problems.append(f"{path}: tensor {name!r}: malformed header entry {entry!r}")
             continue
@@ -82,20 +84,21 @@ def read_safetensors_header(path: str) -> tuple[dict, list[str]]:
 
 
 def inspect_hf_folder(folder: str) -> dict:
-    from megatron_zaya.checkpoint.hf_format import hf_to_ours_name, model_config_from_hf
+    from megatron_zaya.checkpoint.format import CheckpointError
+    from megatron_zaya.checkpoint.hf_format import hf_to_ours_name, model_config_from_hf, read_hf_config
+    from megatron_zaya.config import ConfigError
 
     report = {"format": "huggingface", "folder": os.path.abspath(folder), "iteration": None, "tokens_seen": None,
               "files": {}, "problems": [], "tensors": {}}
     config_path = os.path.join(folder, "config.json")
     try:
-        with open(config_path, encoding="utf-8") as f:
-            hf_config = json.load(f)
+        hf_config = read_hf_config(config_path)
         report["hf_config"] = hf_config
         report["model_config"] = model_config_from_hf(hf_config).to_dict()
         report["files"]["config.json"] = "ok"
-    except (OSError, ValueError, KeyError) as err:
+    except (OSError, ValueError, KeyError, TypeError, CheckpointError, ConfigError) as err:
         report["files"]["config.json"] = f"unreadable: {err}"
-        report["problems"].append(f"{config_path}: {err!r}")
+        report["problems"].append(str(err) if str(err).startswith(config_path) else f"{config_path}: {err!r}")
     index_path = os.path.join(folder, HF_INDEX)
     expected: dict[str, str] | None = None
     if os.path.isfile(os.path.join(folder, HF_WEIGHTS)):
@@ -103,7 +106,10 @@ def inspect_hf_folder(folder: str) -> dict:
     else:
         try:
             with open(index_path, encoding="utf-8") as f:
-                expected = json.load(f)["weight_map"]
+                weight_map = json.load(f)["weight_map"]
+            if not isinstance(weight_map, dict):
+                raise TypeError(f"'weight_map' is {type(weight_map).__name__}, expected an object")
+            expected = weight_map
             shards = sorted(set(expected.values()))
             report["files"][HF_INDEX] = "ok"
         except (OSError, ValueError, KeyError, TypeError) as err:

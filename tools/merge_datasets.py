@@ -5,7 +5,9 @@
 
 --input takes dataset prefixes (with or without .bin/.idx) or directories (every .idx inside,
 sorted by name, as Megatron's merge_datasets.py does). All inputs must share one dtype. Memory use
-is bounded; the output appears only when complete.
+is bounded; the output appears only when complete. An existing output is refused unless
+--overwrite is given, and the output may never be one of the inputs (compared after stripping
+.bin/.idx and resolving links).
 """
 
 from __future__ import annotations
@@ -16,7 +18,15 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_zaya.data.indexed import IndexedDataset, IndexedDatasetError, IndexedDatasetWriter  # noqa: E402
+from megatron_zaya.data.indexed import (  # noqa: E402
+    IndexedDataset,
+    IndexedDatasetError,
+    IndexedDatasetWriter,
+    _normalize_prefix,
+    bin_path,
+    existing_outputs,
+    idx_path,
+)
 
 
 def collect_prefixes(inputs: list[str]) -> list[str]:
@@ -32,21 +42,40 @@ def collect_prefixes(inputs: list[str]) -> list[str]:
     return prefixes
 
 
-def merge(prefixes: list[str], output_prefix: str) -> IndexedDatasetWriter:
+def _identity(prefix: str) -> set[str]:
+    """Real paths naming the dataset at `prefix`: the prefix itself and its .bin/.idx files."""
+    prefix = _normalize_prefix(prefix)
+    return {os.path.realpath(prefix), os.path.realpath(bin_path(prefix)), os.path.realpath(idx_path(prefix))}
+
+
+def check_output(prefixes: list[str], output_prefix: str, overwrite: bool = False) -> None:
+    """Refuse an output that is one of the inputs, or that exists (unless `overwrite`)."""
+    out = _identity(output_prefix)
+    for p in prefixes:
+        if out & _identity(p):
+            raise IndexedDatasetError(f"--output-prefix {output_prefix} is also an input ({p})")
+    existing = existing_outputs(output_prefix)
+    if existing and not overwrite:
+        raise IndexedDatasetError(f"--output-prefix {output_prefix}: {existing[0]} already exists "
+                                  f"(pass --overwrite to replace it)")
+
+
+def merge(prefixes: list[str], output_prefix: str, overwrite: bool = False, log=None) -> IndexedDatasetWriter:
+    """Write the documents of every input, in order, to `output_prefix`; `log` gets a line per input."""
     if not prefixes:
         raise IndexedDatasetError("--input: nothing to merge")
+    check_output(prefixes, output_prefix, overwrite)
     datasets = [IndexedDataset(p) for p in prefixes]  # validates every input before writing
     dtypes = {d.dtype.name for d in datasets}
     if len(dtypes) > 1:
         detail = ", ".join(f"{d.path_prefix}: {d.dtype.name}" for d in datasets)
         raise IndexedDatasetError(f"inputs have different dtypes ({detail}); re-tokenize with the same tokenizer")
-    out = os.path.abspath(output_prefix)
-    if out in {os.path.abspath(p) for p in prefixes}:
-        raise IndexedDatasetError(f"--output-prefix {output_prefix} is also an input")
     writer = IndexedDatasetWriter(output_prefix, datasets[0].dtype)
     try:
-        for p in prefixes:
+        for i, (p, d) in enumerate(zip(prefixes, datasets), 1):
             writer.add_index(p)
+            if log is not None:
+                log(f"[{i}/{len(prefixes)}] merged {p}: {d.num_documents:,} documents, {len(d):,} sequences")
         writer.finalize()
     except BaseException:
         writer.abort()
@@ -58,10 +87,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True, help="dataset prefixes or directories")
     p.add_argument("--output-prefix", required=True)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output dataset")
     args = p.parse_args(argv)
     try:
         prefixes = collect_prefixes(args.input)
-        w = merge(prefixes, args.output_prefix)
+        w = merge(prefixes, args.output_prefix, args.overwrite, log=lambda m: print(m, file=sys.stderr))
     except IndexedDatasetError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

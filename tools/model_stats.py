@@ -33,6 +33,8 @@ def main(argv=None) -> int:
     parser.add_argument("--num-experts", type=int, default=None)
     parser.add_argument("--vocab-size", type=int, default=None)
     args = parser.parse_args(argv)
+    if args.seq_length is not None and args.seq_length < 1:
+        parser.error(f"--seq-length={args.seq_length} must be >= 1 (omit it for the preset's)")
     overrides = {k: v for k, v in dict(num_layers=args.num_layers, hidden_size=args.hidden_size,
                                        num_experts=args.num_experts, vocab_size=args.vocab_size).items()
                  if v is not None}
@@ -40,7 +42,7 @@ def main(argv=None) -> int:
         config = model_config_from_preset(args.preset, **overrides)
     except ConfigError as err:
         parser.error(str(err))
-    seq = args.seq_length or config.seq_length
+    seq = args.seq_length if args.seq_length is not None else config.seq_length
     counts = count_parameters(config)
     active = counts.active_non_embedding(config.num_experts)
     fwd = forward_flops_per_token(config, seq)

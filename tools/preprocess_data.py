@@ -6,8 +6,14 @@
 
 Writes data/shakespeare_text_document.{bin,idx} (uint16 tokens when the vocabulary is below 65,500,
 int32 otherwise). --input takes files, directories or globs: .jsonl/.json/.ndjson (optionally .gz,
-or .zst with the zstandard package) hold one JSON document per line; other files are plain text,
-one document per file (--text-mode file), per blank-line-separated block (paragraph) or per line.
+or .zst with the zstandard package) hold one JSON document per line, and so does any other file
+whose first non-blank line is a JSON object (as in Megatron, which reads every input as JSONL);
+other files are plain text, one document per file (--text-mode file), per blank-line-separated block
+(paragraph) or per line. A directory gives only its .jsonl/.json/.ndjson/.txt files (optionally
+compressed), recursively; the count taken is logged.
+Token ids must lie in [0, vocab size): an id outside (NullTokenizer input) stops the run, naming
+the file and line. Existing outputs are refused unless --overwrite is given; a replaced dataset is
+swapped in only once every output is complete.
 Reasoning trimming: --trim-max-length 4096 --reasoning-markers '<think>' '</think>'.
 Exit status: 0 on success, 1 when nothing could be written, 2 on bad flags or inputs, 3 when a
 worker process failed or died, 130 when interrupted (SIGTERM, Ctrl-C); no output is left on failure.
@@ -36,20 +42,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("input")
     g.add_argument("--input", nargs="+", required=True, help="files, directories or globs")
-    g.add_argument("--json-keys", nargs="+", default=["text"], help="JSON keys to tokenize (one output each)")
+    g.add_argument("--json-keys", nargs="+", default=["text"], help="JSON keys to tokenize (one output each, no duplicates)")
     g.add_argument("--text-mode", choices=("file", "paragraph", "line"), default="file",
                    help="documents in plain-text inputs: per file, blank-line-separated block, or line")
     g.add_argument("--strict", action="store_true", help="stop at the first bad record instead of skipping it")
     g = p.add_argument_group("tokenizer")
     g.add_argument("--tokenizer-type", required=True, choices=sorted(TOKENIZER_TYPES))
     g.add_argument("--tokenizer-model", required=True, help="SentencePiece .model, tokenizer.json (or its folder), or a vocab size for NullTokenizer")
-    g.add_argument("--vocab-extra-ids", type=int, default=0, help="SentencePieceTokenizer: <extra_id_N> tokens")
+    g.add_argument("--vocab-extra-ids", type=int, default=0, help="SentencePieceTokenizer: <extra_id_N> tokens (>= 0)")
     g.add_argument("--append-eod", action="store_true", help="append the EOD token to every document")
     g = p.add_argument_group("trimming of reasoning samples")
-    g.add_argument("--trim-max-length", type=int, default=None, help="max tokens per sample (EOD included)")
+    g.add_argument("--trim-max-length", type=int, default=None, help="max tokens per sample (EOD included, >= 1); omit for no trimming")
     g.add_argument("--reasoning-markers", nargs=2, default=["<think>", "</think>"], metavar=("OPEN", "CLOSE"))
     g = p.add_argument_group("output and runtime")
     g.add_argument("--output-prefix", required=True)
+    g.add_argument("--overwrite", action="store_true", help="replace existing {prefix}_{key}_document.bin/.idx")
     g.add_argument("--workers", type=int, default=1)
     g.add_argument("--log-interval", type=int, default=100000, help="documents between log lines (without a terminal)")
     g.add_argument("--chunk-bytes", type=int, default=1 << 20, help="raw bytes per work unit")
@@ -103,6 +110,7 @@ def _main(args) -> int:
         log_interval=args.log_interval,
         progress=False if args.no_progress else None,
         strict=args.strict,
+        overwrite=args.overwrite,
     )
     try:
         summary = run(cfg)

@@ -7,14 +7,22 @@ Writes P.model and P.vocab. Ids: <unk>=0, <s>=1 (BOS), </s>=2 (EOS, used as EOD 
 GPTSentencePieceTokenizer), <pad>=3. Use the model with
 `--tokenizer-type GPTSentencePieceTokenizer --tokenizer-model P.model`.
 Documents are fed line by line; at most --input-sentence-size lines are sampled (bounded memory).
+Inputs are read as in preprocess_data.py (JSONL by suffix or by a first line that is a JSON object,
+otherwise plain text; directories give their .jsonl/.json/.ndjson/.txt files). Bad records (malformed
+JSON, missing keys, not UTF-8) are skipped and counted. Existing P.model/P.vocab are refused unless
+--overwrite is given; training writes to a temporary prefix and renames into place (.vocab, then
+.model), so a failed run leaves any old tokenizer untouched.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -34,13 +42,17 @@ def iter_lines(paths, json_keys, text_mode, counts):
                 continue
             try:
                 obj = json.loads(text)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):   # JSONDecodeError, or e.g. a 5000-digit integer
                 counts["malformed JSON"] = counts.get("malformed JSON", 0) + 1
                 continue
-            texts = [obj.get(k) for k in json_keys] if isinstance(obj, dict) else []
+            if not isinstance(obj, dict):
+                counts["not a JSON object"] = counts.get("not a JSON object", 0) + 1
+                continue
+            texts = [obj.get(k) for k in json_keys]
             texts = [t for t in texts if isinstance(t, str)]
             if not texts:
-                counts["missing key"] = counts.get("missing key", 0) + 1
+                reason = f"no string under --json-keys {' '.join(json_keys)}"
+                counts[reason] = counts.get(reason, 0) + 1
                 continue
         else:
             texts = [text]
@@ -48,7 +60,60 @@ def iter_lines(paths, json_keys, text_mode, counts):
         for t in texts:
             for line in t.splitlines():
                 if line.strip():
+                    counts["lines"] = counts.get("lines", 0) + 1
                     yield line
+
+
+def check_args(args) -> str | None:
+    """The first bad flag value as a one-line message, or None. Cheap: runs before any input is read."""
+    if args.vocab_size < 8:
+        return f"--vocab-size {args.vocab_size} is too small"
+    if args.input_sentence_size < 0:
+        return f"--input-sentence-size must be >= 0 (0 = use every line), got {args.input_sentence_size}"
+    if args.max_sentence_length < 1:
+        return f"--max-sentence-length must be >= 1, got {args.max_sentence_length}"
+    if not 0 < args.character_coverage <= 1:
+        return f"--character-coverage must be in (0, 1], got {args.character_coverage}"
+    if len(set(args.json_keys)) != len(args.json_keys):
+        return f"--json-keys {' '.join(args.json_keys)}: a key is given more than once"
+    return None
+
+
+def check_output(prefix: str, overwrite: bool) -> str | None:
+    """Refuse existing outputs (unless `overwrite`) and an unwritable folder, before training."""
+    if not overwrite:
+        for ext in (".model", ".vocab"):
+            if os.path.lexists(prefix + ext):
+                return f"--output-prefix {prefix}: {prefix + ext} already exists (pass --overwrite to replace it)"
+    parent = os.path.dirname(os.path.abspath(prefix))
+    try:
+        os.makedirs(parent, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".write_test")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        return f"--output-prefix {prefix}: cannot write to {parent} ({e.strerror or e})"
+    return None
+
+
+def _format_counts(counts: dict) -> str:
+    skipped = {k: v for k, v in counts.items() if k not in ("documents", "lines")}
+    return ", ".join(f"{v:,} {k}" for k, v in skipped.items())
+
+
+def _announce_end(lines, counts: dict, t0: float):
+    """Pass `lines` through, then print a line when the input is exhausted (SentencePiece reads it all)."""
+    yield from lines
+    skipped = _format_counts(counts)
+    print(f"read {counts.get('documents', 0):,} documents ({counts.get('lines', 0):,} lines) in "
+          f"{time.time() - t0:.1f}s" + (f"; skipped {skipped}" if skipped else "") + "; training...",
+          file=sys.stderr, flush=True)
+
+
+def _install(tmp_prefix: str, prefix: str) -> None:
+    """Rename the trained files into place: .vocab first, .model (what users load) last."""
+    for ext in (".vocab", ".model"):
+        os.replace(tmp_prefix + ext, prefix + ext)
 
 
 def main(argv=None) -> int:
@@ -66,27 +131,38 @@ def main(argv=None) -> int:
     p.add_argument("--user-defined-symbols", nargs="*", default=[], help="e.g. <think> </think>")
     p.add_argument("--num-threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing P.model/P.vocab")
     args = p.parse_args(argv)
 
     import sentencepiece as spm
 
-    if args.vocab_size < 8:
-        print(f"error: --vocab-size {args.vocab_size} is too small", file=sys.stderr)
+    problem = check_args(args) or check_output(args.output_prefix, args.overwrite)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
         paths = expand_inputs(args.input)
+        counts: dict[str, int] = {}
+        t0 = time.time()
+        lines = iter_lines(paths, args.json_keys, args.text_mode, counts)
+        first = next(lines, None)   # detect "no text" here, not as a SentencePiece internal error
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    os.makedirs(os.path.dirname(os.path.abspath(args.output_prefix)), exist_ok=True)
-    counts: dict[str, int] = {}
-    t0 = time.time()
+    if first is None:
+        skipped = _format_counts(counts)
+        print(f"error: --input {' '.join(args.input)}: no text found"
+              + (f" ({skipped})" if skipped else " (the input is empty)"), file=sys.stderr)
+        return 1
     if hasattr(spm, "set_random_generator_seed"):
         spm.set_random_generator_seed(args.seed)  # deterministic sentence sampling
+    parent = os.path.dirname(os.path.abspath(args.output_prefix))
+    tmp_dir = tempfile.mkdtemp(dir=parent, prefix=".train_tokenizer.")
+    tmp_prefix = os.path.join(tmp_dir, "sp")
     try:
         spm.SentencePieceTrainer.Train(
-            sentence_iterator=iter_lines(paths, args.json_keys, args.text_mode, counts),
-            model_prefix=args.output_prefix,
+            sentence_iterator=_announce_end(itertools.chain([first], lines), counts, t0),
+            model_prefix=tmp_prefix,
             vocab_size=args.vocab_size,
             model_type=args.model_type,
             byte_fallback=not args.no_byte_fallback,
@@ -99,13 +175,16 @@ def main(argv=None) -> int:
             num_threads=max(1, args.num_threads),
             minloglevel=2,
         )
+        _install(tmp_prefix, args.output_prefix)
     except (RuntimeError, InputError) as e:
         msg = str(e)
         if "Vocabulary size" in msg or "vocab_size" in msg:
             msg += " (the corpus is too small for this --vocab-size; lower it or add text)"
         print(f"error: SentencePiece training failed: {msg}", file=sys.stderr)
         return 1
-    skipped = {k: v for k, v in counts.items() if k != "documents"}
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    skipped = _format_counts(counts)
     print(
         f"trained {args.model_type} vocab {args.vocab_size} on {counts.get('documents', 0)} documents "
         f"in {time.time() - t0:.1f}s -> {args.output_prefix}.model"

@@ -11,8 +11,10 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from megatron_zaya.checkpoint.format import CheckpointError
 from megatron_zaya.config import ModelConfig
 
 HF_WEIGHTS = "model.safetensors"
@@ -161,6 +163,38 @@ def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: tor
     _atomic_folder_write(Path(output_dir), write)
 
 
+def read_hf_config(config_path) -> dict:
+    """The JSON object in a Hugging Face config.json; CheckpointError naming the file if it is not one."""
+    try:
+        hf_config = json.loads(Path(config_path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{config_path}: not valid JSON ({err})") from err
+    if not isinstance(hf_config, dict):
+        raise CheckpointError(f"{config_path}: expected a JSON object, found {type(hf_config).__name__}")
+    return hf_config
+
+
+def config_from_hf_file(config_path) -> ModelConfig:
+    """Our ModelConfig from a ZAYA config.json; CheckpointError naming the file when it is unusable."""
+    hf_config = read_hf_config(config_path)
+    if hf_config.get("model_type") != "zaya":
+        raise CheckpointError(f"{config_path}: model_type is {hf_config.get('model_type')!r}, expected 'zaya'")
+    try:
+        return model_config_from_hf(hf_config)
+    except KeyError as err:
+        raise CheckpointError(f"{config_path}: missing field {err}") from err
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{config_path}: {err}") from err
+
+
+def load_safetensors(path) -> dict:
+    """load_file(path), with a damaged file (truncated, bad header) reported as a CheckpointError naming it."""
+    try:
+        return load_file(str(path))
+    except SafetensorError as err:
+        raise CheckpointError(f"{path}: unreadable safetensors file ({err})") from err
+
+
 def load_hf_folder(folder) -> tuple[dict, ModelConfig]:
     """Read a ZayaForCausalLM folder into (our state dict, our ModelConfig)."""
     folder = Path(folder)
@@ -168,12 +202,9 @@ def load_hf_folder(folder) -> tuple[dict, ModelConfig]:
     for path in (config_path, weights_path):
         if not path.is_file():
             raise FileNotFoundError(f"{path}: missing (expected a Hugging Face ZAYA folder)")
-    hf_config = json.loads(config_path.read_text())
-    if hf_config.get("model_type") != "zaya":
-        raise ValueError(f"{config_path}: model_type is {hf_config.get('model_type')!r}, expected 'zaya'")
-    config = model_config_from_hf(hf_config)
+    config = config_from_hf_file(config_path)
     state = {}
-    for name, tensor in load_file(str(weights_path)).items():
+    for name, tensor in load_safetensors(weights_path).items():
         if name == "lm_head.weight" and not config.untie_embeddings_and_output_weights:
             continue  # tied to the embedding
         state[hf_to_ours_name(name)] = tensor

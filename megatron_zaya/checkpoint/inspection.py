@@ -58,6 +58,27 @@ def _check(path: str, want: dict | None) -> str:
     return "ok"
 
 
+def metadata_problems(meta, path: str) -> list[str]:
+    """What makes a metadata.json unusable for the report (wrong JSON types), one line each naming `path`."""
+    if not isinstance(meta, dict):
+        return [f"{path}: expected a JSON object, found {type(meta).__name__}"]
+    problems = []
+    for key in ("layout", "train_state", "files", "model_config"):
+        if key in meta and not isinstance(meta[key], dict):
+            problems.append(f"{path}: {key!r} is {type(meta[key]).__name__}, expected an object")
+    world_size = meta.get("layout", {}).get("world_size", 0) if isinstance(meta.get("layout", {}), dict) else 0
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 0:
+        problems.append(f"{path}: layout.world_size is {world_size!r}, expected an integer >= 0")
+    files = meta.get("files", {})
+    if isinstance(files, dict):
+        for name, entry in files.items():
+            if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int)
+                    and isinstance(entry.get("crc32"), int)):
+                problems.append(f"{path}: files[{name!r}] is {entry!r}, expected {{bytes, crc32}} integers")
+                break
+    return problems
+
+
 def inspect_checkpoint(path: str) -> dict:
     """Iteration, tokens seen, layout, model config, bytes per rank, and the integrity of every file
     ("ok", "missing", "corrupt: ..."); never raises for a damaged checkpoint (`ok` says it all)."""
@@ -68,6 +89,11 @@ def inspect_checkpoint(path: str) -> dict:
         meta = read_json(os.path.join(folder_path, METADATA_FILE))
     except CheckpointError as err:
         report["problems"].append(str(err))
+        report["ok"] = False
+        return report
+    bad = metadata_problems(meta, os.path.join(folder_path, METADATA_FILE))
+    if bad:
+        report["problems"] += bad
         report["ok"] = False
         return report
     layout = meta.get("layout", {})

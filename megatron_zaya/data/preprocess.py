@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .indexed import IndexedDatasetWriter, optimal_dtype, remove_temporaries
+from .indexed import IndexedDatasetWriter, existing_outputs, optimal_dtype, remove_temporaries
 from .sources import Record, expand_inputs, input_size, is_jsonl, iter_records
-from .tokenizer import build_tokenizer
+from .tokenizer import build_tokenizer, check_tokenizer_flags
 from .trimming import OUTCOMES, ReasoningTrimmer
 from .workers import OrderedWorkers
 
@@ -47,6 +47,7 @@ class PreprocessConfig:
     log_interval: int = 100000
     progress: bool | None = None  # None: a bar when stderr is a terminal, log lines otherwise
     strict: bool = False
+    overwrite: bool = False  # replace existing outputs instead of refusing them
 
 
 @dataclass
@@ -79,8 +80,12 @@ class Stats:
             ex.extend(v[: MAX_EXAMPLES - len(ex)])
 
 
-class StrictError(ValueError):
-    pass
+class RecordError(ValueError):
+    """A record that stops the run (message starts with its file:line); returned, not raised, by workers."""
+
+
+class StrictError(RecordError):
+    """A bad record under --strict."""
 
 
 class Encoder:
@@ -186,7 +191,7 @@ class Encoder:
             return self._encode_key_flat(docs)
         tok = self.tokenizer
         flat = [s for _, sents in docs for s in sents]
-        encoded = tok.encode_batch(flat) if flat else []
+        encoded = self._guarded(tok.encode_batch, flat, docs) if flat else []
         pieces, seq_lens, seq_doc = [], [], []
         status = np.full(len(docs), KEPT, dtype=np.int8)
         it = iter(encoded)
@@ -211,7 +216,9 @@ class Encoder:
             seq_doc.extend([d] * len(doc_ids))
         seq_lens = np.asarray(seq_lens, np.int64)
         tokens = np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.int64, count=int(seq_lens.sum()))
-        return tokens, seq_lens, status, np.asarray(seq_doc, np.int64)
+        seq_doc = np.asarray(seq_doc, np.int64)
+        self._check_ids(tokens, seq_lens, seq_doc, docs)
+        return tokens, seq_lens, status, seq_doc
 
     def _encode_key_flat(self, docs: list):
         """Vectorized twin of `_encode_key` (no trimming): same output, numpy all the way."""
@@ -220,13 +227,40 @@ class Encoder:
         if not flat:
             return (np.zeros(0, np.int64), np.zeros(0, np.int64), np.full(n_docs, EMPTY, np.int8),
                     np.zeros(0, np.int64))
-        toks, lens = self.tokenizer.encode_batch_flat(flat)
+        toks, lens = self._guarded(self.tokenizer.encode_batch_flat, flat, docs)
         sent_counts = np.fromiter((len(sents) for _, sents in docs), dtype=np.int64, count=n_docs)
         doc_of = np.repeat(np.arange(n_docs), sent_counts)
         doc_tokens = np.bincount(doc_of, weights=lens, minlength=n_docs)
         status = np.where(doc_tokens > 0, KEPT, EMPTY).astype(np.int8)
         nonempty = lens > 0
-        return toks, lens[nonempty].astype(np.int64), status, doc_of[nonempty]
+        seq_lens, seq_doc = lens[nonempty].astype(np.int64), doc_of[nonempty]
+        self._check_ids(toks, seq_lens, seq_doc, docs)
+        return toks, seq_lens, status, seq_doc
+
+    def _guarded(self, encode, flat: list, docs: list):
+        """`encode(flat)`, turning a tokenizer's ValueError (NullTokenizer on text that is not
+        integers) into a `RecordError` naming the first record it fails on."""
+        try:
+            return encode(flat)
+        except ValueError as e:
+            for where, sents in docs:
+                try:
+                    self.tokenizer.encode_batch(sents)
+                except ValueError as e2:
+                    raise RecordError(f"{where}: cannot tokenize with {self.cfg.tokenizer_type} ({e2})") from None
+            raise RecordError(f"cannot tokenize with {self.cfg.tokenizer_type} ({e})") from None
+
+    def _check_ids(self, toks: np.ndarray, seq_lens: np.ndarray, seq_doc: np.ndarray, docs: list) -> None:
+        """Every token id must lie in [0, vocab_size): an id outside would wrap around when cast to the
+        output dtype. Raises `RecordError` naming the first record holding one."""
+        vocab = self.tokenizer.vocab_size
+        if toks.size == 0 or (int(toks.min()) >= 0 and int(toks.max()) < vocab):
+            return
+        bad = int(np.nonzero((toks < 0) | (toks >= vocab))[0][0])
+        seq = int(np.searchsorted(np.cumsum(seq_lens), bad, side="right"))
+        where = docs[int(seq_doc[seq])][0]
+        raise RecordError(f"{where}: token id {int(toks[bad])} is outside the vocabulary [0, {vocab - 1}] of "
+                          f"--tokenizer-type {self.cfg.tokenizer_type} --tokenizer-model {self.cfg.tokenizer_model}")
 
     def _finish(self, toks: np.ndarray, seq_lens: np.ndarray, seq_doc: np.ndarray, keep: np.ndarray):
         """Drop the sequences of records not kept, append EOD, cast: (tokens, lengths, sequences per document)."""
@@ -269,7 +303,7 @@ def _init_worker(cfg: PreprocessConfig) -> None:
 def _work(records):
     try:
         return _WORKER.encode_chunk(records)
-    except StrictError as e:
+    except RecordError as e:
         return e
 
 
@@ -327,11 +361,8 @@ def run(cfg: PreprocessConfig) -> dict:
     Raises ValueError/FileNotFoundError (bad flags or inputs) and `EmptyInputError` (no documents);
     on any failure no output file is left behind.
     """
+    check_config(cfg)
     paths = expand_inputs(cfg.input)
-    if cfg.workers < 1:
-        raise ValueError(f"--workers must be at least 1, got {cfg.workers}")
-    if not cfg.json_keys:
-        raise ValueError("--json-keys needs at least one key")
     if len(cfg.json_keys) > 1 and not all(is_jsonl(p) for p in paths):
         text = next(p for p in paths if not is_jsonl(p))
         raise ValueError(f"--json-keys with several keys needs JSONL input only ({text} is plain text, "
@@ -361,19 +392,21 @@ def run(cfg: PreprocessConfig) -> dict:
             for chunk in chunks:
                 try:
                     consume(main_encoder.encode_chunk(chunk))
-                except StrictError as e:
+                except RecordError as e:
                     raise ValueError(str(e)) from None
         else:
             with OrderedWorkers(cfg.workers, _work, initializer=_init_worker, initargs=(cfg,)) as workers:
                 for result in workers.imap(chunks):
-                    if isinstance(result, StrictError):
+                    if isinstance(result, RecordError):
                         raise ValueError(str(result))
                     consume(result)
         if stats.documents == 0:
-            reasons = ", ".join(f"{n} {r}" for r, n in stats.skipped.items()) or "the input is empty"
-            raise EmptyInputError(f"--input {' '.join(cfg.input)}: no documents to write ({reasons})")
+            raise EmptyInputError(f"--input {' '.join(cfg.input)}: no documents to write ({_why_empty(cfg, stats)})")
+        # Every output is complete on disk before any existing file is touched (see commit()).
         for w in writers.values():
-            w.finalize()
+            w.prepare()
+        for w in writers.values():
+            w.commit()
     except BaseException:   # the workers are already stopped: OrderedWorkers kills them on the way out
         for k in cfg.json_keys:
             if k in writers:
@@ -404,6 +437,41 @@ def run(cfg: PreprocessConfig) -> dict:
 
 class EmptyInputError(ValueError):
     """The input produced no documents."""
+
+
+def check_config(cfg: PreprocessConfig) -> None:
+    """Cheap checks of every flag, before any input is read: raises ValueError naming the flag, or
+    FileExistsError naming an output that exists (unless `cfg.overwrite`)."""
+    check_tokenizer_flags(cfg.tokenizer_type, cfg.tokenizer_model)
+    if cfg.workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {cfg.workers}")
+    if not cfg.json_keys:
+        raise ValueError("--json-keys needs at least one key")
+    dup = sorted({k for k in cfg.json_keys if cfg.json_keys.count(k) > 1})
+    if dup:
+        raise ValueError(f"--json-keys {' '.join(cfg.json_keys)}: key {dup[0]!r} is given more than once")
+    if cfg.vocab_extra_ids < 0:
+        raise ValueError(f"--vocab-extra-ids must be >= 0, got {cfg.vocab_extra_ids}")
+    if cfg.trim_max_length is not None and cfg.trim_max_length < 1:
+        raise ValueError(f"--trim-max-length must be >= 1 (omit it to turn trimming off), got {cfg.trim_max_length}")
+    if cfg.chunk_bytes < 1:
+        raise ValueError(f"--chunk-bytes must be >= 1, got {cfg.chunk_bytes}")
+    if not cfg.overwrite:
+        for k in cfg.json_keys:
+            existing = existing_outputs(output_prefix_for(cfg.output_prefix, k))
+            if existing:
+                raise FileExistsError(f"--output-prefix {cfg.output_prefix}: {existing[0]} already exists "
+                                      f"(pass --overwrite to replace it)")
+
+
+def _why_empty(cfg: PreprocessConfig, stats: Stats) -> str:
+    """Why no document was written: the skip reasons, the documents trimming removed, or an empty input."""
+    reasons = [f"{n} {r}" for r, n in stats.skipped.items()]
+    dropped = stats.trimming.get("dropped", 0)
+    if dropped:
+        reasons.append(f"{dropped} removed by --trim-max-length {cfg.trim_max_length}: "
+                       f"longer than {cfg.trim_max_length} tokens even after trimming")
+    return ", ".join(reasons) or "the input is empty"
 
 
 def format_summary(s: dict) -> str:

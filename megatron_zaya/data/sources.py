@@ -3,6 +3,8 @@
 `iter_records(paths, text_mode)` yields `Record(source, line, raw)` where `raw` is the undecoded
 bytes of one JSON line or one text document; decoding and parsing happen in the workers so that
 errors are counted per record instead of aborting the run. Memory is bounded by one record.
+A file is JSONL when its name says so (.jsonl/.json/.ndjson) or when its first non-blank line is a
+JSON object (`is_jsonl`); directories give only corpus files (`is_corpus_file`).
 """
 
 from __future__ import annotations
@@ -10,11 +12,15 @@ from __future__ import annotations
 import glob
 import gzip
 import io
+import json
 import os
+import sys
 import zlib
 from typing import Iterator, NamedTuple
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+TEXT_SUFFIXES = (".txt",)
+COMPRESSION_SUFFIXES = (".gz", ".zst", ".zstd")
 TEXT_MODES = ("file", "paragraph", "line")
 
 
@@ -29,14 +35,44 @@ class Record(NamedTuple):
     is_json: bool
 
 
-def expand_inputs(inputs: list[str]) -> list[str]:
-    """Expand globs and directories (sorted, for a deterministic order); error on anything missing."""
+def is_corpus_file(name: str) -> bool:
+    """Whether a file found inside a directory --input is taken: .jsonl/.json/.ndjson/.txt, each
+    optionally compressed (.gz/.zst/.zstd). Anything else (a tokenizer's .vocab, a README.md, a .bin)
+    is left out; name such a file explicitly to read it anyway."""
+    base, _ = _strip_compression(name)
+    return base.endswith(JSONL_SUFFIXES + TEXT_SUFFIXES)
+
+
+def _expand_directory(spec: str, log) -> list[str]:
+    """The corpus files under directory `spec`, recursively and sorted; logs what was taken and left."""
+    taken, left = [], []
+    for root, _, files in os.walk(spec):
+        for f in files:
+            if not f.startswith("."):
+                (taken if is_corpus_file(f) else left).append(os.path.join(root, f))
+    taken.sort()
+    if log is not None:
+        shown = ", ".join(os.path.relpath(p, spec) for p in taken[:5]) + (", ..." if len(taken) > 5 else "")
+        msg = f"--input {spec}: taking {len(taken)} corpus file(s) ({shown})"
+        if left:
+            msg += (f"; ignoring {len(left)} other file(s) (e.g. {os.path.relpath(sorted(left)[0], spec)}), "
+                    "only .jsonl/.json/.ndjson/.txt[.gz|.zst] are read from directories")
+        log(msg)
+    return taken
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+def expand_inputs(inputs: list[str], log=_stderr) -> list[str]:
+    """Expand globs and directories (sorted, for a deterministic order); error on anything missing.
+    Directories give only their corpus files (`is_corpus_file`), and `log` (None: silent) is told
+    how many were taken; files and globs named explicitly are taken whatever their suffix."""
     paths: list[str] = []
     for spec in inputs:
         if os.path.isdir(spec):
-            found = sorted(
-                os.path.join(root, f) for root, _, files in os.walk(spec) for f in files if not f.startswith(".")
-            )
+            found = _expand_directory(spec, log)
         elif any(c in spec for c in "*?["):
             found = sorted(glob.glob(spec))
         elif os.path.isfile(spec):
@@ -44,7 +80,8 @@ def expand_inputs(inputs: list[str]) -> list[str]:
         else:
             raise InputError(f"--input {spec}: no such file or directory")
         if not found:
-            raise InputError(f"--input {spec}: matched no files")
+            what = "holds no .jsonl/.json/.ndjson/.txt files" if os.path.isdir(spec) else "matched no files"
+            raise InputError(f"--input {spec}: {what}")
         paths.extend(found)
     return paths
 
@@ -57,8 +94,30 @@ def _strip_compression(path: str) -> tuple[str, str | None]:
 
 
 def is_jsonl(path: str) -> bool:
+    """Whether `path` is read as JSONL: a .jsonl/.json/.ndjson name (optionally compressed), or any
+    other file whose first non-blank line is a JSON object (as Megatron, which reads every input as
+    JSONL). Other files are plain text."""
     base, _ = _strip_compression(path)
-    return base.endswith(JSONL_SUFFIXES)
+    if base.endswith(JSONL_SUFFIXES):
+        return True
+    return _first_line_is_json_object(path)
+
+
+def _first_line_is_json_object(path: str) -> bool:
+    """Sniff: does the first non-blank line parse as a JSON object? Reads one line (one record)."""
+    try:
+        with open_binary(path) as f:
+            for line in f:
+                if line.strip():
+                    if not line.lstrip().startswith(b"{"):
+                        return False
+                    try:
+                        return isinstance(json.loads(line), dict)
+                    except ValueError:   # malformed JSON or not UTF-8: plain text
+                        return False
+    except (OSError, EOFError, zlib.error) as e:
+        raise InputError(f"--input {path}: read failed ({e})") from None
+    return False
 
 
 def open_binary(path: str) -> io.BufferedIOBase:

@@ -403,8 +403,7 @@ class HuggingFaceTokenizer(BaseTokenizer):
         for name in ("special_tokens_map.json", "tokenizer_config.json"):  # config wins
             p = os.path.join(directory, name)
             if os.path.isfile(p):
-                with open(p, encoding="utf-8") as f:
-                    cfg = json.load(f)
+                cfg = _load_json_object(p)
                 for key in ("eos_token", "bos_token", "pad_token"):
                     content = _token_content(cfg.get(key))
                     if content is not None:
@@ -437,6 +436,18 @@ class HuggingFaceTokenizer(BaseTokenizer):
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tok.decode(_to_int_list(ids), skip_special_tokens=False)
+
+
+def _load_json_object(path: str) -> dict:
+    """A JSON object from `path`; UserInputError naming the file when it is not valid JSON or not an object."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserInputError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise UserInputError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
 
 
 class NullTokenizer(BaseTokenizer):

@@ -37,14 +37,12 @@ def is_hf_folder(path: Path) -> bool:
 
 
 def _load_sharded_hf_folder(folder: Path) -> tuple[dict, ModelConfig]:
-    from safetensors.torch import load_file
-
-    config_path = folder / "config.json"
-    hf_config = json.loads(config_path.read_text())
-    if hf_config.get("model_type") != "zaya":
-        raise CheckpointLoadError(f"{config_path}: model_type is {hf_config.get('model_type')!r}, expected 'zaya'")
-    config = hf_format.model_config_from_hf(hf_config)
-    weight_map = json.loads((folder / HF_INDEX).read_text()).get("weight_map")
+    """(state dict, ModelConfig) from config.json + model.safetensors.index.json + its shards."""
+    config = hf_format.config_from_hf_file(folder / "config.json")
+    try:
+        weight_map = json.loads((folder / HF_INDEX).read_text(encoding="utf-8")).get("weight_map")
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as err:
+        raise CheckpointLoadError(f"{folder / HF_INDEX}: not a JSON object ({err})") from err
     if not isinstance(weight_map, dict):
         raise CheckpointLoadError(f"{folder / HF_INDEX}: no 'weight_map'")
     state = {}
@@ -52,7 +50,7 @@ def _load_sharded_hf_folder(folder: Path) -> tuple[dict, ModelConfig]:
         shard_path = folder / shard
         if not shard_path.is_file():
             raise CheckpointLoadError(f"{shard_path}: missing (listed in {HF_INDEX})")
-        for name, tensor in load_file(str(shard_path)).items():
+        for name, tensor in hf_format.load_safetensors(shard_path).items():
             if name == "lm_head.weight" and not config.untie_embeddings_and_output_weights:
                 continue
             state[hf_format.hf_to_ours_name(name)] = tensor

@@ -31,12 +31,13 @@ def make_corpus(directory: str) -> tuple[str, str]:
             f.write(json.dumps({"text": gen.document(max_sentences=8)}) + "\n")
     env = dict(os.environ, PYTHONPATH=ROOT)
     subprocess.run([sys.executable, os.path.join(ROOT, "tools", "train_tokenizer.py"), "--input", jsonl,
-                    "--vocab-size", "500", "--output-prefix", os.path.join(directory, "sp"), "--num-threads", "1"],
+                    "--vocab-size", "500", "--output-prefix", os.path.join(directory, "sp"), "--num-threads", "1",
+                    "--overwrite"],
                    check=True, capture_output=True, env=env)
     subprocess.run([sys.executable, os.path.join(ROOT, "tools", "preprocess_data.py"), "--input", jsonl,
                     "--json-keys", "text", "--append-eod", "--output-prefix", os.path.join(directory, "corpus"),
                     "--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", model, "--workers", "1",
-                    "--no-progress"], check=True, capture_output=True, env=env)
+                    "--no-progress", "--overwrite"], check=True, capture_output=True, env=env)
     return prefix, model
 
 

@@ -54,3 +54,10 @@ def test_flop_formula_matches_torch_flop_counter(monkeypatch):
     expected = 2 * b * s * (sum(matmul_macs_per_token(config).values()) + full_attention)
     assert measured == pytest.approx(expected, rel=1e-3)
     assert attention_macs_per_token(config, s) == pytest.approx(full_attention * (s + 1) / (2 * s))
+
+
+@pytest.mark.parametrize("seq", ["-5", "0"])
+def test_model_stats_tool_refuses_a_bad_seq_length(seq):
+    run = subprocess.run([sys.executable, str(ROOT / "tools/model_stats.py"), "--preset", "zaya1-tiny",
+                          "--seq-length", seq], capture_output=True, text=True)
+    assert run.returncode == 2 and f"--seq-length={seq} must be >= 1" in run.stderr, run.stderr

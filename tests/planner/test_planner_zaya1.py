@@ -90,3 +90,14 @@ def test_cli_reports_and_names_bad_flags(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(base + ["--global-batch-size", "1000"])
     assert exit_info.value.code == 2 and "--global-batch-size=1000" in capsys.readouterr().err
+
+
+def test_cli_refuses_a_partial_node(capsys):
+    cli = load_cli()
+    base = ["--preset", "zaya1-tiny", "--global-batch-size", "16"]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(base + ["--gpus", "8", "--gpus-per-node", "3"])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_info.value.code == 2 and "--gpus=8" in line and "--gpus-per-node=3" in line, line
+    cli.main(base + ["--gpus", "4", "--gpus-per-node", "8"])     # within one node: allowed, said plainly
+    assert "1 node, 4 of its 8 GPUs" in capsys.readouterr().out

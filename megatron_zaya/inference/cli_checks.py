@@ -1,0 +1,102 @@
+"""Cheap checks of the inference tools' flags (tools/generate.py, tools/evaluate.py), made before a
+checkpoint is loaded. Each raises `UserInputError` with a one-line message naming the flag and value.
+
+    check_threads(args.threads); device = check_device(args.device)
+    check_writable_output("--output-json", args.output_json)
+    config = peek_model_config(args.load)     # ModelConfig or None, without reading any tensor
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from megatron_zaya.config import ModelConfig
+from megatron_zaya.errors import UserInputError
+
+
+def check_threads(threads: int | None) -> None:
+    """--threads: None or 0 keep torch's default; a negative count is refused."""
+    if threads is not None and threads < 0:
+        raise UserInputError(f"--threads={threads} must be >= 1 (or 0 for torch's default)")
+
+
+def check_device(name: str) -> torch.device:
+    """--device parsed by torch.device; a CUDA device must exist on this machine."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise UserInputError(f"--device {name!r} is not a device torch knows (e.g. cpu, cuda, cuda:1): "
+                             f"{str(err).splitlines()[0]}") from err
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserInputError(f"--device {name}: CUDA is not available on this machine (try --device cpu)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UserInputError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    return device
+
+
+def _nearest_existing(path: Path) -> Path:
+    """`path` or its closest ancestor that exists."""
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_writable_output(flag: str, path: str | None, is_dir: bool = False) -> None:
+    """An output file whose folder exists and is writable (a folder, `is_dir`, may be created:
+    its closest existing ancestor must be a writable folder)."""
+    if path is None:
+        return
+    target = Path(path)
+    if is_dir:
+        if target.exists() and not target.is_dir():
+            raise UserInputError(f"{flag} {path}: exists and is not a folder")
+        base = _nearest_existing(target)
+    else:
+        if target.is_dir():
+            raise UserInputError(f"{flag} {path}: is a folder, expected a file name")
+        base = target.absolute().parent
+        if not base.is_dir():
+            raise UserInputError(f"{flag} {path}: folder {base} does not exist")
+    if not base.is_dir():
+        raise UserInputError(f"{flag} {path}: {base} is not a folder")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise UserInputError(f"{flag} {path}: cannot write in {base}")
+
+
+def peek_model_config(path) -> ModelConfig | None:
+    """The checkpoint's ModelConfig from its config.json (HF folder) or metadata.json (ours), without
+    reading any tensor; None when it cannot be read cheaply (the loader then reports the problem)."""
+    from megatron_zaya.checkpoint.format import METADATA_FILE, CheckpointError
+    from megatron_zaya.checkpoint.hf_format import config_from_hf_file
+    from megatron_zaya.checkpoint.inspection import resolve_folder
+    from megatron_zaya.config import ConfigError
+
+    path = Path(path)
+    try:
+        if (path / "config.json").is_file():
+            return config_from_hf_file(path / "config.json")
+        meta = json.loads((Path(resolve_folder(str(path))) / METADATA_FILE).read_text(encoding="utf-8"))
+        return ModelConfig(**meta["model_config"])
+    except (OSError, ValueError, KeyError, TypeError, CheckpointError, ConfigError):
+        return None
+
+
+def check_prompts_fit(config: ModelConfig, prompts: list[list[int]], max_new_tokens: int,
+                      eod_id: int | None) -> None:
+    """Prompt ids and --eod-id inside the checkpoint's vocabulary; prompt + --max-new-tokens within
+    its max_position_embeddings."""
+    vocab = config.vocab_size
+    if eod_id is not None and not 0 <= eod_id < vocab:
+        raise UserInputError(f"--eod-id={eod_id} is outside the checkpoint's vocabulary [0, {vocab})")
+    for i, prompt in enumerate(prompts):
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise UserInputError(f"prompt {i}: token ids {bad[:5]} outside the checkpoint's vocabulary [0, {vocab})")
+        if len(prompt) + max_new_tokens > config.max_position_embeddings:
+            raise UserInputError(f"prompt {i}: {len(prompt)} tokens + --max-new-tokens={max_new_tokens} exceeds the "
+                                 f"checkpoint's max_position_embeddings {config.max_position_embeddings}")

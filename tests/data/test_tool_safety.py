@@ -1,0 +1,282 @@
+"""Data tools refuse bad input early and never lose or half-write what a user already has
+(preprocess_data.py, merge_datasets.py, train_tokenizer.py, get_quickstart_corpus.py)."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from data_test_utils import load_tool
+from megatron_zaya.data import corpus, indexed
+from megatron_zaya.data.indexed import IndexedDataset, write_dataset
+from megatron_zaya.data.sources import expand_inputs, is_jsonl
+
+PRE = load_tool("preprocess_data")
+MERGE = load_tool("merge_datasets")
+TRAIN = load_tool("train_tokenizer")
+CORPUS = load_tool("get_quickstart_corpus")
+
+
+def pre(*args):
+    return PRE.main([*map(str, args), "--no-progress"])
+
+
+def null(inp, out, *extra):
+    """preprocess_data.py with NullTokenizer (vocabulary 100)."""
+    return pre("--input", inp, "--output-prefix", out, "--tokenizer-type", "NullTokenizer",
+               "--tokenizer-model", "100", *extra)
+
+
+def jsonl(path, texts, key="text"):
+    with open(path, "w") as f:
+        for t in texts:
+            f.write(json.dumps({key: t}) + "\n")
+    return path
+
+
+def docs(prefix):
+    ds = IndexedDataset(prefix)
+    return [ds.document(i).tolist() for i in range(ds.num_documents)]
+
+
+def snapshot(prefix):
+    return {ext: open(prefix + ext, "rb").read() for ext in (".bin", ".idx")}
+
+
+# 1. merge_datasets.py never writes over one of its inputs ----------------------------------------
+
+def test_merge_refuses_output_that_is_an_input_spelled_with_suffix(tmp_path, capsys):
+    a, b = str(tmp_path / "a_text_document"), str(tmp_path / "b_text_document")
+    write_dataset(a, [[1, 2], [3]])
+    write_dataset(b, [[4]])
+    before = snapshot(a)
+    assert MERGE.main(["--input", a, b, "--output-prefix", a + ".bin"]) == 2
+    assert "is also an input" in capsys.readouterr().err
+    assert snapshot(a) == before
+
+
+# 2. duplicate --json-keys ---------------------------------------------------------------------
+
+def test_duplicate_json_keys_rejected(tmp_path, capsys):
+    inp = jsonl(tmp_path / "in.jsonl", ["1 2"])
+    assert null(inp, tmp_path / "o", "--json-keys", "text", "text") == 2
+    assert "'text' is given more than once" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+
+
+# 3. token ids outside the vocabulary ------------------------------------------------------------
+
+@pytest.mark.parametrize("text", ["1 2 999999", "1 -5 2"])
+def test_token_id_outside_vocabulary_names_file_and_line(tmp_path, capsys, text):
+    inp = jsonl(tmp_path / "in.jsonl", ["1 2", text])
+    assert null(inp, tmp_path / "o") == 2
+    err = capsys.readouterr().err
+    assert f"{inp}:2: token id" in err and "outside the vocabulary [0, 100]" in err
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+
+
+def test_negative_null_vocab_rejected(tmp_path, capsys):
+    inp = jsonl(tmp_path / "in.jsonl", ["1 2"])
+    assert pre("--input", inp, "--output-prefix", tmp_path / "o", "--tokenizer-type", "NullTokenizer",
+               "--tokenizer-model", "-5") == 2
+    assert "--tokenizer-model '-5'" in capsys.readouterr().err
+
+
+# 4. JSONL without a JSONL suffix -----------------------------------------------------------------
+
+def test_jsonl_without_suffix_is_read_as_jsonl(tmp_path):
+    inp = jsonl(tmp_path / "data", ["1 2 3", "4 5"])
+    text = tmp_path / "notes.txt"
+    text.write_text("7 8\n{not json\n")
+    assert is_jsonl(str(inp)) and not is_jsonl(str(text))
+    assert null(inp, tmp_path / "o") == 0
+    assert docs(str(tmp_path / "o_text_document")) == [[1, 2, 3], [4, 5]]
+
+
+# 5. directories give only corpus files -----------------------------------------------------------
+
+def test_directory_input_takes_only_corpus_files(tmp_path, capsys):
+    (tmp_path / "d" / "tokenizer").mkdir(parents=True)
+    jsonl(tmp_path / "d" / "a.jsonl", ["1"])
+    (tmp_path / "d" / "b.txt").write_text("2")
+    (tmp_path / "d" / "tokenizer" / "sp.vocab").write_text("<unk>\t0\n")
+    (tmp_path / "d" / "README.md").write_text("# hi")
+    paths = expand_inputs([str(tmp_path / "d")])
+    assert [os.path.basename(p) for p in paths] == ["a.jsonl", "b.txt"]
+    err = capsys.readouterr().err
+    assert "taking 2 corpus file(s)" in err and "ignoring 2 other file(s)" in err
+
+
+# 6. existing outputs are refused unless --overwrite ----------------------------------------------
+
+def test_preprocess_refuses_existing_output_unless_overwrite(tmp_path, capsys):
+    inp = jsonl(tmp_path / "in.jsonl", ["1 2"])
+    out = str(tmp_path / "o")
+    write_dataset(out + "_text_document", [[9, 9, 9]])
+    before = snapshot(out + "_text_document")
+    assert null(inp, out) == 2
+    assert "o_text_document.bin already exists (pass --overwrite" in capsys.readouterr().err
+    assert snapshot(out + "_text_document") == before
+    assert null(inp, out, "--overwrite") == 0
+    assert docs(out + "_text_document") == [[1, 2]]
+
+
+def test_merge_refuses_existing_output_unless_overwrite(tmp_path, capsys):
+    a, m = str(tmp_path / "a"), str(tmp_path / "m")
+    write_dataset(a, [[1, 2]])
+    write_dataset(m, [[7]])
+    assert MERGE.main(["--input", a, "--output-prefix", m]) == 2
+    assert "m.bin already exists" in capsys.readouterr().err
+    assert docs(m) == [[7]]
+    assert MERGE.main(["--input", a, "--output-prefix", m, "--overwrite"]) == 0
+    assert docs(m) == [[1, 2]]
+    assert "[1/1] merged" in capsys.readouterr().err
+
+
+def _train(inp, prefix, *extra):
+    return TRAIN.main(["--input", str(inp), "--vocab-size", "300", "--output-prefix", str(prefix),
+                       "--num-threads", "1", *extra])
+
+
+@pytest.fixture(scope="module")
+def tok_corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tok")
+    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex".split()
+    return jsonl(d / "c.jsonl", [" ".join(words[i % 7:] + words[: i % 5]) for i in range(200)])
+
+
+def test_train_tokenizer_refuses_existing_and_replaces_via_rename(tmp_path, tok_corpus, capsys):
+    prefix = tmp_path / "sp"
+    (tmp_path / "sp.model").write_bytes(b"mine")
+    assert _train(tok_corpus, prefix) == 2
+    assert "sp.model already exists" in capsys.readouterr().err
+    assert (tmp_path / "sp.model").read_bytes() == b"mine"
+    assert _train(tok_corpus, prefix, "--overwrite") == 0
+    assert (tmp_path / "sp.model").read_bytes() != b"mine"
+    assert sorted(os.listdir(tmp_path)) == ["sp.model", "sp.vocab"]   # no temporary left
+
+
+# 7. several outputs are swapped in only once all are complete ------------------------------------
+
+def test_failure_before_commit_leaves_every_existing_output(tmp_path, monkeypatch):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(json.dumps({"a": "1 2", "b": "3"}) + "\n")
+    out = str(tmp_path / "o")
+    for k in "ab":
+        write_dataset(f"{out}_{k}_document", [[50 + ord(k)]])
+    before = {k: snapshot(f"{out}_{k}_document") for k in "ab"}
+    calls = []
+    real = indexed.IndexedDatasetWriter.prepare
+
+    def failing_prepare(self):
+        calls.append(self.path_prefix)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        return real(self)
+
+    monkeypatch.setattr(indexed.IndexedDatasetWriter, "prepare", failing_prepare)
+    assert null(inp, out, "--json-keys", "a", "b", "--overwrite") == 2
+    assert {k: snapshot(f"{out}_{k}_document") for k in "ab"} == before
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl", "o_a_document.bin", "o_a_document.idx",
+                                            "o_b_document.bin", "o_b_document.idx"]
+
+
+def test_commit_renames_bin_before_idx(tmp_path, monkeypatch):
+    w = indexed.IndexedDatasetWriter(str(tmp_path / "x"), np.int32)
+    w.add_document([1, 2])
+    w.prepare()
+    assert not os.path.exists(tmp_path / "x.bin")   # prepared, not yet visible
+    order = []
+    real = os.replace
+    monkeypatch.setattr(indexed.os, "replace", lambda a, b: (order.append(os.path.splitext(b)[1]), real(a, b)))
+    w.commit()
+    assert order == [".bin", ".idx"]
+    assert docs(str(tmp_path / "x")) == [[1, 2]]
+
+
+# 8. train_tokenizer.py: bad records, no text, bad flags, unwritable output -----------------------
+
+def test_train_tokenizer_counts_huge_integer_record(tmp_path, tok_corpus, capsys):
+    inp = tmp_path / "c.jsonl"
+    shutil.copy(tok_corpus, inp)
+    with open(inp, "a") as f:
+        f.write('{"text": ' + "1" * 5000 + "}\n")
+    assert _train(inp, tmp_path / "sp") == 0
+    out = capsys.readouterr()
+    assert "1 malformed JSON" in out.out and "training" in out.err
+
+
+@pytest.mark.parametrize("content,extra,message", [
+    ("", [], "no text found (the input is empty)"),
+    ('{"text": "hi"}\n', ["--json-keys", "body"], "no text found (1 no string under --json-keys body)"),
+    ('{"text": "hi"}\n', ["--input-sentence-size", "-1"], "--input-sentence-size must be >= 0"),
+])
+def test_train_tokenizer_clear_errors(tmp_path, capsys, content, extra, message):
+    inp = tmp_path / "c.jsonl"
+    inp.write_text(content)
+    assert _train(inp, tmp_path / "out" / "sp", *extra) in (1, 2)
+    assert message in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "out" / "sp.model")
+
+
+def test_train_tokenizer_unwritable_output_found_before_training(tmp_path, tok_corpus, capsys, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setattr(TRAIN, "iter_lines", lambda *a: pytest.fail("input read before the output check"))
+    assert _train(tok_corpus, tmp_path / "file" / "sp") == 2
+    assert "cannot write to" in capsys.readouterr().err
+
+
+# 9. preprocess_data.py messages -------------------------------------------------------------------
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_null_tokenizer_on_words_names_file_and_line(tmp_path, capsys, workers):
+    inp = jsonl(tmp_path / "in.jsonl", ["1 2", "hello world"])
+    assert null(inp, tmp_path / "o", "--workers", workers) == 2
+    assert f"{inp}:2: cannot tokenize with NullTokenizer" in capsys.readouterr().err
+
+
+def test_malformed_tokenizer_config_names_file(tmp_path, hf_tokenizer_dir, capsys):
+    d = tmp_path / "hf"
+    shutil.copytree(hf_tokenizer_dir, d)
+    (d / "tokenizer_config.json").write_text("{oops")
+    inp = jsonl(tmp_path / "in.jsonl", ["hi"])
+    assert pre("--input", inp, "--output-prefix", tmp_path / "o", "--tokenizer-type", "HuggingFaceTokenizer",
+               "--tokenizer-model", d) == 2
+    assert f"{d / 'tokenizer_config.json'}: not valid JSON" in capsys.readouterr().err
+
+
+def test_everything_trimmed_away_says_so(tmp_path, capsys):
+    inp = jsonl(tmp_path / "in.jsonl", ["1 2 3 4 5 6"])
+    assert null(inp, tmp_path / "o", "--trim-max-length", "3") == 1
+    err = capsys.readouterr().err
+    assert "1 removed by --trim-max-length 3" in err and "the input is empty" not in err
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--trim-max-length", "0", "--trim-max-length must be >= 1"),
+    ("--vocab-extra-ids", "-3", "--vocab-extra-ids must be >= 0"),
+])
+def test_bad_numeric_flags_rejected(tmp_path, capsys, flag, value, message):
+    inp = jsonl(tmp_path / "in.jsonl", ["1 2"])
+    assert null(inp, tmp_path / "o", flag, value) == 2
+    assert message in capsys.readouterr().err
+
+
+# 10. get_quickstart_corpus.py ----------------------------------------------------------------------
+
+def test_quickstart_corpus_min_above_max_rejected(tmp_path, capsys):
+    assert CORPUS.main(["--output", str(tmp_path / "c.jsonl"), "--sdist", "x", "--min-chars", "9000"]) == 2
+    assert "--min-chars <= --max-chars" in capsys.readouterr().err
+
+
+def test_write_jsonl_failure_leaves_no_temporary(tmp_path, monkeypatch):
+    def broken(*a, **k):
+        yield {"text": "one"}
+        raise ValueError("bad sdist")
+
+    monkeypatch.setattr(corpus, "iter_documents", broken)
+    with pytest.raises(ValueError):
+        corpus.write_jsonl("x", str(tmp_path / "c.jsonl"))
+    assert os.listdir(tmp_path) == []

@@ -1,0 +1,186 @@
+"""Bad flags and damaged inputs of tools/generate.py, tools/evaluate.py and tools/inspect_checkpoint.py:
+one `error:` line naming the flag or file (exit status 2, or 1 for a damaged checkpoint under
+inspection), and for flags, before the checkpoint's tensors are loaded."""
+import json
+import shutil
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from megatron_zaya.checkpoint.format import CheckpointError
+from megatron_zaya.data import IndexedDatasetWriter
+from megatron_zaya.inference.loading import load_model_for_inference
+
+from inference_helpers import hf_checkpoint, load_tool, one_cpu_thread, tiny_model  # noqa: F401 (fixtures)
+
+
+def no_load(*args, **kwargs):
+    raise AssertionError("the checkpoint was loaded before the flags were checked")
+
+
+def error_line(tool, argv, capsys, monkeypatch=None):
+    """(exit code, last stderr line) of tool.main(argv); loading the model fails the test when monkeypatch is given."""
+    if monkeypatch is not None:
+        monkeypatch.setattr(tool, "load_model_for_inference", no_load)
+    with pytest.raises(SystemExit) as exc:
+        tool.main(argv)
+    return exc.value.code, capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def bad_utf8_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "bad.txt"
+    path.write_bytes(b"fine\n\xff\xfe broken\n")
+    return path
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", "nope.model"], "--tokenizer-model nope"),
+    (["--tokenizer-type", "GPT2BPETokenizer", "--tokenizer-model", "8000"], "--tokenizer-type 'GPT2BPETokenizer'"),
+    (["--threads", "-1"], "--threads=-1"),
+    (["--device", "gpu0"], "--device 'gpu0'"),
+    (["--output-json", "/nonexistent_dir_zaya/x.json"], "--output-json /nonexistent_dir_zaya/x.json"),
+    (["--eod-id", "999999"], "--eod-id=999999"),
+    (["--prefill-chunk", "0"], "--prefill-chunk=0"),
+    (["--prompt-ids", "999999"], "token ids [999999]"),
+    (["--max-new-tokens", "100000"], "--max-new-tokens=100000"),
+])
+def test_generate_flags_are_checked_before_loading(hf_checkpoint, capsys, monkeypatch, extra, expected):
+    code, line = error_line(load_tool("generate"), ["--load", str(hf_checkpoint), "--prompt-ids", "1 2"] + extra,
+                            capsys, monkeypatch)
+    assert code == 2 and "error:" in line and expected in line and "--load" not in line, line
+
+
+def test_generate_cuda_without_cuda(hf_checkpoint, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, line = error_line(load_tool("generate"), ["--load", str(hf_checkpoint), "--prompt-ids", "1", "--device",
+                                                    "cuda"], capsys, monkeypatch)
+    assert code == 2 and "--device cuda: CUDA is not available" in line, line
+
+
+def test_generate_prompt_file_not_utf8(hf_checkpoint, bad_utf8_file, capsys, monkeypatch):
+    code, line = error_line(load_tool("generate"), ["--load", str(hf_checkpoint), "--prompt-file", str(bad_utf8_file),
+                                                    "--tokenizer-type", "NullTokenizer", "--tokenizer-model", "8000"],
+                            capsys, monkeypatch)
+    assert code == 2 and f"--prompt-file {bad_utf8_file}: not UTF-8" in line, line
+
+
+@pytest.fixture(scope="module")
+def damaged_folders(hf_checkpoint, tmp_path_factory):
+    root = tmp_path_factory.mktemp("damaged")
+    bad_config, truncated = root / "bad_config", root / "truncated"
+    shutil.copytree(hf_checkpoint, bad_config)
+    shutil.copytree(hf_checkpoint, truncated)
+    (bad_config / "config.json").write_text("{bad")
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:5000])
+    return bad_config, truncated
+
+
+def test_loader_names_the_damaged_file(damaged_folders, capsys):
+    bad_config, truncated = damaged_folders
+    with pytest.raises(CheckpointError, match=f"{bad_config / 'config.json'}: not valid JSON"):
+        load_model_for_inference(bad_config)
+    with pytest.raises(CheckpointError, match=f"{truncated / 'model.safetensors'}: unreadable safetensors"):
+        load_model_for_inference(truncated)
+    code, line = error_line(load_tool("generate"), ["--load", str(truncated), "--prompt-ids", "1"], capsys)
+    assert code == 2 and "model.safetensors: unreadable" in line, line
+
+
+# --- evaluate.py -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def big_ids_prefix(tmp_path_factory):
+    """A dataset whose ids reach 9000, beyond the tiny checkpoint's vocabulary."""
+    prefix = str(tmp_path_factory.mktemp("bigids") / "big_text_document")
+    rng = np.random.default_rng(0)
+    with IndexedDatasetWriter(prefix, np.uint16) as writer:
+        for _ in range(20):
+            writer.add_document(rng.integers(8500, 9000, size=50).tolist())
+    return prefix
+
+
+def eval_argv(hf_checkpoint, prefix, *extra):
+    return ["--load", str(hf_checkpoint), "--data-path", prefix, "--tokenizer-type", "NullTokenizer",
+            "--tokenizer-model", "8000", "--seq-length", "32", "--micro-batch-size", "2", *extra]
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--split", "100,0,0", "--eval-iters", "1"], "--split 100,0,0: the valid split"),
+    (["--split", "1,0"], "--split 1,0: the valid split"),
+    (["--split", "1,1,0", "--split-name", "test"], "--split 1,1,0: the test split"),
+    (["--split", "1,1", "--seq-length", "4000"], "fewer than --seq-length 4000"),
+    (["--split", "1,1", "--threads", "-1"], "--threads=-1"),
+    (["--split", "1,1", "--device", "gpu0"], "--device 'gpu0'"),
+    (["--split", "1,1", "--output-json", "/nonexistent_dir_zaya/x.json"], "--output-json"),
+    (["--split", "1,1", "--log-interval", "-1"], "--log-interval=-1"),
+])
+def test_evaluate_flags_are_checked_before_loading(hf_checkpoint, big_ids_prefix, capsys, monkeypatch, extra,
+                                                   expected):
+    code, line = error_line(load_tool("evaluate"), eval_argv(hf_checkpoint, big_ids_prefix, *extra), capsys,
+                            monkeypatch)
+    assert code == 2 and expected in line and "--load" not in line, line
+
+
+def test_evaluate_tensorboard_dir_under_a_file(hf_checkpoint, big_ids_prefix, tmp_path, capsys, monkeypatch):
+    (tmp_path / "f").write_text("x")
+    code, line = error_line(load_tool("evaluate"), eval_argv(hf_checkpoint, big_ids_prefix, "--split", "1,1",
+                                                             "--tensorboard-dir", str(tmp_path / "f" / "tb")),
+                            capsys, monkeypatch)
+    assert code == 2 and "--tensorboard-dir" in line and "is not a folder" in line, line
+
+
+def test_evaluate_token_ids_beyond_the_vocabulary(hf_checkpoint, big_ids_prefix, tmp_path, capsys):
+    code, line = error_line(load_tool("evaluate"), eval_argv(hf_checkpoint, big_ids_prefix, "--split", "1,1",
+                                                             "--eval-iters", "1", "--no-index-cache"), capsys)
+    assert code == 2 and f"--data-path {big_ids_prefix}: token id" in line and "vocabulary" in line, line
+
+
+def test_evaluate_progress_lines():
+    tool = load_tool("evaluate")
+    import contextlib
+    import io
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert list(tool.with_progress(iter(range(5)), 5, 2)) == list(range(5))
+        assert list(tool.with_progress(iter(range(5)), 5, None)) == list(range(5))   # auto: silent below 20
+    lines = err.getvalue().splitlines()
+    assert [line.split(",")[0] for line in lines] == ["evaluated 2/5 micro-batches", "evaluated 4/5 micro-batches",
+                                                      "evaluated 5/5 micro-batches"]
+
+
+# --- inspect_checkpoint.py ----------------------------------------------------------------------
+
+def write_safetensors(path, header: dict, data: bytes):
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+
+
+@pytest.mark.parametrize("case", ["string_offsets", "config_list", "metadata_list", "world_size_string",
+                                  "weight_map_list"])
+def test_inspect_reports_damaged_checkpoints_as_problems(hf_checkpoint, tmp_path, capsys, case):
+    folder = tmp_path / case
+    if case in ("metadata_list", "world_size_string"):
+        folder.mkdir()
+        meta = [] if case == "metadata_list" else {"layout": {"world_size": "2"}}
+        (folder / "metadata.json").write_text(json.dumps(meta))
+        expected = "metadata.json"
+    else:
+        shutil.copytree(hf_checkpoint, folder)
+        if case == "string_offsets":
+            write_safetensors(folder / "model.safetensors",
+                              {"model.embed_tokens.weight": {"dtype": "F32", "shape": [2], "data_offsets": ["0", "8"]}},
+                              b"\0" * 8)
+            expected = "malformed header entry"
+        elif case == "config_list":
+            (folder / "config.json").write_text("[1]")
+            expected = "config.json: expected a JSON object"
+        else:
+            (folder / "model.safetensors").unlink()
+            (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": []}))
+            expected = "weight_map"
+    assert load_tool("inspect_checkpoint").main([str(folder)]) == 1
+    out = capsys.readouterr().out
+    assert "PROBLEMS FOUND" in out and expected in out, out
