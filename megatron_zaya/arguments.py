@@ -115,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--clip-grad", type=float, default=1.0)
     g.add_argument("--bf16", action="store_true")
     g.add_argument("--seed", type=int, default=1234)
+    g.add_argument("--recompute-granularity", choices=["full"], default=None,
+                   help="full: keep only the inputs of the recomputed blocks and run them again in the backward")
+    g.add_argument("--recompute-method", choices=["uniform", "block"], default=None,
+                   help="uniform (default with --recompute-granularity full): all blocks, in runs of "
+                        "--recompute-num-layers; block: only the first --recompute-num-layers blocks")
+    g.add_argument("--recompute-num-layers", type=int, default=None, help="default 1 (uniform) or all (block)")
     g.add_argument("--moe-router-bias-lr", type=float, default=1e-2)
     g.add_argument("--moe-router-bias-beta1", type=float, default=0.9)
     g.add_argument("--moe-router-bias-beta2", type=float, default=0.999)
@@ -270,6 +276,7 @@ NUMBER_DOMAINS = (
     ("exit_interval", _ge1, "must be >= 1"), ("exit_duration_in_mins", _gt0, "must be > 0"),
     ("peak_tflops", _gt0, "must be > 0"), ("ddp_bucket_size", _ge1, "must be >= 1"),
     ("tensorboard_log_interval", _ge1, "must be >= 1"), ("tensorboard_queue_size", _ge1, "must be >= 1"),
+    ("recompute_num_layers", _ge1, "must be >= 1"),
 )
 
 
@@ -378,6 +385,22 @@ def _check_sequence_splits(args: argparse.Namespace, model: ModelConfig) -> None
                              f"--tensor-model-parallel-size={tp}")
 
 
+def _check_recompute(args: argparse.Namespace, model: ModelConfig) -> None:
+    """Megatron's rules: --recompute-method / --recompute-num-layers only with --recompute-granularity
+    full; the defaults it leaves to the user are filled in (uniform, one block per unit)."""
+    if args.recompute_granularity is None:
+        for flag in ("recompute_method", "recompute_num_layers"):
+            if getattr(args, flag) is not None:
+                raise UserInputError(f"--{flag.replace('_', '-')} needs --recompute-granularity full")
+        return
+    args.recompute_method = args.recompute_method or "uniform"
+    if args.recompute_num_layers is None:
+        args.recompute_num_layers = 1 if args.recompute_method == "uniform" else model.num_layers
+    if args.recompute_num_layers > model.num_layers:
+        raise UserInputError(f"--recompute-num-layers={args.recompute_num_layers} exceeds --num-layers="
+                             f"{model.num_layers}")
+
+
 def _check_split(args: argparse.Namespace) -> None:
     """--split parses like the data pipeline's, and gives training a share (there are iterations)."""
     shares = parse_split(args.split)
@@ -432,6 +455,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
     check_layout(parallel.world_size, parallel.tensor_model_parallel_size, parallel.context_parallel_size,
                  parallel.expert_model_parallel_size, model)
     _check_sequence_splits(args, model)
+    _check_recompute(args, model)
 
     if (args.train_iters is None) == (args.train_samples is None):
         raise UserInputError("give exactly one of --train-iters and --train-samples")

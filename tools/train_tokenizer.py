@@ -64,6 +64,16 @@ def iter_lines(paths, json_keys, text_mode, counts):
                     yield line
 
 
+def vocab_size_hint(message: str) -> str:
+    """Which way to move --vocab-size, from SentencePiece's error text ("" when it is not about it)."""
+    if "smaller than required_chars" in message:
+        return (" (--vocab-size must cover the 256 byte-fallback pieces, the special pieces and the corpus's "
+                "characters: raise it, or lower --character-coverage)")
+    if "Vocabulary size too high" in message:
+        return " (the corpus is too small for this --vocab-size: lower it or add text)"
+    return ""
+
+
 def check_args(args) -> str | None:
     """The first bad flag value as a one-line message, or None. Cheap: runs before any input is read."""
     if args.vocab_size < 8:
@@ -177,9 +187,7 @@ def main(argv=None) -> int:
         )
         _install(tmp_prefix, args.output_prefix)
     except (RuntimeError, InputError) as e:
-        msg = str(e)
-        if "Vocabulary size" in msg or "vocab_size" in msg:
-            msg += " (the corpus is too small for this --vocab-size; lower it or add text)"
+        msg = str(e) + vocab_size_hint(str(e))
         print(f"error: SentencePiece training failed: {msg}", file=sys.stderr)
         return 1
     finally:

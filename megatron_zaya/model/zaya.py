@@ -11,6 +11,10 @@ Initialisation (the transformers reference's placeholder inits are not all train
   tokens by O(1) from the start. With N(0, 0.02) the softmax is uniform to ~1e-3, so the balancing
   biases alone would pick the expert and move every token at once from one expert to the next;
 - EDA gamma 1; balancing biases 0 with skip_class_bias_init (-1) for the skip class.
+
+Activation recomputation (Megatron's --recompute-granularity full) is a memory policy, not part of
+the math or of the config: `set_recompute` makes training forwards keep only the inputs of each
+checkpointed unit of blocks and run it again during the backward.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from megatron_zaya import kernels
@@ -46,7 +51,22 @@ class ZayaModel(nn.Module):
         self.final_norm = RMSNorm(config.hidden_size, config.norm_epsilon)
         self.output_layer = (nn.Linear(config.hidden_size, config.vocab_size, bias=False)
                              if config.untie_embeddings_and_output_weights else None)
+        self.recompute_units: list[range] = []      # runs of blocks recomputed in the backward (set_recompute)
         self.reset_parameters()
+
+    def set_recompute(self, method: str | None, num_layers: int = 1) -> None:
+        """Megatron's full recomputation. "uniform": the blocks in consecutive runs of `num_layers`, each
+        run one recomputed unit (1 = every block alone); "block": the first `num_layers` blocks, each
+        alone; None: off."""
+        n = len(self.layers)
+        if method is None:
+            self.recompute_units = []
+        elif method == "uniform":
+            self.recompute_units = [range(i, min(i + num_layers, n)) for i in range(0, n, num_layers)]
+        elif method == "block":
+            self.recompute_units = [range(i, i + 1) for i in range(min(num_layers, n))]
+        else:
+            raise ValueError(f"--recompute-method={method}: choose uniform or block")
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -83,11 +103,34 @@ class ZayaModel(nn.Module):
         residual = self.input_scaling(self.embedding(tokens))
         router_state = None
         routing = []
-        for block in self.layers:
-            residual, router_state, layer_routing = block(residual, router_state, cos, sin, attention_mask)
-            routing.append(layer_routing)
+        recomputing = self.training and torch.is_grad_enabled()
+        for unit in self.units():
+            if recomputing and unit in self.recompute_units:
+                # Early stop off: the recomputation runs the whole unit, so every collective inside it
+                # (CP halo, EP all-to-all) runs again on every rank, in the same order.
+                with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+                    residual, router_state, unit_routing = torch.utils.checkpoint.checkpoint(
+                        self.run_blocks, unit, residual, router_state, cos, sin, attention_mask, use_reentrant=False)
+            else:
+                residual, router_state, unit_routing = self.run_blocks(unit, residual, router_state, cos, sin,
+                                                                       attention_mask)
+            routing.extend(unit_routing)
         logits, losses = self.head_and_loss(self.final_norm(residual), labels)
         return ModelOutput(logits, losses, routing)
+
+    def units(self) -> list[range]:
+        """The blocks in forward order, grouped as the recomputation policy groups them."""
+        covered = {i for unit in self.recompute_units for i in unit}
+        return sorted(self.recompute_units + [range(i, i + 1) for i in range(len(self.layers)) if i not in covered],
+                      key=lambda unit: unit.start)
+
+    def run_blocks(self, unit: range, residual, router_state, cos, sin, attention_mask):
+        """Blocks unit.start .. unit.stop - 1; (residual, router state, their routings)."""
+        routing = []
+        for i in unit:
+            residual, router_state, layer_routing = self.layers[i](residual, router_state, cos, sin, attention_mask)
+            routing.append(layer_routing)
+        return residual, router_state, routing
 
     def head_and_loss(self, hidden: torch.Tensor, labels: torch.Tensor | None):
         """LM head and per-token loss: (logits, None) without labels, (None, losses (B, S)) with them.

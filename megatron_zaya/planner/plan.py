@@ -93,7 +93,8 @@ def _candidates(layout: ParallelLayout):
         yield "cp", f"raise CP to {cp} (--context-parallel-size {cp})", dataclasses.replace(layout, context_parallel=cp)
         cp *= 2
     if layout.recompute != "full":
-        yield "full", "recompute full (--recompute full)", dataclasses.replace(layout, recompute="full")
+        yield "full", "recompute full (--recompute full; in training: --recompute-granularity full)", \
+            dataclasses.replace(layout, recompute="full")
     ep = layout.expert_parallel * 2
     while ep <= layout.gpus:
         yield "ep", f"raise EP to {ep} (--expert-model-parallel-size {ep})", dataclasses.replace(layout, expert_parallel=ep)

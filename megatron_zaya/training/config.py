@@ -35,6 +35,10 @@ class TrainConfig:
     tensorboard_queue_size: int = 1000
     progress_bar: bool = False
     peak_tflops: float | None = None
+    # activation recomputation (ZayaModel.set_recompute)
+    recompute_granularity: str | None = None
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
     # exits
     exit_interval: int | None = None
     exit_duration_in_mins: float | None = None

@@ -64,7 +64,10 @@ def build_and_train(run) -> int:
     check_before_build(run)              # --save / --load problems: before process groups and the model
     runtime = build_runtime(run)
     torch.manual_seed(run.train.seed)    # identical initial weights on every rank
-    model = runtime.prepare_model(ZayaModel(run.model))
+    model = ZayaModel(run.model)
+    if run.train.recompute_granularity == "full":
+        model.set_recompute(run.train.recompute_method, run.train.recompute_num_layers)
+    model = runtime.prepare_model(model)
     optimizer = runtime.build_optimizer(model, run.optim)
 
     state = TrainState(data_signature=data_signature(run))

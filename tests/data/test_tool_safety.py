@@ -280,3 +280,10 @@ def test_write_jsonl_failure_leaves_no_temporary(tmp_path, monkeypatch):
     with pytest.raises(ValueError):
         corpus.write_jsonl("x", str(tmp_path / "c.jsonl"))
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("vocab_size, hint", [(100, "raise it"), (50000, "lower it")])
+def test_train_tokenizer_says_which_way_to_move_the_vocab_size(tmp_path, tok_corpus, capsys, vocab_size, hint):
+    """SentencePiece fails both below the byte-fallback minimum and above what the corpus can fill."""
+    assert _train(tok_corpus, tmp_path / "sp", "--vocab-size", str(vocab_size)) == 1
+    assert hint in capsys.readouterr().err

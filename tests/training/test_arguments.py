@@ -261,3 +261,16 @@ def test_default_index_cache_beside_the_data_is_checked(tiny_corpus, tmp_path, c
     line = error_of(tiny_run_flags(tiny_corpus, tmp_path, **{"--data-path": prefix, "--data-cache-path": None}),
                     capsys)
     assert "index cache (no --data-cache-path" in line and f"{tmp_path / 'cache'} is not a directory" in line
+
+
+def test_recompute_flags_follow_megatron(tiny_corpus, tmp_path, capsys):
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--recompute-granularity": "full"}))
+    assert (run.train.recompute_method, run.train.recompute_num_layers) == ("uniform", 1)
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--recompute-granularity": "full",
+                                                               "--recompute-method": "block"}))
+    assert run.train.recompute_num_layers == 2           # block: all layers unless told
+    assert "--recompute-method needs --recompute-granularity full" in error_of(
+        tiny_run_flags(tiny_corpus, tmp_path, **{"--recompute-method": "uniform"}), capsys)
+    assert "--recompute-num-layers=3 exceeds --num-layers=2" in error_of(
+        tiny_run_flags(tiny_corpus, tmp_path, **{"--recompute-granularity": "full", "--recompute-num-layers": "3"}),
+        capsys)
