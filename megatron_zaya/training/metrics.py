@@ -110,17 +110,19 @@ class IntervalMeter:
     loss_steps: int = 0
     seconds: float = 0.0
     tokens: int = 0
-    skipped: int = 0
 
     def add(self, loss: float, seconds: float, tokens: int, skipped: bool) -> None:
         self.iterations += 1
         self.seconds += seconds
         self.tokens += tokens
-        if skipped:
-            self.skipped += 1
-        else:
+        if not skipped:
             self.loss_sum += loss
             self.loss_steps += 1
+
+    @property
+    def skipped(self) -> int:
+        """Iterations skipped for a non-finite loss or gradient (their loss is not in the mean)."""
+        return self.iterations - self.loss_steps
 
     @property
     def mean_loss(self) -> float:
