@@ -130,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--split", default="969,30,1")
     g.add_argument("--tokenizer-type", default="GPTSentencePieceTokenizer")
     g.add_argument("--tokenizer-model", default=None)
+    g.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: GPT-2's vocab.json")
+    g.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: GPT-2's merges.txt")
     g.add_argument("--data-cache-path", default=None)
     g.add_argument("--num-workers", type=int, default=2)
     g.add_argument("--reset-position-ids", action="store_true")
@@ -410,7 +412,7 @@ def _check_split(args: argparse.Namespace) -> None:
 
 
 def _check_tokenizer(args: argparse.Namespace) -> None:
-    check_tokenizer_flags(args.tokenizer_type, args.tokenizer_model)
+    check_tokenizer_flags(args.tokenizer_type, args.tokenizer_model, args.vocab_file, args.merge_file)
     if args.tokenizer_type == "NullTokenizer" and args.vocab_size is not None:
         needed = int(args.tokenizer_model) + 1          # ids 0..N-1 and EOD = N
         if args.vocab_size < needed:
@@ -478,7 +480,8 @@ def validate(args: argparse.Namespace) -> RunConfig:
     data = DataConfig(data_path=args.data_path, split=args.split, data_cache_path=args.data_cache_path,
                       seed=args.seed, num_workers=args.num_workers, reset_position_ids=args.reset_position_ids,
                       reset_attention_mask=args.reset_attention_mask, eod_mask_loss=args.eod_mask_loss,
-                      tokenizer_type=args.tokenizer_type, tokenizer_model=args.tokenizer_model)
+                      tokenizer_type=args.tokenizer_type, tokenizer_model=args.tokenizer_model,
+                      vocab_file=args.vocab_file, merge_file=args.merge_file)
 
     train_fields = {f.name for f in fields(TrainConfig)}
     train = TrainConfig(**{k: v for k, v in vars(args).items() if k in train_fields})

@@ -45,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="969,30,1", help="train,valid,test shares (as in training)")
     p.add_argument("--split-name", default="valid", choices=sorted(SPLITS))
     p.add_argument("--tokenizer-type", required=True)
-    p.add_argument("--tokenizer-model", required=True)
+    p.add_argument("--tokenizer-model", default=None, help="tokenizer model file / folder (GPT2BPETokenizer: or the two files below)")
+    p.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: GPT-2's vocab.json")
+    p.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: GPT-2's merges.txt")
     p.add_argument("--seq-length", type=int, default=None, help="default: the checkpoint config's seq_length")
     p.add_argument("--micro-batch-size", type=int, default=4)
     p.add_argument("--eval-iters", type=int, default=None, help="micro-batches to evaluate (default: one pass)")
@@ -82,7 +84,7 @@ def check_eval_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     try:
         check_data_path(args.data_path)
         shares = parse_split(args.split)
-        check_tokenizer_flags(args.tokenizer_type, args.tokenizer_model)
+        check_tokenizer_flags(args.tokenizer_type, args.tokenizer_model, args.vocab_file, args.merge_file)
         check_threads(args.threads)
         check_device(args.device)
         check_writable_output("--output-json", args.output_json)
@@ -172,7 +174,8 @@ def main(argv=None) -> int:
     from megatron_zaya.data import DataConfig, build_train_valid_test_datasets, build_tokenizer
 
     try:
-        tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+        tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, vocab_file=args.vocab_file,
+                                    merge_file=args.merge_file)
     except UserInputError as err:
         parser.error(str(err))
     peeked = peek_model_config(args.load)       # config.json / metadata.json only: no tensor read yet
@@ -183,7 +186,8 @@ def main(argv=None) -> int:
     except (OSError, ValueError, RuntimeError) as err:
         parser.error(f"--load: {err}")
     if tokenizer.vocab_size > config.vocab_size:
-        parser.error(f"--tokenizer-model {args.tokenizer_model}: vocabulary {tokenizer.vocab_size} is larger than "
+        parser.error(f"--tokenizer-type {args.tokenizer_type} ({getattr(tokenizer, 'model_path', args.tokenizer_model)}): "
+                     f"vocabulary {tokenizer.vocab_size} is larger than "
                      f"the checkpoint's {config.vocab_size} embedding rows")
     seq_length = check_seq_length(parser, args, config)
     split_id = SPLITS[args.split_name]
@@ -192,7 +196,7 @@ def main(argv=None) -> int:
                              seed=args.seed, num_workers=0, reset_position_ids=args.reset_position_ids,
                              reset_attention_mask=args.reset_attention_mask, eod_mask_loss=args.eod_mask_loss,
                              tokenizer_type=args.tokenizer_type, tokenizer_model=args.tokenizer_model,
-                             no_index_cache=args.no_index_cache)
+                             vocab_file=args.vocab_file, merge_file=args.merge_file, no_index_cache=args.no_index_cache)
     sizes = [0, 0, 0]
     sizes[split_id] = num_samples
     dataset = build_train_valid_test_datasets(data_config, seq_length, sizes, tokenizer)[split_id]

@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a prompt as space-separated token ids (repeat for a batch; no tokenizer needed)")
     p.add_argument("--tokenizer-type", help="Megatron tokenizer name, e.g. GPTSentencePieceTokenizer")
     p.add_argument("--tokenizer-model", help="tokenizer model file / folder")
+    p.add_argument("--vocab-file", help="GPT2BPETokenizer: GPT-2's vocab.json")
+    p.add_argument("--merge-file", help="GPT2BPETokenizer: GPT-2's merges.txt")
     p.add_argument("--add-bos", action="store_true", help="prepend the tokenizer's BOS to text prompts")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--greedy", action="store_true", help="argmax decoding (same as --temperature 0)")
@@ -88,15 +90,19 @@ def read_prompt_file(parser: argparse.ArgumentParser, path: str) -> list[str]:
 
 
 def load_tokenizer(parser: argparse.ArgumentParser, args: argparse.Namespace):
-    """The tokenizer of --tokenizer-type/--tokenizer-model (None when neither is given); checked cheaply first."""
-    if not (args.tokenizer_type or args.tokenizer_model):
+    """The tokenizer of --tokenizer-type with --tokenizer-model (or GPT-2's --vocab-file/--merge-file);
+    None when no tokenizer flag is given. Checked cheaply first."""
+    files = [f for f, v in (("--tokenizer-model", args.tokenizer_model), ("--vocab-file", args.vocab_file),
+                            ("--merge-file", args.merge_file)) if v is not None]
+    if not (args.tokenizer_type or files):
         return None
-    if not (args.tokenizer_type and args.tokenizer_model):
-        parser.error("--tokenizer-type and --tokenizer-model go together")
+    if not args.tokenizer_type:
+        parser.error(f"{files[0]} needs --tokenizer-type")
     from megatron_zaya.data.tokenizer import build_tokenizer, check_tokenizer_flags
     try:
-        check_tokenizer_flags(args.tokenizer_type, args.tokenizer_model)
-        return build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+        check_tokenizer_flags(args.tokenizer_type, args.tokenizer_model, args.vocab_file, args.merge_file)
+        return build_tokenizer(args.tokenizer_type, args.tokenizer_model, vocab_file=args.vocab_file,
+                               merge_file=args.merge_file)
     except UserInputError as err:
         parser.error(str(err))
 
@@ -104,7 +110,8 @@ def load_tokenizer(parser: argparse.ArgumentParser, args: argparse.Namespace):
 def check_against_config(parser, args, config, prompts, tokenizer, eod) -> None:
     """Tokenizer vocabulary, prompt ids, the stop token and the length against the checkpoint's config."""
     if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
-        parser.error(f"--tokenizer-model {args.tokenizer_model}: vocabulary {tokenizer.vocab_size} is larger than "
+        parser.error(f"--tokenizer-type {args.tokenizer_type} ({getattr(tokenizer, 'model_path', args.tokenizer_model)}): "
+                     f"vocabulary {tokenizer.vocab_size} is larger than "
                      f"the checkpoint's {config.vocab_size} embedding rows")
     try:
         check_prompts_fit(config, prompts, args.max_new_tokens, eod)

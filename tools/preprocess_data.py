@@ -48,7 +48,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--strict", action="store_true", help="stop at the first bad record instead of skipping it")
     g = p.add_argument_group("tokenizer")
     g.add_argument("--tokenizer-type", required=True, choices=sorted(TOKENIZER_TYPES))
-    g.add_argument("--tokenizer-model", required=True, help="SentencePiece .model, tokenizer.json (or its folder), or a vocab size for NullTokenizer")
+    g.add_argument("--tokenizer-model", default=None,
+                   help="SentencePiece .model, tokenizer.json (or its folder), a vocab size for NullTokenizer, or a "
+                        "folder holding vocab.json + merges.txt for GPT2BPETokenizer")
+    g.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: GPT-2's vocab.json")
+    g.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: GPT-2's merges.txt")
     g.add_argument("--vocab-extra-ids", type=int, default=0, help="SentencePieceTokenizer: <extra_id_N> tokens (>= 0)")
     g.add_argument("--append-eod", action="store_true", help="append the EOD token to every document")
     g = p.add_argument_group("trimming of reasoning samples")
@@ -99,6 +103,8 @@ def _main(args) -> int:
         output_prefix=args.output_prefix,
         tokenizer_type=args.tokenizer_type,
         tokenizer_model=args.tokenizer_model,
+        vocab_file=args.vocab_file,
+        merge_file=args.merge_file,
         json_keys=args.json_keys,
         append_eod=args.append_eod,
         workers=args.workers,

@@ -48,6 +48,8 @@ class DataConfig:
     eod_mask_loss: bool = False
     tokenizer_type: str | None = None
     tokenizer_model: str | None = None
+    vocab_file: str | None = None        # GPT2BPETokenizer's --vocab-file
+    merge_file: str | None = None        # GPT2BPETokenizer's --merge-file
     phases: list[PhaseBlend] = field(default_factory=list)
     mid_level_dataset_surplus: float = 0.005
     prefetch_factor: int = 4
@@ -73,7 +75,8 @@ class DataConfig:
         """From an argparse namespace using Megatron's flag names (missing ones keep defaults)."""
         kw = {}
         for name in ("data_path", "split", "data_cache_path", "seed", "num_workers", "reset_position_ids",
-                     "reset_attention_mask", "eod_mask_loss", "tokenizer_type", "tokenizer_model", "phases"):
+                     "reset_attention_mask", "eod_mask_loss", "tokenizer_type", "tokenizer_model", "vocab_file",
+                     "merge_file", "phases"):
             v = getattr(args, name, None)
             if v is not None:
                 kw[name] = v

@@ -35,7 +35,7 @@ class PreprocessConfig:
     input: list[str]
     output_prefix: str
     tokenizer_type: str
-    tokenizer_model: str
+    tokenizer_model: str | None   # GPT2BPETokenizer: optional folder holding vocab.json + merges.txt
     json_keys: list[str] = field(default_factory=lambda: ["text"])
     append_eod: bool = False
     workers: int = 1
@@ -48,6 +48,8 @@ class PreprocessConfig:
     progress: bool | None = None  # None: a bar when stderr is a terminal, log lines otherwise
     strict: bool = False
     overwrite: bool = False  # replace existing outputs instead of refusing them
+    vocab_file: str | None = None   # GPT2BPETokenizer: --vocab-file
+    merge_file: str | None = None   # GPT2BPETokenizer: --merge-file
 
 
 @dataclass
@@ -94,7 +96,8 @@ class Encoder:
     def __init__(self, cfg: PreprocessConfig):
         self.cfg = cfg
         kw = {"vocab_extra_ids": cfg.vocab_extra_ids} if cfg.tokenizer_type == "SentencePieceTokenizer" else {}
-        self.tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, **kw)
+        self.tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, vocab_file=cfg.vocab_file,
+                                         merge_file=cfg.merge_file, **kw)
         self.dtype = optimal_dtype(self.tokenizer.vocab_size)
         self.trimmer = None
         if cfg.trim_max_length:
@@ -442,7 +445,7 @@ class EmptyInputError(ValueError):
 def check_config(cfg: PreprocessConfig) -> None:
     """Cheap checks of every flag, before any input is read: raises ValueError naming the flag, or
     FileExistsError naming an output that exists (unless `cfg.overwrite`)."""
-    check_tokenizer_flags(cfg.tokenizer_type, cfg.tokenizer_model)
+    check_tokenizer_flags(cfg.tokenizer_type, cfg.tokenizer_model, cfg.vocab_file, cfg.merge_file)
     if cfg.workers < 1:
         raise ValueError(f"--workers must be at least 1, got {cfg.workers}")
     if not cfg.json_keys:

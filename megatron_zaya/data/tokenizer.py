@@ -1,6 +1,7 @@
 """Tokenizers with Megatron-LM's names and special-token conventions.
 
-`build_tokenizer(tokenizer_type, tokenizer_model, make_vocab_size_divisible_by=128)` accepts:
+`build_tokenizer(tokenizer_type, tokenizer_model, make_vocab_size_divisible_by=128, vocab_file=None,
+merge_file=None)` accepts:
 
 - `GPTSentencePieceTokenizer`: a SentencePiece model used as is; EOD is the model's EOS id,
   text is encoded as plain SentencePiece ids (Megatron's `_GPTSentencePieceTokenizer`).
@@ -15,6 +16,14 @@
   transformers 5, `add_bos_token` / `add_eos_token` in `tokenizer_config.json` do not override the
   post-processor of a `tokenizer.json` (tests/data/test_tokenizer.py checks the ids against
   transformers' own loading of the same folder).
+- `GPT2BPETokenizer`: GPT-2's byte-level BPE from a `vocab.json` and a `merges.txt` (Megatron's
+  `--vocab-file` / `--merge-file`; or `tokenizer_model` = a folder holding them, as `vocab.json` +
+  `merges.txt` or Megatron's `gpt2-vocab.json` + `gpt2-merges.txt`). As Megatron's legacy GPT-2
+  tokenizer, no text is special: `<|endoftext|>` in a document is encoded as ordinary text, and EOD
+  is the `<|endoftext|>` id. Encoded by the `tokenizers` package (GPT-2's pre-tokenizing pattern and
+  merge ranks); tests/data/test_gpt2_tokenizer.py checks it against a pure-Python GPT-2 BPE.
+- `Llama2Tokenizer`: a SentencePiece model with BOS prepended to every encoded text (Megatron's
+  `_Llama2Tokenizer.tokenize(s, bos=True, eos=False)`); EOD is the model's EOS id.
 - `NullTokenizer`: `tokenizer_model` is a vocabulary size; text is space-separated integer ids and
   EOD is the id just past the vocabulary (Megatron's convention), handy for tests.
 
@@ -24,430 +33,18 @@ Every tokenizer exposes `vocab_size` (unpadded), `padded_vocab_size`, `eod`, `bo
 
 from __future__ import annotations
 
-import itertools
-import json
-import operator
 import os
 import re
 from typing import Sequence
 
 from megatron_zaya.errors import UserInputError
 
-# Control characters that SentencePiece's normalizers delete or remap; texts containing any of them
-# (or any non-ASCII character) always take the exact, unsplit encoding path.
-_UNSAFE_FOR_WORD_CACHE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-_PROBES = ("a b", "a\tb", "a\nb", "a\r\nb", "  a  b ", " ", "", "a\n\n b.", "x!!y 1234abc", "Don't, I'd", "(a)[b]{c}")
-
-
-def pad_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int = 128, tensor_parallel_size: int = 1) -> int:
-    """Round `vocab_size` up to a multiple of `make_vocab_size_divisible_by * tensor_parallel_size`
-    (Megatron's rule; 262,145 -> 262,272 = 2049 x 128 for ZAYA1's Gemma-3 vocabulary)."""
-    multiple = int(make_vocab_size_divisible_by) * int(tensor_parallel_size)
-    if multiple <= 0:
-        raise ValueError(f"make_vocab_size_divisible_by * tensor_parallel_size must be positive, got {multiple}")
-    return ((int(vocab_size) + multiple - 1) // multiple) * multiple
-
-
-class BaseTokenizer:
-    """Common interface; subclasses set `_vocab_size`, `_eod`, `_bos`, `_pad`."""
-
-    name = "base"
-
-    def __init__(self, make_vocab_size_divisible_by: int = 128, tensor_parallel_size: int = 1):
-        self.make_vocab_size_divisible_by = make_vocab_size_divisible_by
-        self.tensor_parallel_size = tensor_parallel_size
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
-    @property
-    def padded_vocab_size(self) -> int:
-        return pad_vocab_size(self._vocab_size, self.make_vocab_size_divisible_by, self.tensor_parallel_size)
-
-    @property
-    def eod(self) -> int:
-        return self._eod
-
-    @property
-    def bos(self) -> int | None:
-        return self._bos
-
-    @property
-    def pad(self) -> int | None:
-        return self._pad
-
-    def encode(self, text: str) -> list[int]:
-        raise NotImplementedError
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        raise NotImplementedError
-
-    # Megatron's method names, so scripts written against it keep working.
-    def tokenize(self, text: str) -> list[int]:
-        return self.encode(text)
-
-    def detokenize(self, ids: Sequence[int]) -> str:
-        return self.decode(ids)
-
-
-def _load_sentencepiece(model_path: str):
-    import sentencepiece as spm
-
-    if not os.path.isfile(model_path):
-        raise FileNotFoundError(f"--tokenizer-model {model_path}: SentencePiece model file not found")
-    sp = spm.SentencePieceProcessor()
-    try:
-        sp.Load(model_path)
-    except (OSError, RuntimeError) as e:
-        raise UserInputError(f"--tokenizer-model {model_path}: not a valid SentencePiece model ({e})") from None
-    return sp
-
-
-def _to_int_list(ids) -> list[int]:
-    return [int(i) for i in ids]
-
-
-class _WordCachedSentencePiece:
-    """Exact speed-up for SentencePiece on plain-ASCII text.
-
-    When no vocabulary piece contains the whitespace symbol U+2581 except at its start, no piece
-    spans two words; SentencePiece (BPE merges or unigram Viterbi) then encodes an ASCII text as
-    the concatenation of its whitespace-separated words' encodings, each with its leading U+2581.
-    Words are encoded once and memoized in a numpy table, and a batch is assembled with vectorized
-    gathers. Enabled only if the model passes that vocabulary check and a set of whitespace probes
-    (the normalizer collapses runs of spaces and maps tab/newline to spaces); a text that is not
-    ASCII or holds other control characters is encoded whole, as usual.
-    """
-
-    _CACHE_LIMIT = 1 << 20
-
-    def _setup_word_cache(self) -> None:
-        sp = self.sp
-        self._reset_word_cache()
-        ok = all("\u2581" not in sp.IdToPiece(i)[1:] for i in range(sp.GetPieceSize()))
-        self._word_cache_enabled = ok
-        if ok:
-            ok = all(self._encode_words(t) == sp.EncodeAsIds(t) for t in _PROBES)
-        self._word_cache_enabled = ok
-        self._reset_word_cache()
-
-    def _reset_word_cache(self) -> None:
-        import numpy as np
-
-        self._wid: dict[str, int] = {}
-        self._last_missed = True
-        self._w_tokens = np.zeros(0, np.int32)
-        self._w_start = np.zeros(0, np.int64)
-        self._w_len = np.zeros(0, np.int64)
-
-    def _add_words(self, words: list[str]) -> None:
-        import numpy as np
-
-        encoded = self.sp.Encode(words, num_threads=1)
-        lens = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
-        flat = np.fromiter(itertools.chain.from_iterable(encoded), dtype=np.int32, count=int(lens.sum()))
-        base = len(self._wid)
-        self._wid.update(zip(words, range(base, base + len(words))))
-        starts = len(self._w_tokens) + np.concatenate(([0], np.cumsum(lens)[:-1])) if len(lens) else lens
-        self._w_tokens = np.concatenate((self._w_tokens, flat))
-        self._w_start = np.concatenate((self._w_start, starts))
-        self._w_len = np.concatenate((self._w_len, lens))
-
-    def _gather(self, words: list[str]):
-        """Token array of a word sequence, plus the per-word token counts."""
-        import numpy as np
-
-        if not words:
-            return np.zeros(0, np.int32), np.zeros(0, np.int64)
-        # While new words keep appearing (a cold cache), look for them first instead of failing a
-        # full lookup; once the cache is warm, one lookup pass with no membership test.
-        if self._last_missed:
-            missing = set(words).difference(self._wid)
-        else:
-            try:
-                ids = self._word_ids(words)
-                missing = None
-            except KeyError:
-                missing = set(words).difference(self._wid)
-        self._last_missed = bool(missing)
-        if missing:
-            if len(self._wid) + len(missing) > self._CACHE_LIMIT:
-                self._reset_word_cache()  # bounded memory: start over with this batch's words
-                missing = set(words)
-            self._add_words(sorted(missing))
-        if missing is not None:
-            ids = self._word_ids(words)
-        lens = self._w_len[ids]
-        total = int(lens.sum())
-        if total == 0:
-            return np.zeros(0, np.int32), lens
-        ends = np.cumsum(lens)
-        idx = np.repeat(self._w_start[ids] - (ends - lens), lens) + np.arange(total)
-        return self._w_tokens[idx], lens
-
-    def _word_ids(self, words: list[str]):
-        import numpy as np
-
-        if len(words) == 1:
-            return np.array([self._wid[words[0]]], dtype=np.int64)
-        return np.array(operator.itemgetter(*words)(self._wid), dtype=np.int64)
-
-    def _encode_words(self, text: str) -> list[int]:
-        return self._gather(text.split())[0].tolist()
-
-    def _word_safe(self, text: str) -> bool:
-        return self._word_cache_enabled and text.isascii() and not _UNSAFE_FOR_WORD_CACHE.search(text)
-
-    def encode_batch_flat(self, texts: Sequence[str]):
-        """(tokens int32 array of all texts concatenated, per-text lengths int64 array)."""
-        import numpy as np
-
-        texts = list(texts)
-        pieces, lengths = [], np.zeros(len(texts), np.int64)
-        i = 0
-        while i < len(texts):
-            j = i
-            while j < len(texts) and self._word_safe(texts[j]):
-                j += 1
-            if j > i:  # a run of word-cacheable texts: one vectorized gather
-                word_lists = [t.split() for t in texts[i:j]]
-                counts = np.fromiter(map(len, word_lists), dtype=np.int64, count=j - i)
-                toks, wl = self._gather(list(itertools.chain.from_iterable(word_lists)))
-                cs = np.concatenate(([0], np.cumsum(wl)))
-                bounds = np.concatenate(([0], np.cumsum(counts)))
-                lengths[i:j] = cs[bounds[1:]] - cs[bounds[:-1]]
-                pieces.append(toks)
-                i = j
-                continue
-            ids = self._encode_one(texts[i])
-            lengths[i] = len(ids)
-            pieces.append(np.asarray(ids, dtype=np.int32))
-            i += 1
-        tokens = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
-        return tokens, lengths
-
-    def _encode_one(self, text: str) -> list[int]:
-        return self.sp.EncodeAsIds(text)
-
-    def _sp_encode_batch(self, texts: list[str]) -> list[list[int]]:
-        if not self._word_cache_enabled:
-            return self.sp.Encode(texts, num_threads=1)
-        tokens, lengths = self.encode_batch_flat(texts)
-        out, pos = [], 0
-        flat = tokens.tolist()
-        for n in lengths.tolist():
-            out.append(flat[pos:pos + n])
-            pos += n
-        return out
-
-
-class GPTSentencePieceTokenizer(_WordCachedSentencePiece, BaseTokenizer):
-    """SentencePiece ids as is; EOD = EOS (Megatron's GPTSentencePieceTokenizer)."""
-
-    name = "GPTSentencePieceTokenizer"
-
-    def __init__(self, model_path: str, **kw):
-        super().__init__(**kw)
-        self.model_path = model_path
-        self.sp = _load_sentencepiece(model_path)
-        self._vocab_size = self.sp.GetPieceSize()
-        self._eod = self.sp.eos_id()
-        self._bos = self.sp.bos_id()
-        self._pad = self.sp.pad_id()
-        if self._eod < 0:
-            raise UserInputError(f"--tokenizer-model {model_path}: the SentencePiece model has no EOS piece, which GPTSentencePieceTokenizer uses as EOD")
-        self._setup_word_cache()
-
-    def encode(self, text: str) -> list[int]:
-        return self.sp.EncodeAsIds(text)
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return self._sp_encode_batch(list(texts))
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.sp.DecodeIds(_to_int_list(ids))
-
-
-class SentencePieceTokenizer(_WordCachedSentencePiece, BaseTokenizer):
-    """Megatron's SentencePieceTokenizer: SentencePiece plus appended special tokens, EOD = <EOD>."""
-
-    name = "SentencePieceTokenizer"
-
-    def __init__(self, model_path: str, vocab_extra_ids: int = 0, **kw):
-        super().__init__(**kw)
-        self.model_path = model_path
-        self.sp = _load_sentencepiece(model_path)
-        self._vocab: dict[str, int] = {}
-        for i in range(self.sp.GetPieceSize()):
-            self._vocab[self.sp.IdToPiece(i)] = i
-        self._special: dict[str, int] = {}  # insertion order matters for ties, as in Megatron
-
-        def add(token: str) -> int:
-            if token not in self._vocab:
-                self._vocab[token] = len(self._vocab)
-            self._special[token] = self._vocab[token]
-            return self._vocab[token]
-
-        self._cls = add("<CLS>")
-        self._sep = add("<SEP>")
-        self._eod = add("<EOD>")
-        self._mask = add("<MASK>")
-        self._pad = add(self._piece_or(self.sp.pad_id(), "<PAD>"))
-        self._bos = add(self._piece_or(self.sp.bos_id(), "<BOS>"))
-        self._eos = add(self._piece_or(self.sp.eos_id(), "<EOS>"))
-        for i in range(vocab_extra_ids):
-            add(f"<extra_id_{i}>")
-        self._vocab_size = len(self._vocab)
-        self._inv_special = {v: k for k, v in self._special.items()}
-        self._setup_word_cache()
-
-    def _piece_or(self, piece_id: int, default: str) -> str:
-        if 0 <= piece_id < self.sp.GetPieceSize():
-            return self.sp.IdToPiece(piece_id)
-        return default
-
-    @property
-    def eos(self) -> int:
-        return self._eos
-
-    def _has_special(self, text: str) -> bool:
-        return any(tok in text for tok in self._special)
-
-    def _word_safe(self, text: str) -> bool:
-        return super()._word_safe(text) and not self._has_special(text)
-
-    def _encode_one(self, text: str) -> list[int]:
-        return self.encode(text)
-
-    def encode(self, text: str) -> list[int]:
-        if not self._has_special(text):
-            return self.sp.EncodeAsIds(text)
-        ids: list[int] = []
-        pos = 0
-        while True:
-            best_tok, best_at = None, -1
-            for tok in self._special:  # earliest occurrence; first-registered wins a tie
-                at = text.find(tok, pos)
-                if at >= 0 and (best_tok is None or at < best_at):
-                    best_tok, best_at = tok, at
-            if best_tok is None:
-                break
-            ids.extend(self.sp.EncodeAsIds(text[pos:best_at]))
-            ids.append(self._special[best_tok])
-            pos = best_at + len(best_tok)
-        ids.extend(self.sp.EncodeAsIds(text[pos:]))
-        return ids
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        texts = list(texts)
-        plain = [i for i, t in enumerate(texts) if not self._has_special(t)]
-        out: list = [None] * len(texts)
-        if plain:
-            for i, ids in zip(plain, self._sp_encode_batch([texts[i] for i in plain])):
-                out[i] = ids
-        for i, t in enumerate(texts):
-            if out[i] is None:
-                out[i] = self.encode(t)
-        return out
-
-    def decode(self, ids: Sequence[int]) -> str:
-        ids = _to_int_list(ids)
-        parts, start = [], 0
-        for i, tid in enumerate(ids):
-            if tid in self._inv_special:
-                parts.append(self.sp.DecodeIds(ids[start:i]) + " " + self._inv_special[tid] + " ")
-                start = i + 1
-        parts.append(self.sp.DecodeIds(ids[start:]))
-        return "".join(parts)
-
-
-_EOS_CANDIDATES = ("<eos>", "</s>", "<|endoftext|>", "<|end_of_text|>", "<|im_end|>", "[SEP]")
-_BOS_CANDIDATES = ("<bos>", "<s>", "<|begin_of_text|>", "<|startoftext|>", "[CLS]")
-_PAD_CANDIDATES = ("<pad>", "[PAD]", "<|pad|>", "<|finetune_right_pad_id|>")
-
-
-def _token_content(value) -> str | None:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict):
-        return value.get("content")
-    return None
-
-
-class HuggingFaceTokenizer(BaseTokenizer):
-    """A local `tokenizer.json` via the `tokenizers` package (no hub access)."""
-
-    name = "HuggingFaceTokenizer"
-
-    def __init__(self, path: str, **kw):
-        super().__init__(**kw)
-        from tokenizers import Tokenizer
-
-        if os.path.isdir(path):
-            directory, json_path = path, os.path.join(path, "tokenizer.json")
-        else:
-            directory, json_path = os.path.dirname(path) or ".", path
-        if not os.path.isfile(json_path):
-            raise FileNotFoundError(f"--tokenizer-model {path}: no tokenizer.json found (give the file or the directory holding it)")
-        try:
-            self.tok = Tokenizer.from_file(json_path)
-        except Exception as e:  # the tokenizers package raises a generic Exception on bad files
-            raise UserInputError(f"--tokenizer-model {json_path}: not a valid Hugging Face tokenizer.json ({e})") from None
-        self.model_path = json_path
-        self._vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
-        declared: dict[str, str] = {}
-        for name in ("special_tokens_map.json", "tokenizer_config.json"):  # config wins
-            p = os.path.join(directory, name)
-            if os.path.isfile(p):
-                cfg = _load_json_object(p)
-                for key in ("eos_token", "bos_token", "pad_token"):
-                    content = _token_content(cfg.get(key))
-                    if content is not None:
-                        declared[key] = content
-        self._eod = self._find("eos_token", declared, _EOS_CANDIDATES)
-        self._bos = self._find("bos_token", declared, _BOS_CANDIDATES)
-        self._pad = self._find("pad_token", declared, _PAD_CANDIDATES)
-        if self._eod is None:
-            raise UserInputError(
-                f"--tokenizer-model {json_path}: cannot tell the EOS/EOD token; add a tokenizer_config.json "
-                f"with \"eos_token\" beside it (none of {list(_EOS_CANDIDATES)} is in the vocabulary)"
-            )
-
-    def _find(self, key: str, declared: dict, candidates) -> int | None:
-        if key in declared:
-            tid = self.tok.token_to_id(declared[key])
-            if tid is not None:
-                return tid
-        for c in candidates:
-            tid = self.tok.token_to_id(c)
-            if tid is not None:
-                return tid
-        return None
-
-    def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=True).ids
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self.tok.encode_batch(list(texts), add_special_tokens=True)]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.tok.decode(_to_int_list(ids), skip_special_tokens=False)
-
-
-def _load_json_object(path: str) -> dict:
-    """A JSON object from `path`; UserInputError naming the file when it is not valid JSON or not an object."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UserInputError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(obj, dict):
-        raise UserInputError(f"{path}: expected a JSON object, got {type(obj).__name__}")
-    return obj
+from .tokenizer_base import BaseTokenizer, pad_vocab_size
+from .tokenizer_hf import GPT2BPETokenizer, HuggingFaceTokenizer, gpt2_bpe_files
+from .tokenizer_sentencepiece import GPTSentencePieceTokenizer, Llama2Tokenizer, SentencePieceTokenizer
+
+__all__ = ["BaseTokenizer", "pad_vocab_size", "HuggingFaceTokenizer", "GPT2BPETokenizer", "GPTSentencePieceTokenizer",
+           "SentencePieceTokenizer", "Llama2Tokenizer", "NullTokenizer", "TOKENIZER_TYPES", "check_tokenizer_flags", "build_tokenizer"]
 
 
 class NullTokenizer(BaseTokenizer):
@@ -476,21 +73,33 @@ class NullTokenizer(BaseTokenizer):
 TOKENIZER_TYPES = {
     "GPTSentencePieceTokenizer": GPTSentencePieceTokenizer,
     "SentencePieceTokenizer": SentencePieceTokenizer,
+    "Llama2Tokenizer": Llama2Tokenizer,
+    "GPT2BPETokenizer": GPT2BPETokenizer,
     "HuggingFaceTokenizer": HuggingFaceTokenizer,
     "NullTokenizer": NullTokenizer,
 }
 
 
-def check_tokenizer_flags(tokenizer_type: str, tokenizer_model) -> None:
-    """Cheap checks of --tokenizer-type / --tokenizer-model before anything is built or loaded.
+def check_tokenizer_flags(tokenizer_type: str, tokenizer_model, vocab_file: str | None = None,
+                          merge_file: str | None = None) -> None:
+    """Cheap checks of --tokenizer-type / --tokenizer-model (and GPT-2's --vocab-file / --merge-file)
+    before anything is built or loaded.
 
-    The type must be a known one; every type needs --tokenizer-model: a vocabulary size (an integer
-    >= 1) for NullTokenizer, a tokenizer.json or a folder holding one for HuggingFaceTokenizer, and
-    a SentencePiece model file otherwise. Raises `UserInputError` naming the flag.
+    The type must be a known one. GPT2BPETokenizer needs its two files, from --vocab-file and
+    --merge-file or from a folder given as --tokenizer-model; every other type needs
+    --tokenizer-model: a vocabulary size (an integer >= 1) for NullTokenizer, a tokenizer.json or a
+    folder holding one for HuggingFaceTokenizer, and a SentencePiece model file otherwise; the two
+    GPT-2 flags are refused with any other type. Raises `UserInputError` naming the flag.
     """
     if tokenizer_type not in TOKENIZER_TYPES:
         raise UserInputError(f"--tokenizer-type {tokenizer_type!r} is not supported; "
                              f"choose one of {sorted(TOKENIZER_TYPES)}")
+    if tokenizer_type == "GPT2BPETokenizer":
+        gpt2_bpe_files(tokenizer_model, vocab_file, merge_file)
+        return
+    for flag, value in (("--vocab-file", vocab_file), ("--merge-file", merge_file)):
+        if value is not None:
+            raise UserInputError(f"{flag} is read only by --tokenizer-type GPT2BPETokenizer, not {tokenizer_type}")
     if tokenizer_model is None:
         what = "the vocabulary size" if tokenizer_type == "NullTokenizer" else "a tokenizer file"
         raise UserInputError(f"--tokenizer-type {tokenizer_type} needs --tokenizer-model ({what})")
@@ -508,12 +117,13 @@ def check_tokenizer_flags(tokenizer_type: str, tokenizer_model) -> None:
 
 
 def build_tokenizer(tokenizer_type: str, tokenizer_model, make_vocab_size_divisible_by: int = 128,
-                    tensor_parallel_size: int = 1, **kwargs) -> BaseTokenizer:
-    """Build a tokenizer by Megatron's `--tokenizer-type` name from `--tokenizer-model`."""
-    cls = TOKENIZER_TYPES.get(tokenizer_type)
-    if cls is None:
-        raise UserInputError(f"--tokenizer-type {tokenizer_type!r} is not supported; choose one of {sorted(TOKENIZER_TYPES)}")
-    if tokenizer_model is None:
-        raise UserInputError(f"--tokenizer-type {tokenizer_type} needs --tokenizer-model")
+                    tensor_parallel_size: int = 1, vocab_file: str | None = None, merge_file: str | None = None,
+                    **kwargs) -> BaseTokenizer:
+    """Build a tokenizer by Megatron's `--tokenizer-type` name from `--tokenizer-model` (GPT2BPETokenizer:
+    from `vocab_file` / `merge_file`, each defaulting to its file in the folder `tokenizer_model`)."""
+    check_tokenizer_flags(tokenizer_type, tokenizer_model, vocab_file, merge_file)
+    cls = TOKENIZER_TYPES[tokenizer_type]
+    if tokenizer_type == "GPT2BPETokenizer":
+        kwargs.update(vocab_file=vocab_file, merge_file=merge_file)
     return cls(tokenizer_model, make_vocab_size_divisible_by=make_vocab_size_divisible_by,
                tensor_parallel_size=tensor_parallel_size, **kwargs)

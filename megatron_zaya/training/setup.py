@@ -28,7 +28,7 @@ def resolve_vocab(run, tokenizer) -> None:
         run.model = run.model.replace(vocab_size=padded)
     elif run.model.vocab_size < tokenizer.vocab_size:
         raise UserInputError(f"--vocab-size={run.model.vocab_size} is smaller than the tokenizer's vocabulary "
-                             f"({tokenizer.vocab_size} tokens in {run.data.tokenizer_model})")
+                             f"({tokenizer.vocab_size} tokens in {getattr(tokenizer, 'model_path', run.data.tokenizer_model)})")
 
 
 def build_runtime(run):
@@ -59,7 +59,8 @@ def final_evaluation(run, trainer, logger) -> None:
 
 def build_and_train(run) -> int:
     tokenizer = build_tokenizer(run.data.tokenizer_type, run.data.tokenizer_model,
-                                run.model.make_vocab_size_divisible_by)
+                                run.model.make_vocab_size_divisible_by, vocab_file=run.data.vocab_file,
+                                merge_file=run.data.merge_file)
     resolve_vocab(run, tokenizer)
     check_before_build(run)              # --save / --load problems: before process groups and the model
     runtime = build_runtime(run)

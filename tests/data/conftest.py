@@ -8,7 +8,7 @@ import pytest
 
 from megatron_zaya.data.synthetic import TextGenerator
 
-from data_test_utils import load_tool
+from data_test_utils import load_tool, write_gpt2_bpe_files
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +49,10 @@ def hf_tokenizer_dir(corpus_dir):
     d.mkdir(exist_ok=True)
     hf.save(str(d / "tokenizer.json"))
     return d
+
+
+@pytest.fixture(scope="session")
+def gpt2_files(corpus_dir):
+    """GPT-2 format vocab.json + merges.txt of a 600-token byte-level BPE trained on the corpus."""
+    texts = [json.loads(line)["text"] for line in open(corpus_dir / "train.jsonl")]
+    return write_gpt2_bpe_files(texts, corpus_dir / "gpt2", vocab_size=600)

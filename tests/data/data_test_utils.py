@@ -12,3 +12,22 @@ def load_tool(name):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def write_gpt2_bpe_files(texts, folder, vocab_size):
+    """Train a byte-level BPE on `texts` (plus a few non-ASCII lines) and write it as GPT-2 does:
+    folder/vocab.json + folder/merges.txt (with the '#version' header), <|endoftext|> = id 0."""
+    from pathlib import Path
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    bpe.train_from_iterator(list(texts) + ["café naïve — “quotes” ünïcödé", "日本語のテキスト", "emoji 🙂🚀"], trainer)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    bpe.model.save(str(folder))
+    assert (folder / "merges.txt").read_text(encoding="utf-8").startswith("#version")
+    return folder / "vocab.json", folder / "merges.txt"

@@ -294,6 +294,25 @@ def test_huggingface_tokenizer_preprocessing(tmp_path, hf_tokenizer_dir, corpus_
     assert docs[:30] == [hf.encode(t).ids + [eos] for t in texts]  # <bos> from the post-processor, EOD = <eos>
 
 
+def test_gpt2_bpe_preprocessing_with_megatron_flags(tmp_path, gpt2_files, corpus_dir):
+    vocab, merges = gpt2_files
+    tok = build_tokenizer("GPT2BPETokenizer", None, vocab_file=str(vocab), merge_file=str(merges))
+    texts = [json.loads(l)["text"] for l in open(corpus_dir / "train.jsonl")]
+    assert run_tool("--input", corpus_dir / "train.jsonl", "--output-prefix", tmp_path / "o", "--tokenizer-type",
+                    "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges, "--append-eod",
+                    "--workers", 2) == 0
+    assert docs_of(str(tmp_path / "o_text_document")) == [tok.encode(t) + [tok.eod] for t in texts]
+
+
+def test_llama2_preprocessing_puts_bos_before_every_document(tmp_path, sp_model, corpus_dir):
+    sp = spm.SentencePieceProcessor(model_file=sp_model)
+    texts = [json.loads(l)["text"] for l in open(corpus_dir / "train.jsonl")]
+    assert run_tool("--input", corpus_dir / "train.jsonl", "--output-prefix", tmp_path / "o", "--tokenizer-type",
+                    "Llama2Tokenizer", "--tokenizer-model", sp_model, "--append-eod") == 0
+    expected = [[sp.bos_id()] + sp.encode(t) + [sp.eos_id()] for t in texts]
+    assert docs_of(str(tmp_path / "o_text_document")) == expected
+
+
 def test_peak_memory_does_not_grow_with_input(tmp_path, sp_model, monkeypatch):
     """Python/numpy peak allocations while preprocessing 4x more input stay the same (streaming).
     The word cache is capped (1M words by default); a small cap here makes the bound visible."""

@@ -6,6 +6,7 @@ import pytest
 import sentencepiece as spm
 
 from megatron_zaya.data.tokenizer import build_tokenizer, pad_vocab_size
+from megatron_zaya.errors import UserInputError
 
 
 def reference_megatron_sp(sp, text):
@@ -170,15 +171,15 @@ def test_null_tokenizer():
 
 
 def test_bad_arguments_are_clear(tmp_path):
-    with pytest.raises(ValueError, match="--tokenizer-type 'GPT2BPETokenizer' is not supported"):
-        build_tokenizer("GPT2BPETokenizer", "x")
-    with pytest.raises(FileNotFoundError, match="nope.model"):
+    with pytest.raises(ValueError, match="--tokenizer-type 'BertWordPieceLowerCase' is not supported"):
+        build_tokenizer("BertWordPieceLowerCase", "x")
+    with pytest.raises(UserInputError, match="nope.model"):
         build_tokenizer("GPTSentencePieceTokenizer", str(tmp_path / "nope.model"))
     bad = tmp_path / "bad.model"
     bad.write_bytes(b"not a model")
     with pytest.raises(ValueError, match="not a valid SentencePiece model"):
         build_tokenizer("SentencePieceTokenizer", str(bad))
-    with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
+    with pytest.raises(UserInputError, match="no tokenizer.json"):
         build_tokenizer("HuggingFaceTokenizer", str(tmp_path))
 
 

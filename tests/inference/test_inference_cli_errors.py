@@ -38,7 +38,9 @@ def bad_utf8_file(tmp_path_factory):
 
 @pytest.mark.parametrize("extra, expected", [
     (["--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", "nope.model"], "--tokenizer-model nope"),
-    (["--tokenizer-type", "GPT2BPETokenizer", "--tokenizer-model", "8000"], "--tokenizer-type 'GPT2BPETokenizer'"),
+    (["--tokenizer-type", "TikTokenizer", "--tokenizer-model", "8000"], "--tokenizer-type 'TikTokenizer'"),
+    (["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "nope.json"], "--vocab-file nope.json"),
+    (["--vocab-file", "nope.json"], "--vocab-file needs --tokenizer-type"),
     (["--threads", "-1"], "--threads=-1"),
     (["--device", "gpu0"], "--device 'gpu0'"),
     (["--output-json", "/nonexistent_dir_zaya/x.json"], "--output-json /nonexistent_dir_zaya/x.json"),

@@ -1,0 +1,79 @@
+"""The tokenizer interface every tokenizer type implements, and the vocabulary padding rule."""
+
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+from megatron_zaya.errors import UserInputError
+
+
+def pad_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int = 128, tensor_parallel_size: int = 1) -> int:
+    """Round `vocab_size` up to a multiple of `make_vocab_size_divisible_by * tensor_parallel_size`
+    (Megatron's rule; 262,145 -> 262,272 = 2049 x 128 for ZAYA1's Gemma-3 vocabulary)."""
+    multiple = int(make_vocab_size_divisible_by) * int(tensor_parallel_size)
+    if multiple <= 0:
+        raise ValueError(f"make_vocab_size_divisible_by * tensor_parallel_size must be positive, got {multiple}")
+    return ((int(vocab_size) + multiple - 1) // multiple) * multiple
+
+
+class BaseTokenizer:
+    """Common interface; subclasses set `_vocab_size`, `_eod`, `_bos`, `_pad`."""
+
+    name = "base"
+
+    def __init__(self, make_vocab_size_divisible_by: int = 128, tensor_parallel_size: int = 1):
+        self.make_vocab_size_divisible_by = make_vocab_size_divisible_by
+        self.tensor_parallel_size = tensor_parallel_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return pad_vocab_size(self._vocab_size, self.make_vocab_size_divisible_by, self.tensor_parallel_size)
+
+    @property
+    def eod(self) -> int:
+        return self._eod
+
+    @property
+    def bos(self) -> int | None:
+        return self._bos
+
+    @property
+    def pad(self) -> int | None:
+        return self._pad
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        raise NotImplementedError
+
+    # Megatron's method names, so scripts written against it keep working.
+    def tokenize(self, text: str) -> list[int]:
+        return self.encode(text)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.decode(ids)
+
+
+def _to_int_list(ids) -> list[int]:
+    return [int(i) for i in ids]
+
+
+def _load_json_object(path: str) -> dict:
+    """A JSON object from `path`; UserInputError naming the file when it is not valid JSON or not an object."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserInputError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise UserInputError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
