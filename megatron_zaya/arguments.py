@@ -115,12 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--clip-grad", type=float, default=1.0)
     g.add_argument("--bf16", action="store_true")
     g.add_argument("--seed", type=int, default=1234)
-    g.add_argument("--recompute-granularity", choices=["full"], default=None,
-                   help="full: keep only the inputs of the recomputed blocks and run them again in the backward")
+    g.add_argument("--recompute-granularity", choices=["full", "selective"], default=None,
+                   help="full: keep only the inputs of the recomputed blocks and run them again in the backward; "
+                        "selective: every block recomputes its cheap pieces (norm internals, QK-norm and RoPE, "
+                        "GELU/SwiGLU outputs, and the attention core where SDPA's math path keeps S x S scores)")
     g.add_argument("--recompute-method", choices=["uniform", "block"], default=None,
-                   help="uniform (default with --recompute-granularity full): all blocks, in runs of "
+                   help="with --recompute-granularity full: uniform (default): all blocks, in runs of "
                         "--recompute-num-layers; block: only the first --recompute-num-layers blocks")
-    g.add_argument("--recompute-num-layers", type=int, default=None, help="default 1 (uniform) or all (block)")
+    g.add_argument("--recompute-num-layers", type=int, default=None,
+                   help="with --recompute-granularity full: default 1 (uniform) or all (block)")
     g.add_argument("--moe-router-bias-lr", type=float, default=1e-2)
     g.add_argument("--moe-router-bias-beta1", type=float, default=0.9)
     g.add_argument("--moe-router-bias-beta2", type=float, default=0.999)
@@ -389,11 +392,14 @@ def _check_sequence_splits(args: argparse.Namespace, model: ModelConfig) -> None
 
 def _check_recompute(args: argparse.Namespace, model: ModelConfig) -> None:
     """Megatron's rules: --recompute-method / --recompute-num-layers only with --recompute-granularity
-    full; the defaults it leaves to the user are filled in (uniform, one block per unit)."""
-    if args.recompute_granularity is None:
+    full (selective recomputes the same pieces in every block); the defaults full leaves to the user
+    are filled in (uniform, one block per unit)."""
+    if args.recompute_granularity != "full":
         for flag in ("recompute_method", "recompute_num_layers"):
             if getattr(args, flag) is not None:
-                raise UserInputError(f"--{flag.replace('_', '-')} needs --recompute-granularity full")
+                given = (f", not --recompute-granularity {args.recompute_granularity} (which recomputes the same "
+                         f"pieces in every block)" if args.recompute_granularity else "")
+                raise UserInputError(f"--{flag.replace('_', '-')} needs --recompute-granularity full{given}")
         return
     args.recompute_method = args.recompute_method or "uniform"
     if args.recompute_num_layers is None:

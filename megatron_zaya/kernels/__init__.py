@@ -19,6 +19,7 @@ import os
 import warnings
 
 import torch
+import torch.utils.checkpoint
 
 from megatron_zaya.kernels import reference
 from megatron_zaya.kernels.reference import NS_COEFFICIENTS, rotate_half  # noqa: F401
@@ -109,9 +110,18 @@ def _triton(name: str, *tensors):
 # --------------------------------------------------------------------------- norms / residual
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def _keep_inputs_only(fn, *args):
+    """fn(*args) keeping only args for the backward, the rest recomputed then (selective recomputation)."""
+    return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, recompute: bool = False) -> torch.Tensor:
+    """recompute: the reference keeps only x for the backward (not its fp32 normalised copy and rsqrt) and
+    runs again then; the Triton kernel keeps x and the per-row rstd in any case."""
     mod = _triton("rmsnorm", x, weight)
-    return mod.rms_norm(x, weight, eps) if mod else _ref("rms_norm")(x, weight, eps)
+    if mod:
+        return mod.rms_norm(x, weight, eps)
+    return _keep_inputs_only(_ref("rms_norm"), x, weight, eps) if recompute else _ref("rms_norm")(x, weight, eps)
 
 
 def scaled_residual_add(out, residual, out_scale, out_bias, res_scale, res_bias) -> torch.Tensor:
@@ -121,20 +131,34 @@ def scaled_residual_add(out, residual, out_scale, out_bias, res_scale, res_bias)
 
 
 def scaled_residual_add_rms_norm(
-    out, residual, out_scale, out_bias, res_scale, res_bias, norm_weight, eps, norm_dtype=None
+    out, residual, out_scale, out_bias, res_scale, res_bias, norm_weight, eps, norm_dtype=None, recompute=False
 ):
+    """recompute: as rms_norm's, for the norm (the reference merge keeps what it keeps)."""
     args = (out, residual, out_scale, out_bias, res_scale, res_bias, norm_weight)
     mod = _triton("rmsnorm", *args)
-    impl = mod.scaled_residual_add_rms_norm if mod else _ref("scaled_residual_add_rms_norm")
-    return impl(*args, eps, norm_dtype)
+    if mod:
+        return mod.scaled_residual_add_rms_norm(*args, eps, norm_dtype)
+    if not recompute:
+        return _ref("scaled_residual_add_rms_norm")(*args, eps, norm_dtype)
+    if _compile_reference:
+        # Compiled, merge and norm are one graph (split, they would round differently): recomputed whole.
+        return _keep_inputs_only(_ref("scaled_residual_add_rms_norm"), *args, eps, norm_dtype)
+    # reference.scaled_residual_add_rms_norm in its two steps, the norm's internals recomputed.
+    new_residual = _ref("scaled_residual_add")(*args[:6])
+    normed = _keep_inputs_only(_ref("rms_norm"), new_residual, norm_weight, eps)
+    return new_residual, normed if norm_dtype is None else normed.to(norm_dtype)
 
 
 # --------------------------------------------------------------------------- SwiGLU / RoPE
 
 
-def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+def swiglu(gate_up: torch.Tensor, recompute: bool = False) -> torch.Tensor:
+    """recompute: the reference keeps only gate_up for the backward (not the SiLU output) and runs again
+    then; the Triton kernel keeps only gate_up in any case."""
     mod = _triton("swiglu", gate_up)
-    return mod.swiglu(gate_up) if mod else _ref("swiglu")(gate_up)
+    if mod:
+        return mod.swiglu(gate_up)
+    return _keep_inputs_only(_ref("swiglu"), gate_up) if recompute else _ref("swiglu")(gate_up)
 
 
 def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

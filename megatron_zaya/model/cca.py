@@ -18,6 +18,7 @@ from torch import nn
 
 from megatron_zaya import kernels
 from megatron_zaya.config import ModelConfig
+from megatron_zaya.model import recompute
 
 
 @dataclass
@@ -27,6 +28,9 @@ class LeftContext:
 
 
 class CompressedConvAttention(nn.Module):
+    # Memory policy (ZayaModel.set_recompute): QK-norm, RoPE and a math-path attention core recomputed.
+    recompute_selective = False
+
     def __init__(self, config: ModelConfig, num_heads: int | None = None, num_kv_heads: int | None = None):
         super().__init__()
         self.num_heads = num_heads or config.num_attention_heads
@@ -101,6 +105,11 @@ class CompressedConvAttention(nn.Module):
 
     def normalize_and_rotate(self, q, k, cos, sin):
         """QK-norm to length sqrt(dh), linear key temperature, then partial RoPE."""
+        if recompute.selective(self):      # elementwise: run again in the backward from q, k (and the tables)
+            return recompute.keep_inputs_only(self._normalize_and_rotate, q, k, cos, sin)
+        return self._normalize_and_rotate(q, k, cos, sin)
+
+    def _normalize_and_rotate(self, q, k, cos, sin):
         eps = torch.finfo(q.dtype).eps
         scale = math.sqrt(self.head_dim)
         q = q * (scale / q.norm(dim=-1, keepdim=True).clamp_min(eps))
@@ -114,10 +123,18 @@ class CompressedConvAttention(nn.Module):
         # Grouped KV heads go to SDPA as they are: torch 2.13's fused CPU (flash) kernel takes
         # enable_gqa directly, so no repeat_interleave copies of K and V (nor their backward sums).
         gqa = self.groups > 1
-        if attention_mask is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+
+        def core(q, k, v):
+            if attention_mask is None:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, enable_gqa=gqa)
+
+        # Selective recomputation: SDPA's math path keeps the S x S probabilities; the core then runs again
+        # in the backward from q, k, v. Flash and memory-efficient kernels keep no scores: run once.
+        if recompute.selective(self) and recompute.sdpa_keeps_scores(q, k, v, attention_mask, gqa):
+            out = recompute.keep_inputs_only(core, q, k, v)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, enable_gqa=gqa)
+            out = core(q, k, v)
         b, _, s, _ = out.shape
         return out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)
 

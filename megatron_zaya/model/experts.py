@@ -13,6 +13,7 @@ from torch import nn
 
 from megatron_zaya import kernels
 from megatron_zaya.kernels.reference import GatherRows, inverse_rows
+from megatron_zaya.model import recompute
 
 _HAS_GROUPED_MM = hasattr(torch, "_grouped_mm")
 _GROUPED_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -74,6 +75,8 @@ def padded_group_layout(counts: torch.Tensor):
 
 
 class GroupedExperts(nn.Module):
+    recompute_selective = False     # memory policy (ZayaModel.set_recompute): the SwiGLU output recomputed
+
     def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int):
         super().__init__()
         self.num_experts = num_experts
@@ -92,5 +95,10 @@ class GroupedExperts(nn.Module):
         return GatherRows.apply(out, dest, source)
 
     def grouped_swiglu(self, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        hidden = kernels.swiglu(grouped_matmul(tokens, self.gate_up_weight, counts))
-        return grouped_matmul(hidden, self.down_weight, counts)
+        """down(swiglu(gate_up(tokens))). Under selective recomputation the SwiGLU output, which the down
+        matmul keeps for its backward, is recomputed from gate_up instead (and the reference SwiGLU keeps
+        only gate_up)."""
+        drop = recompute.selective(self)
+        gate_up = grouped_matmul(tokens, self.gate_up_weight, counts)
+        return recompute.feed(lambda hidden: grouped_matmul(hidden, self.down_weight, counts),
+                              lambda x: kernels.swiglu(x, recompute=drop), gate_up, drop)

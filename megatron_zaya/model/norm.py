@@ -5,22 +5,27 @@ import torch
 from torch import nn
 
 from megatron_zaya import kernels
+from megatron_zaya.model import recompute
 
 
 class RMSNorm(nn.Module):
+    recompute_selective = False     # memory policy (ZayaModel.set_recompute): the internals recomputed
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return kernels.rms_norm(x, self.weight, self.eps)
+        return kernels.rms_norm(x, self.weight, self.eps, recompute=recompute.selective(self))
 
 
 class ResidualScaling(nn.Module):
     """merged = (out + out_bias) * out_scale + (residual + res_bias) * res_scale (per-channel pairs).
 
     Used on every residual merge; the merged stream keeps the residual's dtype (fp32)."""
+
+    recompute_selective = False     # memory policy (ZayaModel.set_recompute): the fused norm's internals recomputed
 
     def __init__(self, dim: int):
         super().__init__()
@@ -35,7 +40,8 @@ class ResidualScaling(nn.Module):
     def forward_and_norm(self, out: torch.Tensor, residual: torch.Tensor, norm: RMSNorm):
         """The merge fused with the RMSNorm that follows it: returns (new residual, normed)."""
         return kernels.scaled_residual_add_rms_norm(out, residual, self.out_scale, self.out_bias, self.res_scale,
-                                                    self.res_bias, norm.weight, norm.eps)
+                                                    self.res_bias, norm.weight, norm.eps,
+                                                    recompute=recompute.selective(self))
 
 
 class InputScaling(nn.Module):

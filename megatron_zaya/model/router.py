@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron_zaya.config import ModelConfig
+from megatron_zaya.model import recompute
 from megatron_zaya.model.norm import RMSNorm
 
 
@@ -21,6 +22,8 @@ class Routing:
 
 
 class ZayaRouter(nn.Module):
+    recompute_selective = False     # memory policy (ZayaModel.set_recompute): the GELU outputs recomputed
+
     def __init__(self, config: ModelConfig, use_eda: bool):
         super().__init__()
         r, classes = config.router_hidden_size, config.num_router_classes
@@ -42,9 +45,11 @@ class ZayaRouter(nn.Module):
             state = self.down_proj(x.float())
             if self.eda_gamma is not None and previous_state is not None:
                 state = state + previous_state * self.eda_gamma
-            hidden = F.gelu(self.fc1(self.norm(state)))
-            hidden = F.gelu(self.fc2(hidden))
-            logits = self.out_proj(hidden)
+            # out_proj(gelu(fc2(gelu(fc1(norm(state)))))); under selective recomputation the GELU outputs,
+            # which fc2 and out_proj keep for their backward, are recomputed from the GELU inputs instead.
+            drop = recompute.selective(self)
+            hidden = recompute.feed(self.fc2, F.gelu, self.fc1(self.norm(state)), drop)
+            logits = recompute.feed(self.out_proj, F.gelu, hidden, drop)
             probs = torch.softmax(logits.float(), dim=-1).reshape(-1, logits.shape[-1])
             expert_index = torch.argmax(probs.detach() + self.balancing_bias, dim=-1)
             gate = probs.gather(1, expert_index.unsqueeze(1)).squeeze(1)

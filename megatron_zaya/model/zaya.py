@@ -12,9 +12,10 @@ Initialisation (the transformers reference's placeholder inits are not all train
   biases alone would pick the expert and move every token at once from one expert to the next;
 - EDA gamma 1; balancing biases 0 with skip_class_bias_init (-1) for the skip class.
 
-Activation recomputation (Megatron's --recompute-granularity full) is a memory policy, not part of
-the math or of the config: `set_recompute` makes training forwards keep only the inputs of each
-checkpointed unit of blocks and run it again during the backward.
+Activation recomputation (Megatron's --recompute-granularity) is a memory policy, not part of the math
+or of the config: `set_recompute("full", ...)` makes training forwards keep only the inputs of each
+checkpointed unit of blocks and run it again during the backward; `set_recompute("selective")` makes
+the blocks and the final norm recompute their cheap elementwise pieces (model/recompute.py).
 """
 from __future__ import annotations
 
@@ -51,22 +52,40 @@ class ZayaModel(nn.Module):
         self.final_norm = RMSNorm(config.hidden_size, config.norm_epsilon)
         self.output_layer = (nn.Linear(config.hidden_size, config.vocab_size, bias=False)
                              if config.untie_embeddings_and_output_weights else None)
-        self.recompute_units: list[range] = []      # runs of blocks recomputed in the backward (set_recompute)
+        self.recompute_granularity: str | None = None   # set_recompute
+        self.recompute_units: list[range] = []      # runs of blocks recomputed in the backward (full)
         self.reset_parameters()
 
-    def set_recompute(self, method: str | None, num_layers: int = 1) -> None:
-        """Megatron's full recomputation. "uniform": the blocks in consecutive runs of `num_layers`, each
-        run one recomputed unit (1 = every block alone); "block": the first `num_layers` blocks, each
-        alone; None: off."""
+    def set_recompute(self, granularity: str | None, method: str | None = None, num_layers: int | None = None) -> None:
+        """Megatron's activation recomputation; None: off.
+
+        "full": runs of blocks keep only their inputs and run again in the backward. method "uniform"
+        (the default): the blocks in consecutive runs of `num_layers` (default 1 = every block alone),
+        each run one unit; "block": the first `num_layers` blocks (default all), each alone.
+        "selective": every block and the final norm recompute their cheap elementwise pieces (norm
+        internals, QK-norm and RoPE, the router's GELU and the experts' SwiGLU outputs, a math-path
+        attention core; model/recompute.py); method and num_layers do not apply."""
         n = len(self.layers)
-        if method is None:
-            self.recompute_units = []
-        elif method == "uniform":
-            self.recompute_units = [range(i, min(i + num_layers, n)) for i in range(0, n, num_layers)]
-        elif method == "block":
-            self.recompute_units = [range(i, i + 1) for i in range(min(num_layers, n))]
-        else:
-            raise ValueError(f"--recompute-method={method}: choose uniform or block")
+        units = []
+        if granularity == "full":
+            method = method or "uniform"
+            if num_layers is None:
+                num_layers = 1 if method == "uniform" else n
+            if method == "uniform":
+                units = [range(i, min(i + num_layers, n)) for i in range(0, n, num_layers)]
+            elif method == "block":
+                units = [range(i, i + 1) for i in range(min(num_layers, n))]
+            else:
+                raise ValueError(f"--recompute-method={method}: choose uniform or block")
+        elif granularity == "selective":
+            if method is not None or num_layers is not None:
+                raise ValueError("--recompute-method and --recompute-num-layers go with --recompute-granularity full")
+        elif granularity is not None:
+            raise ValueError(f"--recompute-granularity={granularity}: choose full or selective")
+        self.recompute_granularity, self.recompute_units = granularity, units
+        for module in self.modules():
+            if hasattr(module, "recompute_selective"):
+                module.recompute_selective = granularity == "selective"
 
     @torch.no_grad()
     def reset_parameters(self) -> None:

@@ -29,10 +29,16 @@ logits (bf16, 2V per token) while everything saved is still alive: `backward_tra
 the planner's total but not in "stored" (which is what the tests measure). The reference
 cross-entropy scales its saved gradient in place: no transient.
 
-Recomputation: "selective" recomputes the cheap elementwise pieces (norm internals, RoPE tables, GELU
-and SiLU outputs, attention scores) and keeps matmul/conv inputs; "full" keeps only each block's inputs
-(fp32 residual, fp32 router state for EDA) and re-runs one block at a time, so one block's activations
-are live on top.
+Recomputation: "selective" is what `pretrain_zaya.py --recompute-granularity selective` does
+(model/recompute.py): it recomputes the cheap elementwise pieces and runs no matmul or conv twice. Dropped
+(`selective_drop`): the reference RMSNorms' internals (the Triton norms keep only input and rstd anyway),
+the QK-norm factors and RoPE's cos/sin casts, the math-path attention core's fp32 q/k/v and S x S
+probabilities, the router's GELU outputs and the experts' SwiGLU output (the inputs of fc2/out_proj and of
+the down projection, recomputed from the activations' inputs before those matmuls' backward) and the
+reference SwiGLU's SiLU output. Kept instead (`selective_only`): the recomputed attention core's bf16 q, k,
+v and, on the reference path, the fp32 cos/sin tables the recomputed RoPE reads. "full" keeps only each
+block's inputs (fp32 residual, fp32 router state for EDA) and re-runs one block at a time, so one block's
+activations are live on top.
 """
 from __future__ import annotations
 
@@ -71,6 +77,7 @@ class Term:
     name: str
     bytes_per_token: float
     selective_drop: bool = False      # recomputed (not stored) under --recompute selective
+    selective_only: bool = False      # stored only under --recompute selective (what a recomputed piece keeps)
 
 
 def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", context_parallel: int = 1,
@@ -102,8 +109,9 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
         Term("attention: bf16 input cast of the stacked projection (q, k, v_current, v_previous)", 2 * d),
         Term("attention: conv input (packed q0/k0, bf16)", 2 * c) if fused else
         Term("attention: conv inputs (depthwise + grouped, bf16)", 2 * 2 * c),
-        # q: its input and three (.., 1) norm factors; k: the same plus the temperature-scaled factor.
-        Term("attention: QK-norm + key temperature", 2 * hq * dh + 6 * hq + 2 * hkv * dh + 8 * hkv),
+        Term("attention: q, k before QK-norm (bf16)", 2 * hq * dh + 2 * hkv * dh),
+        # q: three (.., 1) norm factors; k: the same plus the temperature-scaled factor.
+        Term("attention: QK-norm factors + key temperature", 6 * hq + 8 * hkv, True),
     ]
     if not fused:   # the fused RoPE keeps the fp32 cos/sin tables, shared by every layer (see outer_terms)
         terms.append(Term("attention: RoPE cos/sin (bf16, for q and k)", 4 * 2 * rot, True))
@@ -113,26 +121,31 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
         terms.append(Term("attention: flash core (q, all-gathered k/v, lse; out = projection input)",
                           2 * hq * dh + 2 * 2 * kv_heads * dh * context_parallel + 4 * hq))
     else:
-        terms.append(Term("attention: math core q, k, v (fp32)", 4 * hq * dh + 2 * 4 * kv_heads * dh * context_parallel))
+        terms.append(Term("attention: math core q, k, v (fp32)", 4 * hq * dh + 2 * 4 * kv_heads * dh * context_parallel,
+                          True))
         terms.append(Term("attention: math core S x S probabilities (fp32)", 4 * hq * seq_length, True))
+        terms.append(Term("attention: recomputed math core's inputs q, k, v (bf16)",
+                          2 * hq * dh + 2 * 2 * hkv * dh * context_parallel, selective_only=True))
     terms += [
         Term("attention: output projection input (bf16)", 2 * hq * dh),
         Term("router: fp32 input + norm input", 4 * d + 4 * r),
-        Term("router: norm internals", 4 if fused else 4 * r + 4, True),
+        Term("router: norm internals", 4 if fused else 4 * r + 4, not fused),
         Term("router: MLP (fc1 in, GELU ins, softmax, index, mask)", 3 * 4 * r + 4 * k + 8 + 1),
         Term("router: GELU outputs", 2 * 4 * r, True),
     ]
     if fused:
         terms += [
             Term("experts: permute order, gate (fp32), expert outputs (bf16)", 4 + rho * (8 + 2 * d)),
-            Term("experts: SwiGLU inputs (bf16 x, gate_up, hidden)", rows * (2 * d + 4 * f + 2 * f)),
+            Term("experts: SwiGLU inputs (bf16 x, gate_up)", rows * (2 * d + 4 * f)),
+            Term("experts: SwiGLU output (bf16, the down projection's input)", rows * 2 * f, True),
         ]
     else:
         terms += [
             # The reference un-permute is a gather (kernels/reference.py): it keeps the order, the bf16 gate
             # per row and the expert outputs (the gate product), not a scatter source.
             Term("experts: permute/unpermute (index, gate, expert outputs)", rho * (8 + 2 + 2 * d)),
-            Term("experts: SwiGLU inputs (bf16 x, gate_up, hidden)", rows * (2 * d + 4 * f + 2 * f)),
+            Term("experts: SwiGLU inputs (bf16 x, gate_up)", rows * (2 * d + 4 * f)),
+            Term("experts: SwiGLU output (bf16, the down projection's input)", rows * 2 * f, True),
             Term("experts: SiLU output", rows * 2 * f, True),
         ]
     if padded_fraction is not None:
@@ -149,12 +162,13 @@ def outer_terms(config: ModelConfig, policy: str = "gpu") -> list[Term]:
     terms = [
         Term("embedding indices + input scaling (bf16)", 8 + 2 * d),
         Term("final norm: fp32 input", 4 * d),
-        Term("final norm: internals", 4 if fused else 4 * d + 4, True),
+        Term("final norm: internals", 4 if fused else 4 * d + 4, not fused),
         Term("LM head input (bf16)", 2 * d),
         loss,
     ]
-    if fused:
-        terms.append(Term("RoPE cos/sin tables (fp32, shared by all layers)", 2 * 4 * config.rotary_dim))
+    # The fused RoPE keeps the fp32 tables; the reference one its bf16 casts per layer, unless recomputed.
+    terms.append(Term("RoPE cos/sin tables (fp32, shared by all layers)", 2 * 4 * config.rotary_dim,
+                      selective_only=not fused))
     return terms
 
 
@@ -190,14 +204,14 @@ def activation_memory(config: ModelConfig, seq_length: int, micro_batch_size: in
     """Peak saved-for-backward bytes of one micro-batch on one GPU."""
     local_tokens = micro_batch_size * seq_length / context_parallel
     terms = layer_terms(config, seq_length, policy, context_parallel, routed_fraction, padded_fraction)
-    per_token_all = sum(t.bytes_per_token for t in terms)
+    per_token_all = sum(t.bytes_per_token for t in terms if not t.selective_only)
     per_token_selective = sum(t.bytes_per_token for t in terms if not t.selective_drop)
     # Not per token: the conv inputs' causal padding (per sequence) and the stacked projection weight.
     fixed = conv_padding_bytes_per_sequence(config, policy) * micro_batch_size + projection_weight_bytes(config)
     layer_full = (per_token_all * local_tokens + fixed) / tensor_parallel
     layer_selective = (per_token_selective * local_tokens + fixed) / tensor_parallel
     outer_list = outer_terms(config, policy)
-    outer_all = sum(t.bytes_per_token for t in outer_list) * local_tokens / tensor_parallel
+    outer_all = sum(t.bytes_per_token for t in outer_list if not t.selective_only) * local_tokens / tensor_parallel
     outer_selective = sum(t.bytes_per_token for t in outer_list if not t.selective_drop) * local_tokens / tensor_parallel
     layers = config.num_layers
     none = layers * layer_full + outer_all

@@ -87,7 +87,8 @@ def _candidates(layout: ParallelLayout):
                    dataclasses.replace(layout, micro_batch_size=mbs))
             mbs //= 2
     if layout.recompute == "none":
-        yield "selective", "recompute selective (--recompute selective)", dataclasses.replace(layout, recompute="selective")
+        yield "selective", "recompute selective (--recompute selective; in training: --recompute-granularity selective)", \
+            dataclasses.replace(layout, recompute="selective")
     cp = layout.context_parallel * 2
     while cp <= layout.gpus:
         yield "cp", f"raise CP to {cp} (--context-parallel-size {cp})", dataclasses.replace(layout, context_parallel=cp)

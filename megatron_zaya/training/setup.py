@@ -48,6 +48,15 @@ def build_runtime(run):
     return runtime
 
 
+def build_model(run) -> ZayaModel:
+    """The single-device model, identical on every rank (seeded), with its memory policy:
+    --recompute-granularity full|selective (ZayaModel.set_recompute)."""
+    torch.manual_seed(run.train.seed)
+    model = ZayaModel(run.model)
+    model.set_recompute(run.train.recompute_granularity, run.train.recompute_method, run.train.recompute_num_layers)
+    return model
+
+
 def final_evaluation(run, trainer, logger) -> None:
     """Validate at the last iteration (unless the loop just did) and print the result."""
     evaluated_last = run.train.eval_interval and trainer.state.iteration % run.train.eval_interval == 0
@@ -64,10 +73,7 @@ def build_and_train(run) -> int:
     resolve_vocab(run, tokenizer)
     check_before_build(run)              # --save / --load problems: before process groups and the model
     runtime = build_runtime(run)
-    torch.manual_seed(run.train.seed)    # identical initial weights on every rank
-    model = ZayaModel(run.model)
-    if run.train.recompute_granularity == "full":
-        model.set_recompute(run.train.recompute_method, run.train.recompute_num_layers)
+    model = build_model(run)
     model = runtime.prepare_model(model)
     optimizer = runtime.build_optimizer(model, run.optim)
 

@@ -1,6 +1,7 @@
 """Run as a script under TRITON_INTERPRET=1 MEGATRON_ZAYA_KERNELS=triton: measures the saved-for-backward
 bytes of a small model whose RMSNorm/residual/SwiGLU/RoPE/permute/cross-entropy go through the Triton
-autograd functions (interpreted on CPU), and prints them beside the planner's fused-kernel formula."""
+autograd functions (interpreted on CPU), without and with selective recomputation, and prints them beside
+the planner's fused-kernel formula."""
 import json
 import sys
 from pathlib import Path
@@ -21,11 +22,15 @@ def main():
     gen = torch.Generator().manual_seed(3)
     tokens = torch.randint(0, config.vocab_size, (2, 32), generator=gen)
     labels = torch.randint(0, config.vocab_size, (2, 32), generator=gen)
-    measured, routed, padded = measured_saved_bytes(model, tokens, labels, backend=SDPBackend.MATH)
     policy = StoragePolicy(attention="math", kv_repeated=True, loss="fused", kernels="fused")
-    predicted = activation_memory(config, 32, 2, "none", policy=policy, routed_fraction=routed,
-                                  padded_fraction=padded).stored
-    print(json.dumps({"measured": measured, "predicted": predicted, "routed": routed}))
+    result = {}
+    for recompute in ("none", "selective"):
+        model.set_recompute(None if recompute == "none" else recompute)
+        measured, routed, padded = measured_saved_bytes(model, tokens, labels, backend=SDPBackend.MATH)
+        predicted = activation_memory(config, 32, 2, recompute, policy=policy, routed_fraction=routed,
+                                      padded_fraction=padded).stored
+        result[recompute] = {"measured": measured, "predicted": predicted, "routed": routed}
+    print(json.dumps(result["none"] | {"selective": result["selective"]}))
 
 
 if __name__ == "__main__":

@@ -86,6 +86,25 @@ def test_activation_formula_matches_saved_tensors(preset, overrides, batch, seq,
     assert abs(bound - measured) / measured < 0.20
 
 
+@pytest.mark.parametrize("preset,overrides,batch,seq,policy,backend", CONFIGS)
+def test_selective_recompute_formula_matches_saved_tensors(preset, overrides, batch, seq, policy, backend):
+    """--recompute selective against the model under set_recompute("selective"), as strict as "none": the
+    dropped terms (norm internals, QK-norm factors, RoPE casts, the math core's fp32 q/k/v and S x S
+    probabilities, GELU, SiLU and SwiGLU outputs) and those kept instead (the math core's bf16 inputs,
+    the fp32 RoPE tables)."""
+    config = model_config_from_preset(preset, **overrides)
+    model = bf16_model(config)
+    model.set_recompute("selective")
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, config.vocab_size, (batch, seq), generator=gen)
+    labels = torch.randint(0, config.vocab_size, (batch, seq), generator=gen)
+    measured, routed, padded = measured_saved_bytes(model, tokens, labels, backend=backend)
+    predicted = activation_memory(config, seq, batch, "selective", policy=policy, routed_fraction=routed,
+                                  padded_fraction=padded)
+    assert abs(predicted.stored - measured) / measured < 0.01, (predicted.stored, measured, routed)
+    assert predicted.stored < 0.85 * predicted.stored_no_recompute
+
+
 def test_full_recompute_formula_matches_checkpointed_blocks():
     config = model_config_from_preset("zaya1-tiny", num_layers=2, vocab_size=1024)
     model = bf16_model(config)
@@ -104,7 +123,8 @@ def test_full_recompute_formula_matches_checkpointed_blocks():
 
 def test_fused_kernel_formula_under_triton_interpreter():
     """The GPU policy's kernel terms: the Triton autograd functions run interpreted on CPU (own process,
-    TRITON_INTERPRET must be set before triton loads); attention stays on SDPA's CPU math path."""
+    TRITON_INTERPRET must be set before triton loads); attention stays on SDPA's CPU math path. Without
+    recomputation and with selective recomputation."""
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1", MEGATRON_ZAYA_KERNELS="triton")
     probe = Path(__file__).with_name("planner_fused_probe.py")
@@ -113,3 +133,7 @@ def test_fused_kernel_formula_under_triton_interpreter():
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert abs(result["predicted"] - result["measured"]) / result["measured"] < 0.02, result
+    # The same model under selective recomputation (set_recompute("selective")) with the Triton kernels.
+    selective = result["selective"]
+    assert abs(selective["predicted"] - selective["measured"]) / selective["measured"] < 0.02, result
+    assert selective["measured"] < 0.85 * result["measured"], result

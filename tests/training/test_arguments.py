@@ -274,3 +274,27 @@ def test_recompute_flags_follow_megatron(tiny_corpus, tmp_path, capsys):
     assert "--recompute-num-layers=3 exceeds --num-layers=2" in error_of(
         tiny_run_flags(tiny_corpus, tmp_path, **{"--recompute-granularity": "full", "--recompute-num-layers": "3"}),
         capsys)
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--recompute-granularity": "selective"}))
+    assert (run.train.recompute_method, run.train.recompute_num_layers) == (None, None)
+    for flag, value in (("--recompute-method", "block"), ("--recompute-num-layers", "1")):
+        assert f"{flag} needs --recompute-granularity full, not --recompute-granularity selective" in error_of(
+            tiny_run_flags(tiny_corpus, tmp_path, **{"--recompute-granularity": "selective", flag: value}), capsys)
+
+
+@pytest.mark.parametrize("flags, granularity, units", [
+    ({}, None, []),
+    ({"--recompute-granularity": "full", "--recompute-method": "block", "--recompute-num-layers": "1"}, "full", [(0, 1)]),
+    ({"--recompute-granularity": "selective"}, "selective", []),
+])
+def test_recompute_flags_reach_the_model(tiny_corpus, tmp_path, flags, granularity, units):
+    """pretrain_zaya.py's flags -> RunConfig -> the model training builds (setup.build_model): its memory
+    policy, with the math's config untouched."""
+    from megatron_zaya.training.setup import build_model
+
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **flags))
+    model = build_model(run)
+    assert model.recompute_granularity == granularity
+    assert [(u.start, u.stop) for u in model.recompute_units] == units
+    selective = [m.recompute_selective for m in model.modules() if hasattr(m, "recompute_selective")]
+    assert selective and all(on == (granularity == "selective") for on in selective)
+    assert model.config == run.model

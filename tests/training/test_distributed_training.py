@@ -54,6 +54,7 @@ def reference_losses(tiny_corpus, tmp_path_factory):
     ("dp2-zero1", ["--use-distributed-optimizer"]),
     ("cp2", ["--context-parallel-size", "2"]),
     ("cp2-recompute", ["--context-parallel-size", "2", "--recompute-granularity", "full"]),   # halo p2p rerun
+    ("cp2-selective", ["--context-parallel-size", "2", "--recompute-granularity", "selective"]),
 ])
 def test_two_processes_match_one(tiny_corpus, tmp_path, reference_losses, name, extra):
     got = train(tiny_corpus, tmp_path, name, 2, *extra)
