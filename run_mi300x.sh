@@ -26,12 +26,19 @@
 #             CUDA_DEVICE_MAX_CONNECTIONS [1]  NCCL_DEBUG [WARN]  OMP_NUM_THREADS [min(CPUS_PER_TASK, 8)]
 #   recovery  MAX_REQUEUES [50]: SIGUSR1 before the time limit (see --signal below) is forwarded to the
 #             trainer, which saves and exits; the job then requeues itself (scontrol requeue) and resumes.
+#             Never with CKPT_DIR empty: there would be nothing to resume from.
 #             MAX_RESTARTS [3]: a failed run is resubmitted (sbatch --dependency=afterany) with the nodes
-#             that failed added to --exclude, and resumes from the latest checkpoint. A failure on every
-#             node before any new checkpoint, or twice at the same checkpoint, is not restarted.
+#             that failed added to --exclude, and resumes from the latest checkpoint. Only a trainer's own
+#             exit code (1, 2, ...) blames its node: deaths by a signal (128+N: 143, 137, 134, ...) are srun
+#             stopping the ranks after another one failed, and the hang watchdog's 124 fires on every rank.
+#             A failure on every node before any new checkpoint, or twice at the same checkpoint, is not
+#             restarted. The resubmission repeats this job's partition, account, QOS, reservation,
+#             constraint, GRES / GPUs per node, time limit and size, plus SBATCH_ARGS.
 #             HEALTH_CHECK_CMD []: run once per node after a failure; nodes where it fails are excluded too.
 #             EXCLUDE_NODES []: nodes to keep out of resubmissions from the start.  RESUBMIT_ARGS []: more sbatch flags.
-#             END_ITER [$TRAIN_ITERS]: the iteration this run ends at; a clean exit before it requeues.
+#             SBATCH_ARGS []: sbatch flags of the submission (the recipe's), repeated in resubmissions.
+#             END_ITER [$TRAIN_ITERS]: the iteration this run ends at; a clean exit before it requeues, and a
+#             job whose latest checkpoint is already there starts no training (it only finishes).
 #             ON_SUCCESS_CMD []: run (bash -c) when training has finished, e.g. submit the next phase.
 #
 #SBATCH --job-name=zaya1-base
@@ -54,6 +61,9 @@ die() { echo "run_mi300x.sh: error: $*" >&2; exit 2; }
 # ATTEMPT_DIR/rank-<r>.log (rank 0 also to the job output), forwards SIGUSR1/SIGTERM/SIGINT to
 # the trainer, and records "<node> <rank> <exit code>" in ATTEMPT_DIR/exit/rank-<r> so the
 # launcher can tell which nodes failed ("<node> <rank> <exit code> <signal received or none> <time>").
+# The signal field can say none although the trainer died of srun's SIGTERM (exit code 143): Slurm
+# signals every process of the step, and the trainer may die before this shell's trap has run. The
+# launcher therefore reads exit codes 128+N as "died of signal N", never as the node's own failure.
 # --------------------------------------------------------------------------------------------
 task_main() {
     local dir=$1; shift
@@ -291,6 +301,66 @@ log "master $MASTER_ADDR:$MASTER_PORT; checkpoints $CKPT_DIR (latest: $(latest_i
 [[ $LOAD_DIR != "$CKPT_DIR" ]] && log "no checkpoint in $CKPT_DIR yet: starting from INIT_CKPT_DIR=$INIT_CKPT_DIR"
 log "command: $(printf '%q ' "${SRUN[@]}")"
 
+# Slurm's own variables of this job and its steps: a fresh submission (resubmission, ON_SUCCESS_CMD)
+# must not inherit them (sbatch passes the environment on, and a stale SLURM_RESTART_COUNT,
+# SLURM_CPUS_PER_TASK, SLURM_NTASKS, ... would change the next job). The user's own settings stay:
+# SBATCH_* (SBATCH_ARGS, SBATCH_PARTITION, ...), SRUN_ARGS/SRUN_MPI and the other SRUN_*, SLURM_CONF and
+# any SLURM_* input variable not named here (SLURM_MPI_TYPE, SLURM_HINT, ...).
+SLURM_JOB_VARS='^(SLURM_(JOB_.*|JOBID|STEP_.*|STEPID|PROCID|LOCALID|NODEID|NTASKS.*|NPROCS|NNODES|NODELIST|TASKS_PER_NODE|TASK_PID|CPUS_.*|MEM_PER_.*|GPUS.*|GPU_.*|TRES_PER_TASK|RESTART_COUNT|SUBMIT_.*|CLUSTER_NAME|ARRAY_.*|HET_.*|PACK_.*|TOPOLOGY_ADDR.*|GTIDS|PRIO_PROCESS|EXPORT_ENV|SCRIPT_CONTEXT|SHARDS_ON_NODE|OVERCOMMIT|DISTRIBUTION|THREADS_PER_CORE|OPEN_MODE|NODE_ALIASES|WORKING_CLUSTER|SPANK_.*|CPU_BIND.*|MEM_BIND.*|LAUNCH_NODE_IPADDR|SRUN_COMM_.*|UMASK)|SLURMD_.*|SRUN_CPUS_PER_TASK)$'
+
+# Run a command in the environment of a fresh submission: without Slurm's variables of this job
+# (above) and without the values this script derived for this allocation.
+run_clean() {
+    local clean=() v
+    for v in "${DERIVED[@]}"; do clean+=(-u "$v"); done
+    while read -r v; do
+        clean+=(-u "$v")
+    done < <(compgen -e | grep -E "$SLURM_JOB_VARS")
+    env "${clean[@]}" "$@"
+}
+
+finish() {
+    log "training finished (latest checkpoint: $(latest_iteration))"
+    if [[ -n ${ON_SUCCESS_CMD:-} ]]; then
+        log "running ON_SUCCESS_CMD: $ON_SUCCESS_CMD"
+        run_clean ZAYA_RESTART=0 bash -c "$ON_SUCCESS_CMD" 2>&1 | tee -a "$LAUNCH_LOG"
+    fi
+    exit 0
+}
+
+requeue() {
+    if [[ -z $CKPT_DIR ]]; then
+        log "not requeueing: CKPT_DIR is empty (no --save/--load), so a requeued job would start over from" \
+            "iteration 0 instead of resuming"
+        exit "$RC"
+    fi
+    if (( REQUEUE_COUNT >= ${MAX_REQUEUES:-50} )); then
+        log "not requeueing: MAX_REQUEUES=${MAX_REQUEUES:-50} reached"
+        exit 0
+    fi
+    log "requeueing job $JOB_ID (requeue $(( REQUEUE_COUNT + 1 ))/${MAX_REQUEUES:-50}) to resume from iteration $(latest_iteration)"
+    trap 'exit 0' TERM          # the requeue itself ends this attempt with SIGTERM
+    scontrol requeue "$JOB_ID" || { log "error: scontrol requeue $JOB_ID failed"; exit 1; }
+    sleep 60   # Slurm ends this attempt now; do not exit first and let the job complete
+    exit 0
+}
+
+END_ITER=${END_ITER:-${TRAIN_ITERS:-}}
+training_done() {          # 2: unknown (no END_ITER, or no CKPT_DIR to read the iteration from)
+    [[ -n $END_ITER && -n $CKPT_DIR ]] || return 2
+    local it; it=$(latest_iteration)
+    [[ $it =~ ^[0-9]+$ ]] && (( it >= END_ITER ))
+}
+
+RC=0
+if training_done; then
+    # Do not start the trainer: its --exit-interval check runs after a step (as in Megatron-LM), so a
+    # trainer resumed at its end iteration would train on past it (into the next phase's range).
+    log "the latest checkpoint (iteration $(latest_iteration)) is already at END_ITER=$END_ITER: nothing to" \
+        "train, not starting srun"
+    finish
+fi
+
 GOT_SIGNAL=""
 SAW_USR1=0
 SRUN_PID=""
@@ -320,45 +390,6 @@ wait "$SRUN_PID"; RC=$?
 trap '' USR1
 log "training step ended with exit code $RC after $(( $(date +%s) - START )) s; latest checkpoint: $(latest_iteration)"
 
-END_ITER=${END_ITER:-${TRAIN_ITERS:-}}
-training_done() {          # unknown END_ITER: "done" means a clean exit without a signal
-    [[ -n $END_ITER ]] || return 2
-    local it; it=$(latest_iteration)
-    [[ $it =~ ^[0-9]+$ ]] && (( it >= END_ITER ))
-}
-
-# Run a command in the environment of a fresh submission: without this job's SLURM_*/SBATCH_*
-# variables (SLURM_CONF kept) and without the values this script derived for this allocation.
-run_clean() {
-    local clean=() v
-    for v in "${DERIVED[@]}"; do clean+=(-u "$v"); done
-    while read -r v; do
-        [[ $v == SLURM_CONF ]] || clean+=(-u "$v")
-    done < <(compgen -e | grep -E '^(SLURM_|SBATCH_|SRUN_)')
-    env "${clean[@]}" "$@"
-}
-
-finish() {
-    log "training finished (latest checkpoint: $(latest_iteration))"
-    if [[ -n ${ON_SUCCESS_CMD:-} ]]; then
-        log "running ON_SUCCESS_CMD: $ON_SUCCESS_CMD"
-        run_clean ZAYA_RESTART=0 bash -c "$ON_SUCCESS_CMD" 2>&1 | tee -a "$LAUNCH_LOG"
-    fi
-    exit 0
-}
-
-requeue() {
-    if (( REQUEUE_COUNT >= ${MAX_REQUEUES:-50} )); then
-        log "not requeueing: MAX_REQUEUES=${MAX_REQUEUES:-50} reached"
-        exit 0
-    fi
-    log "requeueing job $JOB_ID (requeue $(( REQUEUE_COUNT + 1 ))/${MAX_REQUEUES:-50}) to resume from iteration $(latest_iteration)"
-    trap 'exit 0' TERM          # the requeue itself ends this attempt with SIGTERM
-    scontrol requeue "$JOB_ID" || { log "error: scontrol requeue $JOB_ID failed"; exit 1; }
-    sleep 60   # Slurm ends this attempt now; do not exit first and let the job complete
-    exit 0
-}
-
 if (( SAW_USR1 )); then       # the time-limit warning came (even if Slurm's SIGTERM followed): requeue
     training_done && finish
     (( RC == 0 )) || log "warning: the trainer exited $RC after SIGUSR1; resuming from the latest complete checkpoint"
@@ -371,7 +402,10 @@ fi
 if (( RC == 0 )); then
     training_done
     case $? in
-        0|2) finish ;;
+        0) finish ;;
+        2) [[ -n $END_ITER ]] && log "CKPT_DIR is empty, so END_ITER=$END_ITER cannot be checked: taking the" \
+                                      "clean exit as the end of training (nothing to resume from)"
+           finish ;;
         *) log "the trainer exited cleanly before END_ITER=$END_ITER (e.g. --exit-duration-in-mins)"; requeue ;;
     esac
 fi
@@ -384,16 +418,34 @@ if training_done; then
         "is complete (a rank failed while shutting down; see $ATTEMPT_DIR/exit/)"
     finish
 fi
+# Each rank's record: "<node> <rank> <exit code> <signal received or none> <time>". Only the trainer's
+# own exit codes (1, 2, 97, ...: an exception, a bad flag, TRAIN_ENV_SETUP) blame its node. Not:
+#  - a signal received by the task, or an exit code 128+N (died of signal N: 143 TERM, 137 KILL,
+#    130 INT, 134 ABRT, ...) or none that makes sense: srun stops every rank once one has failed, and
+#    a trainer can die of the signal before its task wrapper records it; a peer's failure also makes
+#    RCCL/NCCL abort the healthy ranks;
+#  - 124, the trainer's hang watchdog (megatron_zaya/training/watchdog.py): every rank waiting in a hung
+#    collective fires it, the healthy ones included. HEALTH_CHECK_CMD is the tool that finds a bad node.
 declare -A BAD=()
 declare -A SEEN=()
+OWN=() STOPPED=() HUNG=()
 for f in "$ATTEMPT_DIR"/exit/rank-*; do
     [[ -f $f ]] || continue
     read -r node rank rc sig _ < "$f" || continue
     SEEN[$rank]=1
-    # A rank that failed without being signalled failed by itself; ranks that srun stopped after
-    # another rank failed were signalled (TERM) and are not to blame.
-    if [[ $rc != 0 && $sig == none ]]; then BAD[$node]=1; fi
+    if [[ $rc == 0 ]]; then
+        continue
+    elif [[ $rc == 124 ]]; then
+        HUNG+=("$rank")
+    elif [[ $sig != none || ! $rc =~ ^[0-9]+$ ]] || (( rc >= 128 )); then
+        STOPPED+=("$rank")
+    else
+        OWN+=("$rank@$node:$rc")
+        BAD[$node]=1
+    fi
 done
+log "exit records: ${#OWN[@]} rank(s) failed by themselves${OWN:+ (${OWN[*]})}, ${#STOPPED[@]} stopped by a" \
+    "signal, ${#HUNG[@]} stopped by the hang watchdog (124), $(( WORLD - ${#SEEN[@]} )) missing"
 if (( ${#BAD[@]} == 0 )); then
     # No rank reported its own failure: blame the nodes whose ranks never reported (lost nodes).
     mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
@@ -407,19 +459,28 @@ if (( RESTART > 0 )) && [[ ${ZAYA_FAILED_AT:-} == "$(latest_iteration)" ]]; then
     exit "$RC"
 fi
 if (( ${#BAD[@]} >= NNODES )); then
-    # Every node failed by itself: a software, data or configuration error, not a node fault.
-    (( NNODES > 1 )) && BAD=()
+    # Every node failed by itself: a software, data or configuration error, not a node fault. (On a
+    # single-node job the same: its only node failing looks like a software error as much as a node
+    # fault; HEALTH_CHECK_CMD can tell them apart.)
+    BAD=()
     if [[ $(latest_iteration) == "$LATEST_AT_START" ]]; then
         log "giving up: every node failed before a new checkpoint was written, so a restart would fail the" \
             "same way (exit code $RC); see $ATTEMPT_DIR/rank-*.log"
         exit "$RC"
     fi
-    log "every node failed: not excluding any node"
+    if (( NNODES == 1 )); then
+        log "the job's only node failed by itself after a new checkpoint: restarting, not excluding it" \
+            "(set HEALTH_CHECK_CMD to exclude it when it is broken)"
+    else
+        log "every node failed by itself after a new checkpoint: restarting, not excluding any node"
+    fi
 fi
 if [[ -n ${HEALTH_CHECK_CMD:-} ]]; then
     log "health check on every node: $HEALTH_CHECK_CMD"
-    ok=$(timeout "${HEALTH_CHECK_TIMEOUT:-120}" srun --nodes="$NNODES" --ntasks-per-node=1 --kill-on-bad-exit=0 \
-         bash -c "$HEALTH_CHECK_CMD >/dev/null 2>&1 && echo OK:\${SLURMD_NODENAME:-\$(hostname)}" 2>/dev/null)
+    # One task per node: the job's SLURM_NTASKS (inherited by srun) would otherwise run it once per task.
+    ok=$(timeout "${HEALTH_CHECK_TIMEOUT:-120}" srun --nodes="$NNODES" --ntasks="$NNODES" --ntasks-per-node=1 \
+         --kill-on-bad-exit=0 bash -c "( $HEALTH_CHECK_CMD
+) >/dev/null 2>&1 && echo OK:\${SLURMD_NODENAME:-\$(hostname)}" 2>/dev/null)
     while read -r n; do
         grep -qx "OK:$n" <<< "$ok" || BAD[$n]=1
     done < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
@@ -437,25 +498,60 @@ if (( RESTART >= ${MAX_RESTARTS:-3} )); then
     exit "$RC"
 fi
 
-LIMIT=$(squeue -h -j "$JOB_ID" -o %l 2>/dev/null | head -n1)
-SUB=(sbatch --parsable --dependency=afterany:"$JOB_ID" --job-name="$JOB_NAME" --chdir="$SUBMIT_DIR"
-     --nodes="$NNODES" --ntasks-per-node="$NTASKS_PER_NODE")
+# The resubmission: this script again (its #SBATCH header applies), same size, after this job, without
+# the failed nodes, with the settings of this job that Slurm reports (scontrol show job, else Slurm's
+# variables): partition, account, QOS, reservation, constraint (Features), GRES per node (or
+# --gpus-per-node), time limit. SBATCH_ARGS (the submission's own flags, e.g. the recipe's) come first;
+# RESUBMIT_ARGS last, so they win. Anything else (--mem, --gpus, ...): put it in SBATCH_ARGS or RESUBMIT_ARGS.
+JOB_INFO=$(scontrol show job -o "$JOB_ID" 2>/dev/null | head -n1)
+job_field() {
+    local v
+    v=$(tr ' ' '\n' <<< "$JOB_INFO" | sed -n "s/^$1=//p" | head -n1)
+    [[ -n $v && $v != "(null)" && $v != N/A ]] && echo "$v"
+    return 0
+}
+SUB=(sbatch --parsable)
+if [[ -n ${SBATCH_ARGS:-} ]]; then
+    read -r -a sba <<< "$SBATCH_ARGS"
+    SUB+=("${sba[@]}")
+fi
+SUB+=(--dependency=afterany:"$JOB_ID" --job-name="$JOB_NAME" --chdir="$SUBMIT_DIR"
+      --nodes="$NNODES" --ntasks-per-node="$NTASKS_PER_NODE")
 [[ -n $EXCLUDE ]] && SUB+=(--exclude="$EXCLUDE")
-[[ -n ${SLURM_JOB_PARTITION:-} ]] && SUB+=(--partition="$SLURM_JOB_PARTITION")
-[[ -n ${SLURM_JOB_ACCOUNT:-} ]] && SUB+=(--account="$SLURM_JOB_ACCOUNT")
-[[ -n ${SLURM_GPUS_PER_NODE:-} ]] && SUB+=(--gpus-per-node="$SLURM_GPUS_PER_NODE")
-[[ -n $LIMIT && $LIMIT != UNLIMITED && $LIMIT != INFINITE ]] && SUB+=(--time="$LIMIT")
+CARRIED=()
+carry() { [[ -n $2 ]] && SUB+=("$1=$2") && CARRIED+=("$1=$2"); return 0; }
+carry --partition "${SLURM_JOB_PARTITION:-$(job_field Partition)}"
+carry --account "${SLURM_JOB_ACCOUNT:-$(job_field Account)}"
+carry --qos "${SLURM_JOB_QOS:-$(job_field QOS)}"
+carry --reservation "${SLURM_JOB_RESERVATION:-$(job_field Reservation)}"
+carry --constraint "$(job_field Features)"
+GRES=()
+IFS=, read -r -a tres <<< "$(job_field TresPerNode)"
+for t in "${tres[@]}"; do                 # gres:gpu:8 or gres/gpu:8 -> gpu:8
+    [[ $t == gres[:/]* ]] || continue
+    t=${t#gres?}
+    [[ -n ${SLURM_GPUS_PER_NODE:-} && $t == gpu[:=]* ]] && continue     # carried as --gpus-per-node
+    GRES+=("${t/=/:}")
+done
+carry --gpus-per-node "${SLURM_GPUS_PER_NODE:-}"
+carry --gres "$(IFS=,; echo "${GRES[*]}")"
+LIMIT=$(job_field TimeLimit)
+[[ -z $LIMIT ]] && LIMIT=$(squeue -h -j "$JOB_ID" -o %l 2>/dev/null | head -n1)
+[[ $LIMIT != UNLIMITED && $LIMIT != INFINITE ]] && carry --time "$LIMIT"
 if [[ -n ${RESUBMIT_ARGS:-} ]]; then
     read -r -a ra <<< "$RESUBMIT_ARGS"
     SUB+=("${ra[@]}")
 fi
 SUB+=("$SCRIPT_PATH" "${TRAINER_EXTRA[@]}")
+log "the resubmission carries: ${CARRIED[*]:-no settings of this job}${SBATCH_ARGS:+; SBATCH_ARGS=$SBATCH_ARGS}"
 NEW=$(run_clean ZAYA_RESTART=$(( RESTART + 1 )) ZAYA_EXCLUDE="$EXCLUDE" ZAYA_FAILED_AT="$(latest_iteration)" \
       LAUNCHER_PATH="$SCRIPT_PATH" "${SUB[@]}" 2>&1)
 if [[ $? -ne 0 ]]; then
     log "error: resubmission failed: $NEW"
     exit "$RC"
 fi
+if [[ -n $CKPT_DIR ]]; then FROM="resuming from iteration $(latest_iteration)"
+else FROM="starting over from iteration 0 (CKPT_DIR is empty: nothing to resume from)"; fi
 log "resubmitted as job ${NEW%%;*} (restart $(( RESTART + 1 ))/${MAX_RESTARTS:-3}, excluding ${EXCLUDE:-no nodes})," \
-    "resuming from iteration $(latest_iteration): $(printf '%q ' "${SUB[@]}")"
+    "$FROM: $(printf '%q ' "${SUB[@]}")"
 exit "$RC"

@@ -2,8 +2,8 @@
 # examples/zaya1_base/run_zaya1_base.sh: the ZAYA1-base three-phase recipe on the MI300X cluster.
 #
 #   DATA_ROOT=/data/zaya TOKENIZER_MODEL=/data/tokenizers/gemma3 CKPT_ROOT=/ckpt/zaya1-base \
-#       bash examples/zaya1_base/run_zaya1_base.sh all       # phase 1 now; 2 and 3 follow by themselves
-#   bash examples/zaya1_base/run_zaya1_base.sh phase2         # one phase (the previous one must be complete)
+#       bash examples/zaya1_base/run_zaya1_base.sh all       # first phase not complete now; the rest follow
+#   bash examples/zaya1_base/run_zaya1_base.sh phase2         # one phase (the previous one complete, this one not)
 #   bash examples/zaya1_base/run_zaya1_base.sh all --dry-run  # show the sbatch and srun commands only
 #
 # Phases (configs next to this script; the step arithmetic is in phase1_4k.yaml):
@@ -58,6 +58,27 @@ latest() {
     local f=$1/latest_checkpointed_iteration.txt
     if [[ -s $f ]]; then tr -d '[:space:]' < "$f"; else echo 0; fi
 }
+
+# A phase whose checkpoint has reached its end is not run again: the trainer checks --exit-interval
+# after each step (as Megatron-LM does), so a run resumed exactly at its end would train past it.
+# With `all` / --chain the next phase that is not complete is submitted instead (a broken chain is
+# restarted by running `all` again); a single phase asked for by name is refused.
+while (( ! DRY )); do
+    have=$(latest "$CKPT_ROOT/phase$PHASE")
+    [[ $have =~ ^[0-9]+$ ]] && (( have >= END_ITERS[PHASE] )) || break
+    if (( CHAIN && PHASE < 3 )); then
+        echo "run_zaya1_base.sh: phase $PHASE is already complete ($CKPT_ROOT/phase$PHASE is at iteration" \
+             "$have, it ends at ${END_ITERS[PHASE]}): going on with phase $(( PHASE + 1 ))" >&2
+        PHASE=$(( PHASE + 1 ))
+    elif (( CHAIN )); then
+        echo "run_zaya1_base.sh: every phase is complete ($CKPT_ROOT/phase3 is at iteration $have): nothing to submit" >&2
+        exit 0
+    else
+        echo "run_zaya1_base.sh: phase $PHASE is already complete: $CKPT_ROOT/phase$PHASE is at iteration $have," \
+             "it ends at ${END_ITERS[PHASE]}; not submitting it again (a resumed run would train past its end)" >&2
+        exit 1
+    fi
+done
 
 if (( PHASE > 1 && ! DRY )); then
     prev=$CKPT_ROOT/phase$(( PHASE - 1 ))

@@ -8,12 +8,15 @@ Launchers understood (first match wins):
   Slurm srun                        SLURM_PROCID, SLURM_STEP_NUM_TASKS (or SLURM_NTASKS), SLURM_LOCALID,
                                     SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST); only inside an srun
                                     step (SLURM_STEP_ID of a task-launch step, not the batch script:
-                                    sbatch sets SLURM_PROCID=0 there too)
+                                    sbatch sets SLURM_PROCID=0 there too). Also under `srun --mpi=pmi2`,
+                                    whose PMI_RANK/PMI_SIZE come without MPICH's local rank variables
   nothing                           a single process (rank 0 of 1)
 
-MASTER_ADDR / MASTER_PORT from the environment always win. Otherwise: under MPI, rank 0 picks its
-host address and a free port and broadcasts them with mpi4py; under Slurm the first host of
-SLURM_JOB_NODELIST and a port derived from SLURM_JOB_ID; a single process uses an in-memory store.
+MASTER_ADDR / MASTER_PORT from the environment always win. Otherwise: under MPI, rank 0 picks a
+non-loopback address of its host and a free port and broadcasts them with mpi4py (an error naming
+MASTER_ADDR when it has only a loopback address and the ranks span several hosts); under Slurm the
+first host of SLURM_JOB_NODELIST and a port derived from SLURM_JOB_ID; a single process uses an
+in-memory store.
 
 A single process with no launcher still initialises a 1-process group (so every collective in
 the code runs unchanged). Backend: "nccl" when a GPU is visible (RCCL on ROCm), "gloo" otherwise;
@@ -101,9 +104,14 @@ def detect_launcher(env=None) -> LaunchInfo:
     if "OMPI_COMM_WORLD_RANK" in env:
         return LaunchInfo("openmpi", int(env["OMPI_COMM_WORLD_RANK"]), int(env["OMPI_COMM_WORLD_SIZE"]),
                           _env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", default=0), addr, port)
-    if "PMI_RANK" in env:
+    mpich_local_rank = _env_int(env, "MPI_LOCALRANKID", "PMI_LOCAL_RANK")
+    # MPICH's / Intel MPI's Hydra sets a local rank; Slurm's own PMI-2 (`srun --mpi=pmi2`) sets
+    # PMI_RANK/PMI_SIZE but no local rank: there the Slurm variables say it all (local rank, node list).
+    # (Hydra inside a Slurm job starts its proxies with srun, so its ranks see SLURM_STEP_ID too, but
+    # with SLURM_PROCID of the proxy: its local rank variable keeps them on this branch.)
+    if "PMI_RANK" in env and (mpich_local_rank is not None or not ("SLURM_PROCID" in env and in_slurm_step(env))):
         return LaunchInfo("mpich", int(env["PMI_RANK"]), int(env["PMI_SIZE"]),
-                          _env_int(env, "MPI_LOCALRANKID", "PMI_LOCAL_RANK", default=0), addr, port)
+                          mpich_local_rank if mpich_local_rank is not None else 0, addr, port)
     if "SLURM_PROCID" in env and in_slurm_step(env):
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
         if addr is None and nodelist:
@@ -127,11 +135,69 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _host_address() -> str:
+def _is_loopback(addr: str) -> bool:
+    return addr.startswith("127.") or addr in ("::1", "localhost")
+
+
+def _interface_address(ifname: str) -> str | None:
+    """The IPv4 address of a network interface (Linux), or None."""
     try:
-        return socket.gethostbyname(socket.gethostname())
+        import fcntl
+        import struct
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", ifname[:15].encode()))   # SIOCGIFADDR
+        return socket.inet_ntoa(packed[20:24])
+    except (OSError, ImportError, ValueError):
+        return None
+
+
+def _hostname_addresses() -> list[str]:
+    try:
+        return [ai[4][0] for ai in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)]
     except OSError:
-        return "127.0.0.1"
+        return []
+
+
+def _socket_ifname_addresses() -> list[str]:
+    """Addresses of the interfaces NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME name (NCCL's syntax: "eth"
+    any eth*, "=eth0" exactly; a "^..." exclusion list names none)."""
+    try:
+        interfaces = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return []
+    out = []
+    for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+        spec = os.environ.get(var, "")
+        if not spec or spec.startswith("^"):
+            continue
+        exact = spec.startswith("=")
+        for want in (w.strip() for w in spec.lstrip("=").split(",")):
+            out += [a for n in interfaces if want and (n == want or (not exact and n.startswith(want)))
+                    for a in [_interface_address(n)] if a]
+    return out
+
+
+def _route_addresses() -> list[str]:
+    """The source address of the outward route (a UDP connect sends nothing; it only picks the route)."""
+    for target in ("10.255.255.255", "192.0.2.1"):
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((target, 9))
+                return [s.getsockname()[0]]
+        except OSError:
+            continue
+    return []
+
+
+def _host_address() -> str:
+    """An address other hosts can reach this one at: the hostname's address unless it is loopback (Debian
+    and Ubuntu map the hostname to 127.0.1.1 in /etc/hosts), else the address of NCCL_SOCKET_IFNAME /
+    GLOO_SOCKET_IFNAME, else the source address of the outward route. Loopback only when nothing else."""
+    candidates = [a for a in _hostname_addresses() + _socket_ifname_addresses() + _route_addresses() if a]
+    for addr in candidates:
+        if not _is_loopback(addr) and addr != "0.0.0.0":
+            return addr
+    return candidates[0] if candidates else "127.0.0.1"
 
 
 def _agree_with_mpi(info: LaunchInfo) -> LaunchInfo:
@@ -149,8 +215,22 @@ def _agree_with_mpi(info: LaunchInfo) -> LaunchInfo:
             f"different MPI ({MPI.Get_library_version().splitlines()[0].strip()}) than the mpirun that "
             "started this job. Use the mpirun of mpi4py's MPI, rebuild mpi4py for this one "
             "(pip install --no-binary mpi4py mpi4py), or export MASTER_ADDR and MASTER_PORT")
-    proposal = (info.master_addr or _host_address(), info.master_port or _free_port()) if info.rank == 0 else None
-    info.master_addr, info.master_port = comm.bcast(proposal, root=0)
+    hosts = comm.allgather(socket.gethostname())
+    proposal = None
+    if info.rank == 0:
+        addr = info.master_addr or _host_address()
+        if info.master_addr is None and _is_loopback(addr) and len(set(hosts)) > 1:
+            proposal = ("error", f"launched by {info.launcher} on {len(set(hosts))} hosts without MASTER_ADDR, and "
+                                 f"rank 0's host ({hosts[0]}) has only a loopback address ({addr}), which the other "
+                                 "hosts cannot reach: export MASTER_ADDR (an address of rank 0's host on the "
+                                 "network between the nodes) and MASTER_PORT, or name that network's interface "
+                                 "in NCCL_SOCKET_IFNAME")
+        else:
+            proposal = (addr, info.master_port or _free_port())
+    agreed = comm.bcast(proposal, root=0)
+    if agreed[0] == "error":
+        raise RuntimeError(agreed[1])
+    info.master_addr, info.master_port = agreed
     return info
 
 

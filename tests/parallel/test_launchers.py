@@ -105,3 +105,60 @@ def test_mpi4py_of_another_mpi_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "mpi4py.MPI", mpi)
     with pytest.raises(RuntimeError, match=r"mpich as rank 1 of 2, but mpi4py's MPI.COMM_WORLD is rank 0 of 1"):
         launch._agree_with_mpi(LaunchInfo("mpich", 1, 2, 1, None, None))
+
+
+def test_srun_mpi_pmi2_is_a_slurm_launch():
+    """`srun --mpi=pmi2`: Slurm's PMI-2 plugin sets PMI_RANK/PMI_SIZE but not MPICH's local rank (checked
+    on a real Slurm), so the Slurm variables give the local rank and the master, not a local rank 0 for all."""
+    for r in range(8, 16):    # node 2's tasks of a 2 x 8 job
+        env = {"SLURM_PROCID": str(r), "SLURM_LOCALID": str(r % 8), "SLURM_NODEID": "1", "SLURM_NTASKS": "16",
+               "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "gpu[001-002]",
+               "SLURM_STEP_NODELIST": "gpu[001-002]", "PMI_RANK": str(r), "PMI_SIZE": "16", "PMI_FD": "5",
+               "PMI_JOBID": "77.0"}
+        info = detect_launcher(env)
+        assert (info.launcher, info.rank, info.world_size, info.local_rank) == ("slurm", r, 16, r % 8)
+        assert (info.master_addr, info.master_port) == ("gpu001", 15077)
+    # MPICH's mpirun (Hydra) inside a Slurm job: its proxies are an srun step, so the ranks see that
+    # step's SLURM_PROCID (the proxy's); Hydra's own variables, with a local rank, still win.
+    hydra = {"SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0",
+             "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "gpu[001-002]", "PMI_RANK": "13", "PMI_SIZE": "16",
+             "MPI_LOCALRANKID": "5"}
+    info = detect_launcher(hydra)
+    assert (info.launcher, info.rank, info.world_size, info.local_rank) == ("mpich", 13, 16, 5)
+    # Outside an srun step PMI_RANK alone is still MPICH's.
+    assert detect_launcher({"PMI_RANK": "1", "PMI_SIZE": "2"}).launcher == "mpich"
+
+
+def _fake_mpi(monkeypatch, hosts: list[str]):
+    sent = {}
+
+    def bcast(obj, root=0):
+        sent["bcast"] = obj
+        return obj
+
+    comm = types.SimpleNamespace(Get_size=lambda: len(hosts), Get_rank=lambda: 0, bcast=bcast,
+                                 allgather=lambda obj: list(hosts))
+    mpi = types.SimpleNamespace(COMM_WORLD=comm, Get_library_version=lambda: "Open MPI v5.0.5\n")
+    monkeypatch.setitem(sys.modules, "mpi4py", types.SimpleNamespace(MPI=mpi))
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", mpi)
+    return sent
+
+
+def test_mpirun_master_address_is_not_loopback(monkeypatch):
+    """Ubuntu's /etc/hosts maps the hostname to 127.0.1.1: rank 0 must broadcast an address the other
+    hosts can reach (here the outward route's), and refuse when it has none."""
+    monkeypatch.setattr(launch, "_hostname_addresses", lambda: ["127.0.1.1"])
+    monkeypatch.setattr(launch, "_socket_ifname_addresses", lambda: [])
+    monkeypatch.setattr(launch, "_route_addresses", lambda: ["10.1.2.3"])
+    _fake_mpi(monkeypatch, ["node1", "node2"])
+    info = launch._agree_with_mpi(LaunchInfo("openmpi", 0, 2, 0, None, None))
+    assert info.master_addr == "10.1.2.3" and info.master_port > 0
+
+    monkeypatch.setattr(launch, "_route_addresses", lambda: [])
+    with pytest.raises(RuntimeError, match="only a loopback address .*127.0.1.1.*export MASTER_ADDR"):
+        launch._agree_with_mpi(LaunchInfo("openmpi", 0, 2, 0, None, None))
+    # One host: loopback is fine. MASTER_ADDR given: used as it is.
+    _fake_mpi(monkeypatch, ["node1", "node1"])
+    assert launch._agree_with_mpi(LaunchInfo("openmpi", 0, 2, 0, None, None)).master_addr == "127.0.1.1"
+    _fake_mpi(monkeypatch, ["node1", "node2"])
+    assert launch._agree_with_mpi(LaunchInfo("openmpi", 0, 2, 0, "127.0.0.1", 1234)).master_addr == "127.0.0.1"

@@ -12,6 +12,7 @@ Fault injection: STANDIN_FAIL_NODE=lnode2 (or * for all) makes the ranks on that
 STANDIN_FAIL_AT (default 3) while ZAYA_RESTART is 0 (the first submission; every submission with
 STANDIN_FAIL_ALWAYS=1).
 STANDIN_ABORT_AT_EXIT_NODE=lnode2: the ranks on that node abort after training has finished.
+STANDIN_DEFAULT_SIGTERM=1: no SIGTERM handler (a trainer still starting up): srun's SIGTERM kills it (143).
 Every rank prints one `standin:` line with its view of the job, which the tests parse.
 """
 from __future__ import annotations
@@ -63,7 +64,8 @@ def main() -> int:
         stop["sig"] = signal.Signals(signum).name[3:]
 
     signal.signal(signal.SIGUSR1, handler)
-    signal.signal(signal.SIGTERM, handler)
+    if os.environ.get("STANDIN_DEFAULT_SIGTERM") != "1":
+        signal.signal(signal.SIGTERM, handler)
 
     start = latest(a.load)
     view = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",

@@ -173,6 +173,33 @@ def test_recipe_script_submits_phases_with_their_settings(tmp_path):
     assert e["CONFIG"].endswith("phase3_32k.yaml") and "ON_SUCCESS_CMD" not in e and e["END_ITER"] == "834465"
 
 
+def test_recipe_never_resubmits_a_complete_phase(tmp_path):
+    """A phase resumed at its end iteration would train past it (--exit-interval is checked after a
+    step): `all` goes on with the first phase not complete, a phase asked for by name is refused."""
+    bindir, record = fake_sbatch(tmp_path)
+    root = tmp_path / "ckpt"
+    env = clean_env(PATH=bindir + os.pathsep + os.environ["PATH"], CKPT_ROOT=str(root), DATA_ROOT="/data/z",
+                    TOKENIZER_MODEL="/tok/gemma3")
+    for phase, end in (("phase1", 476837), ("phase2", 715256)):
+        (root / phase).mkdir(parents=True)
+        (root / phase / "latest_checkpointed_iteration.txt").write_text(f"{end}\n")
+    r = subprocess.run(["bash", RECIPE, "phase1"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "phase 1 is already complete" in r.stderr, r.stderr
+    assert not os.path.exists(record)
+    r = subprocess.run(["bash", RECIPE, "all"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rec = json.load(open(record))
+    assert rec["argv"][0] == "--job-name=zaya1-base-p3" and rec["env"]["END_ITER"] == "834465"
+    assert rec["env"]["INIT_CKPT_DIR"] == str(root / "phase2")
+    assert "going on with phase 2" in r.stderr and "going on with phase 3" in r.stderr
+    os.remove(record)
+    (root / "phase3").mkdir(exist_ok=True)     # the submission made it
+    (root / "phase3" / "latest_checkpointed_iteration.txt").write_text("834465\n")
+    r = subprocess.run(["bash", RECIPE, "phase3", "--chain"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "every phase is complete" in r.stderr, r.stderr
+    assert not os.path.exists(record)
+
+
 def test_recipe_and_single_node_dry_runs():
     r = subprocess.run(["bash", RECIPE, "phase3", "--dry-run"], env=clean_env(CKPT_ROOT="/ckpt/z"),
                        capture_output=True, text=True, timeout=60)

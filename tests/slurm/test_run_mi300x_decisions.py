@@ -1,0 +1,158 @@
+"""run_mi300x.sh's decisions after a training step, with stand-in Slurm commands (fake_slurm.py; no
+Slurm, about a second per case): whom to blame, what a resubmission and a chained phase carry over,
+when to requeue, the health check, single-node jobs.
+
+    python -m pytest -q tests/slurm/test_run_mi300x_decisions.py
+"""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from fake_slurm import FakeSlurm
+from slurm_jobs import REPO
+
+RECIPE = os.path.join(REPO, "examples", "zaya1_base", "run_zaya1_base.sh")
+
+
+@pytest.fixture
+def fake(tmp_path):
+    return FakeSlurm(tmp_path)
+
+
+def write_latest(ckpt: str, it: int) -> None:
+    os.makedirs(ckpt, exist_ok=True)
+    with open(os.path.join(ckpt, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write(f"{it}\n")
+
+
+def arg(argv: list[str], flag: str) -> str | None:
+    values = [a.split("=", 1)[1] for a in argv if a.startswith(flag + "=")]
+    return values[-1] if values else None
+
+
+def test_ranks_that_died_of_a_signal_are_not_blamed(fake, tmp_path):
+    # Rank 3 (node n2) fails by itself (exit 1); srun then stops the others: ranks that die of the signal
+    # before their task wrapper's trap has run record "143 none" (here rank 1 kills itself with SIGTERM,
+    # rank 0 exits 143), and a peer's RCCL watchdog may abort (134) or be killed (137).
+    write_latest(str(tmp_path / "ckpt"), 5)
+    r = fake.run_launcher(FAKE_RC="143 TERM 137 1")
+    log = fake.launcher_log()
+    assert "failed nodes: n2" in log, log
+    assert "giving up" not in log, log
+    (sub,) = fake.calls("sbatch")
+    assert arg(sub["argv"], "--exclude") == "n2"
+    assert r.returncode != 0
+
+    r = fake.run_launcher(FAKE_RC="ABRT 1 143 137")
+    assert arg(fake.calls("sbatch")[0]["argv"], "--exclude") == "n1", fake.launcher_log()
+
+
+def test_watchdog_exits_blame_no_node(fake, tmp_path):
+    # A hung collective: every rank's watchdog fires (124), or srun stops the rank first.
+    write_latest(str(tmp_path / "ckpt"), 5)
+    fake.run_launcher(FAKE_RC="124 TERM 124 143")
+    log = fake.launcher_log()
+    assert "failed nodes: none identified" in log, log
+    assert "every node failed" not in log and "giving up" not in log, log
+    assert "hang watchdog" in log
+    (sub,) = fake.calls("sbatch")
+    assert arg(sub["argv"], "--exclude") is None
+
+
+def test_resubmission_keeps_the_users_settings_and_drops_the_jobs_variables(fake, tmp_path):
+    write_latest(str(tmp_path / "ckpt"), 5)
+    info = ("JobId=4242 JobName=fake Account=proj QOS=high Partition=mi300x TimeLimit=12:00:00 "
+            "Reservation=maint Features=mi300x&ib TresPerNode=gres:gpu:8 Command=/somewhere/run_mi300x.sh")
+    fake.run_launcher(FAKE_RC="0 0 0 1", FAKE_JOB_INFO=info, SBATCH_ARGS="--mail-type=END --comment=zaya",
+                      SRUN_ARGS="--cpu-bind=none", SRUN_MPI="pmix", SBATCH_PARTITION="mi300x",
+                      SLURM_CPUS_PER_TASK="4", SRUN_CPUS_PER_TASK="4", SLURM_RESTART_COUNT="1",
+                      SLURM_JOB_PARTITION="mi300x", SLURM_STEP_ID="4294967291")
+    (sub,) = fake.calls("sbatch")
+    argv = sub["argv"]
+    for flag, value in (("--partition", "mi300x"), ("--account", "proj"), ("--qos", "high"),
+                        ("--reservation", "maint"), ("--constraint", "mi300x&ib"), ("--gres", "gpu:8"),
+                        ("--time", "12:00:00"), ("--exclude", "n2"), ("--nodes", "2"), ("--ntasks-per-node", "2"),
+                        ("--mail-type", "END"), ("--comment", "zaya")):
+        assert arg(argv, flag) == value, (flag, argv)
+    env = sub["env"]
+    # The user's settings survive ...
+    assert env["SRUN_ARGS"] == "--cpu-bind=none" and env["SRUN_MPI"] == "pmix"
+    assert env["SBATCH_ARGS"] == "--mail-type=END --comment=zaya" and env["SBATCH_PARTITION"] == "mi300x"
+    assert env["SLURM_CONF"] == "/etc/slurm/fake.conf"
+    # ... this job's variables do not.
+    for v in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE",
+              "SLURM_NNODES", "SLURM_CPUS_ON_NODE", "SLURM_CPUS_PER_TASK", "SRUN_CPUS_PER_TASK", "SLURM_RESTART_COUNT",
+              "SLURM_SUBMIT_DIR", "SLURM_STEP_ID", "SLURM_JOB_PARTITION", "MASTER_ADDR", "MASTER_PORT"):
+        assert v not in env, v
+    assert env["ZAYA_RESTART"] == "1" and env["ZAYA_EXCLUDE"] == "n2" and env["ZAYA_FAILED_AT"] == "5"
+    assert "carries: " in fake.launcher_log()
+
+
+def test_chained_phase_keeps_sbatch_args(fake, tmp_path):
+    # Phase 1 of the recipe completes; its ON_SUCCESS_CMD submits phase 2 with the recipe's SBATCH_ARGS.
+    root = tmp_path / "root"
+    fake.run_launcher(CKPT_DIR=str(root / "phase1"), END_ITER="476837", FAKE_WRITES_ITER="476837",
+                      CKPT_ROOT=str(root), DATA_ROOT="/data/z", TOKENIZER_MODEL="/tok",
+                      SBATCH_ARGS="--account=proj --partition=mi300x", SRUN_ARGS="--cpu-bind=none",
+                      ON_SUCCESS_CMD=f"bash {RECIPE} phase2 --chain")
+    log = fake.launcher_log()
+    assert "training finished" in log, log
+    (sub,) = fake.calls("sbatch")
+    assert sub["argv"][:4] == ["--job-name=zaya1-base-p2", f"--chdir={REPO}", "--account=proj", "--partition=mi300x"]
+    assert sub["env"]["SRUN_ARGS"] == "--cpu-bind=none" and "SLURM_JOB_ID" not in sub["env"]
+
+
+def test_no_checkpoint_folder_never_requeues(fake):
+    r = fake.run_launcher(CKPT_DIR="", TRAIN_ITERS="10")
+    log = fake.launcher_log()
+    assert r.returncode == 0, log
+    assert not [c for c in fake.calls("scontrol") if c["argv"][:1] == ["requeue"]], log
+    assert "requeueing" not in log
+    assert "CKPT_DIR is empty" in log and "training finished" in log
+
+
+def test_finished_run_starts_no_training(fake, tmp_path):
+    marker = tmp_path / "next"
+    write_latest(str(tmp_path / "ckpt"), 8)
+    r = fake.run_launcher(END_ITER="8", ON_SUCCESS_CMD=f"echo next > {marker}")
+    log = fake.launcher_log()
+    assert r.returncode == 0, log
+    assert fake.training_sruns() == [], log
+    assert "already at END_ITER=8" in log and "training finished" in log
+    assert marker.read_text().strip() == "next"
+    # Not finished yet: it trains.
+    write_latest(str(tmp_path / "ckpt"), 7)
+    fake.run_launcher(END_ITER="8", FAKE_WRITES_ITER="8")
+    assert len(fake.training_sruns()) == 1
+
+
+def test_health_check_runs_once_per_node(fake, tmp_path):
+    ran = tmp_path / "health"
+    write_latest(str(tmp_path / "ckpt"), 5)
+    fake.run_launcher(FAKE_RC="0 0 0 1", HEALTH_CHECK_CMD=f"sh -c 'echo $SLURMD_NODENAME >> {ran}'")
+    assert sorted(ran.read_text().split()) == ["n1", "n2"]
+    hc = [c for c in fake.calls("srun") if "--task" not in c["argv"]]
+    assert len(hc) == 1 and "--ntasks=2" in hc[0]["argv"] and "--ntasks-per-node=1" in hc[0]["argv"]
+    assert "failed nodes: n2" in fake.launcher_log()
+
+
+def test_single_node_job_says_what_it_does(fake, tmp_path):
+    # The job's only node fails after writing a new checkpoint: restarted, and the node is not excluded
+    # (one node failing alone looks like a software error as much as a node fault).
+    single = dict(SLURM_JOB_NODELIST="n1", SLURM_JOB_NUM_NODES="1", SLURM_NNODES="1", SLURM_NTASKS="2",
+                  SLURM_NPROCS="2", SLURM_NTASKS_PER_NODE="2")
+    write_latest(str(tmp_path / "ckpt"), 3)
+    fake.run_launcher(FAKE_RC="1", FAKE_WRITES_ITER="5", **single)
+    log = fake.launcher_log()
+    assert "not excluding it" in log and "failed nodes: none identified" in log, log
+    (sub,) = fake.calls("sbatch")
+    assert arg(sub["argv"], "--exclude") is None, sub["argv"]
+    assert re.search(r"excluding no nodes", log)
+    # With a health check that fails there, it is excluded, and the log says so.
+    fake.run_launcher(FAKE_RC="1", FAKE_WRITES_ITER="7", HEALTH_CHECK_CMD="false", **single)
+    log = fake.launcher_log()
+    assert "failed nodes: n1" in log
+    assert arg(fake.calls("sbatch")[0]["argv"], "--exclude") == "n1"
