@@ -36,6 +36,10 @@ def orthogonalized_updates(directions: list[torch.Tensor], ns_steps: int,
         by_shape.setdefault(tuple(d.shape), []).append(i)
     results: list[torch.Tensor | None] = [None] * len(directions)
     for shape, indices in by_shape.items():
+        if 0 in shape:   # an empty slice (a TP rank's share of fewer KV heads than ranks): no update
+            for i in indices:
+                results[i] = torch.zeros_like(directions[i])
+            continue
         stacked = torch.stack([directions[i] for i in indices])
         dtype = ns_dtype or newton_schulz_dtype(stacked.device)
         ortho = kernels.newton_schulz(stacked, steps=ns_steps, dtype=dtype) * muon_scale(torch.Size(shape))

@@ -60,5 +60,5 @@ def _wsd_coefficient(ratio: float, style: str) -> float:
     if style == "cosine":
         return 0.5 * (math.cos(math.pi * ratio) + 1.0)
     if style == "exponential":
-        return 0.5 ** (ratio * 10) * (1 - ratio)   # fast early decay, exactly 0 at the end
+        return 2.0 * 0.5 ** ratio - 1.0             # Megatron-LM's: 1 at the start, 0 at the end
     return 1.0 - math.sqrt(ratio)                  # minus_sqrt

@@ -43,6 +43,11 @@ class DistributedRuntime:
 
     def build_optimizer(self, model, optim_config):
         from megatron_zaya.optim.builder import build_distributed_optimizer, build_optimizer
+        tp = self.run.parallel.tensor_model_parallel_size
+        if optim_config.optimizer == "muon" and tp > 1 and self.is_main:
+            print(f"warning: --optimizer muon with --tensor-model-parallel-size={tp} orthogonalises each rank's "
+                  f"slice of a split matrix, not the whole matrix, so the update depends on the TP size; "
+                  f"use --optimizer adamw for TP-independent math", flush=True)
         if self.run.parallel.use_distributed_optimizer:
             optimizer = build_distributed_optimizer(model, optim_config, self.pstate, self.reducer)
             self.log_optimizer_memory(optimizer)

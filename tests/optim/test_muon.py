@@ -81,3 +81,17 @@ def test_bf16_newton_schulz_is_close_to_float64():
         got = -p.detach().double()
         assert (got - ref).norm() / ref.norm() < 0.03, shape
         assert torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0) > 0.9995, shape
+
+
+def test_an_empty_matrix_slice_gets_no_update_and_others_are_unchanged():
+    """Under TP with fewer KV heads than ranks a rank's V-projection slice is (0, D); Newton-Schulz
+    must skip it (it used to fail to reshape 0 elements) and leave the other matrices' updates as is."""
+    torch.manual_seed(0)
+    full = [torch.nn.Parameter(torch.randn(8, 16)), torch.nn.Parameter(torch.randn(16, 8))]
+    with_empty = [torch.nn.Parameter(p.detach().clone()) for p in full] + [torch.nn.Parameter(torch.zeros(0, 16))]
+    grads = [torch.randn_like(p) for p in full]
+    for params in (full, with_empty):
+        for p, g in zip(params, grads + [torch.zeros(0, 16)]):
+            p.grad = g.clone()
+        Muon(params, lr=0.02, ns_dtype=torch.float32).step()
+    assert all(torch.equal(a, b) for a, b in zip(full, with_empty)) and with_empty[2].shape == (0, 16)

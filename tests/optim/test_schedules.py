@@ -31,6 +31,10 @@ def test_wsd_stable_then_decay():
     cosine = LRSchedule(lr=1.0, warmup_iters=0, decay_iters=100, decay_style="WSD", wsd_decay_iters=20,
                         wsd_decay_style="minus_sqrt")
     assert cosine(85) == pytest.approx(1 - math.sqrt(0.25))
+    exponential = LRSchedule(lr=1.0, warmup_iters=0, decay_iters=100, decay_style="WSD", wsd_decay_iters=20,
+                             wsd_decay_style="exponential")
+    # Megatron-LM's coefficient 2 * 0.5**r - 1 of the decay ratio r: 0.4142 half way (sqrt(2) - 1)
+    assert exponential(80) == 1.0 and exponential(90) == pytest.approx(math.sqrt(2) - 1) and exponential(100) == 0.0
 
 
 @pytest.mark.parametrize("kwargs, flag", [
