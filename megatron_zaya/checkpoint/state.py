@@ -195,8 +195,10 @@ def optimizer_entries(optimizer, model) -> tuple[list[Entry], dict]:
             classes[name] = slot.family
             if flat is None and slot.kind != "owner":
                 writer = writes_replica(p, pstate)
-            else:      # ZeRO-1: every piece / owned matrix is on one rank of its group; TP copies once
-                writer = pstate is None or is_tp_split(p) or pstate.tp_rank == 0
+            else:      # ZeRO-1: every piece / owned matrix is on one rank of its group; TP copies once,
+                # except sequence-parallel parameters, whose group is the whole world (TP included)
+                writer = (pstate is None or is_tp_split(p) or pstate.tp_rank == 0
+                          or getattr(p, "sequence_parallel", False))
             if not writer:
                 continue
             shape, ranges = tensor_slicing(p, pstate)

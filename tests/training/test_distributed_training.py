@@ -63,11 +63,16 @@ def test_two_processes_match_one(tiny_corpus, tmp_path, reference_losses, name, 
     assert got == pytest.approx(reference_losses, rel=1e-3), (got, reference_losses)
 
 
-def test_zero1_stop_and_resume_is_exact(tiny_corpus, tmp_path):
+@pytest.mark.parametrize("layout", [
+    [],
+    # sequence-parallel parameters are sharded over TP x DP: every TP rank writes its pieces
+    ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--optimizer", "adamw"],
+], ids=["dp2", "tp2-sp-adamw"])
+def test_zero1_stop_and_resume_is_exact(tiny_corpus, tmp_path, layout):
     """Under ZeRO-1 (sharded AdamW masters + distributed Muon momentum), stopping after 2 steps and
     resuming from the checkpoint gives bit-identical losses to the uninterrupted 2-process run."""
-    straight = train(tiny_corpus, tmp_path, "straight", 2, "--use-distributed-optimizer")
-    save = ["--use-distributed-optimizer", "--save", str(tmp_path / "ckpt"), "--load", str(tmp_path / "ckpt")]
+    straight = train(tiny_corpus, tmp_path, "straight", 2, "--use-distributed-optimizer", *layout)
+    save = ["--use-distributed-optimizer", *layout, "--save", str(tmp_path / "ckpt"), "--load", str(tmp_path / "ckpt")]
     first = train(tiny_corpus, tmp_path, "first", 2, *save, "--exit-interval", "2")
     second = train(tiny_corpus, tmp_path, "second", 2, *save)
     assert len(first) == 2 and len(second) == 2
