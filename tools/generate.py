@@ -98,9 +98,8 @@ def load_tokenizer(parser: argparse.ArgumentParser, args: argparse.Namespace):
         return None
     if not args.tokenizer_type:
         parser.error(f"{files[0]} needs --tokenizer-type")
-    from megatron_zaya.data.tokenizer import build_tokenizer, check_tokenizer_flags
-    try:
-        check_tokenizer_flags(args.tokenizer_type, args.tokenizer_model, args.vocab_file, args.merge_file)
+    from megatron_zaya.data.tokenizer import build_tokenizer
+    try:   # build_tokenizer checks the flags (check_tokenizer_flags) before loading anything
         return build_tokenizer(args.tokenizer_type, args.tokenizer_model, vocab_file=args.vocab_file,
                                merge_file=args.merge_file)
     except UserInputError as err:
