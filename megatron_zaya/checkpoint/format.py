@@ -434,22 +434,24 @@ class CheckpointFolder:
         if len(shape) == 0:
             return pieces[0][0].get(key).clone()
         full = torch.empty(shape, dtype=dtype)
-        covered = 0
+        # Coverage is tracked per element, not counted: ranks that replicate a slice (a KV head shared
+        # by TP ranks when TP > KV heads) each write it, so pieces may overlap.
+        covered = torch.zeros(shape, dtype=torch.bool)
         for rf, desc in pieces:
             data = rf.get(key)
             block_shape = ranges_shape(desc["ranges"])
             if desc["flat"] is None:
                 write_block(full, desc["ranges"], data.view(block_shape))
-                covered += data.numel()
+                write_block(covered, desc["ranges"], torch.ones(block_shape, dtype=torch.bool))
             else:
                 a, b = desc["flat"]
-                block = read_block(full, desc["ranges"])
-                block.view(-1)[a:b] = data.view(-1)
-                write_block(full, desc["ranges"], block)
-                covered += b - a
-        if covered != full.numel():
-            raise CheckpointError(f"{self.folder}: tensor {key!r} is incomplete ({covered} of {full.numel()} elements "
-                                  f"in {sorted({rf.tensor_path for rf, _ in pieces})})")
+                for target, values in ((full, data.view(-1)), (covered, True)):
+                    block = read_block(target, desc["ranges"])
+                    block.view(-1)[a:b] = values
+                    write_block(target, desc["ranges"], block)
+        if not bool(covered.all()):
+            raise CheckpointError(f"{self.folder}: tensor {key!r} is incomplete ({int(covered.sum())} of "
+                                  f"{full.numel()} elements in {sorted({rf.tensor_path for rf, _ in pieces})})")
         return full
 
     def piece(self, key: str, ranges: Ranges, flat: list[int] | None, cache: dict | None = None) -> torch.Tensor:

@@ -32,11 +32,14 @@ def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
     d = str(tmp_path)
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
           "--master-port", str(_free_port()), WORKER, d,
-          "save:tp2-ep2-zero", "load:cp2-ep2", "load:dp-zero", "save:cp2-ep2:b", "load:tp2-ep2-zero:b"])
-    _run([sys.executable, WORKER, d, "load:single", "load:single:b"])
+          "save:tp2-ep2-zero", "load:cp2-ep2", "load:dp-zero", "save:cp2-ep2:b", "load:tp2-ep2-zero:b",
+          "save:tp4-zero:c", "load:tp2-ep2-zero:c"])
+    _run([sys.executable, WORKER, d, "load:single", "load:single:b", "load:single:c"])
     results = {r["task"]: r for r in json.load(open(os.path.join(d, "losses.json")))}
     for saver, loaders in (("save:tp2-ep2-zero", ["load:cp2-ep2", "load:dp-zero", "load:single"]),
-                           ("save:cp2-ep2:b", ["load:tp2-ep2-zero:b", "load:single:b"])):
+                           ("save:cp2-ep2:b", ["load:tp2-ep2-zero:b", "load:single:b"]),
+                           # TP4 > 2 KV heads: each KV head is replicated on two ranks, and both write it.
+                           ("save:tp4-zero:c", ["load:tp2-ep2-zero:c", "load:single:c"])):
         want = results[saver]["losses"]
         for loader in loaders:
             got = results[loader]["losses"]
@@ -51,6 +54,10 @@ def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
     state, config, info = load_full_model_state(os.path.join(d, "ckpt"))
     assert state["layers.0.moe.experts.gate_up_weight"].shape[0] == config.num_experts
     assert info["layout"]["expert_model_parallel_size"] == 2
+    # The TP4 checkpoint (overlapping KV-head replicas) assembles too: the path of convert_checkpoint to-hf.
+    state, _config, info = load_full_model_state(os.path.join(d, "c"))
+    assert info["layout"]["tensor_model_parallel_size"] == 4
+    assert state["layers.0.attention.conv_depthwise.weight"].shape[0] == 6 * 32
 
 
 @pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "megatron_zaya", "training", "distributed_runtime.py")),
