@@ -112,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--adam-beta2", type=float, default=0.95)
     g.add_argument("--adam-eps", type=float, default=1e-8)
     g.add_argument("--muon-momentum", type=float, default=0.95)
+    g.add_argument("--muon-num-ns-steps", type=int, default=5, help="Newton-Schulz iterations per Muon update")
+    g.add_argument("--muon-tp-mode", choices=["duplicated", "blockwise"], default="duplicated",
+                   help="Muon under tensor parallelism: duplicated gathers each split matrix over the TP group and "
+                        "orthogonalises it whole (the single-device update, TP x the Newton-Schulz work); "
+                        "blockwise orthogonalises each rank's slice (Megatron-LM's default; depends on the TP size)")
     g.add_argument("--clip-grad", type=float, default=1.0)
     g.add_argument("--bf16", action="store_true")
     g.add_argument("--seed", type=int, default=1234)
@@ -275,6 +280,7 @@ NUMBER_DOMAINS = (
     ("weight_decay", _ge0, "must be >= 0"), ("clip_grad", _ge0, "must be >= 0 (0 turns clipping off)"),
     ("adam_beta1", _unit, "must be in [0, 1)"), ("adam_beta2", _unit, "must be in [0, 1)"),
     ("adam_eps", _gt0, "must be > 0"), ("muon_momentum", _unit, "must be in [0, 1)"),
+    ("muon_num_ns_steps", _ge1, "must be >= 1"),
     ("moe_router_bias_lr", _ge0, "must be >= 0"), ("moe_router_bias_beta1", _unit, "must be in [0, 1)"),
     ("moe_router_bias_beta2", _unit, "must be in [0, 1)"), ("num_workers", _ge0, "must be >= 0"),
     ("save_interval", _ge1, "must be >= 1"), ("ckpt_keep", _ge1, "must be >= 1"),
@@ -494,5 +500,6 @@ def validate(args: argparse.Namespace) -> RunConfig:
     train.moe_router_bias_update = not args.no_moe_router_bias_update
     optim = OptimizerConfig(optimizer=args.optimizer, lr=args.lr, weight_decay=args.weight_decay,
                             adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
-                            muon_momentum=args.muon_momentum, clip_grad=args.clip_grad)
+                            muon_momentum=args.muon_momentum, muon_ns_steps=args.muon_num_ns_steps,
+                            muon_tp_mode=args.muon_tp_mode, clip_grad=args.clip_grad)
     return RunConfig(model, train, optim, parallel, data, args)

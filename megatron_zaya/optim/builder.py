@@ -25,7 +25,8 @@ class OptimizerConfig:
     adam_beta2: float = 0.95
     adam_eps: float = 1e-8
     muon_momentum: float = 0.95
-    muon_ns_steps: int = 5
+    muon_ns_steps: int = 5             # --muon-num-ns-steps
+    muon_tp_mode: str = "duplicated"   # --muon-tp-mode duplicated|blockwise (megatron_zaya/optim/muon_tp.py)
     clip_grad: float = 1.0
 
 
@@ -103,7 +104,20 @@ class OptimizerSet:
             opt.load_state_dict(state[name])
 
 
-def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> OptimizerSet:
+MUON_TP_MODES = ("duplicated", "blockwise")
+
+
+def muon_tp_group(cfg: OptimizerConfig, pstate):
+    """The TP group Muon gathers split matrices over (duplicated mode under TP), else None."""
+    if cfg.muon_tp_mode not in MUON_TP_MODES:
+        raise ValueError(f"--muon-tp-mode={cfg.muon_tp_mode}: choose one of {', '.join(MUON_TP_MODES)}")
+    if pstate is None or pstate.tp_size == 1 or cfg.muon_tp_mode == "blockwise":
+        return None
+    return pstate.tp_group
+
+
+def build_optimizer(model: nn.Module, cfg: OptimizerConfig, pstate=None) -> OptimizerSet:
+    """Unsharded optimizers; `pstate` (a ParallelState) only for Muon's TP group."""
     if cfg.optimizer not in ("muon", "adamw"):
         raise ValueError(f"--optimizer={cfg.optimizer}: choose muon or adamw")
     muon, decay, no_decay = split_parameters(model, cfg.optimizer == "muon")
@@ -112,7 +126,8 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> OptimizerSet:
     optimizers = {"adamw": build_adamw(adam_groups, cfg)}
     if muon:
         optimizers["muon"] = Muon([p for _, p in muon], lr=cfg.lr, momentum=cfg.muon_momentum,
-                                  weight_decay=cfg.weight_decay, ns_steps=cfg.muon_ns_steps)
+                                  weight_decay=cfg.weight_decay, ns_steps=cfg.muon_ns_steps,
+                                  tp_group=muon_tp_group(cfg, pstate))
     return OptimizerSet(optimizers)
 
 
@@ -129,7 +144,8 @@ def build_distributed_optimizer(model: nn.Module, cfg: OptimizerConfig, pstate, 
     optimizers = {}
     if muon:
         optimizers["muon"] = DistributedMuon([p for _, p in muon], reducer, lr=cfg.lr, momentum=cfg.muon_momentum,
-                                             weight_decay=cfg.weight_decay, ns_steps=cfg.muon_ns_steps)
+                                             weight_decay=cfg.weight_decay, ns_steps=cfg.muon_ns_steps,
+                                             tp_group=muon_tp_group(cfg, pstate))
     adam_groups = [g for g in ({"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
                                {"params": [p for _, p in no_decay], "weight_decay": 0.0}) if g["params"]]
     optimizers["adamw"] = DistributedOptimizer(adam_groups, lambda groups: build_adamw(groups, cfg), pstate,

@@ -8,6 +8,9 @@ Per step (after the GradientReducer's reduce-scatter and the global clip):
   3. each updated matrix is broadcast from its owner to the group.
 Owners come from `owners_of_bucket` (largest first to the least-loaded rank), so the Newton-Schulz
 work is spread evenly. Dense matrices use the DP x CP group, expert matrices the expert-DP group.
+Owners are chosen from the whole (TP-unsplit) sizes in parameter order, so under TP the ranks of
+one TP group own the slices of the same matrices; with `tp_group` (--muon-tp-mode duplicated) they
+gather them and orthogonalise whole matrices (megatron_zaya/optim/muon_tp.py).
 """
 from __future__ import annotations
 
@@ -15,17 +18,19 @@ import torch
 import torch.distributed as dist
 
 from megatron_zaya.optim.distributed import describe_sharding, sharding_report
-from megatron_zaya.optim.muon import apply_update, momentum_direction, orthogonalized_updates
+from megatron_zaya.optim.muon import apply_update, momentum_direction, tp_orthogonalized_updates
+from megatron_zaya.optim.muon_tp import whole_numel
 from megatron_zaya.parallel.data import owners_of_bucket
 
 
 class DistributedMuon:
     def __init__(self, params: list[torch.nn.Parameter], reducer, lr: float, momentum: float = 0.95,
                  nesterov: bool = True, weight_decay: float = 0.0, ns_steps: int = 5,
-                 ns_dtype: torch.dtype | None = None):
+                 ns_dtype: torch.dtype | None = None, tp_group=None):
         self.param_groups = [dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
                                   ns_steps=ns_steps, ns_dtype=ns_dtype, params=list(params))]
-        self.reducer = reducer
+        self.reducer, self.tp_group = reducer, tp_group
+        order = {p: n for n, p in enumerate(params)}
         wanted = set(params)
         self.buckets = [b for b in reducer.buckets if any(p in wanted for p in b.params)]
         self.owner: dict[torch.nn.Parameter, tuple] = {}   # param -> (bucket, index, owner group rank)
@@ -35,8 +40,9 @@ class DistributedMuon:
                 if p in wanted:
                     by_group.setdefault(id(bucket.group), []).append((bucket, i, p))
         for members in by_group.values():
+            members.sort(key=lambda member: order[member[2]])
             size = members[0][0].size
-            owners = owners_of_bucket([p.numel() for _, _, p in members], size)
+            owners = owners_of_bucket([whole_numel(p) for _, _, p in members], size)
             for (bucket, i, p), owner in zip(members, owners):
                 self.owner[p] = (bucket, i, owner)
         self.state: dict[torch.nn.Parameter, dict] = {}
@@ -54,14 +60,16 @@ class DistributedMuon:
         group = self.param_groups[0]
         for bucket in self.buckets:
             self._full_gradient(bucket)
-        mine = [p for p, (bucket, _, owner) in self.owner.items() if owner == bucket.rank]
+        index = {p: n for n, p in enumerate(group["params"])}
+        mine = sorted((p for p, (bucket, _, owner) in self.owner.items() if owner == bucket.rank), key=index.get)
         directions = []
         for p in mine:
             bucket, i, _ = self.owner[p]
             state = self.state.setdefault(p, {"momentum_buffer": torch.zeros_like(p, dtype=torch.float32)})
             directions.append(momentum_direction(bucket.view(i).float(), state["momentum_buffer"],
                                                  group["momentum"], group["nesterov"]))
-        for p, update in zip(mine, orthogonalized_updates(directions, group["ns_steps"], group["ns_dtype"])):
+        updates = tp_orthogonalized_updates(mine, directions, self.tp_group, group["ns_steps"], group["ns_dtype"])
+        for p, update in zip(mine, updates):
             apply_update(p, update, group["lr"], group["weight_decay"])
         for p, (bucket, _, owner) in self.owner.items():
             if bucket.size > 1:

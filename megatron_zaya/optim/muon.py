@@ -6,6 +6,8 @@ AdamW's learning rate and (decoupled) weight decay. A parameter of shape (..., m
 prod(...) separate m x n matrices (each expert of a grouped expert weight is its own matrix).
 Newton-Schulz runs in `ns_dtype`; None (the default) picks bf16 where bf16 matmuls are native and
 fp32 elsewhere (an AVX2-only CPU), per device (kernels.capability.newton_schulz_dtype).
+With `tp_group` (--muon-tp-mode duplicated under TP) TP-split matrices are orthogonalised whole
+(megatron_zaya/optim/muon_tp.py); without it each rank's slice is ("blockwise").
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 
 from megatron_zaya import kernels
 from megatron_zaya.kernels.capability import newton_schulz_dtype
+from megatron_zaya.optim.muon_tp import local_slices, whole_directions
 
 
 def muon_scale(shape: torch.Size) -> float:
@@ -48,12 +51,24 @@ def orthogonalized_updates(directions: list[torch.Tensor], ns_steps: int,
     return results
 
 
+def tp_orthogonalized_updates(params: list, directions: list[torch.Tensor], tp_group, ns_steps: int,
+                              ns_dtype: torch.dtype | None) -> list[torch.Tensor]:
+    """orthogonalized_updates of the whole TP-split matrices (gathered over `tp_group`; None: of the
+    local tensors as they are), cut back to this rank's slices."""
+    if tp_group is None:
+        return orthogonalized_updates(directions, ns_steps, ns_dtype)
+    whole = orthogonalized_updates(whole_directions(params, directions, tp_group), ns_steps, ns_dtype)
+    return local_slices(params, whole, tp_group)
+
+
 class Muon(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.95, nesterov: bool = True,
-                 weight_decay: float = 0.0, ns_steps: int = 5, ns_dtype: torch.dtype | None = None):
+                 weight_decay: float = 0.0, ns_steps: int = 5, ns_dtype: torch.dtype | None = None,
+                 tp_group=None):
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
                         ns_steps=ns_steps, ns_dtype=ns_dtype)
         super().__init__(params, defaults)
+        self.tp_group = tp_group
         for group in self.param_groups:
             for p in group["params"]:
                 if p.ndim < 2:
@@ -63,17 +78,24 @@ class Muon(torch.optim.Optimizer):
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
+            # Under a TP group every rank gathers the same matrices, with a gradient or not.
+            params = group["params"] if self.tp_group is not None else [p for p in group["params"]
+                                                                        if p.grad is not None]
             directions = []
             for p in params:
+                if p.grad is None:
+                    directions.append(torch.zeros_like(p, dtype=torch.float32))
+                    continue
                 state = self.state[p]
                 if "momentum_buffer" not in state:
                     state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
                 directions.append(momentum_direction(p.grad.float(), state["momentum_buffer"],
                                                      group["momentum"], group["nesterov"]))
-            updates = orthogonalized_updates(directions, group["ns_steps"], group["ns_dtype"])
+            updates = tp_orthogonalized_updates(params, directions, self.tp_group, group["ns_steps"],
+                                                group["ns_dtype"])
             for p, update in zip(params, updates):
-                apply_update(p, update, group["lr"], group["weight_decay"])
+                if p.grad is not None:
+                    apply_update(p, update, group["lr"], group["weight_decay"])
         return loss
 
 

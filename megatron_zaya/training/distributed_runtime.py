@@ -44,15 +44,15 @@ class DistributedRuntime:
     def build_optimizer(self, model, optim_config):
         from megatron_zaya.optim.builder import build_distributed_optimizer, build_optimizer
         tp = self.run.parallel.tensor_model_parallel_size
-        if optim_config.optimizer == "muon" and tp > 1 and self.is_main:
-            print(f"warning: --optimizer muon with --tensor-model-parallel-size={tp} orthogonalises each rank's "
-                  f"slice of a split matrix, not the whole matrix, so the update depends on the TP size; "
-                  f"use --optimizer adamw for TP-independent math", flush=True)
+        if optim_config.optimizer == "muon" and optim_config.muon_tp_mode == "blockwise" and tp > 1 and self.is_main:
+            print(f"warning: --muon-tp-mode blockwise with --tensor-model-parallel-size={tp} orthogonalises each "
+                  f"rank's slice of a split matrix, not the whole matrix, so the update depends on the TP size; "
+                  f"--muon-tp-mode duplicated (the default) orthogonalises whole matrices", flush=True)
         if self.run.parallel.use_distributed_optimizer:
             optimizer = build_distributed_optimizer(model, optim_config, self.pstate, self.reducer)
             self.log_optimizer_memory(optimizer)
             return optimizer
-        return build_optimizer(model, optim_config)
+        return build_optimizer(model, optim_config, self.pstate)
 
     def log_optimizer_memory(self, optimizer) -> None:
         """Once, before the first step (state estimated: 8 B/param for Adam's moments + 4 B master,

@@ -3,11 +3,14 @@ model with an independent single-process run of the same model on the same globa
 loss (1e-5 relative), every gradient gathered to full shape (1e-4 relative, per tensor norm),
 global routing counts (exact), global grad norm, and the weights after a few optimizer steps
 (AdamW; with "muon": single-process Muon + AdamW against DistributedMuon + ZeRO-1 AdamW or plain
-Muon + AdamW, fp32 Newton-Schulz, same 1e-4 weight tolerance).
+Muon + AdamW, fp32 Newton-Schulz, same 1e-4 weight tolerance; under TP Muon gathers the split
+matrices over the TP group, --muon-tp-mode duplicated, unless "blockwise" is given: then the
+weights must DIFFER from single-process Muon, the control that shows the comparison can fail).
 
 Layout syntax: tp2, cp2, ep2, dp (plain data parallel), sp (sequence parallel), zero (ZeRO-1),
 kv1 (a model with one KV head, so TP > HKV replicates it), muon (Muon on the hidden matrices),
-joined by '-', e.g. "tp2-ep2", "cp2-zero" or "ep2-zero-muon". Prints one line per layout on rank 0; exits 1 on any mismatch.
+blockwise (with muon and TP: per-slice Newton-Schulz), joined by '-', e.g. "tp2-ep2", "cp2-zero"
+or "ep2-zero-muon". Prints one line per layout on rank 0; exits 1 on any mismatch.
 """
 from __future__ import annotations
 
@@ -124,16 +127,18 @@ def adamw(params):
     return torch.optim.AdamW(params, lr=LR, weight_decay=0.1)
 
 
-def build_optimizers(model, ps, reducer, zero: bool, muon: bool) -> list:
+def build_optimizers(model, ps, reducer, zero: bool, muon: bool, blockwise: bool = False) -> list:
     """[Muon (or DistributedMuon), AdamW (or ZeRO-1 AdamW)], in the order the trainer steps them.
-    Muon matrices are whole on every rank here (no TP layout is combined with muon)."""
+    Under TP, Muon gathers split matrices over the TP group unless `blockwise`."""
     matrices, decay, no_decay = split_parameters(model, muon)
     rest = [p for _, p in decay + no_decay] if muon else list(model.parameters())
     opts = []
     if matrices:
         matrices = [p for _, p in matrices]
-        opts.append(DistributedMuon(matrices, reducer, lr=LR, weight_decay=0.1, ns_dtype=torch.float32) if zero
-                    else Muon(matrices, lr=LR, weight_decay=0.1, ns_dtype=torch.float32))
+        tp_group = ps.tp_group if ps is not None and ps.tp_size > 1 and not blockwise else None
+        opts.append(DistributedMuon(matrices, reducer, lr=LR, weight_decay=0.1, ns_dtype=torch.float32,
+                                    tp_group=tp_group) if zero
+                    else Muon(matrices, lr=LR, weight_decay=0.1, ns_dtype=torch.float32, tp_group=tp_group))
     opts.append(DistributedOptimizer(rest, adamw, ps, reducer=reducer) if zero else adamw(rest))
     return opts
 
@@ -188,9 +193,9 @@ def run_layout(spec: str, world: int) -> list[str]:
     global KV_HEADS
     flags = spec.split("-")
     KV_HEADS = 1 if "kv1" in flags else 2      # kv1: one KV head, replicated over TP ranks
-    zero, muon = "zero" in flags, "muon" in flags
-    if muon and sizes.get("tp", 1) > 1:
-        raise ValueError(f"{spec}: muon is checked without TP (Muon on a TP shard is not single-process Muon)")
+    zero, muon, blockwise = "zero" in flags, "muon" in flags, "blockwise" in flags
+    if blockwise and not (muon and sizes.get("tp", 1) > 1):
+        raise ValueError(f"{spec}: blockwise is the control for Muon under TP (give muon and tp)")
     ps = ParallelState(sizes.get("tp", 1), sizes.get("cp", 1), sizes.get("ep", 1), world,
                        sequence_parallel="sp" in flags, model_config=config())
     micro = 2 if GLOBAL_BATCH // ps.dp_size >= 2 else 1
@@ -200,7 +205,7 @@ def run_layout(spec: str, world: int) -> list[str]:
     ref_opts = build_optimizers(ref, None, None, zero=False, muon=muon)
     model = parallelize_model(build_model(), ps)
     reducer = GradientReducer(model, ps, bucket_size=30_000, shard=zero)
-    opts = build_optimizers(model, ps, reducer, zero, muon)
+    opts = build_optimizers(model, ps, reducer, zero, muon, blockwise)
     ref_balancer, model_balancer = balancer(ref), balancer(model)
 
     for step in range(STEPS):
@@ -255,6 +260,12 @@ def run_layout(spec: str, world: int) -> list[str]:
              f"norm {worst['norm']:.1e} weights after {STEPS} steps {worst['weight']:.1e}"
     if muon:
         report += "; Muon on the hidden matrices"
+    if blockwise:   # the control: per-slice Newton-Schulz must NOT reproduce single-process Muon
+        differs = [e for e in errors if e.startswith(("weight ", "local shard "))]
+        if not differs:
+            return [report, "blockwise Muon matched single-process Muon: the weight comparison cannot fail"]
+        report += f"; blockwise differs as expected ({len(differs)} weight mismatches, max rel {worst['weight']:.1e})"
+        errors = [e for e in errors if e.startswith("step 0:")]   # before the first update all must agree
     if zero:
         report += "; " + opts[-1].describe_memory()
         for opt in opts:

@@ -42,9 +42,18 @@ def test_distributed_muon_two_processes():
     _check(run_torchrun(2, WORKER, *layouts), layouts)
 
 
+def test_muon_under_tensor_parallelism_two_processes():
+    """--muon-tp-mode duplicated: split matrices gathered over TP=2 and orthogonalised whole, with
+    plain Muon and with DistributedMuon (TP2 replicating one KV head); blockwise is the control."""
+    layouts = ["tp2-muon", "tp2-kv1-zero-muon", "tp2-muon-blockwise"]
+    _check(run_torchrun(2, WORKER, *layouts), layouts)
+
+
 def test_distributed_muon_expert_data_parallel():
-    """EP=2 x expert-DP=2: expert matrices get their owners in the expert-DP group, dense ones in DP=4."""
-    layouts = ["ep2-zero-muon"]
+    """EP=2 x expert-DP=2: expert matrices get their owners in the expert-DP group, dense ones in DP=4;
+    DP=2 x TP=2 with sequence parallelism and TP=2 x EP=2: owners agree across each TP group, which
+    gathers its slices of the same matrices."""
+    layouts = ["ep2-zero-muon", "tp2-sp-zero-muon", "tp2-ep2-zero-muon"]
     _check(run_torchrun(4, WORKER, *layouts), layouts)
 
 

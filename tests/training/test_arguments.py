@@ -22,6 +22,8 @@ def error_of(argv, capsys) -> str:
     ({"--lr-decay-style": "WSD", "--lr-wsd-decay-iters": "0"}, "--lr-wsd-decay-iters"),
     ({"--rampup-batch-size": ["2", "3", "100"]}, "--rampup-batch-size"),
     ({"--expert-model-parallel-size": "3"}, "--expert-model-parallel-size=3"),
+    ({"--muon-num-ns-steps": "0"}, "--muon-num-ns-steps"),
+    ({"--muon-tp-mode": "distributed"}, "--muon-tp-mode"),
 ])
 def test_bad_flags_fail_fast_naming_the_flag(tiny_corpus, tmp_path, capsys, extra, flag):
     extra = dict(extra)
@@ -298,3 +300,18 @@ def test_recompute_flags_reach_the_model(tiny_corpus, tmp_path, flags, granulari
     selective = [m.recompute_selective for m in model.modules() if hasattr(m, "recompute_selective")]
     assert selective and all(on == (granularity == "selective") for on in selective)
     assert model.config == run.model
+
+
+def test_muon_flags_reach_the_optimizer(tiny_corpus, tmp_path):
+    """--muon-num-ns-steps and --muon-tp-mode (Megatron-LM's names) -> OptimizerConfig -> Muon; one
+    process has no TP group, whatever the mode."""
+    from megatron_zaya.optim.builder import build_optimizer
+    from megatron_zaya.training.setup import build_model
+
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path))
+    assert (run.optim.muon_ns_steps, run.optim.muon_tp_mode) == (5, "duplicated")
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--muon-num-ns-steps": "3",
+                                                                "--muon-tp-mode": "blockwise"}))
+    assert (run.optim.muon_ns_steps, run.optim.muon_tp_mode) == (3, "blockwise")
+    muon = build_optimizer(build_model(run), run.optim).optimizers["muon"]
+    assert muon.param_groups[0]["ns_steps"] == 3 and muon.tp_group is None

@@ -1,7 +1,7 @@
 """pretrain_zaya.py under torchrun (2 gloo processes) computes the single-process losses step by step.
 
 Same global batch, fp32: DP=2 plain, DP=2 with the ZeRO-1 optimizer (AdamW shards + distributed Muon),
-and CP=2 (each rank holds half of every sequence). Tolerance: 1e-5 relative on the first two steps'
+CP=2 (each rank holds half of every sequence) and TP=2 (Muon on whole matrices, --muon-tp-mode duplicated). Tolerance: 1e-5 relative on the first two steps'
 losses (the second one already follows an optimizer step). Later steps get 1e-3: top-1 routing is an
 argmax, so float reassociation (sums over ranks instead of micro-batches) can flip a near-tie token
 to another expert once the weights have moved, which changes the loss by ~1e-4 without any bug."""
@@ -55,6 +55,7 @@ def reference_losses(tiny_corpus, tmp_path_factory):
     ("cp2", ["--context-parallel-size", "2"]),
     ("cp2-recompute", ["--context-parallel-size", "2", "--recompute-granularity", "full"]),   # halo p2p rerun
     ("cp2-selective", ["--context-parallel-size", "2", "--recompute-granularity", "selective"]),
+    ("tp2-muon", ["--tensor-model-parallel-size", "2"]),    # Muon orthogonalises whole matrices under TP
 ])
 def test_two_processes_match_one(tiny_corpus, tmp_path, reference_losses, name, extra):
     got = train(tiny_corpus, tmp_path, name, 2, *extra)
