@@ -61,6 +61,11 @@ class DistributedOptimizer:
                         for g, ms in zip(groups, masters_by_group) if ms]
         # A rank can own nothing (more ranks than elements): it then only takes part in the gathers.
         self.inner = optimizer_factory(inner_groups) if inner_groups else None
+        # Buckets holding none of these parameters (e.g. only Muon matrices, which DistributedMuon
+        # broadcasts from their owners) are not all-gathered. The same on every rank of a group: the
+        # buckets and the parameter split are.
+        mine = set(self.params)
+        self.gathered_buckets = [b for b in self.reducer.buckets if any(p in mine for p in b.params)]
 
     @property
     def param_groups(self):
@@ -86,8 +91,9 @@ class DistributedOptimizer:
 
     @torch.no_grad()
     def gather_params(self) -> None:
-        """Every bucket's parameters all-gathered from their owners (same layout as the gradients)."""
-        for bucket in self.reducer.buckets:
+        """The parameters of every bucket holding some of ours, all-gathered from their owners (same
+        layout as the gradients)."""
+        for bucket in self.gathered_buckets:
             if bucket.size == 1:
                 continue
             dtype = bucket.params[0].dtype

@@ -266,6 +266,14 @@ def run_layout(spec: str, world: int) -> list[str]:
             return [report, "blockwise Muon matched single-process Muon: the weight comparison cannot fail"]
         report += f"; blockwise differs as expected ({len(differs)} weight mismatches, max rel {worst['weight']:.1e})"
         errors = [e for e in errors if e.startswith("step 0:")]   # before the first update all must agree
+    if zero and muon:    # buckets of Muon matrices only are broadcast by DistributedMuon, not all-gathered
+        adam = set(opts[-1].params)
+        muon_only = [b for b in reducer.buckets if not any(p in adam for p in b.params)]
+        gathered = opts[-1].gathered_buckets
+        if not muon_only or any(b in gathered for b in muon_only) or len(gathered) + len(muon_only) != len(reducer.buckets):
+            errors.append(f"ZeRO-1 gathers {len(gathered)} of {len(reducer.buckets)} buckets, "
+                          f"{len(muon_only)} hold only Muon matrices")
+        report += f"; {len(muon_only)} Muon-only buckets not all-gathered"
     if zero:
         report += "; " + opts[-1].describe_memory()
         for opt in opts:
