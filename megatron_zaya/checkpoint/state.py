@@ -181,6 +181,8 @@ def optimizer_slots(optimizer, model, tag: str = "") -> list[Slot]:
 def _json_value(v):
     if isinstance(v, (bool, int, float, str)) or v is None:
         return v
+    if torch.is_tensor(v) and v.dim() == 0:     # e.g. a step count kept as a tensor
+        return v.item()
     if isinstance(v, (list, tuple)):
         return [_json_value(x) for x in v]
     return str(v)
@@ -227,8 +229,31 @@ def optimizer_entries(optimizer, model) -> tuple[list[Entry], dict]:
 
 
 @torch.no_grad()
+def saved_param_groups(folder: CheckpointFolder) -> dict[str, list[dict]]:
+    """Each optimizer's param groups as saved (JSON), from the first rank that has them."""
+    out: dict[str, list[dict]] = {}
+    for rf in folder.ranks:
+        for tag, groups in rf.meta["objects"].get("optimizer", {}).get("param_groups", {}).items():
+            if groups and tag not in out:
+                out[tag] = groups
+    return out
+
+
+def restore_group_steps(groups: list[dict], saved: list[dict]) -> None:
+    """Copy the saved step counts into `groups` (a state_dict's param_groups). Optimizers that count
+    steps per group rather than per parameter (apex FusedAdam) need it for Adam's bias correction;
+    the hyperparameters stay this run's."""
+    if len(saved) != len(groups):
+        return
+    for group, old in zip(groups, saved):
+        if isinstance(old.get("step"), (int, float)):
+            step = int(old["step"])
+            group["step"] = torch.tensor(float(step)) if torch.is_tensor(group.get("step")) else step
+
+
 def load_optimizer(optimizer, model, folder: CheckpointFolder, saved_classes: dict) -> None:
     pstate = model_pstate(model)
+    saved_groups = saved_param_groups(folder)
     cache: dict = {}
     state_keys: dict[str, list[str]] = {}
     for key in folder.keys("optim/"):
@@ -269,6 +294,7 @@ def load_optimizer(optimizer, model, folder: CheckpointFolder, saved_classes: di
         template = slot.container.state_dict() if slot.container is not None else None
         if template is not None:
             template["state"] = {index: e for index, (_k, e) in new_state.items()}
+            restore_group_steps(template["param_groups"], saved_groups.get(slot.tag, []))
         if slot.kind == "zero":   # masters in the optimizer's piece order (bucket order, not group order)
             ordered = [masters[id(m)] for *_, m in slot.distributed.pieces]
             slot.distributed.load_state_dict({"inner": template, "master": ordered})
