@@ -103,6 +103,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="zaya1-base-4l" if GPU else "zaya1-tiny")
     parser.add_argument("--num-layers", type=int, default=None, help="default: the preset's")
+    parser.add_argument("--vocab-size", type=int, default=None, help="default: the preset's")
     parser.add_argument("--seq-length", type=int, default=2048 if GPU else 16)
     parser.add_argument("--micro-batch-size", type=int, default=2)
     parser.add_argument("--dtype", choices=["fp32", "bf16", "both"], default="both")
@@ -115,6 +116,8 @@ def main(argv=None) -> int:
     overrides = {"seq_length": args.seq_length}
     if args.num_layers:
         overrides["num_layers"] = args.num_layers
+    if args.vocab_size:
+        overrides["vocab_size"] = args.vocab_size
     config = model_config_from_preset(args.preset, **overrides)
     torch.manual_seed(args.seed)
     model = ZayaModel(config).to(device)

@@ -23,7 +23,7 @@ from megatron_zaya.data.tokenizer import check_tokenizer_flags
 from megatron_zaya.errors import UserInputError
 from megatron_zaya.optim.builder import OptimizerConfig
 from megatron_zaya.parallel.state import LayoutError, check_layout
-from megatron_zaya.optim.schedules import DECAY_STYLES, WSD_DECAY_STYLES, LRSchedule
+from megatron_zaya.optim.schedules import DECAY_STYLES, WSD_DECAY_STYLES, lr_schedule_from_flags
 from megatron_zaya.training.batch_schedule import BatchSizeSchedule
 from megatron_zaya.training.config import TrainConfig
 
@@ -107,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lr-decay-style", choices=DECAY_STYLES, default="cosine")
     g.add_argument("--lr-wsd-decay-iters", type=int, default=0)
     g.add_argument("--lr-wsd-decay-style", choices=WSD_DECAY_STYLES, default="linear")
+    g.add_argument("--lr-warmup-samples", type=int, default=0, help="with --train-samples: warmup length in samples")
+    g.add_argument("--lr-decay-samples", type=int, default=None,
+                   help="with --train-samples: decay length in samples (default: --train-samples)")
+    g.add_argument("--lr-wsd-decay-samples", type=int, default=0, help="with --train-samples: WSD's final decay")
+    g.add_argument("--lr-warmup-fraction", type=float, default=None,
+                   help="warmup as a fraction of the decay length (instead of --lr-warmup-iters/-samples)")
     g.add_argument("--weight-decay", type=float, default=0.1)
     g.add_argument("--adam-beta1", type=float, default=0.9)
     g.add_argument("--adam-beta2", type=float, default=0.95)
@@ -277,6 +283,8 @@ NUMBER_DOMAINS = (
     ("eval_iters", _ge0, "must be >= 0"), ("seed", lambda v: 0 <= v <= 2**32 - 1, "must be in [0, 2**32 - 1]"),
     ("lr", _ge0, "must be >= 0"), ("min_lr", _ge0, "must be >= 0"), ("lr_warmup_iters", _ge0, "must be >= 0"),
     ("lr_decay_iters", _ge1, "must be >= 1"), ("lr_wsd_decay_iters", _ge0, "must be >= 0"),
+    ("lr_warmup_samples", _ge0, "must be >= 0"), ("lr_decay_samples", _ge1, "must be >= 1"),
+    ("lr_wsd_decay_samples", _ge0, "must be >= 0"),
     ("weight_decay", _ge0, "must be >= 0"), ("clip_grad", _ge0, "must be >= 0 (0 turns clipping off)"),
     ("adam_beta1", _unit, "must be in [0, 1)"), ("adam_beta2", _unit, "must be in [0, 1)"),
     ("adam_eps", _gt0, "must be > 0"), ("muon_momentum", _unit, "must be in [0, 1)"),
@@ -483,8 +491,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
         if total_iters <= 0:
             raise UserInputError(f"--train-samples={args.train_samples} is less than one global batch: "
                                  f"no iteration to run")
-    LRSchedule(args.lr, args.min_lr, args.lr_warmup_iters, args.lr_decay_iters or total_iters, args.lr_decay_style,
-               args.lr_wsd_decay_iters, args.lr_wsd_decay_style)
+    lr_schedule_from_flags(args.lr, args, total_iters)
 
     from megatron_zaya.data import DataConfig
     prefixes = _check_data(args)

@@ -17,7 +17,7 @@ import torch
 
 from megatron_zaya import kernels
 from megatron_zaya.kernels.capability import newton_schulz_dtype
-from megatron_zaya.optim.muon_tp import local_slices, whole_directions
+from megatron_zaya.optim.muon_tp import local_slices, whole_directions, whole_numel
 
 
 def muon_scale(shape: torch.Size) -> float:
@@ -51,14 +51,36 @@ def orthogonalized_updates(directions: list[torch.Tensor], ns_steps: int,
     return results
 
 
+TP_GATHER_ELEMENTS = 1 << 27      # whole matrices gathered at a time under TP (512 MiB of fp32)
+
+
 def tp_orthogonalized_updates(params: list, directions: list[torch.Tensor], tp_group, ns_steps: int,
                               ns_dtype: torch.dtype | None) -> list[torch.Tensor]:
     """orthogonalized_updates of the whole TP-split matrices (gathered over `tp_group`; None: of the
-    local tensors as they are), cut back to this rank's slices."""
+    local tensors as they are), cut back to this rank's slices. Gathered in chunks of at most
+    TP_GATHER_ELEMENTS whole elements (the same chunks on every TP rank: same matrices, same order),
+    so the whole matrices never all exist at once."""
     if tp_group is None:
         return orthogonalized_updates(directions, ns_steps, ns_dtype)
-    whole = orthogonalized_updates(whole_directions(params, directions, tp_group), ns_steps, ns_dtype)
-    return local_slices(params, whole, tp_group)
+    updates: list[torch.Tensor] = []
+    for lo, hi in _chunks([whole_numel(p) for p in params], TP_GATHER_ELEMENTS):
+        whole = orthogonalized_updates(whole_directions(params[lo:hi], directions[lo:hi], tp_group), ns_steps,
+                                       ns_dtype)
+        updates += local_slices(params[lo:hi], whole, tp_group)
+    return updates
+
+
+def _chunks(sizes: list[int], limit: int) -> list[tuple[int, int]]:
+    """Consecutive [lo, hi) ranges whose sizes sum to at most `limit` (a bigger item alone)."""
+    out, lo, total = [], 0, 0
+    for i, n in enumerate(sizes):
+        if i > lo and total + n > limit:
+            out.append((lo, i))
+            lo, total = i, 0
+        total += n
+    if lo < len(sizes):
+        out.append((lo, len(sizes)))
+    return out
 
 
 class Muon(torch.optim.Optimizer):

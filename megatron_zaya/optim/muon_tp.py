@@ -5,8 +5,9 @@ rows of column-parallel weights, columns of row-parallel ones, the gate and up h
 a KV head replicated on several ranks when TP > KV heads). Newton-Schulz is not element-wise, so
 orthogonalising each slice on its own (Megatron-LM's "blockwise" mode) gives an update that depends
 on the TP size. "duplicated": the ranks of a TP group all-gather their slices' momentum directions
-(every matrix packed into one flat buffer: one collective per step), each rank runs Newton-Schulz
-on the whole matrices and keeps its own slice of the update. That is single-device Muon exactly
+(the matrices of one call packed into one flat buffer, one collective; muon.tp_orthogonalized_updates
+calls it per chunk of matrices), each rank runs Newton-Schulz on the whole matrices and keeps its
+own slice of the update. That is single-device Muon exactly
 (momentum is element-wise, so it stays on the slices), at TP times the Newton-Schulz work.
 
 Every rank of the TP group must call `whole_directions` with the same matrices in the same order

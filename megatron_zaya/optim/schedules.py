@@ -1,5 +1,11 @@
 """Learning-rate schedules with Megatron's names: linear warmup, then constant, linear, cosine or
-WSD (warmup-stable-decay) down to --min-lr at --lr-decay-iters, and min-lr after it."""
+WSD (warmup-stable-decay) down to --min-lr at the end of the decay, and min-lr after it.
+
+The schedule's position counts what successful steps have consumed (a skipped step does not move
+it), as Megatron-LM's OptimizerParamScheduler does: in global batches of --global-batch-size under
+--train-iters (the --lr-*-iters flags), in samples under --train-samples (the --lr-*-samples flags).
+So under --rampup-batch-size a small early batch moves the schedule by less than one iteration.
+"""
 from __future__ import annotations
 
 import math
@@ -7,51 +13,81 @@ from dataclasses import dataclass
 
 DECAY_STYLES = ("constant", "linear", "cosine", "WSD")
 WSD_DECAY_STYLES = ("linear", "cosine", "exponential", "minus_sqrt")
+ITERATION_FLAGS = ("lr_warmup_iters", "lr_decay_iters", "lr_wsd_decay_iters")
+SAMPLE_FLAGS = ("lr_warmup_samples", "lr_decay_samples", "lr_wsd_decay_samples")
 
 
 @dataclass
 class LRSchedule:
     lr: float
     min_lr: float = 0.0
-    warmup_iters: int = 0
-    decay_iters: int = 0                # --lr-decay-iters (default: --train-iters)
+    warmup: float = 0                   # --lr-warmup-iters / -samples
+    decay: float = 0                    # --lr-decay-iters / -samples (default: the whole run)
     decay_style: str = "cosine"
-    wsd_decay_iters: int = 0            # WSD: length of the final decay
+    wsd_decay: float = 0                # WSD: length of the final decay
     wsd_decay_style: str = "linear"
+    unit: str = "iters"                 # what positions count: "iters" or "samples" (named in errors)
 
     def __post_init__(self):
+        u = self.unit
         if self.decay_style not in DECAY_STYLES:
             raise ValueError(f"--lr-decay-style={self.decay_style}: choose one of {DECAY_STYLES}")
         if self.wsd_decay_style not in WSD_DECAY_STYLES:
             raise ValueError(f"--lr-wsd-decay-style={self.wsd_decay_style}: choose one of {WSD_DECAY_STYLES}")
         if self.min_lr > self.lr:
             raise ValueError(f"--min-lr={self.min_lr} is above --lr={self.lr}")
-        if self.decay_style != "constant" and self.decay_iters < self.warmup_iters:
-            raise ValueError(f"--lr-decay-iters={self.decay_iters} is shorter than --lr-warmup-iters={self.warmup_iters}")
-        if self.decay_style == "WSD" and not 0 < self.wsd_decay_iters <= self.decay_iters - self.warmup_iters:
-            raise ValueError(f"--lr-wsd-decay-iters={self.wsd_decay_iters} must be in (0, decay iters - warmup]")
+        if self.decay_style != "constant" and self.decay < self.warmup:
+            raise ValueError(f"--lr-decay-{u}={self.decay:g} is shorter than the warmup ({self.warmup:g} {u})")
+        if self.decay_style == "WSD" and not 0 < self.wsd_decay <= self.decay - self.warmup:
+            raise ValueError(f"--lr-wsd-decay-{u}={self.wsd_decay:g} must be in (0, decay {u} - warmup]")
 
-    def __call__(self, iteration: int) -> float:
-        """Learning rate for the step that runs at `iteration` (0-based count of finished steps)."""
-        if self.warmup_iters and iteration < self.warmup_iters:
-            return self.lr * (iteration + 1) / self.warmup_iters
+    def __call__(self, position: float, step: float = 1) -> float:
+        """Learning rate for the step that starts at `position` (iterations or samples consumed by the
+        steps before it) and moves it by `step`."""
+        if self.warmup and position < self.warmup:
+            return min(self.lr, self.lr * (position + step) / self.warmup)
         if self.decay_style == "constant":
             return self.lr
-        if iteration >= self.decay_iters:
+        if position >= self.decay:
             return self.min_lr
         span = self.lr - self.min_lr
         if self.decay_style == "WSD":
-            decay_start = self.decay_iters - self.wsd_decay_iters
-            if iteration < decay_start:
+            decay_start = self.decay - self.wsd_decay
+            if position < decay_start:
                 return self.lr
-            ratio = (iteration - decay_start) / self.wsd_decay_iters
+            ratio = (position - decay_start) / self.wsd_decay
             return self.min_lr + span * _wsd_coefficient(ratio, self.wsd_decay_style)
-        ratio = (iteration - self.warmup_iters) / max(1, self.decay_iters - self.warmup_iters)
+        ratio = (position - self.warmup) / max(1, self.decay - self.warmup)
         if self.decay_style == "linear":
             coefficient = 1.0 - ratio
         else:
             coefficient = 0.5 * (math.cos(math.pi * ratio) + 1.0)
         return self.min_lr + span * coefficient
+
+
+def lr_schedule_from_flags(lr: float, flags, total_iters: int) -> LRSchedule:
+    """The run's schedule from Megatron's flags (`flags`: the parsed arguments or a TrainConfig).
+    Iteration flags go with --train-iters and sample flags with --train-samples, as in Megatron-LM;
+    --lr-warmup-fraction is a fraction of the decay in either."""
+    samples = flags.train_samples is not None and not flags.train_iters
+    wrong, unit = (ITERATION_FLAGS, "samples") if samples else (SAMPLE_FLAGS, "iters")
+    for name in wrong:
+        if getattr(flags, name):
+            run = "--train-samples" if samples else "--train-iters"
+            raise ValueError(f"--{name.replace('_', '-')} does not go with {run}: give the "
+                             f"--lr-*-{unit} flags instead (as in Megatron-LM)")
+    if samples:
+        warmup, decay, wsd = flags.lr_warmup_samples, flags.lr_decay_samples or flags.train_samples, \
+            flags.lr_wsd_decay_samples
+    else:
+        warmup, decay, wsd = flags.lr_warmup_iters, flags.lr_decay_iters or total_iters, flags.lr_wsd_decay_iters
+    if flags.lr_warmup_fraction is not None:
+        if warmup:
+            raise ValueError(f"--lr-warmup-fraction and --lr-warmup-{unit} exclude each other")
+        if not 0 <= flags.lr_warmup_fraction <= 1:
+            raise ValueError(f"--lr-warmup-fraction={flags.lr_warmup_fraction} must be in [0, 1]")
+        warmup = flags.lr_warmup_fraction * decay
+    return LRSchedule(lr, flags.min_lr, warmup, decay, flags.lr_decay_style, wsd, flags.lr_wsd_decay_style, unit)
 
 
 def _wsd_coefficient(ratio: float, style: str) -> float:

@@ -20,6 +20,8 @@ bottom-right-aligned causal bias (no S x S mask is built).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.nn.attention.bias import causal_lower_right
 
@@ -73,6 +75,14 @@ def exchange_halo(x: torch.Tensor, width: int, pstate) -> tuple[torch.Tensor, to
     return left0, left1
 
 
+@functools.lru_cache(maxsize=16)
+def gathered_sequence_order(seq_len: int, cp_size: int, device: torch.device) -> torch.Tensor:
+    """Indices that put K/V all-gathered in rank order (each rank's two chunks) back in sequence
+    order; built once per (length, CP size, device), not on the host in every layer."""
+    held = torch.cat([cp_chunk_indices(seq_len, cp_size, r) for r in range(cp_size)])
+    return torch.argsort(held).to(device)
+
+
 def left_context_from_hidden(attn, x_left: torch.Tensor) -> LeftContext:
     """Project the neighbour's last hidden rows with this rank's weights (same as the neighbour's)."""
     packed, _, v_delayed = attn.input_projections(x_left)       # the module's own (possibly TP-local) projections
@@ -98,9 +108,7 @@ def context_parallel_attention(attn, x, cos, sin, pstate) -> torch.Tensor:
         k, v = attn.replicated_kv(k, v)
     k_all, v_all = gather_along(k, pstate.cp_group, 1), gather_along(v, pstate.cp_group, 1)
     # Gathered K/V come in rank order (each rank's two chunks): put them back in sequence order.
-    seq_len = s_local * pstate.cp_size
-    held = torch.cat([cp_chunk_indices(seq_len, pstate.cp_size, r) for r in range(pstate.cp_size)])
-    order = torch.argsort(held).to(x.device)
+    order = gathered_sequence_order(s_local * pstate.cp_size, pstate.cp_size, x.device)
     k_all, v_all = k_all.index_select(1, order), v_all.index_select(1, order)
     # Chunk c's queries see keys [0, end of chunk c): causal aligned to the bottom right, which
     # SDPA handles without a materialised mask (flash / memory-efficient kernels on GPUs).

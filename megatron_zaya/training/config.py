@@ -17,6 +17,10 @@ class TrainConfig:
     lr_decay_style: str = "cosine"
     lr_wsd_decay_iters: int = 0
     lr_wsd_decay_style: str = "linear"
+    lr_warmup_samples: int = 0                     # the --lr-*-samples flags go with --train-samples
+    lr_decay_samples: int | None = None
+    lr_wsd_decay_samples: int = 0
+    lr_warmup_fraction: float | None = None        # of the decay length, in either unit
     min_lr: float = 0.0
     # precision and seed
     bf16: bool = False

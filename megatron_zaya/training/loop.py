@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from megatron_zaya.optim.balancing import BalancingBiasUpdater
-from megatron_zaya.optim.schedules import LRSchedule
+from megatron_zaya.optim.schedules import lr_schedule_from_flags
 from megatron_zaya.training.batch_schedule import BatchSizeSchedule
 from megatron_zaya.training.logger import TrainingLogger
 from megatron_zaya.training.metrics import (IntervalMeter, device_peak_tflops, format_duration, peak_memory_bytes,
@@ -33,6 +33,7 @@ class TrainState:
     consumed_tokens: int = 0        # summed per step: stays right when --seq-length changes on a resume
     consumed_valid_samples: int = 0
     skipped_iterations: int = 0
+    scheduled_samples: int = 0      # samples of the successful steps: the LR schedule's position
     # the current data phase (megatron_zaya/training/data_phase.py)
     data_signature: str = ""
     data_start_iteration: int = 0
@@ -79,9 +80,8 @@ class Trainer:
         self.batch_schedule = BatchSizeSchedule(self.cfg.global_batch_size, self.cfg.micro_batch_size,
                                                 parallel.dp_size, self.cfg.rampup_batch_size)
         self.total_iters = self.cfg.train_iters or self.batch_schedule.iterations_for_samples(self.cfg.train_samples)
-        self.lr_schedule = LRSchedule(run.optim.lr, self.cfg.min_lr, self.cfg.lr_warmup_iters,
-                                      self.cfg.lr_decay_iters or self.total_iters, self.cfg.lr_decay_style,
-                                      self.cfg.lr_wsd_decay_iters, self.cfg.lr_wsd_decay_style)
+        self.lr_schedule = lr_schedule_from_flags(run.optim.lr, self.cfg, self.total_iters)
+        self.last_lr = float("nan")       # the lr of the last step (set by train() and every update)
         biases = [block.moe.router.balancing_bias for block in model.layers]
         self.balancer = BalancingBiasUpdater(biases, self.cfg.moe_router_bias_lr, self.cfg.moe_router_bias_beta1,
                                              self.cfg.moe_router_bias_beta2)
@@ -131,11 +131,20 @@ class Trainer:
             self.optimizer.zero_grad()
             parallel.zero_grad()
         else:
-            self.optimizer.set_lr(self.lr_schedule(self.state.iteration))
+            self.last_lr = self.learning_rate(self.batch_schedule.batch_size(self.state.consumed_samples))
+            self.optimizer.set_lr(self.last_lr)
             self.optimizer.step()
             if self.cfg.moe_router_bias_update:
                 self.balancer.update(counts)
         return StepResult(loss, grad_norm, int(global_tokens), counts, skipped, diagnosis)
+
+    def learning_rate(self, batch_size: int) -> float:
+        """The schedule's lr for a step of `batch_size` samples, at the position the successful steps
+        so far have reached (in global batches under --train-iters, samples under --train-samples)."""
+        if self.lr_schedule.unit == "samples":
+            return self.lr_schedule(self.state.scheduled_samples, batch_size)
+        full = self.cfg.global_batch_size
+        return self.lr_schedule(self.state.scheduled_samples / full, batch_size / full)
 
     def next_micro_batches(self) -> list[dict]:
         count = self.batch_schedule.num_micro_batches(self.state.consumed_samples)
@@ -195,7 +204,7 @@ class Trainer:
             return
         it = self.state.iteration
         tokens_per_device, tflops, mfu = self.throughput(tokens, step_seconds)
-        scalars = {"lm loss": result.loss, "learning-rate": self.lr_schedule(it - 1), "grad-norm": result.grad_norm,
+        scalars = {"lm loss": result.loss, "learning-rate": self.last_lr, "grad-norm": result.grad_norm,
                    "batch-size": batch_size, "params-norm": params_norm, "iteration-time": step_seconds,
                    "skipped-iterations": self.state.skipped_iterations,
                    "consumed-samples": self.state.consumed_samples, "consumed-tokens": self.state.consumed_tokens,
@@ -226,7 +235,7 @@ class Trainer:
         self.logger.print(
             f"iteration {it:>7}/{self.total_iters} | consumed samples {self.state.consumed_samples:>9} | "
             f"tokens {self.state.consumed_tokens:>11} | time/iteration {1000 * m.seconds_per_iteration:.1f} ms | "
-            f"lm loss {m.mean_loss:.4f} | lr {self.lr_schedule(it - 1):.3e} | grad norm {result.grad_norm:.3f} | "
+            f"lm loss {m.mean_loss:.4f} | lr {self.last_lr:.3e} | grad norm {result.grad_norm:.3f} | "
             f"tokens/s/device {tokens_per_device:,.0f} | TFLOP/s/device {tflops:.3f} | MFU {100 * mfu:.1f}% | "
             f"routing entropy {entropy:.3f} | skip {skip:.3f} | mem {peak_memory_bytes(self.device) / 2 ** 30:.2f} GB | "
             f"ETA {format_duration(eta)}" + (f" | skipped iterations {m.skipped}" if m.skipped else ""))
@@ -252,6 +261,7 @@ class Trainer:
                           f"MFU peak {self.peak_tflops:.3g} TFLOP/s ({self.peak_source})")
         if self.watchdog is not None:
             self.watchdog.arm(self.cfg.watchdog_first_iteration_seconds)
+        self.last_lr = self.learning_rate(self.batch_schedule.batch_size(self.state.consumed_samples))
         while self.state.iteration < self.total_iters:
             batch_size = self.batch_schedule.batch_size(self.state.consumed_samples)
             step_start = time.time()
@@ -260,6 +270,8 @@ class Trainer:
             self.state.iteration += 1
             self.state.consumed_samples += batch_size
             self.state.consumed_tokens += batch_size * self.run.model.seq_length
+            if not result.skipped:
+                self.state.scheduled_samples += batch_size
             self.handle_nonfinite(result)
             self.log_step(result, time.time() - step_start, batch_size, started)
             self.logger.advance(result.loss)

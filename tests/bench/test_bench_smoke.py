@@ -91,7 +91,7 @@ def test_gpu_model_check_runs_interpreted_in_bf16():
     pytest.importorskip("triton")
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     cmd = [sys.executable, "bench/gpu_model_check.py", "--preset", "zaya1-tiny", "--num-layers", "1",
-           "--seq-length", "8", "--micro-batch-size", "1", "--dtype", "bf16", "--iters", "0"]
+           "--vocab-size", "1024", "--seq-length", "8", "--micro-batch-size", "1", "--dtype", "bf16", "--iters", "0"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[bf16] gradients: 34 tensors" in proc.stdout and "model check: PASS" in proc.stdout

@@ -257,6 +257,10 @@ def test_nan_step_is_skipped_and_repeated_nans_stop(ckpt_corpus, ckpt_cache, tmp
     rec = train(flags(ckpt_corpus, 4, "--save", save, "--save-interval", "1", cache=ckpt_cache))
     assert rec.trainer.state.skipped_iterations == 1 and rec.trainer.state.iteration == 4
     assert "SKIPPED (non-finite)" in capsys.readouterr().out
+    # The skipped step did not move the LR schedule (Megatron-LM's scheduler steps on successful
+    # updates only): step 4 ran at the lr of position 2, and 3 steps' samples are scheduled.
+    assert rec.trainer.state.scheduled_samples == 3 * 4
+    assert rec.trainer.last_lr == rec.trainer.lr_schedule(2) != rec.trainer.lr_schedule(3)
     w2, w3 = (load_full_model_state(os.path.join(save, f"iter_000000{i}"))[0] for i in (2, 3))
     assert all(torch.equal(w2[k], w3[k]) for k in w2)              # the NaN step changed nothing
     for i in range(1, 5):

@@ -101,6 +101,7 @@ def test_train_state_of_a_checkpoint_saved_before_tokens_were_counted():
     state = restore_train_state(TrainState, old)
     assert (state.iteration, state.consumed_samples, state.skipped_iterations) == (6, 24, 1)
     assert state.consumed_tokens == 24 * 32 and state.data_signature == ""
+    assert state.scheduled_samples == 24        # saved before the schedule skipped failed steps
     new = {"train_state": {**old["train_state"], "consumed_tokens": 1000}, "model_config": {"seq_length": 32}}
     assert restore_train_state(TrainState, new).consumed_tokens == 1000   # counted per step: kept as saved
 

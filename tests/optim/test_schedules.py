@@ -1,13 +1,14 @@
 """LR schedules at their boundaries."""
 import math
+from types import SimpleNamespace
 
 import pytest
 
-from megatron_zaya.optim.schedules import LRSchedule
+from megatron_zaya.optim.schedules import LRSchedule, lr_schedule_from_flags
 
 
 def test_warmup_then_cosine():
-    s = LRSchedule(lr=1.0, min_lr=0.1, warmup_iters=10, decay_iters=110, decay_style="cosine")
+    s = LRSchedule(lr=1.0, min_lr=0.1, warmup=10, decay=110, decay_style="cosine")
     assert s(0) == pytest.approx(0.1)           # first step: lr / warmup
     assert s(9) == pytest.approx(1.0)           # last warmup step reaches the peak
     assert s(10) == pytest.approx(1.0)          # decay starts at the peak
@@ -16,22 +17,22 @@ def test_warmup_then_cosine():
 
 
 def test_linear_and_constant():
-    lin = LRSchedule(lr=2.0, min_lr=0.0, warmup_iters=0, decay_iters=100, decay_style="linear")
+    lin = LRSchedule(lr=2.0, min_lr=0.0, warmup=0, decay=100, decay_style="linear")
     assert lin(0) == 2.0 and lin(50) == pytest.approx(1.0) and lin(100) == 0.0
-    const = LRSchedule(lr=2.0, warmup_iters=5, decay_style="constant")
+    const = LRSchedule(lr=2.0, warmup=5, decay_style="constant")
     assert const(4) == 2.0 and const(10_000) == 2.0
 
 
 def test_wsd_stable_then_decay():
-    s = LRSchedule(lr=1.0, min_lr=0.0, warmup_iters=10, decay_iters=100, decay_style="WSD", wsd_decay_iters=20)
+    s = LRSchedule(lr=1.0, min_lr=0.0, warmup=10, decay=100, decay_style="WSD", wsd_decay=20)
     assert s(10) == 1.0 and s(79) == 1.0        # stable phase
     assert s(80) == 1.0                         # decay starts
     assert s(90) == pytest.approx(0.5)          # linear decay half way
     assert s(100) == 0.0
-    cosine = LRSchedule(lr=1.0, warmup_iters=0, decay_iters=100, decay_style="WSD", wsd_decay_iters=20,
+    cosine = LRSchedule(lr=1.0, warmup=0, decay=100, decay_style="WSD", wsd_decay=20,
                         wsd_decay_style="minus_sqrt")
     assert cosine(85) == pytest.approx(1 - math.sqrt(0.25))
-    exponential = LRSchedule(lr=1.0, warmup_iters=0, decay_iters=100, decay_style="WSD", wsd_decay_iters=20,
+    exponential = LRSchedule(lr=1.0, warmup=0, decay=100, decay_style="WSD", wsd_decay=20,
                              wsd_decay_style="exponential")
     # Megatron-LM's coefficient 2 * 0.5**r - 1 of the decay ratio r: 0.4142 half way (sqrt(2) - 1)
     assert exponential(80) == 1.0 and exponential(90) == pytest.approx(math.sqrt(2) - 1) and exponential(100) == 0.0
@@ -40,8 +41,34 @@ def test_wsd_stable_then_decay():
 @pytest.mark.parametrize("kwargs, flag", [
     (dict(decay_style="bogus"), "--lr-decay-style"),
     (dict(min_lr=2.0), "--min-lr"),
-    (dict(decay_style="WSD", decay_iters=100, wsd_decay_iters=0), "--lr-wsd-decay-iters"),
+    (dict(decay_style="WSD", decay=100, wsd_decay=0), "--lr-wsd-decay-iters"),
 ])
 def test_bad_schedules_name_the_flag(kwargs, flag):
     with pytest.raises(ValueError, match=flag):
         LRSchedule(lr=1.0, **kwargs)
+
+
+def _flags(**kw):
+    base = dict(train_iters=None, train_samples=None, min_lr=0.0, lr_decay_style="linear", lr_wsd_decay_style="linear",
+                lr_warmup_iters=0, lr_decay_iters=None, lr_wsd_decay_iters=0, lr_warmup_samples=0,
+                lr_decay_samples=None, lr_wsd_decay_samples=0, lr_warmup_fraction=None)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_sample_flags_go_with_train_samples_and_iteration_flags_with_train_iters():
+    by_samples = lr_schedule_from_flags(1.0, _flags(train_samples=1000, lr_warmup_samples=100), total_iters=62)
+    assert (by_samples.unit, by_samples.warmup, by_samples.decay) == ("samples", 100, 1000)   # decay: the run
+    assert by_samples(0, 16) == pytest.approx(0.16) and by_samples(96, 16) == 1.0   # a step that crosses the end
+    assert by_samples(550) == pytest.approx(0.5)
+    by_iters = lr_schedule_from_flags(1.0, _flags(train_iters=50, lr_warmup_iters=10), total_iters=50)
+    assert (by_iters.unit, by_iters.warmup, by_iters.decay) == ("iters", 10, 50)
+    # --lr-warmup-fraction: of the decay length, in the run's unit
+    assert lr_schedule_from_flags(1.0, _flags(train_samples=1000, lr_warmup_fraction=0.1), 62).warmup == 100
+    with pytest.raises(ValueError, match="--lr-warmup-iters does not go with --train-samples"):
+        lr_schedule_from_flags(1.0, _flags(train_samples=1000, lr_warmup_iters=5), 62)
+    with pytest.raises(ValueError, match="--lr-decay-samples does not go with --train-iters"):
+        lr_schedule_from_flags(1.0, _flags(train_iters=50, lr_decay_samples=500), 50)
+    with pytest.raises(ValueError, match="--lr-warmup-fraction and --lr-warmup-iters exclude each other"):
+        lr_schedule_from_flags(1.0, _flags(train_iters=50, lr_warmup_iters=5, lr_warmup_fraction=0.1), 50)
+    with pytest.raises(ValueError, match="--lr-wsd-decay-samples=0"):
+        lr_schedule_from_flags(1.0, _flags(train_samples=1000, lr_decay_style="WSD"), 62)

@@ -28,6 +28,7 @@ from megatron_zaya.optim.balancing import BalancingBiasUpdater
 from megatron_zaya.optim.builder import split_parameters
 from megatron_zaya.optim.distributed import DistributedOptimizer
 from megatron_zaya.optim.distributed_muon import DistributedMuon
+from megatron_zaya.optim import muon as muon_module
 from megatron_zaya.optim.muon import Muon
 from megatron_zaya.parallel.apply import full_gradients, gather_full_state_dict, parallelize_model
 from megatron_zaya.parallel.context import slice_batch_for_cp
@@ -37,6 +38,9 @@ from megatron_zaya.parallel.state import ParallelState
 
 LOSS_RTOL, GRAD_RTOL, WEIGHT_RTOL = 1e-5, 1e-4, 1e-4
 GLOBAL_BATCH, SEQ, STEPS, LR, CLIP = 4, 32, 3, 1e-3, 1.0
+# Muon under TP gathers whole matrices in chunks: small ones here, so that a step runs several gathers
+# (an expert weight, 262K elements, alone; the attention matrices together).
+muon_module.TP_GATHER_ELEMENTS = 100_000
 
 
 KV_HEADS = 2

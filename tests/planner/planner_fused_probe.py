@@ -17,7 +17,7 @@ from megatron_zaya.planner.activations import StoragePolicy, activation_memory  
 
 
 def main():
-    config = model_config_from_preset("zaya1-tiny", num_layers=1, vocab_size=1024)
+    config = model_config_from_preset("zaya1-tiny", num_layers=1, vocab_size=256)
     model = bf16_model(config)
     gen = torch.Generator().manual_seed(3)
     tokens = torch.randint(0, config.vocab_size, (2, 32), generator=gen)

@@ -7,7 +7,7 @@
 2. The same job gets Slurm's time-limit warning, SIGUSR1 to the batch script, once training is under
    way: `scancel --batch --signal=USR1` is the delivery `--signal=B:USR1@N` makes, sent when the
    rank-0 log shows iteration 3 instead of at Slurm's next periodic limit check (up to ~30 s late,
-   after a 32-iteration run may already have finished). The warning reaches the trainer through the
+   after a 16-iteration run may already have finished). The warning reaches the trainer through the
    launcher; it saves and exits, the job requeues itself, and the requeued job resumes from that
    checkpoint and logs the same per-iteration losses as the uninterrupted run. The time-limit
    delivery itself is tested with the stand-in trainer (test_run_mi300x_launcher.py), which cannot
@@ -35,7 +35,7 @@ from slurm_jobs import REPO, TERMINAL, Jobs
 pytestmark = pytest.mark.skipif(not os.path.isfile(os.path.join(REPO, "pretrain_zaya.py")),
                                 reason="pretrain_zaya.py is not in the repository yet")
 
-TRAIN_ITERS = 32
+TRAIN_ITERS = 16
 LOSS_RE = re.compile(r"iteration\s+(\d+)/\s*(\d+) \|.*?\| lm loss ([0-9.]+|nan|inf)")
 
 
@@ -74,8 +74,8 @@ def train_env(dataset: dict, ckpt: str) -> dict:
         PYTHON=sys.executable, CONFIG="", PRESET="zaya1-tiny",
         DATA_PATH=dataset["data_path"], TOKENIZER_TYPE="GPTSentencePieceTokenizer",
         TOKENIZER_MODEL=dataset["tokenizer_model"], SEQ_LENGTH="128", MICRO_BATCH_SIZE="2",
-        GLOBAL_BATCH_SIZE="8", TRAIN_ITERS=str(TRAIN_ITERS), LR="3e-3", SAVE_INTERVAL="16", LOG_INTERVAL="1",
-        EVAL_INTERVAL="16", EVAL_ITERS="1", CKPT_DIR=ckpt,
+        GLOBAL_BATCH_SIZE="8", TRAIN_ITERS=str(TRAIN_ITERS), LR="3e-3", SAVE_INTERVAL="8", LOG_INTERVAL="1",
+        EVAL_INTERVAL="8", EVAL_ITERS="1", CKPT_DIR=ckpt,
         EXTRA_ARGS="--num-workers 0 --lr-warmup-iters 2 --data-cache-path "
                    + os.path.join(os.path.dirname(ckpt), "cache"),
         OMP_NUM_THREADS="1", USR1_REPEAT_SECONDS="10",

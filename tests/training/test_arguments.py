@@ -23,6 +23,7 @@ def error_of(argv, capsys) -> str:
     ({"--rampup-batch-size": ["2", "3", "100"]}, "--rampup-batch-size"),
     ({"--expert-model-parallel-size": "3"}, "--expert-model-parallel-size=3"),
     ({"--muon-num-ns-steps": "0"}, "--muon-num-ns-steps"),
+    ({"--lr-warmup-samples": "8"}, "--lr-warmup-samples does not go with --train-iters"),
     ({"--muon-tp-mode": "distributed"}, "--muon-tp-mode"),
 ])
 def test_bad_flags_fail_fast_naming_the_flag(tiny_corpus, tmp_path, capsys, extra, flag):

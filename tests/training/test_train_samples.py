@@ -25,3 +25,17 @@ def test_train_samples_not_a_multiple_of_the_batch(tiny_corpus, tmp_path, capsys
     out = capsys.readouterr().out
     assert f"iteration {iterations:>7}/{iterations}" in out
     assert f"iteration {iterations + 1:>7}" not in out
+
+
+def test_the_lr_schedule_counts_samples_through_a_batch_rampup(tiny_corpus, tmp_path):
+    """--train-samples 14 with --rampup-batch-size 2 2 4 runs batches of 2, 2, 4, 4; with
+    --lr-warmup-samples 8 the warmup reaches the peak after 8 samples (the third step), as in
+    Megatron-LM, whose schedule advances by each step's samples. TensorBoard logs the lr each step used."""
+    from tests.training.test_distributed_training import scalar
+    tb = tmp_path / "tb"
+    argv = tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": None, "--train-samples": 14, "--eval-iters": 0,
+                                                    "--lr": "0.008", "--lr-warmup-samples": 8, "--lr-decay-style":
+                                                    "constant", "--tensorboard-dir": tb})
+    assert build_and_train(parse_args(argv + ["--rampup-batch-size", "2", "2", "4"])) == 0
+    assert scalar(tb, "batch-size") == [2, 2, 4, 4]
+    assert scalar(tb, "learning-rate") == pytest.approx([0.002, 0.004, 0.008, 0.008], rel=1e-6)

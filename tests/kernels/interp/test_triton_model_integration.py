@@ -16,7 +16,8 @@ except ImportError as exc:  # pragma: no cover - the model package is developed 
 
 
 def test_tiny_model_triton_matches_torch(monkeypatch):
-    config = model_config_from_preset("zaya1-tiny", vocab_size=256, num_layers=2)
+    config = model_config_from_preset("zaya1-tiny", vocab_size=256, num_layers=2, hidden_size=64, num_attention_heads=2,
+                                    num_query_groups=1, moe_ffn_hidden_size=64, router_hidden_size=16)
     torch.manual_seed(0)
     model = ZayaModel(config)
     tokens = torch.randint(0, 256, (2, 7))
