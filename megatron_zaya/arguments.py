@@ -21,6 +21,7 @@ from megatron_zaya.data.index_builders import parse_split
 from megatron_zaya.data.indexed import IndexedDatasetError, check_indexed_dataset
 from megatron_zaya.data.tokenizer import check_tokenizer_flags
 from megatron_zaya.errors import UserInputError
+from megatron_zaya.megatron_flags import add_megatron_flags, check_megatron_flags
 from megatron_zaya.optim.builder import OptimizerConfig
 from megatron_zaya.parallel.state import LayoutError, check_layout
 from megatron_zaya.optim.schedules import DECAY_STYLES, WSD_DECAY_STYLES, lr_schedule_from_flags
@@ -93,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="elements per gradient bucket; a bucket's all-reduce (reduce-scatter under ZeRO-1) "
                         "starts as soon as its last gradient is ready, overlapping the rest of the backward")
     g.add_argument("--distributed-backend", choices=["nccl", "gloo"], default=None)
+    g.add_argument("--distributed-timeout-minutes", type=float, default=30,
+                   help="how long a collective may wait before the process group gives up")
     g = p.add_argument_group("batch and schedule")
     g.add_argument("--micro-batch-size", type=int, default=4)
     g.add_argument("--global-batch-size", type=int, default=16)
@@ -113,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lr-wsd-decay-samples", type=int, default=0, help="with --train-samples: WSD's final decay")
     g.add_argument("--lr-warmup-fraction", type=float, default=None,
                    help="warmup as a fraction of the decay length (instead of --lr-warmup-iters/-samples)")
+    g.add_argument("--lr-warmup-init", type=float, default=0.0, help="the lr the warmup starts from")
     g.add_argument("--weight-decay", type=float, default=0.1)
     g.add_argument("--adam-beta1", type=float, default=0.9)
     g.add_argument("--adam-beta2", type=float, default=0.95)
@@ -130,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="full: keep only the inputs of the recomputed blocks and run them again in the backward; "
                         "selective: every block recomputes its cheap pieces (norm internals, QK-norm and RoPE, "
                         "GELU/SwiGLU outputs, and the attention core where SDPA's math path keeps S x S scores)")
+    g.add_argument("--recompute-activations", action="store_true",
+                   help="Megatron-LM's switch for --recompute-granularity selective")
     g.add_argument("--recompute-method", choices=["uniform", "block"], default=None,
                    help="with --recompute-granularity full: uniform (default): all blocks, in runs of "
                         "--recompute-num-layers; block: only the first --recompute-num-layers blocks")
@@ -175,6 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--peak-tflops", type=float, default=None, help="per-device peak for MFU (default: table/measured)")
     g.add_argument("--exit-interval", type=int, default=None)
     g.add_argument("--exit-duration-in-mins", type=float, default=None)
+    g.add_argument("--manual-gc", action="store_true",
+                   help="turn Python's automatic garbage collection off (its pauses differ between ranks and "
+                        "stall collectives); collect every --manual-gc-interval iterations instead")
+    g.add_argument("--manual-gc-interval", type=int, default=0, help="with --manual-gc: 0 never collects")
+    add_megatron_flags(p)
     return p
 
 
@@ -284,7 +295,8 @@ NUMBER_DOMAINS = (
     ("lr", _ge0, "must be >= 0"), ("min_lr", _ge0, "must be >= 0"), ("lr_warmup_iters", _ge0, "must be >= 0"),
     ("lr_decay_iters", _ge1, "must be >= 1"), ("lr_wsd_decay_iters", _ge0, "must be >= 0"),
     ("lr_warmup_samples", _ge0, "must be >= 0"), ("lr_decay_samples", _ge1, "must be >= 1"),
-    ("lr_wsd_decay_samples", _ge0, "must be >= 0"),
+    ("lr_wsd_decay_samples", _ge0, "must be >= 0"), ("lr_warmup_init", _ge0, "must be >= 0"),
+    ("manual_gc_interval", _ge0, "must be >= 0"), ("distributed_timeout_minutes", _gt0, "must be > 0"),
     ("weight_decay", _ge0, "must be >= 0"), ("clip_grad", _ge0, "must be >= 0 (0 turns clipping off)"),
     ("adam_beta1", _unit, "must be in [0, 1)"), ("adam_beta2", _unit, "must be in [0, 1)"),
     ("adam_eps", _gt0, "must be > 0"), ("muon_momentum", _unit, "must be in [0, 1)"),
@@ -407,7 +419,12 @@ def _check_sequence_splits(args: argparse.Namespace, model: ModelConfig) -> None
 def _check_recompute(args: argparse.Namespace, model: ModelConfig) -> None:
     """Megatron's rules: --recompute-method / --recompute-num-layers only with --recompute-granularity
     full (selective recomputes the same pieces in every block); the defaults full leaves to the user
-    are filled in (uniform, one block per unit)."""
+    are filled in (uniform, one block per unit). --recompute-activations means selective, as there."""
+    if args.recompute_activations:
+        if args.recompute_granularity == "full":
+            raise UserInputError("--recompute-activations means --recompute-granularity selective, not full: "
+                                 "give one of them")
+        args.recompute_granularity = "selective"
     if args.recompute_granularity != "full":
         for flag in ("recompute_method", "recompute_num_layers"):
             if getattr(args, flag) is not None:
@@ -465,6 +482,7 @@ def _check_data(args: argparse.Namespace) -> list[str]:
 
 def validate(args: argparse.Namespace) -> RunConfig:
     """All flag checks, cheapest first; raises ValueError (UserInputError) naming the flag."""
+    check_megatron_flags(args)
     _megatron_null_tokenizer_form(args)
     overrides = {name: getattr(args, name) for name in MODEL_FLAGS if getattr(args, name) is not None}
     if args.untie_embeddings_and_output_weights:

@@ -27,6 +27,7 @@ class LRSchedule:
     wsd_decay: float = 0                # WSD: length of the final decay
     wsd_decay_style: str = "linear"
     unit: str = "iters"                 # what positions count: "iters" or "samples" (named in errors)
+    warmup_init: float = 0.0            # --lr-warmup-init: the lr the warmup starts from
 
     def __post_init__(self):
         u = self.unit
@@ -34,6 +35,8 @@ class LRSchedule:
             raise ValueError(f"--lr-decay-style={self.decay_style}: choose one of {DECAY_STYLES}")
         if self.wsd_decay_style not in WSD_DECAY_STYLES:
             raise ValueError(f"--lr-wsd-decay-style={self.wsd_decay_style}: choose one of {WSD_DECAY_STYLES}")
+        if not 0 <= self.warmup_init <= self.lr:
+            raise ValueError(f"--lr-warmup-init={self.warmup_init} must be in [0, --lr={self.lr}]")
         if self.min_lr > self.lr:
             raise ValueError(f"--min-lr={self.min_lr} is above --lr={self.lr}")
         if self.decay_style != "constant" and self.decay < self.warmup:
@@ -45,7 +48,8 @@ class LRSchedule:
         """Learning rate for the step that starts at `position` (iterations or samples consumed by the
         steps before it) and moves it by `step`."""
         if self.warmup and position < self.warmup:
-            return min(self.lr, self.lr * (position + step) / self.warmup)
+            rise = (self.lr - self.warmup_init) * (position + step) / self.warmup
+            return min(self.lr, self.warmup_init + rise)
         if self.decay_style == "constant":
             return self.lr
         if position >= self.decay:
@@ -87,7 +91,8 @@ def lr_schedule_from_flags(lr: float, flags, total_iters: int) -> LRSchedule:
         if not 0 <= flags.lr_warmup_fraction <= 1:
             raise ValueError(f"--lr-warmup-fraction={flags.lr_warmup_fraction} must be in [0, 1]")
         warmup = flags.lr_warmup_fraction * decay
-    return LRSchedule(lr, flags.min_lr, warmup, decay, flags.lr_decay_style, wsd, flags.lr_wsd_decay_style, unit)
+    return LRSchedule(lr, flags.min_lr, warmup, decay, flags.lr_decay_style, wsd, flags.lr_wsd_decay_style, unit,
+                      getattr(flags, "lr_warmup_init", 0.0))
 
 
 def _wsd_coefficient(ratio: float, style: str) -> float:

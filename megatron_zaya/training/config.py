@@ -21,6 +21,7 @@ class TrainConfig:
     lr_decay_samples: int | None = None
     lr_wsd_decay_samples: int = 0
     lr_warmup_fraction: float | None = None        # of the decay length, in either unit
+    lr_warmup_init: float = 0.0
     min_lr: float = 0.0
     # precision and seed
     bf16: bool = False
@@ -46,6 +47,9 @@ class TrainConfig:
     # exits
     exit_interval: int | None = None
     exit_duration_in_mins: float | None = None
+    # Python garbage collection (--manual-gc): off during training, collected every N iterations
+    manual_gc: bool = False
+    manual_gc_interval: int = 0
     # checkpoints
     save: str | None = None
     load: str | None = None

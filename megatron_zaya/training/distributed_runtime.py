@@ -24,7 +24,7 @@ class DistributedRuntime:
 
     def __init__(self, run):
         self.run = run
-        self.env = init_distributed(run.args.distributed_backend)
+        self.env = init_distributed(run.args.distributed_backend, run.args.distributed_timeout_minutes)
         self.rank, self.world_size, self.device = self.env.rank, self.env.world_size, self.env.device
         p = run.parallel
         self.pstate = ParallelState(p.tensor_model_parallel_size, p.context_parallel_size,

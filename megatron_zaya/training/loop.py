@@ -11,6 +11,7 @@ N ranks computes exactly what one process computes on the same global batch.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import time
 from dataclasses import dataclass
@@ -253,6 +254,18 @@ class Trainer:
         return None
 
     def train(self) -> TrainState:
+        """Run the iterations. With --manual-gc Python's automatic garbage collection is off meanwhile
+        (its pauses come at different moments on different ranks and stall the collectives)."""
+        if not self.cfg.manual_gc:
+            return self._train()
+        gc.disable()
+        gc.collect()
+        try:
+            return self._train()
+        finally:
+            gc.enable()
+
+    def _train(self) -> TrainState:
         self.model.train()
         started = time.time()
         self.start_iteration = self.state.iteration
@@ -262,6 +275,7 @@ class Trainer:
         if self.watchdog is not None:
             self.watchdog.arm(self.cfg.watchdog_first_iteration_seconds)
         self.last_lr = self.learning_rate(self.batch_schedule.batch_size(self.state.consumed_samples))
+        gc_interval = self.cfg.manual_gc_interval if self.cfg.manual_gc else 0
         while self.state.iteration < self.total_iters:
             batch_size = self.batch_schedule.batch_size(self.state.consumed_samples)
             step_start = time.time()
@@ -272,6 +286,8 @@ class Trainer:
             self.state.consumed_tokens += batch_size * self.run.model.seq_length
             if not result.skipped:
                 self.state.scheduled_samples += batch_size
+            if gc_interval and self.state.iteration % gc_interval == 0:
+                gc.collect()
             self.handle_nonfinite(result)
             self.log_step(result, time.time() - step_start, batch_size, started)
             self.logger.advance(result.loss)

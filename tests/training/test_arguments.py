@@ -24,6 +24,14 @@ def error_of(argv, capsys) -> str:
     ({"--expert-model-parallel-size": "3"}, "--expert-model-parallel-size=3"),
     ({"--muon-num-ns-steps": "0"}, "--muon-num-ns-steps"),
     ({"--lr-warmup-samples": "8"}, "--lr-warmup-samples does not go with --train-iters"),
+    # Megatron-LM flags whose values ask for what this code does not do (megatron_flags.py)
+    ({"--normalization": "LayerNorm"}, "--normalization=LayerNorm is not supported: only RMSNorm"),
+    ({"--hidden-dropout": "0.1"}, "--hidden-dropout=0.1 is not supported"),
+    ({"--moe-aux-loss-coeff": "1e-2"}, "--moe-aux-loss-coeff=1e-2 is not supported"),
+    ({"--pipeline-model-parallel-size": "2"}, "--pipeline-model-parallel-size=2 is not supported"),
+    ({"--fp16": ""}, "--fp16 is not supported: train with --bf16"),
+    ({"--recompute-activations": "", "--recompute-granularity": "full"}, "--recompute-activations means"),
+    ({"--lr-warmup-init": "1", "--lr": "0.01"}, "--lr-warmup-init=1.0 must be in [0, --lr=0.01]"),
     ({"--muon-tp-mode": "distributed"}, "--muon-tp-mode"),
 ])
 def test_bad_flags_fail_fast_naming_the_flag(tiny_corpus, tmp_path, capsys, extra, flag):
@@ -316,3 +324,26 @@ def test_muon_flags_reach_the_optimizer(tiny_corpus, tmp_path):
     assert (run.optim.muon_ns_steps, run.optim.muon_tp_mode) == (3, "blockwise")
     muon = build_optimizer(build_model(run), run.optim).optimizers["muon"]
     assert muon.param_groups[0]["ns_steps"] == 3 and muon.tp_group is None
+
+
+def test_a_megatron_lm_script_runs_unchanged(tiny_corpus, tmp_path):
+    """The flags a Megatron-LM GPT / MoE launch script carries: implementation switches are accepted
+    (this code always does what they ask), architecture flags with ZAYA1's values too, and the ones
+    that do something here take effect."""
+    megatron = ["--use-mcore-models", "--use-flash-attn", "--transformer-impl", "transformer_engine",
+                "--normalization", "RMSNorm", "--position-embedding-type", "rope", "--swiglu", "--disable-bias-linear",
+                "--group-query-attention", "--attention-dropout", "0.0", "--hidden-dropout", "0",
+                "--attention-softmax-in-fp32", "--accumulate-allreduce-grads-in-fp32", "--overlap-grad-reduce",
+                "--overlap-param-gather", "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall",
+                "--moe-router-load-balancing-type", "none", "--moe-aux-loss-coeff", "0", "--moe-router-dtype", "fp32",
+                "--moe-router-enable-expert-bias", "--pipeline-model-parallel-size", "1", "--ckpt-format", "torch_dist",
+                "--cross-entropy-loss-fusion", "--calculate-per-token-loss", "--exit-signal-handler",
+                "--recompute-activations", "--lr-warmup-init", "1e-4", "--manual-gc", "--manual-gc-interval", "5",
+                "--distributed-timeout-minutes", "20"]
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--lr-warmup-iters": "4"}) + megatron)
+    assert run.train.recompute_granularity == "selective"          # Megatron's --recompute-activations
+    assert (run.train.manual_gc, run.train.manual_gc_interval) == (True, 5)
+    assert run.args.distributed_timeout_minutes == 20
+    from megatron_zaya.optim.schedules import lr_schedule_from_flags
+    schedule = lr_schedule_from_flags(run.optim.lr, run.train, 6)
+    assert schedule(0) == pytest.approx(1e-4 + (3e-3 - 1e-4) / 4)    # the warmup starts from --lr-warmup-init

@@ -104,3 +104,25 @@ def test_a_resume_from_an_older_checkpoint_leaves_one_point_per_step(tiny_corpus
     assert build_and_train(parse_args(resumed)) == 0
     steps = [s for s, _ in scalars(tb)["lm loss"]]
     assert steps == [1, 2, 3, 4, 5, 6], steps
+
+
+def test_manual_gc_turns_automatic_collection_off_and_collects_every_interval(tiny_corpus, tmp_path, monkeypatch):
+    """--manual-gc --manual-gc-interval 2 over 4 iterations: automatic collection is off during every
+    step, one collection at the start and one after iterations 2 and 4; on again afterwards."""
+    import gc
+
+    from megatron_zaya.training import loop
+    collected, enabled_in_steps = [], []
+    real_collect, real_step = gc.collect, loop.Trainer.train_step
+    monkeypatch.setattr(gc, "collect", lambda *a: collected.append(gc.isenabled()) or real_collect(*a))
+
+    def train_step(trainer, micro_batches):
+        enabled_in_steps.append(gc.isenabled())
+        return real_step(trainer, micro_batches)
+    monkeypatch.setattr(loop.Trainer, "train_step", train_step)
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": 4, "--eval-iters": 0,
+                                                               "--manual-gc": "", "--manual-gc-interval": 2}))
+    assert build_and_train(run) == 0
+    assert enabled_in_steps == [False] * 4
+    assert collected == [False] * 3
+    assert gc.isenabled()

@@ -1,0 +1,92 @@
+"""Megatron-LM flags that launch scripts carry over, and what each means here.
+
+A Megatron-LM GPT / MoE script passes many flags that select implementations (fusions, Transformer
+Engine, grouped GEMMs) or restate an architecture ZAYA1 fixes (RMSNorm, SwiGLU, RoPE, no biases).
+pretrain_zaya.py accepts them so such a script runs unchanged, and refuses, naming the flag, a value
+that asks for something this code does not do (LayerNorm, dropout, an auxiliary loss, pipeline
+parallelism) instead of silently training something else.
+
+IMPLIED_SWITCHES: on/off flags whose behaviour is always what this code does.
+FIXED_VALUES: flags whose only accepted values are the ones ZAYA1 implies (any other stops the run).
+The flags that do something here (--recompute-activations, --lr-warmup-init, --manual-gc,
+--distributed-timeout-minutes) are ordinary flags of megatron_zaya/arguments.py.
+"""
+from __future__ import annotations
+
+import argparse
+
+IMPLIED_SWITCHES = {
+    "--use-mcore-models": "the model is this repository's own",
+    "--use-flash-attn": "attention goes through scaled_dot_product_attention, which picks a flash kernel where "
+                        "it can",
+    "--no-masked-softmax-fusion": "no masked-softmax kernel here",
+    "--no-bias-swiglu-fusion": "there are no linear biases; SwiGLU is fused where kernels are on",
+    "--no-bias-dropout-fusion": "no biases and no dropout",
+    "--no-rope-fusion": "RoPE is fused where kernels are on",
+    "--attention-softmax-in-fp32": "the attention softmax always runs in fp32",
+    "--accumulate-allreduce-grads-in-fp32": "gradients are always accumulated and reduced in fp32",
+    "--overlap-grad-reduce": "gradient buckets are always reduced while the backward runs",
+    "--overlap-param-gather": "ZeRO-1 gathers the new weights after the optimizer step",
+    "--no-gradient-accumulation-fusion": "no fused weight-gradient accumulation here",
+    "--cross-entropy-loss-fusion": "the cross-entropy is always computed in chunks, or by the Triton kernel",
+    "--calculate-per-token-loss": "the loss is always the mean over all loss-mask tokens of the global batch",
+    "--moe-grouped-gemm": "experts always run as grouped matmuls",
+    "--moe-router-enable-expert-bias": "ZAYA1's balancing biases are always on (--no-moe-router-bias-update "
+                                       "turns their update off)",
+    "--swiglu": "the experts are SwiGLU",
+    "--disable-bias-linear": "no linear layer has a bias",
+    "--group-query-attention": "--num-query-groups sets the KV heads",
+    "--qk-layernorm": "CCA normalises queries and keys",
+    "--ckpt-fully-parallel-save": "every rank writes its own part of a checkpoint",
+    "--ckpt-fully-parallel-load": "every rank reads only the part it needs",
+    "--exit-signal-handler": "SIGTERM and SIGUSR1 always save a checkpoint and exit",
+}
+
+# flag -> (dest, accepted values as the command line spells them, what to use instead)
+FIXED_VALUES = {
+    "--normalization": ("normalization", ("RMSNorm",), "ZAYA1 uses RMSNorm"),
+    "--position-embedding-type": ("position_embedding_type", ("rope",), "ZAYA1 uses (partial) RoPE"),
+    "--transformer-impl": ("transformer_impl", ("local", "transformer_engine"), ""),
+    "--moe-token-dispatcher-type": ("moe_token_dispatcher_type", ("alltoall",),
+                                    "experts are dispatched by all-to-all"),
+    "--moe-router-load-balancing-type": ("moe_router_load_balancing_type", ("none",),
+                                         "ZAYA1 balances with router biases and no auxiliary loss"),
+    "--moe-aux-loss-coeff": ("moe_aux_loss_coeff", ("0",), "ZAYA1 balances with router biases and no auxiliary loss"),
+    "--moe-z-loss-coeff": ("moe_z_loss_coeff", ("0",), "there is no router z-loss"),
+    "--moe-router-dtype": ("moe_router_dtype", ("fp32",), "the router always runs in fp32"),
+    "--hidden-dropout": ("hidden_dropout", ("0",), "dropout is not implemented (ZAYA1 pretrains without it)"),
+    "--attention-dropout": ("attention_dropout", ("0",), "dropout is not implemented (ZAYA1 pretrains without it)"),
+    "--pipeline-model-parallel-size": ("pipeline_model_parallel_size", ("1",),
+                                       "there is no pipeline parallelism: use --expert-model-parallel-size, "
+                                       "--tensor-model-parallel-size or --context-parallel-size"),
+    "--ckpt-format": ("ckpt_format", ("torch_dist",),
+                      "checkpoints are always sharded per rank and reshardable, like torch_dist"),
+}
+
+
+def _same(word: str, accepted: str) -> bool:
+    try:
+        return float(word) == float(accepted)
+    except ValueError:
+        return word == accepted
+
+
+def add_megatron_flags(parser: argparse.ArgumentParser) -> None:
+    """Accept every flag above (one argument group, described in --help)."""
+    g = parser.add_argument_group("Megatron-LM flags accepted for compatibility (docs: megatron_zaya/megatron_flags.py)")
+    for flag, meaning in IMPLIED_SWITCHES.items():
+        g.add_argument(flag, action="store_true", help=f"accepted: {meaning}")
+    for flag, (dest, accepted, _why) in FIXED_VALUES.items():
+        g.add_argument(flag, dest=dest, default=None, metavar="VALUE", help=f"accepted: {' or '.join(accepted)}")
+    g.add_argument("--fp16", action="store_true", help="refused: use --bf16")
+
+
+def check_megatron_flags(args: argparse.Namespace) -> None:
+    """ValueError naming the first flag whose value this code does not do."""
+    if args.fp16:
+        raise ValueError("--fp16 is not supported: train with --bf16 (ZAYA1 trained in bf16; no loss scaling here)")
+    for flag, (dest, accepted, why) in FIXED_VALUES.items():
+        value = getattr(args, dest)
+        if value is not None and not any(_same(value, a) for a in accepted):
+            raise ValueError(f"{flag}={value} is not supported: only {' or '.join(accepted)}"
+                             + (f" ({why})" if why else ""))
