@@ -147,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-moe-router-bias-update", action="store_true")
     g = p.add_argument_group("data")
     g.add_argument("--data-path", nargs="+", default=None)
+    for split in ("train", "valid", "test"):
+        g.add_argument(f"--{split}-data-path", nargs="+", default=None,
+                       help=f"instead of --data-path and --split: the {split} blend (every document in it)")
     g.add_argument("--split", default="969,30,1")
     g.add_argument("--tokenizer-type", default="GPTSentencePieceTokenizer")
     g.add_argument("--tokenizer-model", default=None)
@@ -471,13 +474,30 @@ def _check_paths(args: argparse.Namespace, prefixes: list[str]) -> None:
         check_load_path(args.load)
 
 
+SPLIT_PATH_FLAGS = ("train_data_path", "valid_data_path", "test_data_path")
+
+
 def _check_data(args: argparse.Namespace) -> list[str]:
-    """--data-path, --split and the tokenizer flags; returns the dataset prefixes."""
-    if not args.data_path:
-        raise UserInputError("--data-path is required")
-    _check_split(args)
+    """--data-path and --split, or the per-split blends, and the tokenizer flags; returns the dataset
+    prefixes (each once)."""
+    separate = [name for name in SPLIT_PATH_FLAGS if getattr(args, name)]
+    if separate and args.data_path:
+        raise UserInputError(f"--data-path and --{separate[0].replace('_', '-')} exclude each other: one blend cut "
+                             f"by --split, or one blend per split")
+    if separate and not args.train_data_path:
+        raise UserInputError(f"--{separate[0].replace('_', '-')} needs --train-data-path")
+    if not separate and not args.data_path:
+        raise UserInputError("--data-path is required (or --train-data-path)")
+    if not separate:
+        _check_split(args)
     _check_tokenizer(args)
-    return check_data_path(args.data_path)
+    if not separate:
+        return check_data_path(args.data_path)
+    prefixes = []
+    for name in separate:
+        prefixes += [p for p in check_data_path(getattr(args, name), "--" + name.replace("_", "-"))
+                     if p not in prefixes]
+    return prefixes
 
 
 def validate(args: argparse.Namespace) -> RunConfig:
@@ -514,7 +534,9 @@ def validate(args: argparse.Namespace) -> RunConfig:
     from megatron_zaya.data import DataConfig
     prefixes = _check_data(args)
     _check_paths(args, prefixes)
-    data = DataConfig(data_path=args.data_path, split=args.split, data_cache_path=args.data_cache_path,
+    data = DataConfig(data_path=args.data_path, train_data_path=args.train_data_path,
+                      valid_data_path=args.valid_data_path, test_data_path=args.test_data_path,
+                      split=args.split, data_cache_path=args.data_cache_path,
                       seed=args.seed, num_workers=args.num_workers, reset_position_ids=args.reset_position_ids,
                       reset_attention_mask=args.reset_attention_mask, eod_mask_loss=args.eod_mask_loss,
                       tokenizer_type=args.tokenizer_type, tokenizer_model=args.tokenizer_model,

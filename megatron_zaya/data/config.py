@@ -17,6 +17,10 @@
 `phases` (optional) replaces `data_path` for TRAINING with a curriculum: phase p uses its own blend
 for its `train_samples` samples (None on the last phase: all remaining samples). Validation and
 test always use `data_path` (default: the first phase's blend).
+
+Instead of one blend cut by `split`, each split may have its own (Megatron-LM's --train-data-path,
+--valid-data-path, --test-data-path): every document of those datasets belongs to that split, and a
+split without a blend has no dataset. They exclude `data_path`.
 """
 
 from __future__ import annotations
@@ -55,15 +59,36 @@ class DataConfig:
     prefetch_factor: int = 4
     pin_memory: bool = True          # only used when CUDA/ROCm is available
     no_index_cache: bool = False     # build indices in memory on every rank instead of caching
+    train_data_path: list[str] = field(default_factory=list)   # per-split blends (exclude data_path)
+    valid_data_path: list[str] = field(default_factory=list)
+    test_data_path: list[str] = field(default_factory=list)
+
+    @property
+    def separate_splits(self) -> bool:
+        return bool(self.train_data_path or self.valid_data_path or self.test_data_path)
+
+    def split_blends(self) -> tuple[list[str], list[str], list[str]]:
+        """(train, valid, test) blends; an empty one has no dataset."""
+        if self.separate_splits:
+            return self.train_data_path, self.valid_data_path, self.test_data_path
+        return self.data_path, self.data_path, self.data_path
 
     def __post_init__(self):
-        if isinstance(self.data_path, str):
-            self.data_path = self.data_path.split()
+        for name in ("data_path", "train_data_path", "valid_data_path", "test_data_path"):
+            value = getattr(self, name)
+            setattr(self, name, value.split() if isinstance(value, str) else list(value or []))
         self.phases = [p if isinstance(p, PhaseBlend) else PhaseBlend(**p) for p in (self.phases or [])]
-        if not self.data_path and self.phases:
-            self.data_path = list(self.phases[0].data_path)
-        if not self.data_path:
-            raise ValueError("--data-path is required (or phases with their own data_path)")
+        if self.separate_splits:
+            if self.data_path:
+                raise ValueError("--data-path and --train-data-path / --valid-data-path / --test-data-path exclude "
+                                 "each other (one blend cut by --split, or one blend per split)")
+            if not self.train_data_path and not self.phases:
+                raise ValueError("--train-data-path is required with --valid-data-path / --test-data-path")
+        else:
+            if not self.data_path and self.phases:
+                self.data_path = list(self.phases[0].data_path)
+            if not self.data_path:
+                raise ValueError("--data-path is required (or phases with their own data_path)")
         for p in self.phases[:-1]:
             if p.train_samples is None:
                 raise ValueError("every phase but the last needs train_samples")
@@ -76,7 +101,7 @@ class DataConfig:
         kw = {}
         for name in ("data_path", "split", "data_cache_path", "seed", "num_workers", "reset_position_ids",
                      "reset_attention_mask", "eod_mask_loss", "tokenizer_type", "tokenizer_model", "vocab_file",
-                     "merge_file", "phases"):
+                     "merge_file", "phases", "train_data_path", "valid_data_path", "test_data_path"):
             v = getattr(args, name, None)
             if v is not None:
                 kw[name] = v

@@ -49,9 +49,9 @@ def _phase_weights(data_path: list[str], prefixes: list[str]) -> list[float]:
 
 def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: list[list[str]], sizes: list[int],
                  split_id: int, opts: SampleOptions):
-    if sum(sizes) == 0:
+    if sum(sizes) == 0 or not any(blends):
         return None
-    if ib.parse_split(cfg.split)[split_id] == 0:
+    if not cfg.separate_splits and ib.parse_split(cfg.split)[split_id] == 0:
         return None  # Megatron: a split with zero weight has no dataset
     weights = [_phase_weights(b, prefixes) for b in blends]
     cache_dir = None if cfg.no_index_cache else (cfg.data_cache_path or default_cache_dir(prefixes[0]))
@@ -72,10 +72,14 @@ def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: li
         if plan.requests[d] == 0:
             components.append(None)
             continue
-        idx = split_indices(indexed[prefix], cfg.split)[split_id]
+        if cfg.separate_splits:      # a per-split blend: every document of the dataset is in the split
+            idx = split_indices(indexed[prefix], "1,0,0")[0]
+        else:
+            idx = split_indices(indexed[prefix], cfg.split)[split_id]
         if idx is None or len(idx) == 0:
-            raise UserInputError(f"--split {cfg.split}: the {split_name} split of {prefix} is empty but the blend needs "
-                             f"{plan.requests[d]} samples from it")
+            where = f"--{split_name}-data-path: {prefix}" if cfg.separate_splits else \
+                f"--split {cfg.split}: the {split_name} split of {prefix}"
+            raise UserInputError(f"{where} is empty but the blend needs {plan.requests[d]} samples from it")
         components.append(GPTDataset(indexed[prefix], idx, plan.requests[d], opts, cfg.seed, split_name,
                                      cfg.data_cache_path, use_cache=not cfg.no_index_cache))
     phases = [BlendedDataset(components, plan.dataset_index[p], plan.dataset_sample_index[p], plan.offsets[p])
@@ -95,9 +99,10 @@ def build_train_valid_test_datasets(cfg: DataConfig, seq_length: int, train_vali
     opts = SampleOptions(seq_length, tokenizer.eod, tokenizer.pad, cfg.reset_position_ids,
                          cfg.reset_attention_mask, cfg.eod_mask_loss)
     train_n, valid_n, test_n = (int(x) for x in train_valid_test_num_samples)
-    blends = [p.data_path for p in cfg.phases] if cfg.phases else [cfg.data_path]
+    train_blend, valid_blend, test_blend = cfg.split_blends()
+    blends = [p.data_path for p in cfg.phases] if cfg.phases else [train_blend]
     prefixes: list[str] = []
-    for b in blends + [cfg.data_path]:
+    for b in [b for b in blends + [valid_blend, test_blend] if b]:
         for p in parse_data_path(b)[1]:
             if p not in prefixes:
                 prefixes.append(p)
@@ -114,8 +119,8 @@ def build_train_valid_test_datasets(cfg: DataConfig, seq_length: int, train_vali
     else:
         sizes = [train_n]
     train = _build_split(cfg, indexed, prefixes, blends, sizes, 0, opts)
-    valid = _build_split(cfg, indexed, prefixes, [cfg.data_path], [valid_n], 1, opts)
-    test = _build_split(cfg, indexed, prefixes, [cfg.data_path], [test_n], 2, opts)
+    valid = _build_split(cfg, indexed, prefixes, [valid_blend], [valid_n], 1, opts)
+    test = _build_split(cfg, indexed, prefixes, [test_blend], [test_n], 2, opts)
     return train, valid, test
 
 

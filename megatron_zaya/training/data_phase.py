@@ -27,7 +27,9 @@ def data_signature(run) -> str:
     data = run.data
     if data is None:
         return ""
-    return json.dumps({"data_path": list(data.data_path),
+    separate = {name: list(getattr(data, name)) for name in ("train_data_path", "valid_data_path", "test_data_path")
+                if getattr(data, name, None)}
+    return json.dumps({"data_path": list(data.data_path), **separate,
                        "phases": [[list(p.data_path), p.train_samples] for p in data.phases],
                        "split": data.split, "seq_length": run.model.seq_length}, sort_keys=True)
 

@@ -179,3 +179,23 @@ def test_single_path_matches_reference(tmp_path, weighted):
     expected = ref.gpt_samples(sa, list(range(40)), seq, request, 3)
     assert len(train) == n
     assert [train[i]["tokens"].tolist() for i in range(n)] == [e[:-1] for e in expected[:n]]
+
+
+def test_one_blend_per_split_uses_every_document_of_its_datasets(tmp_path):
+    """--train-data-path / --valid-data-path (Megatron-LM): the train split samples only corpus a (all of
+    its documents, --split ignored), validation only corpus b; no test blend, no test dataset. The
+    train samples equal the reference's for a "100,0,0" split of a."""
+    a, sa = corpus(tmp_path, "a", 0, seed=5)
+    b, _ = corpus(tmp_path, "b", 500, seed=6)
+    cfg = DataConfig(train_data_path=[a], valid_data_path=[b], split="90,10,0", num_workers=0,
+                     data_cache_path=str(tmp_path / "cache"), seed=7)
+    seq, n = 8, 120
+    train, valid, test = build_train_valid_test_datasets(cfg, seq, [n, 30, 10], build_tokenizer("NullTokenizer", EOD))
+    assert test is None and len(train) == n and len(valid) == 30
+    want = ref.gpt_samples(sa, list(range(60)), seq, n, 7)
+    assert all(train[i]["tokens"].tolist() == want[i][:-1] for i in range(n))
+    assert all(int(t) >= 500 for i in range(30) for t in valid[i]["tokens"] if int(t) != EOD)
+    with pytest.raises(ValueError, match="--data-path and --train-data-path"):
+        DataConfig(data_path=[a], valid_data_path=[b])
+    with pytest.raises(ValueError, match="--train-data-path is required"):
+        DataConfig(valid_data_path=[b])

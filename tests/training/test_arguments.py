@@ -347,3 +347,23 @@ def test_a_megatron_lm_script_runs_unchanged(tiny_corpus, tmp_path):
     from megatron_zaya.optim.schedules import lr_schedule_from_flags
     schedule = lr_schedule_from_flags(run.optim.lr, run.train, 6)
     assert schedule(0) == pytest.approx(1e-4 + (3e-3 - 1e-4) / 4)    # the warmup starts from --lr-warmup-init
+
+
+def test_per_split_data_paths_train_and_validate(tiny_corpus, tmp_path, capsys):
+    """--train-data-path / --valid-data-path instead of --data-path + --split: checked like --data-path
+    (a missing prefix is named with its flag), exclusive with --data-path, and a run trains on the one
+    and validates on the other."""
+    from megatron_zaya.training.setup import build_and_train
+    prefix, _ = tiny_corpus
+    assert "--data-path and --valid-data-path exclude each other" in error_of(
+        tiny_run_flags(tiny_corpus, tmp_path, **{"--valid-data-path": prefix}), capsys)
+    assert "--valid-data-path /nonexistent/valid" in error_of(
+        tiny_run_flags(tiny_corpus, tmp_path, **{"--data-path": None, "--train-data-path": prefix,
+                                                 "--valid-data-path": "/nonexistent/valid"}), capsys)
+    assert "--test-data-path needs --train-data-path" in error_of(
+        tiny_run_flags(tiny_corpus, tmp_path, **{"--data-path": None, "--test-data-path": prefix}), capsys)
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--data-path": None, "--train-data-path": prefix,
+                                                               "--valid-data-path": prefix, "--train-iters": 3}))
+    assert run.data.train_data_path == [prefix] and run.data.valid_data_path == [prefix] and not run.data.data_path
+    assert build_and_train(run) == 0
+    assert "validation at iteration 3" in capsys.readouterr().out
