@@ -147,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-moe-router-bias-update", action="store_true")
     g = p.add_argument_group("data")
     g.add_argument("--data-path", nargs="+", default=None)
+    g.add_argument("--mock-data", action="store_true",
+                   help="random tokens instead of a dataset (no files; try a model or layout, or benchmark)")
     for split in ("train", "valid", "test"):
         g.add_argument(f"--{split}-data-path", nargs="+", default=None,
                        help=f"instead of --data-path and --split: the {split} blend (every document in it)")
@@ -466,7 +468,7 @@ def _check_paths(args: argparse.Namespace, prefixes: list[str]) -> None:
                        ("--data-cache-path", args.data_cache_path)):
         if path:
             check_creatable_dir(flag, path)
-    if not args.data_cache_path:
+    if not args.data_cache_path and prefixes:
         default = default_cache_dir(prefixes[0])
         if not os.path.isdir(default):
             check_creatable_dir("index cache (no --data-cache-path; default beside the data)", default)
@@ -479,8 +481,14 @@ SPLIT_PATH_FLAGS = ("train_data_path", "valid_data_path", "test_data_path")
 
 def _check_data(args: argparse.Namespace) -> list[str]:
     """--data-path and --split, or the per-split blends, and the tokenizer flags; returns the dataset
-    prefixes (each once)."""
+    prefixes (each once; none with --mock-data)."""
     separate = [name for name in SPLIT_PATH_FLAGS if getattr(args, name)]
+    if args.mock_data:
+        given = ["--" + name.replace("_", "-") for name in ("data_path", *SPLIT_PATH_FLAGS) if getattr(args, name)]
+        if given:
+            raise UserInputError(f"--mock-data and {given[0]} exclude each other")
+        _check_tokenizer(args)
+        return []
     if separate and args.data_path:
         raise UserInputError(f"--data-path and --{separate[0].replace('_', '-')} exclude each other: one blend cut "
                              f"by --split, or one blend per split")
@@ -535,7 +543,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
     prefixes = _check_data(args)
     _check_paths(args, prefixes)
     data = DataConfig(data_path=args.data_path, train_data_path=args.train_data_path,
-                      valid_data_path=args.valid_data_path, test_data_path=args.test_data_path,
+                      valid_data_path=args.valid_data_path, test_data_path=args.test_data_path, mock_data=args.mock_data,
                       split=args.split, data_cache_path=args.data_cache_path,
                       seed=args.seed, num_workers=args.num_workers, reset_position_ids=args.reset_position_ids,
                       reset_attention_mask=args.reset_attention_mask, eod_mask_loss=args.eod_mask_loss,

@@ -18,6 +18,8 @@
 for its `train_samples` samples (None on the last phase: all remaining samples). Validation and
 test always use `data_path` (default: the first phase's blend).
 
+`mock_data` replaces all of them with random tokens (no files).
+
 Instead of one blend cut by `split`, each split may have its own (Megatron-LM's --train-data-path,
 --valid-data-path, --test-data-path): every document of those datasets belongs to that split, and a
 split without a blend has no dataset. They exclude `data_path`.
@@ -62,6 +64,7 @@ class DataConfig:
     train_data_path: list[str] = field(default_factory=list)   # per-split blends (exclude data_path)
     valid_data_path: list[str] = field(default_factory=list)
     test_data_path: list[str] = field(default_factory=list)
+    mock_data: bool = False          # --mock-data: random tokens, no files (megatron_zaya/data/mock.py)
 
     @property
     def separate_splits(self) -> bool:
@@ -78,7 +81,10 @@ class DataConfig:
             value = getattr(self, name)
             setattr(self, name, value.split() if isinstance(value, str) else list(value or []))
         self.phases = [p if isinstance(p, PhaseBlend) else PhaseBlend(**p) for p in (self.phases or [])]
-        if self.separate_splits:
+        if self.mock_data:
+            if self.data_path or self.separate_splits or self.phases:
+                raise ValueError("--mock-data and --data-path (or the per-split paths, or phases) exclude each other")
+        elif self.separate_splits:
             if self.data_path:
                 raise ValueError("--data-path and --train-data-path / --valid-data-path / --test-data-path exclude "
                                  "each other (one blend cut by --split, or one blend per split)")
@@ -101,7 +107,7 @@ class DataConfig:
         kw = {}
         for name in ("data_path", "split", "data_cache_path", "seed", "num_workers", "reset_position_ids",
                      "reset_attention_mask", "eod_mask_loss", "tokenizer_type", "tokenizer_model", "vocab_file",
-                     "merge_file", "phases", "train_data_path", "valid_data_path", "test_data_path"):
+                     "merge_file", "phases", "train_data_path", "valid_data_path", "test_data_path", "mock_data"):
             v = getattr(args, name, None)
             if v is not None:
                 kw[name] = v

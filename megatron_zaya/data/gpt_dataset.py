@@ -46,6 +46,16 @@ def dataset_fingerprint(indexed: IndexedDataset) -> dict:
     }
 
 
+def gpt_sample(text: np.ndarray, opts: SampleOptions) -> dict[str, np.ndarray]:
+    """The training sample of seq_length + 1 token ids: inputs, shifted labels, masks and positions."""
+    tokens, labels = text[:-1], text[1:]
+    loss_mask, position_ids, attention_mask = ltor_masks_and_position_ids(tokens, opts)
+    sample = {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids}
+    if attention_mask is not None:
+        sample["attention_mask"] = attention_mask
+    return sample
+
+
 def ltor_masks_and_position_ids(tokens: np.ndarray, opts: SampleOptions):
     """Loss mask, position ids and (optionally) attention mask for one sample, as Megatron builds them.
 
@@ -141,13 +151,7 @@ class GPTDataset:
         return np.concatenate(parts).astype(np.int64)
 
     def __getitem__(self, idx: int) -> dict[str, np.ndarray]:
-        text = self.text(idx)
-        tokens, labels = text[:-1], text[1:]
-        loss_mask, position_ids, attention_mask = ltor_masks_and_position_ids(tokens, self.opts)
-        sample = {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids}
-        if attention_mask is not None:
-            sample["attention_mask"] = attention_mask
-        return sample
+        return gpt_sample(self.text(idx), self.opts)
 
     # Memory maps must not be pickled by value into loader workers: reopen them instead.
     def __getstate__(self):

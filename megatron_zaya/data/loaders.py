@@ -18,6 +18,7 @@ import numpy as np
 from megatron_zaya.errors import UserInputError
 
 from .blend import BlendedDataset, PhasedDataset, parse_data_path, plan_phases
+from .mock import MockGPTDataset
 from .config import DataConfig
 from .cache import cached_arrays
 from .gpt_dataset import GPTDataset, SampleOptions, default_cache_dir, split_indices
@@ -99,6 +100,9 @@ def build_train_valid_test_datasets(cfg: DataConfig, seq_length: int, train_vali
     opts = SampleOptions(seq_length, tokenizer.eod, tokenizer.pad, cfg.reset_position_ids,
                          cfg.reset_attention_mask, cfg.eod_mask_loss)
     train_n, valid_n, test_n = (int(x) for x in train_valid_test_num_samples)
+    if cfg.mock_data:
+        return tuple(MockGPTDataset(n, opts, tokenizer.vocab_size, cfg.seed, split_id) if n > 0 else None
+                     for split_id, n in enumerate((train_n, valid_n, test_n)))
     train_blend, valid_blend, test_blend = cfg.split_blends()
     blends = [p.data_path for p in cfg.phases] if cfg.phases else [train_blend]
     prefixes: list[str] = []

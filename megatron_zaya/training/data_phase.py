@@ -29,6 +29,8 @@ def data_signature(run) -> str:
         return ""
     separate = {name: list(getattr(data, name)) for name in ("train_data_path", "valid_data_path", "test_data_path")
                 if getattr(data, name, None)}
+    if getattr(data, "mock_data", False):
+        separate["mock_data"] = True
     return json.dumps({"data_path": list(data.data_path), **separate,
                        "phases": [[list(p.data_path), p.train_samples] for p in data.phases],
                        "split": data.split, "seq_length": run.model.seq_length}, sort_keys=True)

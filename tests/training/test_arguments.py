@@ -367,3 +367,17 @@ def test_per_split_data_paths_train_and_validate(tiny_corpus, tmp_path, capsys):
     assert run.data.train_data_path == [prefix] and run.data.valid_data_path == [prefix] and not run.data.data_path
     assert build_and_train(run) == 0
     assert "validation at iteration 3" in capsys.readouterr().out
+
+
+def test_mock_data_trains_without_files(tmp_path, capsys):
+    """Megatron-LM's smoke run: --mock-data with --tokenizer-type NullTokenizer --vocab-size N and no
+    corpus at all; --mock-data with a --data-path is refused."""
+    from megatron_zaya.training.setup import build_and_train
+    argv = ["--preset", "zaya1-tiny", "--num-layers", "1", "--mock-data", "--tokenizer-type", "NullTokenizer",
+            "--vocab-size", "512", "--micro-batch-size", "2", "--global-batch-size", "4", "--seq-length", "32",
+            "--train-iters", "3", "--eval-interval", "3", "--eval-iters", "1", "--num-workers", "0",
+            "--log-interval", "1"]
+    assert build_and_train(parse_args(argv)) == 0
+    out = capsys.readouterr().out
+    assert "iteration       3/3" in out and "validation at iteration 3" in out
+    assert "--mock-data and --data-path exclude each other" in error_of(argv + ["--data-path", "x"], capsys)

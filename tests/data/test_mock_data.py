@@ -1,0 +1,39 @@
+"""--mock-data: random-token GPT samples without files, the same sample for the same index wherever
+and whenever it is read, documents separated by EOD."""
+import numpy as np
+import pytest
+
+from megatron_zaya.data import DataConfig, build_train_valid_test_datasets, build_train_valid_test_loaders
+from megatron_zaya.data.tokenizer import build_tokenizer
+
+
+def test_mock_samples_are_random_deterministic_and_end_documents_with_eod():
+    cfg = DataConfig(mock_data=True, seed=3, num_workers=0, reset_position_ids=True, eod_mask_loss=True)
+    tokenizer = build_tokenizer("NullTokenizer", 500)
+    train, valid, test = build_train_valid_test_datasets(cfg, 1024, [40, 8, 0], tokenizer)
+    assert test is None and len(train) == 40 and len(valid) == 8
+    again, _, _ = build_train_valid_test_datasets(cfg, 1024, [40, 8, 0], tokenizer)
+    a, b = train[7], again[7]
+    assert all(np.array_equal(a[k], b[k]) for k in a)                      # a function of the index
+    assert not np.array_equal(train[7]["tokens"], train[8]["tokens"])
+    assert not np.array_equal(train[0]["tokens"], valid[0]["tokens"])     # splits differ
+    tokens = np.concatenate([train[i]["tokens"] for i in range(40)])
+    assert tokens.min() >= 0 and tokens.max() <= tokenizer.eod < tokenizer.vocab_size
+    eods = int((tokens == tokenizer.eod).sum())
+    assert 0.5 * len(tokens) / 256 < eods < 2 * len(tokens) / 256         # documents of ~256 tokens
+    s = train[3]
+    assert np.array_equal(s["labels"][:-1], s["tokens"][1:])
+    first_eod = int(np.nonzero(s["tokens"] == tokenizer.eod)[0][0])
+    assert s["position_ids"][first_eod + 1] == 0 and s["loss_mask"][first_eod] == 0   # the options apply
+    with pytest.raises(IndexError):
+        train[40]
+
+
+def test_mock_data_excludes_data_paths_and_loads_through_the_loaders():
+    with pytest.raises(ValueError, match="--mock-data and --data-path"):
+        DataConfig(mock_data=True, data_path=["corpus"])
+    train_loader, valid_loader, _ = build_train_valid_test_loaders(
+        DataConfig(mock_data=True, num_workers=0), 8, 2, 16, 0, 2, train_samples=32, valid_samples=8,
+        tokenizer=build_tokenizer("NullTokenizer", 100))
+    batch = next(iter(train_loader))
+    assert batch["tokens"].shape == (2, 16) and valid_loader is not None
