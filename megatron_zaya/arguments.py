@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ckpt-keep", type=int, default=None)
     g.add_argument("--async-save", action="store_true")
     g.add_argument("--no-load-optim", action="store_true")
+    g.add_argument("--no-save-optim", action="store_true",
+                   help="checkpoints without optimizer state (smaller; a resume from them needs --no-load-optim)")
+    g.add_argument("--no-save-rng", action="store_true", help="checkpoints without the RNG states")
     g.add_argument("--no-load-rng", action="store_true")
     g.add_argument("--finetune", action="store_true")
     g = p.add_argument_group("logging and exits")

@@ -229,9 +229,11 @@ class TrainingCheckpointer:
 
     def collect(self, trainer) -> tuple[list, dict]:
         entries = model_entries(trainer.model)
-        opt_entries, opt_objects = optimizer_entries(trainer.optimizer, trainer.model)
-        rng_entries, rng_objects = rng_entries_and_objects()
-        bal_entries, bal_objects = balancer_entries(getattr(trainer, "balancer", None), self.rank)
+        opt_entries, opt_objects, bal_entries, bal_objects = [], {}, [], {}
+        if not self.cfg.no_save_optim:     # --no-save-optim: weights only (a resume then needs --no-load-optim)
+            opt_entries, opt_objects = optimizer_entries(trainer.optimizer, trainer.model)
+            bal_entries, bal_objects = balancer_entries(getattr(trainer, "balancer", None), self.rank)
+        rng_entries, rng_objects = rng_entries_and_objects() if not self.cfg.no_save_rng else ([], {})
         objects = {"optimizer": opt_objects, "rng": rng_objects, "balancer": bal_objects,
                    "train_state": dataclasses.asdict(trainer.state)}
         return entries + opt_entries + rng_entries + bal_entries, objects

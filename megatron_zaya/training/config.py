@@ -57,6 +57,8 @@ class TrainConfig:
     ckpt_keep: int | None = None
     async_save: bool = False
     no_load_optim: bool = False
+    no_save_optim: bool = False
+    no_save_rng: bool = False
     no_load_rng: bool = False
     finetune: bool = False
     # fault tolerance

@@ -138,3 +138,26 @@ def test_a_damaged_latest_file_is_warned_about_and_the_newest_checkpoint_loads(c
     out = capsys.readouterr().out
     assert "latest_checkpointed_iteration.txt: holds 'abc', not an iteration number" in out, out
     assert sorted(resumed.losses) == [3] and read_latest(save) == 3
+
+
+def test_no_save_optim_and_no_save_rng_write_weights_and_train_state_only(ckpt_corpus, ckpt_cache, tmp_path, capsys):
+    """--no-save-optim --no-save-rng (Megatron-LM): no optim/, balancer/ or rng/ tensors in the checkpoint,
+    which is smaller; a plain resume is refused naming --no-load-optim, which then continues at the
+    saved iteration with a fresh optimizer and says the RNG was not restored."""
+    from megatron_zaya.checkpoint.format import CheckpointFolder
+    full, light = str(tmp_path / "full"), str(tmp_path / "light")
+    train(flags(ckpt_corpus, 2, "--save", full, cache=ckpt_cache))
+    train(flags(ckpt_corpus, 2, "--save", light, "--no-save-optim", "--no-save-rng", cache=ckpt_cache))
+    folder = CheckpointFolder(os.path.join(light, "iter_0000002"))
+    assert folder.keys("model/") and not folder.keys("optim/") and not folder.keys("balancer/")
+    assert not folder.keys("rng/")
+
+    def size(root):
+        return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(root) for f in files)
+    assert size(light) < size(full) / 2
+    with pytest.raises(CheckpointError, match="holds no optimizer state.*--no-load-optim"):
+        train(flags(ckpt_corpus, 3, "--load", light, cache=ckpt_cache))
+    capsys.readouterr()
+    rec = train(flags(ckpt_corpus, 3, "--load", light, "--no-load-optim", cache=ckpt_cache))
+    assert sorted(rec.losses) == [3]
+    assert "no RNG state in the checkpoint" in capsys.readouterr().out
