@@ -24,7 +24,8 @@ from megatron_zaya.errors import UserInputError
 from megatron_zaya.megatron_flags import add_megatron_flags, check_megatron_flags
 from megatron_zaya.optim.builder import OptimizerConfig
 from megatron_zaya.parallel.state import LayoutError, check_layout
-from megatron_zaya.optim.schedules import DECAY_STYLES, WSD_DECAY_STYLES, lr_schedule_from_flags
+from megatron_zaya.optim.schedules import (DECAY_STYLES, WD_INCR_STYLES, WSD_DECAY_STYLES, lr_schedule_from_flags,
+                                           weight_decay_schedule_from_flags)
 from megatron_zaya.training.batch_schedule import BatchSizeSchedule
 from megatron_zaya.training.config import TrainConfig
 
@@ -118,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="warmup as a fraction of the decay length (instead of --lr-warmup-iters/-samples)")
     g.add_argument("--lr-warmup-init", type=float, default=0.0, help="the lr the warmup starts from")
     g.add_argument("--weight-decay", type=float, default=0.1)
+    g.add_argument("--weight-decay-incr-style", choices=WD_INCR_STYLES, default="constant",
+                   help="linear / cosine: decay moves from --start-weight-decay to --end-weight-decay over the run")
+    g.add_argument("--start-weight-decay", type=float, default=None)
+    g.add_argument("--end-weight-decay", type=float, default=None)
     g.add_argument("--adam-beta1", type=float, default=0.9)
     g.add_argument("--adam-beta2", type=float, default=0.95)
     g.add_argument("--adam-eps", type=float, default=1e-8)
@@ -541,6 +546,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
             raise UserInputError(f"--train-samples={args.train_samples} is less than one global batch: "
                                  f"no iteration to run")
     lr_schedule_from_flags(args.lr, args, total_iters)
+    weight_decay_schedule_from_flags(args, total_iters)
 
     from megatron_zaya.data import DataConfig
     prefixes = _check_data(args)

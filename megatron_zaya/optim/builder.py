@@ -88,6 +88,11 @@ class OptimizerSet:
         for group in self.param_groups:
             group["lr"] = lr
 
+    def set_weight_decay(self, weight_decay: float) -> None:
+        """Every group's decay: `weight_decay` times its wd_mult (Megatron's name; 0 for vectors)."""
+        for group in self.param_groups:
+            group["weight_decay"] = weight_decay * group.get("wd_mult", 1.0)
+
     def step(self) -> None:
         for opt in self.optimizers.values():
             opt.step()
@@ -116,13 +121,19 @@ def muon_tp_group(cfg: OptimizerConfig, pstate):
     return pstate.tp_group
 
 
+def adamw_groups(decay: list, no_decay: list, cfg: OptimizerConfig) -> list[dict]:
+    """AdamW's groups: matrices with --weight-decay, vectors without (wd_mult 1 and 0, as Megatron's)."""
+    groups = ({"params": [p for _, p in decay], "weight_decay": cfg.weight_decay, "wd_mult": 1.0},
+              {"params": [p for _, p in no_decay], "weight_decay": 0.0, "wd_mult": 0.0})
+    return [g for g in groups if g["params"]]
+
+
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig, pstate=None) -> OptimizerSet:
     """Unsharded optimizers; `pstate` (a ParallelState) only for Muon's TP group."""
     if cfg.optimizer not in ("muon", "adamw"):
         raise ValueError(f"--optimizer={cfg.optimizer}: choose muon or adamw")
     muon, decay, no_decay = split_parameters(model, cfg.optimizer == "muon")
-    adam_groups = [g for g in ({"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
-                               {"params": [p for _, p in no_decay], "weight_decay": 0.0}) if g["params"]]
+    adam_groups = adamw_groups(decay, no_decay, cfg)
     optimizers = {"adamw": build_adamw(adam_groups, cfg)}
     if muon:
         optimizers["muon"] = Muon([p for _, p in muon], lr=cfg.lr, momentum=cfg.muon_momentum,
@@ -146,8 +157,7 @@ def build_distributed_optimizer(model: nn.Module, cfg: OptimizerConfig, pstate, 
         optimizers["muon"] = DistributedMuon([p for _, p in muon], reducer, lr=cfg.lr, momentum=cfg.muon_momentum,
                                              weight_decay=cfg.weight_decay, ns_steps=cfg.muon_ns_steps,
                                              tp_group=muon_tp_group(cfg, pstate))
-    adam_groups = [g for g in ({"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
-                               {"params": [p for _, p in no_decay], "weight_decay": 0.0}) if g["params"]]
+    adam_groups = adamw_groups(decay, no_decay, cfg)
     optimizers["adamw"] = DistributedOptimizer(adam_groups, lambda groups: build_adamw(groups, cfg), pstate,
                                                reducer=reducer)
     return OptimizerSet(optimizers)

@@ -103,3 +103,41 @@ def _wsd_coefficient(ratio: float, style: str) -> float:
     if style == "exponential":
         return 2.0 * 0.5 ** ratio - 1.0             # Megatron-LM's: 1 at the start, 0 at the end
     return 1.0 - math.sqrt(ratio)                  # minus_sqrt
+
+
+WD_INCR_STYLES = ("constant", "linear", "cosine")
+
+
+@dataclass
+class WeightDecaySchedule:
+    """Megatron-LM's --weight-decay-incr-style: weight decay moves from --start-weight-decay to
+    --end-weight-decay over the whole run (`total`, in the LR schedule's unit), linearly or along a
+    half cosine; positions as LRSchedule's."""
+    start: float
+    end: float
+    total: float
+    style: str = "linear"
+
+    def __call__(self, position: float) -> float:
+        if position >= self.total:
+            return self.end
+        ratio = position / self.total
+        coefficient = ratio if self.style == "linear" else 0.5 * (math.cos(math.pi * (1 - ratio)) + 1.0)
+        return self.start + coefficient * (self.end - self.start)
+
+
+def weight_decay_schedule_from_flags(flags, total_iters: int) -> WeightDecaySchedule | None:
+    """None for --weight-decay-incr-style constant (--weight-decay throughout)."""
+    style, start, end = flags.weight_decay_incr_style, flags.start_weight_decay, flags.end_weight_decay
+    if style not in WD_INCR_STYLES:
+        raise ValueError(f"--weight-decay-incr-style={style}: choose one of {WD_INCR_STYLES}")
+    if style == "constant":
+        for flag, value in (("--start-weight-decay", start), ("--end-weight-decay", end)):
+            if value is not None:
+                raise ValueError(f"{flag} needs --weight-decay-incr-style linear or cosine (constant uses --weight-decay)")
+        return None
+    for flag, value in (("--start-weight-decay", start), ("--end-weight-decay", end)):
+        if value is None or value < 0:
+            raise ValueError(f"--weight-decay-incr-style {style} needs {flag} >= 0")
+    samples = flags.train_samples is not None and not flags.train_iters
+    return WeightDecaySchedule(start, end, flags.train_samples if samples else total_iters, style)

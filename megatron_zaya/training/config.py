@@ -22,6 +22,10 @@ class TrainConfig:
     lr_wsd_decay_samples: int = 0
     lr_warmup_fraction: float | None = None        # of the decay length, in either unit
     lr_warmup_init: float = 0.0
+    # weight decay schedule (Megatron's --weight-decay-incr-style; constant: --weight-decay throughout)
+    weight_decay_incr_style: str = "constant"
+    start_weight_decay: float | None = None
+    end_weight_decay: float | None = None
     min_lr: float = 0.0
     # precision and seed
     bf16: bool = False

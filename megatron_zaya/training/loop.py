@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from megatron_zaya.optim.balancing import BalancingBiasUpdater
-from megatron_zaya.optim.schedules import lr_schedule_from_flags
+from megatron_zaya.optim.schedules import lr_schedule_from_flags, weight_decay_schedule_from_flags
 from megatron_zaya.training.batch_schedule import BatchSizeSchedule
 from megatron_zaya.training.logger import TrainingLogger
 from megatron_zaya.training.metrics import (IntervalMeter, device_peak_tflops, format_duration, peak_memory_bytes,
@@ -82,6 +82,7 @@ class Trainer:
                                                 parallel.dp_size, self.cfg.rampup_batch_size)
         self.total_iters = self.cfg.train_iters or self.batch_schedule.iterations_for_samples(self.cfg.train_samples)
         self.lr_schedule = lr_schedule_from_flags(run.optim.lr, self.cfg, self.total_iters)
+        self.wd_schedule = weight_decay_schedule_from_flags(self.cfg, self.total_iters)
         self.last_lr = float("nan")       # the lr of the last step (set by train() and every update)
         biases = [block.moe.router.balancing_bias for block in model.layers]
         self.balancer = BalancingBiasUpdater(biases, self.cfg.moe_router_bias_lr, self.cfg.moe_router_bias_beta1,
@@ -132,20 +133,28 @@ class Trainer:
             self.optimizer.zero_grad()
             parallel.zero_grad()
         else:
-            self.last_lr = self.learning_rate(self.batch_schedule.batch_size(self.state.consumed_samples))
+            batch_size = self.batch_schedule.batch_size(self.state.consumed_samples)
+            self.last_lr = self.learning_rate(batch_size)
             self.optimizer.set_lr(self.last_lr)
+            if self.wd_schedule is not None:
+                self.optimizer.set_weight_decay(self.wd_schedule(self.schedule_position(batch_size)[0]))
             self.optimizer.step()
             if self.cfg.moe_router_bias_update:
                 self.balancer.update(counts)
         return StepResult(loss, grad_norm, int(global_tokens), counts, skipped, diagnosis)
 
-    def learning_rate(self, batch_size: int) -> float:
-        """The schedule's lr for a step of `batch_size` samples, at the position the successful steps
-        so far have reached (in global batches under --train-iters, samples under --train-samples)."""
+    def schedule_position(self, batch_size: int) -> tuple[float, float]:
+        """(position, step) of the schedules for a step of `batch_size` samples: where the successful
+        steps so far have brought them, in global batches under --train-iters, samples under
+        --train-samples, and how far this step moves them."""
         if self.lr_schedule.unit == "samples":
-            return self.lr_schedule(self.state.scheduled_samples, batch_size)
+            return self.state.scheduled_samples, batch_size
         full = self.cfg.global_batch_size
-        return self.lr_schedule(self.state.scheduled_samples / full, batch_size / full)
+        return self.state.scheduled_samples / full, batch_size / full
+
+    def learning_rate(self, batch_size: int) -> float:
+        """The LR schedule's lr for a step of `batch_size` samples."""
+        return self.lr_schedule(*self.schedule_position(batch_size))
 
     def next_micro_batches(self) -> list[dict]:
         count = self.batch_schedule.num_micro_batches(self.state.consumed_samples)

@@ -72,3 +72,21 @@ def test_sample_flags_go_with_train_samples_and_iteration_flags_with_train_iters
         lr_schedule_from_flags(1.0, _flags(train_iters=50, lr_warmup_iters=5, lr_warmup_fraction=0.1), 50)
     with pytest.raises(ValueError, match="--lr-wsd-decay-samples=0"):
         lr_schedule_from_flags(1.0, _flags(train_samples=1000, lr_decay_style="WSD"), 62)
+
+
+def test_weight_decay_increment_styles():
+    from megatron_zaya.optim.schedules import weight_decay_schedule_from_flags
+    flags = _flags(train_iters=100, weight_decay_incr_style="linear", start_weight_decay=0.0, end_weight_decay=0.2)
+    linear = weight_decay_schedule_from_flags(flags, 100)
+    assert linear(0) == 0.0 and linear(50) == pytest.approx(0.1) and linear(100) == linear(500) == 0.2
+    flags.weight_decay_incr_style = "cosine"
+    cosine = weight_decay_schedule_from_flags(flags, 100)
+    assert cosine(0) == pytest.approx(0.0) and cosine(50) == pytest.approx(0.1) and cosine(25) < 0.05
+    flags.weight_decay_incr_style = "constant"
+    with pytest.raises(ValueError, match="--start-weight-decay needs --weight-decay-incr-style linear or cosine"):
+        weight_decay_schedule_from_flags(flags, 100)
+    assert weight_decay_schedule_from_flags(_flags(train_iters=100, weight_decay_incr_style="constant",
+                                                   start_weight_decay=None, end_weight_decay=None), 100) is None
+    with pytest.raises(ValueError, match="needs --end-weight-decay"):
+        weight_decay_schedule_from_flags(_flags(train_iters=100, weight_decay_incr_style="linear",
+                                                start_weight_decay=0.0, end_weight_decay=None), 100)

@@ -32,6 +32,7 @@ def error_of(argv, capsys) -> str:
     ({"--fp16": ""}, "--fp16 is not supported: train with --bf16"),
     ({"--recompute-activations": "", "--recompute-granularity": "full"}, "--recompute-activations means"),
     ({"--lr-warmup-init": "1", "--lr": "0.01"}, "--lr-warmup-init=1.0 must be in [0, --lr=0.01]"),
+    ({"--start-weight-decay": "0.1"}, "--start-weight-decay needs --weight-decay-incr-style linear or cosine"),
     ({"--muon-tp-mode": "distributed"}, "--muon-tp-mode"),
 ])
 def test_bad_flags_fail_fast_naming_the_flag(tiny_corpus, tmp_path, capsys, extra, flag):

@@ -126,3 +126,25 @@ def test_manual_gc_turns_automatic_collection_off_and_collects_every_interval(ti
     assert enabled_in_steps == [False] * 4
     assert collected == [False] * 3
     assert gc.isenabled()
+
+
+def test_weight_decay_schedule_reaches_every_decaying_group(tiny_corpus, tmp_path, monkeypatch):
+    """--weight-decay-incr-style linear from 0 to 0.2 over 4 iterations: the step at position p uses
+    0.05 p on AdamW's matrices and on Muon's, 0 on the vectors (Megatron-LM's wd_mult)."""
+    from megatron_zaya.training import loop
+    seen, real_step = [], loop.Trainer.train_step
+
+    def train_step(trainer, micro_batches):
+        result = real_step(trainer, micro_batches)
+        seen.append({(name, g.get("wd_mult", 1.0)): g["weight_decay"]
+                     for name, opt in trainer.optimizer.optimizers.items() for g in opt.param_groups})
+        return result
+    monkeypatch.setattr(loop.Trainer, "train_step", train_step)
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": 4, "--eval-iters": 0,
+                                                               "--weight-decay-incr-style": "linear",
+                                                               "--start-weight-decay": 0, "--end-weight-decay": 0.2}))
+    assert build_and_train(run) == 0
+    assert len(seen) == 4
+    for position, groups in enumerate(seen):
+        assert groups == pytest.approx({("adamw", 1.0): 0.05 * position, ("adamw", 0.0): 0.0,
+                                        ("muon", 1.0): 0.05 * position}), (position, groups)
