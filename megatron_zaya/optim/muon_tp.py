@@ -7,8 +7,8 @@ orthogonalising each slice on its own (Megatron-LM's "blockwise" mode) gives an 
 on the TP size. "duplicated": the ranks of a TP group all-gather their slices' momentum directions
 (the matrices of one call packed into one flat buffer, one collective; muon.tp_orthogonalized_updates
 calls it per chunk of matrices), each rank runs Newton-Schulz on the whole matrices and keeps its
-own slice of the update. That is single-device Muon exactly
-(momentum is element-wise, so it stays on the slices), at TP times the Newton-Schulz work.
+own slice of the update. That is single-device Muon exactly (momentum is element-wise, so it stays
+on the slices), at TP times the Newton-Schulz work.
 
 Every rank of the TP group must call `whole_directions` with the same matrices in the same order
 (the model is built the same way on every rank, so parameter order is).

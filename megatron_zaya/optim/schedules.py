@@ -69,11 +69,16 @@ class LRSchedule:
         return self.min_lr + span * coefficient
 
 
+def counts_samples(flags) -> bool:
+    """Whether the schedules count samples (a --train-samples run) rather than global batches."""
+    return flags.train_samples is not None and not flags.train_iters
+
+
 def lr_schedule_from_flags(lr: float, flags, total_iters: int) -> LRSchedule:
     """The run's schedule from Megatron's flags (`flags`: the parsed arguments or a TrainConfig).
     Iteration flags go with --train-iters and sample flags with --train-samples, as in Megatron-LM;
     --lr-warmup-fraction is a fraction of the decay in either."""
-    samples = flags.train_samples is not None and not flags.train_iters
+    samples = counts_samples(flags)
     wrong, unit = (ITERATION_FLAGS, "samples") if samples else (SAMPLE_FLAGS, "iters")
     for name in wrong:
         if getattr(flags, name):
@@ -134,10 +139,10 @@ def weight_decay_schedule_from_flags(flags, total_iters: int) -> WeightDecaySche
     if style == "constant":
         for flag, value in (("--start-weight-decay", start), ("--end-weight-decay", end)):
             if value is not None:
-                raise ValueError(f"{flag} needs --weight-decay-incr-style linear or cosine (constant uses --weight-decay)")
+                raise ValueError(f"{flag} needs --weight-decay-incr-style linear or cosine "
+                                 f"(constant uses --weight-decay)")
         return None
     for flag, value in (("--start-weight-decay", start), ("--end-weight-decay", end)):
         if value is None or value < 0:
             raise ValueError(f"--weight-decay-incr-style {style} needs {flag} >= 0")
-    samples = flags.train_samples is not None and not flags.train_iters
-    return WeightDecaySchedule(start, end, flags.train_samples if samples else total_iters, style)
+    return WeightDecaySchedule(start, end, flags.train_samples if counts_samples(flags) else total_iters, style)
