@@ -24,7 +24,9 @@ class DistributedRuntime:
 
     def __init__(self, run):
         self.run = run
-        self.env = init_distributed(run.args.distributed_backend, run.args.distributed_timeout_minutes)
+        # A RunConfig built in code (bench/train_throughput.py) may carry a partial namespace.
+        timeout = getattr(run.args, "distributed_timeout_minutes", None) or 30
+        self.env = init_distributed(run.args.distributed_backend, timeout)
         self.rank, self.world_size, self.device = self.env.rank, self.env.world_size, self.env.device
         p = run.parallel
         self.pstate = ParallelState(p.tensor_model_parallel_size, p.context_parallel_size,
