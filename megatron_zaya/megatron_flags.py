@@ -40,6 +40,7 @@ IMPLIED_SWITCHES = {
     "--ckpt-fully-parallel-save": "every rank writes its own part of a checkpoint",
     "--ckpt-fully-parallel-load": "every rank reads only the part it needs",
     "--exit-signal-handler": "SIGTERM and SIGUSR1 always save a checkpoint and exit",
+    "--override-opt_param-scheduler": "the LR and weight-decay schedules always come from this run's flags",
 }
 
 # flag -> (dest, accepted values as the command line spells them, what to use instead)
@@ -59,6 +60,8 @@ FIXED_VALUES = {
     "--pipeline-model-parallel-size": ("pipeline_model_parallel_size", ("1",),
                                        "there is no pipeline parallelism: use --expert-model-parallel-size, "
                                        "--tensor-model-parallel-size or --context-parallel-size"),
+    "--dataloader-type": ("dataloader_type", ("single",),
+                          "the sampler is Megatron-LM's single pass in a fixed shuffled order"),
     "--ckpt-format": ("ckpt_format", ("torch_dist",),
                       "checkpoints are always sharded per rank and reshardable, like torch_dist"),
 }

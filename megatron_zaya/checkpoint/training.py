@@ -339,9 +339,11 @@ def restore_train_state(state_type, meta: dict):
     """The saved train state as `state_type`; fields it lacks keep their defaults, except
     `consumed_tokens` of a checkpoint saved before tokens were counted per step: consumed samples
     times the checkpoint's own sequence length (exact unless that run changed --seq-length), and
-    `scheduled_samples` of one saved before the LR schedule skipped failed steps: consumed samples."""
+    the schedules' position of one saved before the schedules skipped failed steps: its consumed
+    samples and its iteration (what the schedule was then a function of)."""
     saved = dict(meta["train_state"])
     saved.setdefault("scheduled_samples", saved["consumed_samples"])
+    saved.setdefault("scheduled_iterations", float(saved["iteration"]))
     if "consumed_tokens" not in saved:
         saved["consumed_tokens"] = saved["consumed_samples"] * meta["model_config"]["seq_length"]
     return state_type(**{f.name: saved[f.name] for f in dataclasses.fields(state_type) if f.name in saved})

@@ -2,9 +2,11 @@
 WSD (warmup-stable-decay) down to --min-lr at the end of the decay, and min-lr after it.
 
 The schedule's position counts what successful steps have consumed (a skipped step does not move
-it), as Megatron-LM's OptimizerParamScheduler does: in global batches of --global-batch-size under
---train-iters (the --lr-*-iters flags), in samples under --train-samples (the --lr-*-samples flags).
-So under --rampup-batch-size a small early batch moves the schedule by less than one iteration.
+it), as Megatron-LM's OptimizerParamScheduler does: in samples under --train-samples (the
+--lr-*-samples flags); in global batches under --train-iters (the --lr-*-iters flags), each step
+counting its batch over the --global-batch-size of its time, so a --rampup-batch-size step moves the
+schedule by less than one iteration, and a resume with another --global-batch-size (ZAYA1's 32K
+phase) continues it at the run's iteration.
 """
 from __future__ import annotations
 

@@ -34,7 +34,11 @@ class TrainState:
     consumed_tokens: int = 0        # summed per step: stays right when --seq-length changes on a resume
     consumed_valid_samples: int = 0
     skipped_iterations: int = 0
-    scheduled_samples: int = 0      # samples of the successful steps: the LR schedule's position
+    # The schedules' position: what the successful steps consumed, in samples (--train-samples runs)
+    # and in global batches, each step counting its batch over the --global-batch-size of its time (so
+    # a later phase with another batch size continues the schedule where the run is).
+    scheduled_samples: int = 0
+    scheduled_iterations: float = 0.0
     # the current data phase (megatron_zaya/training/data_phase.py)
     data_signature: str = ""
     data_start_iteration: int = 0
@@ -149,8 +153,7 @@ class Trainer:
         --train-samples, and how far this step moves them."""
         if self.lr_schedule.unit == "samples":
             return self.state.scheduled_samples, batch_size
-        full = self.cfg.global_batch_size
-        return self.state.scheduled_samples / full, batch_size / full
+        return self.state.scheduled_iterations, batch_size / self.cfg.global_batch_size
 
     def learning_rate(self, batch_size: int) -> float:
         """The LR schedule's lr for a step of `batch_size` samples."""
@@ -295,6 +298,7 @@ class Trainer:
             self.state.consumed_tokens += batch_size * self.run.model.seq_length
             if not result.skipped:
                 self.state.scheduled_samples += batch_size
+                self.state.scheduled_iterations += batch_size / self.cfg.global_batch_size
             if gc_interval and self.state.iteration % gc_interval == 0:
                 gc.collect()
             self.handle_nonfinite(result)

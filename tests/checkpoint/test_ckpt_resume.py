@@ -101,7 +101,7 @@ def test_train_state_of_a_checkpoint_saved_before_tokens_were_counted():
     state = restore_train_state(TrainState, old)
     assert (state.iteration, state.consumed_samples, state.skipped_iterations) == (6, 24, 1)
     assert state.consumed_tokens == 24 * 32 and state.data_signature == ""
-    assert state.scheduled_samples == 24        # saved before the schedule skipped failed steps
+    assert state.scheduled_samples == 24 and state.scheduled_iterations == 6   # saved before skips were left out
     new = {"train_state": {**old["train_state"], "consumed_tokens": 1000}, "model_config": {"seq_length": 32}}
     assert restore_train_state(TrainState, new).consumed_tokens == 1000   # counted per step: kept as saved
 
@@ -124,6 +124,9 @@ def test_a_new_global_batch_size_keeps_reading_where_the_run_stopped(ckpt_corpus
     assert first == straight[:12] and second == straight[12:28]
     state = json.loads(open(os.path.join(save, "iter_0000005", "metadata.json")).read())["train_state"]
     assert (state["consumed_samples"], state["data_start_iteration"], state["data_start_samples"]) == (28, 0, 0)
+    # The LR schedule continues at iteration 5 (3 steps of 4, then 2 of 8), not at 28 samples / 8 = 3.5:
+    # ZAYA1's 32K phase halves the sequences per step and keeps the schedule of the run.
+    assert state["scheduled_iterations"] == 5 and state["scheduled_samples"] == 28
 
 
 def test_a_signature_saved_with_the_global_batch_size_is_the_same_data():

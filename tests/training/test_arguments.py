@@ -30,6 +30,7 @@ def error_of(argv, capsys) -> str:
     ({"--moe-aux-loss-coeff": "1e-2"}, "--moe-aux-loss-coeff=1e-2 is not supported"),
     ({"--pipeline-model-parallel-size": "2"}, "--pipeline-model-parallel-size=2 is not supported"),
     ({"--fp16": ""}, "--fp16 is not supported: train with --bf16"),
+    ({"--dataloader-type": "cyclic"}, "--dataloader-type=cyclic is not supported: only single"),
     ({"--recompute-activations": "", "--recompute-granularity": "full"}, "--recompute-activations means"),
     ({"--lr-warmup-init": "1", "--lr": "0.01"}, "--lr-warmup-init=1.0 must be in [0, --lr=0.01]"),
     ({"--start-weight-decay": "0.1"}, "--start-weight-decay needs --weight-decay-incr-style linear or cosine"),
@@ -339,6 +340,7 @@ def test_a_megatron_lm_script_runs_unchanged(tiny_corpus, tmp_path):
                 "--moe-router-load-balancing-type", "none", "--moe-aux-loss-coeff", "0", "--moe-router-dtype", "fp32",
                 "--moe-router-enable-expert-bias", "--pipeline-model-parallel-size", "1", "--ckpt-format", "torch_dist",
                 "--cross-entropy-loss-fusion", "--calculate-per-token-loss", "--exit-signal-handler",
+                "--override-opt_param-scheduler", "--dataloader-type", "single",
                 "--recompute-activations", "--lr-warmup-init", "1e-4", "--manual-gc", "--manual-gc-interval", "5",
                 "--distributed-timeout-minutes", "20"]
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--lr-warmup-iters": "4"}) + megatron)
