@@ -501,8 +501,9 @@ fi
 # The resubmission: this script again (its #SBATCH header applies), same size, after this job, without
 # the failed nodes, with the settings of this job that Slurm reports (scontrol show job, else Slurm's
 # variables): partition, account, QOS, reservation, constraint (Features), GRES per node (or
-# --gpus-per-node), time limit. SBATCH_ARGS (the submission's own flags, e.g. the recipe's) come first;
-# RESUBMIT_ARGS last, so they win. Anything else (--mem, --gpus, ...): put it in SBATCH_ARGS or RESUBMIT_ARGS.
+# --gpus-per-node), CPUs, memory and GPUs per task / CPU / GPU, mail settings, time limit. SBATCH_ARGS
+# (the submission's own flags, e.g. the recipe's) come first; RESUBMIT_ARGS last, so they win.
+# Anything else: put it in SBATCH_ARGS or RESUBMIT_ARGS.
 JOB_INFO=$(scontrol show job -o "$JOB_ID" 2>/dev/null | head -n1)
 job_field() {
     local v
@@ -535,6 +536,20 @@ for t in "${tres[@]}"; do                 # gres:gpu:8 or gres/gpu:8 -> gpu:8
 done
 carry --gpus-per-node "${SLURM_GPUS_PER_NODE:-}"
 carry --gres "$(IFS=,; echo "${GRES[*]}")"
+# Requests sbatch exports to the batch script (run_clean drops the variables, so they come back as flags):
+# without --cpus-per-task the resubmitted ranks would get one CPU each for their data workers.
+carry --cpus-per-task "${SLURM_CPUS_PER_TASK:-}"
+carry --mem "${SLURM_MEM_PER_NODE:-}"
+carry --mem-per-cpu "${SLURM_MEM_PER_CPU:-}"
+carry --mem-per-gpu "${SLURM_MEM_PER_GPU:-}"
+carry --gpus "${SLURM_GPUS:-}"
+carry --gpus-per-task "${SLURM_GPUS_PER_TASK:-}"
+carry --cpus-per-gpu "${SLURM_CPUS_PER_GPU:-}"
+MAIL_TYPE=$(job_field MailType)
+if [[ -n $MAIL_TYPE && $MAIL_TYPE != NONE ]]; then
+    carry --mail-type "$MAIL_TYPE"
+    carry --mail-user "$(job_field MailUser)"
+fi
 LIMIT=$(job_field TimeLimit)
 [[ -z $LIMIT ]] && LIMIT=$(squeue -h -j "$JOB_ID" -o %l 2>/dev/null | head -n1)
 [[ $LIMIT != UNLIMITED && $LIMIT != INFINITE ]] && carry --time "$LIMIT"

@@ -91,6 +91,25 @@ def test_resubmission_keeps_the_users_settings_and_drops_the_jobs_variables(fake
     assert "carries: " in fake.launcher_log()
 
 
+def test_resubmission_keeps_cpus_memory_gpus_and_mail(fake, tmp_path):
+    """What sbatch exports for --cpus-per-task, --mem(-per-cpu/-gpu), --gpus(-per-task), --cpus-per-gpu,
+    and the job's mail settings come back as flags: the variables themselves are this job's and are
+    dropped, and without --cpus-per-task the new ranks would get one CPU each."""
+    write_latest(str(tmp_path / "ckpt"), 5)
+    info = "JobId=4242 JobName=fake MailUser=ops@example.org MailType=END,FAIL Command=/somewhere/run_mi300x.sh"
+    fake.run_launcher(FAKE_RC="0 0 0 1", FAKE_JOB_INFO=info, SLURM_CPUS_PER_TASK="16", SLURM_MEM_PER_NODE="512000",
+                      SLURM_GPUS_PER_TASK="1", SLURM_CPUS_PER_GPU="8")
+    (sub,) = fake.calls("sbatch")
+    for flag, value in (("--cpus-per-task", "16"), ("--mem", "512000"), ("--gpus-per-task", "1"),
+                        ("--cpus-per-gpu", "8"), ("--mail-type", "END,FAIL"), ("--mail-user", "ops@example.org"),
+                        ("--mem-per-cpu", None), ("--gpus", None)):
+        assert arg(sub["argv"], flag) == value, (flag, sub["argv"])
+    assert "SLURM_CPUS_PER_TASK" not in sub["env"] and "SLURM_MEM_PER_NODE" not in sub["env"]
+    fake.run_launcher(FAKE_RC="0 0 0 1", FAKE_JOB_INFO="JobId=4242 MailType=NONE Command=/x/run_mi300x.sh")
+    (sub,) = fake.calls("sbatch")
+    assert arg(sub["argv"], "--mail-type") is None and arg(sub["argv"], "--mail-user") is None
+
+
 def test_chained_phase_keeps_sbatch_args(fake, tmp_path):
     # Phase 1 of the recipe completes; its ON_SUCCESS_CMD submits phase 2 with the recipe's SBATCH_ARGS.
     root = tmp_path / "root"
