@@ -1,6 +1,7 @@
 """A tiny training run end to end, read back through TensorBoard's own event reader."""
 import re
 import shutil
+import time
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -99,6 +100,10 @@ def test_a_resume_from_an_older_checkpoint_leaves_one_point_per_step(tiny_corpus
     assert build_and_train(parse_args(first)) == 0
     shutil.rmtree(save / "iter_0000005")
     (save / "latest_checkpointed_iteration.txt").write_text("3\n")
+    # TensorBoard reads event files in name order: creation second, host, pid, then a per-process
+    # counter compared as text ("10" < "9"). A real restart is a new process; here both runs share
+    # one, so the resumed run's file is made in a later second to sort after the first run's.
+    time.sleep(1.01 - time.time() % 1)
     resumed = tiny_run_flags(tiny_corpus, tmp_path, **{"--tensorboard-dir": tb, "--train-iters": 6, "--eval-iters": 0,
                                                        "--save": save, "--load": save})
     assert build_and_train(parse_args(resumed)) == 0
