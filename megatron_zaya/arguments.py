@@ -22,7 +22,8 @@ from megatron_zaya.data.indexed import IndexedDatasetError, check_indexed_datase
 from megatron_zaya.data.tokenizer import check_tokenizer_flags
 from megatron_zaya.errors import UserInputError
 from megatron_zaya.megatron_flags import add_megatron_flags, check_megatron_flags
-from megatron_zaya.optim.builder import OptimizerConfig
+from megatron_zaya.optim.builder import MUON_TP_MODES, OptimizerConfig
+from megatron_zaya.parallel.launch import DEFAULT_TIMEOUT_MINUTES
 from megatron_zaya.parallel.state import LayoutError, check_layout
 from megatron_zaya.optim.schedules import (DECAY_STYLES, WD_INCR_STYLES, WSD_DECAY_STYLES, lr_schedule_from_flags,
                                            weight_decay_schedule_from_flags)
@@ -95,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="elements per gradient bucket; a bucket's all-reduce (reduce-scatter under ZeRO-1) "
                         "starts as soon as its last gradient is ready, overlapping the rest of the backward")
     g.add_argument("--distributed-backend", choices=["nccl", "gloo"], default=None)
-    g.add_argument("--distributed-timeout-minutes", type=float, default=30,
+    g.add_argument("--distributed-timeout-minutes", type=float, default=DEFAULT_TIMEOUT_MINUTES,
                    help="how long a collective may wait before the process group gives up")
     g = p.add_argument_group("batch and schedule")
     g.add_argument("--micro-batch-size", type=int, default=4)
@@ -128,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--adam-eps", type=float, default=1e-8)
     g.add_argument("--muon-momentum", type=float, default=0.95)
     g.add_argument("--muon-num-ns-steps", type=int, default=5, help="Newton-Schulz iterations per Muon update")
-    g.add_argument("--muon-tp-mode", choices=["duplicated", "blockwise"], default="duplicated",
+    g.add_argument("--muon-tp-mode", choices=MUON_TP_MODES, default="duplicated",
                    help="Muon under tensor parallelism: duplicated gathers each split matrix over the TP group and "
                         "orthogonalises it whole (the single-device update, TP x the Newton-Schulz work); "
                         "blockwise orthogonalises each rank's slice (Megatron-LM's default; depends on the TP size)")

@@ -82,6 +82,7 @@ def _env_int(env, *names, default=None):
 # script, the extern container, the interactive step, a pending step. A task-launch (srun) step has a
 # small id.
 _SLURM_SPECIAL_STEP = 0xFFFFFFF0
+DEFAULT_TIMEOUT_MINUTES = 30        # --distributed-timeout-minutes
 
 
 def in_slurm_step(env) -> bool:
@@ -234,7 +235,7 @@ def _agree_with_mpi(info: LaunchInfo) -> LaunchInfo:
     return info
 
 
-def init_distributed(backend: str | None = None, timeout_minutes: float = 30) -> DistEnv:
+def init_distributed(backend: str | None = None, timeout_minutes: float = DEFAULT_TIMEOUT_MINUTES) -> DistEnv:
     """Initialise torch.distributed from the launcher's environment; returns this process's DistEnv.
     Idempotent: when a group already exists it only reports it."""
     info = detect_launcher()

@@ -28,8 +28,8 @@ def data_signature(run) -> str:
     if data is None:
         return ""
     separate = {name: list(getattr(data, name)) for name in ("train_data_path", "valid_data_path", "test_data_path")
-                if getattr(data, name, None)}
-    if getattr(data, "mock_data", False):
+                if getattr(data, name)}
+    if data.mock_data:
         separate["mock_data"] = True
     return json.dumps({"data_path": list(data.data_path), **separate,
                        "phases": [[list(p.data_path), p.train_samples] for p in data.phases],

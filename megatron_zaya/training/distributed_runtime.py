@@ -15,7 +15,7 @@ import torch.distributed as dist
 from megatron_zaya.parallel.apply import parallelize_model
 from megatron_zaya.parallel.context import slice_batch_for_cp
 from megatron_zaya.parallel.data import GradientReducer, clip_grad_norm, is_expert
-from megatron_zaya.parallel.launch import destroy_distributed, init_distributed
+from megatron_zaya.parallel.launch import DEFAULT_TIMEOUT_MINUTES, destroy_distributed, init_distributed
 from megatron_zaya.parallel.state import ParallelState
 
 
@@ -25,7 +25,7 @@ class DistributedRuntime:
     def __init__(self, run):
         self.run = run
         # A RunConfig built in code (bench/train_throughput.py) may carry a partial namespace.
-        timeout = getattr(run.args, "distributed_timeout_minutes", None) or 30
+        timeout = getattr(run.args, "distributed_timeout_minutes", DEFAULT_TIMEOUT_MINUTES)
         self.env = init_distributed(run.args.distributed_backend, timeout)
         self.rank, self.world_size, self.device = self.env.rank, self.env.world_size, self.env.device
         p = run.parallel

@@ -137,11 +137,11 @@ class Trainer:
             self.optimizer.zero_grad()
             parallel.zero_grad()
         else:
-            batch_size = self.batch_schedule.batch_size(self.state.consumed_samples)
-            self.last_lr = self.learning_rate(batch_size)
+            position, step = self.schedule_position(self.batch_schedule.batch_size(self.state.consumed_samples))
+            self.last_lr = self.lr_schedule(position, step)
             self.optimizer.set_lr(self.last_lr)
             if self.wd_schedule is not None:
-                self.optimizer.set_weight_decay(self.wd_schedule(self.schedule_position(batch_size)[0]))
+                self.optimizer.set_weight_decay(self.wd_schedule(position))
             self.optimizer.step()
             if self.cfg.moe_router_bias_update:
                 self.balancer.update(counts)
