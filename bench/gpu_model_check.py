@@ -10,17 +10,21 @@ a step for each backend.
 The kernel tests check each kernel alone on small shapes. This script checks them inside the model,
 at the model's own shapes, dtypes and layouts. Without a GPU the script sets TRITON_INTERPRET=1
 before triton is imported and runs on the CPU: its timings then mean nothing.
-Tolerances (TOLERANCES): in fp32 every gradient agrees to a relative Frobenius error of 1e-4, each
-token's loss to 1e-4 and the mean loss to 1e-5 (interpreted); on a GPU, where torch's TF32 is off but
-Triton's tl.dot rounds fp32 operands to TF32, to 5e-3, 1e-3 and 1e-4; in bf16 to 5e-2, 5e-2, 1e-2. The
-two backends round differently, so a token near a routing tie can pick another expert: the count
-of such tokens is printed, and their per-token losses are left out of the per-token check (not of
-the mean, nor of the gradients).
+
+Verdict: both backends, at the same dtype, are compared with a float64 copy of the model (torch
+backend; its cross-entropy upcasts logits to fp32, so losses are fp32-exact and gradients nearly
+fp64). The two backends round differently, so near-tie tokens pick other experts in either one and
+the errors of a whole model are dominated by those reroutings; comparing the backends with each
+other directly (as this script once did) failed on an H200 for 11 of 16384 rerouted token-layers.
+So the Triton path passes when each of its errors (every gradient's relative Frobenius error, the
+per-token losses' relative error, the mean loss's |error|) is at most FACTOR x the torch path's
+error, or under the dtype's floor (FLOORS).
 Exit code: 0 when every comparison is within tolerance, 1 otherwise.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 
@@ -37,10 +41,9 @@ from bench.timing import median_seconds  # noqa: E402
 from megatron_zaya.config import model_config_from_preset  # noqa: E402
 from megatron_zaya.model import ZayaModel  # noqa: E402
 
-# (gradient relative error, per-token loss |diff|, mean loss |diff|). fp32 on a GPU: Triton's tl.dot
-# takes fp32 operands as TF32 (10-bit mantissa) by default, in the CCA conv kernel, so 5e-3.
-TOLERANCES = {"fp32": (5e-3 if GPU else 1e-4, 1e-3 if GPU else 1e-4, 1e-4 if GPU else 1e-5),
-              "bf16": (5e-2, 5e-2, 1e-2)}
+# (gradients' relative error, per-token losses' relative error, mean loss |error|) that always pass.
+FLOORS = {"fp32": (1e-4, 1e-5, 1e-5), "bf16": (1e-2, 1e-2, 1e-3)}
+FACTOR = 2.0
 
 
 def relative_errors(reference: dict[str, torch.Tensor], test: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -69,25 +72,32 @@ def step(model, tokens, labels, dtype: str, backend: str):
     return out.token_losses.detach().float(), grads, [r.expert_index for r in out.routing]
 
 
-def check(model, tokens, labels, dtype: str, iters: int) -> bool:
-    loss_ref, grads_ref, routes_ref = step(model, tokens, labels, dtype, "torch")
-    loss_tri, grads_tri, routes_tri = step(model, tokens, labels, dtype, "triton")
-    grad_tol, token_tol, mean_tol = TOLERANCES[dtype]
-    errors = relative_errors(grads_ref, grads_tri)
-    rerouted = torch.stack([a != b for a, b in zip(routes_ref, routes_tri)]).view(len(routes_ref), *tokens.shape)
-    loss_diff = (loss_tri - loss_ref).abs().masked_fill(rerouted.any(0), 0.0)
-    mean_diff = (loss_tri.mean() - loss_ref.mean()).abs().item()
-    loss_ok = loss_diff.max().item() <= token_tol and mean_diff <= mean_tol
-    worst = sorted(errors.items(), key=lambda kv: -kv[1])[:5]
-    grads_ok = worst[0][1] <= grad_tol
-    print(f"[{dtype}] loss: per-token max |diff| {loss_diff.max().item():.2e} (tol {token_tol:g}), mean |diff| "
-          f"{mean_diff:.2e} (tol {mean_tol:g}) {'ok' if loss_ok else 'FAIL'}; mean loss torch "
-          f"{loss_ref.mean().item():.5f} triton {loss_tri.mean().item():.5f}")
-    print(f"[{dtype}] token-layer routings that differ: {int(rerouted.sum())} of {rerouted.numel()}")
-    print(f"[{dtype}] gradients: {len(errors)} tensors, worst relative error {worst[0][1]:.2e} "
-          f"(tol {grad_tol:g}) {'ok' if grads_ok else 'FAIL'}")
-    for name, err in worst:
-        print(f"    {err:.2e}  {name}")
+def check(model, reference, tokens, labels, dtype: str, iters: int) -> bool:
+    """Both backends at `dtype` against `reference` (step()'s result for the float64 model)."""
+    loss_64, grads_64, routes_64 = reference
+    runs = {backend: step(model, tokens, labels, dtype, backend) for backend in ("torch", "triton")}
+    grad_floor, token_floor, mean_floor = FLOORS[dtype]
+    errors, summary = {}, {}
+    for backend, (losses, grads, routes) in runs.items():
+        errors[backend] = relative_errors(grads_64, grads)
+        rerouted = int(sum((a != b).sum() for a, b in zip(routes_64, routes)))
+        token_err = ((losses.double() - loss_64.double()).norm() / loss_64.double().norm()).item()
+        mean_err = abs(losses.double().mean().item() - loss_64.double().mean().item())
+        summary[backend] = (token_err, mean_err, rerouted)
+        print(f"[{dtype}] {backend:<6} vs float64: mean loss {losses.mean().item():.5f} (|error| {mean_err:.2e}), "
+              f"per-token losses rel. error {token_err:.2e}, worst gradient rel. error "
+              f"{max(errors[backend].values()):.2e}, rerouted token-layers {rerouted} of {tokens.numel() * len(routes)}")
+    limit = lambda floor, torch_err: max(floor, FACTOR * torch_err)  # noqa: E731
+    (tok_t, mean_t, _), (tok_x, mean_x, _) = summary["torch"], summary["triton"]
+    loss_ok = tok_x <= limit(token_floor, tok_t) and mean_x <= limit(mean_floor, mean_t)
+    ratios = {n: (errors["triton"][n], errors["torch"][n], limit(grad_floor, errors["torch"][n])) for n in grads_64}
+    worst = sorted(ratios.items(), key=lambda kv: -kv[1][0] / kv[1][2])[:5]
+    failing = [n for n, (e, _, lim) in ratios.items() if e > lim]
+    print(f"[{dtype}] losses: triton within {FACTOR:g} x torch's error or the floor: {'ok' if loss_ok else 'FAIL'}")
+    print(f"[{dtype}] gradients: {len(ratios)} tensors, {len(failing)} beyond {FACTOR:g} x torch's error "
+          f"(floor {grad_floor:g}) {'ok' if not failing else 'FAIL'}; closest to their limit:")
+    for name, (err_x, err_t, lim) in worst:
+        print(f"    triton {err_x:.2e}  torch {err_t:.2e}  limit {lim:.2e}  {name}")
     if iters:
         sync = torch.cuda.synchronize if GPU else None
         seconds = {b: median_seconds(lambda b=b: step(model, tokens, labels, dtype, b), iters, synchronize=sync)
@@ -96,7 +106,7 @@ def check(model, tokens, labels, dtype: str, iters: int) -> bool:
         print(f"[{dtype}] forward+backward, median of {iters}: torch {seconds['torch']:.4f} s "
               f"({n / seconds['torch']:.0f} tokens/s), triton {seconds['triton']:.4f} s "
               f"({n / seconds['triton']:.0f} tokens/s): {seconds['torch'] / seconds['triton']:.2f}x")
-    return loss_ok and grads_ok
+    return loss_ok and not failing
 
 
 def main(argv=None) -> int:
@@ -127,8 +137,11 @@ def main(argv=None) -> int:
     name = torch.cuda.get_device_name() if GPU else "cpu (Triton interpreter: timings mean nothing)"
     print(f"device: {name}; torch {torch.__version__}; {args.preset}, {config.num_layers} layers, "
           f"batch {args.micro_batch_size} x {args.seq_length}")
+    model_64 = copy.deepcopy(model).double()
+    reference = step(model_64, tokens, labels, "fp64", "torch")
+    del model_64
     dtypes = ["fp32", "bf16"] if args.dtype == "both" else [args.dtype]
-    ok = all([check(model, tokens, labels, dtype, args.iters) for dtype in dtypes])
+    ok = all([check(model, reference, tokens, labels, dtype, args.iters) for dtype in dtypes])
     print("model check:", "PASS" if ok else "FAIL")
     return 0 if ok else 1
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check of this repository in one run, sized for a 15-minute GPU lease (each step under its
-# own time limit, about 8 minutes in all): the device, the whole model with Triton kernels against the
+# own time limit, about 7.5 minutes in all): the device, the whole model with Triton kernels against the
 # PyTorch reference (fp32 and bf16), the kernel benchmark (issue 7), and training throughput
 # and MFU of zaya1-base-4l (issue 9). Logs and JSON go to $OUT (default bench_gpu_session/), with
 # one line per step and its exit code in $OUT/summary.txt. A failing step does not stop the others.
@@ -33,9 +33,13 @@ step() {   # step NAME SECONDS COMMAND...: run it under a time limit, log it, re
   "${PYTHON:-python3}" -c "import torch, triton; print('torch', torch.__version__, '| triton', triton.__version__, '|', torch.cuda.get_device_name())"
   date -u +"%Y-%m-%d %H:%M UTC"; } | tee "$OUT/device.txt"
 
-step model_check 150 "${PYTHON:-python3}" bench/gpu_model_check.py --seq-length 2048 --dtype both
-step kernels 120 "${PYTHON:-python3}" bench/kernels.py --reps 50 --json "$OUT/kernels.json"
-step train_throughput 200 env SEQ="$SEQ" WARMUP=2 ITERS=5 OUT="$OUT/train_throughput.json" \
+step kernels 130 "${PYTHON:-python3}" bench/kernels.py --reps 50 --json "$OUT/kernels.json"
+# Global batch 16 sequences: the optimizer step (Muon) is amortised over 8 (then 4) micro-batches, as
+# in real runs (ZAYA1: thousands of sequences per step); global = micro made Muon half of each step.
+step train_mbs2_gbs16 90 env SEQ="$SEQ" MICRO=2 GLOBAL=16 WARMUP=1 ITERS=3 OUT="$OUT/train_mbs2_gbs16.json" \
+    bash bench/gpu_train_throughput.sh
+step model_check 130 "${PYTHON:-python3}" bench/gpu_model_check.py --seq-length 2048 --dtype both
+step train_mbs4_gbs16 90 env SEQ="$SEQ" MICRO=4 GLOBAL=16 WARMUP=1 ITERS=3 OUT="$OUT/train_mbs4_gbs16.json" \
     bash bench/gpu_train_throughput.sh
 echo "== summary"
 cat "$OUT/summary.txt"

@@ -24,6 +24,20 @@ def dot_operand(x, like_ptr):
         return x.to(like_ptr.dtype.element_ty)
 
 
+@triton.jit
+def dot_acc(a, b, acc, like_ptr):
+    """acc + a @ b with operands cast by dot_operand. fp32 tensors (like_ptr's element type) are
+    multiplied in full fp32 ("ieee"), as torch does with TF32 off (its default); Triton's default
+    rounds fp32 operands to TF32 (10-bit mantissa), which on a GPU made the fp32 model check differ
+    from torch by 1e-3 and flip near-tie routings. bf16 operands use the tensor cores as before."""
+    if _DOT_IN_FP32:  # the interpreter multiplies in numpy fp32 (and cannot resolve input_precision)
+        return tl.dot(dot_operand(a, like_ptr), dot_operand(b, like_ptr), acc)
+    elif like_ptr.dtype.element_ty == tl.float32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(dot_operand(a, like_ptr), dot_operand(b, like_ptr), acc)
+
+
 def configs(gpu_configs: list, interpret_config):
     """Autotune configs: the full list on a GPU, a single one when interpreting (each launched
     program costs about a millisecond in the interpreter, so tuning there is pointless)."""

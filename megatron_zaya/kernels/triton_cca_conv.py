@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from megatron_zaya.kernels._triton_common import configs, dot_operand
+from megatron_zaya.kernels._triton_common import configs, dot_acc
 
 
 @triton.jit
@@ -76,7 +76,7 @@ def _fwd_kernel(
             # W2_k^T chunk (BK, BO): element [i, o] = g_weight[grp * dh + co[o], ci[i], k]
             w2t = tl.load(w2_ptr + out_chans[None, :] * sw2_o + ci[:, None] * sw2_i + k * sw2_k,
                           mask=cmask[:, None] & omask_c[None, :], other=0.0)
-            acc = tl.dot(dot_operand(y1, p_ptr), dot_operand(w2t, p_ptr), acc)
+            acc = dot_acc(y1, w2t, acc, p_ptr)
     acc += tl.load(b2_ptr + out_chans, mask=omask_c, other=0.0).to(tl.float32)[None, :]
     omask = (t < S)[:, None] & omask_c[None, :]
     tl.store(out_ptr + b * so_b + t[:, None].to(tl.int64) * so_s + out_chans[None, :], acc.to(out_ptr.dtype.element_ty), mask=omask)
@@ -117,7 +117,7 @@ def _bwd_kernel(
                 # W2_k chunk (BK, BO): element [o, i] = g_weight[grp * dh + co[o], ci[i], k]
                 w2 = tl.load(w2_ptr + chans[:, None] * sw2_o + ci[None, :] * sw2_i + k * sw2_k,
                              mask=cmask[:, None] & imask[None, :], other=0.0)
-                dy1 = tl.dot(dot_operand(gt, g_ptr), dot_operand(w2, g_ptr), dy1)
+                dy1 = dot_acc(gt, w2, dy1, g_ptr)
         if kp == 0:
             ymask = (j < S + L)[:, None] & imask[None, :]
             tl.store(dy1_ptr + b * sdy_b + j[:, None].to(tl.int64) * sdy_s + in_chans[None, :], dy1, mask=ymask)

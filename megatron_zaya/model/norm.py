@@ -44,6 +44,12 @@ class ResidualScaling(nn.Module):
                                                     recompute=recompute.selective(self))
 
 
+def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """x in fp32, or left in fp64: the upcast of the residual stream and the router, which must not
+    round a float64 model (the whole-model check's reference) down to fp32."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 class InputScaling(nn.Module):
     """(x + bias) * scale on the embedding output, before the fp32 residual stream begins."""
 
@@ -53,4 +59,4 @@ class InputScaling(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ((x + self.bias) * self.scale).float()
+        return at_least_fp32((x + self.bias) * self.scale)

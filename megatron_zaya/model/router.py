@@ -10,7 +10,7 @@ from torch import nn
 
 from megatron_zaya.config import ModelConfig
 from megatron_zaya.model import recompute
-from megatron_zaya.model.norm import RMSNorm
+from megatron_zaya.model.norm import RMSNorm, at_least_fp32
 
 
 @dataclass
@@ -42,7 +42,7 @@ class ZayaRouter(nn.Module):
     def forward(self, x: torch.Tensor, previous_state: torch.Tensor | None):
         """x (B, S, D) normed hidden -> (Routing over B*S tokens, router state for the next MoE layer)."""
         with torch.autocast(device_type=x.device.type, enabled=False):
-            state = self.down_proj(x.float())
+            state = self.down_proj(at_least_fp32(x))
             if self.eda_gamma is not None and previous_state is not None:
                 state = state + previous_state * self.eda_gamma
             # out_proj(gelu(fc2(gelu(fc1(norm(state)))))); under selective recomputation the GELU outputs,
@@ -50,7 +50,7 @@ class ZayaRouter(nn.Module):
             drop = recompute.selective(self)
             hidden = recompute.feed(self.fc2, F.gelu, self.fc1(self.norm(state)), drop)
             logits = recompute.feed(self.out_proj, F.gelu, hidden, drop)
-            probs = torch.softmax(logits.float(), dim=-1).reshape(-1, logits.shape[-1])
+            probs = torch.softmax(at_least_fp32(logits), dim=-1).reshape(-1, logits.shape[-1])
             expert_index = torch.argmax(probs.detach() + self.balancing_bias, dim=-1)
             gate = probs.gather(1, expert_index.unsqueeze(1)).squeeze(1)
             gate = gate.masked_fill(expert_index == self.num_experts, 0.0)

@@ -42,3 +42,26 @@ def test_bench_timing_report_path_runs_on_cpu(tmp_path):
     assert names == ["swiglu fwd", "swiglu fwd+bwd", "rope in-place fwd"]
     for r in data["results"]:
         assert r["check"] is True and r["triton_ms"] > 0 and r["eager_ms"] > 0 and r["copy_gbps"] > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU run is the interpreter check")
+def test_accuracy_verdict_flags_a_kernel_less_accurate_than_eager():
+    """bench/kernels.py's GPU verdict (errors against a float64 reference, Triton's at most 2x
+    eager's or the dtype's floor): a kernel that rounds its fp32 output through bf16 fails it, the
+    eager function itself passes it."""
+    pytest.importorskip("triton")
+    code = """
+import torch, bench.kernels as B
+x = torch.randn(64, 32, requires_grad=True)
+exact = lambda a: a * 3.0
+coarse = lambda a: (a * 3.0).to(torch.bfloat16).float()
+good = B.accuracy(B.Case("exact", exact, exact, [x], grads=[torch.randn(64, 32)]))
+bad = B.accuracy(B.Case("coarse", coarse, exact, [x], grads=[torch.randn(64, 32)]))
+assert all(r["ok"] for r in good), good
+assert not bad[0]["ok"] and bad[0]["triton_error"] > 1e-3 and bad[0]["eager_error"] < 1e-6, bad
+print("verdict ok")
+"""
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "verdict ok" in proc.stdout, proc.stdout + proc.stderr
