@@ -160,6 +160,24 @@ def time_ms(fn: Callable, reps: int, warmup: int = 5) -> float:
     return statistics.median(times)
 
 
+def device_ms(fn: Callable, reps: int) -> float:
+    """Milliseconds of GPU kernel time per call (torch.profiler's CUDA trace: the sum of every kernel,
+    copy and fill that one call launches), nan without a GPU. Unlike time_ms, it leaves out the idle
+    gaps while the host launches the next kernel, which at these sizes can be most of a call."""
+    if not GPU:
+        return float("nan")
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    total_us = sum(event.self_device_time_total for event in prof.key_averages())
+    return total_us / 1e3 / reps
+
+
 def copy_bandwidth(reps: int) -> float:
     """Device copy bandwidth in GB/s: 2 x bytes of a 1 GiB copy (64 MiB on CPU) / its median time."""
     nbytes = (1 << 30) if GPU else (1 << 26)
@@ -345,17 +363,26 @@ def main() -> int:
         _peak_gib(reset=True)
         t_eag = time_ms(lambda: run_case(c, c.eager), a.reps, warmup=5 if GPU else 0)
         mem_eag = _peak_gib()
+        try:
+            dev_tri = device_ms(lambda: run_case(c, c.triton), max(a.reps // 5, 3))
+            dev_eag = device_ms(lambda: run_case(c, c.eager), max(a.reps // 5, 3))
+        except Exception as exc:  # the profiler is a diagnostic: its failure must not lose the table
+            print(f"    device time not measured: {exc!r}")
+            dev_tri = dev_eag = float("nan")
+        dev_gbs = c.bytes / (dev_tri * 1e-3) / 1e9 if c.bytes else float("nan")
         gbs = c.bytes / (t_tri * 1e-3) / 1e9 if c.bytes else float("nan")
         tfs = c.flops / (t_tri * 1e-3) / 1e12 if c.flops else float("nan")
         print(f"{c.name:<32}{t_tri:>10.3f}{t_eag:>10.3f}{t_eag / t_tri:>8.2f}x{gbs:>8.0f}{100 * gbs / bw:>6.0f}%"
               f"{tfs:>9.1f}  {'ok' if good else 'MISMATCH'}  peak GiB {mem_tri:.1f} vs {mem_eag:.1f}"
               + (f"  ({c.note})" if c.note else ""))
+        print(f"    GPU kernel time per call: triton {dev_tri:.3f} ms ({dev_gbs:.0f} GB/s, {100 * dev_gbs / bw:.0f}% of copy), "
+              f"eager {dev_eag:.3f} ms: {dev_eag / dev_tri:.2f}x (the rest of the times above is the host launching kernels)")
         for row in errors:
             print(f"    out[{row['output']}] {row['dtype']:<8} {str(tuple(row['shape'])):<18} error vs float64: triton "
                   f"{row['triton_error']:.2e}, eager {row['eager_error']:.2e} (limit {row['limit']:.2e})"
                   f"{'' if row['ok'] else '  MISMATCH'}")
         results.append(dict(kernel=c.name, triton_ms=t_tri, eager_ms=t_eag, speedup=t_eag / t_tri, gbps=gbs,
-                            copy_gbps=bw, tflops=tfs, check=good, errors=errors, peak_gib_triton=mem_tri,
+                            copy_gbps=bw, tflops=tfs, device_ms=dev_tri, device_ms_eager=dev_eag, device_gbps=dev_gbs, check=good, errors=errors, peak_gib_triton=mem_tri,
                             peak_gib_eager=mem_eag))
     if a.json:
         with open(a.json, "w") as f:
