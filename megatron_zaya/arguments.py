@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import yaml
 
@@ -21,7 +21,7 @@ from megatron_zaya.data.index_builders import parse_split
 from megatron_zaya.data.indexed import IndexedDatasetError, check_indexed_dataset
 from megatron_zaya.data.tokenizer import check_tokenizer_flags
 from megatron_zaya.errors import UserInputError
-from megatron_zaya.megatron_flags import add_megatron_flags, check_megatron_flags
+from megatron_zaya.megatron_flags import add_megatron_flags, check_megatron_flags, resolve_aliases
 from megatron_zaya.optim.builder import MUON_TP_MODES, OptimizerConfig
 from megatron_zaya.parallel.launch import DEFAULT_TIMEOUT_MINUTES
 from megatron_zaya.parallel.state import LayoutError, check_layout
@@ -62,6 +62,7 @@ class RunConfig:
     parallel: ParallelSizes
     data: object            # megatron_zaya.data.DataConfig
     args: argparse.Namespace
+    warnings: list[str] = field(default_factory=list)   # printed once by the main rank at start-up
 
 
 def world_size_from_env() -> int:
@@ -147,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "--recompute-num-layers; block: only the first --recompute-num-layers blocks")
     g.add_argument("--recompute-num-layers", type=int, default=None,
                    help="with --recompute-granularity full: default 1 (uniform) or all (block)")
-    g.add_argument("--moe-router-bias-lr", type=float, default=1e-2)
+    g.add_argument("--moe-router-bias-lr", type=float, default=None,
+                   help="lr of the Adam that moves the balancing biases (default 1e-2)")
     g.add_argument("--moe-router-bias-beta1", type=float, default=0.9)
     g.add_argument("--moe-router-bias-beta2", type=float, default=0.999)
     g.add_argument("--no-moe-router-bias-update", action="store_true")
@@ -165,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: GPT-2's merges.txt")
     g.add_argument("--data-cache-path", default=None)
     g.add_argument("--num-workers", type=int, default=2)
+    g.add_argument("--no-mmap-bin-files", dest="mmap_bin_files", action="store_false",
+                   help="read the .bin files with positional reads instead of memory-mapping them")
     g.add_argument("--reset-position-ids", action="store_true")
     g.add_argument("--reset-attention-mask", action="store_true")
     g.add_argument("--eod-mask-loss", action="store_true")
@@ -520,6 +524,7 @@ def _check_data(args: argparse.Namespace) -> list[str]:
 def validate(args: argparse.Namespace) -> RunConfig:
     """All flag checks, cheapest first; raises ValueError (UserInputError) naming the flag."""
     check_megatron_flags(args)
+    warnings = resolve_aliases(args)
     _megatron_null_tokenizer_form(args)
     overrides = {name: getattr(args, name) for name in MODEL_FLAGS if getattr(args, name) is not None}
     if args.untie_embeddings_and_output_weights:
@@ -558,7 +563,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
                       seed=args.seed, num_workers=args.num_workers, reset_position_ids=args.reset_position_ids,
                       reset_attention_mask=args.reset_attention_mask, eod_mask_loss=args.eod_mask_loss,
                       tokenizer_type=args.tokenizer_type, tokenizer_model=args.tokenizer_model,
-                      vocab_file=args.vocab_file, merge_file=args.merge_file)
+                      vocab_file=args.vocab_file, merge_file=args.merge_file, mmap_bin_files=args.mmap_bin_files)
 
     train_fields = {f.name for f in fields(TrainConfig)}
     train = TrainConfig(**{k: v for k, v in vars(args).items() if k in train_fields})
@@ -567,4 +572,4 @@ def validate(args: argparse.Namespace) -> RunConfig:
                             adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
                             muon_momentum=args.muon_momentum, muon_ns_steps=args.muon_num_ns_steps,
                             muon_tp_mode=args.muon_tp_mode, clip_grad=args.clip_grad)
-    return RunConfig(model, train, optim, parallel, data, args)
+    return RunConfig(model, train, optim, parallel, data, args, warnings)

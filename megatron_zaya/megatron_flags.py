@@ -8,6 +8,8 @@ parallelism) instead of silently training something else.
 
 IMPLIED_SWITCHES: on/off flags whose behaviour is always what this code does.
 FIXED_VALUES: flags whose only accepted values are the ones ZAYA1 implies (any other stops the run).
+ALIASES (resolve_aliases): Megatron-LM names for a setting this code spells otherwise.
+WANDB_FLAGS: accepted with a warning; scalars go to TensorBoard, which `wandb sync` can upload.
 The flags that do something here (--recompute-activations, --lr-warmup-init, --manual-gc,
 --distributed-timeout-minutes) are ordinary flags of megatron_zaya/arguments.py.
 """
@@ -67,6 +69,11 @@ FIXED_VALUES = {
 }
 
 
+WANDB_FLAGS = ("--wandb-project", "--wandb-exp-name", "--wandb-save-dir", "--wandb-entity")
+
+DEFAULT_ROUTER_BIAS_LR = 1e-2
+
+
 def _same(word: str, accepted: str) -> bool:
     try:
         return float(word) == float(accepted)
@@ -82,6 +89,33 @@ def add_megatron_flags(parser: argparse.ArgumentParser) -> None:
     for flag, (dest, accepted, _why) in FIXED_VALUES.items():
         g.add_argument(flag, dest=dest, default=None, metavar="VALUE", help=f"accepted: {' or '.join(accepted)}")
     g.add_argument("--fp16", action="store_true", help="refused: use --bf16")
+    g.add_argument("--ffn-hidden-size", type=int, default=None,
+                   help="the experts' hidden size when --moe-ffn-hidden-size is not given (as in Megatron-LM); "
+                        "every ZAYA1 block is MoE, so there is no dense FFN for it to size otherwise")
+    g.add_argument("--moe-router-bias-update-rate", type=float, default=None,
+                   help="Megatron-LM's step of the expert-bias update: here the lr of the balancing biases' "
+                        "Adam (--moe-router-bias-lr), whose steps are also about this size")
+    for flag in WANDB_FLAGS:
+        g.add_argument(flag, default=None, metavar="VALUE",
+                       help="accepted with a warning: no Weights & Biases logging here; scalars go to --tensorboard-dir")
+
+
+def resolve_aliases(args: argparse.Namespace) -> list[str]:
+    """Fold the Megatron-LM aliases into this code's settings (in place); returns warnings to print.
+    ValueError when an alias and its own flag disagree."""
+    if args.moe_ffn_hidden_size is None and args.ffn_hidden_size is not None:
+        args.moe_ffn_hidden_size = args.ffn_hidden_size
+    rate, lr = args.moe_router_bias_update_rate, args.moe_router_bias_lr
+    if rate is not None and lr is not None and rate != lr:
+        raise ValueError(f"--moe-router-bias-update-rate={rate} and --moe-router-bias-lr={lr} set the same step: "
+                         f"give one of them")
+    args.moe_router_bias_lr = rate if rate is not None else lr if lr is not None else DEFAULT_ROUTER_BIAS_LR
+    given = [f for f in WANDB_FLAGS if getattr(args, f[2:].replace("-", "_")) is not None]
+    if not given:
+        return []
+    where = args.tensorboard_dir or "nowhere (add --tensorboard-dir)"
+    return [f"{', '.join(given)}: Weights & Biases logging is not implemented; scalars go to TensorBoard at {where} "
+            f"(`wandb sync --sync-tensorboard DIR` uploads them)"]
 
 
 def check_megatron_flags(args: argparse.Namespace) -> None:

@@ -65,6 +65,7 @@ class DataConfig:
     valid_data_path: list[str] = field(default_factory=list)
     test_data_path: list[str] = field(default_factory=list)
     mock_data: bool = False          # --mock-data: random tokens, no files (megatron_zaya/data/mock.py)
+    mmap_bin_files: bool = True      # False (--no-mmap-bin-files): read .bin files with positional reads
 
     @property
     def separate_splits(self) -> bool:

@@ -140,15 +140,56 @@ def check_indexed_dataset(path_prefix: str) -> IndexHeader:
     return h
 
 
-class IndexedDataset:
-    """Read-only, memory-mapped view of a Megatron indexed dataset.
+class _FileReads:
+    """A .bin read with positional reads (os.pread) instead of a memory map: Megatron-LM's
+    --no-mmap-bin-files, for file systems where mapping huge files is slow or refused. Each process
+    opens its own descriptor (pickling keeps only the path, so loader workers reopen it)."""
 
-    `ds[i]` is sequence i as a numpy array (a view into the memory map); `ds.get(i, offset, length)`
-    reads part of it. `sequence_lengths` (int32[N]), `sequence_pointers` (int64[N]) and
-    `document_indices` (int64[D]) are memory-mapped arrays.
+    def __init__(self, path: str):
+        self.path = path
+        self._fd, self._pid = None, None
+
+    def read(self, dtype: np.dtype, count: int, offset: int) -> np.ndarray:
+        if self._fd is None or self._pid != os.getpid():
+            self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
+        nbytes = count * dtype.itemsize
+        data = os.pread(self._fd, nbytes, offset)
+        if len(data) != nbytes:
+            raise IndexedDatasetError(f"{self.path}: read {len(data)} of {nbytes} bytes at offset {offset} "
+                                      f"(the file is shorter than its .idx says)")
+        return np.frombuffer(data, dtype=dtype)
+
+    def __getstate__(self):
+        return {"path": self.path}
+
+    def __setstate__(self, state):
+        self.__init__(state["path"])
+
+    def __del__(self):
+        if self._fd is not None and self._pid == os.getpid():
+            os.close(self._fd)
+
+
+class _MappedReads:
+    """A .bin read through a read-only memory map (the default): views, no copies."""
+
+    def __init__(self, path: str):
+        self.buffer = np.memmap(path, mode="r", dtype=np.uint8) if os.path.getsize(path) else np.zeros(0, np.uint8)
+
+    def read(self, dtype: np.dtype, count: int, offset: int) -> np.ndarray:
+        return np.frombuffer(self.buffer, dtype=dtype, count=count, offset=offset)
+
+
+class IndexedDataset:
+    """Read-only view of a Megatron indexed dataset.
+
+    `ds[i]` is sequence i as a read-only numpy array (a view into the memory map of the .bin, or, with
+    mmap_bin=False, the bytes of one positional read); `ds.get(i, offset, length)` reads part of it.
+    `sequence_lengths` (int32[N]), `sequence_pointers` (int64[N]) and `document_indices` (int64[D])
+    are memory-mapped arrays of the .idx.
     """
 
-    def __init__(self, path_prefix: str):
+    def __init__(self, path_prefix: str, mmap_bin: bool = True):
         header = read_header(path_prefix)
         self.path_prefix, self.dtype = header.prefix, header.dtype
         ipath, bpath = idx_path(self.path_prefix), bin_path(self.path_prefix)
@@ -163,8 +204,7 @@ class IndexedDataset:
             np.frombuffer(buf, dtype=np.int8, count=n, offset=base) if self.multimodal else None
         )
         self._validate(ipath, bpath, n, d)
-        bin_size = os.path.getsize(bpath)
-        self._bin_mmap = np.memmap(bpath, mode="r", dtype=np.uint8) if bin_size else np.zeros(0, np.uint8)
+        self._bin = _MappedReads(bpath) if mmap_bin else _FileReads(bpath)
 
     def _validate(self, ipath: str, bpath: str, n: int, d: int) -> None:
         if d < 1:
@@ -225,7 +265,7 @@ class IndexedDataset:
         if offset < 0 or length < 0 or offset + length > seq_len:
             raise IndexError(f"{self.path_prefix}: slice [{offset}, {offset + length}) outside sequence {idx} of length {seq_len}")
         start = int(self.sequence_pointers[idx]) + offset * self.dtype.itemsize
-        return np.frombuffer(self._bin_mmap, dtype=self.dtype, count=length, offset=start) if length else np.zeros(0, self.dtype)
+        return self._bin.read(self.dtype, length, start) if length else np.zeros(0, self.dtype)
 
     def __getitem__(self, idx):
         if isinstance(idx, (int, np.integer)):
@@ -246,7 +286,7 @@ class IndexedDataset:
             return np.zeros(0, self.dtype)
         start = int(self.sequence_pointers[a])
         count = int(self.sequence_lengths[a:b].sum(dtype=np.int64))
-        return np.frombuffer(self._bin_mmap, dtype=self.dtype, count=count, offset=start)
+        return self._bin.read(self.dtype, count, start)
 
 
 class IndexedDatasetWriter:

@@ -110,7 +110,7 @@ def build_train_valid_test_datasets(cfg: DataConfig, seq_length: int, train_vali
         for p in parse_data_path(b)[1]:
             if p not in prefixes:
                 prefixes.append(p)
-    indexed = {p: IndexedDataset(p) for p in prefixes}
+    indexed = {p: IndexedDataset(p, mmap_bin=cfg.mmap_bin_files) for p in prefixes}
     if cfg.phases:
         sizes, used = [], 0
         for ph in cfg.phases:

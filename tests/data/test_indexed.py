@@ -207,3 +207,31 @@ def test_spilling_and_merge_via_add_index(tmp_path, monkeypatch):
     version, code, doc_idx, seqs = spec_read(out)
     assert seqs == docs and doc_idx == list(range(51))
     assert sorted(os.listdir(tmp_path)) == sorted(["a.bin", "a.idx", "b.bin", "b.idx", "o.bin", "o.idx"])
+
+
+def test_positional_reads_match_the_memory_map(tmp_path):
+    """IndexedDataset(prefix, mmap_bin=False) (--no-mmap-bin-files) reads the same tokens as the memory
+    map, also after pickling (a spawned loader worker reopens the file); a .bin shorter than its .idx
+    says fails naming the file."""
+    import pickle
+
+    prefix = str(tmp_path / "d")
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(0, 60000, size=int(rng.integers(1, 40))).tolist() for _ in range(25)]
+    write_dataset(prefix, docs, dtype=np.uint16)
+    mapped, reads = IndexedDataset(prefix), IndexedDataset(prefix, mmap_bin=False)
+    copy = pickle.loads(pickle.dumps(reads))
+    for i in range(len(mapped)):
+        assert np.array_equal(mapped[i], reads[i]) and np.array_equal(mapped[i], copy[i])
+        assert mapped[i].tolist() == docs[i]
+    assert np.array_equal(mapped.get(3, 1, 2), reads.get(3, 1, 2))
+    assert np.array_equal(mapped.document(7), reads.document(7))
+    size = os.path.getsize(prefix + ".bin")
+    with open(prefix + ".bin", "r+b") as f:
+        f.truncate(size - 2)
+    short = IndexedDataset.__new__(IndexedDataset)   # skip __init__'s own size checks: the read must catch it
+    short.__dict__.update(reads.__dict__)
+    from megatron_zaya.data.indexed import _FileReads
+    short._bin = _FileReads(prefix + ".bin")
+    with pytest.raises(IndexedDatasetError, match=r"d\.bin: read 0 of|d\.bin: read \d+ of"):
+        short[len(short) - 1]

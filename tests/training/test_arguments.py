@@ -384,3 +384,21 @@ def test_mock_data_trains_without_files(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "iteration       3/3" in out and "validation at iteration 3" in out
     assert "--mock-data and --data-path exclude each other" in error_of(argv + ["--data-path", "x"], capsys)
+
+
+def test_megatron_aliases_take_effect(tiny_corpus, tmp_path, capsys):
+    """--ffn-hidden-size sizes the experts when --moe-ffn-hidden-size is absent (Megatron-LM's rule);
+    --moe-router-bias-update-rate is the balancing biases' step; --no-mmap-bin-files reaches the data
+    config; wandb flags are accepted with a warning that names where the scalars go."""
+    base = tiny_run_flags(tiny_corpus, tmp_path)
+    run = parse_args(base + ["--ffn-hidden-size", "48", "--moe-router-bias-update-rate", "1e-3", "--no-mmap-bin-files",
+                             "--wandb-project", "zaya", "--tensorboard-dir", str(tmp_path / "tb")])
+    assert run.model.moe_ffn_hidden_size == 48
+    assert run.train.moe_router_bias_lr == 1e-3
+    assert run.data.mmap_bin_files is False
+    assert len(run.warnings) == 1 and "--wandb-project" in run.warnings[0] and str(tmp_path / "tb") in run.warnings[0]
+    run = parse_args(base + ["--ffn-hidden-size", "48", "--moe-ffn-hidden-size", "40"])
+    assert run.model.moe_ffn_hidden_size == 40 and run.train.moe_router_bias_lr == 1e-2 and run.data.mmap_bin_files
+    assert run.warnings == []
+    assert "--moe-router-bias-update-rate=0.001 and --moe-router-bias-lr=0.01" in error_of(
+        base + ["--moe-router-bias-update-rate", "1e-3", "--moe-router-bias-lr", "1e-2"], capsys)
