@@ -184,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-save-rng", action="store_true", help="checkpoints without the RNG states")
     g.add_argument("--no-load-rng", action="store_true")
     g.add_argument("--finetune", action="store_true")
+    g.add_argument("--use-checkpoint-opt_param-scheduler", action="store_true",
+                   help="the LR and weight-decay schedules from the flags of the run that saved --load's "
+                        "checkpoint, not from this run's (as in Megatron-LM)")
     g = p.add_argument_group("logging and exits")
     g.add_argument("--log-interval", type=int, default=10)
     g.add_argument("--eval-interval", type=int, default=1000)
@@ -458,6 +461,19 @@ def _check_recompute(args: argparse.Namespace, model: ModelConfig) -> None:
                              f"{model.num_layers}")
 
 
+def _check_scheduler_source(args: argparse.Namespace) -> None:
+    if not args.use_checkpoint_opt_param_scheduler:
+        return
+    if not args.load:
+        raise UserInputError("--use-checkpoint-opt_param-scheduler needs --load (the checkpoint whose schedules "
+                             "to follow)")
+    for flag, given in (("--override-opt_param-scheduler", args.override_opt_param_scheduler),
+                        ("--finetune", args.finetune)):
+        if given:
+            raise UserInputError(f"--use-checkpoint-opt_param-scheduler and {flag} exclude each other: the "
+                                 f"schedules come either from the checkpoint or from this run's flags")
+
+
 def _check_split(args: argparse.Namespace) -> None:
     """--split parses like the data pipeline's, and gives training a share (there are iterations)."""
     shares = parse_split(args.split)
@@ -538,6 +554,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
                  parallel.expert_model_parallel_size, model)
     _check_sequence_splits(args, model)
     _check_recompute(args, model)
+    _check_scheduler_source(args)
 
     if (args.train_iters is None) == (args.train_samples is None):
         raise UserInputError("give exactly one of --train-iters and --train-samples")

@@ -42,7 +42,8 @@ IMPLIED_SWITCHES = {
     "--ckpt-fully-parallel-save": "every rank writes its own part of a checkpoint",
     "--ckpt-fully-parallel-load": "every rank reads only the part it needs",
     "--exit-signal-handler": "SIGTERM and SIGUSR1 always save a checkpoint and exit",
-    "--override-opt_param-scheduler": "the LR and weight-decay schedules always come from this run's flags",
+    "--override-opt_param-scheduler": "the LR and weight-decay schedules come from this run's flags (unless "
+                                      "--use-checkpoint-opt_param-scheduler)",
 }
 
 # flag -> (dest, accepted values as the command line spells them, what to use instead)

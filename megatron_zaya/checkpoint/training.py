@@ -189,6 +189,12 @@ class TrainingCheckpointer:
             trainer.state = type(trainer.state)()
         else:
             trainer.state = restore_train_state(type(trainer.state), meta)
+        if cfg.use_checkpoint_opt_param_scheduler:
+            if not meta.get("args"):
+                raise CheckpointError(f"--use-checkpoint-opt_param-scheduler: {folder.folder} holds no flags of "
+                                      f"the run that saved it (converted or written by a tool): give the "
+                                      f"schedule flags instead")
+            notes += trainer.take_schedules_from(meta["args"])
         data_note = enter_data_phase(trainer.state, data_signature(self.run))
         same_dir = cfg.save and os.path.abspath(os.path.dirname(folder.folder)) == os.path.abspath(cfg.save)
         if same_dir and not cfg.finetune:

@@ -71,6 +71,14 @@ class LRSchedule:
         return self.min_lr + span * coefficient
 
 
+# The flags that define the LR and weight-decay schedules (what --use-checkpoint-opt_param-scheduler
+# takes from the checkpoint): train_iters / train_samples only as the length the decay defaults to.
+SCHEDULE_FLAGS = ("lr", "min_lr", "lr_decay_style", "lr_warmup_iters", "lr_decay_iters", "lr_wsd_decay_iters",
+                  "lr_warmup_samples", "lr_decay_samples", "lr_wsd_decay_samples", "lr_wsd_decay_style",
+                  "lr_warmup_fraction", "lr_warmup_init", "train_iters", "train_samples", "weight_decay",
+                  "weight_decay_incr_style", "start_weight_decay", "end_weight_decay")
+
+
 def counts_samples(flags) -> bool:
     """Whether the schedules count samples (a --train-samples run) rather than global batches."""
     return flags.train_samples is not None and not flags.train_iters

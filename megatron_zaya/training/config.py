@@ -58,6 +58,7 @@ class TrainConfig:
     save: str | None = None
     load: str | None = None
     save_interval: int | None = None
+    use_checkpoint_opt_param_scheduler: bool = False   # the schedules from the loaded checkpoint's flags
     ckpt_keep: int | None = None
     async_save: bool = False
     no_load_optim: bool = False

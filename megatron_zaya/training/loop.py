@@ -11,6 +11,7 @@ N ranks computes exactly what one process computes on the same global batch.
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import math
 import time
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from megatron_zaya.optim.balancing import BalancingBiasUpdater
-from megatron_zaya.optim.schedules import lr_schedule_from_flags, weight_decay_schedule_from_flags
+from megatron_zaya.optim.schedules import SCHEDULE_FLAGS, lr_schedule_from_flags, weight_decay_schedule_from_flags
 from megatron_zaya.training.batch_schedule import BatchSizeSchedule
 from megatron_zaya.training.logger import TrainingLogger
 from megatron_zaya.training.metrics import (IntervalMeter, device_peak_tflops, format_duration, peak_memory_bytes,
@@ -146,6 +147,37 @@ class Trainer:
             if self.cfg.moe_router_bias_update:
                 self.balancer.update(counts)
         return StepResult(loss, grad_norm, int(global_tokens), counts, skipped, diagnosis)
+
+    def take_schedules_from(self, saved_flags: dict) -> list[str]:
+        """--use-checkpoint-opt_param-scheduler: the LR and weight-decay schedules of the run that saved
+        the checkpoint, built from its flags (`saved_flags`: the checkpoint's metadata "args") instead
+        of this run's. Returns notes: the schedule flags the checkpoint does not hold (this run's value
+        is used for those) and the values that differ from this run's."""
+        flags = copy.copy(self.cfg)
+        values = {"lr": self.run.optim.lr, "weight_decay": self.run.optim.weight_decay}
+        missing, changed = [], []
+        for name in SCHEDULE_FLAGS:
+            current = values[name] if name in values else getattr(flags, name)
+            if name not in saved_flags:
+                missing.append(name)
+                continue
+            if saved_flags[name] != current:
+                changed.append(f"--{name.replace('_', '-')} {saved_flags[name]} (this run: {current})")
+            values[name] = saved_flags[name]
+            if name not in ("lr", "weight_decay"):
+                setattr(flags, name, saved_flags[name])
+        self.lr_schedule = lr_schedule_from_flags(values["lr"], flags, flags.train_iters or 0)
+        self.wd_schedule = weight_decay_schedule_from_flags(flags, flags.train_iters or 0)
+        if self.wd_schedule is None:
+            self.optimizer.set_weight_decay(values["weight_decay"])
+        notes = []
+        if changed:
+            notes.append("--use-checkpoint-opt_param-scheduler: the schedules follow the checkpoint's "
+                         + ", ".join(changed))
+        if missing:
+            notes.append("--use-checkpoint-opt_param-scheduler: the checkpoint holds no "
+                         + ", ".join(f"--{n.replace('_', '-')}" for n in missing) + "; this run's value is used")
+        return notes
 
     def schedule_position(self, batch_size: int) -> tuple[float, float]:
         """(position, step) of the schedules for a step of `batch_size` samples: where the successful

@@ -1,0 +1,62 @@
+"""--use-checkpoint-opt_param-scheduler: a resumed run follows the LR and weight-decay schedules of the
+run that saved the checkpoint, whatever this run's schedule flags say; without it, this run's flags."""
+import re
+
+import pytest
+
+from megatron_zaya.arguments import parse_args
+from megatron_zaya.optim.schedules import lr_schedule_from_flags
+from megatron_zaya.training.setup import build_and_train
+from tests.training.helpers import tiny_run_flags
+
+FIRST = {"--train-iters": 8, "--lr": "3e-3", "--min-lr": "3e-4", "--lr-warmup-iters": 2, "--lr-decay-style": "cosine",
+         "--weight-decay": "0.05", "--eval-interval": 100}
+SECOND = {"--lr": "1e-2", "--min-lr": "0", "--lr-warmup-iters": 0, "--lr-decay-style": "linear", "--weight-decay": "0.2"}
+
+
+def _lrs(out: str) -> dict[int, float]:
+    return {int(it): float(lr) for it, lr in re.findall(r"iteration\s+(\d+)/\s*\d+ \|.*? lr ([0-9.e+-]+) \|", out)}
+
+
+def _resumed(tiny_corpus, tmp_path, capsys, extra):
+    save = tmp_path / "ckpt"
+    first = tiny_run_flags(tiny_corpus, tmp_path, **FIRST, **{"--save": save, "--exit-interval": 4})
+    assert build_and_train(parse_args(first)) == 0
+    capsys.readouterr()
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{**FIRST, **SECOND, "--load": save}) + extra)
+    assert build_and_train(run) == 0
+    return parse_args(first), capsys.readouterr().out
+
+
+def test_resume_follows_the_checkpoints_schedule(tiny_corpus, tmp_path, capsys):
+    first, out = _resumed(tiny_corpus, tmp_path, capsys, ["--use-checkpoint-opt_param-scheduler"])
+    schedule = lr_schedule_from_flags(first.optim.lr, first.train, 8)
+    lrs = _lrs(out)
+    assert sorted(lrs) == [5, 6, 7, 8]
+    for it, lr in lrs.items():                  # iteration `it` ran at schedule position it - 1
+        assert lr == pytest.approx(schedule(it - 1), rel=1e-3), (it, lr)
+    assert "the schedules follow the checkpoint's --lr 0.003 (this run: 0.01)" in out
+    assert "--weight-decay 0.05 (this run: 0.2)" in out
+
+
+def test_resume_without_the_flag_follows_this_runs_flags(tiny_corpus, tmp_path, capsys):
+    first, out = _resumed(tiny_corpus, tmp_path, capsys, [])
+    second = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{**FIRST, **SECOND}))
+    schedule = lr_schedule_from_flags(second.optim.lr, second.train, 8)
+    lrs = _lrs(out)
+    assert sorted(lrs) == [5, 6, 7, 8]
+    for it, lr in lrs.items():
+        assert lr == pytest.approx(schedule(it - 1), rel=1e-3), (it, lr)
+    assert "schedules follow the checkpoint" not in out
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], "--use-checkpoint-opt_param-scheduler needs --load"),
+    (["--load", "x", "--finetune"], "--use-checkpoint-opt_param-scheduler and --finetune exclude each other"),
+    (["--load", "x", "--override-opt_param-scheduler"],
+     "--use-checkpoint-opt_param-scheduler and --override-opt_param-scheduler exclude each other"),
+])
+def test_flag_combinations_are_checked(tiny_corpus, tmp_path, capsys, extra, message):
+    with pytest.raises(SystemExit):
+        parse_args(tiny_run_flags(tiny_corpus, tmp_path) + ["--use-checkpoint-opt_param-scheduler"] + extra)
+    assert message in capsys.readouterr().err
