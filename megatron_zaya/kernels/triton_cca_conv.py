@@ -134,6 +134,30 @@ def _bwd_kernel(
                  mask=in_l[:, None] & imask[None, :])
 
 
+def row_splits(rows: int, min_rows_per_split: int = 256, max_splits: int = 16) -> int:
+    """The largest power of two up to max_splits that divides `rows` into chunks of at least
+    min_rows_per_split rows (1 when none does)."""
+    splits = max_splits
+    while splits > 1 and (rows % splits or rows // splits < min_rows_per_split):
+        splits //= 2
+    return splits
+
+
+def grouped_row_products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """sum over rows r of a[r, g]^T b[r, g], per group g: a (R, G, M), b (R, G, N) -> (G, M, N).
+
+    The rows are cut into P = row_splits(R) equal chunks, multiplied as one batch of G * P products
+    and summed over P.
+    A plain bmm over the G groups makes only G output tiles of M x N (10 for ZAYA1's CCA), each
+    reducing all R = B * S rows alone, which leaves most of a GPU's multiprocessors idle."""
+    rows, groups, m = a.shape
+    splits = row_splits(rows)
+    chunk = rows // splits
+    a_chunks = a.reshape(splits, chunk, groups, m).permute(2, 0, 3, 1).reshape(groups * splits, m, chunk)
+    b_chunks = b.reshape(splits, chunk, groups, b.shape[-1]).permute(2, 0, 1, 3).reshape(groups * splits, chunk, -1)
+    return torch.bmm(a_chunks, b_chunks).reshape(groups, splits, m, -1).sum(1)
+
+
 def _unit_channels(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
@@ -194,12 +218,12 @@ class _CCAConv(torch.autograd.Function):
         y1 = b1.float() + sum(w1[:, 0, kp].float() * x_pad[:, kp:kp + n1] for kp in range(k1))
         d_w1 = torch.stack([(dy1 * x_pad[:, kp:kp + n1]).sum((0, 1)) for kp in range(k1)], dim=-1).unsqueeze(1)
         d_b1 = dy1.sum((0, 1))
-        g_grp = grad.float().reshape(bsz * seq, groups, dh).permute(1, 2, 0)  # (G, dh_out, B*S)
+        g_rows = grad.float().reshape(bsz * seq, groups, dh)
         d_w2 = torch.stack([
-            torch.bmm(g_grp, y1[:, k:k + seq].reshape(bsz * seq, groups, dh).transpose(0, 1)).reshape(chans, dh)
+            grouped_row_products(g_rows, y1[:, k:k + seq].reshape(bsz * seq, groups, dh)).reshape(chans, dh)
             for k in range(k2)
         ], dim=-1)
-        d_b2 = grad.float().sum((0, 1))
+        d_b2 = g_rows.sum(0).reshape(chans)
         return (d_packed, d_w1.to(w1.dtype), d_b1.to(b1.dtype), d_w2.to(w2.dtype), d_b2.to(b2.dtype),
                 d_left if left is not None else None)
 
