@@ -199,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     for flag in ALWAYS_LOGGED:
         g.add_argument(flag, action="store_true", help="accepted for Megatron-LM scripts: always logged here")
     g.add_argument("--progress-bar", action="store_true", help="tqdm progress bar (short local runs)")
+    g.add_argument("--log-num-zeros-in-grad", action="store_true",
+                   help="count the exactly-zero elements of the reduced gradient every step (console and "
+                        "TensorBoard 'num-zeros'; one more pass over the gradients)")
     g.add_argument("--peak-tflops", type=float, default=None, help="per-device peak for MFU (default: table/measured)")
     g.add_argument("--exit-interval", type=int, default=None)
     g.add_argument("--exit-duration-in-mins", type=float, default=None)

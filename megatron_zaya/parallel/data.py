@@ -209,18 +209,42 @@ def _grad_and_counted(param, pstate):
     return g, counted and group_rank == 0
 
 
-def _replicated_square(param, g) -> torch.Tensor | float:
-    """Sum of squares of the rows of a TP slice that are replicas of another rank's rows (KV heads
-    when TP > HKV, `param.tp_replicated_rows`), on every replica but the first: counted once."""
+def _replicated_part(param, g) -> torch.Tensor | None:
+    """The elements of this rank's gradient piece g (flat) in rows of a TP slice that are replicas
+    of another rank's rows (KV heads when TP > HKV, `param.tp_replicated_rows`), on every replica but
+    the first, which counts them; None when there are none."""
     rows = getattr(param, "tp_replicated_rows", None)
     if rows is None or getattr(param, "tp_replica_primary", True) or param.numel() == 0:
-        return 0.0
+        return None
     width = param.numel() // param.shape[0]
     lo, hi = rows[0] * width, rows[1] * width
     start = param.main_grad_shard[0] if getattr(param, "main_grad_shard", None) is not None else 0
     flat = g.reshape(-1)
     a, b = max(lo, start), min(hi, start + flat.numel())
-    return flat[a - start:b - start].float().pow(2).sum() if a < b else 0.0
+    return flat[a - start:b - start] if a < b else None
+
+
+def _replicated_square(param, g) -> torch.Tensor | float:
+    part = _replicated_part(param, g)
+    return 0.0 if part is None else part.float().pow(2).sum()
+
+
+def count_zero_grads(params, pstate, device: torch.device) -> int:
+    """How many elements of the reduced global gradient are exactly zero (Megatron-LM's
+    --log-num-zeros-in-grad), each element counted on exactly one rank, as in clip_grad_norm.
+    Call after `GradientReducer.finish()`; a collective over all ranks."""
+    zeros = torch.zeros((), dtype=torch.int64, device=device)
+    for p in params:
+        g, counted = _grad_and_counted(p, pstate)
+        if g is None or not counted:
+            continue
+        zeros += (g == 0).sum()
+        part = _replicated_part(p, g)
+        if part is not None:
+            zeros -= (part == 0).sum()
+    if pstate.world_size > 1:
+        dist.all_reduce(zeros, group=pstate.world_group)
+    return int(zeros.item())
 
 
 def clip_grad_norm(params, max_norm: float | None, pstate) -> torch.Tensor:

@@ -43,6 +43,7 @@ class TrainConfig:
     tensorboard_log_interval: int = 1
     tensorboard_queue_size: int = 1000
     progress_bar: bool = False
+    log_num_zeros_in_grad: bool = False
     peak_tflops: float | None = None
     # activation recomputation (ZayaModel.set_recompute)
     recompute_granularity: str | None = None

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from megatron_zaya.parallel.apply import parallelize_model
 from megatron_zaya.parallel.context import slice_batch_for_cp
-from megatron_zaya.parallel.data import GradientReducer, clip_grad_norm, is_expert
+from megatron_zaya.parallel.data import GradientReducer, clip_grad_norm, count_zero_grads, is_expert
 from megatron_zaya.parallel.launch import DEFAULT_TIMEOUT_MINUTES, destroy_distributed, init_distributed
 from megatron_zaya.parallel.state import ParallelState
 
@@ -103,6 +103,9 @@ class DistributedRuntime:
 
     def clip_grad_norm(self, max_norm: float) -> float:
         return clip_grad_norm(list(self.model.parameters()), max_norm, self.pstate).item()
+
+    def count_zero_grads(self) -> int:
+        return count_zero_grads(list(self.model.parameters()), self.pstate, self.device)
 
     def params_norm(self) -> float:
         """Global parameter norm, each element counted on exactly one rank."""

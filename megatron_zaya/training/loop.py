@@ -54,6 +54,7 @@ class StepResult:
     routing_counts: torch.Tensor    # (L, E + 1) global counts
     skipped: bool
     diagnosis: str = ""             # when skipped: which rank(s) and layer produced the non-finite values
+    num_zeros: int | None = None    # --log-num-zeros-in-grad: exact zeros in the reduced gradient
 
 
 class NonFiniteLossError(RuntimeError):
@@ -130,6 +131,7 @@ class Trainer:
         parallel.finish_gradient_reduction()
         loss = parallel.sum_over_data_ranks(loss_sum).item() / max(global_tokens, 1.0)
         counts = parallel.sum_routing_counts(counts)
+        num_zeros = parallel.count_zero_grads() if self.cfg.log_num_zeros_in_grad else None
         grad_norm = parallel.clip_grad_norm(self.run.optim.clip_grad)
         skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
         diagnosis = ""
@@ -146,7 +148,7 @@ class Trainer:
             self.optimizer.step()
             if self.cfg.moe_router_bias_update:
                 self.balancer.update(counts)
-        return StepResult(loss, grad_norm, int(global_tokens), counts, skipped, diagnosis)
+        return StepResult(loss, grad_norm, int(global_tokens), counts, skipped, diagnosis, num_zeros)
 
     def take_schedules_from(self, saved_flags: dict) -> list[str]:
         """--use-checkpoint-opt_param-scheduler: the LR and weight-decay schedules of the run that saved
@@ -256,6 +258,8 @@ class Trainer:
                    "throughput/tokens-per-sec-per-device": tokens_per_device,
                    "throughput/tflops-per-device": tflops, "throughput/mfu": mfu,
                    "memory/peak-gb": peak_memory_bytes(self.device) / 2 ** 30}
+        if result.num_zeros is not None:
+            scalars["num-zeros"] = result.num_zeros
         for layer, counts in enumerate(result.routing_counts):
             for name, value in routing_statistics(counts).items():
                 scalars[f"moe/layer{layer:02d}/{name}"] = value
@@ -281,6 +285,7 @@ class Trainer:
             f"iteration {it:>7}/{self.total_iters} | consumed samples {self.state.consumed_samples:>9} | "
             f"tokens {self.state.consumed_tokens:>11} | time/iteration {1000 * m.seconds_per_iteration:.1f} ms | "
             f"lm loss {m.mean_loss:.4f} | lr {self.last_lr:.3e} | grad norm {result.grad_norm:.3f} | "
+            + (f"num zeros {result.num_zeros} | " if result.num_zeros is not None else "") +
             f"tokens/s/device {tokens_per_device:,.0f} | TFLOP/s/device {tflops:.3f} | MFU {100 * mfu:.1f}% | "
             f"routing entropy {entropy:.3f} | skip {skip:.3f} | mem {peak_memory_bytes(self.device) / 2 ** 30:.2f} GB | "
             f"ETA {format_duration(eta)}" + (f" | skipped iterations {m.skipped}" if m.skipped else ""))

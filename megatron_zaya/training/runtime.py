@@ -62,6 +62,10 @@ class SingleProcess:
             torch.nn.utils.clip_grads_with_norm_(grads, max_norm, norm)
         return norm.item()
 
+    def count_zero_grads(self) -> int:
+        zeros = [(p.grad == 0).sum() for p in self.model.parameters() if p.grad is not None]
+        return int(torch.stack(zeros).sum().item()) if zeros else 0
+
     def params_norm(self) -> float:
         squares = torch.stack([p.detach().double().pow(2).sum() for p in self.model.parameters()])
         return math.sqrt(squares.sum().item())      # one device sync, not one per parameter

@@ -32,7 +32,7 @@ from megatron_zaya.optim import muon as muon_module
 from megatron_zaya.optim.muon import Muon
 from megatron_zaya.parallel.apply import full_gradients, gather_full_state_dict, parallelize_model
 from megatron_zaya.parallel.context import slice_batch_for_cp
-from megatron_zaya.parallel.data import GradientReducer, clip_grad_norm
+from megatron_zaya.parallel.data import GradientReducer, clip_grad_norm, count_zero_grads
 from megatron_zaya.parallel.launch import init_distributed
 from megatron_zaya.parallel.state import ParallelState
 
@@ -203,7 +203,7 @@ def run_layout(spec: str, world: int) -> list[str]:
     ps = ParallelState(sizes.get("tp", 1), sizes.get("cp", 1), sizes.get("ep", 1), world,
                        sequence_parallel="sp" in flags, model_config=config())
     micro = 2 if GLOBAL_BATCH // ps.dp_size >= 2 else 1
-    errors, worst = [], {"loss": 0.0, "grad": 0.0, "weight": 0.0, "norm": 0.0}
+    errors, worst = [], {"loss": 0.0, "grad": 0.0, "weight": 0.0, "norm": 0.0, "zeros": 0}
 
     ref = build_model()
     ref_opts = build_optimizers(ref, None, None, zero=False, muon=muon)
@@ -233,6 +233,11 @@ def run_layout(spec: str, world: int) -> list[str]:
                 worst["grad"] = max(worst["grad"], r := rel(g, ref_grads[n]))
                 if r > GRAD_RTOL:
                     errors.append(f"step {step}: grad {n} rel {r:.2e}")
+        ref_zeros = sum(int((p.grad == 0).sum()) for p in ref.parameters() if p.grad is not None)
+        zeros = count_zero_grads(model.parameters(), ps, torch.device("cpu"))
+        worst["zeros"] = max(worst["zeros"], ref_zeros)
+        if zeros != ref_zeros:   # exact zeros are structural (unseen vocab rows, idle experts): equal counts
+            errors.append(f"step {step}: {zeros} zero gradient elements, single process {ref_zeros}")
         ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), CLIP)
         norm = clip_grad_norm(model.parameters(), CLIP, ps)
         worst["norm"] = max(worst["norm"], abs(float(norm / ref_norm) - 1))
@@ -260,8 +265,10 @@ def run_layout(spec: str, world: int) -> list[str]:
         errors.append(f"loss rel {worst['loss']:.2e}")
     if worst["norm"] > LOSS_RTOL * 10:
         errors.append(f"grad norm rel {worst['norm']:.2e}")
+    if worst["zeros"] == 0:
+        errors.append("no gradient element was zero in any step: the zero-count comparison cannot fail")
     report = f"{spec}: {ps.describe()}; max rel loss {worst['loss']:.1e} grad {worst['grad']:.1e} " \
-             f"norm {worst['norm']:.1e} weights after {STEPS} steps {worst['weight']:.1e}"
+             f"norm {worst['norm']:.1e} zeros up to {worst['zeros']} weights after {STEPS} steps {worst['weight']:.1e}"
     if muon:
         report += "; Muon on the hidden matrices"
     if blockwise:   # the control: per-slice Newton-Schulz must NOT reproduce single-process Muon

@@ -1,5 +1,6 @@
 """Flags are validated before anything expensive; each bad value gets one line naming the flag."""
 import os
+import re
 
 import pytest
 
@@ -380,9 +381,13 @@ def test_mock_data_trains_without_files(tmp_path, capsys):
             "--vocab-size", "512", "--micro-batch-size", "2", "--global-batch-size", "4", "--seq-length", "32",
             "--train-iters", "3", "--eval-interval", "3", "--eval-iters", "1", "--num-workers", "0",
             "--log-interval", "1"]
-    assert build_and_train(parse_args(argv)) == 0
+    assert build_and_train(parse_args(argv + ["--log-num-zeros-in-grad", "--untie-embeddings-and-output-weights"])) == 0
     out = capsys.readouterr().out
     assert "iteration       3/3" in out and "validation at iteration 3" in out
+    # 4 x 32 tokens a step leave at least 384 of the 512 rows of the (untied) input embedding unseen:
+    # their gradients are exact zeros (zaya1-tiny: hidden size 128)
+    zeros = [int(n) for n in re.findall(r"\| num zeros (\d+) \|", out)]
+    assert len(zeros) == 3 and all(n >= 384 * 128 for n in zeros), zeros
     assert "--mock-data and --data-path exclude each other" in error_of(argv + ["--data-path", "x"], capsys)
 
 
