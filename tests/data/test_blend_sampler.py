@@ -202,13 +202,13 @@ def test_one_blend_per_split_uses_every_document_of_its_datasets(tmp_path):
 
 
 def test_loader_batches_without_memory_maps_match(tmp_path):
-    """--no-mmap-bin-files (DataConfig.mmap_bin_files=False) through the DataLoader with two worker
-    processes: the same batches as the memory-mapped default."""
+    """--no-mmap-bin-files (DataConfig.mmap_bin_files=False) through the DataLoader with a worker
+    process: the same batches as the memory-mapped default."""
     a, _ = corpus(tmp_path, "a", 0)
     tok = build_tokenizer("NullTokenizer", EOD)
 
     def batches(mmap_bin_files):
-        cfg = DataConfig(data_path=[a], split="100,0,0", data_cache_path=str(tmp_path / "cache"), num_workers=2,
+        cfg = DataConfig(data_path=[a], split="100,0,0", data_cache_path=str(tmp_path / "cache"), num_workers=1,
                          prefetch_factor=2, mmap_bin_files=mmap_bin_files)
         train, _, _ = build_train_valid_test_loaders(cfg, 4, 2, 16, 0, 1, train_samples=24, tokenizer=tok)
         return [b["tokens"] for b in train]

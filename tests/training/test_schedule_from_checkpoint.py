@@ -18,18 +18,25 @@ def _lrs(out: str) -> dict[int, float]:
     return {int(it): float(lr) for it, lr in re.findall(r"iteration\s+(\d+)/\s*\d+ \|.*? lr ([0-9.e+-]+) \|", out)}
 
 
-def _resumed(tiny_corpus, tmp_path, capsys, extra):
-    save = tmp_path / "ckpt"
-    first = tiny_run_flags(tiny_corpus, tmp_path, **FIRST, **{"--save": save, "--exit-interval": 4})
+@pytest.fixture(scope="module")
+def first_run(tiny_corpus, tmp_path_factory):
+    """The saving run: 4 of its 8 iterations, then a checkpoint (the resumes below only read it)."""
+    tmp_path = tmp_path_factory.mktemp("first")
+    first = tiny_run_flags(tiny_corpus, tmp_path, **FIRST, **{"--save": tmp_path / "ckpt", "--exit-interval": 4})
     assert build_and_train(parse_args(first)) == 0
+    return parse_args(first), tmp_path / "ckpt"
+
+
+def _resumed(first_run, tiny_corpus, tmp_path, capsys, extra):
+    first, save = first_run
     capsys.readouterr()
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{**FIRST, **SECOND, "--load": save}) + extra)
     assert build_and_train(run) == 0
-    return parse_args(first), capsys.readouterr().out
+    return first, capsys.readouterr().out
 
 
-def test_resume_follows_the_checkpoints_schedule(tiny_corpus, tmp_path, capsys):
-    first, out = _resumed(tiny_corpus, tmp_path, capsys, ["--use-checkpoint-opt_param-scheduler"])
+def test_resume_follows_the_checkpoints_schedule(first_run, tiny_corpus, tmp_path, capsys):
+    first, out = _resumed(first_run, tiny_corpus, tmp_path, capsys, ["--use-checkpoint-opt_param-scheduler"])
     schedule = lr_schedule_from_flags(first.optim.lr, first.train, 8)
     lrs = _lrs(out)
     assert sorted(lrs) == [5, 6, 7, 8]
@@ -39,8 +46,8 @@ def test_resume_follows_the_checkpoints_schedule(tiny_corpus, tmp_path, capsys):
     assert "--weight-decay 0.05 (this run: 0.2)" in out
 
 
-def test_resume_without_the_flag_follows_this_runs_flags(tiny_corpus, tmp_path, capsys):
-    first, out = _resumed(tiny_corpus, tmp_path, capsys, [])
+def test_resume_without_the_flag_follows_this_runs_flags(first_run, tiny_corpus, tmp_path, capsys):
+    first, out = _resumed(first_run, tiny_corpus, tmp_path, capsys, [])
     second = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{**FIRST, **SECOND}))
     schedule = lr_schedule_from_flags(second.optim.lr, second.train, 8)
     lrs = _lrs(out)
