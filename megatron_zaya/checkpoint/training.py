@@ -195,6 +195,13 @@ class TrainingCheckpointer:
                                       f"the run that saved it (converted or written by a tool): give the "
                                       f"schedule flags instead")
             notes += trainer.take_schedules_from(meta["args"])
+        elif not cfg.finetune and meta.get("args"):
+            changed = trainer.schedule_differences(meta["args"])
+            if changed:
+                notes.append("the LR / weight-decay schedules follow this run's flags, which differ from the "
+                             "checkpoint's: " + ", ".join(f"--{n.replace('_', '-')} {now} (checkpoint: {then})"
+                                                          for n, then, now in changed)
+                             + "; --use-checkpoint-opt_param-scheduler keeps the checkpoint's")
         data_note = enter_data_phase(trainer.state, data_signature(self.run))
         same_dir = cfg.save and os.path.abspath(os.path.dirname(folder.folder)) == os.path.abspath(cfg.save)
         if same_dir and not cfg.finetune:

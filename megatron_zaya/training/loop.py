@@ -156,18 +156,15 @@ class Trainer:
         of this run's. Returns notes: the schedule flags the checkpoint does not hold (this run's value
         is used for those) and the values that differ from this run's."""
         flags = copy.copy(self.cfg)
-        values = {"lr": self.run.optim.lr, "weight_decay": self.run.optim.weight_decay}
-        missing, changed = [], []
+        values = self.schedule_flag_values()
+        missing = [name for name in SCHEDULE_FLAGS if name not in saved_flags]
+        changed = [f"--{name.replace('_', '-')} {saved} (this run: {current})"
+                   for name, saved, current in self.schedule_differences(saved_flags)]
         for name in SCHEDULE_FLAGS:
-            current = values[name] if name in values else getattr(flags, name)
-            if name not in saved_flags:
-                missing.append(name)
-                continue
-            if saved_flags[name] != current:
-                changed.append(f"--{name.replace('_', '-')} {saved_flags[name]} (this run: {current})")
-            values[name] = saved_flags[name]
-            if name not in ("lr", "weight_decay"):
-                setattr(flags, name, saved_flags[name])
+            if name in saved_flags:
+                values[name] = saved_flags[name]
+                if name not in ("lr", "weight_decay"):
+                    setattr(flags, name, saved_flags[name])
         self.lr_schedule = lr_schedule_from_flags(values["lr"], flags, flags.train_iters or 0)
         self.wd_schedule = weight_decay_schedule_from_flags(flags, flags.train_iters or 0)
         if self.wd_schedule is None:
@@ -180,6 +177,18 @@ class Trainer:
             notes.append("--use-checkpoint-opt_param-scheduler: the checkpoint holds no "
                          + ", ".join(f"--{n.replace('_', '-')}" for n in missing) + "; this run's value is used")
         return notes
+
+    def schedule_flag_values(self) -> dict:
+        """This run's value of every flag in SCHEDULE_FLAGS."""
+        return {name: getattr(self.run.optim if name in ("lr", "weight_decay") else self.cfg, name)
+                for name in SCHEDULE_FLAGS}
+
+    def schedule_differences(self, saved_flags: dict) -> list[tuple[str, object, object]]:
+        """(flag, checkpoint's value, this run's value) for each schedule flag the checkpoint holds
+        with another value."""
+        current = self.schedule_flag_values()
+        return [(name, saved_flags[name], current[name]) for name in SCHEDULE_FLAGS
+                if name in saved_flags and saved_flags[name] != current[name]]
 
     def schedule_position(self, batch_size: int) -> tuple[float, float]:
         """(position, step) of the schedules for a step of `batch_size` samples: where the successful

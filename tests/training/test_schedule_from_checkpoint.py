@@ -55,6 +55,9 @@ def test_resume_without_the_flag_follows_this_runs_flags(first_run, tiny_corpus,
     for it, lr in lrs.items():
         assert lr == pytest.approx(schedule(it - 1), rel=1e-3), (it, lr)
     assert "schedules follow the checkpoint" not in out
+    assert ("the LR / weight-decay schedules follow this run's flags, which differ from the checkpoint's: "
+            "--lr 0.01 (checkpoint: 0.003), --min-lr 0.0 (checkpoint: 0.0003)") in out
+    assert "--use-checkpoint-opt_param-scheduler keeps the checkpoint's" in out
 
 
 @pytest.mark.parametrize("extra, message", [
