@@ -51,6 +51,17 @@ def split_parameters(model: nn.Module, use_muon: bool):
     return muon, decay, no_decay
 
 
+def muon_bucket_key(model: nn.Module, cfg: OptimizerConfig):
+    """GradientReducer's bucket_key under ZeRO-1 with Muon: whether a parameter is a Muon matrix, so
+    no bucket mixes the matrices DistributedMuon broadcasts from their owners with the AdamW
+    parameters DistributedOptimizer all-gathers (a mixed bucket would all-gather its matrices too).
+    None when nothing is Muon."""
+    if cfg.optimizer != "muon":
+        return None
+    muon = {p for _, p in split_parameters(model, True)[0]}
+    return lambda param: param in muon
+
+
 def apex_fused_adam_available() -> bool:
     """True only when apex's compiled multi-tensor kernels import (an `import apex` alone proves nothing)."""
     try:

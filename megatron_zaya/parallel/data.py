@@ -21,6 +21,7 @@ bucket) and, when the dtypes agree, `param.grad` on the same memory; under ZeRO-
 from __future__ import annotations
 
 import contextlib
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -123,7 +124,10 @@ class GradientReducer:
     every forward, experts included, even with no tokens)."""
 
     def __init__(self, params_or_module, pstate, bucket_size: int = 40_000_000, overlap: bool = True,
-                 shard: bool = False, average: bool = False, grad_dtype: torch.dtype = torch.float32):
+                 shard: bool = False, average: bool = False, grad_dtype: torch.dtype = torch.float32,
+                 bucket_key: Callable[[torch.nn.Parameter], object] | None = None):
+        """bucket_key: parameters with different keys never share a bucket (ZeRO-1 with Muon: the
+        matrices that DistributedMuon broadcasts apart from what the AdamW shards all-gather)."""
         params = list(params_or_module.parameters()) if isinstance(params_or_module, torch.nn.Module) \
             else list(params_or_module)
         params = [p for p in params if p.requires_grad]
@@ -134,16 +138,19 @@ class GradientReducer:
         # Reverse registration order ~ the order gradients become ready in backward.
         for kind, group in (("dense", pstate.dp_cp_group), ("sequence_parallel", pstate.world_group),
                             ("expert", pstate.expert_dp_group)):
-            chosen = [p for p in reversed(params) if reduction_kind(p) == kind]
-            while chosen:
-                take, total = [], 0
-                while chosen and (not take or total + chosen[0].numel() <= bucket_size):
-                    total += chosen[0].numel()
-                    take.append(chosen.pop(0))
-                bucket = Bucket(take, group, shard, grad_dtype, take[0].device)
-                self.buckets.append(bucket)
-                for i, p in enumerate(take):
-                    self.where[p] = (bucket, i)
+            of_kind = [p for p in reversed(params) if reduction_kind(p) == kind]
+            keys = list(dict.fromkeys(bucket_key(p) for p in of_kind)) if bucket_key else [None]
+            for key in keys:
+                chosen = [p for p in of_kind if bucket_key is None or bucket_key(p) == key]
+                while chosen:
+                    take, total = [], 0
+                    while chosen and (not take or total + chosen[0].numel() <= bucket_size):
+                        total += chosen[0].numel()
+                        take.append(chosen.pop(0))
+                    bucket = Bucket(take, group, shard, grad_dtype, take[0].device)
+                    self.buckets.append(bucket)
+                    for i, p in enumerate(take):
+                        self.where[p] = (bucket, i)
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.where]
 
     def _on_grad(self, param) -> None:

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from megatron_zaya.parallel.apply import parallelize_model
 from megatron_zaya.parallel.context import slice_batch_for_cp
+from megatron_zaya.optim.builder import muon_bucket_key
 from megatron_zaya.parallel.data import GradientReducer, clip_grad_norm, count_zero_grads, is_expert
 from megatron_zaya.parallel.launch import DEFAULT_TIMEOUT_MINUTES, destroy_distributed, init_distributed
 from megatron_zaya.parallel.state import ParallelState
@@ -42,8 +43,10 @@ class DistributedRuntime:
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         self.model = parallelize_model(model.to(self.device), self.pstate)
+        shard = self.run.parallel.use_distributed_optimizer
+        key = muon_bucket_key(self.model, self.run.optim) if shard else None
         self.reducer = GradientReducer(self.model, self.pstate, bucket_size=self.run.parallel.ddp_bucket_size,
-                                       overlap=True, shard=self.run.parallel.use_distributed_optimizer)
+                                       overlap=True, shard=shard, bucket_key=key)
         return self.model
 
     def build_optimizer(self, model, optim_config):

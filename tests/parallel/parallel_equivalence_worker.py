@@ -25,7 +25,7 @@ import torch.distributed as dist
 from megatron_zaya.config import model_config_from_preset
 from megatron_zaya.model import ZayaModel
 from megatron_zaya.optim.balancing import BalancingBiasUpdater
-from megatron_zaya.optim.builder import split_parameters
+from megatron_zaya.optim.builder import OptimizerConfig, muon_bucket_key, split_parameters
 from megatron_zaya.optim.distributed import DistributedOptimizer
 from megatron_zaya.optim.distributed_muon import DistributedMuon
 from megatron_zaya.optim import muon as muon_module
@@ -208,7 +208,10 @@ def run_layout(spec: str, world: int) -> list[str]:
     ref = build_model()
     ref_opts = build_optimizers(ref, None, None, zero=False, muon=muon)
     model = parallelize_model(build_model(), ps)
-    reducer = GradientReducer(model, ps, bucket_size=30_000, shard=zero)
+    # ZeRO-1 with Muon buckets the Muon matrices apart (as distributed_runtime does); mixed-kept:
+    # the same layout with mixed buckets, which must train the same.
+    key = muon_bucket_key(model, OptimizerConfig(optimizer="muon")) if zero and muon and "mixed" not in flags else None
+    reducer = GradientReducer(model, ps, bucket_size=30_000, shard=zero, bucket_key=key)
     opts = build_optimizers(model, ps, reducer, zero, muon, blockwise)
     ref_balancer, model_balancer = balancer(ref), balancer(model)
 
@@ -284,7 +287,13 @@ def run_layout(spec: str, world: int) -> list[str]:
         if not muon_only or any(b in gathered for b in muon_only) or len(gathered) + len(muon_only) != len(reducer.buckets):
             errors.append(f"ZeRO-1 gathers {len(gathered)} of {len(reducer.buckets)} buckets, "
                           f"{len(muon_only)} hold only Muon matrices")
-        report += f"; {len(muon_only)} Muon-only buckets not all-gathered"
+        regathered = sum(p.numel() for b in gathered for p in b.params if p not in adam)
+        if key is not None and regathered:
+            errors.append(f"ZeRO-1 all-gathers {regathered} elements of Muon matrices in mixed buckets")
+        if key is None and not regathered:
+            errors.append("mixed buckets hold no Muon matrix: the mixed layout checks nothing")
+        report += (f"; {len(muon_only)} Muon-only buckets not all-gathered, {regathered} Muon elements "
+                   f"all-gathered in mixed buckets")
     if zero:
         report += "; " + opts[-1].describe_memory()
         for opt in opts:

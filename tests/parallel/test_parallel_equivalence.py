@@ -37,8 +37,10 @@ def test_four_process_layouts_torchrun():
 
 
 def test_distributed_muon_two_processes():
-    """DistributedMuon (whole-matrix owners over DP=2; experts local under EP=2) and plain Muon on DP."""
-    layouts = ["dp-muon", "dp-zero-muon", "ep2-zero-muon"]
+    """DistributedMuon (whole-matrix owners over DP=2; experts local under EP=2) and plain Muon on DP.
+    ZeRO-1 buckets Muon matrices apart from AdamW parameters (none all-gathered); dp-zero-muon-mixed
+    keeps mixed buckets (Muon elements all-gathered as well), which must train the same."""
+    layouts = ["dp-muon", "dp-zero-muon", "ep2-zero-muon", "dp-zero-muon-mixed"]
     _check(run_torchrun(2, WORKER, *layouts), layouts)
 
 
