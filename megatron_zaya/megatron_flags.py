@@ -8,7 +8,7 @@ parallelism) instead of silently training something else.
 
 IMPLIED_SWITCHES: on/off flags whose behaviour is always what this code does.
 FIXED_VALUES: flags whose only accepted values are the ones ZAYA1 implies (any other stops the run).
-ALIASES (resolve_aliases): Megatron-LM names for a setting this code spells otherwise.
+resolve_aliases: folds in Megatron-LM's names for settings this code spells otherwise.
 WANDB_FLAGS: accepted with a warning; scalars go to TensorBoard, which `wandb sync` can upload.
 The flags that do something here (--recompute-activations, --lr-warmup-init, --manual-gc,
 --distributed-timeout-minutes) are ordinary flags of megatron_zaya/arguments.py.
@@ -42,8 +42,8 @@ IMPLIED_SWITCHES = {
     "--ckpt-fully-parallel-save": "every rank writes its own part of a checkpoint",
     "--ckpt-fully-parallel-load": "every rank reads only the part it needs",
     "--exit-signal-handler": "SIGTERM and SIGUSR1 always save a checkpoint and exit",
-    "--override-opt_param-scheduler": "the LR and weight-decay schedules come from this run's flags (unless "
-                                      "--use-checkpoint-opt_param-scheduler)",
+    "--override-opt_param-scheduler": "the LR and weight-decay schedules come from this run's flags "
+                                      "(--use-checkpoint-opt_param-scheduler takes the checkpoint's instead)",
 }
 
 # flag -> (dest, accepted values as the command line spells them, what to use instead)

@@ -166,8 +166,11 @@ class _FileReads:
         self.__init__(state["path"])
 
     def __del__(self):
-        if self._fd is not None and self._pid == os.getpid():
-            os.close(self._fd)
+        try:
+            if self._fd is not None and self._pid == os.getpid():
+                os.close(self._fd)
+        except Exception:   # at interpreter exit os may already be torn down: nothing left to release
+            pass
 
 
 class _MappedReads:

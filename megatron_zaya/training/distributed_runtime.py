@@ -37,9 +37,6 @@ class DistributedRuntime:
         self.is_main = self.rank == 0
         self.model = None
         self.reducer = None
-        if self.is_main:
-            for warning in getattr(run, "warnings", []):
-                print(f"warning: {warning}", flush=True)
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         self.model = parallelize_model(model.to(self.device), self.pstate)

@@ -40,6 +40,9 @@ def build_runtime(run):
     else:
         from megatron_zaya.training.distributed_runtime import DistributedRuntime
         runtime = DistributedRuntime(run)
+    if runtime.is_main:
+        for warning in run.warnings:      # from the flags (arguments.validate)
+            print(f"WARNING {warning}", file=sys.stderr, flush=True)
     if runtime.device.type == "cpu":
         keep_freed_memory()
         warning = slow_bf16_warning(runtime.device) if run.train.bf16 else None
