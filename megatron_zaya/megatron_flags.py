@@ -8,6 +8,7 @@ parallelism) instead of silently training something else.
 
 IMPLIED_SWITCHES: on/off flags whose behaviour is always what this code does.
 FIXED_VALUES: flags whose only accepted values are the ones ZAYA1 implies (any other stops the run).
+REFUSED_SWITCHES: switches that ask for something this code does not do (they stop the run).
 resolve_aliases: folds in Megatron-LM's names for settings this code spells otherwise.
 WANDB_FLAGS: accepted with a warning; scalars go to TensorBoard, which `wandb sync` can upload.
 The flags that do something here (--recompute-activations, --lr-warmup-init, --manual-gc,
@@ -44,6 +45,28 @@ IMPLIED_SWITCHES = {
     "--exit-signal-handler": "SIGTERM and SIGUSR1 always save a checkpoint and exit",
     "--override-opt_param-scheduler": "the LR and weight-decay schedules come from this run's flags "
                                       "(--use-checkpoint-opt_param-scheduler takes the checkpoint's instead)",
+    "--moe-permute-fusion": "the MoE permute / unpermute is fused where kernels are on",
+    "--moe-router-pre-softmax": "ZAYA1's gate is the softmax over all classes, taken before the top-1 choice",
+    "--no-create-attention-mask-in-dataloader": "batches carry no attention mask (causal attention is implicit)",
+    "--use-rotary-position-embeddings": "the model uses (partial) RoPE",
+    "--use-cpu-initialization": "weights are initialised on the CPU, then moved to the device",
+    "--check-for-nan-in-loss-and-grad": "a non-finite loss or gradient norm always skips the step and names the "
+                                        "rank and layer",
+    "--no-check-for-nan-in-loss-and-grad": "the non-finite check is one scalar per step and stays on",
+    "--use-dist-ckpt": "checkpoints are always sharded per rank and reshardable, like torch_dist",
+    "--auto-detect-ckpt-format": "--load recognises this code's checkpoints and names a Megatron-LM one",
+    "--ckpt-assume-constant-structure": "checkpoint writes do not depend on it",
+    "--use-precision-aware-optimizer": "optimizer state, master weights and main gradients are fp32 (the only "
+                                       "--main-grads-dtype / --exp-avg-dtype accepted)",
+    "--enable-experimental": "no experimental features to enable",
+}
+
+# Switches that ask for something this code does not do: each stops the run with what to use instead.
+REFUSED_SWITCHES = {
+    "--fp16": "train with --bf16 (ZAYA1 trained in bf16; no loss scaling here)",
+    "--use-torch-fsdp2": "shard with --use-distributed-optimizer (ZeRO-1), as ZAYA1 did",
+    "--tp-comm-overlap": "tensor-parallel communication is not overlapped with compute here; drop the flag",
+    "--moe-pad-expert-input-to-capacity": "experts are dropless (no capacity to pad to)",
 }
 
 # flag -> (dest, accepted values as the command line spells them, what to use instead)
@@ -67,6 +90,35 @@ FIXED_VALUES = {
                           "the sampler is Megatron-LM's single pass in a fixed shuffled order"),
     "--ckpt-format": ("ckpt_format", ("torch_dist",),
                       "checkpoints are always sharded per rank and reshardable, like torch_dist"),
+    "--moe-layer-freq": ("moe_layer_freq", ("1",), "every ZAYA1 block is MoE"),
+    "--moe-router-score-function": ("moe_router_score_function", ("softmax",), "the ZAYA1 router scores with a softmax"),
+    "--moe-expert-capacity-factor": ("moe_expert_capacity_factor", (), "experts are dropless"),
+    "--moe-token-drop-policy": ("moe_token_drop_policy", ("probs", "position"),
+                                "experts are dropless, so no token is dropped by either policy"),
+    "--moe-shared-expert-intermediate-size": ("moe_shared_expert_intermediate_size", ("0",),
+                                              "ZAYA1 has no shared expert"),
+    "--moe-router-topk-scaling-factor": ("moe_router_topk_scaling_factor", ("1",), "the gate is the unscaled softmax"),
+    "--moe-router-num-groups": ("moe_router_num_groups", (), "no group-limited routing (top-1 over all experts)"),
+    "--moe-router-group-topk": ("moe_router_group_topk", (), "no group-limited routing (top-1 over all experts)"),
+    "--kv-lora-rank": ("kv_lora_rank", (), "attention is CCA, not multi-latent attention"),
+    "--rotary-seq-len-interpolation-factor": ("rotary_seq_len_interpolation_factor", ("1",),
+                                              "for longer context ZAYA1 raises --rotary-base instead"),
+    "--num-layers-per-virtual-pipeline-stage": ("num_layers_per_virtual_pipeline_stage", (),
+                                                "there is no pipeline parallelism"),
+    "--decoder-first-pipeline-num-layers": ("decoder_first_pipeline_num_layers", (),
+                                            "there is no pipeline parallelism"),
+    "--num-distributed-optimizer-instances": ("num_distributed_optimizer_instances", ("1",),
+                                              "one ZeRO-1 instance over the whole data-parallel group"),
+    "--main-grads-dtype": ("main_grads_dtype", ("fp32",), "gradients are accumulated and reduced in fp32"),
+    "--main-params-dtype": ("main_params_dtype", ("fp32",), "master weights are fp32"),
+    "--exp-avg-dtype": ("exp_avg_dtype", ("fp32",), "Adam's moments are fp32"),
+    "--exp-avg-sq-dtype": ("exp_avg_sq_dtype", ("fp32",), "Adam's moments are fp32"),
+    "--attention-backend": ("attention_backend", ("auto", "flash", "fused", "unfused", "local"),
+                            "attention goes through scaled_dot_product_attention"),
+    "--cp-comm-type": ("cp_comm_type", ("p2p", "all_gather", "a2a", "a2a+p2p"),
+                       "context parallelism all-gathers K/V whatever the type"),
+    "--timing-log-level": ("timing_log_level", ("0", "1", "2"),
+                           "the console line always has the time per iteration and its split"),
 }
 
 
@@ -87,9 +139,14 @@ def add_megatron_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("Megatron-LM flags accepted for compatibility (docs: megatron_zaya/megatron_flags.py)")
     for flag, meaning in IMPLIED_SWITCHES.items():
         g.add_argument(flag, action="store_true", help=f"accepted: {meaning}")
-    for flag, (dest, accepted, _why) in FIXED_VALUES.items():
-        g.add_argument(flag, dest=dest, default=None, metavar="VALUE", help=f"accepted: {' or '.join(accepted)}")
-    g.add_argument("--fp16", action="store_true", help="refused: use --bf16")
+    for flag, (dest, accepted, why) in FIXED_VALUES.items():
+        g.add_argument(flag, dest=dest, default=None, metavar="VALUE",
+                       help=f"accepted: {' or '.join(accepted)}" if accepted else f"refused: {why}")
+    for flag, instead in REFUSED_SWITCHES.items():
+        g.add_argument(flag, action="store_true", help=f"refused: {instead}")
+    g.add_argument("--expert-tensor-parallel-size", type=int, default=None,
+                   help="accepted when equal to --tensor-model-parallel-size (experts are split like the "
+                        "dense layers)")
     g.add_argument("--ffn-hidden-size", type=int, default=None,
                    help="the experts' hidden size when --moe-ffn-hidden-size is not given (as in Megatron-LM); "
                         "every ZAYA1 block is MoE, so there is no dense FFN for it to size otherwise")
@@ -121,10 +178,15 @@ def resolve_aliases(args: argparse.Namespace) -> list[str]:
 
 def check_megatron_flags(args: argparse.Namespace) -> None:
     """ValueError naming the first flag whose value this code does not do."""
-    if args.fp16:
-        raise ValueError("--fp16 is not supported: train with --bf16 (ZAYA1 trained in bf16; no loss scaling here)")
+    for flag, instead in REFUSED_SWITCHES.items():
+        if getattr(args, flag[2:].replace("-", "_")):
+            raise ValueError(f"{flag} is not supported: {instead}")
+    etp, tp = args.expert_tensor_parallel_size, args.tensor_model_parallel_size
+    if etp is not None and etp != tp:
+        raise ValueError(f"--expert-tensor-parallel-size={etp} is not supported: experts are split over the "
+                         f"tensor-parallel group (--tensor-model-parallel-size={tp}); give the same size or drop it")
     for flag, (dest, accepted, why) in FIXED_VALUES.items():
         value = getattr(args, dest)
         if value is not None and not any(_same(value, a) for a in accepted):
-            raise ValueError(f"{flag}={value} is not supported: only {' or '.join(accepted)}"
-                             + (f" ({why})" if why else ""))
+            only = f"only {' or '.join(accepted)}" if accepted else "drop the flag"
+            raise ValueError(f"{flag}={value} is not supported: {only}" + (f" ({why})" if why else ""))

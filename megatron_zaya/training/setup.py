@@ -41,7 +41,7 @@ def build_runtime(run):
         from megatron_zaya.training.distributed_runtime import DistributedRuntime
         runtime = DistributedRuntime(run)
     if runtime.is_main:
-        for warning in run.warnings:      # from the flags (arguments.validate)
+        for warning in getattr(run, "warnings", ()):   # from the flags (arguments.validate)
             print(f"WARNING {warning}", file=sys.stderr, flush=True)
     if runtime.device.type == "cpu":
         keep_freed_memory()

@@ -32,6 +32,11 @@ def error_of(argv, capsys) -> str:
     ({"--pipeline-model-parallel-size": "2"}, "--pipeline-model-parallel-size=2 is not supported"),
     ({"--fp16": ""}, "--fp16 is not supported: train with --bf16"),
     ({"--dataloader-type": "cyclic"}, "--dataloader-type=cyclic is not supported: only single"),
+    ({"--use-torch-fsdp2": ""}, "--use-torch-fsdp2 is not supported: shard with --use-distributed-optimizer"),
+    ({"--moe-expert-capacity-factor": "1.25"},
+     "--moe-expert-capacity-factor=1.25 is not supported: drop the flag (experts are dropless)"),
+    ({"--moe-router-score-function": "sigmoid"}, "--moe-router-score-function=sigmoid is not supported: only softmax"),
+    ({"--expert-tensor-parallel-size": "2"}, "--expert-tensor-parallel-size=2 is not supported"),
     ({"--recompute-activations": "", "--recompute-granularity": "full"}, "--recompute-activations means"),
     ({"--lr-warmup-init": "1", "--lr": "0.01"}, "--lr-warmup-init=1.0 must be in [0, --lr=0.01]"),
     ({"--start-weight-decay": "0.1"}, "--start-weight-decay needs --weight-decay-incr-style linear or cosine"),
@@ -343,7 +348,11 @@ def test_a_megatron_lm_script_runs_unchanged(tiny_corpus, tmp_path):
                 "--cross-entropy-loss-fusion", "--calculate-per-token-loss", "--exit-signal-handler",
                 "--override-opt_param-scheduler", "--dataloader-type", "single",
                 "--recompute-activations", "--lr-warmup-init", "1e-4", "--manual-gc", "--manual-gc-interval", "5",
-                "--distributed-timeout-minutes", "20"]
+                "--distributed-timeout-minutes", "20", "--moe-permute-fusion", "--moe-router-pre-softmax",
+                "--moe-layer-freq", "1", "--moe-router-score-function", "softmax", "--attention-backend", "auto",
+                "--no-create-attention-mask-in-dataloader", "--timing-log-level", "0", "--use-dist-ckpt",
+                "--main-grads-dtype", "fp32", "--use-precision-aware-optimizer", "--cp-comm-type", "p2p",
+                "--expert-tensor-parallel-size", "1", "--check-for-nan-in-loss-and-grad"]
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--lr-warmup-iters": "4"}) + megatron)
     assert run.train.recompute_granularity == "selective"          # Megatron's --recompute-activations
     assert (run.train.manual_gc, run.train.manual_gc_interval) == (True, 5)
