@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 
+from megatron_zaya.training.config import TrainConfig
+
 IMPLIED_SWITCHES = {
     "--use-mcore-models": "the model is this repository's own",
     "--use-flash-attn": "attention goes through scaled_dot_product_attention, which picks a flash kernel where "
@@ -124,8 +126,6 @@ FIXED_VALUES = {
 
 WANDB_FLAGS = ("--wandb-project", "--wandb-exp-name", "--wandb-save-dir", "--wandb-entity")
 
-DEFAULT_ROUTER_BIAS_LR = 1e-2
-
 
 def _same(word: str, accepted: str) -> bool:
     try:
@@ -167,7 +167,7 @@ def resolve_aliases(args: argparse.Namespace) -> list[str]:
     if rate is not None and lr is not None and rate != lr:
         raise ValueError(f"--moe-router-bias-update-rate={rate} and --moe-router-bias-lr={lr} set the same step: "
                          f"give one of them")
-    args.moe_router_bias_lr = rate if rate is not None else lr if lr is not None else DEFAULT_ROUTER_BIAS_LR
+    args.moe_router_bias_lr = rate if rate is not None else lr if lr is not None else TrainConfig.moe_router_bias_lr
     given = [f for f in WANDB_FLAGS if getattr(args, f[2:].replace("-", "_")) is not None]
     if not given:
         return []
