@@ -11,9 +11,11 @@ import os
 import tempfile
 from dataclasses import dataclass, field, fields
 
+import torch
 import yaml
 
 from megatron_zaya.checkpoint.format import COMPLETE_MARKER, ITER_RE, LATEST_FILE, METADATA_FILE, iter_dir_name
+from megatron_zaya.checkpoint.preflight import first_candidate_metadata
 from megatron_zaya.config import PRESETS, ConfigError, ModelConfig, model_config_from_preset
 from megatron_zaya.data.blend import parse_data_path
 from megatron_zaya.data.gpt_dataset import default_cache_dir
@@ -29,7 +31,9 @@ from megatron_zaya.optim.schedules import (DECAY_STYLES, WD_INCR_STYLES, WSD_DEC
                                            weight_decay_schedule_from_flags)
 from megatron_zaya.training.batch_schedule import BatchSizeSchedule
 from megatron_zaya.training.config import TrainConfig
+from megatron_zaya.training.profiling import check_profile_flags
 
+DEFAULT_PRESET = "zaya1-tiny"
 MODEL_FLAGS = {  # flag -> type; None means "keep the preset's value"
     "num_layers": int, "hidden_size": int, "num_attention_heads": int, "num_query_groups": int,
     "kv_channels": int, "seq_length": int, "max_position_embeddings": int, "rotary_base": float,
@@ -83,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 allow_abbrev=False)
     p.add_argument("--config", help="YAML file of flags (command-line flags override it)")
     g = p.add_argument_group("model")
-    g.add_argument("--preset", default="zaya1-tiny", help=f"model preset: {', '.join(sorted(PRESETS))}")
+    g.add_argument("--preset", default=None,
+                   help=f"model preset: {', '.join(sorted(PRESETS))} (default {DEFAULT_PRESET})")
     for name, kind in MODEL_FLAGS.items():
         g.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true", default=None)
@@ -184,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-save-rng", action="store_true", help="checkpoints without the RNG states")
     g.add_argument("--no-load-rng", action="store_true")
     g.add_argument("--finetune", action="store_true")
+    g.add_argument("--use-checkpoint-args", action="store_true",
+                   help="the model config of --load's checkpoint instead of --preset's; model flags given on the "
+                        "command line still override it (as in Megatron-LM)")
     g.add_argument("--use-checkpoint-opt_param-scheduler", action="store_true",
                    help="the LR and weight-decay schedules from the flags of the run that saved --load's "
                         "checkpoint, not from this run's (as in Megatron-LM)")
@@ -209,6 +217,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="turn Python's automatic garbage collection off (its pauses differ between ranks and "
                         "stall collectives); collect every --manual-gc-interval iterations instead")
     g.add_argument("--manual-gc-interval", type=int, default=0, help="with --manual-gc: 0 never collects")
+    g = p.add_argument_group("profiling (megatron_zaya/training/profiling.py)")
+    g.add_argument("--profile", action="store_true",
+                   help="profile the iterations run while the completed count is in [--profile-step-start, "
+                        "--profile-step-end): with --use-pytorch-profiler by torch.profiler (CPU or GPU), else "
+                        "through the CUDA profiler API for nsys / rocprof (GPU)")
+    g.add_argument("--use-pytorch-profiler", action="store_true",
+                   help="torch.profiler traces and op tables into --tensorboard-dir")
+    g.add_argument("--profile-step-start", type=int, default=10)
+    g.add_argument("--profile-step-end", type=int, default=12)
+    g.add_argument("--profile-ranks", type=int, nargs="+", default=[0], help="global ranks that profile")
+    g.add_argument("--pytorch-profiler-collect-shapes", action="store_true",
+                   help="record op input shapes (and an op table by shape)")
+    g.add_argument("--pytorch-profiler-collect-callstack", action="store_true", help="record Python call stacks")
+    g.add_argument("--record-memory-history", action="store_true",
+                   help="GPU: record the caching allocator's history; snapshot to --memory-snapshot-path")
+    g.add_argument("--memory-snapshot-path", default="snapshot.pickle")
     add_megatron_flags(p)
     return p
 
@@ -477,6 +501,31 @@ def _check_scheduler_source(args: argparse.Namespace) -> None:
                                  f"schedules come either from the checkpoint or from this run's flags")
 
 
+def model_config_from_checkpoint(args: argparse.Namespace) -> ModelConfig:
+    """--use-checkpoint-args: the model config saved with the checkpoint --load starts from (the first
+    one with readable metadata, as the load itself will try). Its vocabulary size counts as given, so
+    the tokenizer's padded size does not replace it (a different tokenizer is then an error)."""
+    if not args.load:
+        raise UserInputError("--use-checkpoint-args needs --load (the checkpoint to take the model config from)")
+    if args.preset:
+        raise UserInputError(f"--use-checkpoint-args and --preset {args.preset} exclude each other: the model "
+                             f"config comes from --load's checkpoint")
+    check_load_path(args.load)
+    found = first_candidate_metadata(args.load)
+    if found is None or not found[1].get("model_config"):
+        raise UserInputError(f"--use-checkpoint-args: --load {args.load} holds no checkpoint with a model config "
+                             f"in its {METADATA_FILE}")
+    folder, meta = found
+    try:
+        model = ModelConfig(**meta["model_config"])
+    except TypeError as err:
+        raise UserInputError(f"--use-checkpoint-args: {os.path.join(folder, METADATA_FILE)}: not a model config "
+                             f"of this version ({err})") from None
+    if args.vocab_size is None:
+        args.vocab_size = model.vocab_size
+    return model
+
+
 def _check_split(args: argparse.Namespace) -> None:
     """--split parses like the data pipeline's, and gives training a share (there are iterations)."""
     shares = parse_split(args.split)
@@ -496,8 +545,9 @@ def _check_tokenizer(args: argparse.Namespace) -> None:
 
 def _check_paths(args: argparse.Namespace, prefixes: list[str]) -> None:
     """Folders the run will create can be created (checked now, not after the model is built)."""
+    snapshot_dir = os.path.dirname(os.path.abspath(args.memory_snapshot_path)) if args.record_memory_history else None
     for flag, path in (("--save", args.save), ("--tensorboard-dir", args.tensorboard_dir),
-                       ("--data-cache-path", args.data_cache_path)):
+                       ("--data-cache-path", args.data_cache_path), ("--memory-snapshot-path", snapshot_dir)):
         if path:
             check_creatable_dir(flag, path)
     if not args.data_cache_path and prefixes:
@@ -548,7 +598,10 @@ def validate(args: argparse.Namespace) -> RunConfig:
     overrides = {name: getattr(args, name) for name in MODEL_FLAGS if getattr(args, name) is not None}
     if args.untie_embeddings_and_output_weights:
         overrides["untie_embeddings_and_output_weights"] = True
-    model = model_config_from_preset(args.preset, **overrides)
+    if args.use_checkpoint_args:
+        model = model_config_from_checkpoint(args).replace(**overrides)
+    else:
+        model = model_config_from_preset(args.preset or DEFAULT_PRESET, **overrides)
 
     parallel = ParallelSizes(world_size_from_env(), args.tensor_model_parallel_size, args.context_parallel_size,
                              args.expert_model_parallel_size, args.sequence_parallel, args.use_distributed_optimizer,
@@ -558,6 +611,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
     _check_sequence_splits(args, model)
     _check_recompute(args, model)
     _check_scheduler_source(args)
+    warnings += check_profile_flags(args, parallel.world_size, torch.cuda.is_available())
 
     if (args.train_iters is None) == (args.train_samples is None):
         raise UserInputError("give exactly one of --train-iters and --train-samples")

@@ -55,6 +55,16 @@ class TrainConfig:
     # Python garbage collection (--manual-gc): off during training, collected every N iterations
     manual_gc: bool = False
     manual_gc_interval: int = 0
+    # profiling (megatron_zaya/training/profiling.py)
+    profile: bool = False
+    use_pytorch_profiler: bool = False
+    profile_step_start: int = 10
+    profile_step_end: int = 12
+    profile_ranks: list[int] = field(default_factory=lambda: [0])
+    pytorch_profiler_collect_shapes: bool = False
+    pytorch_profiler_collect_callstack: bool = False
+    record_memory_history: bool = False
+    memory_snapshot_path: str = "snapshot.pickle"
     # checkpoints
     save: str | None = None
     load: str | None = None

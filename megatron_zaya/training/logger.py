@@ -29,8 +29,11 @@ class TrainingLogger:
         return self.writer is not None
 
     def print(self, message: str) -> None:
-        if not self.is_main:
-            return
+        if self.is_main:
+            self.print_any_rank(message)
+
+    def print_any_rank(self, message: str) -> None:
+        """A console line from whichever rank calls (e.g. the ranks that profile)."""
         line = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {message}"
         if self.bar is not None:
             self.bar.write(line)

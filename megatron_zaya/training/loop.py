@@ -26,6 +26,7 @@ from megatron_zaya.training.logger import TrainingLogger
 from megatron_zaya.training.metrics import (IntervalMeter, device_peak_tflops, format_duration, peak_memory_bytes,
                                            routing_statistics, synchronize)
 from megatron_zaya.training.nonfinite import diagnose
+from megatron_zaya.training.profiling import StepProfiler
 
 
 @dataclass
@@ -324,6 +325,13 @@ class Trainer:
             gc.enable()
 
     def _train(self) -> TrainState:
+        profiler = StepProfiler(self.cfg, self.parallel.rank, self.parallel.world_size, self.logger.print_any_rank)
+        try:
+            return self._train_iterations(profiler)
+        finally:
+            profiler.close(self.state.iteration)
+
+    def _train_iterations(self, profiler: StepProfiler) -> TrainState:
         self.model.train()
         started = time.time()
         self.start_iteration = self.state.iteration
@@ -336,10 +344,12 @@ class Trainer:
         gc_interval = self.cfg.manual_gc_interval if self.cfg.manual_gc else 0
         while self.state.iteration < self.total_iters:
             batch_size = self.batch_schedule.batch_size(self.state.consumed_samples)
+            profiler.before_step(self.state.iteration)
             step_start = time.time()
             result = self.train_step(self.next_micro_batches())
             synchronize(self.device)           # the step's queued device work belongs to its time
             self.state.iteration += 1
+            profiler.after_step(self.state.iteration)
             self.state.consumed_samples += batch_size
             self.state.consumed_tokens += batch_size * self.run.model.seq_length
             if not result.skipped:

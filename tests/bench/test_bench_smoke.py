@@ -87,11 +87,14 @@ def test_gpu_model_check_runs_interpreted_in_bf16():
     """bench/gpu_model_check.py without a GPU: the Triton kernels interpreted inside a one-layer
     model under bf16 autocast, against the reference path (its own process: the script sets
     TRITON_INTERPRET=1 before triton is imported). Before _triton_common.dot_operand the
-    interpreter's bf16 tl.dot made this check fail with relative gradient errors of ~1e15."""
+    interpreter's bf16 tl.dot made this check fail with relative gradient errors of ~1e15.
+    32 tokens (2 x 16): on a CPU with native bf16 matmuls (AVX512-BF16) the interpreted path's
+    gradient errors against float64 are 1.6-1.8x eager's, and with 8 tokens a few small tensors
+    (key_temperature, router biases) went past the 2x verdict by chance (2026-12-04, seed 0)."""
     pytest.importorskip("triton")
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     cmd = [sys.executable, "bench/gpu_model_check.py", "--preset", "zaya1-tiny", "--num-layers", "1",
-           "--vocab-size", "1024", "--seq-length", "8", "--micro-batch-size", "1", "--dtype", "bf16", "--iters", "0"]
+           "--vocab-size", "1024", "--seq-length", "16", "--micro-batch-size", "2", "--dtype", "bf16", "--iters", "0"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[bf16] gradients: 34 tensors" in proc.stdout and "model check: PASS" in proc.stdout

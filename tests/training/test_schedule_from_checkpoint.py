@@ -1,5 +1,7 @@
-"""--use-checkpoint-opt_param-scheduler: a resumed run follows the LR and weight-decay schedules of the
-run that saved the checkpoint, whatever this run's schedule flags say; without it, this run's flags."""
+"""What a resumed run takes from its checkpoint. --use-checkpoint-opt_param-scheduler: the LR and
+weight-decay schedules of the run that saved it, whatever this run's schedule flags say (without it,
+this run's flags); --use-checkpoint-args: its model config, under the model flags given."""
+import json
 import re
 
 import pytest
@@ -70,3 +72,28 @@ def test_flag_combinations_are_checked(tiny_corpus, tmp_path, capsys, extra, mes
     with pytest.raises(SystemExit):
         parse_args(tiny_run_flags(tiny_corpus, tmp_path) + ["--use-checkpoint-opt_param-scheduler"] + extra)
     assert message in capsys.readouterr().err
+
+
+def test_use_checkpoint_args_takes_the_model_config_from_the_checkpoint(first_run, tiny_corpus, tmp_path, capsys):
+    _, save = first_run
+    saved = json.loads((save / "iter_0000004" / "metadata.json").read_text())["model_config"]
+    flags = tiny_run_flags(tiny_corpus, tmp_path, **{**FIRST, "--load": save, "--num-layers": None,
+                                                       "--seq-length": None, "--preset": None,
+                                                       "--use-checkpoint-args": ""})
+    run = parse_args(flags)
+    assert run.model.to_dict() == saved and (saved["num_layers"], saved["seq_length"]) == (2, 32)  # preset: 4, 256
+    assert build_and_train(run) == 0          # the 2-layer checkpoint loads into it and training resumes
+    assert "iteration       8/8" in capsys.readouterr().out
+    assert parse_args(flags + ["--rotary-base", "20000"]).model.to_dict() == {**saved, "rotary_base": 20000.0}
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], "--use-checkpoint-args needs --load"),
+    (["--load", "{tmp}", "--preset", "zaya1-tiny"], "--use-checkpoint-args and --preset zaya1-tiny exclude each other"),
+    (["--load", "{tmp}"], "--use-checkpoint-args: --load {tmp} holds no checkpoint with a model config"),
+])
+def test_use_checkpoint_args_needs_a_checkpoint(tiny_corpus, tmp_path, capsys, extra, message):
+    extra = [word.replace("{tmp}", str(tmp_path)) for word in extra]
+    with pytest.raises(SystemExit):
+        parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--preset": None}) + ["--use-checkpoint-args"] + extra)
+    assert message.replace("{tmp}", str(tmp_path)) in capsys.readouterr().err
