@@ -29,8 +29,9 @@
 #             Never with CKPT_DIR empty: there would be nothing to resume from.
 #             MAX_RESTARTS [3]: a failed run is resubmitted (sbatch --dependency=afterany) with the nodes
 #             that failed added to --exclude, and resumes from the latest checkpoint. Only a trainer's own
-#             exit code (1, 2, ...) blames its node: deaths by a signal (128+N: 143, 137, 134, ...) are srun
-#             stopping the ranks after another one failed, and the hang watchdog's 124 fires on every rank.
+#             exit code (1, 2, ...) or crash (139 SIGSEGV, 135 SIGBUS, 132, 136) blames its node: other
+#             deaths by a signal (128+N: 143, 137, 134, ...) are srun stopping the ranks after another one
+#             failed, and the hang watchdog's 124 fires on every rank.
 #             A failure on every node before any new checkpoint, or twice at the same checkpoint, is not
 #             restarted. The resubmission repeats this job's partition, account, QOS, reservation,
 #             constraint, GRES / GPUs per node, time limit and size, plus SBATCH_ARGS.
@@ -419,13 +420,17 @@ if training_done; then
     finish
 fi
 # Each rank's record: "<node> <rank> <exit code> <signal received or none> <time>". Only the trainer's
-# own exit codes (1, 2, 97, ...: an exception, a bad flag, TRAIN_ENV_SETUP) blame its node. Not:
+# own failures blame its node: its exit codes (1, 2, 97, ...: an exception, a bad flag,
+# TRAIN_ENV_SETUP), and the faults of its own execution, which no peer or srun sends: 139 (SIGSEGV),
+# 135 (SIGBUS: often a memory error), 132 (SIGILL), 136 (SIGFPE), when the task received no signal.
+# Not:
 #  - a signal received by the task, or an exit code 128+N (died of signal N: 143 TERM, 137 KILL,
 #    130 INT, 134 ABRT, ...) or none that makes sense: srun stops every rank once one has failed, and
 #    a trainer can die of the signal before its task wrapper records it; a peer's failure also makes
 #    RCCL/NCCL abort the healthy ranks;
 #  - 124, the trainer's hang watchdog (megatron_zaya/training/watchdog.py): every rank waiting in a hung
 #    collective fires it, the healthy ones included. HEALTH_CHECK_CMD is the tool that finds a bad node.
+SELF_FAULTS="132 135 136 139"
 declare -A BAD=()
 declare -A SEEN=()
 OWN=() STOPPED=() HUNG=()
@@ -437,7 +442,7 @@ for f in "$ATTEMPT_DIR"/exit/rank-*; do
         continue
     elif [[ $rc == 124 ]]; then
         HUNG+=("$rank")
-    elif [[ $sig != none || ! $rc =~ ^[0-9]+$ ]] || (( rc >= 128 )); then
+    elif [[ $sig != none || ! $rc =~ ^[0-9]+$ ]] || { (( rc >= 128 )) && [[ " $SELF_FAULTS " != *" $rc "* ]]; }; then
         STOPPED+=("$rank")
     else
         OWN+=("$rank@$node:$rc")

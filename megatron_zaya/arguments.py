@@ -210,6 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--log-num-zeros-in-grad", action="store_true",
                    help="count the exactly-zero elements of the reduced gradient every step (console and "
                         "TensorBoard 'num-zeros'; one more pass over the gradients)")
+    g.add_argument("--log-straggler", action="store_true",
+                   help="every --log-interval: the slowest and fastest ranks by their own forward+backward time "
+                        "(megatron_zaya/training/stragglers.py)")
+    g.add_argument("--straggler-minmax-count", type=int, default=1, help="ranks named at each end")
     g.add_argument("--peak-tflops", type=float, default=None, help="per-device peak for MFU (default: table/measured)")
     g.add_argument("--exit-interval", type=int, default=None)
     g.add_argument("--exit-duration-in-mins", type=float, default=None)
@@ -355,7 +359,7 @@ NUMBER_DOMAINS = (
     ("exit_interval", _ge1, "must be >= 1"), ("exit_duration_in_mins", _gt0, "must be > 0"),
     ("peak_tflops", _gt0, "must be > 0"), ("ddp_bucket_size", _ge1, "must be >= 1"),
     ("tensorboard_log_interval", _ge1, "must be >= 1"), ("tensorboard_queue_size", _ge1, "must be >= 1"),
-    ("recompute_num_layers", _ge1, "must be >= 1"),
+    ("recompute_num_layers", _ge1, "must be >= 1"), ("straggler_minmax_count", _ge1, "must be >= 1"),
 )
 
 

@@ -69,6 +69,8 @@ REFUSED_SWITCHES = {
     "--use-torch-fsdp2": "shard with --use-distributed-optimizer (ZeRO-1), as ZAYA1 did",
     "--tp-comm-overlap": "tensor-parallel communication is not overlapped with compute here; drop the flag",
     "--moe-pad-expert-input-to-capacity": "experts are dropless (no capacity to pad to)",
+    "--disable-straggler-on-startup": "there is no straggler controller to switch it on later: give "
+                                      "--log-straggler to report stragglers, or neither flag",
 }
 
 # flag -> (dest, accepted values as the command line spells them, what to use instead)

@@ -7,7 +7,9 @@ What changes (parameter names never do):
   CP > 1   CCA on two sequence chunks with halo exchange and K/V all-gather (parallel.context)
   SP       sequence-parallel residual stream between the TP regions (needs TP > 1)
   always   expert parameters marked `is_expert` (reduced over expert-DP), and the routing counts in
-           ModelOutput all-reduced over the ranks holding different tokens: they are GLOBAL.
+           ModelOutput all-reduced over the ranks holding different tokens: they are GLOBAL (unless
+           `model.local_routing_counts` is set: the trainer sums the local counts of a step's
+           micro-batches and reduces them once, so no forward waits for the other ranks there).
 """
 from __future__ import annotations
 
@@ -21,19 +23,26 @@ from megatron_zaya.parallel.state import check_layout
 from megatron_zaya.parallel.tensor import ParallelCCA, apply_tensor_parallel
 
 
+def sum_counts_over_token_ranks(counts: torch.Tensor, pstate) -> torch.Tensor:
+    """All-reduce (in place) routing counts over the ranks that hold different tokens."""
+    if group_size(pstate.token_group) > 1:
+        dist.all_reduce(counts, group=pstate.token_group)
+    return counts
+
+
 def global_routing_counts(routing: list, pstate) -> None:
     """All-reduce every layer's Routing.counts (in place) over the ranks that hold different tokens:
     one collective for all layers. parallelize_model's forward hook already does this."""
     if not routing or group_size(pstate.token_group) == 1:
         return
-    stacked = torch.stack([r.counts for r in routing])
-    dist.all_reduce(stacked, group=pstate.token_group)
+    stacked = sum_counts_over_token_ranks(torch.stack([r.counts for r in routing]), pstate)
     for r, c in zip(routing, stacked):
         r.counts = c
 
 
 def _reduce_counts_hook(model, args, kwargs, output):
-    global_routing_counts(output.routing, model.pstate)
+    if not getattr(model, "local_routing_counts", False):
+        global_routing_counts(output.routing, model.pstate)
     return output
 
 

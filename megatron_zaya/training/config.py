@@ -45,6 +45,8 @@ class TrainConfig:
     progress_bar: bool = False
     log_num_zeros_in_grad: bool = False
     peak_tflops: float | None = None
+    log_straggler: bool = False                    # training/stragglers.py
+    straggler_minmax_count: int = 1
     # activation recomputation (ZayaModel.set_recompute)
     recompute_granularity: str | None = None
     recompute_method: str | None = None

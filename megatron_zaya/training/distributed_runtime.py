@@ -12,7 +12,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from megatron_zaya.parallel.apply import parallelize_model
+from megatron_zaya.parallel.apply import parallelize_model, sum_counts_over_token_ranks
 from megatron_zaya.parallel.context import slice_batch_for_cp
 from megatron_zaya.optim.builder import muon_bucket_key
 from megatron_zaya.parallel.data import GradientReducer, clip_grad_norm, count_zero_grads, is_expert
@@ -40,6 +40,7 @@ class DistributedRuntime:
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         self.model = parallelize_model(model.to(self.device), self.pstate)
+        self.model.local_routing_counts = True     # reduced once per step: sum_routing_counts
         shard = self.run.parallel.use_distributed_optimizer
         key = muon_bucket_key(self.model, self.run.optim) if shard else None
         self.reducer = GradientReducer(self.model, self.pstate, bucket_size=self.run.parallel.ddp_bucket_size,
@@ -89,8 +90,17 @@ class DistributedRuntime:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return tensor
 
+    def gather_from_all_ranks(self, value: float) -> list[float]:
+        """`value` of every rank, in global rank order."""
+        mine = torch.tensor([value], dtype=torch.float64, device=self.device)
+        every = torch.empty(self.world_size, dtype=torch.float64, device=self.device)
+        dist.all_gather_into_tensor(every, mine)
+        return every.tolist()
+
     def sum_routing_counts(self, counts: torch.Tensor) -> torch.Tensor:
-        return counts   # the parallel model's forward hook already made them global
+        """The step's counts (summed over its micro-batches on this rank) summed over the ranks
+        holding different tokens: one collective per step instead of one per forward."""
+        return sum_counts_over_token_ranks(counts, self.pstate)
 
     def no_sync(self, skip: bool):
         return self.reducer.no_sync() if skip else contextlib.nullcontext()

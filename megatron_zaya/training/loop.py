@@ -27,6 +27,7 @@ from megatron_zaya.training.metrics import (IntervalMeter, device_peak_tflops, f
                                            routing_statistics, synchronize)
 from megatron_zaya.training.nonfinite import diagnose
 from megatron_zaya.training.profiling import StepProfiler
+from megatron_zaya.training.stragglers import StragglerMeter
 
 
 @dataclass
@@ -107,6 +108,8 @@ class Trainer:
         self.stop_requested: str | None = None
         self.last_validation: dict[str, float] | None = None
         self.interval = IntervalMeter()
+        self.stragglers = (StragglerMeter(self.device, self.cfg.straggler_minmax_count) if self.cfg.log_straggler
+                           else None)
 
     # ---------------------------------------------------------------------------------------------
     def train_step(self, micro_batches: list[dict]) -> StepResult:
@@ -119,6 +122,8 @@ class Trainer:
         loss_scale = parallel.gradient_average_factor / max(global_tokens, 1.0)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         counts = None
+        if self.stragglers is not None:
+            self.stragglers.start()
         for index, batch in enumerate(micro_batches):
             # Backward inside no_sync too: gradient hooks decide there whether buckets communicate.
             with parallel.no_sync(index < len(micro_batches) - 1):
@@ -129,6 +134,8 @@ class Trainer:
             loss_sum += masked.detach().double()
             step_counts = torch.stack([r.counts for r in out.routing])
             counts = step_counts if counts is None else counts + step_counts
+        if self.stragglers is not None:
+            self.stragglers.stop()
         parallel.finish_gradient_reduction()
         loss = parallel.sum_over_data_ranks(loss_sum).item() / max(global_tokens, 1.0)
         counts = parallel.sum_routing_counts(counts)
@@ -246,6 +253,10 @@ class Trainer:
         if it % self.cfg.log_interval == 0 or it == self.total_iters:
             self.print_interval(result, started)
             self.interval = IntervalMeter()
+            if self.stragglers is not None:      # every rank: the report gathers from all of them
+                report = self.stragglers.report(self.parallel)
+                self.logger.print(report.line())
+                self.logger.scalars(report.scalars(), it)
 
     def throughput(self, tokens: int, seconds: float) -> tuple[float, float, float]:
         """(tokens/s per device, model TFLOP/s per device, MFU) of `tokens` processed in `seconds`."""

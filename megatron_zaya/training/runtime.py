@@ -40,6 +40,9 @@ class SingleProcess:
     def max_over_all_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor
 
+    def gather_from_all_ranks(self, value: float) -> list[float]:
+        return [value]
+
     def sum_routing_counts(self, counts: torch.Tensor) -> torch.Tensor:
         return counts
 

@@ -8,7 +8,7 @@ srun starts its tasks as local processes with the variables Slurm gives a task (
 SLURM_LOCALID, SLURM_NODEID, SLURM_STEP_ID, SLURMD_NODENAME) and, like the real one, takes the
 task count from SLURM_NTASKS / SLURM_NTASKS_PER_NODE of the job when the command line does not say.
 The trainer is a bash stand-in (fake_trainer.sh): FAKE_RC holds one exit code per rank (the last
-one for the ranks after it; TERM/KILL/ABRT: the trainer kills itself with that signal, i.e. it
+one for the ranks after it; TERM/KILL/ABRT/SEGV/BUS: the trainer kills itself with that signal, i.e. it
 dies of it before its task wrapper has heard of any signal), FAKE_WRITES_ITER makes rank 0 write
 latest_checkpointed_iteration.txt into --save. Every call of a fake command is recorded in
 calls.jsonl with its arguments and environment.
@@ -91,7 +91,7 @@ fi
 read -r -a codes <<< "${FAKE_RC:-0}"
 rc=${codes[RANK]:-${codes[-1]}}
 case $rc in
-    TERM|KILL|ABRT) kill -s "$rc" $$ ;;
+    TERM|KILL|ABRT|SEGV|BUS) kill -s "$rc" $$ ;;
 esac
 exit "$rc"
 '''

@@ -50,6 +50,18 @@ def test_ranks_that_died_of_a_signal_are_not_blamed(fake, tmp_path):
     assert arg(fake.calls("sbatch")[0]["argv"], "--exclude") == "n1", fake.launcher_log()
 
 
+def test_a_rank_that_crashed_by_itself_blames_its_node(fake, tmp_path):
+    # Rank 1 (node n1) dies of a segmentation fault (139) or a bus error (135, e.g. a memory error)
+    # while its task received no signal: no peer and no srun sends those, so n1 is excluded. The
+    # others were stopped by srun (143, 137).
+    write_latest(str(tmp_path / "ckpt"), 5)
+    for fault in ("SEGV", "BUS"):
+        fake.run_launcher(FAKE_RC=f"143 {fault} 143 137")
+        log = fake.launcher_log()
+        assert "1 rank(s) failed by themselves" in log and "failed nodes: n1" in log, log
+        assert arg(fake.calls("sbatch")[-1]["argv"], "--exclude") == "n1", log
+
+
 def test_watchdog_exits_blame_no_node(fake, tmp_path):
     # A hung collective: every rank's watchdog fires (124), or srun stops the rank first.
     write_latest(str(tmp_path / "ckpt"), 5)

@@ -6,6 +6,7 @@ losses (the second one already follows an optimizer step). Later steps get 1e-3:
 argmax, so float reassociation (sums over ranks instead of micro-batches) can flip a near-tie token
 to another expert once the weights have moved, which changes the loss by ~1e-4 without any bug."""
 import os
+import re
 import subprocess
 import sys
 
@@ -95,3 +96,22 @@ def test_tensor_parallel_with_shared_kv_heads_logs_single_process_norms(tiny_cor
     assert tp2 == pytest.approx(single, rel=1e-5)
     for tag in ("params-norm", "grad-norm"):
         assert scalar(tmp_path / "tp2", tag) == pytest.approx(scalar(tmp_path / "tp1", tag), rel=1e-5), tag
+
+
+def test_log_straggler_names_the_slow_rank(tiny_corpus, tmp_path):
+    """--log-straggler under DP=2 with rank 1 sleeping 0.25 s in each of its 2 forwards per step: the
+    console names rank 1 as the slowest at every log line (each rank's own forward+backward is
+    timed, so rank 0's wait for rank 1 does not count)."""
+    argv = tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": 3, "--eval-iters": 0, "--micro-batch-size": 1,
+                                                      "--global-batch-size": 4, "--log-straggler": ""})
+    env = dict(os.environ, OMP_NUM_THREADS="1", MEGATRON_ZAYA_KERNELS="torch", SLOW_RANK="1", SLOW_SECONDS="0.25")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), "tests/training/slow_rank_pretrain.py", *argv]
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if "stragglers (forward+backward per iteration)" in line]
+    assert len(lines) == 3, result.stdout[-3000:]
+    for line in lines:
+        slowest, fastest, ratio = re.search(r"slowest rank (\d) [\d.]+ s \| fastest rank (\d) [\d.]+ s \| "
+                                            r"slowest/fastest ([\d.]+)x", line).groups()
+        assert (slowest, fastest) == ("1", "0") and float(ratio) > 1.5, line

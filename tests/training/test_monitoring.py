@@ -50,3 +50,11 @@ def test_interval_meter_averages_and_durations():
     m.add(4.0, 1.0, 100, skipped=False)
     assert (m.mean_loss, m.seconds_per_iteration, m.tokens_per_second(), m.skipped) == (3.0, 1.0, 100.0, 1)
     assert [metrics.format_duration(s) for s in (5, 75, 12345)] == ["5s", "1m15s", "3h25m45s"]
+
+
+def test_straggler_report_names_the_ends_and_the_ratio():
+    from megatron_zaya.training.stragglers import StragglerReport
+    report = StragglerReport([0.5, 2.0, 0.4, 1.0], count=2)
+    assert report.line() == ("stragglers (forward+backward per iteration): slowest ranks 1 2.000 s, 3 1.000 s | "
+                             "fastest ranks 2 0.400 s, 0 0.500 s | slowest/fastest 5.00x")
+    assert report.scalars() == {"straggler/max-seconds": 2.0, "straggler/min-seconds": 0.4, "straggler/ratio": 5.0}
