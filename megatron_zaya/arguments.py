@@ -79,7 +79,8 @@ def world_size_from_env() -> int:
 # Megatron-LM switches for metrics this trainer always logs (console and TensorBoard): accepted, so
 # that existing launch scripts run unchanged, and otherwise ignored.
 ALWAYS_LOGGED = ("--log-throughput", "--log-timers-to-tensorboard", "--log-validation-ppl-to-tensorboard",
-                 "--log-memory-to-tensorboard", "--log-params-norm", "--log-learning-rate-to-tensorboard")
+                 "--log-memory-to-tensorboard", "--log-params-norm", "--log-learning-rate-to-tensorboard",
+                 "--moe-per-layer-logging")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -61,6 +61,10 @@ IMPLIED_SWITCHES = {
     "--use-precision-aware-optimizer": "optimizer state, master weights and main gradients are fp32 (the only "
                                        "--main-grads-dtype / --exp-avg-dtype accepted)",
     "--enable-experimental": "no experimental features to enable",
+    "--no-position-embedding": "there is no learned position embedding (RoPE)",
+    "--no-async-tensor-model-parallel-allreduce": "tensor-parallel all-reduces run in order with the compute",
+    "--no-ckpt-fully-parallel-save": "every rank writes its own shard files in any case",
+    "--log-loss-scale-to-tensorboard": "there is no loss scale with bf16 (no --fp16)",
 }
 
 # Switches that ask for something this code does not do: each stops the run with what to use instead.
@@ -123,6 +127,15 @@ FIXED_VALUES = {
                        "context parallelism all-gathers K/V whatever the type"),
     "--timing-log-level": ("timing_log_level", ("0", "1", "2"),
                            "the console line always has the time per iteration and its split"),
+    "--cross-entropy-fusion-impl": ("cross_entropy_fusion_impl", ("native", "te"),
+                                    "the loss is fused where kernels are on"),
+    "--dist-ckpt-strictness": ("dist_ckpt_strictness", ("assume_ok_unexpected", "raise_unexpected", "raise_all"),
+                               "a load always stops on a missing or unexpected tensor, naming it"),
+    "--rerun-mode": ("rerun_mode", ("disabled",),
+                     "no re-run state machine: a non-finite step is skipped, diagnosed by rank and layer, and "
+                     "--max-consecutive-nonfinite of them stop the run"),
+    "--fp8-format": ("fp8_format", (), "no FP8 here: train with --bf16 (ZAYA1 trained in bf16)"),
+    "--fp8-recipe": ("fp8_recipe", (), "no FP8 here: train with --bf16 (ZAYA1 trained in bf16)"),
 }
 
 

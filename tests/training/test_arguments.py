@@ -41,6 +41,10 @@ def error_of(argv, capsys) -> str:
     ({"--lr-warmup-init": "1", "--lr": "0.01"}, "--lr-warmup-init=1.0 must be in [0, --lr=0.01]"),
     ({"--start-weight-decay": "0.1"}, "--start-weight-decay needs --weight-decay-incr-style linear or cosine"),
     ({"--muon-tp-mode": "distributed"}, "--muon-tp-mode"),
+    ({"--fp8-format": "hybrid"}, "--fp8-format=hybrid is not supported: drop the flag (no FP8 here"),
+    ({"--rerun-mode": "validate_results"}, "--rerun-mode=validate_results is not supported: only disabled"),
+    ({"--dist-ckpt-strictness": "log_all"}, "--dist-ckpt-strictness=log_all is not supported"),
+    ({"--disable-straggler-on-startup": ""}, "--disable-straggler-on-startup is not supported"),
 ])
 def test_bad_flags_fail_fast_naming_the_flag(tiny_corpus, tmp_path, capsys, extra, flag):
     extra = dict(extra)
@@ -352,7 +356,10 @@ def test_a_megatron_lm_script_runs_unchanged(tiny_corpus, tmp_path):
                 "--moe-layer-freq", "1", "--moe-router-score-function", "softmax", "--attention-backend", "auto",
                 "--no-create-attention-mask-in-dataloader", "--timing-log-level", "0", "--use-dist-ckpt",
                 "--main-grads-dtype", "fp32", "--use-precision-aware-optimizer", "--cp-comm-type", "p2p",
-                "--expert-tensor-parallel-size", "1", "--check-for-nan-in-loss-and-grad"]
+                "--expert-tensor-parallel-size", "1", "--check-for-nan-in-loss-and-grad", "--no-position-embedding",
+                "--no-async-tensor-model-parallel-allreduce", "--no-ckpt-fully-parallel-save", "--moe-per-layer-logging",
+                "--log-loss-scale-to-tensorboard", "--cross-entropy-fusion-impl", "te", "--dist-ckpt-strictness",
+                "raise_all", "--rerun-mode", "disabled"]
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--lr-warmup-iters": "4"}) + megatron)
     assert run.train.recompute_granularity == "selective"          # Megatron's --recompute-activations
     assert (run.train.manual_gc, run.train.manual_gc_interval) == (True, 5)
