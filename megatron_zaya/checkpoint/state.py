@@ -270,7 +270,7 @@ def load_optimizer(optimizer, model, folder: CheckpointFolder, saved_classes: di
                                       f"the optimizer afresh")
             entry = {}
             for sk in state_keys.get(name, []):
-                if sk == "master":
+                if sk == "master" and master is not None:     # ZeRO-1 AdamW pieces: below
                     continue
                 key = f"optim/{name}/{sk}"
                 if folder.global_shape(key) == []:
@@ -280,6 +280,13 @@ def load_optimizer(optimizer, model, folder: CheckpointFolder, saved_classes: di
                     raise CheckpointError(f"{folder.folder}: optimizer state {name}/{sk} has shape "
                                           f"{folder.global_shape(key)}, the parameter {shape}")
                 entry[sk] = folder.piece(key, ranges, flat, cache)
+            saved_master = entry.pop("master", None)    # of a bf16 weight under ZeRO-1 (DistributedMuon)
+            if saved_master is not None:
+                if p.dtype == torch.float32:     # this run's weight is its own master: the precise value
+                    with torch.no_grad():
+                        p.copy_(saved_master.to(p.device).view_as(p))
+                elif slot.kind == "owner":
+                    entry["master"] = saved_master
             if master is not None:
                 if "master" in state_keys.get(name, []):
                     masters[id(master)] = folder.piece(f"optim/{name}/master", ranges, flat, cache).float()

@@ -45,8 +45,12 @@ def _jsonable(value):
 
 
 def sync_masters_from_model(optimizer, model) -> None:
-    """ZeRO-1 fp32 masters := the (just loaded) parameters, for loads that skip the optimizer."""
+    """ZeRO-1 fp32 masters := the (just loaded) parameters, for loads that skip the optimizer
+    (DistributedMuon's masters of bf16 weights are made again from them at the next step)."""
     for slot in optimizer_slots(optimizer, model):
+        if slot.kind == "owner":
+            for state in slot.container.state.values():
+                state.pop("master", None)
         dist_opt = slot.distributed
         if dist_opt is None:
             continue

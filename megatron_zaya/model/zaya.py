@@ -87,6 +87,15 @@ class ZayaModel(nn.Module):
             if hasattr(module, "recompute_selective"):
                 module.recompute_selective = granularity == "selective"
 
+    def store_weights_in(self, dtype: torch.dtype) -> None:
+        """Keep the weights in `dtype` (bf16 under ZeRO-1, whose optimizer holds the fp32 masters),
+        except the routers': the router runs in fp32 with autocast off. Parameter objects are kept
+        (their .data changes), so references to them stay valid."""
+        routers = {p for block in self.layers for p in block.moe.router.parameters()}
+        for p in self.parameters():
+            if p not in routers:
+                p.data = p.data.to(dtype)
+
     @torch.no_grad()
     def reset_parameters(self) -> None:
         std = self.config.init_method_std

@@ -6,6 +6,8 @@ Per step (after the GradientReducer's reduce-scatter and the global clip):
   2. each owner runs momentum + Newton-Schulz for ITS matrices only (batched by shape) and updates
      them; the momentum buffers live only on the owner (sharded optimizer state);
   3. each updated matrix is broadcast from its owner to the group.
+Weights stored in bf16 (--bf16 under ZeRO-1) get an fp32 master on their owner, kept with the
+momentum (sharded like it): the update applies to the master, which is rounded into the weight.
 Owners come from `owners_of_bucket` (largest first to the least-loaded rank), so the Newton-Schulz
 work is spread evenly. Dense matrices use the DP x CP group, expert matrices the expert-DP group.
 Owners are chosen from the whole (TP-unsplit) sizes in parameter order, so under TP the ranks of
@@ -66,24 +68,32 @@ class DistributedMuon:
         for p in mine:
             bucket, i, _ = self.owner[p]
             state = self.state.setdefault(p, {"momentum_buffer": torch.zeros_like(p, dtype=torch.float32)})
+            if p.dtype != torch.float32 and "master" not in state:
+                state["master"] = p.detach().float()
             directions.append(momentum_direction(bucket.view(i).float(), state["momentum_buffer"],
                                                  group["momentum"], group["nesterov"]))
         updates = tp_orthogonalized_updates(mine, directions, self.tp_group, group["ns_steps"], group["ns_dtype"])
         for p, update in zip(mine, updates):
-            apply_update(p, update, group["lr"], group["weight_decay"])
+            master = self.state[p].get("master")
+            apply_update(p if master is None else master, update, group["lr"], group["weight_decay"])
+            if master is not None:
+                p.copy_(master)
         for p, (bucket, _, owner) in self.owner.items():
             if bucket.size > 1:
                 dist.broadcast(p.data, src=dist.get_global_rank(bucket.group, owner), group=bucket.group)
 
     # -- memory (the same report as DistributedOptimizer's) ---------------------------------------
     def memory_report(self, state_bytes_per_param: int = 4) -> dict:
-        """Bytes on this rank of Muon's state (one fp32 momentum per element of the matrices it owns;
-        Muon keeps no master copy) against an unsharded Muon holding every matrix's momentum.
+        """Bytes on this rank of Muon's state (one fp32 momentum per element of the matrices it owns,
+        and an fp32 master where the weights are bf16) against an unsharded Muon holding every matrix's.
         Measured once the buffers exist (after a step), else `state_bytes_per_param` per element."""
-        owned = sum(p.numel() for p, (bucket, _, owner) in self.owner.items() if owner == bucket.rank)
+        mine = [p for p, (bucket, _, owner) in self.owner.items() if owner == bucket.rank]
+        owned = sum(p.numel() for p in mine)
         total = sum(p.numel() for p in self.owner)
         measured = sum(t.numel() * t.element_size() for s in self.state.values() for t in s.values())
-        per_param = measured / owned if measured and owned else state_bytes_per_param
+        if not measured:     # estimate: the momentum, and the master of a weight that is not fp32
+            measured = sum(p.numel() * (state_bytes_per_param + (4 if p.dtype != torch.float32 else 0)) for p in mine)
+        per_param = measured / owned if owned else state_bytes_per_param
         return sharding_report(owned, total, per_param)
 
     def describe_memory(self) -> str:
@@ -93,11 +103,15 @@ class DistributedMuon:
         pass   # gradients live in the reducer's buckets, cleared by the reducer
 
     def state_dict(self) -> dict:
-        """Momentum of the matrices this rank owns, keyed by their position in the parameter list."""
+        """Momentum (and fp32 master, for bf16 weights) of the matrices this rank owns, keyed by their
+        position in the parameter list."""
         index = {p: n for n, p in enumerate(self.param_groups[0]["params"])}
         return {"momentum": {index[p]: s["momentum_buffer"].clone() for p, s in self.state.items()},
+                "master": {index[p]: s["master"].clone() for p, s in self.state.items() if "master" in s},
                 "lr": self.param_groups[0]["lr"]}
 
     def load_state_dict(self, state: dict) -> None:
         params = self.param_groups[0]["params"]
         self.state = {params[int(n)]: {"momentum_buffer": t.clone()} for n, t in state["momentum"].items()}
+        for n, t in state.get("master", {}).items():
+            self.state[params[int(n)]]["master"] = t.clone()

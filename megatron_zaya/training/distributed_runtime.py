@@ -42,7 +42,14 @@ class DistributedRuntime:
         self.model = parallelize_model(model.to(self.device), self.pstate)
         self.model.local_routing_counts = True     # reduced once per step: sum_routing_counts
         shard = self.run.parallel.use_distributed_optimizer
-        key = muon_bucket_key(self.model, self.run.optim) if shard else None
+        key = None
+        if shard:
+            if self.run.train.bf16:    # Megatron's distributed optimizer: bf16 weights, fp32 masters in the shards
+                self.model.store_weights_in(torch.bfloat16)
+            muon = muon_bucket_key(self.model, self.run.optim)
+            # No bucket mixes Muon matrices with AdamW parameters, nor dtypes (its weights are gathered
+            # in one dtype).
+            key = lambda p: (muon(p) if muon else None, p.dtype)   # noqa: E731
         self.reducer = GradientReducer(self.model, self.pstate, bucket_size=self.run.parallel.ddp_bucket_size,
                                        overlap=True, shard=shard, bucket_key=key)
         return self.model
