@@ -1,8 +1,10 @@
 """Muon in the ZeRO-1 layout: each whole matrix has one owner rank in its gradient group.
 
 Per step (after the GradientReducer's reduce-scatter and the global clip):
-  1. each bucket holding Muon matrices all-gathers its reduced gradient shards, so the owner of a
-     matrix sees the matrix's full summed gradient;
+  1. each bucket holding Muon matrices sends every owner the pieces of its matrices that the other
+     ranks' reduced shards hold (one all_to_all_single with uneven splits per bucket), so the owner
+     of a matrix sees the matrix's full summed gradient. Each rank receives about 1/N of the bucket,
+     where an all-gather would bring all of it to every rank;
   2. each owner runs momentum + Newton-Schulz for ITS matrices only (batched by shape) and updates
      them; the momentum buffers live only on the owner (sharded optimizer state);
   3. each updated matrix is broadcast from its owner to the group.
@@ -22,7 +24,7 @@ import torch.distributed as dist
 from megatron_zaya.optim.distributed import describe_sharding, sharding_report
 from megatron_zaya.optim.muon import apply_update, momentum_direction, tp_orthogonalized_updates
 from megatron_zaya.optim.muon_tp import whole_numel
-from megatron_zaya.parallel.data import owners_of_bucket
+from megatron_zaya.parallel.data import owners_of_bucket, shard_range
 
 
 class DistributedMuon:
@@ -48,20 +50,53 @@ class DistributedMuon:
             for (bucket, i, p), owner in zip(members, owners):
                 self.owner[p] = (bucket, i, owner)
         self.state: dict[torch.nn.Parameter, dict] = {}
+        self._plans: dict[int, list] = {}
 
-    def _full_gradient(self, bucket) -> None:
-        """All-gather the reduced shards of a (sharded) bucket into its whole buffer."""
+    def _exchange_plan(self, bucket) -> list[list[list[tuple[int, int]]]]:
+        """plans[q][r]: the buffer ranges, in order, of the pieces of rank r's Muon matrices that lie in
+        rank q's reduced shard. Rank q sends plans[q][r] to r and receives plans[r][q]. Cached."""
+        plans = self._plans.get(id(bucket))
+        if plans is None:
+            total, size = bucket.buffer.numel(), bucket.size
+            plans = []
+            for q in range(size):
+                lo, hi = shard_range(total, size, q)
+                plan = [[] for _ in range(size)]
+                for i, p in enumerate(bucket.params):
+                    if p not in self.owner:
+                        continue
+                    a, b = max(lo, bucket.offsets[i]), min(hi, bucket.offsets[i] + p.numel())
+                    if a < b:
+                        plan[self.owner[p][2]].append((a, b))
+                plans.append(plan)
+            self._plans[id(bucket)] = plans
+        return plans
+
+    def _gradients_to_owners(self, bucket) -> None:
+        """Complete the summed gradient of every matrix this rank owns in the bucket's buffer (the
+        reduce-scatter left each rank one contiguous shard of it)."""
         if bucket.size == 1:
             return
-        lo, hi = bucket.owned
-        mine = bucket.buffer[lo:hi].clone()
-        dist.all_gather_into_tensor(bucket.buffer, mine, group=bucket.group)
+        plans, me = self._exchange_plan(bucket), bucket.rank
+        sends, receives = plans[me], [plans[q][me] for q in range(bucket.size)]
+        send_sizes = [sum(b - a for a, b in ranges) for ranges in sends]
+        recv_sizes = [sum(b - a for a, b in ranges) for ranges in receives]
+        buffer = bucket.buffer
+        out = torch.cat([buffer[a:b] for ranges in sends for a, b in ranges]) if sum(send_sizes) \
+            else buffer.new_empty(0)
+        got = buffer.new_empty(sum(recv_sizes))
+        dist.all_to_all_single(got, out, recv_sizes, send_sizes, group=bucket.group)
+        at = 0
+        for ranges in receives:
+            for a, b in ranges:
+                buffer[a:b].copy_(got[at:at + b - a])
+                at += b - a
 
     @torch.no_grad()
     def step(self) -> None:
         group = self.param_groups[0]
         for bucket in self.buckets:
-            self._full_gradient(bucket)
+            self._gradients_to_owners(bucket)
         index = {p: n for n, p in enumerate(group["params"])}
         mine = sorted((p for p, (bucket, _, owner) in self.owner.items() if owner == bucket.rank), key=index.get)
         directions = []
