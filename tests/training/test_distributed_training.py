@@ -68,10 +68,11 @@ def test_two_processes_match_one(tiny_corpus, tmp_path, reference_losses, name, 
 
 @pytest.mark.parametrize("layout", [
     [],
-    # sequence-parallel parameters are sharded over TP x DP: every TP rank writes its pieces
-    ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--optimizer", "adamw"],
+    # sequence-parallel parameters are sharded over TP x DP: every TP rank writes its pieces; bf16
+    # weights (TP slices) with fp32 masters, and fp32 routers reduced over the world group
+    ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--optimizer", "adamw", "--bf16"],
     ["--bf16"],     # bf16 weights: the fp32 masters (AdamW pieces, Muon matrices) must come back
-], ids=["dp2", "tp2-sp-adamw", "dp2-bf16"])
+], ids=["dp2", "tp2-sp-adamw-bf16", "dp2-bf16"])
 def test_zero1_stop_and_resume_is_exact(tiny_corpus, tmp_path, layout):
     """Under ZeRO-1 (sharded AdamW masters + distributed Muon momentum), stopping after 2 steps and
     resuming from the checkpoint gives bit-identical losses to the uninterrupted 2-process run."""
@@ -100,7 +101,7 @@ def check_bf16_weights_with_fp32_masters(folder):
         assert weight.dtype == torch.bfloat16 and name in masters, name
         master = ckpt.full(f"optim/{name}/master").reshape(weight.shape)
         assert master.dtype == torch.float32 and torch.equal(master.to(torch.bfloat16), weight), name
-    assert any(".experts." in name for name in masters)      # Muon's (DistributedMuon) as well as AdamW's
+    assert any(".experts." in name for name in masters)      # Muon's (DistributedMuon) or AdamW's
 
 
 def scalar(logdir, tag) -> list[float]:
