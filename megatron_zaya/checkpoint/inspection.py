@@ -34,14 +34,23 @@ def model_config_of(folder: CheckpointFolder) -> ModelConfig:
 
 def load_full_model_state(path: str) -> tuple[dict, ModelConfig, dict]:
     """(single-device state dict on CPU, ModelConfig, info) from a checkpoint of any layout.
-    Every file read is checked against its checksum. info: iteration, consumed_samples, tokens_seen,
-    layout, folder, saved_at, train_state."""
+    A weight saved in bf16 with an fp32 master (a --bf16 ZeRO-1 run) comes as its master: the
+    trained value, not its rounding. Every file read is checked against its checksum. info:
+    iteration, consumed_samples, tokens_seen, layout, folder, saved_at, train_state, masters (how
+    many weights came from their masters)."""
     folder = CheckpointFolder(resolve_folder(path))
     state = {key[len("model/"):]: folder.full(key) for key in folder.keys("model/")}
+    masters = 0
+    for name, weight in state.items():
+        key = f"optim/{name}/master"
+        if weight.dtype != torch.float32 and folder.has(key):
+            state[name] = folder.full(key).reshape(weight.shape)
+            masters += 1
     meta = folder.metadata
     info = {"folder": folder.folder, "iteration": meta["iteration"],
             "consumed_samples": meta["train_state"]["consumed_samples"], "tokens_seen": meta.get("tokens_seen"),
-            "layout": meta["layout"], "saved_at": meta.get("saved_at"), "train_state": dict(meta["train_state"])}
+            "layout": meta["layout"], "saved_at": meta.get("saved_at"), "train_state": dict(meta["train_state"]),
+            "masters": masters}
     return state, model_config_of(folder), info
 
 

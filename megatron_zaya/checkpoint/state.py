@@ -205,7 +205,7 @@ def optimizer_entries(optimizer, model) -> tuple[list[Entry], dict]:
                 continue
             shape, ranges = tensor_slicing(p, pstate)
             state = dict(slot.container.state.get(key_obj, {}))
-            if master is not None:
+            if master is not None and p.dtype != torch.float32:   # an fp32 weight is its master: saved once
                 state["master"] = master
             for key, value in state.items():
                 if not torch.is_tensor(value):

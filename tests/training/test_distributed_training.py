@@ -84,13 +84,20 @@ def test_zero1_stop_and_resume_is_exact(tiny_corpus, tmp_path, layout):
     assert first + second == straight
     if "--bf16" in layout:
         check_bf16_weights_with_fp32_masters(tmp_path / "ckpt" / "iter_0000004")
+    else:      # fp32 weights are their own masters: the checkpoint holds them once
+        from megatron_zaya.checkpoint.format import CheckpointFolder
+        assert not [k for k in CheckpointFolder(str(tmp_path / "ckpt" / "iter_0000004")).keys("optim/")
+                    if k.endswith("/master")]
 
 
 def check_bf16_weights_with_fp32_masters(folder):
     """A --bf16 ZeRO-1 checkpoint: bf16 weights (fp32 router), an fp32 master for every weight that is
-    not fp32 (AdamW pieces and Muon matrices alike), equal to the weight up to bf16 rounding."""
+    not fp32 (AdamW pieces and Muon matrices alike), equal to the weight up to bf16 rounding. The
+    offline loader (HF export, generation) takes the masters."""
     from megatron_zaya.checkpoint.format import CheckpointFolder
+    from megatron_zaya.checkpoint.inspection import load_full_model_state
     ckpt = CheckpointFolder(str(folder))
+    state, _, info = load_full_model_state(str(folder))
     names = [k[len("model/"):] for k in ckpt.keys("model/")]
     masters = {k[len("optim/"):-len("/master")] for k in ckpt.keys("optim/") if k.endswith("/master")}
     for name in names:
@@ -101,6 +108,8 @@ def check_bf16_weights_with_fp32_masters(folder):
         assert weight.dtype == torch.bfloat16 and name in masters, name
         master = ckpt.full(f"optim/{name}/master").reshape(weight.shape)
         assert master.dtype == torch.float32 and torch.equal(master.to(torch.bfloat16), weight), name
+        assert torch.equal(state[name], master), name
+    assert info["masters"] == len(masters) > 0
     assert any(".experts." in name for name in masters)      # Muon's (DistributedMuon) or AdamW's
 
 
