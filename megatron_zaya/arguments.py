@@ -211,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--log-num-zeros-in-grad", action="store_true",
                    help="count the exactly-zero elements of the reduced gradient every step (console and "
                         "TensorBoard 'num-zeros'; one more pass over the gradients)")
+    g.add_argument("--log-progress", action="store_true",
+                   help="append job starts and, at every checkpoint, throughput, FLOPs and tokens so far to "
+                        "--save/progress.txt (as Megatron-LM; it continues across resubmitted jobs)")
     g.add_argument("--log-straggler", action="store_true",
                    help="every --log-interval: the slowest and fastest ranks by their own forward+backward time "
                         "(megatron_zaya/training/stragglers.py)")
@@ -616,6 +619,8 @@ def validate(args: argparse.Namespace) -> RunConfig:
     _check_sequence_splits(args, model)
     _check_recompute(args, model)
     _check_scheduler_source(args)
+    if args.log_progress and not args.save:
+        raise UserInputError("--log-progress writes progress.txt into the --save folder: give --save")
     warnings += check_profile_flags(args, parallel.world_size, torch.cuda.is_available())
 
     if (args.train_iters is None) == (args.train_samples is None):

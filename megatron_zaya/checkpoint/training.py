@@ -11,6 +11,7 @@ SIGTERM / SIGUSR1 handlers (save, then a clean exit) and the per-rank watchdog.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import random
@@ -28,6 +29,7 @@ from megatron_zaya.checkpoint.state import (balancer_entries, load_balancer, loa
                                             model_entries, optimizer_entries, optimizer_slots,
                                             rng_entries_and_objects, unwrap)
 from megatron_zaya.training.data_phase import data_signature, enter_data_phase
+from megatron_zaya.training.progress_log import ProgressLog
 from megatron_zaya.training.signals import SignalMonitor
 from megatron_zaya.training.watchdog import Watchdog
 
@@ -99,6 +101,9 @@ class TrainingCheckpointer:
         self.loaded: dict | None = None
         self.save_log: list[dict] = []      # per save: iteration, blocking seconds, kind (tests, bench)
         self._reported = 0
+        self.progress = (ProgressLog(self.cfg.save, self.world_size, self.is_main)
+                         if getattr(self.cfg, "log_progress", False) and self.cfg.save else None)
+        self._async_states: dict[int, object] = {}   # --log-progress: the train state of each async save
 
     # -- small collective helpers ----------------------------------------------------------------------
     def _max(self, value: float, *more: float):
@@ -281,8 +286,13 @@ class TrainingCheckpointer:
         if ok is None:
             self.log(f"checkpoint iteration {iteration} ({reason}): state copied in {blocked:.3f} s, writing to "
                      f"{self.writer.partial_dir(iteration)} in the background")
+            if self.progress is not None:
+                self._async_states[iteration] = copy.copy(trainer.state)
+                self.progress.write(f"Started async checkpoint\tIteration: {iteration}")
         elif ok:
             self.log(f"saved checkpoint {self.writer.final_dir(iteration)} ({reason}) in {blocked:.2f} s")
+            if self.progress is not None:
+                self.progress.checkpoint_saved(trainer.state)
         else:
             self.log(f"ERROR: checkpoint at iteration {iteration} FAILED ({reason}); the previous checkpoint "
                      f"{self._latest_complete()} stays the latest")
@@ -298,6 +308,9 @@ class TrainingCheckpointer:
         for iteration, ok in self.writer.completed[self._reported:]:
             if ok:
                 self.log(f"checkpoint {self.writer.final_dir(iteration)} complete")
+                state = self._async_states.pop(iteration, None)
+                if self.progress is not None and state is not None:
+                    self.progress.checkpoint_saved(state)
             else:
                 self.log(f"ERROR: asynchronous checkpoint iteration {iteration} FAILED; the latest complete one is "
                          f"{self._latest_complete()}")
@@ -307,6 +320,10 @@ class TrainingCheckpointer:
         return bool(self.writer and self.writer.completed and not self.writer.completed[-1][1])
 
     # -- hooks ------------------------------------------------------------------------------------------
+    def before_training(self, trainer) -> None:
+        if self.progress is not None:
+            self.progress.job_started(trainer.state)
+
     def after_step(self, trainer) -> None:
         self.watchdog.beat()
         writing = self.writer is not None and self.writer.in_flight

@@ -46,6 +46,7 @@ class TrainConfig:
     log_num_zeros_in_grad: bool = False
     peak_tflops: float | None = None
     log_straggler: bool = False                    # training/stragglers.py
+    log_progress: bool = False                     # training/progress_log.py: --save/progress.txt
     straggler_minmax_count: int = 1
     # activation recomputation (ZayaModel.set_recompute)
     recompute_granularity: str | None = None

@@ -37,6 +37,8 @@ class TrainState:
     consumed_tokens: int = 0        # summed per step: stays right when --seq-length changes on a resume
     consumed_valid_samples: int = 0
     skipped_iterations: int = 0
+    floating_point_operations: float = 0.0   # model FLOPs of every step so far, all ranks (--log-progress)
+    train_seconds: float = 0.0               # wall time of the steps so far, across jobs
     # The schedules' position: what the successful steps consumed, in samples (--train-samples runs)
     # and in global batches, each step counting its batch over the --global-batch-size of its time (so
     # a later phase with another batch size continues the schedule where the run is).
@@ -349,6 +351,8 @@ class Trainer:
         self.logger.print(f"training from iteration {self.state.iteration} to {self.total_iters}; "
                           f"model FLOPs/token {self.flops_per_token:.3e} (training, active expert only); "
                           f"MFU peak {self.peak_tflops:.3g} TFLOP/s ({self.peak_source})")
+        if self.checkpointer is not None:
+            self.checkpointer.before_training(self)
         if self.watchdog is not None:
             self.watchdog.arm(self.cfg.watchdog_first_iteration_seconds)
         self.last_lr = self.learning_rate(self.batch_schedule.batch_size(self.state.consumed_samples))
@@ -363,6 +367,8 @@ class Trainer:
             profiler.after_step(self.state.iteration)
             self.state.consumed_samples += batch_size
             self.state.consumed_tokens += batch_size * self.run.model.seq_length
+            self.state.floating_point_operations += batch_size * self.run.model.seq_length * self.flops_per_token
+            self.state.train_seconds += time.time() - step_start
             if not result.skipped:
                 self.state.scheduled_samples += batch_size
                 self.state.scheduled_iterations += batch_size / self.cfg.global_batch_size

@@ -1,6 +1,7 @@
 """Monitoring details: the MFU peak table, the progress bar, --exit-duration-in-mins."""
 import re
 
+import pytest
 import torch
 
 from megatron_zaya.arguments import parse_args
@@ -58,3 +59,30 @@ def test_straggler_report_names_the_ends_and_the_ratio():
     assert report.line() == ("stragglers (forward+backward per iteration): slowest ranks 1 2.000 s, 3 1.000 s | "
                              "fastest ranks 2 0.400 s, 0 0.500 s | slowest/fastest 5.00x")
     assert report.scalars() == {"straggler/max-seconds": 2.0, "straggler/min-seconds": 0.4, "straggler/ratio": 5.0}
+
+
+def test_log_progress_appends_each_job_and_checkpoint(tiny_corpus, tmp_path, capsys):
+    """--log-progress: progress.txt in --save gets "Starting job" per job and one line per checkpoint,
+    with cumulative FLOPs and tokens that continue across a resumed job (Megatron-LM's format); an
+    asynchronous save is logged when it starts and again when it is complete."""
+    save = tmp_path / "ckpt"
+    flags = {"--eval-iters": 0, "--save": save, "--load": save, "--save-interval": 2, "--log-progress": ""}
+    assert build_and_train(parse_args(tiny_run_flags(tiny_corpus, tmp_path, **flags, **{"--train-iters": 4}))) == 0
+    assert build_and_train(parse_args(tiny_run_flags(tiny_corpus, tmp_path, **flags, **{"--train-iters": 6,
+                                                                                         "--async-save": ""}))) == 0
+    lines = (save / "progress.txt").read_text().splitlines()
+    events = [line.split("\t")[3] for line in lines]
+    assert events == ["Starting job", "Saved checkpoint", "Saved checkpoint",
+                      "Starting job", "Started async checkpoint", "Saved checkpoint"]
+    assert all(line.split("\t")[2] == "# GPUs: 1" for line in lines)
+    fields = dict(f.split(": ", 1) for f in lines[-1].split("\t")[4:])
+    assert fields["Iteration"] == "6"
+    per_token = float(re.search(r"model FLOPs/token ([0-9.e+]+)", capsys.readouterr().out).group(1))
+    assert float(fields["Floating-point operations"]) == pytest.approx(6 * 4 * 32 * per_token, rel=1e-2)
+    assert fields["Job throughput"].endswith(" TFLOP/s/GPU") and fields["Tokens (in billions)"] == "0.00"
+
+
+def test_log_progress_needs_save(tiny_corpus, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--log-progress": ""}))
+    assert "--log-progress writes progress.txt into the --save folder: give --save" in capsys.readouterr().err
