@@ -114,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--optimizer", choices=["muon", "adamw"], default="muon")
     g.add_argument("--lr", type=float, default=3e-4)
     g.add_argument("--min-lr", type=float, default=0.0)
+    g.add_argument("--decoupled-lr", type=float, default=None,
+                   help="the embedding's and output layer's own peak lr, on the same schedule (as in Megatron-LM)")
+    g.add_argument("--decoupled-min-lr", type=float, default=None,
+                   help="their floor (default --min-lr); needs --decoupled-lr")
     g.add_argument("--lr-warmup-iters", type=int, default=0)
     g.add_argument("--lr-decay-iters", type=int, default=None)
     g.add_argument("--lr-decay-style", choices=DECAY_STYLES, default="cosine")
@@ -348,7 +352,8 @@ NUMBER_DOMAINS = (
     ("train_iters", _ge1, "must be >= 1"), ("train_samples", _ge1, "must be >= 1"),
     ("log_interval", _ge1, "must be >= 1"), ("eval_interval", _ge1, "must be >= 1"),
     ("eval_iters", _ge0, "must be >= 0"), ("seed", lambda v: 0 <= v <= 2**32 - 1, "must be in [0, 2**32 - 1]"),
-    ("lr", _ge0, "must be >= 0"), ("min_lr", _ge0, "must be >= 0"), ("lr_warmup_iters", _ge0, "must be >= 0"),
+    ("lr", _ge0, "must be >= 0"), ("min_lr", _ge0, "must be >= 0"), ("decoupled_lr", _ge0, "must be >= 0"),
+    ("decoupled_min_lr", _ge0, "must be >= 0"), ("lr_warmup_iters", _ge0, "must be >= 0"),
     ("lr_decay_iters", _ge1, "must be >= 1"), ("lr_wsd_decay_iters", _ge0, "must be >= 0"),
     ("lr_warmup_samples", _ge0, "must be >= 0"), ("lr_decay_samples", _ge1, "must be >= 1"),
     ("lr_wsd_decay_samples", _ge0, "must be >= 0"), ("lr_warmup_init", _ge0, "must be >= 0"),
@@ -619,6 +624,8 @@ def validate(args: argparse.Namespace) -> RunConfig:
     _check_sequence_splits(args, model)
     _check_recompute(args, model)
     _check_scheduler_source(args)
+    if args.decoupled_min_lr is not None and args.decoupled_lr is None:
+        raise UserInputError("--decoupled-min-lr needs --decoupled-lr (the peak it decays from)")
     if args.log_progress and not args.save:
         raise UserInputError("--log-progress writes progress.txt into the --save folder: give --save")
     warnings += check_profile_flags(args, parallel.world_size, torch.cuda.is_available())
@@ -655,5 +662,5 @@ def validate(args: argparse.Namespace) -> RunConfig:
     optim = OptimizerConfig(optimizer=args.optimizer, lr=args.lr, weight_decay=args.weight_decay,
                             adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
                             muon_momentum=args.muon_momentum, muon_ns_steps=args.muon_num_ns_steps,
-                            muon_tp_mode=args.muon_tp_mode, clip_grad=args.clip_grad)
+                            muon_tp_mode=args.muon_tp_mode, clip_grad=args.clip_grad, decoupled_lr=args.decoupled_lr)
     return RunConfig(model, train, optim, parallel, data, args, warnings)

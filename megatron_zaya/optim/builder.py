@@ -28,6 +28,7 @@ class OptimizerConfig:
     muon_ns_steps: int = 5             # --muon-num-ns-steps
     muon_tp_mode: str = "duplicated"   # --muon-tp-mode duplicated|blockwise (megatron_zaya/optim/muon_tp.py)
     clip_grad: float = 1.0
+    decoupled_lr: float | None = None  # --decoupled-lr: the embedding and output layer in a group of their own
 
 
 def is_muon_param(name: str, param: nn.Parameter) -> bool:
@@ -95,9 +96,10 @@ class OptimizerSet:
     def param_groups(self):
         return [g for opt in self.optimizers.values() for g in opt.param_groups]
 
-    def set_lr(self, lr: float) -> None:
+    def set_lr(self, lr: float, decoupled_lr: float | None = None) -> None:
+        """Every group's lr; the embedding / output-layer group's (--decoupled-lr) is `decoupled_lr`."""
         for group in self.param_groups:
-            group["lr"] = lr
+            group["lr"] = decoupled_lr if group.get("decoupled") and decoupled_lr is not None else lr
 
     def set_weight_decay(self, weight_decay: float) -> None:
         """Every group's decay: `weight_decay` times its wd_mult (Megatron's name; 0 for vectors)."""
@@ -132,10 +134,18 @@ def muon_tp_group(cfg: OptimizerConfig, pstate):
     return pstate.tp_group
 
 
+def is_input_or_output_layer(name: str) -> bool:
+    return name.startswith("embedding.") or name.startswith("output_layer.")
+
+
 def adamw_groups(decay: list, no_decay: list, cfg: OptimizerConfig) -> list[dict]:
-    """AdamW's groups: matrices with --weight-decay, vectors without (wd_mult 1 and 0, as Megatron's)."""
-    groups = ({"params": [p for _, p in decay], "weight_decay": cfg.weight_decay, "wd_mult": 1.0},
-              {"params": [p for _, p in no_decay], "weight_decay": 0.0, "wd_mult": 0.0})
+    """AdamW's groups: matrices with --weight-decay, vectors without (wd_mult 1 and 0, as Megatron's);
+    with --decoupled-lr the embedding and output layer form a third group ("decoupled": its own lr)."""
+    own = {n for n, _ in decay if cfg.decoupled_lr is not None and is_input_or_output_layer(n)}
+    groups = ({"params": [p for n, p in decay if n not in own], "weight_decay": cfg.weight_decay, "wd_mult": 1.0},
+              {"params": [p for _, p in no_decay], "weight_decay": 0.0, "wd_mult": 0.0},
+              {"params": [p for n, p in decay if n in own], "weight_decay": cfg.weight_decay, "wd_mult": 1.0,
+               "decoupled": True})
     return [g for g in groups if g["params"]]
 
 

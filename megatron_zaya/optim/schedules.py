@@ -10,6 +10,7 @@ phase) continues it at the run's iteration.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -76,7 +77,8 @@ class LRSchedule:
 SCHEDULE_FLAGS = ("lr", "min_lr", "lr_decay_style", "lr_warmup_iters", "lr_decay_iters", "lr_wsd_decay_iters",
                   "lr_warmup_samples", "lr_decay_samples", "lr_wsd_decay_samples", "lr_wsd_decay_style",
                   "lr_warmup_fraction", "lr_warmup_init", "train_iters", "train_samples", "weight_decay",
-                  "weight_decay_incr_style", "start_weight_decay", "end_weight_decay")
+                  "weight_decay_incr_style", "start_weight_decay", "end_weight_decay", "decoupled_lr",
+                  "decoupled_min_lr")
 
 
 def counts_samples(flags) -> bool:
@@ -108,6 +110,16 @@ def lr_schedule_from_flags(lr: float, flags, total_iters: int) -> LRSchedule:
         warmup = flags.lr_warmup_fraction * decay
     return LRSchedule(lr, flags.min_lr, warmup, decay, flags.lr_decay_style, wsd, flags.lr_wsd_decay_style, unit,
                       getattr(flags, "lr_warmup_init", 0.0))
+
+
+def decoupled_lr_schedule(schedule: LRSchedule, flags) -> LRSchedule | None:
+    """Megatron-LM's --decoupled-lr / --decoupled-min-lr: the embedding's and output layer's own peak
+    and floor on the run's schedule (same warmup, decay and unit). None without --decoupled-lr."""
+    decoupled = getattr(flags, "decoupled_lr", None)
+    if decoupled is None:
+        return None
+    floor = getattr(flags, "decoupled_min_lr", None)
+    return dataclasses.replace(schedule, lr=decoupled, min_lr=schedule.min_lr if floor is None else floor)
 
 
 def _wsd_coefficient(ratio: float, style: str) -> float:

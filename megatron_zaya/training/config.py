@@ -27,6 +27,8 @@ class TrainConfig:
     start_weight_decay: float | None = None
     end_weight_decay: float | None = None
     min_lr: float = 0.0
+    decoupled_lr: float | None = None              # the embedding / output layer's own peak and floor
+    decoupled_min_lr: float | None = None
     # precision and seed
     bf16: bool = False
     seed: int = 1234

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from megatron_zaya.optim.balancing import BalancingBiasUpdater
-from megatron_zaya.optim.schedules import SCHEDULE_FLAGS, lr_schedule_from_flags, weight_decay_schedule_from_flags
+from megatron_zaya.optim.schedules import (SCHEDULE_FLAGS, decoupled_lr_schedule, lr_schedule_from_flags,
+                                           weight_decay_schedule_from_flags)
 from megatron_zaya.training.batch_schedule import BatchSizeSchedule
 from megatron_zaya.training.logger import TrainingLogger
 from megatron_zaya.training.metrics import (IntervalMeter, device_peak_tflops, format_duration, peak_memory_bytes,
@@ -92,8 +93,10 @@ class Trainer:
                                                 parallel.dp_size, self.cfg.rampup_batch_size)
         self.total_iters = self.cfg.train_iters or self.batch_schedule.iterations_for_samples(self.cfg.train_samples)
         self.lr_schedule = lr_schedule_from_flags(run.optim.lr, self.cfg, self.total_iters)
+        self.decoupled_schedule = decoupled_lr_schedule(self.lr_schedule, self.cfg)   # --decoupled-lr
         self.wd_schedule = weight_decay_schedule_from_flags(self.cfg, self.total_iters)
         self.last_lr = float("nan")       # the lr of the last step (set by train() and every update)
+        self.last_decoupled_lr = float("nan")
         biases = [block.moe.router.balancing_bias for block in model.layers]
         self.balancer = BalancingBiasUpdater(biases, self.cfg.moe_router_bias_lr, self.cfg.moe_router_bias_beta1,
                                              self.cfg.moe_router_bias_beta2)
@@ -152,7 +155,9 @@ class Trainer:
         else:
             position, step = self.schedule_position(self.batch_schedule.batch_size(self.state.consumed_samples))
             self.last_lr = self.lr_schedule(position, step)
-            self.optimizer.set_lr(self.last_lr)
+            if self.decoupled_schedule is not None:
+                self.last_decoupled_lr = self.decoupled_schedule(position, step)
+            self.optimizer.set_lr(self.last_lr, self.last_decoupled_lr if self.decoupled_schedule else None)
             if self.wd_schedule is not None:
                 self.optimizer.set_weight_decay(self.wd_schedule(position))
             self.optimizer.step()
@@ -176,6 +181,7 @@ class Trainer:
                 if name not in ("lr", "weight_decay"):
                     setattr(flags, name, saved_flags[name])
         self.lr_schedule = lr_schedule_from_flags(values["lr"], flags, flags.train_iters or 0)
+        self.decoupled_schedule = decoupled_lr_schedule(self.lr_schedule, flags)
         self.wd_schedule = weight_decay_schedule_from_flags(flags, flags.train_iters or 0)
         if self.wd_schedule is None:
             self.optimizer.set_weight_decay(values["weight_decay"])
@@ -283,6 +289,8 @@ class Trainer:
                    "memory/peak-gb": peak_memory_bytes(self.device) / 2 ** 30}
         if result.num_zeros is not None:
             scalars["num-zeros"] = result.num_zeros
+        if self.decoupled_schedule is not None:
+            scalars["decoupled-learning-rate"] = self.last_decoupled_lr
         for layer, counts in enumerate(result.routing_counts):
             for name, value in routing_statistics(counts).items():
                 scalars[f"moe/layer{layer:02d}/{name}"] = value

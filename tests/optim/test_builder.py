@@ -45,3 +45,18 @@ def test_apex_import_without_compiled_kernels_is_not_used(monkeypatch):
     monkeypatch.setitem(sys.modules, "apex.optimizers", fake.optimizers)
     monkeypatch.setitem(sys.modules, "amp_C", None)     # the compiled extension is missing
     assert apex_fused_adam_available() is False
+
+
+def test_decoupled_lr_gives_the_embedding_and_output_layer_a_group_of_their_own():
+    model = ZayaModel(model_config_from_preset("zaya1-tiny", vocab_size=256, num_layers=2,
+                                               untie_embeddings_and_output_weights=True))
+    opt = build_optimizer(model, OptimizerConfig(lr=1e-3, decoupled_lr=5e-3))
+    names = {id(p): n for n, p in model.named_parameters()}
+    opt.set_lr(1e-3, 5e-3)
+    by_lr = {}
+    for group in opt.param_groups:
+        by_lr.setdefault(group["lr"], set()).update(names[id(p)] for p in group["params"])
+    assert by_lr[5e-3] == {"embedding.weight", "output_layer.weight"}
+    assert len(by_lr[1e-3]) == len(names) - 2
+    plain = build_optimizer(model, OptimizerConfig(lr=1e-3))    # without the flag: the groups as before
+    assert not any(g.get("decoupled") for g in plain.param_groups)

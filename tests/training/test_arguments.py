@@ -45,6 +45,7 @@ def error_of(argv, capsys) -> str:
     ({"--rerun-mode": "validate_results"}, "--rerun-mode=validate_results is not supported: only disabled"),
     ({"--dist-ckpt-strictness": "log_all"}, "--dist-ckpt-strictness=log_all is not supported"),
     ({"--disable-straggler-on-startup": ""}, "--disable-straggler-on-startup is not supported"),
+    ({"--decoupled-min-lr": "1e-4"}, "--decoupled-min-lr needs --decoupled-lr"),
 ])
 def test_bad_flags_fail_fast_naming_the_flag(tiny_corpus, tmp_path, capsys, extra, flag):
     extra = dict(extra)

@@ -153,3 +153,18 @@ def test_weight_decay_schedule_reaches_every_decaying_group(tiny_corpus, tmp_pat
     for position, groups in enumerate(seen):
         assert groups == pytest.approx({("adamw", 1.0): 0.05 * position, ("adamw", 0.0): 0.0,
                                         ("muon", 1.0): 0.05 * position}), (position, groups)
+
+
+def test_decoupled_lr_follows_the_schedule_with_its_own_peak_and_floor(tiny_corpus, tmp_path):
+    """--decoupled-lr / --decoupled-min-lr: TensorBoard's decoupled-learning-rate is the run's cosine
+    schedule from 1e-2 down to 1e-3, while learning-rate keeps --lr / --min-lr."""
+    from megatron_zaya.optim.schedules import LRSchedule
+    tb = tmp_path / "tb"
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--tensorboard-dir": tb, "--eval-iters": 0,
+                                                               "--min-lr": "3e-4", "--decoupled-lr": "1e-2",
+                                                               "--decoupled-min-lr": "1e-3"}))
+    assert build_and_train(run) == 0
+    values = scalars(tb)
+    main, own = LRSchedule(3e-3, 3e-4, decay=6), LRSchedule(1e-2, 1e-3, decay=6)
+    assert [v for _, v in values["learning-rate"]] == pytest.approx([main(i) for i in range(6)], rel=1e-6)
+    assert [v for _, v in values["decoupled-learning-rate"]] == pytest.approx([own(i) for i in range(6)], rel=1e-6)
