@@ -627,7 +627,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
     if args.decoupled_min_lr is not None and args.decoupled_lr is None:
         raise UserInputError("--decoupled-min-lr needs --decoupled-lr (the peak it decays from)")
     if args.log_progress and not args.save:
-        raise UserInputError("--log-progress writes progress.txt into the --save folder: give --save")
+        warnings.append("--log-progress without --save: nothing is written (progress.txt goes into the --save folder)")
     warnings += check_profile_flags(args, parallel.world_size, torch.cuda.is_available())
 
     if (args.train_iters is None) == (args.train_samples is None):

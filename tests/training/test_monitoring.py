@@ -82,7 +82,6 @@ def test_log_progress_appends_each_job_and_checkpoint(tiny_corpus, tmp_path, cap
     assert fields["Job throughput"].endswith(" TFLOP/s/GPU") and fields["Tokens (in billions)"] == "0.00"
 
 
-def test_log_progress_needs_save(tiny_corpus, tmp_path, capsys):
-    with pytest.raises(SystemExit):
-        parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--log-progress": ""}))
-    assert "--log-progress writes progress.txt into the --save folder: give --save" in capsys.readouterr().err
+def test_log_progress_without_save_warns(tiny_corpus, tmp_path):
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--log-progress": ""}))
+    assert "--log-progress without --save: nothing is written (progress.txt goes into the --save folder)" in run.warnings
