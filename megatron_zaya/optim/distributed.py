@@ -5,7 +5,8 @@ rank r of the reduction group receives the summed gradients of the contiguous el
 owns (`megatron_zaya.parallel.data.shard_range`; DP x CP for dense parameters, expert-DP for expert
 parameters). This optimizer keeps fp32 master weights and the inner optimizer's state for those
 owned pieces only, steps them, writes them into the model's parameters and all-gathers each bucket's
-parameters so every replica holds the new weights (Megatron's distributed optimizer).
+parameters so every replica holds the new weights (Megatron's distributed optimizer). The master of
+a piece of an fp32 weight is that piece itself (a view): only bf16 weights get fp32 copies.
 
 Memory per rank for P parameters over N ranks with Adam: unsharded = 4P (fp32 master) + 8P (moments);
 ZeRO-1 = (4P + 8P) / N (+ padding < N elements per bucket). `memory_report()` measures this rank.
@@ -54,7 +55,8 @@ class DistributedOptimizer:
                 p = bucket.params[i]
                 if p not in group_of:
                     continue
-                m = torch.nn.Parameter(p.detach().reshape(-1)[a:b].float().clone())
+                flat = p.detach().reshape(-1)[a:b]     # an fp32 weight's piece is its own master
+                m = torch.nn.Parameter(flat if p.dtype == torch.float32 else flat.float().clone())
                 self.pieces.append((p, a, b, m))
                 masters_by_group[group_of[p]].append(m)
         inner_groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": ms}
@@ -86,7 +88,8 @@ class DistributedOptimizer:
         if self.inner is not None:
             self.inner.step()
         for p, a, b, m in self.pieces:
-            p.view(-1)[a:b].copy_(m)
+            if p.dtype != torch.float32:
+                p.view(-1)[a:b].copy_(m)
         self.gather_params()
 
     @torch.no_grad()
@@ -123,16 +126,19 @@ class DistributedOptimizer:
 
     # -- memory -------------------------------------------------------------------------------------
     def memory_report(self, state_bytes_per_param: int = 8) -> dict:
-        """Bytes on this rank of fp32 master weights + optimizer state, against what an unsharded
-        optimizer holds for the same parameters. State is measured when it exists (after a step),
-        else estimated at `state_bytes_per_param` (8 for Adam's two fp32 moments)."""
+        """Bytes on this rank of fp32 master weights (those of bf16 weights: an fp32 weight is its own)
+        + optimizer state, against what an unsharded optimizer holds for the same parameters. State is
+        measured when it exists (after a step), else estimated at `state_bytes_per_param` (8 for Adam's
+        two fp32 moments)."""
         owned = sum(m.numel() for *_, m in self.pieces)
         total = sum(p.numel() for p in self.params)
         measured = 0
         if self.inner is not None:
             measured = sum(t.numel() * t.element_size() for *_, m in self.pieces
                            for t in self.inner.state.get(m, {}).values() if torch.is_tensor(t) and t.dim() > 0)
-        per_param = 4 + (measured / owned if measured and owned else state_bytes_per_param)
+        masters = sum(4 * m.numel() for p, _, _, m in self.pieces if p.dtype != torch.float32)
+        state = measured if measured else state_bytes_per_param * owned
+        per_param = (masters + state) / owned if owned else state_bytes_per_param
         return sharding_report(owned, total, per_param)
 
     def describe_memory(self) -> str:
