@@ -111,6 +111,7 @@ def build_and_train(run) -> int:
         else:
             final_evaluation(run, trainer, logger)
         checkpointer.finalize(trainer)
+        runtime.barrier()     # every rank done with its collectives before any tears its groups down
     finally:
         checkpointer.close()
         logger.close()

@@ -66,6 +66,7 @@ def main() -> None:
     dist.all_gather_object(every, mine)
     if runtime.rank == 0:
         print(json.dumps(every), flush=True)
+    dist.barrier()       # every rank done with its collectives before the group goes
     runtime.shutdown()
 
 
