@@ -229,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="turn Python's automatic garbage collection off (its pauses differ between ranks and "
                         "stall collectives); collect every --manual-gc-interval iterations instead")
     g.add_argument("--manual-gc-interval", type=int, default=0, help="with --manual-gc: 0 never collects")
+    g.add_argument("--empty-unused-memory-level", type=int, default=0, choices=(0, 1, 2),
+                   help="GPU: return the allocator's unused blocks after forward+backward (1), and after the "
+                        "optimizer step too (2), against fragmentation (as in Megatron-LM)")
     g = p.add_argument_group("profiling (megatron_zaya/training/profiling.py)")
     g.add_argument("--profile", action="store_true",
                    help="profile the iterations run while the completed count is in [--profile-step-start, "

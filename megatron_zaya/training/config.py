@@ -60,6 +60,7 @@ class TrainConfig:
     # Python garbage collection (--manual-gc): off during training, collected every N iterations
     manual_gc: bool = False
     manual_gc_interval: int = 0
+    empty_unused_memory_level: int = 0             # GPU: torch.cuda.empty_cache after backward (1) / optimizer (2)
     # profiling (megatron_zaya/training/profiling.py)
     profile: bool = False
     use_pytorch_profiler: bool = False

@@ -24,8 +24,8 @@ from megatron_zaya.optim.schedules import (SCHEDULE_FLAGS, decoupled_lr_schedule
                                            weight_decay_schedule_from_flags)
 from megatron_zaya.training.batch_schedule import BatchSizeSchedule
 from megatron_zaya.training.logger import TrainingLogger
-from megatron_zaya.training.metrics import (IntervalMeter, device_peak_tflops, format_duration, peak_memory_bytes,
-                                           routing_statistics, synchronize)
+from megatron_zaya.training.metrics import (IntervalMeter, device_peak_tflops, empty_unused_memory, format_duration,
+                                           peak_memory_bytes, routing_statistics, synchronize)
 from megatron_zaya.training.nonfinite import diagnose
 from megatron_zaya.training.profiling import StepProfiler
 from megatron_zaya.training.stragglers import StragglerMeter
@@ -142,6 +142,7 @@ class Trainer:
         if self.stragglers is not None:
             self.stragglers.stop()
         parallel.finish_gradient_reduction()
+        empty_unused_memory(self.device, self.cfg.empty_unused_memory_level, 1)
         loss = parallel.sum_over_data_ranks(loss_sum).item() / max(global_tokens, 1.0)
         counts = parallel.sum_routing_counts(counts)
         num_zeros = parallel.count_zero_grads() if self.cfg.log_num_zeros_in_grad else None
@@ -161,6 +162,7 @@ class Trainer:
             if self.wd_schedule is not None:
                 self.optimizer.set_weight_decay(self.wd_schedule(position))
             self.optimizer.step()
+            empty_unused_memory(self.device, self.cfg.empty_unused_memory_level, 2)
             if self.cfg.moe_router_bias_update:
                 self.balancer.update(counts)
         return StepResult(loss, grad_norm, int(global_tokens), counts, skipped, diagnosis, num_zeros)

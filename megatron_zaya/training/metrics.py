@@ -150,3 +150,11 @@ def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work, so that a host clock measures it (no-op on CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def empty_unused_memory(device: torch.device, level: int, at_least: int) -> None:
+    """Megatron-LM's --empty-unused-memory-level: hand the caching allocator's unused GPU blocks
+    back (torch.cuda.empty_cache) when `level` >= `at_least`: 1 after forward+backward, 2 also after
+    the optimizer step. Fights fragmentation at the cost of new allocations; no-op on CPU."""
+    if level >= at_least and device.type == "cuda":
+        torch.cuda.empty_cache()

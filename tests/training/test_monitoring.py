@@ -85,3 +85,18 @@ def test_log_progress_appends_each_job_and_checkpoint(tiny_corpus, tmp_path, cap
 def test_log_progress_without_save_warns(tiny_corpus, tmp_path):
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--log-progress": ""}))
     assert "--log-progress without --save: nothing is written (progress.txt goes into the --save folder)" in run.warnings
+
+
+def test_empty_unused_memory_level(monkeypatch, tiny_corpus, tmp_path):
+    """--empty-unused-memory-level: level 1 empties the GPU cache after forward+backward, level 2 also
+    after the optimizer step; never on CPU."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append(1))
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    for level, where, called in ((0, 1, 0), (1, 1, 1), (1, 2, 0), (2, 2, 1), (2, 1, 1)):
+        calls.clear()
+        metrics.empty_unused_memory(gpu, level, where)
+        metrics.empty_unused_memory(cpu, level, where)
+        assert len(calls) == called, (level, where)
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--empty-unused-memory-level": 2}))
+    assert run.train.empty_unused_memory_level == 2
