@@ -39,13 +39,14 @@ def load_full_model_state(path: str) -> tuple[dict, ModelConfig, dict]:
     iteration, consumed_samples, tokens_seen, layout, folder, saved_at, train_state, masters (how
     many weights came from their masters)."""
     folder = CheckpointFolder(resolve_folder(path))
-    state = {key[len("model/"):]: folder.full(key) for key in folder.keys("model/")}
-    masters = 0
-    for name, weight in state.items():
-        key = f"optim/{name}/master"
-        if weight.dtype != torch.float32 and folder.has(key):
-            state[name] = folder.full(key).reshape(weight.shape)
+    state, masters = {}, 0
+    for key in folder.keys("model/"):      # each weight read once: its master where it has one
+        name, master = key[len("model/"):], f"optim/{key[len('model/'):]}/master"
+        if folder.has(master):             # saved only for weights that are not fp32
+            state[name] = folder.full(master).reshape(folder.global_shape(key))
             masters += 1
+        else:
+            state[name] = folder.full(key)
     meta = folder.metadata
     info = {"folder": folder.folder, "iteration": meta["iteration"],
             "consumed_samples": meta["train_state"]["consumed_samples"], "tokens_seen": meta.get("tokens_seen"),
