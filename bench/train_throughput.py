@@ -456,8 +456,7 @@ def main(argv=None) -> int:
         dist.all_reduce(split_t)
         result["split_s"] = {k: float(v) / world_size for k, v in zip(PHASES, split_t)}   # mean over ranks
     if not runtime.is_main:
-        if hasattr(runtime, "shutdown"):
-            runtime.shutdown()
+        finish(runtime, world_size)
         return 0
 
     cfg = run.model
@@ -502,9 +501,17 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
+    finish(runtime, world_size)
+    return 0
+
+
+def finish(runtime, world_size: int) -> None:
+    """Every rank waits for rank 0's report before any tears gloo down: a rank that destroyed its
+    groups while rank 0 still wrote the report aborted at exit once in CI (gloo teardown)."""
+    if world_size > 1:
+        runtime.barrier()
     if hasattr(runtime, "shutdown"):
         runtime.shutdown()
-    return 0
 
 
 def print_report(r: dict) -> None:
