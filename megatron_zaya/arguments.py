@@ -21,7 +21,7 @@ from megatron_zaya.data.blend import parse_data_path
 from megatron_zaya.data.gpt_dataset import default_cache_dir
 from megatron_zaya.data.index_builders import parse_split
 from megatron_zaya.data.indexed import IndexedDatasetError, check_indexed_dataset
-from megatron_zaya.data.tokenizer import check_tokenizer_flags
+from megatron_zaya.data.tokenizer import add_tiktoken_arguments, check_tokenizer_flags, tiktoken_options
 from megatron_zaya.errors import UserInputError
 from megatron_zaya.megatron_flags import add_megatron_flags, check_megatron_flags, resolve_aliases
 from megatron_zaya.optim.builder import MUON_TP_MODES, OptimizerConfig
@@ -175,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tokenizer-model", default=None)
     g.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: GPT-2's vocab.json")
     g.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: GPT-2's merges.txt")
+    add_tiktoken_arguments(g, vocab_size_flag=False)    # TikTokenizer's size is --vocab-size (see validate)
     g.add_argument("--data-cache-path", default=None)
     g.add_argument("--num-workers", type=int, default=2)
     g.add_argument("--no-mmap-bin-files", dest="mmap_bin_files", action="store_false",
@@ -455,12 +456,18 @@ def check_load_path(path: str) -> None:
             f"and use --load DIR --finetune")
 
 
-def _megatron_null_tokenizer_form(args: argparse.Namespace) -> None:
-    """Megatron-LM's `--tokenizer-type NullTokenizer --vocab-size N` (no --tokenizer-model): N is the
-    tokenizer's size (ids 0..N-1, EOD = N), not the model's, whose vocabulary is then N + 1 padded,
-    as Megatron pads it. Rewritten here into this project's form, --tokenizer-model N."""
+def _megatron_tokenizer_vocab_size(args: argparse.Namespace) -> None:
+    """Where Megatron-LM reads --vocab-size as the TOKENIZER's size, not the model's, whose
+    vocabulary is then the tokenizer's padded, as Megatron pads it:
+    - `--tokenizer-type NullTokenizer --vocab-size N` (no --tokenizer-model): ids 0..N-1, EOD = N;
+      rewritten into this project's form, --tokenizer-model N;
+    - `--tokenizer-type TikTokenizer --vocab-size N`: special tokens and ranks together; moved to
+      `tokenizer_vocab_size`."""
+    args.tokenizer_vocab_size = None
     if args.tokenizer_type == "NullTokenizer" and args.tokenizer_model is None and args.vocab_size is not None:
         args.tokenizer_model, args.vocab_size = str(args.vocab_size), None
+    elif args.tokenizer_type == "TikTokenizer" and args.vocab_size is not None:
+        args.tokenizer_vocab_size, args.vocab_size = args.vocab_size, None
 
 
 def _check_sequence_splits(args: argparse.Namespace, model: ModelConfig) -> None:
@@ -551,7 +558,8 @@ def _check_split(args: argparse.Namespace) -> None:
 
 
 def _check_tokenizer(args: argparse.Namespace) -> None:
-    check_tokenizer_flags(args.tokenizer_type, args.tokenizer_model, args.vocab_file, args.merge_file)
+    check_tokenizer_flags(args.tokenizer_type, args.tokenizer_model, args.vocab_file, args.merge_file,
+                          **tiktoken_options(args))
     if args.tokenizer_type == "NullTokenizer" and args.vocab_size is not None:
         needed = int(args.tokenizer_model) + 1          # ids 0..N-1 and EOD = N
         if args.vocab_size < needed:
@@ -610,7 +618,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
     """All flag checks, cheapest first; raises ValueError (UserInputError) naming the flag."""
     check_megatron_flags(args)
     warnings = resolve_aliases(args)
-    _megatron_null_tokenizer_form(args)
+    _megatron_tokenizer_vocab_size(args)
     overrides = {name: getattr(args, name) for name in MODEL_FLAGS if getattr(args, name) is not None}
     if args.untie_embeddings_and_output_weights:
         overrides["untie_embeddings_and_output_weights"] = True
@@ -657,7 +665,8 @@ def validate(args: argparse.Namespace) -> RunConfig:
                       seed=args.seed, num_workers=args.num_workers, reset_position_ids=args.reset_position_ids,
                       reset_attention_mask=args.reset_attention_mask, eod_mask_loss=args.eod_mask_loss,
                       tokenizer_type=args.tokenizer_type, tokenizer_model=args.tokenizer_model,
-                      vocab_file=args.vocab_file, merge_file=args.merge_file, mmap_bin_files=args.mmap_bin_files)
+                      vocab_file=args.vocab_file, merge_file=args.merge_file, mmap_bin_files=args.mmap_bin_files,
+                      **tiktoken_options(args))
 
     train_fields = {f.name for f in fields(TrainConfig)}
     train = TrainConfig(**{k: v for k, v in vars(args).items() if k in train_fields})

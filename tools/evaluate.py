@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from megatron_zaya.config import ConfigError  # noqa: E402
+from megatron_zaya.data.tokenizer import add_tiktoken_arguments, tiktoken_options  # noqa: E402
 from megatron_zaya.errors import UserInputError  # noqa: E402
 from megatron_zaya.inference.cli_checks import (  # noqa: E402
     check_device, check_threads, check_writable_output, peek_model_config)
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer-model", default=None, help="tokenizer model file / folder (GPT2BPETokenizer: or the two files below)")
     p.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: GPT-2's vocab.json")
     p.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: GPT-2's merges.txt")
+    add_tiktoken_arguments(p)
     p.add_argument("--seq-length", type=int, default=None, help="default: the checkpoint config's seq_length")
     p.add_argument("--micro-batch-size", type=int, default=4)
     p.add_argument("--eval-iters", type=int, default=None, help="micro-batches to evaluate (default: one pass)")
@@ -84,7 +86,8 @@ def check_eval_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     try:
         check_data_path(args.data_path)
         shares = parse_split(args.split)
-        check_tokenizer_flags(args.tokenizer_type, args.tokenizer_model, args.vocab_file, args.merge_file)
+        check_tokenizer_flags(args.tokenizer_type, args.tokenizer_model, args.vocab_file, args.merge_file,
+                              **tiktoken_options(args))
         check_threads(args.threads)
         check_device(args.device)
         check_writable_output("--output-json", args.output_json)
@@ -175,7 +178,7 @@ def main(argv=None) -> int:
 
     try:
         tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, vocab_file=args.vocab_file,
-                                    merge_file=args.merge_file)
+                                    merge_file=args.merge_file, **tiktoken_options(args))
     except UserInputError as err:
         parser.error(str(err))
     peeked = peek_model_config(args.load)       # config.json / metadata.json only: no tensor read yet
@@ -196,7 +199,8 @@ def main(argv=None) -> int:
                              seed=args.seed, num_workers=0, reset_position_ids=args.reset_position_ids,
                              reset_attention_mask=args.reset_attention_mask, eod_mask_loss=args.eod_mask_loss,
                              tokenizer_type=args.tokenizer_type, tokenizer_model=args.tokenizer_model,
-                             vocab_file=args.vocab_file, merge_file=args.merge_file, no_index_cache=args.no_index_cache)
+                             vocab_file=args.vocab_file, merge_file=args.merge_file, no_index_cache=args.no_index_cache,
+                             **tiktoken_options(args))
     sizes = [0, 0, 0]
     sizes[split_id] = num_samples
     dataset = build_train_valid_test_datasets(data_config, seq_length, sizes, tokenizer)[split_id]

@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+from megatron_zaya.data.tokenizer import add_tiktoken_arguments, tiktoken_options  # noqa: E402
 from megatron_zaya.errors import UserInputError  # noqa: E402
 from megatron_zaya.inference.cli_checks import (  # noqa: E402
     check_device, check_prompts_fit, check_threads, check_writable_output, peek_model_config)
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer-model", help="tokenizer model file / folder")
     p.add_argument("--vocab-file", help="GPT2BPETokenizer: GPT-2's vocab.json")
     p.add_argument("--merge-file", help="GPT2BPETokenizer: GPT-2's merges.txt")
+    add_tiktoken_arguments(p)
     p.add_argument("--add-bos", action="store_true", help="prepend the tokenizer's BOS to text prompts")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--greedy", action="store_true", help="argmax decoding (same as --temperature 0)")
@@ -93,7 +95,8 @@ def load_tokenizer(parser: argparse.ArgumentParser, args: argparse.Namespace):
     """The tokenizer of --tokenizer-type with --tokenizer-model (or GPT-2's --vocab-file/--merge-file);
     None when no tokenizer flag is given. Checked cheaply first."""
     files = [f for f, v in (("--tokenizer-model", args.tokenizer_model), ("--vocab-file", args.vocab_file),
-                            ("--merge-file", args.merge_file)) if v is not None]
+                            ("--merge-file", args.merge_file), ("--tiktoken-pattern", args.tiktoken_pattern))
+             if v is not None]
     if not (args.tokenizer_type or files):
         return None
     if not args.tokenizer_type:
@@ -101,7 +104,7 @@ def load_tokenizer(parser: argparse.ArgumentParser, args: argparse.Namespace):
     from megatron_zaya.data.tokenizer import build_tokenizer
     try:   # build_tokenizer checks the flags (check_tokenizer_flags) before loading anything
         return build_tokenizer(args.tokenizer_type, args.tokenizer_model, vocab_file=args.vocab_file,
-                               merge_file=args.merge_file)
+                               merge_file=args.merge_file, **tiktoken_options(args))
     except UserInputError as err:
         parser.error(str(err))
 

@@ -35,7 +35,7 @@ from megatron_zaya.data.preprocess import (  # noqa: E402
 )
 from megatron_zaya.data.sources import InputError  # noqa: E402
 from megatron_zaya.data.workers import WorkerError  # noqa: E402
-from megatron_zaya.data.tokenizer import TOKENIZER_TYPES  # noqa: E402
+from megatron_zaya.data.tokenizer import TOKENIZER_TYPES, add_tiktoken_arguments, tiktoken_options  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -54,6 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: GPT-2's vocab.json")
     g.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: GPT-2's merges.txt")
     g.add_argument("--vocab-extra-ids", type=int, default=0, help="SentencePieceTokenizer: <extra_id_N> tokens (>= 0)")
+    add_tiktoken_arguments(g)
     g.add_argument("--append-eod", action="store_true", help="append the EOD token to every document")
     g = p.add_argument_group("trimming of reasoning samples")
     g.add_argument("--trim-max-length", type=int, default=None, help="max tokens per sample (EOD included, >= 1); omit for no trimming")
@@ -110,6 +111,7 @@ def _main(args) -> int:
         workers=args.workers,
         text_mode=args.text_mode,
         vocab_extra_ids=args.vocab_extra_ids,
+        tiktoken=tiktoken_options(args),
         trim_max_length=args.trim_max_length,
         reasoning_markers=tuple(args.reasoning_markers),
         chunk_bytes=args.chunk_bytes,

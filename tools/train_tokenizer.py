@@ -1,17 +1,25 @@
-"""Train a SentencePiece tokenizer (BPE or unigram, byte fallback) on JSONL or text corpora.
+"""Train a SentencePiece tokenizer (BPE or unigram, byte fallback) or a TikTokenizer vocabulary on
+JSONL or text corpora.
 
     python tools/train_tokenizer.py --input data/shakespeare.jsonl --vocab-size 32000 \
         --output-prefix data/tokenizer/sp32k [--model-type bpe|unigram] [--json-keys text]
+    python tools/train_tokenizer.py --input data/shakespeare.jsonl --vocab-size 31000 \
+        --output-prefix data/tokenizer/tt32k --model-type tiktoken [--tiktoken-pattern v2]
 
-Writes P.model and P.vocab. Ids: <unk>=0, <s>=1 (BOS), </s>=2 (EOS, used as EOD by
-GPTSentencePieceTokenizer), <pad>=3. Use the model with
+SentencePiece (bpe, unigram): writes P.model and P.vocab. Ids: <unk>=0, <s>=1 (BOS), </s>=2 (EOS,
+used as EOD by GPTSentencePieceTokenizer), <pad>=3. Use the model with
 `--tokenizer-type GPTSentencePieceTokenizer --tokenizer-model P.model`.
+tiktoken: a byte-level BPE of --vocab-size ranks (the 256 bytes and the merges, fewer when the
+corpus runs out of pairs seen twice), split by Megatron-LM's --tiktoken-pattern, written as P.json
+(Megatron's TikTokenizer file). Use it with `--tokenizer-type TikTokenizer --tokenizer-model P.json
+--tiktoken-pattern v2 --vocab-size R+S`, R the ranks written and S = --tiktoken-num-special-tokens
+(default 1000); the script prints the exact flags.
 Documents are fed line by line; at most --input-sentence-size lines are sampled (bounded memory).
 Inputs are read as in preprocess_data.py (JSONL by suffix or by a first line that is a JSON object,
 otherwise plain text; directories give their .jsonl/.json/.ndjson/.txt files). Bad records (malformed
-JSON, missing keys, not UTF-8) are skipped and counted. Existing P.model/P.vocab are refused unless
+JSON, missing keys, not UTF-8) are skipped and counted. Existing outputs are refused unless
 --overwrite is given; training writes to a temporary prefix and renames into place (.vocab, then
-.model), so a failed run leaves any old tokenizer untouched.
+.model; or the .json), so a failed run leaves any old tokenizer untouched.
 """
 
 from __future__ import annotations
@@ -78,6 +86,11 @@ def check_args(args) -> str | None:
     """The first bad flag value as a one-line message, or None. Cheap: runs before any input is read."""
     if args.vocab_size < 8:
         return f"--vocab-size {args.vocab_size} is too small"
+    if args.model_type == "tiktoken" and args.vocab_size < 256:
+        return f"--vocab-size {args.vocab_size}: a tiktoken vocabulary holds at least the 256 byte tokens"
+    if args.model_type == "tiktoken" and args.user_defined_symbols:
+        return ("--user-defined-symbols: a tiktoken vocabulary holds ranks only; its special tokens come "
+                "from --tokenizer-special-tokens when it is used")
     if args.input_sentence_size < 0:
         return f"--input-sentence-size must be >= 0 (0 = use every line), got {args.input_sentence_size}"
     if args.max_sentence_length < 1:
@@ -89,10 +102,15 @@ def check_args(args) -> str | None:
     return None
 
 
-def check_output(prefix: str, overwrite: bool) -> str | None:
+def output_extensions(model_type: str) -> tuple[str, ...]:
+    """The files training writes after the prefix, in the order they are renamed into place."""
+    return (".json",) if model_type == "tiktoken" else (".vocab", ".model")
+
+
+def check_output(prefix: str, overwrite: bool, extensions=(".model", ".vocab")) -> str | None:
     """Refuse existing outputs (unless `overwrite`) and an unwritable folder, before training."""
     if not overwrite:
-        for ext in (".model", ".vocab"):
+        for ext in extensions:
             if os.path.lexists(prefix + ext):
                 return f"--output-prefix {prefix}: {prefix + ext} already exists (pass --overwrite to replace it)"
     parent = os.path.dirname(os.path.abspath(prefix))
@@ -120,10 +138,19 @@ def _announce_end(lines, counts: dict, t0: float):
           file=sys.stderr, flush=True)
 
 
-def _install(tmp_prefix: str, prefix: str) -> None:
+def _install(tmp_prefix: str, prefix: str, extensions=(".vocab", ".model")) -> None:
     """Rename the trained files into place: .vocab first, .model (what users load) last."""
-    for ext in (".vocab", ".model"):
+    for ext in extensions:
         os.replace(tmp_prefix + ext, prefix + ext)
+
+
+def train_tiktoken(args, lines, tmp_prefix: str) -> int:
+    """A TikTokenizer vocabulary of at most --vocab-size ranks into tmp_prefix.json; the ranks written."""
+    from megatron_zaya.data.tiktoken_vocab import train_tiktoken_ranks, write_tiktoken_vocab
+
+    tokens = train_tiktoken_ranks(lines, args.vocab_size, args.tiktoken_pattern)
+    write_tiktoken_vocab(tokens, tmp_prefix + ".json")
+    return len(tokens)
 
 
 def main(argv=None) -> int:
@@ -131,7 +158,10 @@ def main(argv=None) -> int:
     p.add_argument("--input", nargs="+", required=True, help="files, directories or globs (.jsonl[.gz|.zst] or text)")
     p.add_argument("--vocab-size", type=int, required=True)
     p.add_argument("--output-prefix", required=True)
-    p.add_argument("--model-type", choices=("bpe", "unigram"), default="bpe")
+    p.add_argument("--model-type", choices=("bpe", "unigram", "tiktoken"), default="bpe",
+                   help="SentencePiece bpe or unigram, or a TikTokenizer vocabulary (P.json)")
+    p.add_argument("--tiktoken-pattern", choices=("v1", "v2"), default="v2",
+                   help="--model-type tiktoken: Megatron-LM's pre-tokenization pattern (use the same when training)")
     p.add_argument("--json-keys", nargs="+", default=["text"])
     p.add_argument("--text-mode", choices=("file", "paragraph", "line"), default="file")
     p.add_argument("--character-coverage", type=float, default=0.9995)
@@ -141,12 +171,13 @@ def main(argv=None) -> int:
     p.add_argument("--user-defined-symbols", nargs="*", default=[], help="e.g. <think> </think>")
     p.add_argument("--num-threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--overwrite", action="store_true", help="replace an existing P.model/P.vocab")
+    p.add_argument("--overwrite", action="store_true", help="replace existing outputs (P.model/P.vocab or P.json)")
     args = p.parse_args(argv)
 
     import sentencepiece as spm
 
-    problem = check_args(args) or check_output(args.output_prefix, args.overwrite)
+    extensions = output_extensions(args.model_type)
+    problem = check_args(args) or check_output(args.output_prefix, args.overwrite, extensions)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -169,6 +200,26 @@ def main(argv=None) -> int:
     parent = os.path.dirname(os.path.abspath(args.output_prefix))
     tmp_dir = tempfile.mkdtemp(dir=parent, prefix=".train_tokenizer.")
     tmp_prefix = os.path.join(tmp_dir, "sp")
+    if args.model_type == "tiktoken":
+        try:
+            sample = itertools.chain([first], lines)      # the first --input-sentence-size lines (0: all)
+            if args.input_sentence_size:
+                sample = itertools.islice(sample, args.input_sentence_size)
+            ranks = train_tiktoken(args, _announce_end(sample, counts, t0), tmp_prefix)
+            _install(tmp_prefix, args.output_prefix, extensions)
+        except InputError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        finally:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+        skipped = _format_counts(counts)
+        print(f"trained tiktoken vocabulary of {ranks} ranks ({args.tiktoken_pattern}) on {counts.get('documents', 0)} "
+              f"documents in {time.time() - t0:.1f}s -> {args.output_prefix}.json"
+              + (f"; skipped {skipped}" if skipped else "")
+              + f"\nuse: --tokenizer-type TikTokenizer --tokenizer-model {args.output_prefix}.json "
+                f"--tiktoken-pattern {args.tiktoken_pattern} --vocab-size {ranks + 1000} (1000 special tokens, "
+                f"or --tiktoken-num-special-tokens S with --vocab-size {ranks} + S)")
+        return 0
     try:
         spm.SentencePieceTrainer.Train(
             sentence_iterator=_announce_end(itertools.chain([first], lines), counts, t0),

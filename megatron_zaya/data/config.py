@@ -56,6 +56,10 @@ class DataConfig:
     tokenizer_model: str | None = None
     vocab_file: str | None = None        # GPT2BPETokenizer's --vocab-file
     merge_file: str | None = None        # GPT2BPETokenizer's --merge-file
+    tiktoken_pattern: str | None = None             # TikTokenizer's settings (data/tokenizer_tiktoken.py)
+    tiktoken_num_special_tokens: int | None = None
+    tokenizer_special_tokens: list[str] | None = None
+    tokenizer_vocab_size: int | None = None         # TikTokenizer's size (Megatron's --vocab-size for it)
     phases: list[PhaseBlend] = field(default_factory=list)
     mid_level_dataset_surplus: float = 0.005
     prefetch_factor: int = 4
@@ -66,6 +70,12 @@ class DataConfig:
     test_data_path: list[str] = field(default_factory=list)
     mock_data: bool = False          # --mock-data: random tokens, no files (megatron_zaya/data/mock.py)
     mmap_bin_files: bool = True      # False (--no-mmap-bin-files): read .bin files with positional reads
+
+    def tokenizer_kwargs(self) -> dict:
+        """build_tokenizer's keyword arguments beyond type and model: GPT-2's two files, and
+        TikTokenizer's settings where given."""
+        from .tokenizer import tiktoken_options
+        return dict(vocab_file=self.vocab_file, merge_file=self.merge_file, **tiktoken_options(self))
 
     @property
     def separate_splits(self) -> bool:
@@ -108,7 +118,9 @@ class DataConfig:
         kw = {}
         for name in ("data_path", "split", "data_cache_path", "seed", "num_workers", "reset_position_ids",
                      "reset_attention_mask", "eod_mask_loss", "tokenizer_type", "tokenizer_model", "vocab_file",
-                     "merge_file", "phases", "train_data_path", "valid_data_path", "test_data_path", "mock_data"):
+                     "merge_file", "phases", "train_data_path", "valid_data_path", "test_data_path", "mock_data",
+                     "tiktoken_pattern", "tiktoken_num_special_tokens", "tokenizer_special_tokens",
+                     "tokenizer_vocab_size"):
             v = getattr(args, name, None)
             if v is not None:
                 kw[name] = v

@@ -95,8 +95,7 @@ def build_train_valid_test_datasets(cfg: DataConfig, seq_length: int, train_vali
         if not cfg.tokenizer_type:
             raise ValueError("DataConfig.tokenizer_type (--tokenizer-type) is required to know the EOD id, "
                              "or pass tokenizer=")
-        tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, vocab_file=cfg.vocab_file,
-                                    merge_file=cfg.merge_file)
+        tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, **cfg.tokenizer_kwargs())
     opts = SampleOptions(seq_length, tokenizer.eod, tokenizer.pad, cfg.reset_position_ids,
                          cfg.reset_attention_mask, cfg.eod_mask_loss)
     train_n, valid_n, test_n = (int(x) for x in train_valid_test_num_samples)

@@ -50,6 +50,7 @@ class PreprocessConfig:
     overwrite: bool = False  # replace existing outputs instead of refusing them
     vocab_file: str | None = None   # GPT2BPETokenizer: --vocab-file
     merge_file: str | None = None   # GPT2BPETokenizer: --merge-file
+    tiktoken: dict = field(default_factory=dict)   # TikTokenizer: data.tokenizer.tiktoken_options of the flags
 
 
 @dataclass
@@ -97,7 +98,7 @@ class Encoder:
         self.cfg = cfg
         kw = {"vocab_extra_ids": cfg.vocab_extra_ids} if cfg.tokenizer_type == "SentencePieceTokenizer" else {}
         self.tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, vocab_file=cfg.vocab_file,
-                                         merge_file=cfg.merge_file, **kw)
+                                         merge_file=cfg.merge_file, **kw, **cfg.tiktoken)
         self.dtype = optimal_dtype(self.tokenizer.vocab_size)
         self.trimmer = None
         if cfg.trim_max_length:
@@ -445,7 +446,7 @@ class EmptyInputError(ValueError):
 def check_config(cfg: PreprocessConfig) -> None:
     """Cheap checks of every flag, before any input is read: raises ValueError naming the flag, or
     FileExistsError naming an output that exists (unless `cfg.overwrite`)."""
-    check_tokenizer_flags(cfg.tokenizer_type, cfg.tokenizer_model, cfg.vocab_file, cfg.merge_file)
+    check_tokenizer_flags(cfg.tokenizer_type, cfg.tokenizer_model, cfg.vocab_file, cfg.merge_file, **cfg.tiktoken)
     if cfg.workers < 1:
         raise ValueError(f"--workers must be at least 1, got {cfg.workers}")
     if not cfg.json_keys:

@@ -24,6 +24,9 @@ merge_file=None)` accepts:
   merge ranks); tests/data/test_gpt2_tokenizer.py checks it against a pure-Python GPT-2 BPE.
 - `Llama2Tokenizer`: a SentencePiece model with BOS prepended to every encoded text (Megatron's
   `_Llama2Tokenizer.tokenize(s, bos=True, eos=False)`); EOD is the model's EOS id.
+- `TikTokenizer`: Megatron-LM's tiktoken-based byte-level BPE from a JSON list of ranks, with its
+  special tokens first (`--tiktoken-pattern`, `--tiktoken-num-special-tokens`,
+  `--tokenizer-special-tokens`, and `--vocab-size` as the tokenizer's size): see tokenizer_tiktoken.py.
 - `NullTokenizer`: `tokenizer_model` is a vocabulary size; text is space-separated integer ids and
   EOD is the id just past the vocabulary (Megatron's convention), handy for tests.
 
@@ -42,9 +45,11 @@ from megatron_zaya.errors import UserInputError
 from .tokenizer_base import BaseTokenizer, pad_vocab_size
 from .tokenizer_hf import GPT2BPETokenizer, HuggingFaceTokenizer, gpt2_bpe_files
 from .tokenizer_sentencepiece import GPTSentencePieceTokenizer, Llama2Tokenizer, SentencePieceTokenizer
+from .tokenizer_tiktoken import TikTokenizer, check_tiktoken_settings
 
 __all__ = ["BaseTokenizer", "pad_vocab_size", "HuggingFaceTokenizer", "GPT2BPETokenizer", "GPTSentencePieceTokenizer",
-           "SentencePieceTokenizer", "Llama2Tokenizer", "NullTokenizer", "TOKENIZER_TYPES", "check_tokenizer_flags", "build_tokenizer"]
+           "SentencePieceTokenizer", "Llama2Tokenizer", "NullTokenizer", "TikTokenizer", "TOKENIZER_TYPES",
+           "check_tokenizer_flags", "build_tokenizer", "add_tiktoken_arguments", "tiktoken_options"]
 
 
 class NullTokenizer(BaseTokenizer):
@@ -76,12 +81,40 @@ TOKENIZER_TYPES = {
     "Llama2Tokenizer": Llama2Tokenizer,
     "GPT2BPETokenizer": GPT2BPETokenizer,
     "HuggingFaceTokenizer": HuggingFaceTokenizer,
+    "TikTokenizer": TikTokenizer,
     "NullTokenizer": NullTokenizer,
 }
 
+# TikTokenizer's settings: the keyword arguments of build_tokenizer / check_tokenizer_flags, and the
+# attributes of the same names on a parsed namespace or a config (`tokenizer_vocab_size` is the
+# tokenizer's --vocab-size; pretrain_zaya.py's own --vocab-size is the model's).
+TIKTOKEN_SETTINGS = ("tiktoken_pattern", "tiktoken_num_special_tokens", "tokenizer_special_tokens")
+
+
+def add_tiktoken_arguments(group, vocab_size_flag: bool = True) -> None:
+    """TikTokenizer's flags, by Megatron-LM's names. `vocab_size_flag`: also --vocab-size, as the
+    tokenizer's size (tools without a model vocabulary of their own)."""
+    group.add_argument("--tiktoken-pattern", choices=("v1", "v2"), default=None,
+                       help="TikTokenizer: Megatron-LM's pre-tokenization pattern")
+    group.add_argument("--tiktoken-num-special-tokens", type=int, default=None,
+                       help="TikTokenizer: ids reserved for special tokens, before the ranks (default 1000)")
+    group.add_argument("--tokenizer-special-tokens", nargs="+", default=None,
+                       help="TikTokenizer: the special tokens (default <unk> <s> </s>; these three are required)")
+    if vocab_size_flag:
+        group.add_argument("--vocab-size", dest="tokenizer_vocab_size", type=int, default=None,
+                           help="TikTokenizer: its vocabulary size, special tokens included (default 131072)")
+
+
+def tiktoken_options(source) -> dict:
+    """The TikTokenizer keyword arguments of build_tokenizer from a namespace or config that has
+    TIKTOKEN_SETTINGS and `tokenizer_vocab_size` attributes (missing or None ones are left out)."""
+    names = TIKTOKEN_SETTINGS + ("tokenizer_vocab_size",)
+    found = {name: getattr(source, name, None) for name in names}
+    return {name: value for name, value in found.items() if value is not None}
+
 
 def check_tokenizer_flags(tokenizer_type: str, tokenizer_model, vocab_file: str | None = None,
-                          merge_file: str | None = None) -> None:
+                          merge_file: str | None = None, **tiktoken) -> None:
     """Cheap checks of --tokenizer-type / --tokenizer-model (and GPT-2's --vocab-file / --merge-file)
     before anything is built or loaded.
 
@@ -89,7 +122,9 @@ def check_tokenizer_flags(tokenizer_type: str, tokenizer_model, vocab_file: str 
     --merge-file or from a folder given as --tokenizer-model; every other type needs
     --tokenizer-model: a vocabulary size (an integer >= 1) for NullTokenizer, a tokenizer.json or a
     folder holding one for HuggingFaceTokenizer, and a SentencePiece model file otherwise; the two
-    GPT-2 flags are refused with any other type. Raises `UserInputError` naming the flag.
+    GPT-2 flags are refused with any other type. TikTokenizer's settings (`tiktoken`: the keyword
+    arguments of `tiktoken_options`) are checked with it and refused with any other type. Raises
+    `UserInputError` naming the flag.
     """
     if tokenizer_type not in TOKENIZER_TYPES:
         raise UserInputError(f"--tokenizer-type {tokenizer_type!r} is not supported; "
@@ -100,6 +135,11 @@ def check_tokenizer_flags(tokenizer_type: str, tokenizer_model, vocab_file: str 
     for flag, value in (("--vocab-file", vocab_file), ("--merge-file", merge_file)):
         if value is not None:
             raise UserInputError(f"{flag} is read only by --tokenizer-type GPT2BPETokenizer, not {tokenizer_type}")
+    if tokenizer_type != "TikTokenizer":
+        for name, value in tiktoken.items():
+            if value is not None:
+                flag = "--vocab-size" if name == "tokenizer_vocab_size" else "--" + name.replace("_", "-")
+                raise UserInputError(f"{flag} is read only by --tokenizer-type TikTokenizer, not {tokenizer_type}")
     if tokenizer_model is None:
         what = "the vocabulary size" if tokenizer_type == "NullTokenizer" else "a tokenizer file"
         raise UserInputError(f"--tokenizer-type {tokenizer_type} needs --tokenizer-model ({what})")
@@ -112,6 +152,9 @@ def check_tokenizer_flags(tokenizer_type: str, tokenizer_model, vocab_file: str 
         if not (os.path.isfile(path) or os.path.isfile(os.path.join(path, "tokenizer.json"))):
             raise UserInputError(f"--tokenizer-model {path}: no tokenizer.json found (give the file or the directory "
                                  f"holding it)")
+    elif tokenizer_type == "TikTokenizer":
+        check_tiktoken_settings(tokenizer_model, tiktoken.get("tiktoken_pattern"), tiktoken.get("tokenizer_vocab_size"),
+                                tiktoken.get("tiktoken_num_special_tokens"), tiktoken.get("tokenizer_special_tokens"))
     elif not os.path.isfile(str(tokenizer_model)):
         raise UserInputError(f"--tokenizer-model {tokenizer_model}: SentencePiece model file not found")
 
@@ -120,10 +163,14 @@ def build_tokenizer(tokenizer_type: str, tokenizer_model, make_vocab_size_divisi
                     tensor_parallel_size: int = 1, vocab_file: str | None = None, merge_file: str | None = None,
                     **kwargs) -> BaseTokenizer:
     """Build a tokenizer by Megatron's `--tokenizer-type` name from `--tokenizer-model` (GPT2BPETokenizer:
-    from `vocab_file` / `merge_file`, each defaulting to its file in the folder `tokenizer_model`)."""
-    check_tokenizer_flags(tokenizer_type, tokenizer_model, vocab_file, merge_file)
+    from `vocab_file` / `merge_file`, each defaulting to its file in the folder `tokenizer_model`;
+    TikTokenizer: with the keyword arguments of `tiktoken_options`)."""
+    tiktoken = {name: kwargs.pop(name) for name in TIKTOKEN_SETTINGS + ("tokenizer_vocab_size",) if name in kwargs}
+    check_tokenizer_flags(tokenizer_type, tokenizer_model, vocab_file, merge_file, **tiktoken)
     cls = TOKENIZER_TYPES[tokenizer_type]
     if tokenizer_type == "GPT2BPETokenizer":
         kwargs.update(vocab_file=vocab_file, merge_file=merge_file)
+    if tokenizer_type == "TikTokenizer":
+        kwargs.update(tiktoken)
     return cls(tokenizer_model, make_vocab_size_divisible_by=make_vocab_size_divisible_by,
                tensor_parallel_size=tensor_parallel_size, **kwargs)

@@ -71,8 +71,7 @@ def final_evaluation(run, trainer, logger) -> None:
 
 def build_and_train(run) -> int:
     tokenizer = build_tokenizer(run.data.tokenizer_type, run.data.tokenizer_model,
-                                run.model.make_vocab_size_divisible_by, vocab_file=run.data.vocab_file,
-                                merge_file=run.data.merge_file)
+                                run.model.make_vocab_size_divisible_by, **run.data.tokenizer_kwargs())
     resolve_vocab(run, tokenizer)
     check_before_build(run)              # --save / --load problems: before process groups and the model
     runtime = build_runtime(run)

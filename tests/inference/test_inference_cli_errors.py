@@ -38,7 +38,9 @@ def bad_utf8_file(tmp_path_factory):
 
 @pytest.mark.parametrize("extra, expected", [
     (["--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", "nope.model"], "--tokenizer-model nope"),
-    (["--tokenizer-type", "TikTokenizer", "--tokenizer-model", "8000"], "--tokenizer-type 'TikTokenizer'"),
+    (["--tokenizer-type", "TikTokenizer", "--tokenizer-model", "8000"], "--tokenizer-model 8000: TikTokenizer vocabulary"),
+    (["--tokenizer-type", "BertWordPieceCase", "--tokenizer-model", "v.txt"], "--tokenizer-type 'BertWordPieceCase'"),
+    (["--tiktoken-pattern", "v2"], "--tiktoken-pattern needs --tokenizer-type"),
     (["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "nope.json"], "--vocab-file nope.json"),
     (["--vocab-file", "nope.json"], "--vocab-file needs --tokenizer-type"),
     (["--threads", "-1"], "--threads=-1"),

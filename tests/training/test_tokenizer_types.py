@@ -1,5 +1,7 @@
-"""Megatron's GPT-2 tokenizer flags from the command line to a training run: --tokenizer-type
-GPT2BPETokenizer --vocab-file --merge-file (tokenizer math: tests/data/test_gpt2_tokenizer.py)."""
+"""Megatron's GPT-2 and tiktoken tokenizer flags from the command line to a training run:
+--tokenizer-type GPT2BPETokenizer --vocab-file --merge-file, and --tokenizer-type TikTokenizer
+--tiktoken-pattern --vocab-size (tokenizer math: tests/data/test_gpt2_tokenizer.py and
+tests/data/test_tiktoken_tokenizer.py)."""
 import json
 
 import pytest
@@ -49,3 +51,64 @@ def test_gpt2_flag_errors_stop_the_run_naming_the_flag(gpt2_corpus, tmp_path, ca
         parse_args(gpt2_flags(gpt2_corpus, tmp_path, **extra))
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert exc.value.code == 2 and expected in line, line
+
+
+@pytest.fixture(scope="module")
+def tiktoken_corpus(tiny_corpus, tmp_path_factory):
+    """(data prefix, vocabulary file, ranks): the training test corpus tokenized with a TikTokenizer
+    vocabulary trained on it by tools/train_tokenizer.py."""
+    pytest.importorskip("tiktoken")
+    folder = tmp_path_factory.mktemp("tiktoken_corpus")
+    docs = tiny_corpus[0].rsplit("/", 1)[0] + "/docs.jsonl"
+    assert run_tool("train_tokenizer", ["--input", docs, "--vocab-size", "600", "--output-prefix", str(folder / "tt"),
+                                        "--model-type", "tiktoken"]) == 0
+    ranks = len(json.loads((folder / "tt.json").read_text()))
+    assert run_tool("preprocess_data", ["--input", docs, "--output-prefix", str(folder / "corpus"), "--tokenizer-type",
+                                        "TikTokenizer", "--tokenizer-model", str(folder / "tt.json"),
+                                        "--tiktoken-pattern", "v2", "--vocab-size", str(ranks + 100),
+                                        "--tiktoken-num-special-tokens", "100", "--append-eod", "--no-progress"]) == 0
+    return str(folder / "corpus_text_document"), str(folder / "tt.json"), ranks
+
+
+def tiktoken_flags(tiktoken_corpus, tmp_path, **extra):
+    prefix, vocab, ranks = tiktoken_corpus
+    return tiny_run_flags((prefix, vocab), tmp_path, **{"--tokenizer-type": "TikTokenizer", "--tiktoken-pattern": "v2",
+                                                        "--vocab-size": ranks + 100,
+                                                        "--tiktoken-num-special-tokens": 100, **extra})
+
+
+def test_a_run_trains_on_tiktoken_data(tiktoken_corpus, tmp_path, capsys):
+    """As in Megatron-LM, --vocab-size is the TikTokenizer's size (special tokens and ranks); the
+    model's vocabulary is that size padded to --make-vocab-size-divisible-by."""
+    _, _, ranks = tiktoken_corpus
+    run = parse_args(tiktoken_flags(tiktoken_corpus, tmp_path, **{"--train-iters": 3, "--eval-iters": 0}))
+    assert run.data.tokenizer_vocab_size == ranks + 100 and run.args.vocab_size is None
+    assert build_and_train(run) == 0
+    assert run.model.vocab_size == -(-(ranks + 100) // 128) * 128
+    assert IndexedDataset(tiktoken_corpus[0]).document(0)[-1] == 2      # EOD = </s>, id 2
+    assert "iteration       3/3" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ({"--tiktoken-pattern": None}, "--tokenizer-type TikTokenizer needs --tiktoken-pattern v1 or v2"),
+    ({"--tokenizer-special-tokens": ["<s>", "</s>"]}, "--tokenizer-special-tokens must include <unk> <s> </s>"),
+    ({"--tokenizer-type": "GPTSentencePieceTokenizer", "--vocab-size": None},
+     "--tiktoken-pattern is read only by --tokenizer-type TikTokenizer"),
+])
+def test_tiktoken_flag_errors_stop_the_run_naming_the_flag(tiktoken_corpus, tmp_path, capsys, extra, expected):
+    with pytest.raises(SystemExit) as exc:
+        parse_args(tiktoken_flags(tiktoken_corpus, tmp_path, **extra))
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 2 and expected in line, line
+
+
+def test_a_vocabulary_file_smaller_than_vocab_size_stops_the_run_before_the_model(tiktoken_corpus, tmp_path, capsys):
+    """The file's length is read when the tokenizer is built, the first step of pretrain_zaya.main
+    after the flags: one error line naming the file and the sizes, exit status 2, nothing written."""
+    from pretrain_zaya import main
+    prefix, vocab, ranks = tiktoken_corpus
+    save = tmp_path / "ckpt"
+    assert main(tiktoken_flags(tiktoken_corpus, tmp_path, **{"--vocab-size": 5000, "--save": save})) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"--tokenizer-model {vocab}: holds {ranks} tokens" in line and "ask for 4900" in line, line
+    assert not save.exists()
