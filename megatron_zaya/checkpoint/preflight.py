@@ -1,5 +1,11 @@
 """Checks of --save and --load made before anything expensive exists.
 
+While the flags are validated (arguments.validate), before anything else is built:
+
+  - `check_load_path`: --load is a folder (or absent: train from scratch) and not a Megatron-LM
+    checkpoint;
+  - `model_config_from_checkpoint`: --use-checkpoint-args's model config, from --load's metadata.
+
 `check_before_build(run)` runs in setup.build_and_train after the tokenizer (the padded vocabulary
 is part of the model config) and before process groups, the model and the optimizer. It only reads
 files every rank sees alike, so every rank raises the same error:
@@ -16,8 +22,11 @@ from __future__ import annotations
 
 import os
 
-from megatron_zaya.checkpoint.format import (ITER_RE, METADATA_FILE, CheckpointError, checkpoint_candidates,
-                                             list_complete, list_replaced_complete, read_json)
+from megatron_zaya.checkpoint.format import (COMPLETE_MARKER, ITER_RE, LATEST_FILE, METADATA_FILE, CheckpointError,
+                                             checkpoint_candidates, iter_dir_name, list_complete,
+                                             list_replaced_complete, read_json)
+from megatron_zaya.config import ModelConfig
+from megatron_zaya.errors import UserInputError
 from megatron_zaya.training.data_phase import data_changed, data_signature
 
 # Model config fields that change the shape (or the set) of the model's tensors: never loadable across.
@@ -155,3 +164,71 @@ def check_before_build(run) -> None:
     folder, meta = found
     check_model_config(meta, run, cfg.finetune, folder)
     check_weights_only(meta, cfg, folder)
+
+
+def latest_iteration_folder(path: str) -> str | None:
+    """The folder --load PATH would read: PATH itself if it is one iteration's folder, else the one
+    the tracker file names (Megatron-LM's "release" too), else the highest iter_NNNNNNN."""
+    if ITER_RE.match(os.path.basename(os.path.normpath(path))) or os.path.isfile(os.path.join(path, METADATA_FILE)):
+        return path
+    try:
+        with open(os.path.join(path, LATEST_FILE)) as f:
+            text = f.read().strip()
+        name = "release" if text == "release" else iter_dir_name(int(text))
+        if os.path.isdir(os.path.join(path, name)):
+            return os.path.join(path, name)
+    except (OSError, ValueError):
+        pass
+    iterations = [name for name in os.listdir(path) if ITER_RE.match(name)]
+    return os.path.join(path, max(iterations)) if iterations else None
+
+
+def _megatron_lm_files(folder: str) -> list[str]:
+    """Megatron-LM checkpoint entries (mp_rank_* folders, *.pt, *.distcp) in a folder that has no
+    megatron-zaya files (COMPLETE marker, rank_*.safetensors); [] otherwise."""
+    names = sorted(os.listdir(folder))
+    if COMPLETE_MARKER in names or any(n.startswith("rank_") and n.endswith(".safetensors") for n in names):
+        return []
+    return [n for n in names if (n.startswith("mp_rank_") and os.path.isdir(os.path.join(folder, n)))
+            or n.endswith((".pt", ".distcp"))]
+
+
+def check_load_path(path: str) -> None:
+    """--load: a missing folder means "train from scratch" (Megatron-LM's behaviour, with a
+    warning later); a file, or a Megatron-LM checkpoint, is an error before the model is built."""
+    if not os.path.exists(path):
+        return
+    if not os.path.isdir(path):
+        raise UserInputError(f"--load {path}: not a directory")
+    folder = latest_iteration_folder(path)
+    foreign = _megatron_lm_files(folder) if folder else []
+    if foreign:
+        raise UserInputError(
+            f"--load {path}: {folder} is not a megatron-zaya checkpoint (looks like Megatron-LM: "
+            f"{', '.join(foreign[:3])}); convert its weights to a Hugging Face ZAYA folder, then run tools/convert_checkpoint.py from-hf HF DIR "
+            f"and use --load DIR --finetune")
+
+
+def model_config_from_checkpoint(args) -> ModelConfig:
+    """--use-checkpoint-args: the model config saved with the checkpoint --load starts from (the first
+    one with readable metadata, as the load itself will try). Its vocabulary size counts as given, so
+    the tokenizer's padded size does not replace it (a different tokenizer is then an error)."""
+    if not args.load:
+        raise UserInputError("--use-checkpoint-args needs --load (the checkpoint to take the model config from)")
+    if args.preset:
+        raise UserInputError(f"--use-checkpoint-args and --preset {args.preset} exclude each other: the model "
+                             f"config comes from --load's checkpoint")
+    check_load_path(args.load)
+    found = first_candidate_metadata(args.load)
+    if found is None or not found[1].get("model_config"):
+        raise UserInputError(f"--use-checkpoint-args: --load {args.load} holds no checkpoint with a model config "
+                             f"in its {METADATA_FILE}")
+    folder, meta = found
+    try:
+        model = ModelConfig(**meta["model_config"])
+    except TypeError as err:
+        raise UserInputError(f"--use-checkpoint-args: {os.path.join(folder, METADATA_FILE)}: not a model config "
+                             f"of this version ({err})") from None
+    if args.vocab_size is None:
+        args.vocab_size = model.vocab_size
+    return model
