@@ -7,7 +7,11 @@ Per step (after the GradientReducer's reduce-scatter and the global clip):
      where an all-gather would bring all of it to every rank;
   2. each owner runs momentum + Newton-Schulz for ITS matrices only (batched by shape) and updates
      them; the momentum buffers live only on the owner (sharded optimizer state);
-  3. each updated matrix is broadcast from its owner to the group.
+  3. the updated matrices go back the way their gradients came: each owner sends every rank the
+     pieces of its matrices that lie in that rank's shard (one all_to_all_single per bucket), then
+     the bucket is all-gathered from the shards (all_gather_into_tensor, as ZeRO-1 gathers AdamW's
+     buckets). Two collectives per bucket, however many matrices it holds; a broadcast per matrix
+     would be ~1600 collectives a step for ZAYA1-base.
 Weights stored in bf16 (--bf16 under ZeRO-1) get an fp32 master on their owner, kept with the
 momentum (sharded like it): the update applies to the master, which is rounded into the weight.
 Owners come from `owners_of_bucket` (largest first to the least-loaded rank), so the Newton-Schulz
@@ -25,6 +29,18 @@ from megatron_zaya.optim.distributed import describe_sharding, sharding_report
 from megatron_zaya.optim.muon import apply_update, momentum_direction, tp_orthogonalized_updates
 from megatron_zaya.optim.muon_tp import whole_numel
 from megatron_zaya.parallel.data import owners_of_bucket, shard_range
+
+
+def _exchange(sends, receives, read, like: torch.Tensor, group) -> torch.Tensor:
+    """One all_to_all_single with uneven splits: to rank q the pieces `read(i, a, b)` of sends[q], in
+    order; returns what arrives, rank by rank in the order of `receives` (same (i, a, b) lists)."""
+    send_sizes = [sum(b - a for _, a, b in ranges) for ranges in sends]
+    recv_sizes = [sum(b - a for _, a, b in ranges) for ranges in receives]
+    pieces = [read(i, a, b) for ranges in sends for i, a, b in ranges]
+    out = torch.cat(pieces).to(like.dtype) if pieces else like.new_empty(0)
+    got = like.new_empty(sum(recv_sizes))
+    dist.all_to_all_single(got, out, recv_sizes, send_sizes, group=group)
+    return got
 
 
 class DistributedMuon:
@@ -52,9 +68,10 @@ class DistributedMuon:
         self.state: dict[torch.nn.Parameter, dict] = {}
         self._plans: dict[int, list] = {}
 
-    def _exchange_plan(self, bucket) -> list[list[list[tuple[int, int]]]]:
-        """plans[q][r]: the buffer ranges, in order, of the pieces of rank r's Muon matrices that lie in
-        rank q's reduced shard. Rank q sends plans[q][r] to r and receives plans[r][q]. Cached."""
+    def _exchange_plan(self, bucket) -> list[list[list[tuple[int, int, int]]]]:
+        """plans[q][r]: (parameter index in the bucket, buffer start, buffer end), in order, of the
+        pieces of rank r's Muon matrices that lie in rank q's reduced shard. Gradients: rank q sends
+        plans[q][r] to r and receives plans[r][q]; updated weights go the other way. Cached."""
         plans = self._plans.get(id(bucket))
         if plans is None:
             total, size = bucket.buffer.numel(), bucket.size
@@ -67,7 +84,7 @@ class DistributedMuon:
                         continue
                     a, b = max(lo, bucket.offsets[i]), min(hi, bucket.offsets[i] + p.numel())
                     if a < b:
-                        plan[self.owner[p][2]].append((a, b))
+                        plan[self.owner[p][2]].append((i, a, b))
                 plans.append(plan)
             self._plans[id(bucket)] = plans
         return plans
@@ -79,18 +96,46 @@ class DistributedMuon:
             return
         plans, me = self._exchange_plan(bucket), bucket.rank
         sends, receives = plans[me], [plans[q][me] for q in range(bucket.size)]
-        send_sizes = [sum(b - a for a, b in ranges) for ranges in sends]
-        recv_sizes = [sum(b - a for a, b in ranges) for ranges in receives]
         buffer = bucket.buffer
-        out = torch.cat([buffer[a:b] for ranges in sends for a, b in ranges]) if sum(send_sizes) \
-            else buffer.new_empty(0)
-        got = buffer.new_empty(sum(recv_sizes))
-        dist.all_to_all_single(got, out, recv_sizes, send_sizes, group=bucket.group)
+        got = _exchange(sends, receives, lambda i, a, b: buffer[a:b], buffer, bucket.group)
         at = 0
         for ranges in receives:
-            for a, b in ranges:
+            for _, a, b in ranges:
                 buffer[a:b].copy_(got[at:at + b - a])
                 at += b - a
+
+    def _weights_from_owners(self, bucket) -> None:
+        """Every rank of the bucket's group gets the owners' updated Muon matrices: each shard holder
+        first receives, from the owners, the pieces in its shard (the reverse of
+        _gradients_to_owners), then the bucket's shards are all-gathered. Other parameters sharing
+        the bucket are left as they are (their optimizer gathers them)."""
+        if bucket.size == 1:
+            return
+        plans, me = self._exchange_plan(bucket), bucket.rank
+        sends, receives = [plans[q][me] for q in range(bucket.size)], plans[me]
+        matrices = [i for i, p in enumerate(bucket.params) if p in self.owner]
+        dtype = bucket.params[matrices[0]].dtype
+        if any(bucket.params[i].dtype != dtype for i in matrices):
+            raise ValueError("DistributedMuon: a bucket mixes weight dtypes (bucket_key must separate them)")
+
+        def piece(i, a, b):    # buffer range [a, b) of parameter i, read from the (updated) weight
+            start = bucket.offsets[i]
+            return bucket.params[i].detach().reshape(-1)[a - start:b - start]
+
+        template = bucket.buffer.new_empty(0, dtype=dtype)
+        got = _exchange(sends, receives, piece, template, bucket.group)
+        lo, hi = bucket.owned
+        shard = torch.zeros(hi - lo, dtype=dtype, device=template.device)
+        at = 0
+        for ranges in receives:
+            for _, a, b in ranges:
+                shard[a - lo:b - lo].copy_(got[at:at + b - a])
+                at += b - a
+        full = torch.empty(bucket.buffer.numel(), dtype=dtype, device=template.device)
+        dist.all_gather_into_tensor(full, shard, group=bucket.group)
+        for i in matrices:
+            p = bucket.params[i]
+            p.detach().copy_(full[bucket.offsets[i]:bucket.offsets[i] + p.numel()].view_as(p))
 
     @torch.no_grad()
     def step(self) -> None:
@@ -113,9 +158,8 @@ class DistributedMuon:
             apply_update(p if master is None else master, update, group["lr"], group["weight_decay"])
             if master is not None:
                 p.copy_(master)
-        for p, (bucket, _, owner) in self.owner.items():
-            if bucket.size > 1:
-                dist.broadcast(p.data, src=dist.get_global_rank(bucket.group, owner), group=bucket.group)
+        for bucket in self.buckets:
+            self._weights_from_owners(bucket)
 
     # -- memory (the same report as DistributedOptimizer's) ---------------------------------------
     def memory_report(self, state_bytes_per_param: int = 4) -> dict:
