@@ -19,6 +19,7 @@ from megatron_zaya.arguments import parse_args
 from megatron_zaya.checkpoint.format import CheckpointError
 from megatron_zaya.errors import UserInputError
 from megatron_zaya.training.setup import build_and_train
+from megatron_zaya.parallel.launch import exit_process
 
 PROG = "pretrain_zaya.py"
 
@@ -50,4 +51,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())      # a rank of a multi-process run skips the interpreter's teardown (launch.py)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import statistics
@@ -56,6 +55,7 @@ from megatron_zaya.training.config import TrainConfig  # noqa: E402
 from megatron_zaya.training.loop import Trainer  # noqa: E402
 from megatron_zaya.training.setup import build_runtime  # noqa: E402
 from megatron_zaya.training.metrics import PEAK_TFLOPS_BF16, measure_matmul_tflops  # noqa: E402
+from megatron_zaya.parallel.launch import exit_process  # noqa: E402
 
 PHASES = ("data", "forward", "backward", "communication", "optimizer", "balancing", "other")
 
@@ -551,4 +551,4 @@ def print_report(r: dict) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

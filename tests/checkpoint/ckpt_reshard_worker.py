@@ -29,6 +29,7 @@ from megatron_zaya.optim.balancing import BalancingBiasUpdater  # noqa: E402
 from megatron_zaya.optim.builder import OptimizerConfig, OptimizerSet  # noqa: E402
 from megatron_zaya.training.config import TrainConfig  # noqa: E402
 from megatron_zaya.training.loop import TrainState  # noqa: E402
+from megatron_zaya.parallel.launch import exit_process  # noqa: E402
 
 GLOBAL_BATCH, SEQ, LR, CLIP = 4, 32, 1e-3, 1.0
 SAVE_AT, TOTAL = 2, 4
@@ -185,4 +186,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

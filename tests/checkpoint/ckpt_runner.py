@@ -26,6 +26,7 @@ from megatron_zaya.arguments import parse_args  # noqa: E402
 from megatron_zaya.checkpoint import saver  # noqa: E402
 from megatron_zaya.training import loop  # noqa: E402
 from megatron_zaya.training.setup import build_and_train  # noqa: E402
+from megatron_zaya.parallel.launch import exit_process  # noqa: E402
 
 
 def main() -> int:
@@ -88,4 +89,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -33,7 +33,7 @@ from megatron_zaya.optim.muon import Muon
 from megatron_zaya.parallel.apply import full_gradients, gather_full_state_dict, parallelize_model
 from megatron_zaya.parallel.context import slice_batch_for_cp
 from megatron_zaya.parallel.data import GradientReducer, clip_grad_norm, count_zero_grads
-from megatron_zaya.parallel.launch import init_distributed
+from megatron_zaya.parallel.launch import exit_process, init_distributed
 from megatron_zaya.parallel.state import ParallelState
 
 LOSS_RTOL, GRAD_RTOL, WEIGHT_RTOL = 1e-5, 1e-4, 1e-4
@@ -329,3 +329,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    exit_process(0)

@@ -162,3 +162,25 @@ def test_mpirun_master_address_is_not_loopback(monkeypatch):
     assert launch._agree_with_mpi(LaunchInfo("openmpi", 0, 2, 0, None, None)).master_addr == "127.0.1.1"
     _fake_mpi(monkeypatch, ["node1", "node2"])
     assert launch._agree_with_mpi(LaunchInfo("openmpi", 0, 2, 0, "127.0.0.1", 1234)).master_addr == "127.0.0.1"
+
+
+EXIT_SCRIPT = """
+import atexit, sys
+from megatron_zaya.parallel.launch import exit_process
+atexit.register(lambda: print("teardown ran", flush=True))
+sys.stdout.write("unflushed line of rank " + sys.argv[1])     # no newline, no flush: exit_process flushes
+exit_process(int(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("world_size", ["1", "2"])
+def test_exit_process_skips_teardown_only_in_a_multi_process_job(world_size):
+    """A rank of a multi-process job (here WORLD_SIZE=2) leaves by os._exit: its status and flushed
+    output, no atexit handler (the interpreter's teardown is where gloo aborted a rank now and then);
+    a single process exits normally."""
+    env = {**_clean_env(), "WORLD_SIZE": world_size, "RANK": "0"}
+    proc = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, "0", "3"], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout.startswith("unflushed line of rank 0")
+    assert ("teardown ran" in proc.stdout) == (world_size == "1")

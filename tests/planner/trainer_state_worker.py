@@ -7,7 +7,6 @@ state. Rank 0 prints them all as one JSON line.
 """
 import argparse
 import json
-import os
 import sys
 
 import torch
@@ -21,6 +20,7 @@ from megatron_zaya.optim.distributed import DistributedOptimizer
 from megatron_zaya.training.config import TrainConfig
 from megatron_zaya.training.distributed_runtime import DistributedRuntime
 from megatron_zaya.training.loop import Trainer
+from megatron_zaya.parallel.launch import exit_process
 
 CONFIG = dict(num_layers=1, vocab_size=512, seq_length=32)
 
@@ -68,11 +68,8 @@ def main() -> None:
     if runtime.rank == 0:
         print(json.dumps(every), flush=True)
     dist.barrier()
-    # Leave without tearing gloo down: under CI load one rank in a few runs aborted at exit
-    # ("terminate called without an active exception", after the numbers were out), in torch's
-    # teardown, not in what this measures.
-    sys.stdout.flush()
-    os._exit(0)
+    runtime.shutdown()
+    exit_process(0)       # not through the interpreter's teardown (parallel/launch.py)
 
 
 if __name__ == "__main__":
