@@ -54,8 +54,8 @@ def split_parameters(model: nn.Module, use_muon: bool):
 
 def muon_bucket_key(model: nn.Module, cfg: OptimizerConfig):
     """GradientReducer's bucket_key under ZeRO-1 with Muon: whether a parameter is a Muon matrix, so
-    no bucket mixes the matrices DistributedMuon broadcasts from their owners with the AdamW
-    parameters DistributedOptimizer all-gathers (a mixed bucket would all-gather its matrices too).
+    no bucket mixes the matrices DistributedMuon updates on their owners with the AdamW parameters
+    DistributedOptimizer all-gathers (both would all-gather a mixed bucket).
     None when nothing is Muon."""
     if cfg.optimizer != "muon":
         return None
@@ -166,7 +166,7 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig, pstate=None) -> Opti
 def build_distributed_optimizer(model: nn.Module, cfg: OptimizerConfig, pstate, reducer) -> OptimizerSet:
     """ZeRO-1: AdamW on sharded fp32 masters (megatron_zaya.optim.distributed) and Muon with whole-matrix
     owners (megatron_zaya.optim.distributed_muon), both over the reducer's sharded gradient buckets.
-    Muon steps first: its broadcasts make every replica current before AdamW's parameter all-gather."""
+    Muon steps first: its gathers make every replica current before AdamW's parameter all-gather."""
     from megatron_zaya.optim.distributed import DistributedOptimizer
     from megatron_zaya.optim.distributed_muon import DistributedMuon
 

@@ -64,7 +64,7 @@ class DistributedOptimizer:
         # A rank can own nothing (more ranks than elements): it then only takes part in the gathers.
         self.inner = optimizer_factory(inner_groups) if inner_groups else None
         # Buckets holding none of these parameters (e.g. only Muon matrices, which DistributedMuon
-        # broadcasts from their owners) are not all-gathered. The same on every rank of a group: the
+        # gathers itself) are not all-gathered here. The same on every rank of a group: the
         # buckets and the parameter split are.
         mine = set(self.params)
         self.gathered_buckets = [b for b in self.reducer.buckets if any(p in mine for p in b.params)]

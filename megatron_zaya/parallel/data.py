@@ -127,7 +127,7 @@ class GradientReducer:
                  shard: bool = False, average: bool = False, grad_dtype: torch.dtype = torch.float32,
                  bucket_key: Callable[[torch.nn.Parameter], object] | None = None):
         """bucket_key: parameters with different keys never share a bucket (ZeRO-1 with Muon: the
-        matrices that DistributedMuon broadcasts apart from what the AdamW shards all-gather)."""
+        matrices that DistributedMuon updates on their owners apart from what the AdamW shards all-gather)."""
         params = list(params_or_module.parameters()) if isinstance(params_or_module, torch.nn.Module) \
             else list(params_or_module)
         params = [p for p in params if p.requires_grad]

@@ -280,7 +280,7 @@ def run_layout(spec: str, world: int) -> list[str]:
             return [report, "blockwise Muon matched single-process Muon: the weight comparison cannot fail"]
         report += f"; blockwise differs as expected ({len(differs)} weight mismatches, max rel {worst['weight']:.1e})"
         errors = [e for e in errors if e.startswith("step 0:")]   # before the first update all must agree
-    if zero and muon:    # buckets of Muon matrices only are broadcast by DistributedMuon, not all-gathered
+    if zero and muon:    # buckets of Muon matrices only are gathered by DistributedMuon, not by AdamW
         adam = set(opts[-1].params)
         muon_only = [b for b in reducer.buckets if not any(p in adam for p in b.params)]
         gathered = opts[-1].gathered_buckets
