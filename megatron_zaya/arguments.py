@@ -8,13 +8,14 @@ The parser and the YAML defaults are in flags.py; --load's checks in checkpoint/
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 from dataclasses import dataclass, field, fields
 
 import torch
 
-from megatron_zaya.checkpoint.preflight import check_load_path, model_config_from_checkpoint
+from megatron_zaya.checkpoint.preflight import check_load_path, checkpoint_at_step, model_config_from_checkpoint
 from megatron_zaya.config import ConfigError, ModelConfig, model_config_from_preset
 from megatron_zaya.data.blend import parse_data_path
 from megatron_zaya.data.gpt_dataset import default_cache_dir
@@ -116,6 +117,8 @@ NUMBER_DOMAINS = (
     ("peak_tflops", _gt0, "must be > 0"), ("ddp_bucket_size", _ge1, "must be >= 1"),
     ("tensorboard_log_interval", _ge1, "must be >= 1"), ("tensorboard_queue_size", _ge1, "must be >= 1"),
     ("recompute_num_layers", _ge1, "must be >= 1"), ("straggler_minmax_count", _ge1, "must be >= 1"),
+    ("check_weight_hash_across_dp_replicas_interval", _ge1, "must be >= 1"), ("ckpt_step", _ge0, "must be >= 0"),
+    ("logging_level", _ge0, "must be >= 0 (e.g. 20 for INFO)"),
 )
 
 
@@ -260,6 +263,46 @@ def _check_paths(args: argparse.Namespace, prefixes: list[str]) -> None:
 SPLIT_PATH_FLAGS = ("train_data_path", "valid_data_path", "test_data_path")
 
 
+def _read_text(flag: str, path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as err:
+        raise UserInputError(f"{flag} {path}: cannot read ({err.strerror or err})") from None
+    except UnicodeDecodeError:
+        raise UserInputError(f"{flag} {path}: not UTF-8 text") from None
+
+
+def _read_data_args_files(args: argparse.Namespace) -> None:
+    """Megatron-LM's --data-args-path (the --data-path blend in a file) and --per-split-data-args-path
+    (a JSON object of train / valid / test blends), read into the flags they stand for."""
+    if args.data_args_path:
+        if args.data_path:
+            raise UserInputError("--data-args-path and --data-path exclude each other: the file holds the blend")
+        args.data_path = _read_text("--data-args-path", args.data_args_path).split()
+        if not args.data_path:
+            raise UserInputError(f"--data-args-path {args.data_args_path}: the file is empty (it should hold the "
+                                 f"blend, e.g. '30 data/web_text_document 70 data/code_text_document')")
+    if args.per_split_data_args_path:
+        path = args.per_split_data_args_path
+        given = [flag for flag in ("data_path", *SPLIT_PATH_FLAGS) if getattr(args, flag)]
+        if given:
+            raise UserInputError(f"--per-split-data-args-path and --{given[0].replace('_', '-')} exclude each other")
+        try:
+            blends = json.loads(_read_text("--per-split-data-args-path", path))
+        except ValueError as err:
+            raise UserInputError(f"--per-split-data-args-path {path}: not valid JSON ({err})") from None
+        if not isinstance(blends, dict) or not blends or set(blends) - {"train", "valid", "test"}:
+            raise UserInputError(f"--per-split-data-args-path {path}: expected a JSON object with keys among "
+                                 f"train, valid, test (got {blends if not isinstance(blends, dict) else sorted(blends)})")
+        for split, blend in blends.items():
+            words = blend.split() if isinstance(blend, str) else blend
+            if not isinstance(words, list) or not all(isinstance(w, (str, int, float)) for w in words):
+                raise UserInputError(f"--per-split-data-args-path {path}: '{split}' must be a list of weights and "
+                                     f"prefixes, or one whitespace-separated string")
+            setattr(args, f"{split}_data_path", [str(w) for w in words])
+
+
 def _check_data(args: argparse.Namespace) -> list[str]:
     """--data-path and --split, or the per-split blends, and the tokenizer flags; returns the dataset
     prefixes (each once; none with --mock-data)."""
@@ -294,6 +337,11 @@ def validate(args: argparse.Namespace) -> RunConfig:
     check_megatron_flags(args)
     warnings = resolve_aliases(args)
     _megatron_tokenizer_vocab_size(args)
+    _read_data_args_files(args)
+    if args.ckpt_step is not None:
+        if not args.load:
+            raise UserInputError(f"--ckpt-step {args.ckpt_step} needs --load (the folder holding that iteration)")
+        args.load = checkpoint_at_step(args.load, args.ckpt_step)
     overrides = {name: getattr(args, name) for name in MODEL_FLAGS if getattr(args, name) is not None}
     if args.untie_embeddings_and_output_weights:
         overrides["untie_embeddings_and_output_weights"] = True

@@ -120,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     for split in ("train", "valid", "test"):
         g.add_argument(f"--{split}-data-path", nargs="+", default=None,
                        help=f"instead of --data-path and --split: the {split} blend (every document in it)")
+    g.add_argument("--data-args-path", default=None,
+                   help="a file holding the --data-path blend (weights and prefixes, whitespace-separated), for "
+                        "blends too long for a command line (as in Megatron-LM)")
+    g.add_argument("--per-split-data-args-path", default=None,
+                   help="a JSON file {\"train\": blend, \"valid\": blend, \"test\": blend} instead of "
+                        "--train/valid/test-data-path (each blend a list or a whitespace-separated string)")
     g.add_argument("--split", default="969,30,1")
     g.add_argument("--tokenizer-type", default="GPTSentencePieceTokenizer")
     g.add_argument("--tokenizer-model", default=None)
@@ -136,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("checkpoints")
     g.add_argument("--save", default=None)
     g.add_argument("--load", default=None)
+    g.add_argument("--ckpt-step", type=int, default=None,
+                   help="load this iteration's checkpoint from --load instead of the latest (no fallback)")
+    g.add_argument("--exit-on-missing-checkpoint", action="store_true",
+                   help="stop when --load holds no checkpoint, instead of training from scratch")
     g.add_argument("--save-interval", type=int, default=None)
     g.add_argument("--ckpt-keep", type=int, default=None)
     g.add_argument("--async-save", action="store_true")
@@ -173,6 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="every --log-interval: the slowest and fastest ranks by their own forward+backward time "
                         "(megatron_zaya/training/stragglers.py)")
     g.add_argument("--straggler-minmax-count", type=int, default=1, help="ranks named at each end")
+    g.add_argument("--check-weight-hash-across-dp-replicas-interval", type=int, default=None,
+                   help="every N iterations, stop the run if the data-parallel replicas' weights differ "
+                        "(a SHA-256 of each rank's weights, compared within each replica group)")
+    g.add_argument("--logging-level", type=int, default=None,
+                   help="level of Python's root logger (10 DEBUG, 20 INFO, 30 WARNING, ...)")
     g.add_argument("--peak-tflops", type=float, default=None, help="per-device peak for MFU (default: table/measured)")
     g.add_argument("--exit-interval", type=int, default=None)
     g.add_argument("--exit-duration-in-mins", type=float, default=None)

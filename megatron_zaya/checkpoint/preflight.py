@@ -160,6 +160,8 @@ def check_before_build(run) -> None:
         return
     found = first_candidate_metadata(cfg.load)
     if found is None:
+        if cfg.exit_on_missing_checkpoint:
+            raise CheckpointError(missing_checkpoint_message(cfg.load))
         return
     folder, meta = found
     check_model_config(meta, run, cfg.finetune, folder)
@@ -232,3 +234,25 @@ def model_config_from_checkpoint(args) -> ModelConfig:
     if args.vocab_size is None:
         args.vocab_size = model.vocab_size
     return model
+
+
+def missing_checkpoint_message(load: str) -> str:
+    return (f"--exit-on-missing-checkpoint: --load {load} holds no checkpoint to start from (a typo in the path, "
+            f"or no save has completed yet); drop the flag to train from scratch")
+
+
+def checkpoint_at_step(load: str, step: int) -> str:
+    """--ckpt-step: the folder of iteration `step`'s complete checkpoint in --load (its save finished),
+    else UserInputError naming the iterations --load does hold."""
+    if step < 0:
+        raise UserInputError(f"--ckpt-step={step}: an iteration, >= 0")
+    if ITER_RE.match(os.path.basename(os.path.normpath(load))) or os.path.isfile(os.path.join(load, METADATA_FILE)):
+        raise UserInputError(f"--ckpt-step {step} picks an iteration inside --load's folder, but --load {load} is "
+                             f"already one iteration's checkpoint: give its parent folder")
+    folder = os.path.join(load, iter_dir_name(step))
+    if not os.path.isfile(os.path.join(folder, COMPLETE_MARKER)):
+        held = list_complete(load)
+        what = f"complete ones: {', '.join(map(str, held[-8:]))}" if held else "it holds no complete checkpoint"
+        raise UserInputError(f"--ckpt-step {step}: --load {load} has no complete checkpoint of iteration {step} "
+                             f"({what})")
+    return folder

@@ -50,6 +50,7 @@ class TrainConfig:
     log_straggler: bool = False                    # training/stragglers.py
     log_progress: bool = False                     # training/progress_log.py: --save/progress.txt
     straggler_minmax_count: int = 1
+    check_weight_hash_across_dp_replicas_interval: int | None = None   # Trainer: runtime.check_replicas_equal
     # activation recomputation (ZayaModel.set_recompute)
     recompute_granularity: str | None = None
     recompute_method: str | None = None
@@ -73,7 +74,8 @@ class TrainConfig:
     memory_snapshot_path: str = "snapshot.pickle"
     # checkpoints
     save: str | None = None
-    load: str | None = None
+    load: str | None = None                # with --ckpt-step: that iteration's folder (arguments.validate)
+    exit_on_missing_checkpoint: bool = False
     save_interval: int | None = None
     use_checkpoint_opt_param_scheduler: bool = False   # the schedules from the loaded checkpoint's flags
     ckpt_keep: int | None = None

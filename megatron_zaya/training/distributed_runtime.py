@@ -7,6 +7,7 @@ loss tokens in the whole global batch, so the sum is exactly the single-process 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 
 import torch
@@ -137,6 +138,34 @@ class DistributedRuntime:
                     square -= p.detach()[rows[0]:rows[1]].double().pow(2).sum()
         dist.all_reduce(square)
         return math.sqrt(square.item())
+
+    def check_replicas_equal(self) -> None:
+        """--check-weight-hash-across-dp-replicas-interval: a SHA-256 of every weight, compared among the
+        ranks that must hold the same copy (dense weights over DP x CP, expert weights over expert-DP).
+        Every rank raises RuntimeError when any group differs, the ranks of that group naming the
+        weights."""
+        digests = {"dense": [], "expert": []}
+        names = {"dense": [], "expert": []}
+        for name, p in self.model.named_parameters():
+            kind = "expert" if is_expert(p) else "dense"
+            data = p.detach().contiguous().cpu().view(torch.uint8).numpy()
+            digests[kind].append(hashlib.sha256(data).hexdigest())
+            names[kind].append(name)
+        differing = []
+        for kind, group in (("dense", self.pstate.dp_cp_group), ("expert", self.pstate.expert_dp_group)):
+            size = dist.get_world_size(group)
+            if size == 1:
+                continue
+            every = [None] * size
+            dist.all_gather_object(every, digests[kind], group=group)
+            differing += [name for i, name in enumerate(names[kind]) if len({d[i] for d in every}) > 1]
+        found = torch.tensor([len(differing)], dtype=torch.int64, device=self.device)
+        dist.all_reduce(found, op=dist.ReduceOp.MAX)      # every rank stops, not only the ones that saw it
+        if found.item():
+            where = (f"{len(differing)} weights differ among this rank's replicas, e.g. {', '.join(differing[:4])}"
+                     if differing else "weights differ on another replica group (see its ranks' errors)")
+            raise RuntimeError(f"--check-weight-hash-across-dp-replicas-interval: data-parallel replicas are out "
+                               f"of sync on rank {self.rank}: {where}")
 
     def barrier(self) -> None:
         dist.barrier()

@@ -385,6 +385,9 @@ class Trainer:
             if gc_interval and self.state.iteration % gc_interval == 0:
                 gc.collect()
             self.handle_nonfinite(result)
+            hash_interval = self.cfg.check_weight_hash_across_dp_replicas_interval
+            if hash_interval and self.state.iteration % hash_interval == 0:
+                self.parallel.check_replicas_equal()
             self.log_step(result, time.time() - step_start, batch_size, started)
             self.logger.advance(result.loss)
             if self.cfg.eval_interval and self.state.iteration % self.cfg.eval_interval == 0:

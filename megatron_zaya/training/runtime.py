@@ -73,5 +73,8 @@ class SingleProcess:
         squares = torch.stack([p.detach().double().pow(2).sum() for p in self.model.parameters()])
         return math.sqrt(squares.sum().item())      # one device sync, not one per parameter
 
+    def check_replicas_equal(self) -> None:
+        pass      # one process: no data-parallel replica to compare with
+
     def barrier(self) -> None:
         pass

@@ -5,6 +5,7 @@ Order: tokenizer (and the padded vocabulary) -> checks of --save / --load (check
 trainer. Validation of the flags already happened in megatron_zaya.arguments, before any of this."""
 from __future__ import annotations
 
+import logging
 import sys
 
 import torch
@@ -70,6 +71,8 @@ def final_evaluation(run, trainer, logger) -> None:
 
 
 def build_and_train(run) -> int:
+    if getattr(run.args, "logging_level", None) is not None:      # --logging-level
+        logging.getLogger().setLevel(run.args.logging_level)
     tokenizer = build_tokenizer(run.data.tokenizer_type, run.data.tokenizer_model,
                                 run.model.make_vocab_size_divisible_by, **run.data.tokenizer_kwargs())
     resolve_vocab(run, tokenizer)

@@ -161,3 +161,45 @@ def test_no_save_optim_and_no_save_rng_write_weights_and_train_state_only(ckpt_c
     rec = train(flags(ckpt_corpus, 3, "--load", light, "--no-load-optim", cache=ckpt_cache))
     assert sorted(rec.losses) == [3]
     assert "no RNG state in the checkpoint" in capsys.readouterr().out
+
+
+def test_ckpt_step_loads_that_iteration(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch):
+    """Megatron-LM's --ckpt-step N: iteration N's checkpoint from --load, not the latest."""
+    src = str(tmp_path / "src")
+    first = train(flags(ckpt_corpus, 4, "--save", src, "--save-interval", "2", cache=ckpt_cache))
+    resumed = train(flags(ckpt_corpus, 3, "--load", src, "--ckpt-step", "2", cache=ckpt_cache))
+    assert sorted(resumed.losses) == [3]                 # iteration 2's state: only step 3 left to run
+    assert resumed.losses[3] == first.losses[3]          # and the same step 3 as the first run's
+    monkeypatch.setattr("megatron_zaya.training.setup.build_runtime", no_build)
+    # the same folder as --save: loading iteration 2 would prune or overwrite 4
+    with pytest.raises(CheckpointError, match=r"is iteration 2, older than the latest one"):
+        train(flags(ckpt_corpus, 3, "--load", src, "--ckpt-step", "2", "--save", src, cache=ckpt_cache))
+
+
+def test_ckpt_step_errors_name_the_flag(ckpt_corpus, ckpt_cache, tmp_path, capsys):
+    """A missing iteration (or none at all) is named with the iterations --load does hold, before
+    anything is built."""
+    src = str(tmp_path / "src")
+    train(flags(ckpt_corpus, 2, "--save", src, "--save-interval", "2", cache=ckpt_cache))
+    for extra, expected in (
+            (["--load", src, "--ckpt-step", "3"], f"--ckpt-step 3: --load {src} has no complete checkpoint of "
+                                                  f"iteration 3 (complete ones: 2)"),
+            (["--load", os.path.join(src, "iter_0000002"), "--ckpt-step", "2"], "already one iteration's checkpoint"),
+            (["--ckpt-step", "2"], "--ckpt-step 2 needs --load"),
+            (["--load", src, "--ckpt-step", "-1"], "--ckpt-step=-1: an iteration, >= 0"),
+            (["--load", str(tmp_path / "empty"), "--ckpt-step", "2"], "it holds no complete checkpoint")):
+        with pytest.raises(SystemExit):
+            parse_args(flags(ckpt_corpus, 3, *extra, cache=ckpt_cache))
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert expected in line, line
+
+
+def test_exit_on_missing_checkpoint_stops_before_the_model(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch):
+    """--exit-on-missing-checkpoint: a --load without a checkpoint (a typo, no save yet) stops the run
+    instead of training from scratch; without the flag it trains from scratch, as before."""
+    missing = str(tmp_path / "typo")
+    monkeypatch.setattr("megatron_zaya.training.setup.build_runtime", no_build)
+    with pytest.raises(CheckpointError, match=rf"--exit-on-missing-checkpoint: --load {missing} holds no checkpoint"):
+        train(flags(ckpt_corpus, 1, "--load", missing, "--exit-on-missing-checkpoint", cache=ckpt_cache))
+    monkeypatch.undo()
+    assert sorted(train(flags(ckpt_corpus, 1, "--load", missing, cache=ckpt_cache)).losses) == [1]

@@ -1,4 +1,5 @@
 """Flags are validated before anything expensive; each bad value gets one line naming the flag."""
+import json
 import os
 import re
 
@@ -426,3 +427,30 @@ def test_megatron_aliases_take_effect(tiny_corpus, tmp_path, capsys):
     assert run.warnings == []
     assert "--moe-router-bias-update-rate=0.001 and --moe-router-bias-lr=0.01" in error_of(
         base + ["--moe-router-bias-update-rate", "1e-3", "--moe-router-bias-lr", "1e-2"], capsys)
+
+
+def test_data_args_files_stand_for_the_blend_flags(tiny_corpus, tmp_path, capsys):
+    """Megatron-LM's --data-args-path (the --data-path blend in a file) and --per-split-data-args-path
+    (JSON of train / valid / test blends), for blends too long for a command line."""
+    prefix = tiny_corpus[0]
+    blend = tmp_path / "blend.txt"
+    blend.write_text(f"0.3 {prefix}\n0.7 {prefix}\n")
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--data-path": None, "--data-args-path": blend}))
+    assert run.data.data_path == ["0.3", prefix, "0.7", prefix]
+    splits = tmp_path / "splits.json"
+    splits.write_text(json.dumps({"train": ["1", prefix], "valid": prefix}))
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--data-path": None, "--per-split-data-args-path": splits}))
+    assert (run.data.train_data_path, run.data.valid_data_path, run.data.test_data_path) == (["1", prefix], [prefix], [])
+    (tmp_path / "empty.txt").write_text("\n")
+    (tmp_path / "bad.json").write_text(json.dumps({"training": [prefix]}))
+    for extra, expected in (
+            ({"--data-args-path": blend}, "--data-args-path and --data-path exclude each other"),
+            ({"--data-path": None, "--data-args-path": tmp_path / "empty.txt"}, "empty.txt: the file is empty"),
+            ({"--data-path": None, "--data-args-path": tmp_path / "nope.txt"}, "nope.txt: cannot read"),
+            ({"--per-split-data-args-path": splits}, "--per-split-data-args-path and --data-path exclude each other"),
+            ({"--data-path": None, "--per-split-data-args-path": tmp_path / "bad.json"},
+             "expected a JSON object with keys among train, valid, test (got ['training'])"),
+            ({"--data-path": None, "--data-args-path": tmp_path / "blend.txt", "--logging-level": "-1"},
+             "--logging-level=-1: must be >= 0")):
+        line = error_of(tiny_run_flags(tiny_corpus, tmp_path, **extra), capsys)
+        assert expected in line, line

@@ -153,8 +153,11 @@ def test_zero1_with_bf16_weights_trains_like_one_process(tiny_corpus, tmp_path):
     """--bf16 under ZeRO-1 stores the weights in bf16 (masters in the optimizer shards); one process
     keeps fp32 weights under the same autocast, whose matmuls see the same bf16-rounded weights. The
     losses differ by the rounding of the rest (embedding, norms, scales) and of each update: 6e-6
-    relative at step 1 and 5e-4 by step 4 when measured (2026-12-04); allowed: 1e-4 and 2e-3."""
+    relative at step 1 and 5e-4 by step 4 when measured (2026-12-04); allowed: 1e-4 and 2e-3. Both
+    ranks' weights are compared bit for bit after every step (--check-weight-hash-across-dp-replicas-
+    interval 1): the shards' all-gathers and DistributedMuon's gathers leave identical replicas."""
     single = train(tiny_corpus, tmp_path, "single-bf16", 1, "--bf16")
-    zero1 = train(tiny_corpus, tmp_path, "zero1-bf16", 2, "--bf16", "--use-distributed-optimizer")
+    zero1 = train(tiny_corpus, tmp_path, "zero1-bf16", 2, "--bf16", "--use-distributed-optimizer",
+                  "--check-weight-hash-across-dp-replicas-interval", "1")
     assert zero1[0] == pytest.approx(single[0], rel=1e-4), (zero1, single)
     assert zero1 == pytest.approx(single, rel=2e-3), (zero1, single)

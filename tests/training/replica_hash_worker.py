@@ -1,0 +1,48 @@
+"""Worker of test_replica_hash.py: DistributedRuntime.check_replicas_equal on 2 gloo processes
+(DP=2) before and after rank 1 changes one element of one weight. Rank 0 prints one JSON line:
+per rank, whether the first check passed and the second check's error.
+
+    torchrun --nproc-per-node 2 tests/training/replica_hash_worker.py
+"""
+import argparse
+import json
+
+import torch
+import torch.distributed as dist
+
+from megatron_zaya.arguments import ParallelSizes, RunConfig
+from megatron_zaya.config import model_config_from_preset
+from megatron_zaya.model import ZayaModel
+from megatron_zaya.optim.builder import OptimizerConfig
+from megatron_zaya.parallel.launch import exit_process
+from megatron_zaya.training.config import TrainConfig
+from megatron_zaya.training.distributed_runtime import DistributedRuntime
+
+
+def main() -> None:
+    model_config = model_config_from_preset("zaya1-tiny", num_layers=1, vocab_size=512, seq_length=32)
+    run = RunConfig(model_config, TrainConfig(micro_batch_size=1, global_batch_size=2, train_iters=1),
+                    OptimizerConfig(), ParallelSizes(2), None, argparse.Namespace(distributed_backend="gloo"))
+    runtime = DistributedRuntime(run)
+    torch.manual_seed(0)
+    model = runtime.prepare_model(ZayaModel(model_config))
+    runtime.check_replicas_equal()          # identical replicas: passes on both ranks
+    if runtime.rank == 1:
+        with torch.no_grad():
+            dict(model.named_parameters())["layers.0.moe.experts.down_weight"].view(-1)[7] += 1e-3
+    try:
+        runtime.check_replicas_equal()
+        error = None
+    except RuntimeError as err:
+        error = str(err)
+    every = [None] * runtime.world_size
+    dist.all_gather_object(every, error)
+    if runtime.rank == 0:
+        print(json.dumps(every), flush=True)
+    dist.barrier()
+    runtime.shutdown()
+    exit_process(0)
+
+
+if __name__ == "__main__":
+    main()
