@@ -1,13 +1,20 @@
 """Convert between megatron-zaya's sharded checkpoints and Hugging Face ZAYA folders.
 
-    # sharded checkpoint (any layout; the --save folder or one iter_NNNNNNN folder) -> HF folder
-    python tools/convert_checkpoint.py to-hf runs/tiny/ckpt hf/tiny [--dtype bf16]
+    # sharded checkpoint (any layout; the --save folder or one iter_NNNNNNN folder) -> HF folder,
+    # with the tokenizer the model was trained with (the same flags as training)
+    python tools/convert_checkpoint.py to-hf runs/tiny/ckpt hf/tiny [--dtype bf16] \
+        [--tokenizer-type HuggingFaceTokenizer --tokenizer-model tokenizer.json]
     # HF folder -> sharded checkpoint in any layout (model weights; train from it with --load DIR --finetune)
     python tools/convert_checkpoint.py from-hf hf/tiny runs/tiny-tp2 --tensor-model-parallel-size 2 \
         --expert-model-parallel-size 2 --world-size 4
     # re-layout a sharded checkpoint's model offline (training loads any layout online anyway); the
     # output keeps the source's iteration and data position: continue with --no-load-optim (or --finetune)
     python tools/convert_checkpoint.py reshard runs/tiny/ckpt runs/tiny-ep4 --expert-model-parallel-size 4 --world-size 4
+
+to-hf's tokenizer flags add the files `transformers.AutoTokenizer.from_pretrained(hf/tiny)` loads, giving
+the same ids as training (HuggingFaceTokenizer, GPT2BPETokenizer, TikTokenizer; the SentencePiece types
+have no exact Hugging Face form and are refused: megatron_zaya/checkpoint/hf_tokenizer.py), and the
+tokenizer's EOS/BOS/pad ids to config.json.
 
 Every conversion writes atomically (a temporary folder renamed at the end) and refuses to overwrite:
 to-hf needs a new or empty output folder, from-hf and reshard one without checkpoints (and without a
@@ -26,8 +33,28 @@ import torch  # noqa: E402
 
 from megatron_zaya.checkpoint import CheckpointError  # noqa: E402
 from megatron_zaya.checkpoint.convert import checkpoint_to_hf, hf_to_checkpoint, reshard_checkpoint  # noqa: E402
+from megatron_zaya.checkpoint.hf_tokenizer import check_exportable  # noqa: E402
+from megatron_zaya.data.tokenizer import add_tiktoken_arguments, build_tokenizer, tiktoken_options  # noqa: E402
+from megatron_zaya.errors import UserInputError  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def export_tokenizer(parser: argparse.ArgumentParser, args: argparse.Namespace):
+    """The tokenizer to-hf writes beside the model (None without --tokenizer-type), built and checked
+    before the checkpoint is read: a bad flag or file exits with status 2."""
+    given = [flag for flag, value in (("--tokenizer-model", args.tokenizer_model), ("--vocab-file", args.vocab_file),
+                                      ("--merge-file", args.merge_file)) if value is not None]
+    if args.tokenizer_type is None:
+        if given or tiktoken_options(args):
+            parser.error(f"{(given or ['--tiktoken-pattern'])[0]} needs --tokenizer-type")
+        return None
+    try:
+        check_exportable(args.tokenizer_type)
+        return build_tokenizer(args.tokenizer_type, args.tokenizer_model, vocab_file=args.vocab_file,
+                               merge_file=args.merge_file, **tiktoken_options(args))
+    except UserInputError as err:
+        parser.error(str(err))
 
 
 def main(argv=None) -> int:
@@ -37,6 +64,11 @@ def main(argv=None) -> int:
     to_hf.add_argument("checkpoint")
     to_hf.add_argument("output")
     to_hf.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: as saved")
+    to_hf.add_argument("--tokenizer-type", default=None, help="also write this tokenizer's Hugging Face files")
+    to_hf.add_argument("--tokenizer-model", default=None)
+    to_hf.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: GPT-2's vocab.json")
+    to_hf.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: GPT-2's merges.txt")
+    add_tiktoken_arguments(to_hf)
     for name in ("from-hf", "reshard"):
         p = sub.add_parser(name, help="HF folder -> sharded checkpoint" if name == "from-hf"
                            else "sharded checkpoint -> sharded checkpoint of another layout (model only)")
@@ -52,7 +84,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "to-hf":
-            info = checkpoint_to_hf(args.checkpoint, args.output, DTYPES.get(args.dtype))
+            tokenizer = export_tokenizer(parser, args)
+            info = checkpoint_to_hf(args.checkpoint, args.output, DTYPES.get(args.dtype), tokenizer)
             print(f"wrote {args.output} from {info['folder']} (iteration {info['iteration']}, "
                   f"{info['tokens_seen']} tokens seen)")
             return 0

@@ -18,9 +18,14 @@ from megatron_zaya.checkpoint.state import model_entries
 from megatron_zaya.config import ModelConfig
 
 
-def checkpoint_to_hf(path: str, output_dir: str, dtype: torch.dtype | None = None) -> dict:
+def checkpoint_to_hf(path: str, output_dir: str, dtype: torch.dtype | None = None, tokenizer=None) -> dict:
+    """The model of a sharded checkpoint as a Hugging Face folder (with `tokenizer`'s files too, when
+    given; its vocabulary must fit the embedding)."""
     state, config, info = load_full_model_state(path)
-    save_hf_folder(state, config, output_dir, dtype)
+    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
+        raise CheckpointError(f"the tokenizer's {tokenizer.vocab_size} tokens do not fit the checkpoint's "
+                              f"{config.vocab_size} embedding rows: not the tokenizer this model was trained with")
+    save_hf_folder(state, config, output_dir, dtype, tokenizer)
     return info
 
 

@@ -146,8 +146,10 @@ def _atomic_folder_write(output_dir: Path, write) -> None:
         raise
 
 
-def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: torch.dtype | None = None) -> None:
-    """Write config.json + model.safetensors for transformers' ZayaForCausalLM."""
+def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: torch.dtype | None = None,
+                   tokenizer=None) -> None:
+    """Write config.json + model.safetensors for transformers' ZayaForCausalLM; with `tokenizer` (one
+    of ours) also its Hugging Face files and special token ids (checkpoint/hf_tokenizer.py)."""
     tensors = {}
     for name, tensor in state_dict.items():
         t = tensor.detach().cpu().contiguous()
@@ -155,10 +157,17 @@ def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: tor
             t = t.to(dtype)
         tensors[ours_to_hf_name(name)] = t
     config_dict = hf_config_dict(config, dtype or torch.float32)
+    tokenizer_files = {}
+    if tokenizer is not None:       # built before anything is written: a refusal leaves no folder
+        from megatron_zaya.checkpoint.hf_tokenizer import hf_token_ids, hf_tokenizer_files
+        tokenizer_files = hf_tokenizer_files(tokenizer)
+        config_dict.update(hf_token_ids(tokenizer))
 
     def write(folder: Path) -> None:
         save_file(tensors, str(folder / HF_WEIGHTS), metadata={"format": "pt"})
         (folder / "config.json").write_text(json.dumps(config_dict, indent=2) + "\n")
+        for name, text in tokenizer_files.items():
+            (folder / name).write_text(text, encoding="utf-8")
 
     _atomic_folder_write(Path(output_dir), write)
 

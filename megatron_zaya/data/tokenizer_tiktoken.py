@@ -130,10 +130,12 @@ class TikTokenizer(BaseTokenizer):
         specials = given + [f"<SPECIAL_{k}>" for k in range(len(given), num_special)]
         self.special_tokens = {token: i for i, token in enumerate(specials)}
         ranks = load_tiktoken_ranks(self.model_path, self._vocab_size - num_special)
+        self.pattern_name = tiktoken_pattern
+        self.mergeable_ranks = {token: rank + num_special for token, rank in ranks.items()}   # token bytes -> id
         self._encoding = tiktoken.Encoding(
             name=os.path.basename(self.model_path),
             pat_str=TIKTOKEN_PATTERNS[tiktoken_pattern],
-            mergeable_ranks={token: rank + num_special for token, rank in ranks.items()},
+            mergeable_ranks=self.mergeable_ranks,
             special_tokens=self.special_tokens,
         )
         self.unk = self.special_tokens["<unk>"]

@@ -77,16 +77,28 @@ def tiktoken_flags(tiktoken_corpus, tmp_path, **extra):
                                                         "--tiktoken-num-special-tokens": 100, **extra})
 
 
-def test_a_run_trains_on_tiktoken_data(tiktoken_corpus, tmp_path, capsys):
+def test_a_run_trains_on_tiktoken_data_and_exports_its_tokenizer(tiny_corpus, tiktoken_corpus, tmp_path, capsys):
     """As in Megatron-LM, --vocab-size is the TikTokenizer's size (special tokens and ranks); the
-    model's vocabulary is that size padded to --make-vocab-size-divisible-by."""
-    _, _, ranks = tiktoken_corpus
-    run = parse_args(tiktoken_flags(tiktoken_corpus, tmp_path, **{"--train-iters": 3, "--eval-iters": 0}))
+    model's vocabulary is that size padded to --make-vocab-size-divisible-by. The checkpoint then goes
+    to a Hugging Face folder with the same tokenizer flags: transformers' AutoTokenizer of that folder
+    gives the ids the run trained on."""
+    transformers = pytest.importorskip("transformers")
+    prefix, vocab, ranks = tiktoken_corpus
+    save = tmp_path / "ckpt"
+    run = parse_args(tiktoken_flags(tiktoken_corpus, tmp_path, **{"--train-iters": 3, "--eval-iters": 0,
+                                                                  "--save": save}))
     assert run.data.tokenizer_vocab_size == ranks + 100 and run.args.vocab_size is None
     assert build_and_train(run) == 0
     assert run.model.vocab_size == -(-(ranks + 100) // 128) * 128
-    assert IndexedDataset(tiktoken_corpus[0]).document(0)[-1] == 2      # EOD = </s>, id 2
+    document = IndexedDataset(prefix).document(0)
+    assert document[-1] == 2      # EOD = </s>, id 2
     assert "iteration       3/3" in capsys.readouterr().out
+    tokenizer_flags = ["--tokenizer-type", "TikTokenizer", "--tokenizer-model", vocab, "--tiktoken-pattern", "v2",
+                       "--vocab-size", str(ranks + 100), "--tiktoken-num-special-tokens", "100"]
+    assert run_tool("convert_checkpoint", ["to-hf", str(save), str(tmp_path / "hf"), *tokenizer_flags]) == 0
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    first = json.loads(open(tiny_corpus[0].rsplit("/", 1)[0] + "/docs.jsonl").readline())["text"]
+    assert theirs.encode(first, add_special_tokens=False) + [theirs.eos_token_id] == document.tolist()
 
 
 @pytest.mark.parametrize("extra, expected", [
