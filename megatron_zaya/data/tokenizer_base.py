@@ -67,13 +67,19 @@ def _to_int_list(ids) -> list[int]:
     return [int(i) for i in ids]
 
 
-def _load_json_object(path: str) -> dict:
-    """A JSON object from `path`; UserInputError naming the file when it is not valid JSON or not an object."""
+def _load_json(path: str, label: str = ""):
+    """The JSON value in `path`; UserInputError naming `label` (e.g. the flag) and the file when it is
+    not valid JSON."""
     try:
         with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
+            return json.load(f)
     except (ValueError, UnicodeDecodeError) as e:
-        raise UserInputError(f"{path}: not valid JSON ({e})") from None
+        raise UserInputError(f"{label}{path}: not valid JSON ({e})") from None
+
+
+def _load_json_object(path: str) -> dict:
+    """A JSON object from `path`; UserInputError naming the file when it is not valid JSON or not an object."""
+    obj = _load_json(path)
     if not isinstance(obj, dict):
         raise UserInputError(f"{path}: expected a JSON object, got {type(obj).__name__}")
     return obj

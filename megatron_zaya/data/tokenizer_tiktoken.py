@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import os
 from typing import Sequence
 
 from megatron_zaya.errors import UserInputError
 
-from .tokenizer_base import BaseTokenizer, _to_int_list
+from .tokenizer_base import BaseTokenizer, _load_json, _to_int_list
 
 # Megatron-LM's two pre-tokenization patterns (PATTERN_TIKTOKEN and PATTERN_TIKTOKEN_V2), as written there.
 TIKTOKEN_PATTERNS = {
@@ -76,11 +75,7 @@ def check_tiktoken_settings(path, pattern: str | None, vocab_size: int | None, n
 def load_tiktoken_ranks(path: str, count: int) -> dict[bytes, int]:
     """The first `count` entries of a TikTokenizer vocabulary file as {token bytes: rank}, checked
     entry by entry (UserInputError naming the file and the entry)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            entries = json.load(f)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UserInputError(f"--tokenizer-model {path}: not valid JSON ({e})") from None
+    entries = _load_json(path, "--tokenizer-model ")
     if not isinstance(entries, list):
         raise UserInputError(f"--tokenizer-model {path}: a TikTokenizer vocabulary is a JSON list of "
                              f"{{rank, token_bytes, token_str}} entries, got a {type(entries).__name__}")
