@@ -30,7 +30,7 @@ MODEL_FLAGS = {  # flag -> type; None means "keep the preset's value"
 # that existing launch scripts run unchanged, and otherwise ignored.
 ALWAYS_LOGGED = ("--log-throughput", "--log-timers-to-tensorboard", "--log-validation-ppl-to-tensorboard",
                  "--log-memory-to-tensorboard", "--log-params-norm", "--log-learning-rate-to-tensorboard",
-                 "--moe-per-layer-logging")
+                 "--moe-per-layer-logging", "--log-world-size-to-tensorboard")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -288,7 +288,7 @@ class Trainer:
                    "consumed-samples": self.state.consumed_samples, "consumed-tokens": self.state.consumed_tokens,
                    "throughput/tokens-per-sec-per-device": tokens_per_device,
                    "throughput/tflops-per-device": tflops, "throughput/mfu": mfu,
-                   "memory/peak-gb": peak_memory_bytes(self.device) / 2 ** 30}
+                   "memory/peak-gb": peak_memory_bytes(self.device) / 2 ** 30, "world-size": self.parallel.world_size}
         if result.num_zeros is not None:
             scalars["num-zeros"] = result.num_zeros
         if self.decoupled_schedule is not None:

@@ -32,6 +32,7 @@ def test_tensorboard_scalars_written(tiny_corpus, tmp_path, capsys):
     assert [s for s, _ in values["lm loss"]] == [1, 2, 3, 4, 5, 6]
     # Ramp-up 2 -> 4 in steps of 2 over 8 samples: 2, 2, 2, 2 (8 samples consumed), then 4.
     assert [v for _, v in values["batch-size"]] == [2, 2, 2, 2, 4, 4]
+    assert {v for _, v in values["world-size"]} == {1}      # Megatron's --log-world-size-to-tensorboard
     for layer in range(2):
         for stat in ("tokens_per_expert_min", "tokens_per_expert_max", "tokens_per_expert_cv", "routing_entropy",
                      "skip_rate", "balancing-bias/00", "balancing-bias/04"):
