@@ -118,6 +118,7 @@ NUMBER_DOMAINS = (
     ("tensorboard_log_interval", _ge1, "must be >= 1"), ("tensorboard_queue_size", _ge1, "must be >= 1"),
     ("recompute_num_layers", _ge1, "must be >= 1"), ("straggler_minmax_count", _ge1, "must be >= 1"),
     ("check_weight_hash_across_dp_replicas_interval", _ge1, "must be >= 1"), ("ckpt_step", _ge0, "must be >= 0"),
+    ("non_persistent_save_interval", _ge1, "must be >= 1"),
     ("logging_level", _ge0, "must be >= 0 (e.g. 20 for INFO)"),
 )
 
@@ -243,6 +244,20 @@ def _check_tokenizer(args: argparse.Namespace) -> None:
         if args.vocab_size < needed:
             raise UserInputError(f"--vocab-size={args.vocab_size} is smaller than the NullTokenizer vocabulary "
                                  f"({needed} ids with EOD for --tokenizer-model {args.tokenizer_model})")
+
+
+def _check_non_persistent(args: argparse.Namespace) -> None:
+    """Megatron-LM's non-persistent checkpoints, in their "global" form: written into --save."""
+    kind = args.non_persistent_ckpt_type
+    if kind in ("local", "in_memory"):
+        raise UserInputError(f"--non-persistent-ckpt-type {kind} is not supported: only global (non-persistent "
+                             f"checkpoints written into --save, removed once a newer one is complete)")
+    folder = args.non_persistent_global_ckpt_dir
+    if folder and not (args.save and os.path.realpath(folder) == os.path.realpath(args.save)):
+        raise UserInputError(f"--non-persistent-global-ckpt-dir {folder}: non-persistent checkpoints are kept in "
+                             f"--save here (a run resumes from the newest checkpoint of either kind there); drop the flag")
+    if args.non_persistent_save_interval and not args.save:
+        raise UserInputError("--non-persistent-save-interval needs --save (where the checkpoints go)")
 
 
 def _check_paths(args: argparse.Namespace, prefixes: list[str]) -> None:
@@ -382,6 +397,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
     from megatron_zaya.data import DataConfig
     prefixes = _check_data(args)
     _check_paths(args, prefixes)
+    _check_non_persistent(args)
     data = DataConfig(data_path=args.data_path, train_data_path=args.train_data_path,
                       valid_data_path=args.valid_data_path, test_data_path=args.test_data_path, mock_data=args.mock_data,
                       split=args.split, data_cache_path=args.data_cache_path,

@@ -147,6 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--exit-on-missing-checkpoint", action="store_true",
                    help="stop when --load holds no checkpoint, instead of training from scratch")
     g.add_argument("--save-interval", type=int, default=None)
+    g.add_argument("--non-persistent-save-interval", type=int, default=None,
+                   help="also save every N iterations a checkpoint that is deleted once a newer one is complete "
+                        "(between --save-interval saves: less work lost to a crash, no more disk)")
+    g.add_argument("--non-persistent-ckpt-type", default=None, choices=("global", "local", "in_memory"),
+                   help="global (the default here): non-persistent checkpoints written into --save like the others")
+    g.add_argument("--non-persistent-global-ckpt-dir", default=None,
+                   help="accepted when it is --save: non-persistent checkpoints are kept in --save")
     g.add_argument("--ckpt-keep", type=int, default=None)
     g.add_argument("--async-save", action="store_true")
     g.add_argument("--no-load-optim", action="store_true")

@@ -1,6 +1,9 @@
 """Writing checkpoints: every rank its own files, in parallel; rank 0 finalizes (manifest, marker,
 rename, latest_checkpointed_iteration.txt) once every rank's files are durable; old checkpoints are
 pruned (--ckpt-keep) without ever touching the newest complete one or one newer than the save.
+Non-persistent checkpoints (--non-persistent-save-interval; `"non_persistent": true` in their
+metadata) are removed as soon as a newer checkpoint of either kind is complete, and do not count
+towards --ckpt-keep; `promote` makes one persistent (a final or exit save at its iteration).
 Pruning removes only the saver's own working folders (format.PARTIAL_RE, REPLACED_RE, DELETING_RE);
 a same-iteration save interrupted between its two renames is restored by recover_replaced.
 
@@ -23,9 +26,10 @@ import traceback
 import torch
 
 from megatron_zaya.checkpoint.format import (COMPLETE_MARKER, DELETING_RE, FORMAT_VERSION, METADATA_FILE, PARTIAL_RE,
-                                             REPLACED_RE, Entry, atomic_write_bytes, atomic_write_json, file_crc32,
-                                             fsync_dir, iter_dir_name, list_complete, list_replaced_complete,
-                                             rank_stem, read_latest, write_latest, write_safetensors)
+                                             REPLACED_RE, CheckpointError, Entry, atomic_write_bytes,
+                                             atomic_write_json, file_crc32, fsync_dir, iter_dir_name, list_complete,
+                                             list_replaced_complete, rank_stem, read_json, read_latest, write_latest,
+                                             write_safetensors)
 
 
 class CheckpointSaveError(RuntimeError):
@@ -189,18 +193,37 @@ class CheckpointWriter:
         m = REPLACED_RE.match(name)
         return bool(m) and os.path.isfile(os.path.join(self.final_dir(int(m.group(1))), COMPLETE_MARKER))
 
+    def is_non_persistent(self, iteration: int) -> bool:
+        """Whether the complete checkpoint of `iteration` was saved as non-persistent (an unreadable
+        metadata file counts as persistent: it is never removed for being superseded)."""
+        try:
+            return bool(read_json(os.path.join(self.final_dir(iteration), METADATA_FILE)).get("non_persistent"))
+        except (OSError, ValueError, CheckpointError):
+            return False
+
+    def promote(self, iteration: int) -> None:
+        """Make the non-persistent checkpoint of `iteration` a persistent one (its metadata rewritten
+        atomically)."""
+        path = os.path.join(self.final_dir(iteration), METADATA_FILE)
+        meta = read_json(path)
+        meta["non_persistent"] = False
+        atomic_write_json(path, meta)
+
     def prune(self, just_saved: int) -> None:
-        """Keep the newest --ckpt-keep complete checkpoints, never one newer than `just_saved`; drop
-        the saver's own debris (see _is_debris), after restoring an interrupted replacement."""
+        """Keep the newest --ckpt-keep complete persistent checkpoints and no non-persistent one older
+        than `just_saved`, never touching one newer than `just_saved`; drop the saver's own debris
+        (see _is_debris), after restoring an interrupted replacement."""
         recover_replaced(self.save_dir, self.log)
         for name in os.listdir(self.save_dir):
             if self._is_debris(name, just_saved):
                 shutil.rmtree(os.path.join(self.save_dir, name), ignore_errors=True)
-        if not self.keep:
-            return
-        complete = list_complete(self.save_dir)
-        doomed = [it for it in complete[:-self.keep] if it < just_saved]
-        for it in doomed:
+        non_persistent = {it: self.is_non_persistent(it) for it in list_complete(self.save_dir)}
+        superseded = [it for it, flag in non_persistent.items() if flag and it < just_saved]
+        persistent = [it for it, flag in non_persistent.items() if not flag]
+        doomed = [(it, "superseded non-persistent checkpoint") for it in superseded]
+        if self.keep:
+            doomed += [(it, f"--ckpt-keep {self.keep}") for it in persistent[:-self.keep] if it < just_saved]
+        for it, why in sorted(doomed):
             path = self.final_dir(it)
             try:
                 os.unlink(os.path.join(path, COMPLETE_MARKER))    # no longer a checkpoint, from this moment
@@ -208,7 +231,7 @@ class CheckpointWriter:
                 gone = f"{path}.deleting-{self.run_id}"
                 os.replace(path, gone)
                 shutil.rmtree(gone, ignore_errors=True)
-                self.log(f"removed old checkpoint {path} (--ckpt-keep {self.keep})")
+                self.log(f"removed old checkpoint {path} ({why})")
             except OSError as err:
                 self.log(f"warning: could not remove old checkpoint {path}: {err}")
 

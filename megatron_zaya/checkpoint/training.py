@@ -4,7 +4,8 @@
 SIGTERM / SIGUSR1 handlers (save, then a clean exit) and the per-rank watchdog.
 
     load(trainer)        before the data loaders: model, optimizer, RNG, TrainState, balancing biases
-    after_step(trainer)  heartbeat; --save-interval; a signal on any rank -> save + stop
+    after_step(trainer)  heartbeat; --save-interval (else --non-persistent-save-interval); a signal on
+                         any rank -> save + stop
     on_exit(trainer)     early exit (exit interval / duration / signal): save unless just saved
     finalize(trainer)    end of training: save unless just saved; wait for the async save
     close()              always (setup.py's finally): wait for a save in flight, stop the watchdog
@@ -98,6 +99,7 @@ class TrainingCheckpointer:
             self.writer = CheckpointWriter(self.cfg.save, self.rank, self.world_size, self.run_id,
                                            keep=self.cfg.ckpt_keep, log=self._log_error)
         self.last_saved: int | None = None
+        self.last_saved_non_persistent = False     # the save at last_saved was a non-persistent one
         self.loaded: dict | None = None
         self.save_log: list[dict] = []      # per save: iteration, blocking seconds, kind (tests, bench)
         self._reported = 0
@@ -262,25 +264,27 @@ class TrainingCheckpointer:
                    "train_state": dataclasses.asdict(trainer.state)}
         return entries + opt_entries + rng_entries + bal_entries, objects
 
-    def save(self, trainer, reason: str = "interval") -> bool | None:
-        """Save at trainer.state.iteration. Returns True/False for a synchronous save, None when
-        an asynchronous one was started."""
+    def save(self, trainer, reason: str = "interval", non_persistent: bool = False) -> bool | None:
+        """Save at trainer.state.iteration (`non_persistent`: to be removed once a newer checkpoint is
+        complete). Returns True/False for a synchronous save, None when an asynchronous one was started."""
         if self.writer is None:
             return False
         iteration = trainer.state.iteration
-        if self.last_saved == iteration:
+        if self.last_saved == iteration and not (self.last_saved_non_persistent and not non_persistent):
             return True
+        if self.last_saved == iteration and self._promote(iteration, reason):
+            return True        # (else that non-persistent save failed: saved again below, persistent)
         started = time.time()
         with self.watchdog.paused():
             entries, objects = self.collect(trainer)
-            meta = self._global_meta(trainer)
+            meta = dict(self._global_meta(trainer), non_persistent=non_persistent)
             if self.cfg.async_save:
                 self.writer.save_async(iteration, entries, objects, meta, self.agree)
                 ok = None
             else:
                 ok = self.writer.save_sync(iteration, entries, objects, meta, self.agree)
         blocked = time.time() - started
-        self.last_saved = iteration
+        self.last_saved, self.last_saved_non_persistent = iteration, non_persistent
         if ok is not None:
             self._reported = len(self.writer.completed)
         self.save_log.append({"iteration": iteration, "blocking_s": blocked, "async": bool(self.cfg.async_save),
@@ -299,6 +303,22 @@ class TrainingCheckpointer:
             self.log(f"ERROR: checkpoint at iteration {iteration} FAILED ({reason}); the previous checkpoint "
                      f"{self._latest_complete()} stays the latest")
         return ok
+
+    def _promote(self, iteration: int, reason: str) -> bool:
+        """Keep the non-persistent checkpoint of `iteration` (this run's last save) as a persistent one,
+        once it is complete (an asynchronous one is waited for); False when that save failed."""
+        with self.watchdog.paused():
+            self.writer.wait(agree=self.agree)
+        self._report_async()
+        if self._last_save_failed():
+            return False
+        self.last_saved_non_persistent = False
+        if self.is_main:
+            self.writer.promote(iteration)
+            self.log(f"kept the non-persistent checkpoint {self.writer.final_dir(iteration)} as a persistent one "
+                     f"({reason})")
+            self.writer.prune(iteration)       # one more persistent checkpoint: --ckpt-keep applies
+        return True
 
     def _latest_complete(self) -> str:
         done = list_complete(self.cfg.save) if self.cfg.save else []
@@ -339,18 +359,19 @@ class TrainingCheckpointer:
                 self.save(trainer, reason=f"{name} received")
             trainer.stop_requested = f"{name} received"
             return
-        interval = self.cfg.save_interval
+        interval, non_persistent = self.cfg.save_interval, self.cfg.non_persistent_save_interval
         if interval and trainer.state.iteration % interval == 0:
             self.save(trainer)
+        elif non_persistent and trainer.state.iteration % non_persistent == 0:
+            self.save(trainer, reason="non-persistent", non_persistent=True)
 
     def on_exit(self, trainer) -> None:
-        if self.writer is not None and self.last_saved != trainer.state.iteration:
+        if self.writer is not None:      # (a save at this iteration already: kept, made persistent if it was not)
             self.save(trainer, reason="exit")
 
     def finalize(self, trainer) -> None:
         if self.writer is not None:
-            if self.last_saved != trainer.state.iteration:
-                self.save(trainer, reason="end of training")
+            self.save(trainer, reason="end of training")     # (see on_exit)
             if self.writer.in_flight or self.writer._thread is not None:
                 self.log("waiting for the checkpoint being written in the background")
             with self.watchdog.paused():

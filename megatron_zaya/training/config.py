@@ -77,6 +77,7 @@ class TrainConfig:
     load: str | None = None                # with --ckpt-step: that iteration's folder (arguments.validate)
     exit_on_missing_checkpoint: bool = False
     save_interval: int | None = None
+    non_persistent_save_interval: int | None = None   # kept in --save until a newer checkpoint is complete
     use_checkpoint_opt_param_scheduler: bool = False   # the schedules from the loaded checkpoint's flags
     ckpt_keep: int | None = None
     async_save: bool = False
