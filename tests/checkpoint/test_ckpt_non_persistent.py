@@ -16,14 +16,17 @@ def non_persistent(save, iteration) -> bool:
     return json.load(open(os.path.join(save, f"iter_{iteration:07d}", METADATA_FILE)))["non_persistent"]
 
 
-def test_non_persistent_saves_are_superseded_and_the_last_one_kept(ckpt_corpus, ckpt_cache, tmp_path, capsys):
+@pytest.mark.parametrize("async_save", [False, True])
+def test_non_persistent_saves_are_superseded_and_the_last_one_kept(ckpt_corpus, ckpt_cache, tmp_path, capsys,
+                                                                   async_save):
     save = str(tmp_path / "ckpt")
     train(flags(ckpt_corpus, 6, "--save", save, "--save-interval", "4", "--non-persistent-save-interval", "1",
-                cache=ckpt_cache))
+                *(["--async-save"] if async_save else []), cache=ckpt_cache))
     captured = capsys.readouterr()
     out = captured.out + captured.err       # the saver's removals are logged to stderr
     for it in (1, 2, 3, 5):      # each written, then removed by the next save
-        assert f"saved checkpoint {save}/iter_{it:07d} (non-persistent)" in out, out
+        written = f"{save}/iter_{it:07d} complete" if async_save else f"saved checkpoint {save}/iter_{it:07d} (non-persistent)"
+        assert written in out, out
         assert f"removed old checkpoint {save}/iter_{it:07d} (superseded non-persistent checkpoint)" in out
     assert list_complete(save) == [4, 6]
     assert not non_persistent(save, 4) and not non_persistent(save, 6)      # 6 promoted at the end of training
