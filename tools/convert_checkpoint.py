@@ -19,6 +19,7 @@ tokenizer's EOS/BOS/pad ids to config.json.
 Every conversion writes atomically (a temporary folder renamed at the end) and refuses to overwrite:
 to-hf needs a new or empty output folder, from-hf and reshard one without checkpoints (and without a
 latest_checkpointed_iteration.txt). Sharded outputs hold model weights only (no optimizer state).
+Progress lines (weights read, ranks written) go to stderr unless --no-progress.
 Exit status 0 on success, 1 on a checkpoint problem (the message names the file), 2 on usage errors.
 """
 from __future__ import annotations
@@ -32,7 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from megatron_zaya.checkpoint import CheckpointError  # noqa: E402
-from megatron_zaya.checkpoint.convert import checkpoint_to_hf, hf_to_checkpoint, reshard_checkpoint  # noqa: E402
+from megatron_zaya.checkpoint.convert import (ConversionProgress, checkpoint_to_hf, hf_to_checkpoint,  # noqa: E402
+                                              reshard_checkpoint)
 from megatron_zaya.checkpoint.hf_tokenizer import check_exportable  # noqa: E402
 from megatron_zaya.data.tokenizer import add_tiktoken_arguments, build_tokenizer, tiktoken_options  # noqa: E402
 from megatron_zaya.errors import UserInputError  # noqa: E402
@@ -81,20 +83,25 @@ def main(argv=None) -> int:
         p.add_argument("--iteration", type=int, default=None,
                        help="default: 0 (from-hf) or the source's (reshard, keeping its data position; another "
                             "value relabels the output as a fresh start at that iteration)")
+    for p in sub.choices.values():
+        p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
+    progress = None if args.no_progress else ConversionProgress()
     try:
         if args.command == "to-hf":
             tokenizer = export_tokenizer(parser, args)
-            info = checkpoint_to_hf(args.checkpoint, args.output, DTYPES.get(args.dtype), tokenizer)
+            info = checkpoint_to_hf(args.checkpoint, args.output, DTYPES.get(args.dtype), tokenizer, progress)
             print(f"wrote {args.output} from {info['folder']} (iteration {info['iteration']}, "
                   f"{info['tokens_seen']} tokens seen)")
             return 0
         layout = dict(tp=args.tensor_model_parallel_size, cp=args.context_parallel_size,
                       ep=args.expert_model_parallel_size, world_size=args.world_size)
         if args.command == "from-hf":
-            folder = hf_to_checkpoint(args.source, args.output, iteration=args.iteration or 0, **layout)
+            folder = hf_to_checkpoint(args.source, args.output, iteration=args.iteration or 0, progress=progress,
+                                      **layout)
         else:
-            folder = reshard_checkpoint(args.source, args.output, iteration=args.iteration, **layout)
+            folder = reshard_checkpoint(args.source, args.output, iteration=args.iteration, progress=progress,
+                                        **layout)
         print(f"wrote {folder}")
         return 0
     except (CheckpointError, FileNotFoundError, FileExistsError, ValueError) as err:

@@ -18,13 +18,16 @@ from megatron_zaya.checkpoint.state import model_entries
 from megatron_zaya.config import ModelConfig
 
 
-def checkpoint_to_hf(path: str, output_dir: str, dtype: torch.dtype | None = None, tokenizer=None) -> dict:
+def checkpoint_to_hf(path: str, output_dir: str, dtype: torch.dtype | None = None, tokenizer=None,
+                     progress=None) -> dict:
     """The model of a sharded checkpoint as a Hugging Face folder (with `tokenizer`'s files too, when
-    given; its vocabulary must fit the embedding)."""
-    state, config, info = load_full_model_state(path)
+    given; its vocabulary must fit the embedding). `progress`: see ConversionProgress."""
+    state, config, info = load_full_model_state(path, progress.reading if progress else None)
     if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
         raise CheckpointError(f"the tokenizer's {tokenizer.vocab_size} tokens do not fit the checkpoint's "
                               f"{config.vocab_size} embedding rows: not the tokenizer this model was trained with")
+    if progress is not None:
+        progress.note(f"writing {output_dir}")
     save_hf_folder(state, config, output_dir, dtype, tokenizer)
     return info
 
@@ -61,7 +64,7 @@ def fresh_train_state(iteration: int) -> dict:
 
 def save_model_as_checkpoint(state: dict, config: ModelConfig, save_dir: str, tp: int = 1, cp: int = 1, ep: int = 1,
                              world_size: int | None = None, iteration: int = 0, source: str = "",
-                             train_state: dict | None = None) -> str:
+                             train_state: dict | None = None, progress=None) -> str:
     """Write `state` (single-device names and shapes) as a weights-only checkpoint of a layout with
     world_size ranks (default tp x cp: data parallel 1), atomically like a training save, into a
     folder without checkpoints. `train_state` (default: fresh at `iteration`) is what a
@@ -77,6 +80,8 @@ def save_model_as_checkpoint(state: dict, config: ModelConfig, save_dir: str, tp
         for rank, writer in enumerate(writers):
             model = _sharded_model(state, config, tp, cp, ep, world, rank)
             writer.write_rank(folder, iteration, model_entries(model), {"converted_from": source})
+            if progress is not None:
+                progress.writing(rank + 1, world)
         meta = {"train_state": train_state, "consumed_samples": train_state["consumed_samples"],
                 "tokens_seen": train_state.get("consumed_tokens", 0), "model_config": config.to_dict(),
                 "optimizer_config": None, "args": {}, "converted_from": source, "weights_only": True,
@@ -92,19 +97,45 @@ def save_model_as_checkpoint(state: dict, config: ModelConfig, save_dir: str, tp
     return writers[0].final_dir(iteration)
 
 
-def reshard_checkpoint(source: str, save_dir: str, iteration: int | None = None, **layout) -> str:
+def reshard_checkpoint(source: str, save_dir: str, iteration: int | None = None, progress=None, **layout) -> str:
     """The model of checkpoint `source` (any layout) as a weights-only checkpoint in another layout.
     It keeps the source's train state (iteration, consumed samples and tokens, data phase), so a
     --no-load-optim resume continues where the source stopped; another `iteration` relabels it as
     a fresh start at that iteration (no data consumed)."""
-    state, config, info = load_full_model_state(source)
+    state, config, info = load_full_model_state(source, progress.reading if progress else None)
     if iteration is None:
         iteration = info["iteration"]
     kept = info["train_state"] if iteration == info["iteration"] else None
     return save_model_as_checkpoint(state, config, save_dir, iteration=iteration, source=info["folder"],
-                                    train_state=kept, **layout)
+                                    train_state=kept, progress=progress, **layout)
 
 
-def hf_to_checkpoint(hf_dir: str, save_dir: str, **layout) -> str:
+def hf_to_checkpoint(hf_dir: str, save_dir: str, progress=None, **layout) -> str:
+    if progress is not None:
+        progress.note(f"reading {hf_dir}")
     state, config = load_hf_folder(hf_dir)
-    return save_model_as_checkpoint(state, config, save_dir, source=os.path.abspath(hf_dir), **layout)
+    return save_model_as_checkpoint(state, config, save_dir, source=os.path.abspath(hf_dir), progress=progress,
+                                    **layout)
+
+
+class ConversionProgress:
+    """Progress lines of a conversion on stderr: the weights read (at every tenth of them), the
+    ranks written, and each other phase as it starts, with the time since the start."""
+
+    def __init__(self, stream=None):
+        import sys
+        import time
+        self.stream, self.clock = stream or sys.stderr, time.time
+        self.start, self.reported = self.clock(), -1
+
+    def note(self, what: str) -> None:
+        print(f"[convert {self.clock() - self.start:6.1f} s] {what}", file=self.stream, flush=True)
+
+    def reading(self, done: int, total: int, nbytes: int) -> None:
+        tenth = done * 10 // max(total, 1)
+        if tenth > self.reported:
+            self.reported = tenth
+            self.note(f"read {done}/{total} weights ({nbytes / 2 ** 30:.2f} GiB)")
+
+    def writing(self, done: int, total: int) -> None:
+        self.note(f"wrote rank {done}/{total}")

@@ -32,21 +32,26 @@ def model_config_of(folder: CheckpointFolder) -> ModelConfig:
     return ModelConfig(**folder.metadata["model_config"])
 
 
-def load_full_model_state(path: str) -> tuple[dict, ModelConfig, dict]:
+def load_full_model_state(path: str, progress=None) -> tuple[dict, ModelConfig, dict]:
     """(single-device state dict on CPU, ModelConfig, info) from a checkpoint of any layout.
     A weight saved in bf16 with an fp32 master (a --bf16 ZeRO-1 run) comes as its master: the
     trained value, not its rounding. Every file read is checked against its checksum. info:
     iteration, consumed_samples, tokens_seen, layout, folder, saved_at, train_state, masters (how
-    many weights came from their masters)."""
+    many weights came from their masters). `progress(done, total, nbytes)`, when given, is called
+    after each weight is read (nbytes: the bytes read so far)."""
     folder = CheckpointFolder(resolve_folder(path))
-    state, masters = {}, 0
-    for key in folder.keys("model/"):      # each weight read once: its master where it has one
+    state, masters, nbytes = {}, 0, 0
+    keys = folder.keys("model/")
+    for done, key in enumerate(keys, 1):   # each weight read once: its master where it has one
         name, master = key[len("model/"):], f"optim/{key[len('model/'):]}/master"
         if folder.has(master):             # saved only for weights that are not fp32
             state[name] = folder.full(master).reshape(folder.global_shape(key))
             masters += 1
         else:
             state[name] = folder.full(key)
+        if progress is not None:
+            nbytes += state[name].numel() * state[name].element_size()
+            progress(done, len(keys), nbytes)
     meta = folder.metadata
     info = {"folder": folder.folder, "iteration": meta["iteration"],
             "consumed_samples": meta["train_state"]["consumed_samples"], "tokens_seen": meta.get("tokens_seen"),

@@ -32,7 +32,11 @@ def test_sharded_to_hf_and_back_into_any_layout(ckpt_corpus, ckpt_cache, tmp_pat
     assert info["iteration"] == 2
 
     hf = str(tmp_path / "hf")
+    capsys.readouterr()
     assert tool.main(["to-hf", src, hf]) == 0
+    progress = capsys.readouterr().err        # progress lines: every tenth of the weights read, then the write
+    weights = len([k for k in original])
+    assert f"read {weights}/{weights} weights (" in progress and f"] writing {hf}" in progress, progress
     hf_state, hf_config = load_hf_folder(hf)
     _same(original, hf_state)
     assert hf_config.hidden_size == config.hidden_size and hf_config.num_experts == config.num_experts
@@ -42,6 +46,7 @@ def test_sharded_to_hf_and_back_into_any_layout(ckpt_corpus, ckpt_cache, tmp_pat
     sharded = str(tmp_path / "tp2ep2")
     assert tool.main(["from-hf", hf, sharded, "--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2",
                       "--world-size", "4"]) == 0
+    assert "wrote rank 4/4" in capsys.readouterr().err
     report = inspect_checkpoint(sharded)
     assert report["ok"] and report["layout"]["world_size"] == 4 and report["iteration"] == 0
     assert report["layout"]["tensor_model_parallel_size"] == 2
@@ -49,7 +54,8 @@ def test_sharded_to_hf_and_back_into_any_layout(ckpt_corpus, ckpt_cache, tmp_pat
 
     relayout = str(tmp_path / "ep2")
     assert tool.main(["reshard", sharded, relayout, "--expert-model-parallel-size", "2", "--world-size", "2",
-                      "--iteration", "7"]) == 0
+                      "--iteration", "7", "--no-progress"]) == 0
+    assert "[convert" not in capsys.readouterr().err
     assert inspect_checkpoint(relayout)["iteration"] == 7
     _same(original, load_full_model_state(relayout)[0])
 
