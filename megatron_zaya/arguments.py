@@ -118,7 +118,8 @@ NUMBER_DOMAINS = (
     ("tensorboard_log_interval", _ge1, "must be >= 1"), ("tensorboard_queue_size", _ge1, "must be >= 1"),
     ("recompute_num_layers", _ge1, "must be >= 1"), ("straggler_minmax_count", _ge1, "must be >= 1"),
     ("check_weight_hash_across_dp_replicas_interval", _ge1, "must be >= 1"), ("ckpt_step", _ge0, "must be >= 0"),
-    ("non_persistent_save_interval", _ge1, "must be >= 1"),
+    ("non_persistent_save_interval", _ge1, "must be >= 1"), ("mid_level_dataset_surplus", _ge0, "must be >= 0"),
+    ("num_dataset_builder_threads", _ge1, "must be >= 1"),
     ("logging_level", _ge0, "must be >= 0 (e.g. 20 for INFO)"),
 )
 
@@ -405,6 +406,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
                       reset_attention_mask=args.reset_attention_mask, eod_mask_loss=args.eod_mask_loss,
                       tokenizer_type=args.tokenizer_type, tokenizer_model=args.tokenizer_model,
                       vocab_file=args.vocab_file, merge_file=args.merge_file, mmap_bin_files=args.mmap_bin_files,
+                      mid_level_dataset_surplus=args.mid_level_dataset_surplus,
                       **tiktoken_options(args))
 
     train_fields = {f.name for f in fields(TrainConfig)}

@@ -133,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: GPT-2's merges.txt")
     add_tiktoken_arguments(g, vocab_size_flag=False)    # TikTokenizer's size is --vocab-size (see validate)
     g.add_argument("--data-cache-path", default=None)
+    g.add_argument("--mid-level-dataset-surplus", type=float, default=0.005,
+                   help="extra share of samples each blended dataset builds, so the blend never runs short")
     g.add_argument("--num-workers", type=int, default=2)
     g.add_argument("--no-mmap-bin-files", dest="mmap_bin_files", action="store_false",
                    help="read the .bin files with positional reads instead of memory-mapping them")

@@ -65,6 +65,11 @@ IMPLIED_SWITCHES = {
     "--no-async-tensor-model-parallel-allreduce": "tensor-parallel all-reduces run in order with the compute",
     "--no-ckpt-fully-parallel-save": "every rank writes its own shard files in any case",
     "--log-loss-scale-to-tensorboard": "there is no loss scale with bf16 (no --fp16)",
+    "--te-rng-tracker": "no Transformer Engine; nothing random in the forward (no dropout)",
+    "--ddp-average-in-collective": "gradients are summed over ranks against a loss already divided by the global "
+                                   "batch's loss tokens: the exact single-process average",
+    "--manual-gc-eval": "with --manual-gc, Python's collector stays off during evaluation too",
+    "--moe-use-legacy-grouped-gemm": "experts always run as grouped matmuls (torch._grouped_mm)",
 }
 
 # Switches that ask for something this code does not do: each stops the run with what to use instead.
@@ -75,6 +80,20 @@ REFUSED_SWITCHES = {
     "--moe-pad-expert-input-to-capacity": "experts are dropless (no capacity to pad to)",
     "--disable-straggler-on-startup": "there is no straggler controller to switch it on later: give "
                                       "--log-straggler to report stragglers, or neither flag",
+    "--squared-relu": "the experts are SwiGLU (ZAYA1)",
+    "--apply-layernorm-1p": "ZAYA1's RMSNorm weights are used as they are (no 1 + w form)",
+    "--rotary-interleaved": "RoPE rotates the two halves of each head's rotary part (ZAYA1, as transformers)",
+    "--use-rope-scaling": "for longer context ZAYA1 raises --rotary-base instead",
+    "--multi-latent-attention": "attention is CCA (ZAYA1), not multi-latent attention",
+    "--grad-reduce-in-bf16": "gradients are reduced in fp32 (the planner's --grad-dtype bf16 only estimates it)",
+    "--optimizer-cpu-offload": "optimizer state stays on the device; shard it with --use-distributed-optimizer",
+    "--first-last-layers-bf16": "there is no FP8 here, so every layer already runs in bf16",
+    "--inprocess-restart": "faults are recovered by restarting the job from its last checkpoint (run_mi300x.sh)",
+    "--enable-ft-package": "faults are recovered by restarting the job from its last checkpoint (run_mi300x.sh); "
+                           "hangs end with stacks by the watchdog",
+    "--check-for-spiky-loss": "no re-run state machine: a non-finite step is skipped and diagnosed by rank and layer",
+    "--check-for-large-grads": "no re-run state machine: a non-finite step is skipped and diagnosed by rank and layer",
+    "--use-legacy-models": "there is one model implementation",
 }
 
 # flag -> (dest, accepted values as the command line spells them, what to use instead)
@@ -136,6 +155,8 @@ FIXED_VALUES = {
                      "--max-consecutive-nonfinite of them stop the run"),
     "--fp8-format": ("fp8_format", (), "no FP8 here: train with --bf16 (ZAYA1 trained in bf16)"),
     "--fp8-recipe": ("fp8_recipe", (), "no FP8 here: train with --bf16 (ZAYA1 trained in bf16)"),
+    "--exit-signal": ("exit_signal", ("SIGTERM", "SIGUSR1", "signal.SIGTERM", "signal.SIGUSR1"),
+                      "SIGTERM and SIGUSR1 both save a checkpoint and exit"),
 }
 
 
@@ -165,6 +186,8 @@ def add_megatron_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ffn-hidden-size", type=int, default=None,
                    help="the experts' hidden size when --moe-ffn-hidden-size is not given (as in Megatron-LM); "
                         "every ZAYA1 block is MoE, so there is no dense FFN for it to size otherwise")
+    g.add_argument("--num-dataset-builder-threads", type=int, default=None,
+                   help="accepted: the dataset indices are built by one thread per rank (and cached)")
     g.add_argument("--moe-router-bias-update-rate", type=float, default=None,
                    help="Megatron-LM's step of the expert-bias update: here the lr of the balancing biases' "
                         "Adam (--moe-router-bias-lr), whose steps are also about this size")

@@ -39,6 +39,10 @@ def error_of(argv, capsys) -> str:
     ({"--moe-router-score-function": "sigmoid"}, "--moe-router-score-function=sigmoid is not supported: only softmax"),
     ({"--expert-tensor-parallel-size": "2"}, "--expert-tensor-parallel-size=2 is not supported"),
     ({"--recompute-activations": "", "--recompute-granularity": "full"}, "--recompute-activations means"),
+    ({"--squared-relu": ""}, "--squared-relu is not supported: the experts are SwiGLU"),
+    ({"--grad-reduce-in-bf16": ""}, "--grad-reduce-in-bf16 is not supported: gradients are reduced in fp32"),
+    ({"--exit-signal": "SIGINT"}, "--exit-signal=SIGINT is not supported: only SIGTERM or SIGUSR1"),
+    ({"--mid-level-dataset-surplus": "-0.1"}, "--mid-level-dataset-surplus=-0.1: must be >= 0"),
     ({"--lr-warmup-init": "1", "--lr": "0.01"}, "--lr-warmup-init=1.0 must be in [0, --lr=0.01]"),
     ({"--start-weight-decay": "0.1"}, "--start-weight-decay needs --weight-decay-incr-style linear or cosine"),
     ({"--muon-tp-mode": "distributed"}, "--muon-tp-mode"),
@@ -361,11 +365,15 @@ def test_a_megatron_lm_script_runs_unchanged(tiny_corpus, tmp_path):
                 "--expert-tensor-parallel-size", "1", "--check-for-nan-in-loss-and-grad", "--no-position-embedding",
                 "--no-async-tensor-model-parallel-allreduce", "--no-ckpt-fully-parallel-save", "--moe-per-layer-logging",
                 "--log-loss-scale-to-tensorboard", "--cross-entropy-fusion-impl", "te", "--dist-ckpt-strictness",
-                "raise_all", "--rerun-mode", "disabled"]
+                "raise_all", "--rerun-mode", "disabled", "--te-rng-tracker", "--ddp-average-in-collective",
+                "--manual-gc-eval", "--moe-use-legacy-grouped-gemm", "--exit-signal", "SIGTERM",
+                "--num-dataset-builder-threads", "8", "--mid-level-dataset-surplus", "0.01",
+                "--log-world-size-to-tensorboard"]
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--lr-warmup-iters": "4"}) + megatron)
     assert run.train.recompute_granularity == "selective"          # Megatron's --recompute-activations
     assert (run.train.manual_gc, run.train.manual_gc_interval) == (True, 5)
     assert run.args.distributed_timeout_minutes == 20
+    assert run.data.mid_level_dataset_surplus == 0.01
     from megatron_zaya.optim.schedules import lr_schedule_from_flags
     schedule = lr_schedule_from_flags(run.optim.lr, run.train, 6)
     assert schedule(0) == pytest.approx(1e-4 + (3e-3 - 1e-4) / 4)    # the warmup starts from --lr-warmup-init
