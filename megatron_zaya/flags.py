@@ -204,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="turn Python's automatic garbage collection off (its pauses differ between ranks and "
                         "stall collectives); collect every --manual-gc-interval iterations instead")
     g.add_argument("--manual-gc-interval", type=int, default=0, help="with --manual-gc: 0 never collects")
+    g.add_argument("--no-manual-gc-eval", dest="manual_gc_eval", action="store_false",
+                   help="with --manual-gc: no collection at the start and end of each evaluation (as in Megatron-LM)")
     g.add_argument("--empty-unused-memory-level", type=int, default=0, choices=(0, 1, 2),
                    help="GPU: return the allocator's unused blocks after forward+backward (1), and after the "
                         "optimizer step too (2), against fragmentation (as in Megatron-LM)")

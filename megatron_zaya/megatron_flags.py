@@ -68,7 +68,6 @@ IMPLIED_SWITCHES = {
     "--te-rng-tracker": "no Transformer Engine; nothing random in the forward (no dropout)",
     "--ddp-average-in-collective": "gradients are summed over ranks against a loss already divided by the global "
                                    "batch's loss tokens: the exact single-process average",
-    "--manual-gc-eval": "with --manual-gc, Python's collector stays off during evaluation too",
     "--moe-use-legacy-grouped-gemm": "experts always run as grouped matmuls (torch._grouped_mm)",
 }
 

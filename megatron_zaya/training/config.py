@@ -61,6 +61,7 @@ class TrainConfig:
     # Python garbage collection (--manual-gc): off during training, collected every N iterations
     manual_gc: bool = False
     manual_gc_interval: int = 0
+    manual_gc_eval: bool = True          # with manual_gc: collect at the start and end of each evaluation
     empty_unused_memory_level: int = 0             # GPU: torch.cuda.empty_cache after backward (1) / optimizer (2)
     # profiling (megatron_zaya/training/profiling.py)
     profile: bool = False

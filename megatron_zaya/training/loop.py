@@ -407,8 +407,14 @@ class Trainer:
         return getattr(self.checkpointer, "watchdog", None)
 
     def run_evaluation(self) -> dict[str, float] | None:
+        # Megatron-LM's manual GC around each evaluation of the training loop (automatic collection off)
+        collect = self.cfg.manual_gc and self.cfg.manual_gc_eval and self.cfg.eval_iters and not gc.isenabled()
         with self.watchdog.paused() if self.watchdog is not None else contextlib.nullcontext():
+            if collect:
+                gc.collect()
             metrics = self.evaluate()
+            if collect:
+                gc.collect()
         self.last_validation = metrics
         if metrics:     # Megatron-LM's tags
             self.logger.scalars({"lm loss validation": metrics["validation loss"],

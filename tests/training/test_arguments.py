@@ -366,12 +366,12 @@ def test_a_megatron_lm_script_runs_unchanged(tiny_corpus, tmp_path):
                 "--no-async-tensor-model-parallel-allreduce", "--no-ckpt-fully-parallel-save", "--moe-per-layer-logging",
                 "--log-loss-scale-to-tensorboard", "--cross-entropy-fusion-impl", "te", "--dist-ckpt-strictness",
                 "raise_all", "--rerun-mode", "disabled", "--te-rng-tracker", "--ddp-average-in-collective",
-                "--manual-gc-eval", "--moe-use-legacy-grouped-gemm", "--exit-signal", "SIGTERM",
+                "--no-manual-gc-eval", "--moe-use-legacy-grouped-gemm", "--exit-signal", "SIGTERM",
                 "--num-dataset-builder-threads", "8", "--mid-level-dataset-surplus", "0.01",
                 "--log-world-size-to-tensorboard"]
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--lr-warmup-iters": "4"}) + megatron)
     assert run.train.recompute_granularity == "selective"          # Megatron's --recompute-activations
-    assert (run.train.manual_gc, run.train.manual_gc_interval) == (True, 5)
+    assert (run.train.manual_gc, run.train.manual_gc_interval, run.train.manual_gc_eval) == (True, 5, False)
     assert run.args.distributed_timeout_minutes == 20
     assert run.data.mid_level_dataset_surplus == 0.01
     from megatron_zaya.optim.schedules import lr_schedule_from_flags

@@ -112,9 +112,15 @@ def test_a_resume_from_an_older_checkpoint_leaves_one_point_per_step(tiny_corpus
     assert steps == [1, 2, 3, 4, 5, 6], steps
 
 
-def test_manual_gc_turns_automatic_collection_off_and_collects_every_interval(tiny_corpus, tmp_path, monkeypatch):
+@pytest.mark.parametrize("evaluation, collections", [({"--eval-iters": 0}, 3),
+                                                     ({"--eval-iters": 1, "--eval-interval": 2}, 7),
+                                                     ({"--eval-iters": 1, "--eval-interval": 2, "--no-manual-gc-eval": ""}, 3)])
+def test_manual_gc_turns_automatic_collection_off_and_collects_every_interval(tiny_corpus, tmp_path, monkeypatch,
+                                                                              evaluation, collections):
     """--manual-gc --manual-gc-interval 2 over 4 iterations: automatic collection is off during every
-    step, one collection at the start and one after iterations 2 and 4; on again afterwards."""
+    step, one collection at the start and one after iterations 2 and 4; on again afterwards. As in
+    Megatron-LM, each evaluation (here after iterations 2 and 4) collects at its start and end too,
+    unless --no-manual-gc-eval."""
     import gc
 
     from megatron_zaya.training import loop
@@ -126,11 +132,11 @@ def test_manual_gc_turns_automatic_collection_off_and_collects_every_interval(ti
         enabled_in_steps.append(gc.isenabled())
         return real_step(trainer, micro_batches)
     monkeypatch.setattr(loop.Trainer, "train_step", train_step)
-    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": 4, "--eval-iters": 0,
-                                                               "--manual-gc": "", "--manual-gc-interval": 2}))
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": 4, "--manual-gc": "",
+                                                               "--manual-gc-interval": 2, **evaluation}))
     assert build_and_train(run) == 0
     assert enabled_in_steps == [False] * 4
-    assert collected == [False] * 3
+    assert collected == [False] * collections
     assert gc.isenabled()
 
 
