@@ -274,6 +274,8 @@ def _check_paths(args: argparse.Namespace, prefixes: list[str]) -> None:
             check_creatable_dir("index cache (no --data-cache-path; default beside the data)", default)
     if args.load and not args.use_checkpoint_args:     # that one checked it first (model_config_from_checkpoint)
         check_load_path(args.load)
+    if args.pretrained_checkpoint:
+        check_load_path(args.pretrained_checkpoint, "--pretrained-checkpoint")
 
 
 SPLIT_PATH_FLAGS = ("train_data_path", "valid_data_path", "test_data_path")

@@ -146,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--load", default=None)
     g.add_argument("--ckpt-step", type=int, default=None,
                    help="load this iteration's checkpoint from --load instead of the latest (no fallback)")
+    g.add_argument("--pretrained-checkpoint", default=None,
+                   help="when --load holds no checkpoint (yet): start from this one as --finetune does (its "
+                        "weights, iteration 0, fresh optimizer); later restarts resume from --load (as in Megatron-LM)")
     g.add_argument("--exit-on-missing-checkpoint", action="store_true",
                    help="stop when --load holds no checkpoint, instead of training from scratch")
     g.add_argument("--save-interval", type=int, default=None)

@@ -20,6 +20,7 @@ back past a damaged one), together with the optimizer-state checks that need the
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from megatron_zaya.checkpoint.format import (COMPLETE_MARKER, ITER_RE, LATEST_FILE, METADATA_FILE, CheckpointError,
@@ -155,17 +156,21 @@ def check_weights_only(meta: dict, train_cfg, where: str) -> None:
 def check_before_build(run) -> None:
     """Every check of --save and --load that needs no model (see the module docstring)."""
     cfg = run.train
-    check_save_folder(cfg.save, cfg.load, cfg.finetune)
-    if not cfg.load:
-        return
-    found = first_candidate_metadata(cfg.load)
+    found = first_candidate_metadata(cfg.load) if cfg.load else None
+    finetune = cfg.finetune
+    if found is None and cfg.pretrained_checkpoint:      # what TrainingCheckpointer.load will start from
+        found, finetune = first_candidate_metadata(cfg.pretrained_checkpoint), True
+        if found is None:
+            raise CheckpointError(f"--pretrained-checkpoint {cfg.pretrained_checkpoint}: no checkpoint found (nor in "
+                                  f"--load {cfg.load})")
+    check_save_folder(cfg.save, cfg.load, finetune)
     if found is None:
-        if cfg.exit_on_missing_checkpoint:
+        if cfg.load and cfg.exit_on_missing_checkpoint:
             raise CheckpointError(missing_checkpoint_message(cfg.load))
         return
     folder, meta = found
-    check_model_config(meta, run, cfg.finetune, folder)
-    check_weights_only(meta, cfg, folder)
+    check_model_config(meta, run, finetune, folder)
+    check_weights_only(meta, dataclasses.replace(cfg, finetune=finetune), folder)
 
 
 def latest_iteration_folder(path: str) -> str | None:
@@ -195,36 +200,43 @@ def _megatron_lm_files(folder: str) -> list[str]:
             or n.endswith((".pt", ".distcp"))]
 
 
-def check_load_path(path: str) -> None:
+def check_load_path(path: str, flag: str = "--load") -> None:
     """--load: a missing folder means "train from scratch" (Megatron-LM's behaviour, with a
     warning later); a file, or a Megatron-LM checkpoint, is an error before the model is built."""
     if not os.path.exists(path):
         return
     if not os.path.isdir(path):
-        raise UserInputError(f"--load {path}: not a directory")
+        raise UserInputError(f"{flag} {path}: not a directory")
     folder = latest_iteration_folder(path)
     foreign = _megatron_lm_files(folder) if folder else []
     if foreign:
         raise UserInputError(
-            f"--load {path}: {folder} is not a megatron-zaya checkpoint (looks like Megatron-LM: "
+            f"{flag} {path}: {folder} is not a megatron-zaya checkpoint (looks like Megatron-LM: "
             f"{', '.join(foreign[:3])}); convert its weights to a Hugging Face ZAYA folder, then run tools/convert_checkpoint.py from-hf HF DIR "
             f"and use --load DIR --finetune")
 
 
 def model_config_from_checkpoint(args) -> ModelConfig:
     """--use-checkpoint-args: the model config saved with the checkpoint --load starts from (the first
-    one with readable metadata, as the load itself will try). Its vocabulary size counts as given, so
-    the tokenizer's padded size does not replace it (a different tokenizer is then an error)."""
-    if not args.load:
+    one with readable metadata, as the load itself will try; --pretrained-checkpoint's when --load has
+    none). Its vocabulary size counts as given, so the tokenizer's padded size does not replace it (a
+    different tokenizer is then an error)."""
+    pretrained = getattr(args, "pretrained_checkpoint", None)
+    if not (args.load or pretrained):
         raise UserInputError("--use-checkpoint-args needs --load (the checkpoint to take the model config from)")
     if args.preset:
         raise UserInputError(f"--use-checkpoint-args and --preset {args.preset} exclude each other: the model "
                              f"config comes from --load's checkpoint")
-    check_load_path(args.load)
-    found = first_candidate_metadata(args.load)
+    found, source = None, f"--load {args.load}"
+    if args.load:
+        check_load_path(args.load)
+        found = first_candidate_metadata(args.load)
+    if found is None and pretrained:
+        check_load_path(pretrained, "--pretrained-checkpoint")
+        found, source = first_candidate_metadata(pretrained), f"--pretrained-checkpoint {pretrained}"
     if found is None or not found[1].get("model_config"):
-        raise UserInputError(f"--use-checkpoint-args: --load {args.load} holds no checkpoint with a model config "
-                             f"in its {METADATA_FILE}")
+        raise UserInputError(f"--use-checkpoint-args: {source} holds no checkpoint with a model config in its "
+                             f"{METADATA_FILE}")
     folder, meta = found
     try:
         model = ModelConfig(**meta["model_config"])

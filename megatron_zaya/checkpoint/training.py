@@ -165,10 +165,18 @@ class TrainingCheckpointer:
 
     def load(self, trainer) -> None:
         cfg = self.cfg
-        if not cfg.load:
+        if not (cfg.load or cfg.pretrained_checkpoint):
             return
         started = time.time()
-        folder = self.open_for_load(cfg.load)
+        folder = self.open_for_load(cfg.load) if cfg.load else None
+        if folder is None and cfg.pretrained_checkpoint:      # Megatron-LM: a fine-tune from it, until --load has one
+            self.log(f"--load {cfg.load}: no checkpoint; starting from --pretrained-checkpoint "
+                     f"{cfg.pretrained_checkpoint} as a fine-tune (weights only, iteration 0)")
+            folder = self.open_for_load(cfg.pretrained_checkpoint)
+            if folder is None:
+                raise CheckpointError(f"--pretrained-checkpoint {cfg.pretrained_checkpoint}: no checkpoint found (nor "
+                                      f"in --load {cfg.load})")
+            cfg = dataclasses.replace(cfg, finetune=True)
         if folder is None:
             if cfg.exit_on_missing_checkpoint:     # also when every candidate proved unreadable
                 raise CheckpointError(missing_checkpoint_message(cfg.load))

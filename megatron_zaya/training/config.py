@@ -77,6 +77,7 @@ class TrainConfig:
     save: str | None = None
     load: str | None = None                # with --ckpt-step: that iteration's folder (arguments.validate)
     exit_on_missing_checkpoint: bool = False
+    pretrained_checkpoint: str | None = None   # fine-tuned from when --load holds no checkpoint (Megatron-LM)
     save_interval: int | None = None
     non_persistent_save_interval: int | None = None   # kept in --save until a newer checkpoint is complete
     use_checkpoint_opt_param_scheduler: bool = False   # the schedules from the loaded checkpoint's flags

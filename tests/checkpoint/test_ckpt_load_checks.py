@@ -203,3 +203,24 @@ def test_exit_on_missing_checkpoint_stops_before_the_model(ckpt_corpus, ckpt_cac
         train(flags(ckpt_corpus, 1, "--load", missing, "--exit-on-missing-checkpoint", cache=ckpt_cache))
     monkeypatch.undo()
     assert sorted(train(flags(ckpt_corpus, 1, "--load", missing, cache=ckpt_cache)).losses) == [1]
+
+
+def test_pretrained_checkpoint_starts_a_fine_tune_until_load_has_one(ckpt_corpus, ckpt_cache, tmp_path, capsys):
+    """Megatron-LM's --pretrained-checkpoint: while --load holds no checkpoint the run starts from it as
+    --finetune does (its weights, iteration 0); once the run has saved into --load, a restart resumes
+    from there instead. Nowhere to start from is an error naming both folders."""
+    pretrained, own = str(tmp_path / "pretrained"), str(tmp_path / "own")
+    train(flags(ckpt_corpus, 2, "--save", pretrained, cache=ckpt_cache))
+    finetuned = train(flags(ckpt_corpus, 2, "--load", pretrained, "--finetune", cache=ckpt_cache))
+    capsys.readouterr()
+    first = train(flags(ckpt_corpus, 2, "--load", own, "--save", own, "--pretrained-checkpoint", pretrained,
+                        cache=ckpt_cache))
+    assert first.losses == finetuned.losses                 # the same start as --load PRETRAINED --finetune
+    assert f"starting from --pretrained-checkpoint {pretrained} as a fine-tune" in capsys.readouterr().out
+    resumed = train(flags(ckpt_corpus, 3, "--load", own, "--save", own, "--pretrained-checkpoint", pretrained,
+                          cache=ckpt_cache))
+    assert sorted(resumed.losses) == [3]                    # resumed from its own iteration 2
+    assert "--pretrained-checkpoint" not in capsys.readouterr().out
+    with pytest.raises(CheckpointError, match=r"--pretrained-checkpoint .*nowhere: no checkpoint found \(nor in --load"):
+        train(flags(ckpt_corpus, 1, "--load", str(tmp_path / "empty"), "--pretrained-checkpoint",
+                    str(tmp_path / "nowhere"), cache=ckpt_cache))
