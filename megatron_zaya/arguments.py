@@ -247,6 +247,13 @@ def _check_tokenizer(args: argparse.Namespace) -> None:
                                  f"({needed} ids with EOD for --tokenizer-model {args.tokenizer_model})")
 
 
+def _check_skip_train(args: argparse.Namespace) -> None:
+    if args.skip_train and not args.eval_iters:
+        raise UserInputError("--skip-train only evaluates: give --eval-iters > 0")
+    if args.skip_train and not (args.load or args.pretrained_checkpoint):
+        raise UserInputError("--skip-train evaluates a trained model: give --load (or --pretrained-checkpoint)")
+
+
 def _check_non_persistent(args: argparse.Namespace) -> None:
     """Megatron-LM's non-persistent checkpoints, in their "global" form: written into --save."""
     kind = args.non_persistent_ckpt_type
@@ -401,6 +408,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
     prefixes = _check_data(args)
     _check_paths(args, prefixes)
     _check_non_persistent(args)
+    _check_skip_train(args)
     data = DataConfig(data_path=args.data_path, train_data_path=args.train_data_path,
                       valid_data_path=args.valid_data_path, test_data_path=args.test_data_path, mock_data=args.mock_data,
                       split=args.split, data_cache_path=args.data_cache_path,

@@ -177,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--log-interval", type=int, default=10)
     g.add_argument("--eval-interval", type=int, default=1000)
     g.add_argument("--eval-iters", type=int, default=10)
+    g.add_argument("--skip-train", action="store_true",
+                   help="no training: evaluate the model --load (or --pretrained-checkpoint) gives on --eval-iters "
+                        "validation batches, save nothing (as in Megatron-LM)")
     g.add_argument("--tensorboard-dir", default=None)
     g.add_argument("--tensorboard-log-interval", type=int, default=1,
                    help="write TensorBoard scalars every N iterations (the console line: --log-interval)")

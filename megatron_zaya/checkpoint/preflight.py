@@ -165,8 +165,8 @@ def check_before_build(run) -> None:
                                   f"--load {cfg.load})")
     check_save_folder(cfg.save, cfg.load, finetune)
     if found is None:
-        if cfg.load and cfg.exit_on_missing_checkpoint:
-            raise CheckpointError(missing_checkpoint_message(cfg.load))
+        if cfg.load and requires_checkpoint(cfg):
+            raise CheckpointError(missing_checkpoint_message(cfg))
         return
     folder, meta = found
     check_model_config(meta, run, finetune, folder)
@@ -248,9 +248,16 @@ def model_config_from_checkpoint(args) -> ModelConfig:
     return model
 
 
-def missing_checkpoint_message(load: str) -> str:
-    return (f"--exit-on-missing-checkpoint: --load {load} holds no checkpoint to start from (a typo in the path, "
-            f"or no save has completed yet); drop the flag to train from scratch")
+def requires_checkpoint(train_cfg) -> bool:
+    """Whether a --load without a checkpoint must stop the run (instead of training from scratch)."""
+    return bool(train_cfg.exit_on_missing_checkpoint or train_cfg.skip_train)
+
+
+def missing_checkpoint_message(train_cfg) -> str:
+    flag = "--skip-train" if train_cfg.skip_train else "--exit-on-missing-checkpoint"
+    instead = "a model to evaluate" if train_cfg.skip_train else "to start from"
+    return (f"{flag}: --load {train_cfg.load} holds no checkpoint {instead} (a typo in the path, or no save has "
+            f"completed yet)" + ("" if train_cfg.skip_train else "; drop the flag to train from scratch"))
 
 
 def checkpoint_at_step(load: str, step: int) -> str:

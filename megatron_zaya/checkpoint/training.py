@@ -24,7 +24,7 @@ import torch
 from megatron_zaya.checkpoint.format import (CheckpointError, CheckpointFolder, checkpoint_candidates, iter_dir_name,
                                              list_complete, unreadable_latest_file)
 from megatron_zaya.checkpoint.preflight import (WEIGHTS_ONLY_ADVICE, check_model_config, check_weights_only,
-                                                loads_optimizer, missing_checkpoint_message)
+                                                loads_optimizer, missing_checkpoint_message, requires_checkpoint)
 from megatron_zaya.checkpoint.saver import CheckpointWriter, recover_replaced
 from megatron_zaya.checkpoint.state import (balancer_entries, load_balancer, load_model, load_optimizer, load_rng,
                                             model_entries, optimizer_entries, optimizer_slots,
@@ -178,8 +178,8 @@ class TrainingCheckpointer:
                                       f"in --load {cfg.load})")
             cfg = dataclasses.replace(cfg, finetune=True)
         if folder is None:
-            if cfg.exit_on_missing_checkpoint:     # also when every candidate proved unreadable
-                raise CheckpointError(missing_checkpoint_message(cfg.load))
+            if requires_checkpoint(cfg):           # also when every candidate proved unreadable
+                raise CheckpointError(missing_checkpoint_message(cfg))
             self.log(f"WARNING: --load {cfg.load}: no checkpoint found; training from scratch")
             return
         meta = folder.metadata

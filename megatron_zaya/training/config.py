@@ -77,6 +77,7 @@ class TrainConfig:
     save: str | None = None
     load: str | None = None                # with --ckpt-step: that iteration's folder (arguments.validate)
     exit_on_missing_checkpoint: bool = False
+    skip_train: bool = False                  # evaluate the loaded model only (Megatron-LM's --skip-train)
     pretrained_checkpoint: str | None = None   # fine-tuned from when --load holds no checkpoint (Megatron-LM)
     save_interval: int | None = None
     non_persistent_save_interval: int | None = None   # kept in --save until a newer checkpoint is complete

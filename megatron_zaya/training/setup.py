@@ -61,10 +61,10 @@ def build_model(run) -> ZayaModel:
     return model
 
 
-def final_evaluation(run, trainer, logger) -> None:
-    """Validate at the last iteration (unless the loop just did) and print the result."""
+def final_evaluation(run, trainer, logger, force: bool = False) -> None:
+    """Validate at the last iteration (unless the loop just did, and not `force`) and print the result."""
     evaluated_last = run.train.eval_interval and trainer.state.iteration % run.train.eval_interval == 0
-    final = trainer.last_validation if evaluated_last else trainer.run_evaluation()
+    final = trainer.last_validation if evaluated_last and not force else trainer.run_evaluation()
     if final:
         logger.print(f"final validation loss {final['validation loss']:.4f} "
                      f"(perplexity {final['validation ppl']:.2f}) at iteration {trainer.state.iteration}")
@@ -88,7 +88,7 @@ def build_and_train(run) -> int:
     checkpointer = TrainingCheckpointer(run, runtime)
 
     trainer = Trainer(run, model, optimizer, runtime, None, None, None, checkpointer, state)
-    if run.train.load:
+    if run.train.load or run.train.pretrained_checkpoint:
         checkpointer.load(trainer)
 
     seq = run.model.seq_length
@@ -107,12 +107,16 @@ def build_and_train(run) -> int:
                                              trainer.state.iteration, run.train.progress_bar,
                                              run.train.tensorboard_queue_size)
     try:
-        trainer.train()
-        if trainer.stop_requested:       # preemption: the checkpoint first, and no evaluation to wait for
-            logger.print(f"skipping the final evaluation ({trainer.stop_requested})")
+        if run.train.skip_train:         # Megatron-LM's --skip-train: evaluate the loaded model, save nothing
+            logger.print(f"--skip-train: evaluating the model of iteration {trainer.state.iteration} only")
+            final_evaluation(run, trainer, logger, force=True)
         else:
-            final_evaluation(run, trainer, logger)
-        checkpointer.finalize(trainer)
+            trainer.train()
+            if trainer.stop_requested:   # preemption: the checkpoint first, and no evaluation to wait for
+                logger.print(f"skipping the final evaluation ({trainer.stop_requested})")
+            else:
+                final_evaluation(run, trainer, logger)
+            checkpointer.finalize(trainer)
         runtime.barrier()     # every rank done with its collectives before any tears its groups down
     finally:
         checkpointer.close()

@@ -10,7 +10,7 @@ import pytest
 from ckpt_harness import ROOT, flags, train
 from megatron_zaya.arguments import parse_args
 from megatron_zaya.checkpoint import CheckpointError
-from megatron_zaya.checkpoint.format import METADATA_FILE, read_latest
+from megatron_zaya.checkpoint.format import METADATA_FILE, list_complete, read_latest
 from megatron_zaya.checkpoint.preflight import check_model_config
 
 
@@ -224,3 +224,26 @@ def test_pretrained_checkpoint_starts_a_fine_tune_until_load_has_one(ckpt_corpus
     with pytest.raises(CheckpointError, match=r"--pretrained-checkpoint .*nowhere: no checkpoint found \(nor in --load"):
         train(flags(ckpt_corpus, 1, "--load", str(tmp_path / "empty"), "--pretrained-checkpoint",
                     str(tmp_path / "nowhere"), cache=ckpt_cache))
+
+
+def test_skip_train_evaluates_the_loaded_model_and_saves_nothing(ckpt_corpus, ckpt_cache, tmp_path, capsys):
+    """Megatron-LM's --skip-train: the loaded model's validation loss, no training step, no save; the
+    same loss as that run's own final evaluation. Without a checkpoint it stops, naming the flag."""
+    src = str(tmp_path / "src")
+    train(flags(ckpt_corpus, 2, "--save", src, "--eval-iters", "2", cache=ckpt_cache))
+    trained = capsys.readouterr().out
+    save = tmp_path / "unused"
+    evaluated = train(flags(ckpt_corpus, 5, "--load", src, "--skip-train", "--eval-iters", "2", "--save", str(save),
+                            cache=ckpt_cache))
+    out = capsys.readouterr().out
+    assert evaluated.losses == {} and not list_complete(str(save))
+    final = [line for line in trained.splitlines() if "final validation loss" in line][-1]
+    assert final.split("] ", 1)[1] in out, out
+    with pytest.raises(CheckpointError, match=r"--skip-train: --load .*empty holds no checkpoint a model to evaluate"):
+        train(flags(ckpt_corpus, 1, "--load", str(tmp_path / "empty"), "--skip-train", "--eval-iters", "1",
+                    cache=ckpt_cache))
+    for extra, expected in ((["--eval-iters", "1"], "--skip-train evaluates a trained model: give --load"),
+                            (["--load", src, "--eval-iters", "0"], "--skip-train only evaluates: give --eval-iters > 0")):
+        with pytest.raises(SystemExit):
+            parse_args(flags(ckpt_corpus, 1, "--skip-train", *extra, cache=ckpt_cache))
+        assert expected in capsys.readouterr().err
