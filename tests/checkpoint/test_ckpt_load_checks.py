@@ -216,6 +216,8 @@ def test_pretrained_checkpoint_starts_a_fine_tune_until_load_has_one(ckpt_corpus
     first = train(flags(ckpt_corpus, 2, "--load", own, "--save", own, "--pretrained-checkpoint", pretrained,
                         cache=ckpt_cache))
     assert first.losses == finetuned.losses                 # the same start as --load PRETRAINED --finetune
+    assert train(flags(ckpt_corpus, 2, "--pretrained-checkpoint", pretrained,      # no --load at all
+                       cache=ckpt_cache)).losses == finetuned.losses
     assert f"starting from --pretrained-checkpoint {pretrained} as a fine-tune" in capsys.readouterr().out
     resumed = train(flags(ckpt_corpus, 3, "--load", own, "--save", own, "--pretrained-checkpoint", pretrained,
                           cache=ckpt_cache))
