@@ -148,7 +148,7 @@ class DistributedRuntime:
         names = {"dense": [], "expert": []}
         for name, p in self.model.named_parameters():
             kind = "expert" if is_expert(p) else "dense"
-            data = p.detach().contiguous().cpu().view(torch.uint8).numpy()
+            data = p.detach().reshape(-1).cpu().view(torch.uint8).numpy()     # (flat: a 0-dim tensor has no byte view)
             digests[kind].append(hashlib.sha256(data).hexdigest())
             names[kind].append(name)
         differing = []
