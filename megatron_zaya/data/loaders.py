@@ -77,6 +77,8 @@ def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: li
             idx = split_indices(indexed[prefix], "1,0,0")[0]
         else:
             idx = split_indices(indexed[prefix], cfg.split)[split_id]
+        if (idx is None or len(idx) == 0) and split_id == 2 and not cfg.separate_splits:
+            return None      # a --split share too small to hold a document: no test evaluation (training goes on)
         if idx is None or len(idx) == 0:
             where = f"--{split_name}-data-path: {prefix}" if cfg.separate_splits else \
                 f"--split {cfg.split}: the {split_name} split of {prefix}"

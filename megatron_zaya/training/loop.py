@@ -85,6 +85,7 @@ class Trainer:
         self.cfg = run.train
         self.train_iterator = train_iterator
         self.valid_loader = valid_loader   # the same first eval_iters global batches at every evaluation
+        self.test_loader = None            # the test split's first eval_iters global batches (end of training)
         self.logger = logger
         self.checkpointer = checkpointer
         self.state = state or TrainState()
@@ -225,8 +226,10 @@ class Trainer:
         return [next(self.train_iterator) for _ in range(count)]
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float] | None:
-        loader = self.valid_loader
+    def evaluate(self, split: str = "valid") -> dict[str, float] | None:
+        """The mean loss (and perplexity) over the first --eval-iters global batches of the validation
+        split, or of the test split (split="test": Megatron-LM's evaluation at the end of training)."""
+        loader = self.valid_loader if split == "valid" else self.test_loader
         if loader is None:
             return None
         self.model.eval()
@@ -244,7 +247,8 @@ class Trainer:
             loss_sum += (out.token_losses * batch["loss_mask"]).sum().double()
             tokens += batch["loss_mask"].sum().double()
         self.model.train()
-        self.state.consumed_valid_samples += self.cfg.eval_iters * self.cfg.global_batch_size
+        if split == "valid":
+            self.state.consumed_valid_samples += self.cfg.eval_iters * self.cfg.global_batch_size
         loss_sum, tokens = self.parallel.sum_over_data_ranks(loss_sum), self.parallel.sum_over_data_ranks(tokens)
         if tokens.item() == 0:
             return None
@@ -421,6 +425,17 @@ class Trainer:
                                  "lm loss validation ppl": metrics["validation ppl"]}, self.state.iteration)
             self.logger.print(f"validation at iteration {self.state.iteration} | loss {metrics['validation loss']:.4f}"
                               f" | ppl {metrics['validation ppl']:.3f}")
+        return metrics
+
+    def run_test_evaluation(self) -> dict[str, float] | None:
+        """The test split's loss at the end of training (TensorBoard 'lm loss test', 'lm loss test ppl')."""
+        with self.watchdog.paused() if self.watchdog is not None else contextlib.nullcontext():
+            metrics = self.evaluate("test")
+        if metrics:
+            self.logger.scalars({"lm loss test": metrics["validation loss"],
+                                 "lm loss test ppl": metrics["validation ppl"]}, self.state.iteration)
+            self.logger.print(f"test loss at iteration {self.state.iteration} | loss {metrics['validation loss']:.4f} "
+                              f"| ppl {metrics['validation ppl']:.3f}")
         return metrics
 
     def handle_nonfinite(self, result: StepResult) -> None:

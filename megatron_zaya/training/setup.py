@@ -96,13 +96,14 @@ def build_and_train(run) -> int:
     # Sized from the schedule (never the raw --train-samples: a partial last batch is not trained on).
     consumed, train_samples = train_data_position(trainer.state, trainer.batch_schedule, trainer.total_iters)
     valid_samples = run.train.eval_iters * gbs if run.train.eval_iters else 0
-    train_loader, valid_loader, _ = build_train_valid_test_loaders(
+    train_loader, valid_loader, test_loader = build_train_valid_test_loaders(
         run.data, gbs, run.train.micro_batch_size, seq, runtime.dp_rank, runtime.dp_size,
         consumed_samples=consumed, train_samples=train_samples,
-        valid_samples=valid_samples, tokenizer=tokenizer)
+        valid_samples=valid_samples, test_samples=valid_samples, tokenizer=tokenizer)
     trainer.train_iterator = iter(train_loader if train_loader is not None else ())   # None: nothing left
     # Validation always uses the same first eval_iters global batches, so successive values compare.
     trainer.valid_loader = valid_loader
+    trainer.test_loader = test_loader        # a split with a share in --split (or --test-data-path)
     logger = trainer.logger = TrainingLogger(runtime.is_main, run.train.tensorboard_dir, trainer.total_iters,
                                              trainer.state.iteration, run.train.progress_bar,
                                              run.train.tensorboard_queue_size)
@@ -110,12 +111,14 @@ def build_and_train(run) -> int:
         if run.train.skip_train:         # Megatron-LM's --skip-train: evaluate the loaded model, save nothing
             logger.print(f"--skip-train: evaluating the model of iteration {trainer.state.iteration} only")
             final_evaluation(run, trainer, logger, force=True)
+            trainer.run_test_evaluation()
         else:
             trainer.train()
             if trainer.stop_requested:   # preemption: the checkpoint first, and no evaluation to wait for
                 logger.print(f"skipping the final evaluation ({trainer.stop_requested})")
             else:
                 final_evaluation(run, trainer, logger)
+                trainer.run_test_evaluation()
             checkpointer.finalize(trainer)
         runtime.barrier()     # every rank done with its collectives before any tears its groups down
     finally:

@@ -175,3 +175,34 @@ def test_decoupled_lr_follows_the_schedule_with_its_own_peak_and_floor(tiny_corp
     main, own = LRSchedule(3e-3, 3e-4, decay=6), LRSchedule(1e-2, 1e-3, decay=6)
     assert [v for _, v in values["learning-rate"]] == pytest.approx([main(i) for i in range(6)], rel=1e-6)
     assert [v for _, v in values["decoupled-learning-rate"]] == pytest.approx([own(i) for i in range(6)], rel=1e-6)
+
+
+def test_the_test_split_is_evaluated_at_the_end(tiny_corpus, tmp_path, capsys):
+    """A --split with a test share: at the end of training the test split's first --eval-iters global
+    batches are evaluated (console line, TensorBoard 'lm loss test'), and the loss is the one
+    tools/evaluate.py computes for the saved model on the same samples of that split. A test share
+    too small to hold a document (the default 969,30,1 on this 400-document corpus) is skipped."""
+    import json
+
+    from tests.training.conftest import run_tool
+    tb, save = tmp_path / "tb", tmp_path / "ckpt"
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--split": "8,1,1", "--train-iters": 3,
+                                                               "--eval-iters": 2, "--tensorboard-dir": tb,
+                                                               "--save": save}))
+    assert build_and_train(run) == 0
+    line = [x for x in capsys.readouterr().out.splitlines() if "test loss at iteration 3" in x]
+    assert len(line) == 1
+    values = scalars(tb)
+    assert [s for s, _ in values["lm loss test"]] == [3]
+    report = tmp_path / "eval.json"
+    prefix, tokenizer = tiny_corpus
+    assert run_tool("evaluate", ["--load", str(save), "--data-path", prefix, "--split", "8,1,1", "--split-name", "test",
+                                 "--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", tokenizer,
+                                 "--micro-batch-size", "2", "--eval-iters", "4",       # 2 global batches of 4
+                                 "--data-cache-path", str(tmp_path / "cache"), "--output-json", str(report)]) == 0
+    expected = json.loads(report.read_text())
+    assert expected["samples"] == 8
+    assert values["lm loss test"][0][1] == pytest.approx(expected["loss"], rel=1e-5), expected
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path / "default", **{"--train-iters": 1, "--eval-iters": 1}))
+    assert build_and_train(run) == 0
+    assert "test loss" not in capsys.readouterr().out
