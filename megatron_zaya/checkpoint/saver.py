@@ -73,6 +73,7 @@ class CheckpointWriter:
         self._pending: tuple[int, bool] | None = None     # (iteration, succeeded) of the async save
         self.completed: list[tuple[int, bool]] = []        # (iteration, succeeded) of finished saves
         self.fault_hook = None                             # tests: called between this rank's writes
+        self._non_persistent: dict[int, bool] = {}         # iteration -> saved as non-persistent (is_non_persistent)
 
     # -- folders ----------------------------------------------------------------------------------------
     def final_dir(self, iteration: int) -> str:
@@ -148,6 +149,7 @@ class CheckpointWriter:
         meta = dict(global_meta, format_version=FORMAT_VERSION, iteration=iteration, files=files,
                     saved_at=time.strftime("%Y-%m-%d %H:%M:%S"), run_id=self.run_id)
         atomic_write_json(os.path.join(folder, METADATA_FILE), meta)
+        self._non_persistent[iteration] = bool(meta.get("non_persistent"))
         if self.fault_hook is not None:
             self.fault_hook("before_marker", folder)
         atomic_write_bytes(os.path.join(folder, COMPLETE_MARKER), f"{iteration}\n".encode())
@@ -195,11 +197,15 @@ class CheckpointWriter:
 
     def is_non_persistent(self, iteration: int) -> bool:
         """Whether the complete checkpoint of `iteration` was saved as non-persistent (an unreadable
-        metadata file counts as persistent: it is never removed for being superseded)."""
-        try:
-            return bool(read_json(os.path.join(self.final_dir(iteration), METADATA_FILE)).get("non_persistent"))
-        except (OSError, ValueError, CheckpointError):
-            return False
+        metadata file counts as persistent: it is never removed for being superseded). Read once per
+        iteration and remembered (a run with many checkpoints does not re-read their metadata each save)."""
+        if iteration not in self._non_persistent:
+            try:
+                meta = read_json(os.path.join(self.final_dir(iteration), METADATA_FILE))
+                self._non_persistent[iteration] = bool(meta.get("non_persistent"))
+            except (OSError, ValueError, CheckpointError):
+                return False
+        return self._non_persistent[iteration]
 
     def promote(self, iteration: int) -> None:
         """Make the non-persistent checkpoint of `iteration` a persistent one (its metadata rewritten
@@ -208,6 +214,7 @@ class CheckpointWriter:
         meta = read_json(path)
         meta["non_persistent"] = False
         atomic_write_json(path, meta)
+        self._non_persistent[iteration] = False
 
     def prune(self, just_saved: int) -> None:
         """Keep the newest --ckpt-keep complete persistent checkpoints and no non-persistent one older
