@@ -71,9 +71,9 @@ def main() -> int:
     if env.get("CKPT_TEST_SLOW_EVAL"):
         evaluate = loop.Trainer.evaluate
 
-        def slow_evaluate(trainer):
+        def slow_evaluate(trainer, *args, **kwargs):
             time.sleep(float(env["CKPT_TEST_SLOW_EVAL"]))
-            return evaluate(trainer)
+            return evaluate(trainer, *args, **kwargs)
         loop.Trainer.evaluate = slow_evaluate
 
     run = parse_args(sys.argv[1:])

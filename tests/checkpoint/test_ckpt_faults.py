@@ -211,9 +211,9 @@ def test_signal_skips_the_final_evaluation_and_the_save_completes_first(ckpt_cor
             os.kill(os.getpid(), signal.SIGUSR1)
         return original_step(trainer, micro_batches)
 
-    def evaluate(trainer):
+    def evaluate(trainer, *args, **kwargs):
         events.append("evaluate")
-        return original_evaluate(trainer)
+        return original_evaluate(trainer, *args, **kwargs)
 
     def wait(writer, *args, **kwargs):
         outcome = original_wait(writer, *args, **kwargs)
