@@ -278,10 +278,12 @@ class TrainingCheckpointer:
         if self.writer is None:
             return False
         iteration = trainer.state.iteration
-        if self.last_saved == iteration and not (self.last_saved_non_persistent and not non_persistent):
-            return True
-        if self.last_saved == iteration and self._promote(iteration, reason):
-            return True        # (else that non-persistent save failed: saved again below, persistent)
+        if self.last_saved == iteration:
+            if non_persistent or not self.last_saved_non_persistent:
+                return True    # saved at this iteration already, and kept at least as long as asked
+            if self._promote(iteration, reason):
+                return True
+            # that non-persistent save failed: saved again below, as a persistent one
         started = time.time()
         with self.watchdog.paused():
             entries, objects = self.collect(trainer)
