@@ -117,7 +117,7 @@ NUMBER_DOMAINS = (
     ("peak_tflops", _gt0, "must be > 0"), ("ddp_bucket_size", _ge1, "must be >= 1"),
     ("tensorboard_log_interval", _ge1, "must be >= 1"), ("tensorboard_queue_size", _ge1, "must be >= 1"),
     ("recompute_num_layers", _ge1, "must be >= 1"), ("straggler_minmax_count", _ge1, "must be >= 1"),
-    ("check_weight_hash_across_dp_replicas_interval", _ge1, "must be >= 1"), ("ckpt_step", _ge0, "must be >= 0"),
+    ("check_weight_hash_across_dp_replicas_interval", _ge1, "must be >= 1"),
     ("non_persistent_save_interval", _ge1, "must be >= 1"), ("mid_level_dataset_surplus", _ge0, "must be >= 0"),
     ("num_dataset_builder_threads", _ge1, "must be >= 1"),
     ("logging_level", _ge0, "must be >= 0 (e.g. 20 for INFO)"),

@@ -9,9 +9,9 @@ import os
 
 import torch
 
-from megatron_zaya.checkpoint.format import LATEST_FILE, CheckpointError
+from megatron_zaya.checkpoint.format import LATEST_FILE, METADATA_FILE, CheckpointError, read_json
 from megatron_zaya.checkpoint.hf_format import load_hf_folder, save_hf_folder
-from megatron_zaya.checkpoint.inspection import load_full_model_state
+from megatron_zaya.checkpoint.inspection import load_full_model_state, resolve_folder
 from megatron_zaya.checkpoint.preflight import held_iterations
 from megatron_zaya.checkpoint.saver import CheckpointWriter
 from megatron_zaya.checkpoint.state import model_entries
@@ -21,11 +21,14 @@ from megatron_zaya.config import ModelConfig
 def checkpoint_to_hf(path: str, output_dir: str, dtype: torch.dtype | None = None, tokenizer=None,
                      progress=None) -> dict:
     """The model of a sharded checkpoint as a Hugging Face folder (with `tokenizer`'s files too, when
-    given; its vocabulary must fit the embedding). `progress`: see ConversionProgress."""
+    given; its vocabulary must fit the embedding, checked from the metadata before any weight is read).
+    `progress`: see ConversionProgress."""
+    if tokenizer is not None:
+        rows = read_json(os.path.join(resolve_folder(path), METADATA_FILE))["model_config"]["vocab_size"]
+        if tokenizer.vocab_size > rows:
+            raise CheckpointError(f"the tokenizer's {tokenizer.vocab_size} tokens do not fit the checkpoint's {rows} "
+                                  f"embedding rows: not the tokenizer this model was trained with")
     state, config, info = load_full_model_state(path, progress.reading if progress else None)
-    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
-        raise CheckpointError(f"the tokenizer's {tokenizer.vocab_size} tokens do not fit the checkpoint's "
-                              f"{config.vocab_size} embedding rows: not the tokenizer this model was trained with")
     if progress is not None:
         progress.note(f"writing {output_dir}")
     save_hf_folder(state, config, output_dir, dtype, tokenizer)

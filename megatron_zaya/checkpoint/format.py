@@ -344,11 +344,18 @@ def write_latest(save_dir: str, iteration: int) -> bool:
     return True
 
 
+def is_iteration_folder(path: str) -> bool:
+    """Whether PATH is one iteration's checkpoint folder (named iter_NNNNNNN, or holding a metadata
+    file), not a --save folder of them."""
+    return bool(ITER_RE.match(os.path.basename(os.path.normpath(path)))) or \
+        os.path.isfile(os.path.join(path, METADATA_FILE))
+
+
 def checkpoint_candidates(path: str) -> list[str]:
     """Folders to try for --load PATH, best first: the one latest_checkpointed_iteration.txt names,
     then every other complete one, newest first. PATH may also be one iter_NNNNNNN folder."""
     path = os.path.abspath(path)
-    if ITER_RE.match(os.path.basename(path)) or os.path.isfile(os.path.join(path, METADATA_FILE)):
+    if is_iteration_folder(path):
         return [path]
     latest = read_latest(path)
     complete = list_complete(path)

@@ -24,7 +24,7 @@ import dataclasses
 import os
 
 from megatron_zaya.checkpoint.format import (COMPLETE_MARKER, ITER_RE, LATEST_FILE, METADATA_FILE, CheckpointError,
-                                             checkpoint_candidates, iter_dir_name, list_complete,
+                                             checkpoint_candidates, is_iteration_folder, iter_dir_name, list_complete,
                                              list_replaced_complete, read_json)
 from megatron_zaya.config import ModelConfig
 from megatron_zaya.errors import UserInputError
@@ -155,28 +155,43 @@ def check_weights_only(meta: dict, train_cfg, where: str) -> None:
 
 def check_before_build(run) -> None:
     """Every check of --save and --load that needs no model (see the module docstring)."""
-    cfg = run.train
-    found = first_candidate_metadata(cfg.load) if cfg.load else None
-    finetune = cfg.finetune
-    if found is None and cfg.pretrained_checkpoint:      # what TrainingCheckpointer.load will start from
-        found, finetune = first_candidate_metadata(cfg.pretrained_checkpoint), True
-        if found is None:
-            raise CheckpointError(f"--pretrained-checkpoint {cfg.pretrained_checkpoint}: no checkpoint found (nor in "
-                                  f"--load {cfg.load})")
-    check_save_folder(cfg.save, cfg.load, finetune)
+    cfg, found = run.train, None
+    for path, source_cfg in start_sources(cfg):      # what TrainingCheckpointer.load will start from
+        found = first_candidate_metadata(path)
+        if found is not None:
+            cfg = source_cfg
+            break
+    check_save_folder(cfg.save, cfg.load, cfg.finetune)
     if found is None:
+        if cfg.pretrained_checkpoint:
+            raise CheckpointError(no_pretrained_checkpoint_message(cfg))
         if cfg.load and requires_checkpoint(cfg):
             raise CheckpointError(missing_checkpoint_message(cfg))
         return
     folder, meta = found
-    check_model_config(meta, run, finetune, folder)
-    check_weights_only(meta, dataclasses.replace(cfg, finetune=finetune), folder)
+    check_model_config(meta, run, cfg.finetune, folder)
+    check_weights_only(meta, cfg, folder)
+
+
+def start_sources(train_cfg) -> list:
+    """Where a run with --load / --pretrained-checkpoint starts, in order of preference, each with the
+    train config its load follows: --load as the flags say, then --pretrained-checkpoint as a
+    fine-tune (Megatron-LM: only while --load holds no checkpoint)."""
+    sources = [(train_cfg.load, train_cfg)] if train_cfg.load else []
+    if train_cfg.pretrained_checkpoint:
+        sources.append((train_cfg.pretrained_checkpoint, dataclasses.replace(train_cfg, finetune=True)))
+    return sources
+
+
+def no_pretrained_checkpoint_message(train_cfg) -> str:
+    return (f"--pretrained-checkpoint {train_cfg.pretrained_checkpoint}: no checkpoint found (nor in --load "
+            f"{train_cfg.load})")
 
 
 def latest_iteration_folder(path: str) -> str | None:
     """The folder --load PATH would read: PATH itself if it is one iteration's folder, else the one
     the tracker file names (Megatron-LM's "release" too), else the highest iter_NNNNNNN."""
-    if ITER_RE.match(os.path.basename(os.path.normpath(path))) or os.path.isfile(os.path.join(path, METADATA_FILE)):
+    if is_iteration_folder(path):
         return path
     try:
         with open(os.path.join(path, LATEST_FILE)) as f:
@@ -265,7 +280,7 @@ def checkpoint_at_step(load: str, step: int) -> str:
     else UserInputError naming the iterations --load does hold."""
     if step < 0:
         raise UserInputError(f"--ckpt-step={step}: an iteration, >= 0")
-    if ITER_RE.match(os.path.basename(os.path.normpath(load))) or os.path.isfile(os.path.join(load, METADATA_FILE)):
+    if is_iteration_folder(load):
         raise UserInputError(f"--ckpt-step {step} picks an iteration inside --load's folder, but --load {load} is "
                              f"already one iteration's checkpoint: give its parent folder")
     folder = os.path.join(load, iter_dir_name(step))

@@ -24,7 +24,8 @@ import torch
 from megatron_zaya.checkpoint.format import (CheckpointError, CheckpointFolder, checkpoint_candidates, iter_dir_name,
                                              list_complete, unreadable_latest_file)
 from megatron_zaya.checkpoint.preflight import (WEIGHTS_ONLY_ADVICE, check_model_config, check_weights_only,
-                                                loads_optimizer, missing_checkpoint_message, requires_checkpoint)
+                                                loads_optimizer, missing_checkpoint_message,
+                                                no_pretrained_checkpoint_message, requires_checkpoint, start_sources)
 from megatron_zaya.checkpoint.saver import CheckpointWriter, recover_replaced
 from megatron_zaya.checkpoint.state import (balancer_entries, load_balancer, load_model, load_optimizer, load_rng,
                                             model_entries, optimizer_entries, optimizer_slots,
@@ -168,15 +169,17 @@ class TrainingCheckpointer:
         if not (cfg.load or cfg.pretrained_checkpoint):
             return
         started = time.time()
-        folder = self.open_for_load(cfg.load) if cfg.load else None
-        if folder is None and cfg.pretrained_checkpoint:      # Megatron-LM: a fine-tune from it, until --load has one
-            self.log(f"--load {cfg.load}: no checkpoint; starting from --pretrained-checkpoint "
-                     f"{cfg.pretrained_checkpoint} as a fine-tune (weights only, iteration 0)")
-            folder = self.open_for_load(cfg.pretrained_checkpoint)
-            if folder is None:
-                raise CheckpointError(f"--pretrained-checkpoint {cfg.pretrained_checkpoint}: no checkpoint found (nor "
-                                      f"in --load {cfg.load})")
-            cfg = dataclasses.replace(cfg, finetune=True)
+        folder = None
+        for path, source_cfg in start_sources(cfg):
+            if source_cfg is not cfg:      # --pretrained-checkpoint (start_sources: --load's config is cfg itself)
+                self.log(f"--load {cfg.load}: no checkpoint; starting from --pretrained-checkpoint {path} as a "
+                         f"fine-tune (weights only, iteration 0)")
+            folder = self.open_for_load(path)
+            if folder is not None:
+                cfg = source_cfg
+                break
+        if folder is None and cfg.pretrained_checkpoint:
+            raise CheckpointError(no_pretrained_checkpoint_message(cfg))
         if folder is None:
             if requires_checkpoint(cfg):           # also when every candidate proved unreadable
                 raise CheckpointError(missing_checkpoint_message(cfg))

@@ -11,7 +11,7 @@ Per step (after the GradientReducer's reduce-scatter and the global clip):
      pieces of its matrices that lie in that rank's shard (one all_to_all_single per bucket), then
      the bucket is all-gathered from the shards (all_gather_into_tensor, as ZeRO-1 gathers AdamW's
      buckets). Two collectives per bucket, however many matrices it holds; a broadcast per matrix
-     would be ~1600 collectives a step for ZAYA1-base.
+     would be 440 collectives a step for ZAYA1-base (its Muon weights: 11 per block, experts stacked).
 Weights stored in bf16 (--bf16 under ZeRO-1) get an fp32 master on their owner, kept with the
 momentum (sharded like it): the update applies to the master, which is rounded into the weight.
 Owners come from `owners_of_bucket` (largest first to the least-loaded rank), so the Newton-Schulz

@@ -48,3 +48,21 @@ def run_mpirun(nproc: int, script: str, *args: str, timeout: float = 240) -> sub
     cmd += ["-x", "OMP_NUM_THREADS", "-x", "MEGATRON_ZAYA_KERNELS", "-x", "PYTHONPATH"]
     cmd += [sys.executable, script, *args]
     return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def report_from_rank0_and_exit(runtime, value) -> None:
+    """The end of a torchrun test worker: every rank's `value` gathered, printed by rank 0 as one JSON
+    line (the parent reads the last line), then the group torn down and the process ended by
+    exit_process (no interpreter teardown: parallel/launch.py)."""
+    import json
+
+    import torch.distributed as dist
+
+    from megatron_zaya.parallel.launch import exit_process
+    every = [None] * runtime.world_size
+    dist.all_gather_object(every, value)
+    if runtime.rank == 0:
+        print(json.dumps(every), flush=True)
+    dist.barrier()
+    runtime.shutdown()
+    exit_process(0)

@@ -6,11 +6,9 @@ state. Rank 0 prints them all as one JSON line.
     torchrun --nproc-per-node 2 tests/planner/trainer_state_worker.py adamw|muon
 """
 import argparse
-import json
 import sys
 
 import torch
-import torch.distributed as dist
 
 from megatron_zaya.arguments import ParallelSizes, RunConfig
 from megatron_zaya.config import model_config_from_preset
@@ -20,7 +18,7 @@ from megatron_zaya.optim.distributed import DistributedOptimizer
 from megatron_zaya.training.config import TrainConfig
 from megatron_zaya.training.distributed_runtime import DistributedRuntime
 from megatron_zaya.training.loop import Trainer
-from megatron_zaya.parallel.launch import exit_process
+from tests.parallel.parallel_launcher import report_from_rank0_and_exit
 
 CONFIG = dict(num_layers=1, vocab_size=512, seq_length=32)
 
@@ -63,13 +61,7 @@ def main() -> None:
                            for b in buckets),
             "optimizer": state,
             "dtypes": sorted({str(p.dtype) for p in model.parameters()})}
-    every = [None] * runtime.world_size
-    dist.all_gather_object(every, mine)
-    if runtime.rank == 0:
-        print(json.dumps(every), flush=True)
-    dist.barrier()
-    runtime.shutdown()
-    exit_process(0)       # not through the interpreter's teardown (parallel/launch.py)
+    report_from_rank0_and_exit(runtime, mine)
 
 
 if __name__ == "__main__":

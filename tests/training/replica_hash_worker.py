@@ -5,18 +5,16 @@ per rank, whether the first check passed and the second check's error.
     torchrun --nproc-per-node 2 tests/training/replica_hash_worker.py
 """
 import argparse
-import json
 
 import torch
-import torch.distributed as dist
 
 from megatron_zaya.arguments import ParallelSizes, RunConfig
 from megatron_zaya.config import model_config_from_preset
 from megatron_zaya.model import ZayaModel
 from megatron_zaya.optim.builder import OptimizerConfig
-from megatron_zaya.parallel.launch import exit_process
 from megatron_zaya.training.config import TrainConfig
 from megatron_zaya.training.distributed_runtime import DistributedRuntime
+from tests.parallel.parallel_launcher import report_from_rank0_and_exit
 
 
 def main() -> None:
@@ -35,13 +33,7 @@ def main() -> None:
         error = None
     except RuntimeError as err:
         error = str(err)
-    every = [None] * runtime.world_size
-    dist.all_gather_object(every, error)
-    if runtime.rank == 0:
-        print(json.dumps(every), flush=True)
-    dist.barrier()
-    runtime.shutdown()
-    exit_process(0)
+    report_from_rank0_and_exit(runtime, error)
 
 
 if __name__ == "__main__":

@@ -99,6 +99,11 @@ def test_a_run_trains_on_tiktoken_data_and_exports_its_tokenizer(tiny_corpus, ti
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     first = json.loads(open(tiny_corpus[0].rsplit("/", 1)[0] + "/docs.jsonl").readline())["text"]
     assert theirs.encode(first, add_special_tokens=False) + [theirs.eos_token_id] == document.tolist()
+    # another tokenizer, larger than the embedding: refused from the metadata, before any weight is read
+    bigger = tokenizer_flags[:-4] + ["--vocab-size", str(ranks + 1100), "--tiktoken-num-special-tokens", "1100"]
+    assert run_tool("convert_checkpoint", ["to-hf", str(save), str(tmp_path / "hf2"), *bigger]) == 1
+    assert f"tokenizer's {ranks + 1100} tokens do not fit the checkpoint's" in capsys.readouterr().err
+    assert not (tmp_path / "hf2").exists()
 
 
 @pytest.mark.parametrize("extra, expected", [
