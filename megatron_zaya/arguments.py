@@ -247,6 +247,14 @@ def _check_tokenizer(args: argparse.Namespace) -> None:
                                  f"({needed} ids with EOD for --tokenizer-model {args.tokenizer_model})")
 
 
+def _check_validation(args: argparse.Namespace) -> None:
+    """--full-validation / --multiple-validation-sets shape an evaluation that must happen."""
+    for flag in ("full_validation", "multiple_validation_sets"):
+        if getattr(args, flag) and not args.eval_iters:
+            raise UserInputError(f"--{flag.replace('_', '-')} with --eval-iters 0: no evaluation runs; give "
+                                 f"--eval-iters > 0 (evaluation on) or drop the flag")
+
+
 def _check_skip_train(args: argparse.Namespace) -> None:
     if args.skip_train and not args.eval_iters:
         raise UserInputError("--skip-train only evaluates: give --eval-iters > 0")
@@ -409,6 +417,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
     _check_paths(args, prefixes)
     _check_non_persistent(args)
     _check_skip_train(args)
+    _check_validation(args)
     data = DataConfig(data_path=args.data_path, train_data_path=args.train_data_path,
                       valid_data_path=args.valid_data_path, test_data_path=args.test_data_path, mock_data=args.mock_data,
                       split=args.split, data_cache_path=args.data_cache_path,
@@ -417,6 +426,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
                       tokenizer_type=args.tokenizer_type, tokenizer_model=args.tokenizer_model,
                       vocab_file=args.vocab_file, merge_file=args.merge_file, mmap_bin_files=args.mmap_bin_files,
                       mid_level_dataset_surplus=args.mid_level_dataset_surplus,
+                      multiple_validation_sets=args.multiple_validation_sets, full_validation=args.full_validation,
                       **tiktoken_options(args))
 
     train_fields = {f.name for f in fields(TrainConfig)}

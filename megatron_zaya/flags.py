@@ -177,6 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--log-interval", type=int, default=10)
     g.add_argument("--eval-interval", type=int, default=1000)
     g.add_argument("--eval-iters", type=int, default=10)
+    g.add_argument("--full-validation", action="store_true",
+                   help="each evaluation reads its validation set(s) whole, every sample once, instead of "
+                        "--eval-iters global batches (as in Megatron-LM)")
+    g.add_argument("--multiple-validation-sets", action="store_true",
+                   help="evaluate each dataset of the validation split on its own: TensorBoard 'lm loss "
+                        "validation NAME' per dataset (its file name), 'lm loss validation' their mean; "
+                        "--valid-data-path without weights (as in Megatron-LM)")
     g.add_argument("--skip-train", action="store_true",
                    help="no training: evaluate the model --load (or --pretrained-checkpoint) gives on --eval-iters "
                         "validation batches, save nothing (as in Megatron-LM)")

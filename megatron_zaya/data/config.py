@@ -23,11 +23,18 @@ test always use `data_path` (default: the first phase's blend).
 Instead of one blend cut by `split`, each split may have its own (Megatron-LM's --train-data-path,
 --valid-data-path, --test-data-path): every document of those datasets belongs to that split, and a
 split without a blend has no dataset. They exclude `data_path`.
+
+`multiple_validation_sets` and `full_validation` (Megatron-LM's flags) shape the validation sets:
+see data/validation.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from megatron_zaya.errors import UserInputError
+
+from .blend import parse_data_path
 
 
 @dataclass
@@ -70,6 +77,8 @@ class DataConfig:
     test_data_path: list[str] = field(default_factory=list)
     mock_data: bool = False          # --mock-data: random tokens, no files (megatron_zaya/data/mock.py)
     mmap_bin_files: bool = True      # False (--no-mmap-bin-files): read .bin files with positional reads
+    multiple_validation_sets: bool = False   # one validation set per dataset of the validation split
+    full_validation: bool = False            # each validation set read whole, once (data/validation.py)
 
     def tokenizer_kwargs(self) -> dict:
         """build_tokenizer's keyword arguments beyond type and model: GPT-2's two files, and
@@ -109,6 +118,12 @@ class DataConfig:
         for p in self.phases[:-1]:
             if p.train_samples is None:
                 raise ValueError("every phase but the last needs train_samples")
+        if self.mock_data and (self.multiple_validation_sets or self.full_validation):
+            raise UserInputError("--multiple-validation-sets and --full-validation need datasets, not --mock-data")
+        if self.multiple_validation_sets and self.valid_data_path and \
+                parse_data_path(self.valid_data_path, "--valid-data-path")[0] is not None:
+            raise UserInputError(f"--multiple-validation-sets: --valid-data-path {' '.join(self.valid_data_path)} has "
+                             f"weights, but each dataset is evaluated on its own; list the datasets without weights")
         if self.num_workers < 0:
             raise ValueError(f"--num-workers must be >= 0, got {self.num_workers}")
 
@@ -120,7 +135,7 @@ class DataConfig:
                      "reset_attention_mask", "eod_mask_loss", "tokenizer_type", "tokenizer_model", "vocab_file",
                      "merge_file", "phases", "train_data_path", "valid_data_path", "test_data_path", "mock_data",
                      "tiktoken_pattern", "tiktoken_num_special_tokens", "tokenizer_special_tokens",
-                     "tokenizer_vocab_size"):
+                     "tokenizer_vocab_size", "multiple_validation_sets", "full_validation"):
             v = getattr(args, name, None)
             if v is not None:
                 kw[name] = v

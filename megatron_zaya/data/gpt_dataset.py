@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from megatron_zaya.errors import UserInputError
+
 from . import index_builders as ib
 from .cache import array_digest, cached_arrays
 from .indexed import IndexedDataset
@@ -113,8 +115,11 @@ class GPTDataset:
         if cache_dir is None and use_cache:
             cache_dir = default_cache_dir(indexed.path_prefix)
         self.cache_dir = cache_dir if use_cache else None
-        arrays = cached_arrays(self.cache_dir, f"GPTDataset-{split_name}", self.description,
-                               ["document_index", "sample_index", "shuffle_index"], self._build)
+        try:
+            arrays = cached_arrays(self.cache_dir, f"GPTDataset-{split_name}", self.description,
+                                   ["document_index", "sample_index", "shuffle_index"], self._build)
+        except UserInputError as err:      # e.g. a split too short for one sample: name the dataset
+            raise UserInputError(f"{indexed.path_prefix} ({split_name} split): {err}") from None
         self.document_index = arrays["document_index"]
         self.sample_index = arrays["sample_index"]
         self.shuffle_index = arrays["shuffle_index"]

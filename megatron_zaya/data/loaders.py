@@ -1,17 +1,20 @@
 """Build train/valid/test datasets and per-rank DataLoaders from a `DataConfig`.
 
-    train, valid, test = build_train_valid_test_loaders(
+    train, valid_sets, test = build_train_valid_test_loaders(
         cfg, global_batch_size=512, micro_batch_size=4, seq_length=4096,
         dp_rank=rank, dp_size=world, consumed_samples=iteration * 512,
         train_samples=train_iters * 512, valid_samples=..., test_samples=...)
 
 Each loader yields micro-batches: dicts of torch tensors `tokens` (B, S) int64, `labels` (B, S)
 int64, `loss_mask` (B, S) float32, `position_ids` (B, S) int64, plus `attention_mask`
-(B, 1, S, S) bool (True = masked) when `reset_attention_mask` is on. A loader is None when its
-split gets no samples.
+(B, 1, S, S) bool (True = masked) when `reset_attention_mask` is on. The train or test loader
+is None when its split gets no samples; `valid_sets` is a list of (name, loader), one per
+validation set (data/validation.py), empty without validation.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,6 +30,10 @@ from .index_builders import build_blending_indices
 from .indexed import IndexedDataset
 from .sampler import PretrainingBatchSampler
 from .tokenizer import build_tokenizer
+from .validation import PaddedToGroups, ValidationSet, concatenated, validation_set_names
+
+
+SPLIT_NAMES = ("train", "valid", "test")
 
 
 def megatron_num_samples(train_iters: int, global_batch_size: int, eval_interval: int, eval_iters: int) -> list[int]:
@@ -48,6 +55,14 @@ def _phase_weights(data_path: list[str], prefixes: list[str]) -> list[float]:
     return w
 
 
+def split_documents(cfg: DataConfig, indexed: IndexedDataset, prefix: str, split_id: int):
+    """(the document ids of `prefix` in split `split_id`, or None; how an error names that split)."""
+    split_name = SPLIT_NAMES[split_id]
+    if cfg.separate_splits:      # a per-split blend: every document of the dataset is in the split
+        return split_indices(indexed, "1,0,0")[0], f"--{split_name}-data-path: {prefix}"
+    return split_indices(indexed, cfg.split)[split_id], f"--split {cfg.split}: the {split_name} split of {prefix}"
+
+
 def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: list[list[str]], sizes: list[int],
                  split_id: int, opts: SampleOptions):
     if sum(sizes) == 0 or not any(blends):
@@ -67,21 +82,16 @@ def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: li
 
     weighted = [parse_data_path(b)[0] is not None for b in blends]
     plan = plan_phases(weights, sizes, cfg.mid_level_dataset_surplus, blending, weighted)
-    split_name = ("train", "valid", "test")[split_id]
+    split_name = SPLIT_NAMES[split_id]
     components = []
     for d, prefix in enumerate(prefixes):
         if plan.requests[d] == 0:
             components.append(None)
             continue
-        if cfg.separate_splits:      # a per-split blend: every document of the dataset is in the split
-            idx = split_indices(indexed[prefix], "1,0,0")[0]
-        else:
-            idx = split_indices(indexed[prefix], cfg.split)[split_id]
+        idx, where = split_documents(cfg, indexed[prefix], prefix, split_id)
         if (idx is None or len(idx) == 0) and split_id == 2 and not cfg.separate_splits:
             return None      # a --split share too small to hold a document: no test evaluation (training goes on)
         if idx is None or len(idx) == 0:
-            where = f"--{split_name}-data-path: {prefix}" if cfg.separate_splits else \
-                f"--split {cfg.split}: the {split_name} split of {prefix}"
             raise UserInputError(f"{where} is empty but the blend needs {plan.requests[d]} samples from it")
         components.append(GPTDataset(indexed[prefix], idx, plan.requests[d], opts, cfg.seed, split_name,
                                      cfg.data_cache_path, use_cache=not cfg.no_index_cache))
@@ -90,9 +100,48 @@ def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: li
     return phases[0] if len(phases) == 1 else PhasedDataset(phases)
 
 
-def build_train_valid_test_datasets(cfg: DataConfig, seq_length: int, train_valid_test_num_samples: list[int],
-                                    tokenizer=None):
-    """(train, valid, test) datasets (None for a split with no samples)."""
+def _one_pass(cfg: DataConfig, indexed: IndexedDataset, prefix: str, opts: SampleOptions):
+    """Every sample of `prefix`'s validation documents once (--full-validation)."""
+    idx, where = split_documents(cfg, indexed, prefix, 1)
+    if idx is None or len(idx) == 0:
+        raise UserInputError(f"--full-validation: {where} is empty")
+    return GPTDataset(indexed, idx, None, opts, cfg.seed, "valid", cfg.data_cache_path,
+                      use_cache=not cfg.no_index_cache)
+
+
+def _build_validation_sets(cfg: DataConfig, indexed: dict, prefixes: list[str], blend: list[str], num_samples: int,
+                           opts: SampleOptions) -> list[ValidationSet]:
+    """The run's validation sets (data/validation.py); none when the split has no blend, no share or no samples."""
+    if not blend or num_samples == 0 or (not cfg.separate_splits and ib.parse_split(cfg.split)[1] == 0):
+        return []
+    members = list(dict.fromkeys(parse_data_path(blend)[1]))
+    if cfg.multiple_validation_sets:
+        groups, names = [[p] for p in members], validation_set_names(members)
+    else:
+        groups, names = [blend], [""]
+    sets = []
+    for name, group in zip(names, groups):
+        if cfg.full_validation:
+            members = list(dict.fromkeys(parse_data_path(group)[1]))
+            dataset = concatenated([_one_pass(cfg, indexed[p], p, opts) for p in members])
+        else:
+            dataset = _build_split(cfg, indexed, prefixes, [group], [num_samples], 1, opts)
+        if dataset is not None:
+            sets.append(ValidationSet(name, dataset))
+    return sets
+
+
+@dataclass
+class SplitDatasets:
+    train: object | None        # None: no training samples
+    valid: list[ValidationSet]  # empty: no validation
+    test: object | None
+
+
+def build_split_datasets(cfg: DataConfig, seq_length: int, train_valid_test_num_samples: list[int],
+                         tokenizer=None) -> SplitDatasets:
+    """The train and test datasets and the validation sets (several with --multiple-validation-sets);
+    the validation size is per set (ignored by --full-validation)."""
     if tokenizer is None:
         if not cfg.tokenizer_type:
             raise ValueError("DataConfig.tokenizer_type (--tokenizer-type) is required to know the EOD id, "
@@ -102,8 +151,9 @@ def build_train_valid_test_datasets(cfg: DataConfig, seq_length: int, train_vali
                          cfg.reset_attention_mask, cfg.eod_mask_loss)
     train_n, valid_n, test_n = (int(x) for x in train_valid_test_num_samples)
     if cfg.mock_data:
-        return tuple(MockGPTDataset(n, opts, tokenizer.vocab_size, cfg.seed, split_id) if n > 0 else None
-                     for split_id, n in enumerate((train_n, valid_n, test_n)))
+        train, valid, test = (MockGPTDataset(n, opts, tokenizer.vocab_size, cfg.seed, split_id) if n > 0 else None
+                              for split_id, n in enumerate((train_n, valid_n, test_n)))
+        return SplitDatasets(train, [ValidationSet("", valid)] if valid is not None else [], test)
     train_blend, valid_blend, test_blend = cfg.split_blends()
     blends = [p.data_path for p in cfg.phases] if cfg.phases else [train_blend]
     prefixes: list[str] = []
@@ -123,10 +173,19 @@ def build_train_valid_test_datasets(cfg: DataConfig, seq_length: int, train_vali
             raise ValueError(f"phases cover {used} train samples but {train_n} are needed; leave the last phase's train_samples empty")
     else:
         sizes = [train_n]
-    train = _build_split(cfg, indexed, prefixes, blends, sizes, 0, opts)
-    valid = _build_split(cfg, indexed, prefixes, [valid_blend], [valid_n], 1, opts)
-    test = _build_split(cfg, indexed, prefixes, [test_blend], [test_n], 2, opts)
-    return train, valid, test
+    return SplitDatasets(train=_build_split(cfg, indexed, prefixes, blends, sizes, 0, opts),
+                         valid=_build_validation_sets(cfg, indexed, prefixes, valid_blend, valid_n, opts),
+                         test=_build_split(cfg, indexed, prefixes, [test_blend], [test_n], 2, opts))
+
+
+def build_train_valid_test_datasets(cfg: DataConfig, seq_length: int, train_valid_test_num_samples: list[int],
+                                    tokenizer=None):
+    """(train, valid, test) datasets (None for a split with no samples); one validation set only
+    (build_split_datasets gives several)."""
+    splits = build_split_datasets(cfg, seq_length, train_valid_test_num_samples, tokenizer)
+    if len(splits.valid) > 1:
+        raise ValueError("several validation sets (--multiple-validation-sets): use build_split_datasets")
+    return splits.train, splits.valid[0].dataset if splits.valid else None, splits.test
 
 
 def collate(samples: list[dict]) -> dict:
@@ -159,15 +218,20 @@ def make_loader(dataset, consumed_samples: int, micro_batch_size: int, dp_rank: 
 
 def build_train_valid_test_loaders(cfg: DataConfig, global_batch_size: int, micro_batch_size: int, seq_length: int,
                                    dp_rank: int, dp_size: int, consumed_samples: int = 0, *, train_samples: int,
-                                   valid_samples: int = 0, test_samples: int = 0, consumed_valid_samples: int = 0,
-                                   tokenizer=None):
-    """(train_loader, valid_loader, test_loader) for this data-parallel rank; see the module docstring."""
+                                   valid_samples: int = 0, test_samples: int = 0, tokenizer=None):
+    """(train_loader, validation loaders, test_loader) for this data-parallel rank; see the module
+    docstring. The validation loaders are a list of (name, loader), one per validation set (empty:
+    no validation); each reads its set from the start at every evaluation. Under --full-validation
+    a set is padded with masked samples to whole micro-batch groups (data/validation.py)."""
     if global_batch_size % (micro_batch_size * dp_size):
         raise ValueError(f"--global-batch-size {global_batch_size} is not a multiple of --micro-batch-size "
                          f"{micro_batch_size} x data-parallel size {dp_size}")
-    train, valid, test = build_train_valid_test_datasets(cfg, seq_length, [train_samples, valid_samples, test_samples],
-                                                         tokenizer)
-    train_loader = make_loader(train, consumed_samples, micro_batch_size, dp_rank, dp_size, cfg) if train else None
-    valid_loader = make_loader(valid, consumed_valid_samples, micro_batch_size, dp_rank, dp_size, cfg) if valid else None
-    test_loader = make_loader(test, 0, micro_batch_size, dp_rank, dp_size, cfg) if test else None
-    return train_loader, valid_loader, test_loader
+    splits = build_split_datasets(cfg, seq_length, [train_samples, valid_samples, test_samples], tokenizer)
+    train_loader = make_loader(splits.train, consumed_samples, micro_batch_size, dp_rank, dp_size, cfg) \
+        if splits.train else None
+    valid_loaders = []
+    for valid in splits.valid:
+        dataset = PaddedToGroups(valid.dataset, micro_batch_size * dp_size) if cfg.full_validation else valid.dataset
+        valid_loaders.append((valid.name, make_loader(dataset, 0, micro_batch_size, dp_rank, dp_size, cfg)))
+    test_loader = make_loader(splits.test, 0, micro_batch_size, dp_rank, dp_size, cfg) if splits.test else None
+    return train_loader, valid_loaders, test_loader

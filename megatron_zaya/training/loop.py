@@ -29,6 +29,7 @@ from megatron_zaya.training.metrics import (IntervalMeter, device_peak_tflops, e
 from megatron_zaya.training.nonfinite import diagnose
 from megatron_zaya.training.profiling import StepProfiler
 from megatron_zaya.training.stragglers import StragglerMeter
+from megatron_zaya.training.validation_report import evaluation_line, evaluation_scalars, perplexity
 
 
 @dataclass
@@ -79,12 +80,13 @@ def model_inputs(batch: dict) -> dict:
 
 
 class Trainer:
-    def __init__(self, run, model, optimizer, parallel, train_iterator, valid_loader, logger: TrainingLogger,
+    def __init__(self, run, model, optimizer, parallel, train_iterator, valid_loaders, logger: TrainingLogger,
                  checkpointer=None, state: TrainState | None = None):
         self.run, self.model, self.optimizer, self.parallel = run, model, optimizer, parallel
         self.cfg = run.train
         self.train_iterator = train_iterator
-        self.valid_loader = valid_loader   # the same first eval_iters global batches at every evaluation
+        # (name, loader) per validation set: the same samples at every evaluation (data/validation.py)
+        self.valid_loaders = list(valid_loaders or [])
         self.test_loader = None            # the test split's first eval_iters global batches (end of training)
         self.logger = logger
         self.checkpointer = checkpointer
@@ -227,33 +229,51 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, split: str = "valid") -> dict[str, float] | None:
-        """The mean loss (and perplexity) over the first --eval-iters global batches of the validation
-        split, or of the test split (split="test": Megatron-LM's evaluation at the end of training)."""
-        loader = self.valid_loader if split == "valid" else self.test_loader
-        if loader is None:
+        """The mean loss and perplexity over the first --eval-iters global batches of each validation
+        set (all of it, once, with --full-validation), or of the test split (split="test":
+        Megatron-LM's evaluation at the end of training). Several validation sets
+        (--multiple-validation-sets) add "validation loss NAME" / "validation ppl NAME" per set;
+        "validation loss" is then the mean of the sets' losses."""
+        if split == "test":
+            loaders = [("", self.test_loader)] if self.test_loader is not None else []
+        else:
+            loaders = self.valid_loaders
+        full = split == "valid" and self.run.data.full_validation
+        per_iter = self.cfg.global_batch_size // (self.cfg.micro_batch_size * self.parallel.dp_size)
+        losses = {}
+        for name, loader in loaders:
+            loss = self.mean_loss(loader, None if full else self.cfg.eval_iters * per_iter)
+            if loss is not None:
+                losses[name] = loss
+            if split == "valid":
+                self.state.consumed_valid_samples += (loader.dataset.real_samples if full
+                                                      else self.cfg.eval_iters * self.cfg.global_batch_size)
+        if not losses:
             return None
+        mean = sum(losses.values()) / len(losses)
+        metrics = {"validation loss": mean, "validation ppl": perplexity(mean)}
+        for name, loss in losses.items():
+            if name:
+                metrics[f"validation loss {name}"], metrics[f"validation ppl {name}"] = loss, perplexity(loss)
+        return metrics
+
+    def mean_loss(self, loader, micro_batches: int | None) -> float | None:
+        """The loss per loss-mask token over this rank's first `micro_batches` micro-batches of
+        `loader` (None: all of them), summed over the data-parallel ranks; None without a token."""
         self.model.eval()
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         tokens = torch.zeros((), dtype=torch.float64, device=self.device)
-        iterator = iter(loader)
-        per_iter = self.cfg.global_batch_size // (self.cfg.micro_batch_size * self.parallel.dp_size)
-        for _ in range(self.cfg.eval_iters * per_iter):
-            try:
-                batch = self.parallel.local_batch(batch_to_device(next(iterator), self.device))
-            except StopIteration:
+        for count, batch in enumerate(loader):
+            if micro_batches is not None and count == micro_batches:
                 break
+            batch = self.parallel.local_batch(batch_to_device(batch, self.device))
             with self.autocast:
                 out = self.model(**model_inputs(batch))
             loss_sum += (out.token_losses * batch["loss_mask"]).sum().double()
             tokens += batch["loss_mask"].sum().double()
         self.model.train()
-        if split == "valid":
-            self.state.consumed_valid_samples += self.cfg.eval_iters * self.cfg.global_batch_size
         loss_sum, tokens = self.parallel.sum_over_data_ranks(loss_sum), self.parallel.sum_over_data_ranks(tokens)
-        if tokens.item() == 0:
-            return None
-        loss = loss_sum.item() / tokens.item()
-        return {"validation loss": loss, "validation ppl": math.exp(min(loss, 50.0))}
+        return None if tokens.item() == 0 else loss_sum.item() / tokens.item()
 
     # ---------------------------------------------------------------------------------------------
     def log_step(self, result: StepResult, step_seconds: float, batch_size: int, started: float) -> None:
@@ -420,11 +440,9 @@ class Trainer:
             if collect:
                 gc.collect()
         self.last_validation = metrics
-        if metrics:     # Megatron-LM's tags
-            self.logger.scalars({"lm loss validation": metrics["validation loss"],
-                                 "lm loss validation ppl": metrics["validation ppl"]}, self.state.iteration)
-            self.logger.print(f"validation at iteration {self.state.iteration} | loss {metrics['validation loss']:.4f}"
-                              f" | ppl {metrics['validation ppl']:.3f}")
+        if metrics:
+            self.logger.scalars(evaluation_scalars(metrics), self.state.iteration)
+            self.logger.print(f"validation at iteration {self.state.iteration} | {evaluation_line(metrics)}")
         return metrics
 
     def run_test_evaluation(self) -> dict[str, float] | None:
@@ -432,10 +450,8 @@ class Trainer:
         with self.watchdog.paused() if self.watchdog is not None else contextlib.nullcontext():
             metrics = self.evaluate("test")
         if metrics:
-            self.logger.scalars({"lm loss test": metrics["validation loss"],
-                                 "lm loss test ppl": metrics["validation ppl"]}, self.state.iteration)
-            self.logger.print(f"test loss at iteration {self.state.iteration} | loss {metrics['validation loss']:.4f} "
-                              f"| ppl {metrics['validation ppl']:.3f}")
+            self.logger.scalars(evaluation_scalars(metrics, "test"), self.state.iteration)
+            self.logger.print(f"test loss at iteration {self.state.iteration} | {evaluation_line(metrics)}")
         return metrics
 
     def handle_nonfinite(self, result: StepResult) -> None:

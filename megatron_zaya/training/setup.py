@@ -96,13 +96,13 @@ def build_and_train(run) -> int:
     # Sized from the schedule (never the raw --train-samples: a partial last batch is not trained on).
     consumed, train_samples = train_data_position(trainer.state, trainer.batch_schedule, trainer.total_iters)
     valid_samples = run.train.eval_iters * gbs if run.train.eval_iters else 0
-    train_loader, valid_loader, test_loader = build_train_valid_test_loaders(
+    train_loader, valid_loaders, test_loader = build_train_valid_test_loaders(
         run.data, gbs, run.train.micro_batch_size, seq, runtime.dp_rank, runtime.dp_size,
         consumed_samples=consumed, train_samples=train_samples,
         valid_samples=valid_samples, test_samples=valid_samples, tokenizer=tokenizer)
     trainer.train_iterator = iter(train_loader if train_loader is not None else ())   # None: nothing left
-    # Validation always uses the same first eval_iters global batches, so successive values compare.
-    trainer.valid_loader = valid_loader
+    # Validation always reads the same samples of each set, so successive values compare.
+    trainer.valid_loaders = valid_loaders
     trainer.test_loader = test_loader        # a split with a share in --split (or --test-data-path)
     logger = trainer.logger = TrainingLogger(runtime.is_main, run.train.tensorboard_dir, trainer.total_iters,
                                              trainer.state.iteration, run.train.progress_bar,

@@ -154,7 +154,7 @@ def test_loader_errors_are_clear(tmp_path):
     with pytest.raises(ValueError, match="--global-batch-size 10"):
         build_train_valid_test_loaders(cfg, 10, 4, 8, 0, 1, train_samples=10, tokenizer=tok)
     _, valid, _ = build_train_valid_test_loaders(cfg, 8, 4, 8, 0, 1, train_samples=8, valid_samples=8, tokenizer=tok)
-    assert valid is None  # zero split weight: no dataset, as in Megatron
+    assert valid == []  # zero split weight: no dataset, as in Megatron
     cfg.split = "999,1,0"  # 60 sequences: the valid range rounds to nothing
     with pytest.raises(ValueError, match="valid split of .* is empty"):
         build_train_valid_test_loaders(cfg, 8, 4, 8, 0, 1, train_samples=8, valid_samples=8, tokenizer=tok)

@@ -32,8 +32,11 @@ def test_mock_samples_are_random_deterministic_and_end_documents_with_eod():
 def test_mock_data_excludes_data_paths_and_loads_through_the_loaders():
     with pytest.raises(ValueError, match="--mock-data and --data-path"):
         DataConfig(mock_data=True, data_path=["corpus"])
-    train_loader, valid_loader, _ = build_train_valid_test_loaders(
+    train_loader, valid_sets, _ = build_train_valid_test_loaders(
         DataConfig(mock_data=True, num_workers=0), 8, 2, 16, 0, 2, train_samples=32, valid_samples=8,
         tokenizer=build_tokenizer("NullTokenizer", 100))
     batch = next(iter(train_loader))
-    assert batch["tokens"].shape == (2, 16) and valid_loader is not None
+    assert batch["tokens"].shape == (2, 16)
+    assert [name for name, _ in valid_sets] == [""] and len(valid_sets[0][1]) == 2    # 8 samples, 2 x 2 per rank
+    with pytest.raises(ValueError, match="need datasets, not --mock-data"):
+        DataConfig(mock_data=True, full_validation=True)
