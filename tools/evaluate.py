@@ -29,10 +29,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from megatron_zaya.config import ConfigError  # noqa: E402
-from megatron_zaya.data.tokenizer import add_tiktoken_arguments, tiktoken_options  # noqa: E402
+from megatron_zaya.data.tokenizer import tiktoken_options  # noqa: E402
 from megatron_zaya.errors import UserInputError  # noqa: E402
 from megatron_zaya.inference.cli_checks import (  # noqa: E402
-    check_device, check_threads, check_writable_output, peek_model_config)
+    add_tokenizer_arguments, check_device, check_threads, check_tokenizer_fits, check_writable_output,
+    peek_model_config, tokenizer_from_flags)
 from megatron_zaya.inference.evaluation import evaluate, format_table, write_tensorboard  # noqa: E402
 from megatron_zaya.inference.loading import DTYPES, load_model_for_inference, parse_dtype  # noqa: E402
 
@@ -45,11 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-path", nargs="+", required=True, help="Megatron blend: [weight] prefix ...")
     p.add_argument("--split", default="969,30,1", help="train,valid,test shares (as in training)")
     p.add_argument("--split-name", default="valid", choices=sorted(SPLITS))
-    p.add_argument("--tokenizer-type", required=True)
-    p.add_argument("--tokenizer-model", default=None, help="tokenizer model file / folder (GPT2BPETokenizer: or the two files below)")
-    p.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: GPT-2's vocab.json")
-    p.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: GPT-2's merges.txt")
-    add_tiktoken_arguments(p)
+    add_tokenizer_arguments(p, required=True)
     p.add_argument("--seq-length", type=int, default=None, help="default: the checkpoint config's seq_length")
     p.add_argument("--micro-batch-size", type=int, default=4)
     p.add_argument("--eval-iters", type=int, default=None, help="micro-batches to evaluate (default: one pass)")
@@ -174,11 +171,10 @@ def main(argv=None) -> int:
     except ValueError as err:
         parser.error(str(err))
 
-    from megatron_zaya.data import DataConfig, build_train_valid_test_datasets, build_tokenizer
+    from megatron_zaya.data import DataConfig, build_train_valid_test_datasets
 
     try:
-        tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, vocab_file=args.vocab_file,
-                                    merge_file=args.merge_file, **tiktoken_options(args))
+        tokenizer = tokenizer_from_flags(args)
     except UserInputError as err:
         parser.error(str(err))
     peeked = peek_model_config(args.load)       # config.json / metadata.json only: no tensor read yet
@@ -188,10 +184,10 @@ def main(argv=None) -> int:
         model, config, info = load_model_for_inference(args.load, device=args.device, dtype=dtype)
     except (OSError, ValueError, RuntimeError) as err:
         parser.error(f"--load: {err}")
-    if tokenizer.vocab_size > config.vocab_size:
-        parser.error(f"--tokenizer-type {args.tokenizer_type} ({getattr(tokenizer, 'model_path', args.tokenizer_model)}): "
-                     f"vocabulary {tokenizer.vocab_size} is larger than "
-                     f"the checkpoint's {config.vocab_size} embedding rows")
+    try:
+        check_tokenizer_fits(tokenizer, config, args)
+    except UserInputError as err:
+        parser.error(str(err))
     seq_length = check_seq_length(parser, args, config)
     split_id = SPLITS[args.split_name]
     num_samples = count_samples(parser, args, seq_length)

@@ -23,10 +23,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from megatron_zaya.data.tokenizer import add_tiktoken_arguments, tiktoken_options  # noqa: E402
 from megatron_zaya.errors import UserInputError  # noqa: E402
 from megatron_zaya.inference.cli_checks import (  # noqa: E402
-    check_device, check_prompts_fit, check_threads, check_writable_output, peek_model_config)
+    add_tokenizer_arguments, check_device, check_prompts_fit, check_threads, check_tokenizer_fits,
+    check_writable_output, peek_model_config, tokenizer_from_flags)
 from megatron_zaya.inference.decode import generate  # noqa: E402
 from megatron_zaya.inference.loading import DTYPES, load_model_for_inference, parse_dtype  # noqa: E402
 from megatron_zaya.inference.sampling import SamplingParams  # noqa: E402
@@ -39,11 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-file", help="a file with one text prompt per line")
     p.add_argument("--prompt-ids", action="append", default=[],
                    help="a prompt as space-separated token ids (repeat for a batch; no tokenizer needed)")
-    p.add_argument("--tokenizer-type", help="Megatron tokenizer name, e.g. GPTSentencePieceTokenizer")
-    p.add_argument("--tokenizer-model", help="tokenizer model file / folder")
-    p.add_argument("--vocab-file", help="GPT2BPETokenizer: GPT-2's vocab.json")
-    p.add_argument("--merge-file", help="GPT2BPETokenizer: GPT-2's merges.txt")
-    add_tiktoken_arguments(p)
+    add_tokenizer_arguments(p)
     p.add_argument("--add-bos", action="store_true", help="prepend the tokenizer's BOS to text prompts")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--greedy", action="store_true", help="argmax decoding (same as --temperature 0)")
@@ -92,30 +88,17 @@ def read_prompt_file(parser: argparse.ArgumentParser, path: str) -> list[str]:
 
 
 def load_tokenizer(parser: argparse.ArgumentParser, args: argparse.Namespace):
-    """The tokenizer of --tokenizer-type with --tokenizer-model (or GPT-2's --vocab-file/--merge-file);
-    None when no tokenizer flag is given. Checked cheaply first."""
-    files = [f for f, v in (("--tokenizer-model", args.tokenizer_model), ("--vocab-file", args.vocab_file),
-                            ("--merge-file", args.merge_file), ("--tiktoken-pattern", args.tiktoken_pattern))
-             if v is not None]
-    if not (args.tokenizer_type or files):
-        return None
-    if not args.tokenizer_type:
-        parser.error(f"{files[0]} needs --tokenizer-type")
-    from megatron_zaya.data.tokenizer import build_tokenizer
-    try:   # build_tokenizer checks the flags (check_tokenizer_flags) before loading anything
-        return build_tokenizer(args.tokenizer_type, args.tokenizer_model, vocab_file=args.vocab_file,
-                               merge_file=args.merge_file, **tiktoken_options(args))
+    """The tokenizer of the tokenizer flags, or None when none is given; a bad flag is a usage error."""
+    try:     # the flags are checked (check_tokenizer_flags) before anything is loaded
+        return tokenizer_from_flags(args)
     except UserInputError as err:
         parser.error(str(err))
 
 
 def check_against_config(parser, args, config, prompts, tokenizer, eod) -> None:
     """Tokenizer vocabulary, prompt ids, the stop token and the length against the checkpoint's config."""
-    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
-        parser.error(f"--tokenizer-type {args.tokenizer_type} ({getattr(tokenizer, 'model_path', args.tokenizer_model)}): "
-                     f"vocabulary {tokenizer.vocab_size} is larger than "
-                     f"the checkpoint's {config.vocab_size} embedding rows")
     try:
+        check_tokenizer_fits(tokenizer, config, args)
         check_prompts_fit(config, prompts, args.max_new_tokens, eod)
     except UserInputError as err:
         parser.error(str(err))

@@ -1,9 +1,12 @@
-"""Cheap checks of the inference tools' flags (tools/generate.py, tools/evaluate.py), made before a
-checkpoint is loaded. Each raises `UserInputError` with a one-line message naming the flag and value.
+"""Cheap checks of the inference tools' flags (tools/generate.py, tools/evaluate.py,
+tools/run_text_generation_server.py), made before a checkpoint is loaded. Each raises
+`UserInputError` with a one-line message naming the flag and value.
 
     check_threads(args.threads); device = check_device(args.device)
     check_writable_output("--output-json", args.output_json)
     config = peek_model_config(args.load)     # ModelConfig or None, without reading any tensor
+    tokenizer = tokenizer_from_flags(args)    # the flags of add_tokenizer_arguments(parser)
+    check_tokenizer_fits(tokenizer, config, args)
 """
 from __future__ import annotations
 
@@ -15,6 +18,41 @@ import torch
 
 from megatron_zaya.config import ModelConfig
 from megatron_zaya.errors import UserInputError
+
+
+def add_tokenizer_arguments(parser, required: bool = False) -> None:
+    """Megatron's tokenizer flags: --tokenizer-type, --tokenizer-model, GPT-2's two files, TikTokenizer's."""
+    from megatron_zaya.data.tokenizer import add_tiktoken_arguments
+    parser.add_argument("--tokenizer-type", required=required,
+                        help="Megatron tokenizer name, e.g. GPTSentencePieceTokenizer")
+    parser.add_argument("--tokenizer-model", default=None,
+                        help="tokenizer model file / folder (GPT2BPETokenizer: or the two files below)")
+    parser.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: GPT-2's vocab.json")
+    parser.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: GPT-2's merges.txt")
+    add_tiktoken_arguments(parser)
+
+
+def tokenizer_from_flags(args):
+    """The tokenizer of add_tokenizer_arguments' flags (the flags checked before any file is read);
+    None when no tokenizer flag is given."""
+    from megatron_zaya.data.tokenizer import build_tokenizer, tiktoken_options
+    files = [f for f, v in (("--tokenizer-model", args.tokenizer_model), ("--vocab-file", args.vocab_file),
+                            ("--merge-file", args.merge_file), ("--tiktoken-pattern", args.tiktoken_pattern))
+             if v is not None]
+    if not (args.tokenizer_type or files):
+        return None
+    if not args.tokenizer_type:
+        raise UserInputError(f"{files[0]} needs --tokenizer-type")
+    return build_tokenizer(args.tokenizer_type, args.tokenizer_model, vocab_file=args.vocab_file,
+                           merge_file=args.merge_file, **tiktoken_options(args))
+
+
+def check_tokenizer_fits(tokenizer, config: ModelConfig, args) -> None:
+    """The tokenizer's vocabulary fits in the checkpoint's embedding rows."""
+    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
+        raise UserInputError(f"--tokenizer-type {args.tokenizer_type} "
+                             f"({getattr(tokenizer, 'model_path', args.tokenizer_model)}): vocabulary "
+                             f"{tokenizer.vocab_size} is larger than the checkpoint's {config.vocab_size} embedding rows")
 
 
 def check_threads(threads: int | None) -> None:

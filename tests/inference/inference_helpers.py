@@ -60,3 +60,21 @@ def hf_checkpoint(tmp_path_factory, tiny_model):
     folder = tmp_path_factory.mktemp("ckpt") / "hf"
     save_hf_folder(tiny_model.state_dict(), tiny_model.config, folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def sp_model(tmp_path_factory):
+    """A 500-piece SentencePiece model trained on synthetic English (a smaller vocabulary than the
+    tiny model's 8192 rows)."""
+    import json
+
+    from megatron_zaya.data.synthetic import TextGenerator
+    d = tmp_path_factory.mktemp("sp")
+    gen = TextGenerator(seed=5, lexicon_size=800)
+    with open(d / "corpus.jsonl", "w", encoding="utf-8") as f:
+        for _ in range(150):
+            f.write(json.dumps({"text": gen.document(max_sentences=6)}) + "\n")
+    tool = load_tool("train_tokenizer")
+    assert tool.main(["--input", str(d / "corpus.jsonl"), "--vocab-size", "500", "--output-prefix",
+                      str(d / "sp"), "--num-threads", "1"]) == 0
+    return str(d / "sp.model")

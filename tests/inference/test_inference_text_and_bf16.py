@@ -1,27 +1,12 @@
 """Text generation through a real SentencePiece tokenizer, and bf16 decoding against the bf16 full forward."""
 import json
 
-import pytest
 import torch
 
-from megatron_zaya.data.synthetic import TextGenerator
 from megatron_zaya.inference import InferenceCache, SamplingParams, forward_with_cache, generate, prefill
 from megatron_zaya.inference.loading import inference_autocast, load_model_for_inference
 
-from inference_helpers import hf_checkpoint, load_tool, one_cpu_thread, tiny_model  # noqa: F401 (fixtures)
-
-
-@pytest.fixture(scope="module")
-def sp_model(tmp_path_factory):
-    d = tmp_path_factory.mktemp("sp")
-    gen = TextGenerator(seed=5, lexicon_size=800)
-    with open(d / "corpus.jsonl", "w", encoding="utf-8") as f:
-        for _ in range(150):
-            f.write(json.dumps({"text": gen.document(max_sentences=6)}) + "\n")
-    tool = load_tool("train_tokenizer")
-    assert tool.main(["--input", str(d / "corpus.jsonl"), "--vocab-size", "500", "--output-prefix",
-                      str(d / "sp"), "--num-threads", "1"]) == 0
-    return str(d / "sp.model")
+from inference_helpers import hf_checkpoint, load_tool, one_cpu_thread, sp_model, tiny_model  # noqa: F401 (fixtures)
 
 
 def test_generate_text_with_sentencepiece(hf_checkpoint, sp_model, tmp_path, capsys):

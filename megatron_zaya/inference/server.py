@@ -1,0 +1,201 @@
+"""Megatron-LM's text generation REST API over `generate` (behind tools/run_text_generation_server.py).
+
+PUT (or POST) /api with a JSON body
+
+    {"prompts": ["Once upon a time"], "tokens_to_generate": 64, "logprobs": false,
+     "temperature": 1.0, "top_k": 0, "top_p": 0.0, "add_BOS": false, "random_seed": -1, "no_log": false}
+
+answers, as Megatron-LM's server does,
+
+    {"text": [prompt + generated text], "tokens": [prompt ids + generated ids],
+     "segments": [[the text of each token]], "logprobs": [[log p of every token after the first]]}
+
+("logprobs" only when asked: the model's log-probabilities over its whole vocabulary, before
+temperature, top-k or top-p, as the training loss counts them; tokens_to_generate 0 with logprobs
+scores the prompts alone, which is how evaluation harnesses use this API). Megatron-LM's
+conventions: top_k 0 and top_p 0.0 are off, and only one of them may be set; top_k 1 is greedy;
+generation stops at the tokenizer's EOD. A bad field gets HTTP 400 and a message that names it;
+Megatron-LM's beam search and end-of-line stops are refused by name. Requests are served one at a
+time (a lock around the model), as in Megatron-LM.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from megatron_zaya.inference.decode import generate
+from megatron_zaya.inference.sampling import SamplingParams
+
+MAX_PROMPTS = 128                # as Megatron-LM
+MAX_BODY_BYTES = 64 << 20
+# Megatron-LM fields this server does not implement: accepted only at their "off" value.
+UNSUPPORTED = {"beam_width": None, "stop_on_eol": False, "stop_on_double_eol": False,
+               "prevent_newline_after_colon": False, "top_p_decay": 0.0, "top_p_bound": 0.0, "top_n_logprobs": 0}
+RENAMED = {"max_len": "tokens_to_generate", "sentences": "prompts"}
+KNOWN = {"prompts", "tokens_to_generate", "logprobs", "temperature", "top_k", "top_p", "add_BOS", "random_seed",
+         "no_log", "stop_token", "length_penalty", *UNSUPPORTED}
+
+
+class RequestError(ValueError):
+    """A bad request: answered with HTTP 400 and this message."""
+
+
+@dataclass
+class GenerationRequest:
+    prompts: list[str]
+    tokens_to_generate: int = 64
+    logprobs: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 0.0
+    add_bos: bool = False
+    random_seed: int = -1            # -1: a fresh seed per request
+    no_log: bool = False
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def parse_request(body) -> GenerationRequest:
+    """The request of a JSON body, every field checked (RequestError names the first bad one)."""
+    if not isinstance(body, dict):
+        raise RequestError("the body must be a JSON object, e.g. {\"prompts\": [\"Hello\"], \"tokens_to_generate\": 16}")
+    for old, new in RENAMED.items():
+        if old in body:
+            raise RequestError(f"{old} is no longer used: replace it with {new}")
+    unknown = sorted(set(body) - KNOWN)
+    if unknown:
+        raise RequestError(f"unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(KNOWN))}")
+    for field, off in UNSUPPORTED.items():
+        if field in body and body[field] != off:
+            raise RequestError(f"{field} is not supported by this server (only {json.dumps(off)})")
+    if "prompts" not in body:
+        raise RequestError("prompts argument required")
+    prompts = body["prompts"]
+    if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+        raise RequestError("prompts is not a list of strings")
+    if not prompts:
+        raise RequestError("prompts is empty")
+    if len(prompts) > MAX_PROMPTS:
+        raise RequestError(f"Maximum number of prompts is {MAX_PROMPTS}")
+    request = GenerationRequest(prompts)
+    checks = {
+        "tokens_to_generate": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+        "logprobs": (lambda v: isinstance(v, bool), "a boolean"),
+        "temperature": (lambda v: _is_number(v) and 0.0 < v <= 100.0, "a number in (0, 100]"),
+        "top_k": (lambda v: _is_int(v) and 0 <= v <= 1000, "an integer in [0, 1000]"),
+        "top_p": (lambda v: _is_number(v) and 0.0 <= v <= 1.0, "a number in [0, 1]"),
+        "add_BOS": (lambda v: isinstance(v, bool), "a boolean"),
+        "random_seed": (lambda v: _is_int(v) and v >= -1, "an integer >= 0 (or -1: a fresh seed)"),
+        "no_log": (lambda v: isinstance(v, bool), "a boolean"),
+        "stop_token": (_is_int, "an integer"),
+        "length_penalty": (_is_number, "a number"),
+    }
+    for field, (valid, what) in checks.items():
+        if field in body:
+            if not valid(body[field]):
+                raise RequestError(f"{field} must be {what}, got {json.dumps(body[field])}")
+            if hasattr(request, field.lower()):     # stop_token, length_penalty: beam search's, unused
+                setattr(request, field.lower(), body[field])
+    if request.top_k > 0 and request.top_p > 0.0:
+        raise RequestError("cannot set both top_k and top_p")
+    if request.tokens_to_generate == 0 and not request.logprobs:
+        raise RequestError("tokens_to_generate=0 implies logprobs should be true")
+    if any(p == "" for p in request.prompts) and not request.add_bos:
+        raise RequestError("Empty prompts require add_BOS=true")
+    return request
+
+
+class TextGenerationService:
+    """Tokenizes a request's prompts, generates under a lock, and builds Megatron-LM's response."""
+
+    def __init__(self, model, tokenizer, log=None):
+        self.model, self.tokenizer = model, tokenizer
+        self.lock = threading.Lock()
+        self.log = log or (lambda message: None)
+
+    def prompt_ids(self, request: GenerationRequest) -> list[list[int]]:
+        config = self.model.config
+        prompts = []
+        for i, text in enumerate(request.prompts):
+            ids = self.tokenizer.encode(text)
+            if request.add_bos:
+                if self.tokenizer.bos is None:
+                    raise RequestError("add_BOS: the tokenizer has no BOS token")
+                ids = [self.tokenizer.bos] + ids
+            if len(ids) + request.tokens_to_generate > config.max_position_embeddings:
+                raise RequestError(f"prompt {i}: {len(ids)} tokens + tokens_to_generate {request.tokens_to_generate} "
+                                   f"exceeds the model's max_position_embeddings {config.max_position_embeddings}")
+            prompts.append(ids)
+        return prompts
+
+    def respond(self, request: GenerationRequest) -> dict:
+        prompts = self.prompt_ids(request)
+        sampling = SamplingParams(temperature=request.temperature, top_k=request.top_k,
+                                  top_p=request.top_p if request.top_p > 0 else 1.0)
+        seed = request.random_seed if request.random_seed >= 0 else int.from_bytes(os.urandom(4), "little")
+        eod = self.tokenizer.eod
+        with self.lock:
+            if not request.no_log:
+                self.log(json.dumps({"prompts": len(prompts), "tokens_to_generate": request.tokens_to_generate,
+                                     "logprobs": request.logprobs, "seed": seed}))
+            result = generate(self.model, prompts, request.tokens_to_generate, sampling, eod=eod, seed=seed,
+                              vocab_limit=self.tokenizer.vocab_size, return_logprobs=request.logprobs)
+        tokens = [prompt + new for prompt, new in zip(result.prompts, result.tokens)]
+        response = {
+            "text": [self.tokenizer.decode([t for t in ids if t != eod]) for ids in tokens],
+            "tokens": tokens,
+            "segments": [[self.tokenizer.decode([t]) for t in ids] for ids in tokens],
+        }
+        if request.logprobs:
+            response["logprobs"] = [p + g for p, g in zip(result.prompt_logprobs, result.logprobs)]
+        return response
+
+
+def make_server(service: TextGenerationService, host: str, port: int) -> ThreadingHTTPServer:
+    """An HTTP server answering PUT/POST /api with `service` (port 0: any free port)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def reply(self, status: int, payload) -> None:
+            body = json.dumps(payload).encode("utf-8")
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_PUT(self):
+            if self.path.split("?")[0].rstrip("/") != "/api":
+                return self.reply(404, f"no endpoint {self.path}: use PUT /api")
+            size = int(self.headers.get("Content-Length") or 0)
+            if size > MAX_BODY_BYTES:
+                return self.reply(413, f"the body has {size} bytes, more than {MAX_BODY_BYTES}")
+            try:
+                body = json.loads(self.rfile.read(size) or b"null")
+            except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                return self.reply(400, f"the body is not JSON: {err}")
+            try:
+                return self.reply(200, service.respond(parse_request(body)))
+            except RequestError as err:
+                return self.reply(400, str(err))
+            except Exception as err:      # a failed generation must not take the server down
+                service.log(f"error: {type(err).__name__}: {err}")
+                return self.reply(500, f"{type(err).__name__}: {err}")
+
+        do_POST = do_PUT
+
+        def do_GET(self):
+            self.reply(405, "use PUT /api with a JSON body such as {\"prompts\": [\"Hello\"], \"tokens_to_generate\": 16}")
+
+        def log_message(self, format, *args):
+            service.log(f"{self.address_string()} {format % args}")
+
+    return ThreadingHTTPServer((host, port), Handler)

@@ -1,0 +1,169 @@
+"""tools/run_text_generation_server.py: Megatron-LM's REST API over HTTP, checked against the full
+forward of the same model (greedy tokens and every log-probability), plus its request checks."""
+import json
+import socket
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+
+from megatron_zaya.data.tokenizer import build_tokenizer
+
+from inference_helpers import hf_checkpoint, load_tool, one_cpu_thread, sp_model, tiny_model  # noqa: F401 (fixtures)
+
+
+@pytest.fixture(scope="module")
+def server_url(hf_checkpoint, sp_model):
+    service, server = load_tool("run_text_generation_server").prepare([
+        "--load", str(hf_checkpoint), "--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", sp_model,
+        "--port", "0", "--quiet"])
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def call(url, body, method="PUT", path="/api"):
+    """(HTTP status, decoded JSON answer)."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def reference_greedy(model, ids, new_tokens, vocab_limit, eod):
+    """Greedy decoding by full forwards (no cache), and log p of every token after the first."""
+    ids = list(ids)
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            logits = model(torch.tensor([ids])).logits[0, -1, :vocab_limit]
+            ids.append(int(torch.argmax(logits)))
+            if ids[-1] == eod:
+                break
+        logits = model(torch.tensor([ids])).logits[0].double()
+    logprobs = torch.log_softmax(logits, dim=-1)[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+    return ids, logprobs.tolist()
+
+
+def test_greedy_generation_and_logprobs_match_the_full_forward(server_url, tiny_model, sp_model):
+    tok = build_tokenizer("GPTSentencePieceTokenizer", sp_model)
+    prompts = ["the quick brown fox", "a"]
+    status, answer = call(server_url, {"prompts": prompts, "tokens_to_generate": 6, "top_k": 1, "logprobs": True})
+    assert status == 200, answer
+    for i, text in enumerate(prompts):
+        ids, logprobs = reference_greedy(tiny_model, tok.encode(text), 6, tok.vocab_size, tok.eod)
+        assert answer["tokens"][i] == ids
+        assert answer["logprobs"][i] == pytest.approx(logprobs, abs=1e-4)
+        assert answer["text"][i] == tok.decode([t for t in ids if t != tok.eod])
+        assert answer["text"][i].startswith(text)
+        assert answer["segments"][i] == [tok.decode([t]) for t in ids]
+    # tokens_to_generate 0 with logprobs scores the prompt alone (what evaluation harnesses send)
+    status, scored = call(server_url, {"prompts": prompts[:1], "tokens_to_generate": 0, "logprobs": True})
+    prompt_ids = tok.encode(prompts[0])
+    assert status == 200 and scored["tokens"] == [prompt_ids]
+    assert scored["logprobs"][0] == pytest.approx(answer["logprobs"][0][:len(prompt_ids) - 1], abs=1e-5)
+    status, started = call(server_url, {"prompts": [""], "add_BOS": True, "tokens_to_generate": 3, "top_k": 1})
+    assert status == 200 and started["tokens"][0] == reference_greedy(tiny_model, [tok.bos], 3, tok.vocab_size,
+                                                                      tok.eod)[0]
+
+
+def test_sampling_is_reproducible_with_a_seed(server_url):
+    body = {"prompts": ["the", "a b"], "tokens_to_generate": 8, "temperature": 0.9, "top_p": 0.9, "random_seed": 7}
+    first, second = call(server_url, body), call(server_url, body)
+    assert first[0] == 200 and first == second
+    assert "logprobs" not in first[1]
+    other = call(server_url, {**body, "random_seed": 8})[1]
+    assert other["tokens"] != first[1]["tokens"]
+
+
+@pytest.mark.parametrize("body, status, message", [
+    ({"tokens_to_generate": 4}, 400, "prompts argument required"),
+    ({"prompts": "hello"}, 400, "prompts is not a list of strings"),
+    ({"prompts": []}, 400, "prompts is empty"),
+    ({"prompts": ["a"], "temperature": 0}, 400, "temperature must be a number in (0, 100], got 0"),
+    ({"prompts": ["a"], "top_k": 5, "top_p": 0.5}, 400, "cannot set both top_k and top_p"),
+    ({"prompts": ["a"], "tokens_to_generate": 0}, 400, "tokens_to_generate=0 implies logprobs"),
+    ({"prompts": ["a"], "tokens_to_generate": True}, 400, "tokens_to_generate must be an integer >= 0, got true"),
+    ({"prompts": ["a"], "beam_width": 2}, 400, "beam_width is not supported"),
+    ({"prompts": ["a"], "max_len": 5}, 400, "max_len is no longer used: replace it with tokens_to_generate"),
+    ({"prompts": ["a"], "temprature": 0.5}, 400, "unknown field(s) temprature"),
+    ({"prompts": [""]}, 400, "Empty prompts require add_BOS=true"),
+    ({"prompts": ["a"], "tokens_to_generate": 5000}, 400, "exceeds the model's max_position_embeddings"),
+    (b"{not json", 400, "the body is not JSON"),
+])
+def test_bad_requests_get_400_naming_the_field(server_url, body, status, message):
+    got_status, answer = call(server_url, body)
+    assert got_status == status and message in answer, answer
+
+
+def test_other_methods_and_paths(server_url):
+    assert call(server_url, {"prompts": ["a"]}, path="/generate")[0] == 404
+    request = urllib.request.Request(server_url + "/api", method="GET")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(request, timeout=30)
+    assert err.value.code == 405
+    status, answer = call(server_url, {"prompts": ["a"], "tokens_to_generate": 2}, method="POST")
+    assert status == 200 and len(answer["tokens"][0]) >= 2
+
+
+def test_flags_are_checked_before_the_checkpoint_loads(hf_checkpoint, sp_model, tmp_path, capsys):
+    tool = load_tool("run_text_generation_server")
+    base = ["--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", sp_model, "--quiet"]
+    with pytest.raises(SystemExit):
+        tool.prepare(["--load", str(tmp_path / "missing"), *base, "--port", "0"])
+    assert "--load:" in capsys.readouterr().err
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(SystemExit):
+            tool.prepare(["--load", str(hf_checkpoint), *base, "--port", str(busy.getsockname()[1])])
+    assert "cannot listen" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        tool.prepare(["--load", str(hf_checkpoint), *base, "--port", "70000"])
+    assert "--port=70000 must be in [0, 65535]" in capsys.readouterr().err
+
+
+def test_prompt_logprobs_do_not_depend_on_the_prefill_chunk(tiny_model):
+    """Chunked prefill (chunk 3 over 10 tokens: boundaries inside the prompt) gives every prompt
+    token's log-probability, equal to the full forward's."""
+    from megatron_zaya.inference import generate
+    prompt = torch.randint(0, 8000, (10,)).tolist()
+    whole = generate(tiny_model, [prompt], 2, eod=None, return_logprobs=True)
+    chunked = generate(tiny_model, [prompt], 2, eod=None, return_logprobs=True, prefill_chunk=3)
+    _, expected = reference_greedy(tiny_model, prompt, 0, None, None)
+    assert len(chunked.prompt_logprobs[0]) == 9 and len(chunked.logprobs[0]) == 2
+    assert chunked.prompt_logprobs[0] == pytest.approx(expected, abs=1e-4)
+    assert whole.prompt_logprobs[0] == pytest.approx(expected, abs=1e-4)
+
+
+def test_the_script_serves_until_sigterm(hf_checkpoint, sp_model):
+    """The entry script as users run it: it prints its address, answers, and stops cleanly on SIGTERM."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    from inference_helpers import ROOT
+    process = subprocess.Popen([sys.executable, os.path.join(ROOT, "tools", "run_text_generation_server.py"),
+                                "--load", str(hf_checkpoint), "--tokenizer-type", "GPTSentencePieceTokenizer",
+                                "--tokenizer-model", sp_model, "--port", "0", "--threads", "1"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        url = re.search(r"on (http://\S+)/api", line).group(1)
+        status, answer = call(url, {"prompts": ["the"], "tokens_to_generate": 2, "top_k": 1})
+        assert status == 200 and len(answer["tokens"][0]) >= 2
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert "server stopped" in out
+    assert '"tokens_to_generate": 2' in err          # the request log line (no --quiet)
