@@ -109,7 +109,7 @@ NUMBER_DOMAINS = (
     ("weight_decay", _ge0, "must be >= 0"), ("clip_grad", _ge0, "must be >= 0 (0 turns clipping off)"),
     ("adam_beta1", _unit, "must be in [0, 1)"), ("adam_beta2", _unit, "must be in [0, 1)"),
     ("adam_eps", _gt0, "must be > 0"), ("muon_momentum", _unit, "must be in [0, 1)"),
-    ("muon_num_ns_steps", _ge1, "must be >= 1"),
+    ("muon_num_ns_steps", _ge1, "must be >= 1"), ("muon_extra_scale_factor", _gt0, "must be > 0"),
     ("moe_router_bias_lr", _ge0, "must be >= 0"), ("moe_router_bias_beta1", _unit, "must be in [0, 1)"),
     ("moe_router_bias_beta2", _unit, "must be in [0, 1)"), ("num_workers", _ge0, "must be >= 0"),
     ("save_interval", _ge1, "must be >= 1"), ("ckpt_keep", _ge1, "must be >= 1"),
@@ -435,5 +435,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
     optim = OptimizerConfig(optimizer=args.optimizer, lr=args.lr, weight_decay=args.weight_decay,
                             adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
                             muon_momentum=args.muon_momentum, muon_ns_steps=args.muon_num_ns_steps,
-                            muon_tp_mode=args.muon_tp_mode, clip_grad=args.clip_grad, decoupled_lr=args.decoupled_lr)
+                            muon_tp_mode=args.muon_tp_mode, muon_scale_mode=args.muon_scale_mode,
+                            muon_extra_scale_factor=args.muon_extra_scale_factor,
+                            clip_grad=args.clip_grad, decoupled_lr=args.decoupled_lr)
     return RunConfig(model, train, optim, parallel, data, args, warnings)

@@ -13,6 +13,7 @@ from megatron_zaya.config import PRESETS
 from megatron_zaya.data.tokenizer import add_tiktoken_arguments
 from megatron_zaya.megatron_flags import add_megatron_flags
 from megatron_zaya.optim.builder import MUON_TP_MODES
+from megatron_zaya.optim.muon import MUON_SCALE_MODES
 from megatron_zaya.optim.schedules import DECAY_STYLES, WD_INCR_STYLES, WSD_DECAY_STYLES
 from megatron_zaya.parallel.launch import DEFAULT_TIMEOUT_MINUTES
 
@@ -94,6 +95,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Muon under tensor parallelism: duplicated gathers each split matrix over the TP group and "
                         "orthogonalises it whole (the single-device update, TP x the Newton-Schulz work); "
                         "blockwise orthogonalises each rank's slice (Megatron-LM's default; depends on the TP size)")
+    g.add_argument("--muon-scale-mode", choices=MUON_SCALE_MODES, default="spectral",
+                   help="scale of the orthogonalised (out, in) update: spectral sqrt(max(out, in)), unit_rms_norm "
+                        "sqrt(out / in), shape_scaling sqrt(max(1, out / in)); times --muon-extra-scale-factor")
+    g.add_argument("--muon-extra-scale-factor", type=float, default=0.2,
+                   help="0.2 with spectral (the default) matches the update's RMS to AdamW's (ZAYA1); "
+                        "Megatron-LM's default is 1.0")
+    g.add_argument("--muon-use-nesterov", action="store_true",
+                   help="accepted: Muon's momentum is always Nesterov here (Megatron-LM's default is plain)")
+    g.add_argument("--muon-no-split-qkv", action="store_true",
+                   help="accepted: CCA's query, key and value projections are separate matrices, each its own "
+                        "Muon matrix")
+    g.add_argument("--muon-fp32-matmul-prec", choices=["low", "medium", "high"], default=None,
+                   help="accepted: Newton-Schulz runs in bf16 where bf16 matmuls are native, else in full fp32")
     g.add_argument("--clip-grad", type=float, default=1.0)
     g.add_argument("--bf16", action="store_true")
     g.add_argument("--seed", type=int, default=1234)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from megatron_zaya.optim.muon import Muon
+from megatron_zaya.optim.muon import Muon, MuonScale
 
 
 @dataclass
@@ -27,8 +27,14 @@ class OptimizerConfig:
     muon_momentum: float = 0.95
     muon_ns_steps: int = 5             # --muon-num-ns-steps
     muon_tp_mode: str = "duplicated"   # --muon-tp-mode duplicated|blockwise (megatron_zaya/optim/muon_tp.py)
+    muon_scale_mode: str = "spectral"  # --muon-scale-mode (optim/muon.py MuonScale)
+    muon_extra_scale_factor: float = 0.2   # --muon-extra-scale-factor (0.2: AdamW RMS matching)
     clip_grad: float = 1.0
     decoupled_lr: float | None = None  # --decoupled-lr: the embedding and output layer in a group of their own
+
+
+def muon_scale_of(cfg: OptimizerConfig) -> MuonScale:
+    return MuonScale(cfg.muon_scale_mode, cfg.muon_extra_scale_factor)
 
 
 def is_muon_param(name: str, param: nn.Parameter) -> bool:
@@ -159,7 +165,7 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig, pstate=None) -> Opti
     if muon:
         optimizers["muon"] = Muon([p for _, p in muon], lr=cfg.lr, momentum=cfg.muon_momentum,
                                   weight_decay=cfg.weight_decay, ns_steps=cfg.muon_ns_steps,
-                                  tp_group=muon_tp_group(cfg, pstate))
+                                  tp_group=muon_tp_group(cfg, pstate), scale=muon_scale_of(cfg))
     return OptimizerSet(optimizers)
 
 
@@ -177,7 +183,7 @@ def build_distributed_optimizer(model: nn.Module, cfg: OptimizerConfig, pstate, 
     if muon:
         optimizers["muon"] = DistributedMuon([p for _, p in muon], reducer, lr=cfg.lr, momentum=cfg.muon_momentum,
                                              weight_decay=cfg.weight_decay, ns_steps=cfg.muon_ns_steps,
-                                             tp_group=muon_tp_group(cfg, pstate))
+                                             tp_group=muon_tp_group(cfg, pstate), scale=muon_scale_of(cfg))
     adam_groups = adamw_groups(decay, no_decay, cfg)
     optimizers["adamw"] = DistributedOptimizer(adam_groups, lambda groups: build_adamw(groups, cfg), pstate,
                                                reducer=reducer)

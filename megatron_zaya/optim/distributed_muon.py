@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_zaya.optim.distributed import describe_sharding, sharding_report
-from megatron_zaya.optim.muon import apply_update, momentum_direction, tp_orthogonalized_updates
+from megatron_zaya.optim.muon import MuonScale, apply_update, momentum_direction, tp_orthogonalized_updates
 from megatron_zaya.optim.muon_tp import whole_numel
 from megatron_zaya.parallel.data import owners_of_bucket, shard_range
 
@@ -46,10 +46,10 @@ def _exchange(sends, receives, read, like: torch.Tensor, group) -> torch.Tensor:
 class DistributedMuon:
     def __init__(self, params: list[torch.nn.Parameter], reducer, lr: float, momentum: float = 0.95,
                  nesterov: bool = True, weight_decay: float = 0.0, ns_steps: int = 5,
-                 ns_dtype: torch.dtype | None = None, tp_group=None):
+                 ns_dtype: torch.dtype | None = None, tp_group=None, scale: MuonScale = MuonScale()):
         self.param_groups = [dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
                                   ns_steps=ns_steps, ns_dtype=ns_dtype, params=list(params))]
-        self.reducer, self.tp_group = reducer, tp_group
+        self.reducer, self.tp_group, self.scale = reducer, tp_group, scale
         order = {p: n for n, p in enumerate(params)}
         wanted = set(params)
         self.buckets = [b for b in reducer.buckets if any(p in wanted for p in b.params)]
@@ -152,7 +152,8 @@ class DistributedMuon:
                 state["master"] = p.detach().float()
             directions.append(momentum_direction(bucket.view(i).float(), state["momentum_buffer"],
                                                  group["momentum"], group["nesterov"]))
-        updates = tp_orthogonalized_updates(mine, directions, self.tp_group, group["ns_steps"], group["ns_dtype"])
+        updates = tp_orthogonalized_updates(mine, directions, self.tp_group, group["ns_steps"], group["ns_dtype"],
+                                            self.scale)
         for p, update in zip(mine, updates):
             master = self.state[p].get("master")
             apply_update(p if master is None else master, update, group["lr"], group["weight_decay"])

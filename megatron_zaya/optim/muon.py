@@ -2,7 +2,8 @@
 
 update = NS5(nesterov_momentum(grad)) * 0.2 * sqrt(max(m, n))
 The 0.2 * sqrt(max(m, n)) factor matches the update's RMS to AdamW's typical ~0.2, so Muon shares
-AdamW's learning rate and (decoupled) weight decay. A parameter of shape (..., m, n) holds
+AdamW's learning rate and (decoupled) weight decay. That is Megatron-LM's --muon-scale-mode spectral
+with --muon-extra-scale-factor 0.2; its other modes (MuonScale) are available too. A parameter of shape (..., m, n) holds
 prod(...) separate m x n matrices (each expert of a grouped expert weight is its own matrix).
 Newton-Schulz runs in `ns_dtype`; None (the default) picks bf16 where bf16 matmuls are native and
 fp32 elsewhere (an AVX2-only CPU), per device (kernels.capability.newton_schulz_dtype).
@@ -12,6 +13,7 @@ With `tp_group` (--muon-tp-mode duplicated under TP) TP-split matrices are ortho
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -20,8 +22,33 @@ from megatron_zaya.kernels.capability import newton_schulz_dtype
 from megatron_zaya.optim.muon_tp import local_slices, whole_directions, whole_numel
 
 
+MUON_SCALE_MODES = ("spectral", "unit_rms_norm", "shape_scaling")
+
+
+@dataclass(frozen=True)
+class MuonScale:
+    """The factor of an orthogonalised (out, in) update, as Megatron-LM's --muon-scale-mode and
+    --muon-extra-scale-factor define it: spectral sqrt(max(out, in)), unit_rms_norm sqrt(out / in),
+    shape_scaling sqrt(max(1, out / in)), times `extra`. The default (spectral x 0.2) is ZAYA1's
+    AdamW RMS matching; Megatron-LM's default extra factor is 1.0."""
+    mode: str = "spectral"
+    extra: float = 0.2
+
+    def __post_init__(self):
+        if self.mode not in MUON_SCALE_MODES:
+            raise ValueError(f"--muon-scale-mode {self.mode}: choose one of {', '.join(MUON_SCALE_MODES)}")
+        if not (math.isfinite(self.extra) and self.extra > 0):
+            raise ValueError(f"--muon-extra-scale-factor={self.extra} must be a finite number > 0")
+
+    def __call__(self, shape: torch.Size) -> float:
+        out, inp = shape[-2], shape[-1]
+        base = {"spectral": max(out, inp), "unit_rms_norm": out / inp, "shape_scaling": max(1.0, out / inp)}[self.mode]
+        return self.extra * math.sqrt(base)
+
+
 def muon_scale(shape: torch.Size) -> float:
-    return 0.2 * math.sqrt(max(shape[-2], shape[-1]))
+    """The default scale (MuonScale()) of a matrix of `shape`."""
+    return MuonScale()(shape)
 
 
 def momentum_direction(grad: torch.Tensor, buffer: torch.Tensor, momentum: float, nesterov: bool) -> torch.Tensor:
@@ -30,10 +57,10 @@ def momentum_direction(grad: torch.Tensor, buffer: torch.Tensor, momentum: float
     return grad.add(buffer, alpha=momentum) if nesterov else buffer.clone()
 
 
-def orthogonalized_updates(directions: list[torch.Tensor], ns_steps: int,
-                           ns_dtype: torch.dtype | None) -> list[torch.Tensor]:
-    """Newton-Schulz on every matrix, batched: same-shape directions are stacked into one call.
-    ns_dtype None: the device's default (bf16 where native, else fp32)."""
+def orthogonalized_updates(directions: list[torch.Tensor], ns_steps: int, ns_dtype: torch.dtype | None,
+                           scale: MuonScale = MuonScale()) -> list[torch.Tensor]:
+    """Newton-Schulz on every matrix, batched: same-shape directions are stacked into one call, then
+    scaled by `scale`. ns_dtype None: the device's default (bf16 where native, else fp32)."""
     by_shape: dict[tuple, list[int]] = {}
     for i, d in enumerate(directions):
         by_shape.setdefault(tuple(d.shape), []).append(i)
@@ -45,7 +72,7 @@ def orthogonalized_updates(directions: list[torch.Tensor], ns_steps: int,
             continue
         stacked = torch.stack([directions[i] for i in indices])
         dtype = ns_dtype or newton_schulz_dtype(stacked.device)
-        ortho = kernels.newton_schulz(stacked, steps=ns_steps, dtype=dtype) * muon_scale(torch.Size(shape))
+        ortho = kernels.newton_schulz(stacked, steps=ns_steps, dtype=dtype) * scale(torch.Size(shape))
         for j, i in enumerate(indices):
             results[i] = ortho[j]
     return results
@@ -55,17 +82,17 @@ TP_GATHER_ELEMENTS = 1 << 27      # whole matrices gathered at a time under TP (
 
 
 def tp_orthogonalized_updates(params: list, directions: list[torch.Tensor], tp_group, ns_steps: int,
-                              ns_dtype: torch.dtype | None) -> list[torch.Tensor]:
+                              ns_dtype: torch.dtype | None, scale: MuonScale = MuonScale()) -> list[torch.Tensor]:
     """orthogonalized_updates of the whole TP-split matrices (gathered over `tp_group`; None: of the
     local tensors as they are), cut back to this rank's slices. Gathered in chunks of at most
     TP_GATHER_ELEMENTS whole elements (the same chunks on every TP rank: same matrices, same order),
     so the whole matrices never all exist at once."""
     if tp_group is None:
-        return orthogonalized_updates(directions, ns_steps, ns_dtype)
+        return orthogonalized_updates(directions, ns_steps, ns_dtype, scale)
     updates: list[torch.Tensor] = []
     for lo, hi in _chunks([whole_numel(p) for p in params], TP_GATHER_ELEMENTS):
         whole = orthogonalized_updates(whole_directions(params[lo:hi], directions[lo:hi], tp_group), ns_steps,
-                                       ns_dtype)
+                                       ns_dtype, scale)
         updates += local_slices(params[lo:hi], whole, tp_group)
     return updates
 
@@ -86,11 +113,12 @@ def _chunks(sizes: list[int], limit: int) -> list[tuple[int, int]]:
 class Muon(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.95, nesterov: bool = True,
                  weight_decay: float = 0.0, ns_steps: int = 5, ns_dtype: torch.dtype | None = None,
-                 tp_group=None):
+                 tp_group=None, scale: MuonScale = MuonScale()):
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
                         ns_steps=ns_steps, ns_dtype=ns_dtype)
         super().__init__(params, defaults)
         self.tp_group = tp_group
+        self.scale = scale     # the run's flags, not a checkpoint's param groups
         for group in self.param_groups:
             for p in group["params"]:
                 if p.ndim < 2:
@@ -114,7 +142,7 @@ class Muon(torch.optim.Optimizer):
                 directions.append(momentum_direction(p.grad.float(), state["momentum_buffer"],
                                                      group["momentum"], group["nesterov"]))
             updates = tp_orthogonalized_updates(params, directions, self.tp_group, group["ns_steps"],
-                                                group["ns_dtype"])
+                                                group["ns_dtype"], self.scale)
             for p, update in zip(params, updates):
                 if p.grad is not None:
                     apply_update(p, update, group["lr"], group["weight_decay"])

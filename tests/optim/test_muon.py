@@ -1,10 +1,11 @@
 """Muon against an independent float64, one-matrix-at-a-time implementation of the same update."""
 import math
 
+import pytest
 import torch
 
 from megatron_zaya.kernels.reference import NS_COEFFICIENTS
-from megatron_zaya.optim.muon import Muon
+from megatron_zaya.optim.muon import Muon, MuonScale
 
 
 def reference_newton_schulz(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
@@ -20,19 +21,32 @@ def reference_newton_schulz(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
     return x.T if tall else x
 
 
-def reference_step(param, grad, buffer, lr, momentum, weight_decay):
+def reference_scale(out: int, inp: int, mode: str, extra: float) -> float:
+    """Megatron-LM's --muon-scale-mode factors of an (out, in) matrix, times the extra factor."""
+    if mode == "spectral":
+        return extra * max(out, inp) ** 0.5
+    if mode == "unit_rms_norm":
+        return extra * (out / inp) ** 0.5
+    return extra * max(1.0, out / inp) ** 0.5        # shape_scaling
+
+
+def reference_step(param, grad, buffer, lr, momentum, weight_decay, mode="spectral", extra=0.2):
     """One Muon step on a single matrix in float64; returns (new param, new buffer)."""
     buffer = momentum * buffer + grad
     direction = grad + momentum * buffer
-    update = reference_newton_schulz(direction) * 0.2 * math.sqrt(max(param.shape))
+    update = reference_newton_schulz(direction) * reference_scale(*param.shape, mode, extra)
     return param * (1 - lr * weight_decay) - lr * update, buffer
 
 
-def test_muon_matches_float64_reference_per_matrix():
+@pytest.mark.parametrize("mode, extra", [("spectral", 0.2), ("unit_rms_norm", 1.0), ("shape_scaling", 0.5)])
+def test_muon_matches_float64_reference_per_matrix(mode, extra):
+    """The default (spectral x 0.2: ZAYA1's AdamW RMS matching) and Megatron-LM's other scale modes."""
     torch.manual_seed(0)
     shapes = [(16, 24), (24, 16), (16, 24), (3, 10, 12)]   # same-shape pair batched; a 3-expert tensor
     params = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
-    opt = Muon(params, lr=0.05, momentum=0.9, weight_decay=0.1, ns_dtype=torch.float32)
+    scale = MuonScale(mode, extra)
+    opt = Muon(params, lr=0.05, momentum=0.9, weight_decay=0.1, ns_dtype=torch.float32,
+               **({} if (mode, extra) == ("spectral", 0.2) else {"scale": scale}))
     ref_params = [p.detach().double().clone() for p in params]
     ref_buffers = [torch.zeros_like(p) for p in ref_params]
     for _ in range(3):
@@ -43,9 +57,10 @@ def test_muon_matches_float64_reference_per_matrix():
         for i, g in enumerate(grads):
             p, buf = ref_params[i], ref_buffers[i]
             if p.ndim == 2:
-                ref_params[i], ref_buffers[i] = reference_step(p, g.double(), buf, 0.05, 0.9, 0.1)
+                ref_params[i], ref_buffers[i] = reference_step(p, g.double(), buf, 0.05, 0.9, 0.1, mode, extra)
             else:   # each expert is its own matrix
-                pairs = [reference_step(p[e], g[e].double(), buf[e], 0.05, 0.9, 0.1) for e in range(p.shape[0])]
+                pairs = [reference_step(p[e], g[e].double(), buf[e], 0.05, 0.9, 0.1, mode, extra)
+                         for e in range(p.shape[0])]
                 ref_params[i] = torch.stack([x for x, _ in pairs])
                 ref_buffers[i] = torch.stack([y for _, y in pairs])
     for p, ref in zip(params, ref_params):
@@ -95,3 +110,23 @@ def test_an_empty_matrix_slice_gets_no_update_and_others_are_unchanged():
             p.grad = g.clone()
         Muon(params, lr=0.02, ns_dtype=torch.float32).step()
     assert all(torch.equal(a, b) for a, b in zip(full, with_empty)) and with_empty[2].shape == (0, 16)
+
+
+def test_muon_scale_flags_reach_the_optimizer_and_bad_values_are_refused(tmp_path):
+    from megatron_zaya.arguments import parse_args
+    from megatron_zaya.model import ZayaModel
+    from megatron_zaya.optim.builder import build_optimizer
+    run = parse_args(["--mock-data", "--tokenizer-type", "NullTokenizer", "--tokenizer-model", "100",
+                      "--train-iters", "1", "--num-layers", "1", "--muon-scale-mode", "unit_rms_norm",
+                      "--muon-extra-scale-factor", "1.0", "--muon-use-nesterov"])
+    optimizers = build_optimizer(ZayaModel(run.model), run.optim)
+    assert optimizers.optimizers["muon"].scale == MuonScale("unit_rms_norm", 1.0)
+    assert build_optimizer(ZayaModel(run.model), parse_args(["--mock-data", "--tokenizer-type", "NullTokenizer",
+                                                             "--tokenizer-model", "100", "--train-iters", "1",
+                                                             "--num-layers", "1"]).optim
+                           ).optimizers["muon"].scale == MuonScale("spectral", 0.2)
+    with pytest.raises(ValueError, match="--muon-scale-mode bogus"):
+        MuonScale("bogus")
+    with pytest.raises(SystemExit):
+        parse_args(["--mock-data", "--tokenizer-type", "NullTokenizer", "--tokenizer-model", "100",
+                    "--train-iters", "1", "--muon-extra-scale-factor", "0"])

@@ -29,7 +29,7 @@ from megatron_zaya.optim.builder import OptimizerConfig, muon_bucket_key, split_
 from megatron_zaya.optim.distributed import DistributedOptimizer
 from megatron_zaya.optim.distributed_muon import DistributedMuon
 from megatron_zaya.optim import muon as muon_module
-from megatron_zaya.optim.muon import Muon
+from megatron_zaya.optim.muon import Muon, MuonScale
 from megatron_zaya.parallel.apply import full_gradients, gather_full_state_dict, parallelize_model
 from megatron_zaya.parallel.context import slice_batch_for_cp
 from megatron_zaya.parallel.data import GradientReducer, clip_grad_norm, count_zero_grads
@@ -127,6 +127,10 @@ def shard_like(full, p, ps):
     return full
 
 
+# Not the default (spectral x 0.2): a layout whose Muon ignored --muon-scale-mode would not match.
+MUON_SCALE = MuonScale("unit_rms_norm", 0.5)
+
+
 def adamw(params):
     return torch.optim.AdamW(params, lr=LR, weight_decay=0.1)
 
@@ -141,8 +145,9 @@ def build_optimizers(model, ps, reducer, zero: bool, muon: bool, blockwise: bool
         matrices = [p for _, p in matrices]
         tp_group = ps.tp_group if ps is not None and ps.tp_size > 1 and not blockwise else None
         opts.append(DistributedMuon(matrices, reducer, lr=LR, weight_decay=0.1, ns_dtype=torch.float32,
-                                    tp_group=tp_group) if zero
-                    else Muon(matrices, lr=LR, weight_decay=0.1, ns_dtype=torch.float32, tp_group=tp_group))
+                                    tp_group=tp_group, scale=MUON_SCALE) if zero
+                    else Muon(matrices, lr=LR, weight_decay=0.1, ns_dtype=torch.float32, tp_group=tp_group,
+                              scale=MUON_SCALE))
     opts.append(DistributedOptimizer(rest, adamw, ps, reducer=reducer) if zero else adamw(rest))
     return opts
 
