@@ -409,6 +409,11 @@ def validate(args: argparse.Namespace) -> RunConfig:
         if total_iters <= 0:
             raise UserInputError(f"--train-samples={args.train_samples} is less than one global batch: "
                                  f"no iteration to run")
+    for n in args.iterations_to_skip or ():
+        if n < 1:
+            raise UserInputError(f"--iterations-to-skip {n}: iterations are numbered from 1 (as logged)")
+        if n > total_iters:
+            warnings.append(f"--iterations-to-skip {n}: the run ends at iteration {total_iters}, never reaching it")
     lr_schedule_from_flags(args.lr, args, total_iters)
     weight_decay_schedule_from_flags(args, total_iters)
 

@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "Muon matrix")
     g.add_argument("--muon-fp32-matmul-prec", choices=["low", "medium", "high"], default=None,
                    help="accepted: Newton-Schulz runs in bf16 where bf16 matmuls are native, else in full fp32")
+    g.add_argument("--deterministic-mode", action="store_true",
+                   help="torch.use_deterministic_algorithms: repeatable steps on GPUs too, usually slower; an op "
+                        "without a deterministic kernel stops the run naming it (as in Megatron-LM)")
     g.add_argument("--clip-grad", type=float, default=1.0)
     g.add_argument("--bf16", action="store_true")
     g.add_argument("--seed", type=int, default=1234)
@@ -165,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "weights, iteration 0, fresh optimizer); later restarts resume from --load (as in Megatron-LM)")
     g.add_argument("--exit-on-missing-checkpoint", action="store_true",
                    help="stop when --load holds no checkpoint, instead of training from scratch")
-    g.add_argument("--save-interval", type=int, default=None)
+    g.add_argument("--save-interval", "--persistent-save-interval", type=int, default=None)
     g.add_argument("--non-persistent-save-interval", type=int, default=None,
                    help="also save every N iterations a checkpoint that is deleted once a newer one is complete "
                         "(between --save-interval saves: less work lost to a crash, no more disk)")
@@ -184,11 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--use-checkpoint-args", action="store_true",
                    help="the model config of --load's checkpoint instead of --preset's; model flags given on the "
                         "command line still override it (as in Megatron-LM)")
-    g.add_argument("--use-checkpoint-opt_param-scheduler", action="store_true",
+    g.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler", action="store_true",
                    help="the LR and weight-decay schedules from the flags of the run that saved --load's "
                         "checkpoint, not from this run's (as in Megatron-LM)")
     g = p.add_argument_group("logging and exits")
     g.add_argument("--log-interval", type=int, default=10)
+    g.add_argument("--iterations-to-skip", nargs="+", type=int, default=None, metavar="N",
+                   help="iterations (numbered as logged, from 1) whose global batch is read and dropped: no "
+                        "forward, backward or update, e.g. the batches of a loss spike (as in Megatron-LM)")
     g.add_argument("--eval-interval", type=int, default=1000)
     g.add_argument("--eval-iters", type=int, default=10)
     g.add_argument("--full-validation", action="store_true",

@@ -47,6 +47,7 @@ IMPLIED_SWITCHES = {
     "--exit-signal-handler": "SIGTERM and SIGUSR1 always save a checkpoint and exit",
     "--override-opt_param-scheduler": "the LR and weight-decay schedules come from this run's flags "
                                       "(--use-checkpoint-opt_param-scheduler takes the checkpoint's instead)",
+    "--override-opt-param-scheduler": "the same as --override-opt_param-scheduler",
     "--moe-permute-fusion": "the MoE permute / unpermute is fused where kernels are on",
     "--moe-router-pre-softmax": "ZAYA1's gate is the softmax over all classes, taken before the top-1 choice",
     "--no-create-attention-mask-in-dataloader": "batches carry no attention mask (causal attention is implicit)",
@@ -190,6 +191,9 @@ def add_megatron_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--moe-router-bias-update-rate", type=float, default=None,
                    help="Megatron-LM's step of the expert-bias update: here the lr of the balancing biases' "
                         "Adam (--moe-router-bias-lr), whose steps are also about this size")
+    g.add_argument("--local-rank", "--local_rank", type=int, default=None,
+                   help="accepted (torch.distributed.launch passes it): the local rank comes from LOCAL_RANK, "
+                        "or from Slurm / MPI")
     for flag in WANDB_FLAGS:
         g.add_argument(flag, default=None, metavar="VALUE",
                        help="accepted with a warning: no Weights & Biases logging here; scalars go to --tensorboard-dir")

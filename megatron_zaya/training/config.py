@@ -78,6 +78,8 @@ class TrainConfig:
     load: str | None = None                # with --ckpt-step: that iteration's folder (arguments.validate)
     exit_on_missing_checkpoint: bool = False
     skip_train: bool = False                  # evaluate the loaded model only (Megatron-LM's --skip-train)
+    iterations_to_skip: list[int] | None = None   # --iterations-to-skip: 1-based iteration numbers
+    deterministic_mode: bool = False          # --deterministic-mode: torch's deterministic algorithms
     pretrained_checkpoint: str | None = None   # fine-tuned from when --load holds no checkpoint (Megatron-LM)
     save_interval: int | None = None
     non_persistent_save_interval: int | None = None   # kept in --save until a newer checkpoint is complete

@@ -46,10 +46,12 @@ class TrainingLogger:
         for tag, value in values.items():
             self.writer.add_scalar(tag, value, step)
 
-    def advance(self, loss: float) -> None:
+    def advance(self, loss: float | None) -> None:
+        """One iteration more on the progress bar (loss None: an iteration without a loss)."""
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(loss=f"{loss:.3f}")
+            if loss is not None:
+                self.bar.set_postfix(loss=f"{loss:.3f}")
 
     def close(self) -> None:
         if self.bar is not None:

@@ -39,6 +39,7 @@ class TrainState:
     consumed_tokens: int = 0        # summed per step: stays right when --seq-length changes on a resume
     consumed_valid_samples: int = 0
     skipped_iterations: int = 0
+    skipped_train_samples: int = 0  # samples of the iterations --iterations-to-skip passed over
     floating_point_operations: float = 0.0   # model FLOPs of every step so far, all ranks (--log-progress)
     train_seconds: float = 0.0               # wall time of the steps so far, across jobs
     # The schedules' position: what the successful steps consumed, in samples (--train-samples runs)
@@ -113,6 +114,7 @@ class Trainer:
             self.peak_tflops, self.peak_source = device_peak_tflops(
                 self.device, torch.bfloat16 if self.cfg.bf16 else torch.float32)
         self.consecutive_nonfinite = 0
+        self.iterations_to_skip = frozenset(self.cfg.iterations_to_skip or ())   # 1-based, as logged
         self.stop_requested: str | None = None
         self.last_validation: dict[str, float] | None = None
         self.interval = IntervalMeter()
@@ -393,27 +395,10 @@ class Trainer:
         gc_interval = self.cfg.manual_gc_interval if self.cfg.manual_gc else 0
         while self.state.iteration < self.total_iters:
             batch_size = self.batch_schedule.batch_size(self.state.consumed_samples)
-            profiler.before_step(self.state.iteration)
-            step_start = time.time()
-            result = self.train_step(self.next_micro_batches())
-            synchronize(self.device)           # the step's queued device work belongs to its time
-            self.state.iteration += 1
-            profiler.after_step(self.state.iteration)
-            self.state.consumed_samples += batch_size
-            self.state.consumed_tokens += batch_size * self.run.model.seq_length
-            self.state.floating_point_operations += batch_size * self.run.model.seq_length * self.flops_per_token
-            self.state.train_seconds += time.time() - step_start
-            if not result.skipped:
-                self.state.scheduled_samples += batch_size
-                self.state.scheduled_iterations += batch_size / self.cfg.global_batch_size
-            if gc_interval and self.state.iteration % gc_interval == 0:
-                gc.collect()
-            self.handle_nonfinite(result)
-            hash_interval = self.cfg.check_weight_hash_across_dp_replicas_interval
-            if hash_interval and self.state.iteration % hash_interval == 0:
-                self.parallel.check_replicas_equal()
-            self.log_step(result, time.time() - step_start, batch_size, started)
-            self.logger.advance(result.loss)
+            if self.state.iteration + 1 in self.iterations_to_skip:
+                self.skip_iteration(batch_size)
+            else:
+                self.run_iteration(profiler, batch_size, gc_interval, started)
             if self.cfg.eval_interval and self.state.iteration % self.cfg.eval_interval == 0:
                 self.run_evaluation()
             if self.checkpointer is not None:
@@ -425,6 +410,45 @@ class Trainer:
                     self.checkpointer.on_exit(self)
                 break
         return self.state
+
+    def run_iteration(self, profiler: StepProfiler, batch_size: int, gc_interval: int, started: float) -> None:
+        """One training step of `batch_size` samples, with its bookkeeping and logging."""
+        profiler.before_step(self.state.iteration)
+        step_start = time.time()
+        result = self.train_step(self.next_micro_batches())
+        synchronize(self.device)           # the step's queued device work belongs to its time
+        self.state.iteration += 1
+        profiler.after_step(self.state.iteration)
+        self.state.consumed_samples += batch_size
+        self.state.consumed_tokens += batch_size * self.run.model.seq_length
+        self.state.floating_point_operations += batch_size * self.run.model.seq_length * self.flops_per_token
+        self.state.train_seconds += time.time() - step_start
+        if not result.skipped:
+            self.state.scheduled_samples += batch_size
+            self.state.scheduled_iterations += batch_size / self.cfg.global_batch_size
+        if gc_interval and self.state.iteration % gc_interval == 0:
+            gc.collect()
+        self.handle_nonfinite(result)
+        hash_interval = self.cfg.check_weight_hash_across_dp_replicas_interval
+        if hash_interval and self.state.iteration % hash_interval == 0:
+            self.parallel.check_replicas_equal()
+        self.log_step(result, time.time() - step_start, batch_size, started)
+        self.logger.advance(result.loss)
+
+    def skip_iteration(self, batch_size: int) -> None:
+        """Megatron-LM's --iterations-to-skip: the iteration's global batch is read and dropped (no
+        forward, backward or update), so the data order of every later iteration is unchanged; the
+        iteration and sample counters advance, the LR schedule does not (no update was made)."""
+        self.next_micro_batches()
+        self.state.iteration += 1
+        self.state.consumed_samples += batch_size
+        self.state.consumed_tokens += batch_size * self.run.model.seq_length
+        self.state.skipped_train_samples += batch_size
+        self.logger.print(f"iteration {self.state.iteration:>7}/{self.total_iters} | SKIPPED (--iterations-to-skip): "
+                          f"its {batch_size} samples dropped | consumed samples {self.state.consumed_samples:>9}")
+        self.logger.scalars({"skipped-train-samples": self.state.skipped_train_samples,
+                             "consumed-samples": self.state.consumed_samples}, self.state.iteration)
+        self.logger.advance(None)
 
     @property
     def watchdog(self):

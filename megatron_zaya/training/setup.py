@@ -5,7 +5,9 @@ Order: tokenizer (and the padded vocabulary) -> checks of --save / --load (check
 trainer. Validation of the flags already happened in megatron_zaya.arguments, before any of this."""
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sys
 
 import torch
@@ -70,7 +72,32 @@ def final_evaluation(run, trainer, logger, force: bool = False) -> None:
                      f"(perplexity {final['validation ppl']:.2f}) at iteration {trainer.state.iteration}")
 
 
+@contextlib.contextmanager
+def deterministic_algorithms(enabled: bool):
+    """--deterministic-mode: torch's deterministic kernels everywhere (cuBLAS needs its workspace
+    setting before the first matmul; cuDNN its flags), for the run; the settings before it come back
+    afterwards (a run inside a longer process, e.g. a test)."""
+    if not enabled:
+        yield
+        return
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+              torch.backends.cudnn.benchmark)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1], before[2]
+
+
 def build_and_train(run) -> int:
+    with deterministic_algorithms(run.train.deterministic_mode):
+        return _build_and_train(run)
+
+
+def _build_and_train(run) -> int:
     if getattr(run.args, "logging_level", None) is not None:      # --logging-level
         logging.getLogger().setLevel(run.args.logging_level)
     tokenizer = build_tokenizer(run.data.tokenizer_type, run.data.tokenizer_model,

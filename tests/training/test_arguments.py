@@ -435,6 +435,31 @@ def test_megatron_aliases_take_effect(tiny_corpus, tmp_path, capsys):
     assert run.warnings == []
     assert "--moe-router-bias-update-rate=0.001 and --moe-router-bias-lr=0.01" in error_of(
         base + ["--moe-router-bias-update-rate", "1e-3", "--moe-router-bias-lr", "1e-2"], capsys)
+    # Megatron-LM's second names, and the --local-rank torch.distributed.launch appends
+    run = parse_args(base + ["--persistent-save-interval", "5", "--save", str(tmp_path / "ckpt"),
+                             "--override-opt-param-scheduler", "--local-rank=0"])
+    assert run.train.save_interval == 5
+    assert "--use-checkpoint-opt_param-scheduler needs --load" in error_of(
+        base + ["--use-checkpoint-opt-param-scheduler"], capsys)
+    assert parse_args(base + ["--local_rank=1"]).args.local_rank == 1
+
+
+def test_deterministic_mode_holds_for_the_run_only(tiny_corpus, tmp_path, monkeypatch):
+    """--deterministic-mode: torch's deterministic algorithms during every step (same losses on this
+    CPU), and the process's earlier setting afterwards."""
+    import torch
+
+    from megatron_zaya.training import loop
+    from megatron_zaya.training.setup import build_and_train
+    seen, real_step = [], loop.Trainer.train_step
+
+    def train_step(trainer, micro_batches):
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        return real_step(trainer, micro_batches)
+    monkeypatch.setattr(loop.Trainer, "train_step", train_step)
+    flags = tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": 2, "--eval-iters": 0})
+    assert build_and_train(parse_args(flags + ["--deterministic-mode"])) == 0
+    assert seen == [True, True] and not torch.are_deterministic_algorithms_enabled()
 
 
 def test_data_args_files_stand_for_the_blend_flags(tiny_corpus, tmp_path, capsys):
