@@ -113,6 +113,7 @@ NUMBER_DOMAINS = (
     ("moe_router_bias_lr", _ge0, "must be >= 0"), ("moe_router_bias_beta1", _unit, "must be in [0, 1)"),
     ("moe_router_bias_beta2", _unit, "must be in [0, 1)"), ("num_workers", _ge0, "must be >= 0"),
     ("save_interval", _ge1, "must be >= 1"), ("ckpt_keep", _ge1, "must be >= 1"),
+    ("save_retain_interval", _ge1, "must be >= 1"),
     ("exit_interval", _ge1, "must be >= 1"), ("exit_duration_in_mins", _gt0, "must be > 0"),
     ("peak_tflops", _gt0, "must be > 0"), ("ddp_bucket_size", _ge1, "must be >= 1"),
     ("tensorboard_log_interval", _ge1, "must be >= 1"), ("tensorboard_queue_size", _ge1, "must be >= 1"),
@@ -274,6 +275,12 @@ def _check_non_persistent(args: argparse.Namespace) -> None:
                              f"--save here (a run resumes from the newest checkpoint of either kind there); drop the flag")
     if args.non_persistent_save_interval and not args.save:
         raise UserInputError("--non-persistent-save-interval needs --save (where the checkpoints go)")
+    retain = args.save_retain_interval
+    if retain and not (args.save and args.save_interval):
+        raise UserInputError("--save-retain-interval needs --save and --save-interval (the checkpoints it thins out)")
+    if retain and retain % args.save_interval:
+        raise UserInputError(f"--save-retain-interval {retain} is not a multiple of --save-interval "
+                             f"{args.save_interval}: no regular checkpoint would be retained")
 
 
 def _check_paths(args: argparse.Namespace, prefixes: list[str]) -> None:

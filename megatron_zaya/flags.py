@@ -176,7 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="global (the default here): non-persistent checkpoints written into --save like the others")
     g.add_argument("--non-persistent-global-ckpt-dir", default=None,
                    help="accepted when it is --save: non-persistent checkpoints are kept in --save")
-    g.add_argument("--ckpt-keep", type=int, default=None)
+    g.add_argument("--ckpt-keep", type=int, default=None, help="keep the newest N checkpoints, remove older ones")
+    g.add_argument("--save-retain-interval", type=int, default=None,
+                   help="keep the checkpoints at multiples of N iterations (a multiple of --save-interval) and "
+                        "the newest, remove the others once a newer one is complete (as in Megatron-LM); with "
+                        "--ckpt-keep a checkpoint either rule keeps stays")
     g.add_argument("--async-save", action="store_true")
     g.add_argument("--no-load-optim", action="store_true")
     g.add_argument("--no-save-optim", action="store_true",

@@ -1,6 +1,8 @@
 """Writing checkpoints: every rank its own files, in parallel; rank 0 finalizes (manifest, marker,
 rename, latest_checkpointed_iteration.txt) once every rank's files are durable; old checkpoints are
-pruned (--ckpt-keep) without ever touching the newest complete one or one newer than the save.
+pruned (--ckpt-keep: the newest N; Megatron-LM's --save-retain-interval: those at its multiples; with
+both, a checkpoint either rule keeps stays) without ever touching the newest complete one or one
+newer than the save.
 Non-persistent checkpoints (--non-persistent-save-interval; `"non_persistent": true` in their
 metadata) are removed as soon as a newer checkpoint of either kind is complete, and do not count
 towards --ckpt-keep; `promote` makes one persistent (a final or exit save at its iteration).
@@ -59,12 +61,14 @@ def recover_replaced(save_dir: str, log=_default_log) -> list[int]:
 
 class CheckpointWriter:
     def __init__(self, save_dir: str, rank: int, world_size: int, run_id: str, keep: int | None = None,
-                 log=_default_log, finalize_timeout: float | None = None):
+                 log=_default_log, finalize_timeout: float | None = None, retain_interval: int | None = None):
         self.save_dir = os.path.abspath(save_dir)
         self.rank, self.world_size, self.run_id = rank, world_size, run_id
         if keep is not None and keep < 1:
             raise ValueError(f"--ckpt-keep={keep}: must be >= 1")
-        self.keep = keep
+        if retain_interval is not None and retain_interval < 1:
+            raise ValueError(f"--save-retain-interval={retain_interval}: must be >= 1")
+        self.keep, self.retain_interval = keep, retain_interval
         self.log = log
         self.finalize_timeout = finalize_timeout if finalize_timeout is not None else float(
             os.environ.get("MEGATRON_ZAYA_CKPT_FINALIZE_TIMEOUT", "1800"))
@@ -217,9 +221,10 @@ class CheckpointWriter:
         self._non_persistent[iteration] = False
 
     def prune(self, just_saved: int) -> None:
-        """Keep the newest --ckpt-keep complete persistent checkpoints and no non-persistent one older
-        than `just_saved`, never touching one newer than `just_saved`; drop the saver's own debris
-        (see _is_debris), after restoring an interrupted replacement."""
+        """Keep the newest --ckpt-keep complete persistent checkpoints (and with --save-retain-interval
+        those at its multiples, and the newest) and no non-persistent one older than `just_saved`,
+        never touching one newer than `just_saved`; drop the saver's own debris (see _is_debris),
+        after restoring an interrupted replacement."""
         recover_replaced(self.save_dir, self.log)
         for name in os.listdir(self.save_dir):
             if self._is_debris(name, just_saved):
@@ -228,8 +233,7 @@ class CheckpointWriter:
         superseded = [it for it, flag in non_persistent.items() if flag and it < just_saved]
         persistent = [it for it, flag in non_persistent.items() if not flag]
         doomed = [(it, "superseded non-persistent checkpoint") for it in superseded]
-        if self.keep:
-            doomed += [(it, f"--ckpt-keep {self.keep}") for it in persistent[:-self.keep] if it < just_saved]
+        doomed += [(it, why) for it in persistent if it < just_saved and (why := self.prune_reason(it, persistent))]
         for it, why in sorted(doomed):
             path = self.final_dir(it)
             try:
@@ -241,6 +245,19 @@ class CheckpointWriter:
                 self.log(f"removed old checkpoint {path} ({why})")
             except OSError as err:
                 self.log(f"warning: could not remove old checkpoint {path}: {err}")
+
+    def prune_reason(self, iteration: int, persistent: list[int]) -> str | None:
+        """Why the persistent checkpoint of `iteration` goes (None: it stays). `persistent`: every
+        complete persistent iteration, ascending; the newest always stays."""
+        if not (self.keep or self.retain_interval) or iteration == persistent[-1]:
+            return None
+        if self.keep and iteration in persistent[-self.keep:]:
+            return None
+        if self.retain_interval and iteration % self.retain_interval == 0:
+            return None
+        rules = [f"--ckpt-keep {self.keep}" if self.keep else "",
+                 f"--save-retain-interval {self.retain_interval}" if self.retain_interval else ""]
+        return " and ".join(r for r in rules if r)
 
     def _cleanup(self, folder: str) -> None:
         shutil.rmtree(folder, ignore_errors=True)

@@ -98,7 +98,8 @@ class TrainingCheckpointer:
         if self.cfg.save:
             os.makedirs(self.cfg.save, exist_ok=True)
             self.writer = CheckpointWriter(self.cfg.save, self.rank, self.world_size, self.run_id,
-                                           keep=self.cfg.ckpt_keep, log=self._log_error)
+                                           keep=self.cfg.ckpt_keep, log=self._log_error,
+                                           retain_interval=self.cfg.save_retain_interval)
         self.last_saved: int | None = None
         self.last_saved_non_persistent = False     # the save at last_saved was a non-persistent one
         self.loaded: dict | None = None

@@ -85,6 +85,7 @@ class TrainConfig:
     non_persistent_save_interval: int | None = None   # kept in --save until a newer checkpoint is complete
     use_checkpoint_opt_param_scheduler: bool = False   # the schedules from the loaded checkpoint's flags
     ckpt_keep: int | None = None
+    save_retain_interval: int | None = None   # Megatron-LM's: keep checkpoints at its multiples (and the newest)
     async_save: bool = False
     no_load_optim: bool = False
     no_save_optim: bool = False

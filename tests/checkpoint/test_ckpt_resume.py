@@ -56,6 +56,19 @@ def test_keep_last_n_and_latest(ckpt_corpus, ckpt_cache, tmp_path):
     assert [e["iteration"] for e in rec.trainer.checkpointer.save_log] == [1, 2, 3, 4, 5]
 
 
+def test_save_retain_interval_keeps_its_multiples_and_the_newest(ckpt_corpus, ckpt_cache, tmp_path):
+    """Megatron-LM's --save-retain-interval 4 with --save-interval 2 over 7 iterations (a final save
+    at 7): 2 and 6 go once a newer checkpoint is complete; with --ckpt-keep 2 too, 6 stays (newest two)."""
+    save = str(tmp_path / "retain")
+    train(flags(ckpt_corpus, 7, "--save", save, "--save-interval", "2", "--save-retain-interval", "4",
+                cache=ckpt_cache))
+    assert list_complete(save) == [4, 7] and read_latest(save) == 7
+    both = str(tmp_path / "both")
+    train(flags(ckpt_corpus, 7, "--save", both, "--save-interval", "2", "--save-retain-interval", "4",
+                "--ckpt-keep", "2", cache=ckpt_cache))
+    assert list_complete(both) == [4, 6, 7]
+
+
 def test_no_load_optim_no_load_rng_finetune(ckpt_corpus, ckpt_cache, tmp_path):
     save = str(tmp_path / "base")
     base = train(flags(ckpt_corpus, 5, "--save", save, "--save-interval", "3", cache=ckpt_cache))

@@ -444,6 +444,15 @@ def test_megatron_aliases_take_effect(tiny_corpus, tmp_path, capsys):
     assert parse_args(base + ["--local_rank=1"]).args.local_rank == 1
 
 
+def test_save_retain_interval_is_checked_against_save_interval(tiny_corpus, tmp_path, capsys):
+    base = tiny_run_flags(tiny_corpus, tmp_path) + ["--save", str(tmp_path / "ckpt")]
+    assert "--save-retain-interval 3 is not a multiple of --save-interval 2" in error_of(
+        base + ["--save-interval", "2", "--save-retain-interval", "3"], capsys)
+    assert "--save-retain-interval needs --save and --save-interval" in error_of(
+        base + ["--save-retain-interval", "4"], capsys)
+    assert parse_args(base + ["--save-interval", "2", "--save-retain-interval", "4"]).train.save_retain_interval == 4
+
+
 def test_deterministic_mode_holds_for_the_run_only(tiny_corpus, tmp_path, monkeypatch):
     """--deterministic-mode: torch's deterministic algorithms during every step (same losses on this
     CPU), and the process's earlier setting afterwards."""
