@@ -7,7 +7,8 @@ that asks for something this code does not do (LayerNorm, dropout, an auxiliary 
 parallelism) instead of silently training something else.
 
 IMPLIED_SWITCHES: on/off flags whose behaviour is always what this code does.
-FIXED_VALUES: flags whose only accepted values are the ones ZAYA1 implies (any other stops the run).
+FIXED_VALUES: flags whose only accepted values are the ones ZAYA1 implies (any other stops the run;
+an empty tuple refuses every value, None accepts any).
 REFUSED_SWITCHES: switches that ask for something this code does not do (they stop the run).
 resolve_aliases: folds in Megatron-LM's names for settings this code spells otherwise.
 WANDB_FLAGS: accepted with a warning; scalars go to TensorBoard, which `wandb sync` can upload.
@@ -70,6 +71,13 @@ IMPLIED_SWITCHES = {
     "--ddp-average-in-collective": "gradients are summed over ranks against a loss already divided by the global "
                                    "batch's loss tokens: the exact single-process average",
     "--moe-use-legacy-grouped-gemm": "experts always run as grouped matmuls (torch._grouped_mm)",
+    "--fp32-residual-connection": "the residual stream is always fp32 (ZAYA1)",
+    "--no-initialization": "weights are initialised, then overwritten by the loaded checkpoint",
+    "--init-model-with-meta-device": "weights are initialised on the CPU, then moved to the device",
+    "--no-persist-layer-norm": "no persistent layer-norm kernel here",
+    "--no-bias-gelu-fusion": "there is no GeLU and no bias",
+    "--disable-bf16-reduced-precision-matmul": "matmuls keep torch's default precision",
+    "--no-log-loss-scale-to-tensorboard": "there is no loss scale with bf16 (no --fp16)",
 }
 
 # Switches that ask for something this code does not do: each stops the run with what to use instead.
@@ -94,6 +102,19 @@ REFUSED_SWITCHES = {
     "--check-for-spiky-loss": "no re-run state machine: a non-finite step is skipped and diagnosed by rank and layer",
     "--check-for-large-grads": "no re-run state machine: a non-finite step is skipped and diagnosed by rank and layer",
     "--use-legacy-models": "there is one model implementation",
+    "--add-qkv-bias": "CCA's projections have no bias (ZAYA1)",
+    "--openai-gelu": "the experts are SwiGLU (ZAYA1)",
+    "--quick-geglu": "the experts are SwiGLU (ZAYA1)",
+    "--apply-query-key-layer-scaling": "an fp16 device; queries and keys are normalised by CCA's QK-norm instead",
+    "--fp16-lm-cross-entropy": "train with --bf16; the cross-entropy runs in fp32",
+    "--moe-apply-probs-on-input": "the gate multiplies the expert's output (ZAYA1)",
+    "--moe-shared-expert-overlap": "ZAYA1 has no shared expert",
+    "--moe-use-upcycling": "the model is trained from scratch or from a ZAYA checkpoint (--pretrained-checkpoint)",
+    "--moe-enable-deepep": "experts are dispatched by all-to-all over the expert-parallel group",
+    "--overlap-moe-expert-parallel-comm": "the experts' all-to-all is not overlapped with compute here",
+    "--use-megatron-fsdp": "shard with --use-distributed-optimizer (ZeRO-1), as ZAYA1 did",
+    "--data-parallel-random-init": "every data-parallel replica starts from the same weights",
+    "--test-mode": "no real-time test mode; the test suite is tests/ (README)",
 }
 
 # flag -> (dest, accepted values as the command line spells them, what to use instead)
@@ -146,6 +167,21 @@ FIXED_VALUES = {
                        "context parallelism all-gathers K/V whatever the type"),
     "--timing-log-level": ("timing_log_level", ("0", "1", "2"),
                            "the console line always has the time per iteration and its split"),
+    "--softmax-type": ("softmax_type", ("vanilla",), "attention uses the plain softmax"),
+    "--rope-type": ("rope_type", ("rope",), "ZAYA1 uses (partial) RoPE"),
+    "--window-size": ("window_size", (), "CCA attends to the whole causal context"),
+    "--rotary-scaling-factor": ("rotary_scaling_factor", ("1",),
+                                "for longer context ZAYA1 raises --rotary-base instead"),
+    "--moe-input-jitter-eps": ("moe_input_jitter_eps", (), "no router input jitter"),
+    "--loss-scale": ("loss_scale", (), "no loss scaling with bf16 (no --fp16)"),
+    "--initial-loss-scale": ("initial_loss_scale", (), "no loss scaling with bf16 (no --fp16)"),
+    "--min-loss-scale": ("min_loss_scale", (), "no loss scaling with bf16 (no --fp16)"),
+    "--loss-scale-window": ("loss_scale_window", (), "no loss scaling with bf16 (no --fp16)"),
+    "--hysteresis": ("hysteresis", (), "no loss scaling with bf16 (no --fp16)"),
+    "--timing-log-option": ("timing_log_option", ("max", "minmax", "all"),
+                            "the console line times this rank; --log-straggler adds the slowest and fastest ranks"),
+    "--train-sync-interval": ("train_sync_interval", None,
+                              "the host waits for each step's device work when it is timed"),
     "--cross-entropy-fusion-impl": ("cross_entropy_fusion_impl", ("native", "te"),
                                     "the loss is fused where kernels are on"),
     "--dist-ckpt-strictness": ("dist_ckpt_strictness", ("assume_ok_unexpected", "raise_unexpected", "raise_all"),
@@ -177,7 +213,8 @@ def add_megatron_flags(parser: argparse.ArgumentParser) -> None:
         g.add_argument(flag, action="store_true", help=f"accepted: {meaning}")
     for flag, (dest, accepted, why) in FIXED_VALUES.items():
         g.add_argument(flag, dest=dest, default=None, metavar="VALUE",
-                       help=f"accepted: {' or '.join(accepted)}" if accepted else f"refused: {why}")
+                       help=f"accepted: any value ({why})" if accepted is None
+                       else f"accepted: {' or '.join(accepted)}" if accepted else f"refused: {why}")
     for flag, instead in REFUSED_SWITCHES.items():
         g.add_argument(flag, action="store_true", help=f"refused: {instead}")
     g.add_argument("--expert-tensor-parallel-size", type=int, default=None,
@@ -228,6 +265,6 @@ def check_megatron_flags(args: argparse.Namespace) -> None:
                          f"tensor-parallel group (--tensor-model-parallel-size={tp}); give the same size or drop it")
     for flag, (dest, accepted, why) in FIXED_VALUES.items():
         value = getattr(args, dest)
-        if value is not None and not any(_same(value, a) for a in accepted):
+        if value is not None and accepted is not None and not any(_same(value, a) for a in accepted):
             only = f"only {' or '.join(accepted)}" if accepted else "drop the flag"
             raise ValueError(f"{flag}={value} is not supported: {only}" + (f" ({why})" if why else ""))

@@ -40,6 +40,9 @@ def error_of(argv, capsys) -> str:
     ({"--expert-tensor-parallel-size": "2"}, "--expert-tensor-parallel-size=2 is not supported"),
     ({"--recompute-activations": "", "--recompute-granularity": "full"}, "--recompute-activations means"),
     ({"--squared-relu": ""}, "--squared-relu is not supported: the experts are SwiGLU"),
+    ({"--add-qkv-bias": ""}, "--add-qkv-bias is not supported: CCA's projections have no bias"),
+    ({"--window-size": "4096"}, "--window-size=4096 is not supported: drop the flag (CCA attends to the whole"),
+    ({"--loss-scale": "1024"}, "--loss-scale=1024 is not supported: drop the flag (no loss scaling with bf16"),
     ({"--grad-reduce-in-bf16": ""}, "--grad-reduce-in-bf16 is not supported: gradients are reduced in fp32"),
     ({"--exit-signal": "SIGINT"}, "--exit-signal=SIGINT is not supported: only SIGTERM or SIGUSR1"),
     ({"--mid-level-dataset-surplus": "-0.1"}, "--mid-level-dataset-surplus=-0.1: must be >= 0"),
@@ -368,7 +371,9 @@ def test_a_megatron_lm_script_runs_unchanged(tiny_corpus, tmp_path):
                 "raise_all", "--rerun-mode", "disabled", "--te-rng-tracker", "--ddp-average-in-collective",
                 "--no-manual-gc-eval", "--moe-use-legacy-grouped-gemm", "--exit-signal", "SIGTERM",
                 "--num-dataset-builder-threads", "8", "--mid-level-dataset-surplus", "0.01",
-                "--log-world-size-to-tensorboard"]
+                "--log-world-size-to-tensorboard", "--fp32-residual-connection", "--no-initialization",
+                "--softmax-type", "vanilla", "--rope-type", "rope", "--timing-log-option", "minmax",
+                "--train-sync-interval", "10"]
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--lr-warmup-iters": "4"}) + megatron)
     assert run.train.recompute_granularity == "selective"          # Megatron's --recompute-activations
     assert (run.train.manual_gc, run.train.manual_gc_interval, run.train.manual_gc_eval) == (True, 5, False)
