@@ -67,7 +67,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--chunk-bytes", type=int, default=1 << 20, help="raw bytes per work unit")
     g.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
     g.add_argument("--dataset-impl", default="mmap", choices=["mmap"], help="accepted for Megatron compatibility")
-    return p.parse_args(argv)
+    g = p.add_argument_group("Megatron-LM flags accepted for compatibility")
+    g.add_argument("--partitions", type=int, default=1,
+                   help="accepted: the input is read by --workers processes in one ordered pass and written as "
+                        "one dataset (no partition files to merge)")
+    g.add_argument("--keep-sequential-samples", action="store_true",
+                   help="accepted: documents always keep the input order")
+    g.add_argument("--split-sentences", action="store_true",
+                   help="refused: sentence splitting (nltk punkt, for BERT-style sentence pairs) is not done; GPT "
+                        "pretraining reads whole documents")
+    g.add_argument("--keep-newlines", action="store_true",
+                   help="accepted: the text is tokenized as it is, newlines included")
+    g.add_argument("--lang", default=None, help="accepted: only used by --split-sentences")
+    args = p.parse_args(argv)
+    if args.split_sentences:
+        p.error("--split-sentences is not supported: documents are tokenized whole (sentence splitting with nltk "
+                "punkt serves BERT-style sentence pairs; GPT pretraining does not use it); drop the flag")
+    if args.partitions < 1:
+        p.error(f"--partitions={args.partitions} must be >= 1")
+    return args
 
 
 def _interrupt_on_sigterm():

@@ -300,8 +300,12 @@ def test_gpt2_bpe_preprocessing_with_megatron_flags(tmp_path, gpt2_files, corpus
     texts = [json.loads(l)["text"] for l in open(corpus_dir / "train.jsonl")]
     assert run_tool("--input", corpus_dir / "train.jsonl", "--output-prefix", tmp_path / "o", "--tokenizer-type",
                     "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges, "--append-eod",
-                    "--workers", 2) == 0
+                    "--workers", 2, "--partitions", 2, "--keep-sequential-samples", "--keep-newlines") == 0
     assert docs_of(str(tmp_path / "o_text_document")) == [tok.encode(t) + [tok.eod] for t in texts]
+    with pytest.raises(SystemExit):        # sentence splitting is refused, naming the flag
+        run_tool("--input", corpus_dir / "train.jsonl", "--output-prefix", tmp_path / "s", "--tokenizer-type",
+                 "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges, "--split-sentences")
+    assert not (tmp_path / "s_text_document.bin").exists()
 
 
 def test_llama2_preprocessing_puts_bos_before_every_document(tmp_path, sp_model, corpus_dir):
