@@ -9,7 +9,8 @@
 CKPT is a Hugging Face ZAYA folder or a megatron-zaya checkpoint (megatron_zaya/inference/loading.py).
 The request and response fields are Megatron-LM's (prompts, tokens_to_generate, logprobs,
 temperature, top_k, top_p, add_BOS, random_seed; text, tokens, segments, logprobs): see
-megatron_zaya/inference/server.py and docs/INFERENCE.md. The server listens on --host
+megatron_zaya/inference/server.py and docs/INFERENCE.md. POST /v1/completions (or /completions)
+speaks the OpenAI completions API (megatron_zaya/inference/completions.py). The server listens on --host
 (default 127.0.0.1, this machine only; 0.0.0.0 serves other machines) until Ctrl-C or SIGTERM.
 """
 from __future__ import annotations
@@ -77,6 +78,7 @@ def prepare(argv=None):
         server.server_close()
         parser.error(f"--load: {err}")
     service.model = model
+    service.name = os.path.basename(os.path.normpath(args.load))
     host, port = server.server_address[:2]
     print(f"serving {info.get('path', args.load)} [{info.get('format')}] on http://{host}:{port}/api "
           f"(PUT a JSON body; Ctrl-C stops)", flush=True)

@@ -1,4 +1,5 @@
-"""Megatron-LM's text generation REST API over `generate` (behind tools/run_text_generation_server.py).
+"""Megatron-LM's text generation REST API over `generate` (behind tools/run_text_generation_server.py),
+and the OpenAI completions API at /v1/completions (and Megatron-LM's /completions): inference/completions.py.
 
 PUT (or POST) /api with a JSON body
 
@@ -56,11 +57,11 @@ class GenerationRequest:
     no_log: bool = False
 
 
-def _is_int(value) -> bool:
+def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value) -> bool:
+def is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -88,16 +89,16 @@ def parse_request(body) -> GenerationRequest:
         raise RequestError(f"Maximum number of prompts is {MAX_PROMPTS}")
     request = GenerationRequest(prompts)
     checks = {
-        "tokens_to_generate": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+        "tokens_to_generate": (lambda v: is_int(v) and v >= 0, "an integer >= 0"),
         "logprobs": (lambda v: isinstance(v, bool), "a boolean"),
-        "temperature": (lambda v: _is_number(v) and 0.0 < v <= 100.0, "a number in (0, 100]"),
-        "top_k": (lambda v: _is_int(v) and 0 <= v <= 1000, "an integer in [0, 1000]"),
-        "top_p": (lambda v: _is_number(v) and 0.0 <= v <= 1.0, "a number in [0, 1]"),
+        "temperature": (lambda v: is_number(v) and 0.0 < v <= 100.0, "a number in (0, 100]"),
+        "top_k": (lambda v: is_int(v) and 0 <= v <= 1000, "an integer in [0, 1000]"),
+        "top_p": (lambda v: is_number(v) and 0.0 <= v <= 1.0, "a number in [0, 1]"),
         "add_BOS": (lambda v: isinstance(v, bool), "a boolean"),
-        "random_seed": (lambda v: _is_int(v) and v >= -1, "an integer >= 0 (or -1: a fresh seed)"),
+        "random_seed": (lambda v: is_int(v) and v >= -1, "an integer >= 0 (or -1: a fresh seed)"),
         "no_log": (lambda v: isinstance(v, bool), "a boolean"),
-        "stop_token": (_is_int, "an integer"),
-        "length_penalty": (_is_number, "a number"),
+        "stop_token": (is_int, "an integer"),
+        "length_penalty": (is_number, "a number"),
     }
     for field, (valid, what) in checks.items():
         if field in body:
@@ -117,8 +118,8 @@ def parse_request(body) -> GenerationRequest:
 class TextGenerationService:
     """Tokenizes a request's prompts, generates under a lock, and builds Megatron-LM's response."""
 
-    def __init__(self, model, tokenizer, log=None):
-        self.model, self.tokenizer = model, tokenizer
+    def __init__(self, model, tokenizer, log=None, name: str = "zaya"):
+        self.model, self.tokenizer, self.name = model, tokenizer, name
         self.lock = threading.Lock()
         self.log = log or (lambda message: None)
 
@@ -173,8 +174,13 @@ def make_server(service: TextGenerationService, host: str, port: int) -> Threadi
             self.wfile.write(body)
 
         def do_PUT(self):
-            if self.path.split("?")[0].rstrip("/") != "/api":
-                return self.reply(404, f"no endpoint {self.path}: use PUT /api")
+            from megatron_zaya.inference.completions import complete      # it imports this module
+            endpoints = {"/api": lambda body: service.respond(parse_request(body)),
+                         "/v1/completions": lambda body: complete(service, body),
+                         "/completions": lambda body: complete(service, body)}
+            endpoint = endpoints.get(self.path.split("?")[0].rstrip("/"))
+            if endpoint is None:
+                return self.reply(404, f"no endpoint {self.path}: use PUT /api or POST /v1/completions")
             size = int(self.headers.get("Content-Length") or 0)
             if size > MAX_BODY_BYTES:
                 return self.reply(413, f"the body has {size} bytes, more than {MAX_BODY_BYTES}")
@@ -183,7 +189,7 @@ def make_server(service: TextGenerationService, host: str, port: int) -> Threadi
             except (UnicodeDecodeError, json.JSONDecodeError) as err:
                 return self.reply(400, f"the body is not JSON: {err}")
             try:
-                return self.reply(200, service.respond(parse_request(body)))
+                return self.reply(200, endpoint(body))
             except RequestError as err:
                 return self.reply(400, str(err))
             except Exception as err:      # a failed generation must not take the server down

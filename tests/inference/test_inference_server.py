@@ -167,3 +167,76 @@ def test_the_script_serves_until_sigterm(hf_checkpoint, sp_model):
     assert process.returncode == 0, err
     assert "server stopped" in out
     assert '"tokens_to_generate": 2' in err          # the request log line (no --quiet)
+
+
+# --- OpenAI completions (POST /v1/completions) -------------------------------------------------------
+
+
+def full_forward_logprobs(model, ids):
+    """float64 log-softmax of the full forward: row i is the distribution of token i + 1."""
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), dim=-1)
+
+
+def test_completions_greedy_with_echo_and_top_logprobs_match_the_full_forward(server_url, tiny_model, sp_model):
+    tok = build_tokenizer("GPTSentencePieceTokenizer", sp_model)
+    prompt_ids = tok.encode("the quick brown fox")
+    status, answer = call(server_url, {"prompt": [prompt_ids, tok.encode("a")], "max_tokens": 5, "temperature": 0,
+                                       "logprobs": 2, "echo": True}, method="POST", path="/v1/completions")
+    assert status == 200, answer
+    assert answer["object"] == "text_completion" and len(answer["choices"]) == 2
+    expected_ids, _ = reference_greedy(tiny_model, prompt_ids, 5, tok.vocab_size, tok.eod)
+    choice = answer["choices"][0]
+    new = expected_ids[len(prompt_ids):]
+    kept = new[:new.index(tok.eod)] if tok.eod in new else new
+    ids = prompt_ids + kept
+    assert choice["finish_reason"] == ("stop" if tok.eod in new else "length")
+    assert choice["text"] == tok.decode(prompt_ids) + tok.decode(ids)[len(tok.decode(prompt_ids)):]
+    logprobs = choice["logprobs"]
+    assert logprobs["tokens"] == [tok.decode([t]) for t in ids]
+    reference = full_forward_logprobs(tiny_model, ids)
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    assert logprobs["token_logprobs"][1:] == pytest.approx([reference[k - 1, ids[k]].item()
+                                                            for k in range(1, len(ids))], abs=1e-4)
+    for k in range(1, len(ids)):
+        best = torch.topk(reference[k - 1, :tok.vocab_size], 2)     # among the tokenizer's ids
+        want = {tok.decode([t]): v for t, v in zip(best.indices.tolist(), best.values.tolist())}
+        assert logprobs["top_logprobs"][k] == pytest.approx(want, abs=1e-4), k
+    assert logprobs["text_offset"] == [len(tok.decode(ids[:k])) for k in range(len(ids))]
+    assert answer["usage"]["prompt_tokens"] == len(prompt_ids) + len(tok.encode("a"))
+
+
+def test_completions_score_a_prompt_and_stop_at_a_stop_string(server_url, tiny_model, sp_model):
+    tok = build_tokenizer("GPTSentencePieceTokenizer", sp_model)
+    ids = tok.encode("a b c d e")
+    # max_tokens 0 with echo: the prompt scored alone, as an evaluation harness does
+    status, scored = call(server_url, {"prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 0},
+                          method="POST", path="/v1/completions")
+    assert status == 200 and scored["choices"][0]["logprobs"]["top_logprobs"] is None
+    reference = full_forward_logprobs(tiny_model, ids)
+    assert scored["choices"][0]["logprobs"]["token_logprobs"][1:] == pytest.approx(
+        [reference[k - 1, ids[k]].item() for k in range(1, len(ids))], abs=1e-4)
+    # a stop string taken from the greedy completion cuts the text before it
+    body = {"prompt": "the", "max_tokens": 8, "temperature": 0}
+    full = call(server_url, body, method="POST", path="/completions")[1]["choices"][0]
+    text = full["text"]
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    assert len(text) > 4 and stop.strip(), text          # deterministic: the fixture's model and prompt
+    cut = call(server_url, {**body, "stop": [stop, "never there"]}, method="POST", path="/v1/completions")
+    assert cut[1]["choices"][0]["text"] == text[:text.find(stop)] and cut[1]["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"max_tokens": 4}, "prompt is required"),
+    ({"prompt": []}, "prompt must be a string"),
+    ({"prompt": "a", "n": 2}, "n must be 1"),
+    ({"prompt": "a", "stream": True}, "stream is not supported"),
+    ({"prompt": "a", "max_tokens": 0}, "max_tokens=0 returns nothing unless echo=true"),
+    ({"prompt": "a", "logprobs": 50}, "logprobs must be null or an integer in [0, 20]"),
+    ({"prompt": [1, 600]}, "token ids [600] outside the tokenizer's vocabulary [0, 500)"),
+    ({"prompt": "a", "stop": ["x", "y", "z", "w", "v"]}, "stop must be a non-empty string or a list of up to 4"),
+    ({"prompt": "a", "best_of": 3}, "best_of must be 1"),
+])
+def test_bad_completion_requests_get_400(server_url, body, message):
+    status, answer = call(server_url, body, method="POST", path="/v1/completions")
+    assert status == 400 and message in answer, answer

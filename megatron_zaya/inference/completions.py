@@ -1,0 +1,185 @@
+"""The OpenAI completions API (POST /v1/completions; Megatron-LM serves it as /completions) over
+`generate` and `score`, for clients and evaluation harnesses that speak it.
+
+Request fields: prompt (a string, a list of strings, a list of token ids or a list of such lists),
+max_tokens (default 16), temperature (default 1; 0 is greedy), top_p (default 1), logprobs (null,
+or 0 to 20: also the most likely tokens at each position), echo (default false: the prompt is
+part of text and logprobs too), stop (a string or a list of up to 4), seed; n and best_of only 1;
+model and user are ignored. Response: {"id", "object": "text_completion", "created", "model",
+"choices": [{"index", "text", "logprobs", "finish_reason"}], "usage"}; finish_reason is "stop" at
+the tokenizer's EOD or a stop string, else "length". The log-probabilities are the model's over its
+whole vocabulary (before temperature or top_p), from one scoring pass over prompt + completion.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass
+
+from megatron_zaya.inference.decode import generate
+from megatron_zaya.inference.sampling import SamplingParams
+from megatron_zaya.inference.scoring import score
+from megatron_zaya.inference.server import RequestError, is_int, is_number
+
+MAX_TOP_LOGPROBS = 20
+IGNORED = {"model", "user"}
+OFF_VALUES = {"stream": False, "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {}, "suffix": None}
+
+
+@dataclass
+class CompletionRequest:
+    prompts: list            # strings or lists of token ids
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    logprobs: int | None = None
+    echo: bool = False
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+def _prompts(prompt) -> list:
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return list(prompt)
+        if all(is_int(t) for t in prompt):
+            return [list(prompt)]
+        if all(isinstance(p, list) and p and all(is_int(t) for t in p) for p in prompt):
+            return [list(p) for p in prompt]
+    raise RequestError("prompt must be a string, a list of strings, a list of token ids or a list of such lists "
+                       "(none empty)")
+
+
+def parse_completion_request(body) -> CompletionRequest:
+    """The request of a JSON body, every field checked (RequestError names the first bad one)."""
+    if not isinstance(body, dict):
+        raise RequestError("the body must be a JSON object, e.g. {\"prompt\": \"Hello\", \"max_tokens\": 16}")
+    known = {"prompt", "max_tokens", "temperature", "top_p", "logprobs", "echo", "stop", "seed", "n", "best_of",
+             *IGNORED, *OFF_VALUES}
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise RequestError(f"unknown field(s) {', '.join(unknown)}")
+    for field, off in OFF_VALUES.items():
+        if body.get(field, off) not in (off, None):
+            raise RequestError(f"{field} is not supported by this server (only {json.dumps(off)})")
+    for field in ("n", "best_of"):
+        if body.get(field, 1) != 1:
+            raise RequestError(f"{field} must be 1 (one completion per prompt)")
+    if "prompt" not in body:
+        raise RequestError("prompt is required")
+    request = CompletionRequest(_prompts(body["prompt"]))
+    checks = {
+        "max_tokens": (lambda v: is_int(v) and v >= 0, "an integer >= 0"),
+        "temperature": (lambda v: is_number(v) and 0 <= v <= 100, "a number in [0, 100]"),
+        "top_p": (lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+        "logprobs": (lambda v: v is None or (is_int(v) and 0 <= v <= MAX_TOP_LOGPROBS),
+                     f"null or an integer in [0, {MAX_TOP_LOGPROBS}]"),
+        "echo": (lambda v: isinstance(v, bool), "a boolean"),
+        "seed": (lambda v: v is None or (is_int(v) and v >= 0), "null or an integer >= 0"),
+    }
+    for field, (valid, what) in checks.items():
+        if field in body:
+            if not valid(body[field]):
+                raise RequestError(f"{field} must be {what}, got {json.dumps(body[field])}")
+            setattr(request, field, body[field])
+    stop = body.get("stop")
+    stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
+    if not (isinstance(stops, list) and len(stops) <= 4 and all(isinstance(s, str) and s for s in stops)):
+        raise RequestError("stop must be a non-empty string or a list of up to 4 of them")
+    request.stop = tuple(stops)
+    if request.max_tokens == 0 and not request.echo:
+        raise RequestError("max_tokens=0 returns nothing unless echo=true (to score a prompt)")
+    return request
+
+
+class Completer:
+    """Tokenizes, generates, cuts at stop strings and scores, for one completions request."""
+
+    def __init__(self, service):
+        self.model, self.tokenizer = service.model, service.tokenizer
+        self.service = service
+
+    def prompt_ids(self, request: CompletionRequest) -> list[list[int]]:
+        config, vocab, out = self.model.config, self.tokenizer.vocab_size, []
+        for i, prompt in enumerate(request.prompts):
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+            if not ids:
+                raise RequestError(f"prompt {i} has no tokens")
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise RequestError(f"prompt {i}: token ids {bad[:5]} outside the tokenizer's vocabulary [0, {vocab})")
+            if len(ids) + request.max_tokens > config.max_position_embeddings:
+                raise RequestError(f"prompt {i}: {len(ids)} tokens + max_tokens {request.max_tokens} exceeds the "
+                                   f"model's max_position_embeddings {config.max_position_embeddings}")
+            out.append(ids)
+        return out
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def cut(self, prompt: list[int], new: list[int], stops: tuple[str, ...]) -> tuple[list[int], str, str]:
+        """(the completion's tokens, its text, finish_reason): up to EOD, and before the first stop
+        string (a token kept if its text starts before the stop)."""
+        eod = self.tokenizer.eod
+        reason = "length"
+        if eod in new:
+            new, reason = new[:new.index(eod)], "stop"
+        prompt_text = self.decode(prompt)
+        whole = self.decode(prompt + new)
+        text = whole[len(prompt_text):] if whole.startswith(prompt_text) else self.decode(new)
+        ends = [text.find(s) for s in stops if s in text]
+        if ends:
+            end = min(ends)
+            starts = [len(self.decode(prompt + new[:j])) - len(prompt_text) for j in range(len(new))]
+            new = [t for t, start in zip(new, starts) if start < end]
+            text, reason = text[:end], "stop"
+        return new, text, reason
+
+    def logprobs(self, ids: list[int], first: int, top: int) -> dict:
+        """OpenAI's logprobs object for ids[first:] (the first token of a sequence has none)."""
+        scores = score(self.model, ids, top, vocab_limit=self.tokenizer.vocab_size)
+        positions = range(first, len(ids))
+        offsets = [len(self.decode(ids[:k])) for k in positions]
+        return {
+            "tokens": [self.decode([ids[k]]) for k in positions],
+            "token_logprobs": [scores.logprobs[k - 1] if k else None for k in positions],
+            "top_logprobs": [({self.decode([t]): v for t, v in scores.top[k - 1].items()} if k else None)
+                             for k in positions] if top else None,
+            "text_offset": offsets,
+        }
+
+    def respond(self, request: CompletionRequest) -> dict:
+        prompts = self.prompt_ids(request)
+        greedy = request.temperature == 0
+        sampling = SamplingParams(greedy=greedy, temperature=request.temperature, top_p=request.top_p)
+        seed = request.seed if request.seed is not None else int.from_bytes(os.urandom(4), "little")
+        choices, generated = [], 0
+        with self.service.lock:
+            result = generate(self.model, prompts, request.max_tokens, sampling, eod=self.tokenizer.eod, seed=seed,
+                              vocab_limit=self.tokenizer.vocab_size)
+            for index, (prompt, new) in enumerate(zip(prompts, result.tokens)):
+                new, text, reason = self.cut(prompt, new, request.stop)
+                generated += len(new)
+                if request.echo:
+                    text = self.decode(prompt) + text
+                logprobs = None
+                if request.logprobs is not None:
+                    logprobs = self.logprobs(prompt + new, 0 if request.echo else len(prompt), request.logprobs)
+                choices.append({"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason})
+        prompt_tokens = sum(len(p) for p in prompts)
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": self.service.name, "choices": choices,
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
+                          "total_tokens": prompt_tokens + generated}}
+
+
+def complete(service, body) -> dict:
+    """POST /v1/completions: the response for a JSON body (RequestError for a bad one)."""
+    request = parse_completion_request(body)
+    service.log(json.dumps({"completions": len(request.prompts), "max_tokens": request.max_tokens,
+                            "logprobs": request.logprobs, "echo": request.echo}))
+    return Completer(service).respond(request)
