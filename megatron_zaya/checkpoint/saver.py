@@ -1,8 +1,8 @@
 """Writing checkpoints: every rank its own files, in parallel; rank 0 finalizes (manifest, marker,
 rename, latest_checkpointed_iteration.txt) once every rank's files are durable; old checkpoints are
-pruned (--ckpt-keep: the newest N; Megatron-LM's --save-retain-interval: those at its multiples; with
-both, a checkpoint either rule keeps stays) without ever touching the newest complete one or one
-newer than the save.
+pruned (--ckpt-keep: the newest N; Megatron-LM's --save-retain-interval: those at its multiples, the
+others from the run's start on; with both, a checkpoint either rule keeps stays) without ever
+touching the newest complete one or one newer than the save.
 Non-persistent checkpoints (--non-persistent-save-interval; `"non_persistent": true` in their
 metadata) are removed as soon as a newer checkpoint of either kind is complete, and do not count
 towards --ckpt-keep; `promote` makes one persistent (a final or exit save at its iteration).
@@ -69,6 +69,10 @@ class CheckpointWriter:
         if retain_interval is not None and retain_interval < 1:
             raise ValueError(f"--save-retain-interval={retain_interval}: must be >= 1")
         self.keep, self.retain_interval = keep, retain_interval
+        # --save-retain-interval prunes only checkpoints from this iteration on (the one a run started
+        # from, and its own): older ones, e.g. kept by hand, are left alone (as in Megatron-LM, which
+        # removes only the checkpoint each save supersedes)
+        self.retain_from = 0
         self.log = log
         self.finalize_timeout = finalize_timeout if finalize_timeout is not None else float(
             os.environ.get("MEGATRON_ZAYA_CKPT_FINALIZE_TIMEOUT", "1800"))
@@ -248,16 +252,17 @@ class CheckpointWriter:
 
     def prune_reason(self, iteration: int, persistent: list[int]) -> str | None:
         """Why the persistent checkpoint of `iteration` goes (None: it stays). `persistent`: every
-        complete persistent iteration, ascending; the newest always stays."""
-        if not (self.keep or self.retain_interval) or iteration == persistent[-1]:
-            return None
-        if self.keep and iteration in persistent[-self.keep:]:
+        complete persistent iteration, ascending; the newest always stays, and so does one at a
+        multiple of --save-retain-interval."""
+        if iteration == persistent[-1]:
             return None
         if self.retain_interval and iteration % self.retain_interval == 0:
             return None
-        rules = [f"--ckpt-keep {self.keep}" if self.keep else "",
-                 f"--save-retain-interval {self.retain_interval}" if self.retain_interval else ""]
-        return " and ".join(r for r in rules if r)
+        if self.keep:
+            return None if iteration in persistent[-self.keep:] else f"--ckpt-keep {self.keep}"
+        if self.retain_interval and iteration >= self.retain_from:
+            return f"--save-retain-interval {self.retain_interval}"
+        return None
 
     def _cleanup(self, folder: str) -> None:
         shutil.rmtree(folder, ignore_errors=True)

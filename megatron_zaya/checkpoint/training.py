@@ -357,6 +357,8 @@ class TrainingCheckpointer:
 
     # -- hooks ------------------------------------------------------------------------------------------
     def before_training(self, trainer) -> None:
+        if self.writer is not None:      # --save-retain-interval never removes what came before this run's start
+            self.writer.retain_from = trainer.state.iteration
         if self.progress is not None:
             self.progress.job_started(trainer.state)
 

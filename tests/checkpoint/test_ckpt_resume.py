@@ -58,7 +58,8 @@ def test_keep_last_n_and_latest(ckpt_corpus, ckpt_cache, tmp_path):
 
 def test_save_retain_interval_keeps_its_multiples_and_the_newest(ckpt_corpus, ckpt_cache, tmp_path):
     """Megatron-LM's --save-retain-interval 4 with --save-interval 2 over 7 iterations (a final save
-    at 7): 2 and 6 go once a newer checkpoint is complete; with --ckpt-keep 2 too, 6 stays (newest two)."""
+    at 7): 2 and 6 go once a newer checkpoint is complete; with --ckpt-keep 2 too, 6 stays (newest
+    two); checkpoints older than a resumed run's start are never removed by it."""
     save = str(tmp_path / "retain")
     train(flags(ckpt_corpus, 7, "--save", save, "--save-interval", "2", "--save-retain-interval", "4",
                 cache=ckpt_cache))
@@ -67,6 +68,14 @@ def test_save_retain_interval_keeps_its_multiples_and_the_newest(ckpt_corpus, ck
     train(flags(ckpt_corpus, 7, "--save", both, "--save-interval", "2", "--save-retain-interval", "4",
                 "--ckpt-keep", "2", cache=ckpt_cache))
     assert list_complete(both) == [4, 6, 7]
+    # a run resumed at 7 into a folder saved without the flag: checkpoints from before its start
+    # (2 and 6) stay; 7, where it started, goes once 8 is complete, and 10 once 11 is
+    mixed = str(tmp_path / "mixed")
+    train(flags(ckpt_corpus, 7, "--save", mixed, "--save-interval", "2", cache=ckpt_cache))
+    assert list_complete(mixed) == [2, 4, 6, 7]
+    train(flags(ckpt_corpus, 11, "--save", mixed, "--load", mixed, "--save-interval", "2",
+                "--save-retain-interval", "4", cache=ckpt_cache))
+    assert list_complete(mixed) == [2, 4, 6, 8, 11]
 
 
 def test_no_load_optim_no_load_rng_finetune(ckpt_corpus, ckpt_cache, tmp_path):
