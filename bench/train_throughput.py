@@ -244,7 +244,9 @@ def build_run(args, world_size: int) -> RunConfig:
 
 def run_ours(args, run, runtime, peaks) -> dict:
     torch.manual_seed(run.train.seed)
-    model = runtime.prepare_model(ZayaModel(run.model))
+    model = ZayaModel(run.model)
+    model.set_force_load_balancing(args.moe_router_force_load_balancing)
+    model = runtime.prepare_model(model)
     optimizer = runtime.build_optimizer(model, run.optim)
     trainer = Trainer(run, model, optimizer, runtime, None, None, logger=None)
     trainer.train_iterator = synthetic_batches(run.model.vocab_size, run.train.micro_batch_size,
@@ -397,6 +399,9 @@ def main(argv=None) -> int:
     parser.add_argument("--expert-model-parallel-size", type=int, default=1)
     parser.add_argument("--sequence-parallel", action="store_true")
     parser.add_argument("--use-distributed-optimizer", action="store_true")
+    parser.add_argument("--moe-router-force-load-balancing", action="store_true",
+                        help="every router splits its tokens evenly over the experts (a balanced expert load "
+                             "whatever the random init routes)")
     parser.add_argument("--distributed-backend", choices=["nccl", "gloo"], default=None)
     parser.add_argument("--kernels", choices=["auto", "triton", "torch"], default=None,
                         help="megatron_zaya.kernels backend (default: MEGATRON_ZAYA_KERNELS or auto)")

@@ -400,6 +400,9 @@ def validate(args: argparse.Namespace) -> RunConfig:
     _check_scheduler_source(args)
     if args.decoupled_min_lr is not None and args.decoupled_lr is None:
         raise UserInputError("--decoupled-min-lr needs --decoupled-lr (the peak it decays from)")
+    if args.moe_router_force_load_balancing:
+        warnings.append("--moe-router-force-load-balancing: routing is forced to an even split (token i -> expert "
+                        "i mod E), for benchmarks only: the model does not learn its routing")
     if args.log_progress and not args.save:
         warnings.append("--log-progress without --save: nothing is written (progress.txt goes into the --save folder)")
     warnings += check_profile_flags(args, parallel.world_size, torch.cuda.is_available())

@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "Muon matrix")
     g.add_argument("--muon-fp32-matmul-prec", choices=["low", "medium", "high"], default=None,
                    help="accepted: Newton-Schulz runs in bf16 where bf16 matmuls are native, else in full fp32")
+    g.add_argument("--moe-router-force-load-balancing", action="store_true",
+                   help="benchmarks only: every router sends token i to expert i mod E (an exactly balanced "
+                        "load, no skip) whatever it learned; the run warns (as in Megatron-LM)")
     g.add_argument("--deterministic-mode", action="store_true",
                    help="torch.use_deterministic_algorithms: repeatable steps on GPUs too, usually slower; an op "
                         "without a deterministic kernel stops the run naming it (as in Megatron-LM)")

@@ -122,8 +122,7 @@ def _build_validation_sets(cfg: DataConfig, indexed: dict, prefixes: list[str], 
     sets = []
     for name, group in zip(names, groups):
         if cfg.full_validation:
-            members = list(dict.fromkeys(parse_data_path(group)[1]))
-            dataset = concatenated([_one_pass(cfg, indexed[p], p, opts) for p in members])
+            dataset = concatenated([_one_pass(cfg, indexed[p], p, opts) for p in dict.fromkeys(parse_data_path(group)[1])])
         else:
             dataset = _build_split(cfg, indexed, prefixes, [group], [num_samples], 1, opts)
         if dataset is not None:

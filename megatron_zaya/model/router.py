@@ -23,6 +23,7 @@ class Routing:
 
 class ZayaRouter(nn.Module):
     recompute_selective = False     # memory policy (ZayaModel.set_recompute): the GELU outputs recomputed
+    force_balanced = False          # benchmarks only (ZayaModel.set_force_load_balancing): token i -> i mod E
 
     def __init__(self, config: ModelConfig, use_eda: bool):
         super().__init__()
@@ -51,7 +52,10 @@ class ZayaRouter(nn.Module):
             hidden = recompute.feed(self.fc2, F.gelu, self.fc1(self.norm(state)), drop)
             logits = recompute.feed(self.out_proj, F.gelu, hidden, drop)
             probs = torch.softmax(at_least_fp32(logits), dim=-1).reshape(-1, logits.shape[-1])
-            expert_index = torch.argmax(probs.detach() + self.balancing_bias, dim=-1)
+            if self.force_balanced:     # the same share for every expert, none skipped; deterministic (recompute)
+                expert_index = torch.arange(probs.shape[0], device=probs.device) % self.num_experts
+            else:
+                expert_index = torch.argmax(probs.detach() + self.balancing_bias, dim=-1)
             gate = probs.gather(1, expert_index.unsqueeze(1)).squeeze(1)
             gate = gate.masked_fill(expert_index == self.num_experts, 0.0)
         counts = torch.bincount(expert_index, minlength=self.num_experts + 1)

@@ -56,6 +56,13 @@ class ZayaModel(nn.Module):
         self.recompute_units: list[range] = []      # runs of blocks recomputed in the backward (full)
         self.reset_parameters()
 
+    def set_force_load_balancing(self, enabled: bool) -> None:
+        """Megatron-LM's --moe-router-force-load-balancing, for benchmarks only: every router sends
+        token i of its batch to expert i mod E (an exactly balanced load, no skip), whatever it
+        learned; the gate is still its probability of that expert. Not for training a model."""
+        for block in self.layers:
+            block.moe.router.force_balanced = enabled
+
     def set_recompute(self, granularity: str | None, method: str | None = None, num_layers: int | None = None) -> None:
         """Megatron's activation recomputation; None: off.
 

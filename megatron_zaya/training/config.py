@@ -80,6 +80,7 @@ class TrainConfig:
     skip_train: bool = False                  # evaluate the loaded model only (Megatron-LM's --skip-train)
     iterations_to_skip: list[int] | None = None   # --iterations-to-skip: 1-based iteration numbers
     deterministic_mode: bool = False          # --deterministic-mode: torch's deterministic algorithms
+    moe_router_force_load_balancing: bool = False   # benchmarks: balanced routing (ZayaModel.set_force_load_balancing)
     pretrained_checkpoint: str | None = None   # fine-tuned from when --load holds no checkpoint (Megatron-LM)
     save_interval: int | None = None
     non_persistent_save_interval: int | None = None   # kept in --save until a newer checkpoint is complete

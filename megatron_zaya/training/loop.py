@@ -240,7 +240,7 @@ class Trainer:
             loaders = [("", self.test_loader)] if self.test_loader is not None else []
         else:
             loaders = self.valid_loaders
-        full = split == "valid" and self.run.data.full_validation
+        full = split == "valid" and getattr(self.run.data, "full_validation", False)   # data None: synthetic
         per_iter = self.cfg.global_batch_size // (self.cfg.micro_batch_size * self.parallel.dp_size)
         losses = {}
         for name, loader in loaders:

@@ -60,6 +60,7 @@ def build_model(run) -> ZayaModel:
     torch.manual_seed(run.train.seed)
     model = ZayaModel(run.model)
     model.set_recompute(run.train.recompute_granularity, run.train.recompute_method, run.train.recompute_num_layers)
+    model.set_force_load_balancing(run.train.moe_router_force_load_balancing)
     return model
 
 

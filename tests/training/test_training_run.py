@@ -206,3 +206,19 @@ def test_the_test_split_is_evaluated_at_the_end(tiny_corpus, tmp_path, capsys):
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path / "default", **{"--train-iters": 1, "--eval-iters": 1}))
     assert build_and_train(run) == 0
     assert "test loss" not in capsys.readouterr().out
+
+
+def test_forced_load_balancing_splits_every_layer_evenly(tiny_corpus, tmp_path):
+    """--moe-router-force-load-balancing (benchmarks): every expert of every layer gets the same
+    number of tokens and none is skipped, whatever the router learned; the run warns."""
+    tb = tmp_path / "tb"
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--tensorboard-dir": tb, "--train-iters": 2,
+                                                               "--eval-iters": 0,
+                                                               "--moe-router-force-load-balancing": ""}))
+    assert any("for benchmarks only" in w for w in run.warnings)
+    assert build_and_train(run) == 0
+    values = scalars(tb)
+    for layer in range(2):
+        lo, hi = values[f"moe/layer{layer:02d}/tokens_per_expert_min"], values[f"moe/layer{layer:02d}/tokens_per_expert_max"]
+        assert [v for _, v in lo] == [v for _, v in hi] and lo[0][1] > 0, (layer, lo, hi)
+        assert {v for _, v in values[f"moe/layer{layer:02d}/skip_rate"]} == {0.0}
