@@ -244,7 +244,8 @@ class Trainer:
         per_iter = self.cfg.global_batch_size // (self.cfg.micro_batch_size * self.parallel.dp_size)
         losses = {}
         for name, loader in loaders:
-            loss = self.mean_loss(loader, None if full else self.cfg.eval_iters * per_iter)
+            label = f"{'test' if split == 'test' else 'validation'}{' set ' + name if name else ''}"
+            loss = self.mean_loss(loader, None if full else self.cfg.eval_iters * per_iter, label)
             if loss is not None:
                 losses[name] = loss
             if split == "valid":
@@ -259,15 +260,24 @@ class Trainer:
                 metrics[f"validation loss {name}"], metrics[f"validation ppl {name}"] = loss, perplexity(loss)
         return metrics
 
-    def mean_loss(self, loader, micro_batches: int | None) -> float | None:
+    EVAL_PROGRESS_SECONDS = 30.0     # a long evaluation (e.g. --full-validation) prints progress this often
+
+    def mean_loss(self, loader, micro_batches: int | None, label: str = "validation") -> float | None:
         """The loss per loss-mask token over this rank's first `micro_batches` micro-batches of
-        `loader` (None: all of them), summed over the data-parallel ranks; None without a token."""
+        `loader` (None: all of them), summed over the data-parallel ranks; None without a token.
+        An evaluation running longer than EVAL_PROGRESS_SECONDS prints its progress that often."""
         self.model.eval()
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         tokens = torch.zeros((), dtype=torch.float64, device=self.device)
+        total = len(loader) if micro_batches is None else min(micro_batches, len(loader))
+        started = last_report = time.time()
         for count, batch in enumerate(loader):
             if micro_batches is not None and count == micro_batches:
                 break
+            if self.logger is not None and time.time() - last_report >= self.EVAL_PROGRESS_SECONDS:
+                last_report = time.time()
+                self.logger.print(f"{label}: {count}/{total} micro-batches of this rank, "
+                                  f"{last_report - started:.0f} s")
             batch = self.parallel.local_batch(batch_to_device(batch, self.device))
             with self.autocast:
                 out = self.model(**model_inputs(batch))

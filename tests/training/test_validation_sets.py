@@ -60,12 +60,20 @@ def validation_flags(tiny_corpus, valid_sets, tmp_path, **extra) -> list[str]:
 
 
 @pytest.mark.parametrize("full", [True, False], ids=["full", "eval-iters"])
-def test_each_validation_set_is_evaluated_and_logged_on_its_own(tiny_corpus, valid_sets, tmp_path, capsys, full):
+def test_each_validation_set_is_evaluated_and_logged_on_its_own(tiny_corpus, valid_sets, tmp_path, capsys, full,
+                                                                monkeypatch):
     """Each set's loss is tools/evaluate.py's over the same samples: all of them (--full-validation),
-    or the first --eval-iters 2 global batches of 4."""
+    or the first --eval-iters 2 global batches of 4. A long evaluation prints its progress."""
+    from megatron_zaya.training.loop import Trainer
+    monkeypatch.setattr(Trainer, "EVAL_PROGRESS_SECONDS", 0.0)      # every micro-batch counts as long
     extra = {} if full else {"--full-validation": None, "--eval-iters": 2}
     assert build_and_train(parse_args(validation_flags(tiny_corpus, valid_sets, tmp_path, **extra))) == 0
     out = capsys.readouterr().out
+    total = 4 if not full else None
+    progress = [line for line in out.splitlines() if "validation set other_text_document: " in line]
+    assert progress and progress[0].split("validation set other_text_document: ")[1].startswith("0/")
+    if total:
+        assert all(f"/{total} micro-batches of this rank" in line for line in progress)
     values = scalars(tmp_path / "tb")
     small, big = (tool_loss(tmp_path / "ckpt", p, tiny_corpus[1], tmp_path, None if full else 2) for p in valid_sets)
     assert (small["samples"] < big["samples"]) if full else (small["samples"] == big["samples"] == 8)
