@@ -4,7 +4,7 @@
 Request fields: prompt (a string, a list of strings, a list of token ids or a list of such lists),
 max_tokens (default 16), temperature (default 1; 0 is greedy), top_p (default 1), logprobs (null,
 or 0 to 20: also the most likely tokens at each position), echo (default false: the prompt is
-part of text and logprobs too), stop (a string or a list of up to 4), seed; n and best_of only 1;
+part of text and logprobs too), stop (a string or a list of up to 16), seed; n and best_of only 1;
 model and user are ignored. Response: {"id", "object": "text_completion", "created", "model",
 "choices": [{"index", "text", "logprobs", "finish_reason"}], "usage"}; finish_reason is "stop" at
 the tokenizer's EOD or a stop string, else "length". The log-probabilities are the model's over its
@@ -24,6 +24,7 @@ from megatron_zaya.inference.scoring import score
 from megatron_zaya.inference.server import RequestError, is_int, is_number
 
 MAX_TOP_LOGPROBS = 20
+MAX_STOPS = 16          # OpenAI allows 4; evaluation harnesses send more (a task's stop sequences)
 IGNORED = {"model", "user"}
 OFF_VALUES = {"stream": False, "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {}, "suffix": None}
 
@@ -88,8 +89,8 @@ def parse_completion_request(body) -> CompletionRequest:
             setattr(request, field, body[field])
     stop = body.get("stop")
     stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
-    if not (isinstance(stops, list) and len(stops) <= 4 and all(isinstance(s, str) and s for s in stops)):
-        raise RequestError("stop must be a non-empty string or a list of up to 4 of them")
+    if not (isinstance(stops, list) and len(stops) <= MAX_STOPS and all(isinstance(s, str) and s for s in stops)):
+        raise RequestError(f"stop must be a non-empty string or a list of up to {MAX_STOPS} of them")
     request.stop = tuple(stops)
     if request.max_tokens == 0 and not request.echo:
         raise RequestError("max_tokens=0 returns nothing unless echo=true (to score a prompt)")

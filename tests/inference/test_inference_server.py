@@ -234,9 +234,30 @@ def test_completions_score_a_prompt_and_stop_at_a_stop_string(server_url, tiny_m
     ({"prompt": "a", "max_tokens": 0}, "max_tokens=0 returns nothing unless echo=true"),
     ({"prompt": "a", "logprobs": 50}, "logprobs must be null or an integer in [0, 20]"),
     ({"prompt": [1, 600]}, "token ids [600] outside the tokenizer's vocabulary [0, 500)"),
-    ({"prompt": "a", "stop": ["x", "y", "z", "w", "v"]}, "stop must be a non-empty string or a list of up to 4"),
+    ({"prompt": "a", "stop": ["x"] * 17}, "stop must be a non-empty string or a list of up to 16"),
+    ({"prompt": "a", "stop": [""]}, "stop must be a non-empty string"),
     ({"prompt": "a", "best_of": 3}, "best_of must be 1"),
 ])
 def test_bad_completion_requests_get_400(server_url, body, message):
     status, answer = call(server_url, body, method="POST", path="/v1/completions")
     assert status == 400 and message in answer, answer
+
+
+def test_a_loglikelihood_request_as_evaluation_harnesses_send_it(server_url, tiny_model, sp_model):
+    """lm-evaluation-harness's local-completions loglikelihood payload: context + continuation as
+    token ids, echo, max_tokens 1, logprobs 1; the continuation's log-likelihood is the sum of
+    token_logprobs[len(context):-1], and greediness compares each token with its top-1."""
+    tok = build_tokenizer("GPTSentencePieceTokenizer", sp_model)
+    context, continuation = tok.encode("the quick brown"), tok.encode(" fox jumps")
+    body = {"model": "zaya", "prompt": [context + continuation], "temperature": 0, "max_tokens": 1, "logprobs": 1,
+            "seed": 1234, "echo": True}
+    status, answer = call(server_url, body, method="POST", path="/v1/completions")
+    assert status == 200, answer
+    logprobs = answer["choices"][0]["logprobs"]
+    got = sum(logprobs["token_logprobs"][len(context):-1])
+    ids = context + continuation
+    reference = full_forward_logprobs(tiny_model, ids)
+    want = sum(reference[k - 1, ids[k]].item() for k in range(len(context), len(ids)))
+    assert got == pytest.approx(want, abs=1e-4)
+    for token, top in zip(logprobs["tokens"][len(context):-1], logprobs["top_logprobs"][len(context):-1]):
+        assert len(top) == 1 and isinstance(token, str)
