@@ -285,4 +285,10 @@ def cca_causal_conv(packed, dw_weight, dw_bias, g_weight, g_bias, left=None) -> 
     return impl(packed, dw_weight, dw_bias, g_weight, g_bias, left)
 
 
-__all__ += ["cca_causal_conv"]
+def cca_causal_conv_segmented(packed, dw_weight, dw_bias, g_weight, g_bias, visible) -> torch.Tensor:
+    """cca_causal_conv restarted where `visible` says (packed documents); the reference on every
+    device (a path for --reset-attention-mask runs only)."""
+    return reference.cca_causal_conv_segmented(packed, dw_weight, dw_bias, g_weight, g_bias, visible)
+
+
+__all__ += ["cca_causal_conv", "cca_causal_conv_segmented"]

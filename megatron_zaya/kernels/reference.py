@@ -367,3 +367,39 @@ def cca_causal_conv(
     y = F.conv1d(x, dw_weight, dw_bias, groups=channels)
     y = F.conv1d(y, g_weight, g_bias, groups=channels // g_weight.shape[1])
     return y.transpose(1, 2)
+
+
+def cca_causal_conv_segmented(
+    packed: torch.Tensor,
+    dw_weight: torch.Tensor,
+    dw_bias: torch.Tensor,
+    g_weight: torch.Tensor,
+    g_bias: torch.Tensor,
+    visible: torch.Tensor,
+) -> torch.Tensor:
+    """cca_causal_conv where step t takes step t - l into account only if visible[:, t, l - 1]
+    (B, S, lags >= K1 - 1 + K2 - 1), e.g. only inside its own document of a packed sequence: each
+    document is then convolved as a sequence of its own (zeros before it, so the steps before its
+    start enter the grouped conv as the depthwise bias, as at a sequence start). Written as shifted
+    sums over the taps (the kernels are a few steps long); (B, S, C) channel-last in and out."""
+    b, s, c = packed.shape
+    k1, k2 = dw_weight.shape[-1], g_weight.shape[-1]
+
+    def back(t: torch.Tensor, lag: int) -> torch.Tensor:       # row t - lag at row t; zeros before the start
+        return t if lag == 0 else F.pad(t, (0, 0, lag, 0))[:, :s]
+
+    def seen(lag: int) -> torch.Tensor:                         # (B, S, 1): may row t use row t - lag
+        return visible[..., lag - 1:lag].to(packed.dtype)
+
+    w1 = dw_weight[:, 0, :]                                     # (C, K1): tap j reads lag K1 - 1 - j
+    y = dw_bias + packed * w1[:, k1 - 1]
+    for j in range(k1 - 1):
+        y = y + back(packed, k1 - 1 - j) * seen(k1 - 1 - j) * w1[:, j]
+    groups = c // g_weight.shape[1]
+    w2 = g_weight.view(groups, c // groups, g_weight.shape[1], k2)   # (G, out, in, K2)
+    out = g_bias.expand(b, s, c)
+    for i in range(k2):
+        lag = k2 - 1 - i
+        tap = y if lag == 0 else back(y, lag) * seen(lag) + dw_bias * (1 - seen(lag))
+        out = out + torch.einsum("bsgi,goi->bsgo", tap.reshape(b, s, groups, -1), w2[..., i]).reshape(b, s, c)
+    return out

@@ -27,6 +27,20 @@ class LeftContext:
     delayed_value: torch.Tensor    # (B, 1, HKV*dh/2) Wv2 x of the preceding token
 
 
+def lag_visibility(attention_mask: torch.Tensor | None, lags: int) -> torch.Tensor | None:
+    """(B, S, lags) bool: whether step t may see step t - l, for l = 1 .. lags, read from the
+    sub-diagonals of an attention mask (B or 1, 1, S, S), True = attend; False before the first step.
+    None without a mask (every earlier step visible: the causal default)."""
+    if attention_mask is None:
+        return None
+    mask = attention_mask[:, 0]
+    columns = []
+    for lag in range(1, lags + 1):
+        diagonal = torch.diagonal(mask, offset=-lag, dim1=-2, dim2=-1)          # (B, S - lag): t >= lag
+        columns.append(torch.cat((diagonal.new_zeros(diagonal.shape[:-1] + (lag,)), diagonal), dim=-1))
+    return torch.stack(columns, dim=-1)
+
+
 class CompressedConvAttention(nn.Module):
     # Memory policy (ZayaModel.set_recompute): QK-norm, RoPE and a math-path attention core recomputed.
     recompute_selective = False
@@ -64,9 +78,11 @@ class CompressedConvAttention(nn.Module):
         return F.linear(x, torch.cat(weights)).split((rows[0] + rows[1], rows[2], rows[3]), dim=-1)
 
     # -- the three stages, separable so that context parallelism can replace `attend` ------------
-    def project(self, x: torch.Tensor, left: LeftContext | None = None):
+    def project(self, x: torch.Tensor, left: LeftContext | None = None, visible: torch.Tensor | None = None):
         """x (B, S, D) -> q (B, S, HQ, dh), k and v (B, S, HKV, dh) before QK-norm and RoPE,
-        plus the raw q0/k0 and delayed values (for handing context to the right)."""
+        plus the raw q0/k0 and delayed values (for handing context to the right). `visible`
+        (lag_visibility of an attention mask) restarts the convolutions and the value shift where
+        the mask does (documents of a packed sequence)."""
         b, s, _ = x.shape
         dh = self.head_dim
         q_width, kv_width = self.num_heads * dh, self.num_kv_heads * dh
@@ -80,7 +96,7 @@ class CompressedConvAttention(nn.Module):
         mean_q = (q0 + k0) * 0.5                                               # (B, S, HKV, groups, dh)
         mean_k = mean_q.mean(dim=3)
         mean_q = mean_q.view(b, s, self.num_heads, dh)
-        mixed = self.causal_conv(packed, left)                                 # (B, S, C)
+        mixed = self.causal_conv(packed, left, visible)                        # (B, S, C)
         # The adds write q and k channel-last and contiguous (the layout of their first operand):
         # the elementwise QK-norm/RoPE passes and SDPA's fused CPU kernel need a unit stride on the
         # head dim (a strided q sends SDPA to its math path, S x S scores included).
@@ -88,20 +104,33 @@ class CompressedConvAttention(nn.Module):
         q = mean_q + mixed_q.reshape(b, s, self.num_heads, dh)
         k = mean_k + mixed_k.reshape(b, s, self.num_kv_heads, dh)
         # Value shift: half the value channels from this token, half from the previous one.
-        if left is None:
-            v_shifted = F.pad(v_delayed, (0, 0, 1, -1))                        # zeros, then rows 0..S-2
-        else:
-            v_shifted = torch.cat((left.delayed_value.to(v_delayed.dtype), v_delayed[:, :-1]), dim=1)
-        v = torch.cat((v_current, v_shifted), dim=-1).view(b, s, self.num_kv_heads, dh)
-        return q, k, v, packed.transpose(1, 2), v_delayed
+        v = torch.cat((v_current, self.shift_values(v_delayed, left, visible)), dim=-1)
+        return q, k, v.view(b, s, self.num_kv_heads, dh), packed.transpose(1, 2), v_delayed
 
-    def causal_conv(self, packed: torch.Tensor, left: LeftContext | None = None) -> torch.Tensor:
+    @staticmethod
+    def shift_values(v_delayed: torch.Tensor, left: LeftContext | None = None,
+                     visible: torch.Tensor | None = None) -> torch.Tensor:
+        """The delayed value half at step t: step t - 1's (left's before the first step, else zeros;
+        zeros where `visible` says step t may not see step t - 1)."""
+        if left is None:
+            shifted = F.pad(v_delayed, (0, 0, 1, -1))                          # zeros, then rows 0..S-2
+        else:
+            shifted = torch.cat((left.delayed_value.to(v_delayed.dtype), v_delayed[:, :-1]), dim=1)
+        return shifted if visible is None else shifted * visible[..., :1].to(shifted.dtype)
+
+    def causal_conv(self, packed: torch.Tensor, left: LeftContext | None = None,
+                    visible: torch.Tensor | None = None) -> torch.Tensor:
         """Causal depthwise then grouped convolution over time on packed q0/k0 (B, S, C) -> (B, S, C),
         through kernels.cca_causal_conv (fused Triton on a GPU; two Conv1d on the module's weights
-        otherwise). Left of the first step: `left`'s inputs, or zeros."""
-        return kernels.cca_causal_conv(packed, self.conv_depthwise.weight, self.conv_depthwise.bias,
-                                       self.conv_grouped.weight, self.conv_grouped.bias,
-                                       None if left is None else left.conv_inputs)
+        otherwise). Left of the first step: `left`'s inputs, or zeros. With `visible` the
+        convolution restarts where it says (kernels.cca_causal_conv_segmented)."""
+        weights = (self.conv_depthwise.weight, self.conv_depthwise.bias, self.conv_grouped.weight,
+                   self.conv_grouped.bias)
+        if visible is not None:
+            if left is not None:
+                raise ValueError("a left context and a visibility mask do not combine")
+            return kernels.cca_causal_conv_segmented(packed, *weights, visible)
+        return kernels.cca_causal_conv(packed, *weights, None if left is None else left.conv_inputs)
 
     def normalize_and_rotate(self, q, k, cos, sin):
         """QK-norm to length sqrt(dh), linear key temperature, then partial RoPE."""
@@ -139,6 +168,8 @@ class CompressedConvAttention(nn.Module):
         return out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)
 
     def forward(self, x, cos, sin, attention_mask=None):
-        q, k, v, _, _ = self.project(x)
+        """attention_mask (B, 1, S, S) bool, True = attend, or None (causal): where it hides a
+        step, the convolutions and the value shift do not read it either (packed documents)."""
+        q, k, v, _, _ = self.project(x, visible=lag_visibility(attention_mask, self.conv_context))
         q, k = self.normalize_and_rotate(q, k, cos, sin)
         return self.linear_proj(self.attend(q, k, v, attention_mask))

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron_zaya import kernels
-from megatron_zaya.model.cca import CompressedConvAttention
+from megatron_zaya.model.cca import CompressedConvAttention, lag_visibility
 from megatron_zaya.model.zaya import ZayaModel
 from megatron_zaya.parallel.context import context_parallel_attention
 from megatron_zaya.parallel.mappings import (copy_to_group, gather_along, gradient_only_if, reduce_from_group,
@@ -163,9 +163,9 @@ class ParallelCCA(CompressedConvAttention):
             [w.shape[0] for w in weights], dim=-1)
         return torch.cat((self.linear_q(x), k0), dim=-1), v_current, v_delayed
 
-    def project(self, x, left=None):
+    def project(self, x, left=None, visible=None):
         if self.kv_replicas == 1:
-            return super().project(x, left)
+            return super().project(x, left, visible)
         # CompressedConvAttention.project with one local KV head whose query heads span R replicas.
         b, s, _ = x.shape
         dh = self.head_dim
@@ -176,12 +176,10 @@ class ParallelCCA(CompressedConvAttention):
         mean_q = (copy_to_group(k0_head, self.kv_group) + q0_heads) * 0.5
         q_sum = reduce_from_group(q0_heads.sum(dim=2, keepdim=True), self.kv_group)
         mean_k = q_sum / (2 * self.query_groups_global) + k0_head * 0.5
-        mixed_q, mixed_k = self.causal_conv(packed, left).split((q_width, dh), dim=-1)
+        mixed_q, mixed_k = self.causal_conv(packed, left, visible).split((q_width, dh), dim=-1)
         q = mean_q + mixed_q.reshape(b, s, self.num_heads, dh)
         k = mean_k + mixed_k.reshape(b, s, 1, dh)
-        v_shifted = F.pad(v_delayed, (0, 0, 1, -1)) if left is None else \
-            torch.cat((left.delayed_value.to(v_delayed.dtype), v_delayed[:, :-1]), dim=1)
-        v = torch.cat((v_current, v_shifted), dim=-1).view(b, s, 1, dh)
+        v = torch.cat((v_current, self.shift_values(v_delayed, left, visible)), dim=-1).view(b, s, 1, dh)
         return q, k, v, packed.transpose(1, 2), v_delayed
 
     def forward(self, x, cos, sin, attention_mask=None):
@@ -192,7 +190,7 @@ class ParallelCCA(CompressedConvAttention):
                 raise NotImplementedError("attention_mask under context parallelism (use the causal default)")
             out = context_parallel_attention(self, x, cos, sin, ps)
         else:
-            q, k, v, _, _ = self.project(x)
+            q, k, v, _, _ = self.project(x, visible=lag_visibility(attention_mask, self.conv_context))
             q, k = self.normalize_and_rotate(q, k, cos, sin)
             k, v = self.replicated_kv(k, v)
             out = self.attend(q, k, v, attention_mask)

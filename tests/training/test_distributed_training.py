@@ -119,10 +119,13 @@ def scalar(logdir, tag) -> list[float]:
     return [e.value for e in acc.Scalars(tag)]
 
 
-def test_tensor_parallel_with_shared_kv_heads_logs_single_process_norms(tiny_corpus, tmp_path):
+@pytest.mark.parametrize("packing", [[], ["--reset-attention-mask", "--reset-position-ids"]],
+                         ids=["causal", "packed-documents"])
+def test_tensor_parallel_with_shared_kv_heads_logs_single_process_norms(tiny_corpus, tmp_path, packing):
     """TP=2 over a 1-KV-head model (the KV head is replicated on both ranks): the logged loss,
-    gradient norm and parameter norm count every element once, as one process does."""
-    flags = ["--num-query-groups", "1", "--train-iters", "1"]
+    gradient norm and parameter norm count every element once, as one process does; also with
+    packed documents (CCA's convolutions and value shift restart at each document on both ranks)."""
+    flags = ["--num-query-groups", "1", "--train-iters", "1", *packing]
     single = train(tiny_corpus, tmp_path, "tp1", 1, *flags)
     tp2 = train(tiny_corpus, tmp_path, "tp2", 2, *flags, "--tensor-model-parallel-size", "2")
     assert tp2 == pytest.approx(single, rel=1e-5)
