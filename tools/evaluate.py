@@ -9,7 +9,8 @@ CKPT is a Hugging Face ZAYA folder or a megatron-zaya checkpoint (megatron_zaya/
 The samples are the data pipeline's own validation samples (megatron_zaya.data: same --data-path
 blend, --split, --seed, index cache and masks as training), read in order. Without --eval-iters the
 whole validation split is read once (about one pass: (tokens - 1) // seq_length samples per
-dataset). --split-name test evaluates the test split instead. Prints the loss/perplexity and a table
+dataset). --split-name test evaluates the test split instead; --per-dataset evaluates each dataset
+of the blend on its own (a summary table of loss and perplexity per dataset). Prints the loss/perplexity and a table
 of routing statistics per layer (load per expert, load entropy, max load, skip rate, router entropy;
 see megatron_zaya/inference/evaluation.py); --tensorboard-dir also writes them as scalars at
 --step (default: the checkpoint's iteration, else 0). Progress goes to stderr every --log-interval
@@ -46,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-path", nargs="+", required=True, help="Megatron blend: [weight] prefix ...")
     p.add_argument("--split", default="969,30,1", help="train,valid,test shares (as in training)")
     p.add_argument("--split-name", default="valid", choices=sorted(SPLITS))
+    p.add_argument("--per-dataset", action="store_true",
+                   help="evaluate each dataset of --data-path alone (weights ignored): a table per dataset, "
+                        "TensorBoard SPLIT/NAME/*, JSON 'datasets' (as training's --multiple-validation-sets)")
     add_tokenizer_arguments(p, required=True)
     p.add_argument("--seq-length", type=int, default=None, help="default: the checkpoint config's seq_length")
     p.add_argument("--micro-batch-size", type=int, default=4)
@@ -140,14 +144,24 @@ def with_progress(batches, total: int, interval: int | None):
                   file=sys.stderr, flush=True)
 
 
-def count_samples(parser: argparse.ArgumentParser, args: argparse.Namespace, seq_length: int) -> int:
-    """Samples to evaluate: one pass over the split, or --eval-iters micro-batches; refuses a split
-    without a single sample of --seq-length + 1 tokens."""
-    available = one_pass_samples(args.data_path, args.split, SPLITS[args.split_name], seq_length)
+def count_samples(parser: argparse.ArgumentParser, args: argparse.Namespace, seq_length: int,
+                  data_path: list[str] | None = None) -> int:
+    """Samples to evaluate in `data_path` (default --data-path): one pass over the split, or
+    --eval-iters micro-batches; refuses a split without a single sample of --seq-length + 1 tokens."""
+    data_path = data_path or args.data_path
+    available = one_pass_samples(data_path, args.split, SPLITS[args.split_name], seq_length)
     if available < 1:
-        parser.error(f"--data-path/--split {args.split}: the {args.split_name} split has fewer than "
-                     f"--seq-length {seq_length} + 1 tokens")
+        parser.error(f"--data-path {' '.join(data_path)} / --split {args.split}: the {args.split_name} split has "
+                     f"fewer than --seq-length {seq_length} + 1 tokens")
     return available if args.eval_iters is None else args.eval_iters * args.micro_batch_size
+
+
+def datasets_to_evaluate(args) -> list[list[str]]:
+    """The blends evaluated: --data-path as one, or each of its datasets alone (--per-dataset)."""
+    if not args.per_dataset:
+        return [args.data_path]
+    from megatron_zaya.data.blend import parse_data_path
+    return [[p] for p in dict.fromkeys(parse_data_path(args.data_path)[1])]
 
 
 def check_seq_length(parser: argparse.ArgumentParser, args: argparse.Namespace, config) -> int:
@@ -171,15 +185,14 @@ def main(argv=None) -> int:
     except ValueError as err:
         parser.error(str(err))
 
-    from megatron_zaya.data import DataConfig, build_train_valid_test_datasets
-
     try:
         tokenizer = tokenizer_from_flags(args)
     except UserInputError as err:
         parser.error(str(err))
     peeked = peek_model_config(args.load)       # config.json / metadata.json only: no tensor read yet
     if peeked is not None:
-        count_samples(parser, args, check_seq_length(parser, args, peeked))
+        for data_path in datasets_to_evaluate(args):
+            count_samples(parser, args, check_seq_length(parser, args, peeked), data_path)
     try:
         model, config, info = load_model_for_inference(args.load, device=args.device, dtype=dtype)
     except (OSError, ValueError, RuntimeError) as err:
@@ -189,9 +202,47 @@ def main(argv=None) -> int:
     except UserInputError as err:
         parser.error(str(err))
     seq_length = check_seq_length(parser, args, config)
+    step = args.step if args.step is not None else int(info.get("iteration") or 0)
+    if not args.per_dataset:
+        result, elapsed = evaluate_data(parser, args, args.data_path, model, config, tokenizer, seq_length)
+        print(f"checkpoint {info.get('path', args.load)} [{info.get('format')}], {args.split_name} split of "
+              f"{' '.join(args.data_path)}, seq_length {seq_length}, {elapsed:.1f}s")
+        print(format_table(result))
+        if args.tensorboard_dir:
+            write_tensorboard(result, args.tensorboard_dir, step, prefix=args.split_name)
+        report = result.as_dict()
+    else:
+        from megatron_zaya.data.blend import parse_data_path
+        from megatron_zaya.data.validation import validation_set_names
+        prefixes = list(dict.fromkeys(parse_data_path(args.data_path)[1]))
+        results = {}
+        for name, prefix in zip(validation_set_names(prefixes), prefixes):
+            result, elapsed = evaluate_data(parser, args, [prefix], model, config, tokenizer, seq_length)
+            results[name] = result
+            print(f"=== {name}: {args.split_name} split of {prefix}, {result.samples} samples, {elapsed:.1f}s")
+            print(format_table(result))
+            if args.tensorboard_dir:
+                write_tensorboard(result, args.tensorboard_dir, step, prefix=f"{args.split_name}/{name}")
+        width = max(len(name) for name in results)
+        print(f"checkpoint {info.get('path', args.load)} [{info.get('format')}], seq_length {seq_length}")
+        print(f"{'dataset':<{width}}  {'samples':>8}  {'loss':>8}  {'ppl':>10}")
+        for name, result in results.items():
+            print(f"{name:<{width}}  {result.samples:>8}  {result.loss:>8.4f}  {result.perplexity:>10.3f}")
+        report = {"datasets": {name: result.as_dict() for name, result in results.items()}}
+    if args.output_json:
+        with open(args.output_json, "w", encoding="utf-8") as f:
+            json.dump({"checkpoint": info, "split": args.split_name, "seq_length": seq_length, "step": step,
+                       **report}, f, indent=2, default=str)
+    return 0
+
+
+def evaluate_data(parser, args, data_path: list[str], model, config, tokenizer, seq_length: int):
+    """(EvalResult, seconds) of the checkpoint on `data_path`'s --split-name split."""
+    from megatron_zaya.data import DataConfig, build_train_valid_test_datasets
+
     split_id = SPLITS[args.split_name]
-    num_samples = count_samples(parser, args, seq_length)
-    data_config = DataConfig(data_path=args.data_path, split=args.split, data_cache_path=args.data_cache_path,
+    num_samples = count_samples(parser, args, seq_length, data_path)
+    data_config = DataConfig(data_path=data_path, split=args.split, data_cache_path=args.data_cache_path,
                              seed=args.seed, num_workers=0, reset_position_ids=args.reset_position_ids,
                              reset_attention_mask=args.reset_attention_mask, eod_mask_loss=args.eod_mask_loss,
                              tokenizer_type=args.tokenizer_type, tokenizer_model=args.tokenizer_model,
@@ -201,27 +252,14 @@ def main(argv=None) -> int:
     sizes[split_id] = num_samples
     dataset = build_train_valid_test_datasets(data_config, seq_length, sizes, tokenizer)[split_id]
     num_samples = min(num_samples, len(dataset))
-
     start = time.perf_counter()
-    batches = batches_of(dataset, num_samples, args.micro_batch_size, config.vocab_size, args.data_path)
+    batches = batches_of(dataset, num_samples, args.micro_batch_size, config.vocab_size, data_path)
     total = -(-num_samples // args.micro_batch_size)
     try:
         result = evaluate(model, with_progress(batches, total, args.log_interval))
     except UserInputError as err:
         parser.error(str(err))
-    elapsed = time.perf_counter() - start
-    print(f"checkpoint {info.get('path', args.load)} [{info.get('format')}], {args.split_name} split of "
-          f"{' '.join(args.data_path)}, seq_length {seq_length}, {elapsed:.1f}s")
-    print(format_table(result))
-    step = args.step if args.step is not None else int(info.get("iteration") or 0)
-    if args.tensorboard_dir:
-        write_tensorboard(result, args.tensorboard_dir, step, prefix=args.split_name)
-    if args.output_json:
-        with open(args.output_json, "w", encoding="utf-8") as f:
-            json.dump({"checkpoint": info, "split": args.split_name, "seq_length": seq_length, "step": step,
-                       **result.as_dict()}, f, indent=2, default=str)
-    return 0
-
+    return result, time.perf_counter() - start
 
 if __name__ == "__main__":
     sys.exit(main())

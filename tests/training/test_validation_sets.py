@@ -85,6 +85,18 @@ def test_each_validation_set_is_evaluated_and_logged_on_its_own(tiny_corpus, val
     mean = (small["loss"] + big["loss"]) / 2       # 'lm loss validation': the sets' mean
     assert values["lm loss validation"][0][1] == pytest.approx(mean, rel=1e-5)
     assert f"final validation loss {mean:.4f}" in out
+    if full:      # tools/evaluate.py --per-dataset: the same per-set losses in one call
+        report = tmp_path / "per_dataset.json"
+        assert run_tool("evaluate", ["--load", str(tmp_path / "ckpt"), "--data-path", *valid_sets, "--split", "0,100,0",
+                                     "--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", tiny_corpus[1],
+                                     "--data-cache-path", str(tmp_path / "evalcache"), "--per-dataset",
+                                     "--output-json", str(report), "--log-interval", "0"]) == 0
+        datasets = json.loads(report.read_text())["datasets"]
+        assert sorted(datasets) == ["other_text_document", "small_text_document"]
+        for name, expected in (("small_text_document", small), ("other_text_document", big)):
+            assert datasets[name]["loss"] == pytest.approx(expected["loss"], rel=1e-9)
+            assert datasets[name]["samples"] == expected["samples"]
+        assert "dataset" in capsys.readouterr().out
 
 
 def test_expert_parallel_ranks_pad_a_set_to_whole_micro_batch_groups(tiny_corpus, valid_sets, tmp_path):
