@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--moe-router-force-load-balancing", action="store_true",
                    help="benchmarks only: every router sends token i to expert i mod E (an exactly balanced "
                         "load, no skip) whatever it learned; the run warns (as in Megatron-LM)")
+    g.add_argument("--disable-bf16-reduced-precision-matmul", action="store_true",
+                   help="on CUDA, bf16 matmuls accumulate without reduced-precision reductions "
+                        "(torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False; as in Megatron-LM)")
     g.add_argument("--deterministic-mode", action="store_true",
                    help="torch.use_deterministic_algorithms: repeatable steps on GPUs too, usually slower; an op "
                         "without a deterministic kernel stops the run naming it (as in Megatron-LM)")
@@ -182,8 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ckpt-keep", type=int, default=None, help="keep the newest N checkpoints, remove older ones")
     g.add_argument("--save-retain-interval", type=int, default=None,
                    help="keep the checkpoints at multiples of N iterations (a multiple of --save-interval) and "
-                        "the newest, remove the others once a newer one is complete (as in Megatron-LM); with "
-                        "--ckpt-keep a checkpoint either rule keeps stays")
+                        "the newest; the others from this run's start on go once a newer one is complete (as in "
+                        "Megatron-LM); with --ckpt-keep a checkpoint either rule keeps stays")
     g.add_argument("--async-save", action="store_true")
     g.add_argument("--no-load-optim", action="store_true")
     g.add_argument("--no-save-optim", action="store_true",

@@ -76,7 +76,6 @@ IMPLIED_SWITCHES = {
     "--init-model-with-meta-device": "weights are initialised on the CPU, then moved to the device",
     "--no-persist-layer-norm": "no persistent layer-norm kernel here",
     "--no-bias-gelu-fusion": "there is no GeLU and no bias",
-    "--disable-bf16-reduced-precision-matmul": "matmuls keep torch's default precision",
     "--no-log-loss-scale-to-tensorboard": "there is no loss scale with bf16 (no --fp16)",
 }
 
@@ -105,7 +104,8 @@ REFUSED_SWITCHES = {
     "--add-qkv-bias": "CCA's projections have no bias (ZAYA1)",
     "--openai-gelu": "the experts are SwiGLU (ZAYA1)",
     "--quick-geglu": "the experts are SwiGLU (ZAYA1)",
-    "--apply-query-key-layer-scaling": "an fp16 device; queries and keys are normalised by CCA's QK-norm instead",
+    "--apply-query-key-layer-scaling": "it serves fp16 training (no --fp16 here); CCA's QK-norm bounds the "
+                                       "attention logits",
     "--fp16-lm-cross-entropy": "train with --bf16; the cross-entropy runs in fp32",
     "--moe-apply-probs-on-input": "the gate multiplies the expert's output (ZAYA1)",
     "--moe-shared-expert-overlap": "ZAYA1 has no shared expert",

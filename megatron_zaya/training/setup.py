@@ -101,6 +101,8 @@ def build_and_train(run) -> int:
 def _build_and_train(run) -> int:
     if getattr(run.args, "logging_level", None) is not None:      # --logging-level
         logging.getLogger().setLevel(run.args.logging_level)
+    if getattr(run.args, "disable_bf16_reduced_precision_matmul", False):
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     tokenizer = build_tokenizer(run.data.tokenizer_type, run.data.tokenizer_model,
                                 run.model.make_vocab_size_divisible_by, **run.data.tokenizer_kwargs())
     resolve_vocab(run, tokenizer)

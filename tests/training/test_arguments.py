@@ -501,3 +501,14 @@ def test_data_args_files_stand_for_the_blend_flags(tiny_corpus, tmp_path, capsys
              "--logging-level=-1: must be >= 0")):
         line = error_of(tiny_run_flags(tiny_corpus, tmp_path, **extra), capsys)
         assert expected in line, line
+
+
+def test_disable_bf16_reduced_precision_matmul_sets_torchs_switch(tiny_corpus, tmp_path, monkeypatch):
+    import torch
+
+    from megatron_zaya.training.setup import build_and_train
+    matmul = torch.backends.cuda.matmul
+    monkeypatch.setattr(matmul, "allow_bf16_reduced_precision_reduction", True)   # restored after the test
+    flags = tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": 1, "--eval-iters": 0})
+    assert build_and_train(parse_args(flags + ["--disable-bf16-reduced-precision-matmul"])) == 0
+    assert matmul.allow_bf16_reduced_precision_reduction is False
