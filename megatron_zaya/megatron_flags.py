@@ -75,7 +75,7 @@ IMPLIED_SWITCHES = {
     "--no-initialization": "weights are initialised, then overwritten by the loaded checkpoint",
     "--init-model-with-meta-device": "weights are initialised on the CPU, then moved to the device",
     "--no-persist-layer-norm": "no persistent layer-norm kernel here",
-    "--no-bias-gelu-fusion": "there is no GeLU and no bias",
+    "--no-bias-gelu-fusion": "no bias-GeLU fusion here (the router's GeLU runs unfused)",
     "--no-log-loss-scale-to-tensorboard": "there is no loss scale with bf16 (no --fp16)",
 }
 
@@ -102,7 +102,7 @@ REFUSED_SWITCHES = {
     "--check-for-large-grads": "no re-run state machine: a non-finite step is skipped and diagnosed by rank and layer",
     "--use-legacy-models": "there is one model implementation",
     "--add-qkv-bias": "CCA's projections have no bias (ZAYA1)",
-    "--openai-gelu": "the experts are SwiGLU (ZAYA1)",
+    "--openai-gelu": "the experts are SwiGLU and the router's GeLU is the exact one (ZAYA1)",
     "--quick-geglu": "the experts are SwiGLU (ZAYA1)",
     "--apply-query-key-layer-scaling": "it serves fp16 training (no --fp16 here); CCA's QK-norm bounds the "
                                        "attention logits",
