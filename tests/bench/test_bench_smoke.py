@@ -72,6 +72,14 @@ def test_muon_step_and_lm_head_layouts_run(capsys, keep_threads):
 
 
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not installed")
+def test_packed_documents_bench_runs(capsys):
+    assert load_script("packed_documents").main(["--preset", "zaya1-tiny", "--micro-batch-size", "1",
+                                                 "--seq-length", "32", "--document-length", "8", "--repeats", "1",
+                                                 "--trials", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "plain (two Conv1d)" in out and "segmented (restarts per document)" in out
+
+
 def test_train_throughput_two_processes_expert_parallel(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", MEGATRON_ZAYA_KERNELS="torch")
     cmd = ["torchrun", "--standalone", "--nproc-per-node", "2", "bench/train_throughput.py", *TINY,
