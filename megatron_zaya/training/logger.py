@@ -1,15 +1,31 @@
-"""Console lines, a progress bar for short local runs, and TensorBoard scalars (rank 0 only)."""
+"""Console lines, a progress bar for short local runs, and TensorBoard scalars (rank 0 only).
+
+Megatron-LM also logs its main curves against the consumed samples ('lm loss vs samples', ...), so
+that runs with different batch sizes line up. Those go to the run's `vs_samples` subfolder (a second
+TensorBoard run beside the first): a resumed run drops the points an earlier attempt wrote past its
+checkpoint, by iteration in the run's folder and by samples in the subfolder, and one folder cannot
+do both.
+"""
 from __future__ import annotations
 
+import os
 import sys
 import time
+
+# Megatron-LM's tags that it also writes as "TAG vs samples" (and every validation / test loss tag)
+VS_SAMPLES_TAGS = ("lm loss", "learning-rate", "decoupled-learning-rate", "batch-size", "grad-norm", "params-norm",
+                   "num-zeros", "world-size")
+
+
+def has_vs_samples(tag: str) -> bool:
+    return tag in VS_SAMPLES_TAGS or tag.startswith(("lm loss validation", "lm loss test"))
 
 
 class TrainingLogger:
     def __init__(self, is_main: bool, tensorboard_dir: str | None, total_iters: int, start_iter: int,
-                 progress_bar: bool = False, queue_size: int = 1000):
+                 progress_bar: bool = False, queue_size: int = 1000, start_samples: int = 0):
         self.is_main = is_main
-        self.writer = None
+        self.writer = self.samples_writer = None
         self.bar = None
         if not is_main:
             return
@@ -19,6 +35,8 @@ class TrainingLogger:
             # attempt wrote into the same folder, so every step has one point.
             self.writer = SummaryWriter(log_dir=tensorboard_dir, max_queue=queue_size, flush_secs=10,
                                         purge_step=start_iter + 1)
+            self.samples_writer = SummaryWriter(log_dir=os.path.join(tensorboard_dir, "vs_samples"),
+                                                max_queue=queue_size, flush_secs=10, purge_step=start_samples + 1)
         if progress_bar:
             from tqdm import tqdm
             self.bar = tqdm(total=total_iters, initial=start_iter, desc="train", unit="it", dynamic_ncols=True,
@@ -40,11 +58,15 @@ class TrainingLogger:
         else:
             print(line, flush=True)
 
-    def scalars(self, values: dict[str, float], step: int) -> None:
+    def scalars(self, values: dict[str, float], step: int, samples: int | None = None) -> None:
+        """`values` at iteration `step`; given the consumed `samples`, Megatron-LM's tags also as
+        "TAG vs samples" at that many samples (in the vs_samples subfolder)."""
         if self.writer is None:
             return
         for tag, value in values.items():
             self.writer.add_scalar(tag, value, step)
+            if samples is not None and has_vs_samples(tag):
+                self.samples_writer.add_scalar(f"{tag} vs samples", value, samples)
 
     def advance(self, loss: float | None) -> None:
         """One iteration more on the progress bar (loss None: an iteration without a loss)."""
@@ -56,6 +78,7 @@ class TrainingLogger:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-        if self.writer is not None:
-            self.writer.flush()
-            self.writer.close()
+        for writer in (self.writer, self.samples_writer):
+            if writer is not None:
+                writer.flush()
+                writer.close()

@@ -337,7 +337,7 @@ class Trainer:
                 scalars[f"moe/layer{layer:02d}/balancing-bias/{e:02d}"] = bias
             if router.eda_gamma is not None:
                 scalars[f"moe/layer{layer:02d}/eda-gamma-norm"] = router.eda_gamma.detach().norm().item()
-        self.logger.scalars(scalars, it)
+        self.logger.scalars(scalars, it, self.state.consumed_samples)
 
     def print_interval(self, result: StepResult, started: float) -> None:
         """The console line: loss, time per iteration and throughput averaged over the interval; lr, grad
@@ -475,7 +475,7 @@ class Trainer:
                 gc.collect()
         self.last_validation = metrics
         if metrics:
-            self.logger.scalars(evaluation_scalars(metrics), self.state.iteration)
+            self.logger.scalars(evaluation_scalars(metrics), self.state.iteration, self.state.consumed_samples)
             self.logger.print(f"validation at iteration {self.state.iteration} | {evaluation_line(metrics)}")
         return metrics
 
@@ -484,7 +484,7 @@ class Trainer:
         with self.watchdog.paused() if self.watchdog is not None else contextlib.nullcontext():
             metrics = self.evaluate("test")
         if metrics:
-            self.logger.scalars(evaluation_scalars(metrics, "test"), self.state.iteration)
+            self.logger.scalars(evaluation_scalars(metrics, "test"), self.state.iteration, self.state.consumed_samples)
             self.logger.print(f"test loss at iteration {self.state.iteration} | {evaluation_line(metrics)}")
         return metrics
 

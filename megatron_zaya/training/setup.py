@@ -136,7 +136,7 @@ def _build_and_train(run) -> int:
     trainer.test_loader = test_loader        # a split with a share in --split (or --test-data-path)
     logger = trainer.logger = TrainingLogger(runtime.is_main, run.train.tensorboard_dir, trainer.total_iters,
                                              trainer.state.iteration, run.train.progress_bar,
-                                             run.train.tensorboard_queue_size)
+                                             run.train.tensorboard_queue_size, trainer.state.consumed_samples)
     try:
         if run.train.skip_train:         # Megatron-LM's --skip-train: evaluate the loaded model, save nothing
             logger.print(f"--skip-train: evaluating the model of iteration {trainer.state.iteration} only")

@@ -40,6 +40,14 @@ def test_tensorboard_scalars_written(tiny_corpus, tmp_path, capsys):
     assert "moe/layer01/eda-gamma-norm" in values and "moe/layer00/eda-gamma-norm" not in values
     assert [s for s, _ in values["lm loss validation"]] == [3, 6]
     assert [v for _, v in values["consumed-samples"]] == [2, 4, 6, 8, 12, 16]
+    # Megatron-LM's "vs samples" curves, at the consumed samples (the vs_samples subfolder)
+    by_samples = scalars(tb / "vs_samples")
+    assert [(s, v) for s, v in by_samples["lm loss vs samples"]] == [(n, v) for n, (_, v) in
+                                                                     zip([2, 4, 6, 8, 12, 16], values["lm loss"])]
+    assert [s for s, _ in by_samples["lm loss validation vs samples"]] == [6, 16]
+    for tag in ("learning-rate", "batch-size", "grad-norm", "params-norm", "world-size", "lm loss validation ppl"):
+        assert f"{tag} vs samples" in by_samples, tag
+    assert "throughput/mfu vs samples" not in by_samples
     out = capsys.readouterr().out
     assert "final validation loss" in out and "MFU" in out and "ETA" in out
 
@@ -110,6 +118,8 @@ def test_a_resume_from_an_older_checkpoint_leaves_one_point_per_step(tiny_corpus
     assert build_and_train(parse_args(resumed)) == 0
     steps = [s for s, _ in scalars(tb)["lm loss"]]
     assert steps == [1, 2, 3, 4, 5, 6], steps
+    samples = [s for s, _ in scalars(tb / "vs_samples")["lm loss vs samples"]]
+    assert samples == [4, 8, 12, 16, 20, 24], samples
 
 
 @pytest.mark.parametrize("evaluation, collections", [({"--eval-iters": 0}, 3),
