@@ -33,6 +33,8 @@ def lag_visibility(attention_mask: torch.Tensor | None, lags: int) -> torch.Tens
     None without a mask (every earlier step visible: the causal default)."""
     if attention_mask is None:
         return None
+    if attention_mask.dtype != torch.bool:
+        raise ValueError(f"attention_mask must be boolean (True = attend), got {attention_mask.dtype}")
     mask = attention_mask[:, 0]
     columns = []
     for lag in range(1, lags + 1):

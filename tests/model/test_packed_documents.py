@@ -73,3 +73,8 @@ def test_each_packed_document_gets_what_it_gets_alone(heads):
     assert len(packed_grads) > 20
     for name, grad in packed_grads.items():
         torch.testing.assert_close(grad, separate[name].grad, rtol=1e-9, atol=1e-10, msg=name)
+
+
+def test_a_non_boolean_mask_is_refused():
+    with pytest.raises(ValueError, match="attention_mask must be boolean"):
+        lag_visibility(torch.zeros(1, 1, 4, 4), 2)
