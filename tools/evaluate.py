@@ -212,9 +212,8 @@ def main(argv=None) -> int:
             write_tensorboard(result, args.tensorboard_dir, step, prefix=args.split_name)
         report = result.as_dict()
     else:
-        from megatron_zaya.data.blend import parse_data_path
         from megatron_zaya.data.validation import validation_set_names
-        prefixes = list(dict.fromkeys(parse_data_path(args.data_path)[1]))
+        prefixes = [blend[0] for blend in datasets_to_evaluate(args)]
         results = {}
         for name, prefix in zip(validation_set_names(prefixes), prefixes):
             result, elapsed = evaluate_data(parser, args, [prefix], model, config, tokenizer, seq_length)
