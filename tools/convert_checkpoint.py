@@ -10,6 +10,11 @@
     # re-layout a sharded checkpoint's model offline (training loads any layout online anyway); the
     # output keeps the source's iteration and data position: continue with --no-load-optim (or --finetune)
     python tools/convert_checkpoint.py reshard runs/tiny/ckpt runs/tiny-ep4 --expert-model-parallel-size 4 --world-size 4
+    # average checkpoints of one model into an HF folder: the newest 3 of a --save folder, or those
+    # given (iteration folders), optionally weighted; the to-hf tokenizer flags apply
+    python tools/convert_checkpoint.py average runs/tiny/ckpt hf/tiny-avg3 --last 3
+    python tools/convert_checkpoint.py average runs/tiny/ckpt/iter_0000200 runs/tiny/ckpt/iter_0000300 hf/avg \
+        --weights 1 2
 
 to-hf's tokenizer flags add the files `transformers.AutoTokenizer.from_pretrained(hf/tiny)` loads, giving
 the same ids as training (HuggingFaceTokenizer, GPT2BPETokenizer, TikTokenizer; the SentencePiece types
@@ -17,7 +22,8 @@ have no exact Hugging Face form and are refused: megatron_zaya/checkpoint/hf_tok
 tokenizer's EOS/BOS/pad ids to config.json.
 
 Every conversion writes atomically (a temporary folder renamed at the end) and refuses to overwrite:
-to-hf needs a new or empty output folder, from-hf and reshard one without checkpoints (and without a
+to-hf and average need a new or empty output folder (average checks it before reading any weight,
+and that every checkpoint holds the same model config), from-hf and reshard one without checkpoints (and without a
 latest_checkpointed_iteration.txt). Sharded outputs hold model weights only (no optimizer state).
 Progress lines (weights read, ranks written) go to stderr unless --no-progress.
 Exit status 0 on success, 1 on a checkpoint problem (the message names the file), 2 on usage errors.
@@ -33,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from megatron_zaya.checkpoint import CheckpointError  # noqa: E402
+from megatron_zaya.checkpoint.averaging import average_to_hf, checkpoints_to_average  # noqa: E402
 from megatron_zaya.checkpoint.convert import (ConversionProgress, checkpoint_to_hf, hf_to_checkpoint,  # noqa: E402
                                               reshard_checkpoint)
 from megatron_zaya.checkpoint.hf_tokenizer import check_exportable  # noqa: E402
@@ -65,12 +72,21 @@ def main(argv=None) -> int:
     to_hf = sub.add_parser("to-hf", help="sharded checkpoint -> Hugging Face folder")
     to_hf.add_argument("checkpoint")
     to_hf.add_argument("output")
-    to_hf.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: as saved")
-    to_hf.add_argument("--tokenizer-type", default=None, help="also write this tokenizer's Hugging Face files")
-    to_hf.add_argument("--tokenizer-model", default=None)
-    to_hf.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: GPT-2's vocab.json")
-    to_hf.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: GPT-2's merges.txt")
-    add_tiktoken_arguments(to_hf)
+    average = sub.add_parser("average", help="checkpoints of one model -> the HF folder of their (weighted) mean")
+    average.add_argument("sources", nargs="+", help="checkpoint folders (iter_NNNNNNN or --save folders); with "
+                                                     "--last, one --save folder")
+    average.add_argument("output")
+    average.add_argument("--last", type=int, default=None, help="the newest N complete checkpoints of the --save folder")
+    average.add_argument("--weights", type=float, nargs="+", default=None,
+                         help="one weight per checkpoint, oldest first (normalised; default: equal)")
+    for p in (to_hf, average):
+        p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                       help="default: as saved (to-hf), fp32 (average)")
+        p.add_argument("--tokenizer-type", default=None, help="also write this tokenizer's Hugging Face files")
+        p.add_argument("--tokenizer-model", default=None)
+        p.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: GPT-2's vocab.json")
+        p.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: GPT-2's merges.txt")
+        add_tiktoken_arguments(p)
     for name in ("from-hf", "reshard"):
         p = sub.add_parser(name, help="HF folder -> sharded checkpoint" if name == "from-hf"
                            else "sharded checkpoint -> sharded checkpoint of another layout (model only)")
@@ -93,6 +109,13 @@ def main(argv=None) -> int:
             info = checkpoint_to_hf(args.checkpoint, args.output, DTYPES.get(args.dtype), tokenizer, progress)
             print(f"wrote {args.output} from {info['folder']} (iteration {info['iteration']}, "
                   f"{info['tokens_seen']} tokens seen)")
+            return 0
+        if args.command == "average":
+            tokenizer = export_tokenizer(parser, args)
+            folders = checkpoints_to_average(args.sources, args.last)
+            done = average_to_hf(folders, args.output, args.weights, DTYPES.get(args.dtype), tokenizer, progress)
+            print(f"wrote {args.output}: the mean of iterations {', '.join(map(str, done['iterations']))} with "
+                  f"weights {', '.join(f'{w:.4g}' for w in done['weights'])}")
             return 0
         layout = dict(tp=args.tensor_model_parallel_size, cp=args.context_parallel_size,
                       ep=args.expert_model_parallel_size, world_size=args.world_size)
