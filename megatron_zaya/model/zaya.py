@@ -130,7 +130,8 @@ class ZayaModel(nn.Module):
         """tokens (B, S) -> logits, or per-token fp32 losses when labels (B, S) are given.
 
         attention_mask, when given, is a boolean (B, 1, S, S) mask (True = attend) replacing the
-        causal default, e.g. to reset attention at document boundaries."""
+        causal default, e.g. to reset attention at document boundaries; CCA's convolutions and value
+        shift then restart where it does too (model/cca.py lag_visibility)."""
         b, s = tokens.shape
         if position_ids is None:
             position_ids = torch.arange(s, device=tokens.device).unsqueeze(0).expand(b, s)
