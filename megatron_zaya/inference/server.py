@@ -199,6 +199,12 @@ def make_server(service: TextGenerationService, host: str, port: int) -> Threadi
         do_POST = do_PUT
 
         def do_GET(self):
+            path = self.path.split("?")[0].rstrip("/")
+            if path == "/v1/models":        # what OpenAI clients ask first: the one model served
+                return self.reply(200, {"object": "list", "data": [{"id": service.name, "object": "model",
+                                                                     "owned_by": "megatron-zaya"}]})
+            if path == "/health":
+                return self.reply(200, {"status": "ok", "model": service.name})
             self.reply(405, "use PUT /api with a JSON body such as {\"prompts\": [\"Hello\"], \"tokens_to_generate\": 16}")
 
         def log_message(self, format, *args):

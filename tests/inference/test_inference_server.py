@@ -110,6 +110,11 @@ def test_other_methods_and_paths(server_url):
     assert err.value.code == 405
     status, answer = call(server_url, {"prompts": ["a"], "tokens_to_generate": 2}, method="POST")
     assert status == 200 and len(answer["tokens"][0]) >= 2
+    for path, key in (("/v1/models", "data"), ("/health", "status")):     # GET: OpenAI's model list, health
+        with urllib.request.urlopen(urllib.request.Request(server_url + path, method="GET"), timeout=30) as reply:
+            assert key in json.loads(reply.read())
+    with urllib.request.urlopen(server_url + "/v1/models", timeout=30) as reply:
+        assert json.loads(reply.read())["data"][0]["object"] == "model"
 
 
 def test_flags_are_checked_before_the_checkpoint_loads(hf_checkpoint, sp_model, tmp_path, capsys):
