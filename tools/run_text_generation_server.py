@@ -25,7 +25,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from megatron_zaya.errors import UserInputError  # noqa: E402
 from megatron_zaya.inference.cli_checks import (  # noqa: E402
     add_tokenizer_arguments, check_device, check_threads, check_tokenizer_fits, peek_model_config,
     tokenizer_from_flags)
@@ -61,7 +60,7 @@ def prepare(argv=None):
         peeked = peek_model_config(args.load)        # config.json / metadata.json only: no tensor read yet
         if peeked is not None:
             check_tokenizer_fits(tokenizer, peeked, args)
-    except (UserInputError, ValueError) as err:
+    except ValueError as err:           # UserInputError included
         parser.error(str(err))
     if args.threads:
         torch.set_num_threads(args.threads)

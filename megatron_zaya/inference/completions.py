@@ -13,7 +13,6 @@ whole vocabulary (before temperature or top_p), from one scoring pass over promp
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -21,7 +20,8 @@ from dataclasses import dataclass
 from megatron_zaya.inference.decode import generate
 from megatron_zaya.inference.sampling import SamplingParams
 from megatron_zaya.inference.scoring import score
-from megatron_zaya.inference.server import RequestError, is_int, is_number
+from megatron_zaya.inference.server import (RequestError, apply_checked_fields, check_length, is_int, is_number,
+                                            request_seed)
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOPS = 16          # OpenAI allows 4; evaluation harnesses send more (a task's stop sequences)
@@ -82,11 +82,7 @@ def parse_completion_request(body) -> CompletionRequest:
         "echo": (lambda v: isinstance(v, bool), "a boolean"),
         "seed": (lambda v: v is None or (is_int(v) and v >= 0), "null or an integer >= 0"),
     }
-    for field, (valid, what) in checks.items():
-        if field in body:
-            if not valid(body[field]):
-                raise RequestError(f"{field} must be {what}, got {json.dumps(body[field])}")
-            setattr(request, field, body[field])
+    apply_checked_fields(body, request, checks)
     stop = body.get("stop")
     stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
     if not (isinstance(stops, list) and len(stops) <= MAX_STOPS and all(isinstance(s, str) and s for s in stops)):
@@ -113,9 +109,7 @@ class Completer:
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 raise RequestError(f"prompt {i}: token ids {bad[:5]} outside the tokenizer's vocabulary [0, {vocab})")
-            if len(ids) + request.max_tokens > config.max_position_embeddings:
-                raise RequestError(f"prompt {i}: {len(ids)} tokens + max_tokens {request.max_tokens} exceeds the "
-                                   f"model's max_position_embeddings {config.max_position_embeddings}")
+            check_length(config, i, ids, request.max_tokens, "max_tokens")
             out.append(ids)
         return out
 
@@ -157,7 +151,7 @@ class Completer:
         prompts = self.prompt_ids(request)
         greedy = request.temperature == 0
         sampling = SamplingParams(greedy=greedy, temperature=request.temperature, top_p=request.top_p)
-        seed = request.seed if request.seed is not None else int.from_bytes(os.urandom(4), "little")
+        seed = request_seed(request.seed)
         choices, generated = [], 0
         with self.service.lock:
             result = generate(self.model, prompts, request.max_tokens, sampling, eod=self.tokenizer.eod, seed=seed,

@@ -65,6 +65,29 @@ def is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def apply_checked_fields(body: dict, request, checks: dict) -> None:
+    """Each field of `checks` ({name: (valid, what it must be)}) present in `body` is validated
+    (RequestError naming it) and set on `request` where it has an attribute of that (lower-case) name."""
+    for field, (valid, what) in checks.items():
+        if field in body:
+            if not valid(body[field]):
+                raise RequestError(f"{field} must be {what}, got {json.dumps(body[field])}")
+            if hasattr(request, field.lower()):
+                setattr(request, field.lower(), body[field])
+
+
+def check_length(config, index: int, prompt: list[int], new_tokens: int, field: str) -> None:
+    """Prompt + new tokens within the model's positions (RequestError naming the request's field)."""
+    if len(prompt) + new_tokens > config.max_position_embeddings:
+        raise RequestError(f"prompt {index}: {len(prompt)} tokens + {field} {new_tokens} exceeds the model's "
+                           f"max_position_embeddings {config.max_position_embeddings}")
+
+
+def request_seed(seed: int | None) -> int:
+    """The request's seed, or a fresh one (None or negative)."""
+    return seed if seed is not None and seed >= 0 else int.from_bytes(os.urandom(4), "little")
+
+
 def parse_request(body) -> GenerationRequest:
     """The request of a JSON body, every field checked (RequestError names the first bad one)."""
     if not isinstance(body, dict):
@@ -100,12 +123,7 @@ def parse_request(body) -> GenerationRequest:
         "stop_token": (is_int, "an integer"),
         "length_penalty": (is_number, "a number"),
     }
-    for field, (valid, what) in checks.items():
-        if field in body:
-            if not valid(body[field]):
-                raise RequestError(f"{field} must be {what}, got {json.dumps(body[field])}")
-            if hasattr(request, field.lower()):     # stop_token, length_penalty: beam search's, unused
-                setattr(request, field.lower(), body[field])
+    apply_checked_fields(body, request, checks)      # stop_token, length_penalty: beam search's, unused
     if request.top_k > 0 and request.top_p > 0.0:
         raise RequestError("cannot set both top_k and top_p")
     if request.tokens_to_generate == 0 and not request.logprobs:
@@ -132,9 +150,7 @@ class TextGenerationService:
                 if self.tokenizer.bos is None:
                     raise RequestError("add_BOS: the tokenizer has no BOS token")
                 ids = [self.tokenizer.bos] + ids
-            if len(ids) + request.tokens_to_generate > config.max_position_embeddings:
-                raise RequestError(f"prompt {i}: {len(ids)} tokens + tokens_to_generate {request.tokens_to_generate} "
-                                   f"exceeds the model's max_position_embeddings {config.max_position_embeddings}")
+            check_length(config, i, ids, request.tokens_to_generate, "tokens_to_generate")
             prompts.append(ids)
         return prompts
 
@@ -142,7 +158,7 @@ class TextGenerationService:
         prompts = self.prompt_ids(request)
         sampling = SamplingParams(temperature=request.temperature, top_k=request.top_k,
                                   top_p=request.top_p if request.top_p > 0 else 1.0)
-        seed = request.random_seed if request.random_seed >= 0 else int.from_bytes(os.urandom(4), "little")
+        seed = request_seed(request.random_seed)
         eod = self.tokenizer.eod
         with self.lock:
             if not request.no_log:

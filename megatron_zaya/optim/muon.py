@@ -46,10 +46,6 @@ class MuonScale:
         return self.extra * math.sqrt(base)
 
 
-def muon_scale(shape: torch.Size) -> float:
-    """The default scale (MuonScale()) of a matrix of `shape`."""
-    return MuonScale()(shape)
-
 
 def momentum_direction(grad: torch.Tensor, buffer: torch.Tensor, momentum: float, nesterov: bool) -> torch.Tensor:
     """Updates `buffer` in place (buffer = momentum * buffer + grad) and returns the direction."""

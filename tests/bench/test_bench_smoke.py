@@ -50,6 +50,25 @@ def test_train_throughput_one_process_reports_everything(tmp_path, capsys, keep_
         assert abs(report["reference"]["losses"][0] - report["losses"][0]) < 1e-2
 
 
+def test_train_throughput_with_forced_balanced_routing(capsys, keep_threads):
+    """--moe-router-force-load-balancing reaches the benchmark's model: every router of the run is forced."""
+    bench = load_script("train_throughput")
+    seen = []
+    real = bench.ZayaModel.set_force_load_balancing
+
+    def spy(model, enabled):
+        seen.append(enabled)
+        return real(model, enabled)
+    bench.ZayaModel.set_force_load_balancing = spy
+    try:
+        assert bench.main(TINY + ["--global-batch-size", "2", "--warmup", "0", "--iters", "1",
+                                  "--moe-router-force-load-balancing"]) == 0
+    finally:
+        bench.ZayaModel.set_force_load_balancing = real
+    assert seen == [True]
+    assert "tokens/s" in capsys.readouterr().out
+
+
 def test_model_throughput_runs(capsys, keep_threads):
     pytest.importorskip("transformers")
     bench = load_script("model_throughput")
