@@ -25,6 +25,7 @@ from megatron_zaya.data.tokenizer import check_tokenizer_flags, tiktoken_options
 from megatron_zaya.errors import UserInputError
 from megatron_zaya.flags import DEFAULT_PRESET, MODEL_FLAGS, apply_yaml_defaults, build_parser
 from megatron_zaya.megatron_flags import check_megatron_flags, resolve_aliases
+from megatron_zaya.model import recompute
 from megatron_zaya.optim.builder import OptimizerConfig
 from megatron_zaya.parallel.state import LayoutError, check_layout
 from megatron_zaya.optim.schedules import lr_schedule_from_flags, weight_decay_schedule_from_flags
@@ -196,12 +197,25 @@ def _check_sequence_splits(args: argparse.Namespace, model: ModelConfig) -> None
 def _check_recompute(args: argparse.Namespace, model: ModelConfig) -> None:
     """Megatron's rules: --recompute-method / --recompute-num-layers only with --recompute-granularity
     full (selective recomputes the same pieces in every block); the defaults full leaves to the user
-    are filled in (uniform, one block per unit). --recompute-activations means selective, as there."""
-    if args.recompute_activations:
-        if args.recompute_granularity == "full":
-            raise UserInputError("--recompute-activations means --recompute-granularity selective, not full: "
-                                 "give one of them")
-        args.recompute_granularity = "selective"
+    are filled in (uniform, one block per unit). --recompute-activations means selective, as there;
+    --moe-layer-recompute means selective with the moe module added; --recompute-modules only with
+    selective, each name one this model has (model/recompute.py)."""
+    for switch in ("recompute_activations", "moe_layer_recompute"):
+        if getattr(args, switch):
+            if args.recompute_granularity == "full":
+                raise UserInputError(f"--{switch.replace('_', '-')} means --recompute-granularity selective, not "
+                                     "full: give one of them")
+            args.recompute_granularity = "selective"
+    if args.moe_layer_recompute:
+        args.recompute_modules = list(args.recompute_modules or recompute.DEFAULT_MODULES) + ["moe"]
+    if args.recompute_modules is not None:
+        if args.recompute_granularity != "selective":
+            raise UserInputError("--recompute-modules needs --recompute-granularity selective"
+                                 + (f", not {args.recompute_granularity}" if args.recompute_granularity else ""))
+        try:
+            args.recompute_modules = list(recompute.check_modules(args.recompute_modules))
+        except ValueError as err:
+            raise UserInputError(str(err)) from None
     if args.recompute_granularity != "full":
         for flag in ("recompute_method", "recompute_num_layers"):
             if getattr(args, flag) is not None:

@@ -131,6 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "--recompute-num-layers; block: only the first --recompute-num-layers blocks")
     g.add_argument("--recompute-num-layers", type=int, default=None,
                    help="with --recompute-granularity full: default 1 (uniform) or all (block)")
+    g.add_argument("--recompute-modules", nargs="+", default=None, metavar="MODULE",
+                   help="with --recompute-granularity selective, Megatron-LM's names of the pieces recomputed: "
+                        "layernorm (norm internals), core_attn (QK-norm, RoPE and a math-path attention core), "
+                        "moe_act (router GELU and expert SwiGLU outputs), moe (the whole MoE sublayer runs again "
+                        "in the backward); default: layernorm core_attn moe_act")
+    g.add_argument("--moe-layer-recompute", action="store_true",
+                   help="Megatron-LM's older switch for --recompute-granularity selective --recompute-modules moe")
     g.add_argument("--moe-router-bias-lr", type=float, default=None,
                    help="lr of the Adam that moves the balancing biases (default 1e-2)")
     g.add_argument("--moe-router-bias-beta1", type=float, default=0.9)

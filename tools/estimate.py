@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     lay.add_argument("--expert-model-parallel-size", type=int, default=1)
     lay.add_argument("--use-distributed-optimizer", action="store_true", help="ZeRO-1 over DP x CP")
     lay.add_argument("--recompute", choices=RECOMPUTE_CHOICES, default="none")
+    lay.add_argument("--recompute-modules", nargs="+", default=None, metavar="MODULE",
+                     help="with --recompute selective: the pieces recomputed, by Megatron's names (layernorm, "
+                          "core_attn, moe_act, moe: the whole MoE sublayer); default layernorm core_attn moe_act")
     lay.add_argument("--seq-length", type=int, default=None, help="default: the preset's")
     lay.add_argument("--micro-batch-size", type=int, default=1)
     lay.add_argument("--global-batch-size", type=int, required=True, help="sequences per optimizer step")
@@ -91,7 +94,8 @@ def plan_from_args(args) -> Plan:
     check_whole_nodes(args.gpus, cluster.gpus_per_node)
     layout = ParallelLayout(args.gpus, seq, args.micro_batch_size, args.global_batch_size,
                             args.tensor_model_parallel_size, args.context_parallel_size,
-                            args.expert_model_parallel_size, args.use_distributed_optimizer, args.recompute)
+                            args.expert_model_parallel_size, args.use_distributed_optimizer, args.recompute,
+                            tuple(args.recompute_modules or ()))
     eff = Efficiency(args.compute_efficiency, args.hbm_efficiency, args.intra_node_efficiency, args.inter_node_efficiency)
     options = PlanOptions(args.optimizer, args.grad_dtype, args.activation_policy, args.memory_reserve_fraction,
                           not args.no_overlap, args.hierarchical_collectives, args.routed_fraction)
@@ -129,7 +133,8 @@ def nodes_text(gpus: int, gpus_per_node: int) -> str:
     """'4 nodes of 8', or '1 node, 4 of its 8 GPUs' for a layout within one node."""
     if gpus < gpus_per_node:
         return f"1 node, {gpus} of its {gpus_per_node} GPUs"
-    return f"{gpus // gpus_per_node} nodes of {gpus_per_node}"
+    nodes = gpus // gpus_per_node
+    return f"{nodes} node{'s' if nodes > 1 else ''} of {gpus_per_node}"
 
 
 def report(plan: Plan) -> str:
@@ -139,7 +144,7 @@ def report(plan: Plan) -> str:
         f"cluster: {c.device} x {L.gpus} ({nodes_text(L.gpus, c.gpus_per_node)}), {c.memory_gb:g} GB, {c.peak_bf16_tflops:g} TFLOP/s bf16, HBM {c.hbm_tbps:g} TB/s, "
         f"fabric {c.intra_node_gbps:g} GB/s, network {c.inter_node_gbps:g} GB/s per GPU",
         f"layout: TP={L.tensor_parallel} CP={L.context_parallel} EP={L.expert_parallel} DP={L.data_parallel} "
-        f"ZeRO-1={'on' if L.zero1 else 'off'} recompute={L.recompute}; seq {L.seq_length}, micro batch "
+        f"ZeRO-1={'on' if L.zero1 else 'off'} recompute={L.recompute_text}; seq {L.seq_length}, micro batch "
         f"{L.micro_batch_size}, global batch {L.global_batch_size} ({L.micro_batches} micro-batches per step); "
         f"optimizer {plan.options.optimizer}, grads {plan.options.grad_dtype}",
         "",
@@ -147,7 +152,7 @@ def report(plan: Plan) -> str:
         row("weights (bf16, router fp32)", gb(s.weights)),
         row(f"gradients ({plan.options.grad_dtype} main grads)", gb(s.gradients)),
         row("master + optimizer state" + (" (largest shard)" if L.zero1 else ""), gb(s.optimizer)),
-        row(f"activations, recompute={L.recompute}", gb(a.stored)),
+        row(f"activations, recompute={L.recompute_text}", gb(a.stored)),
         f"    (no recomputation: {a.stored_no_recompute / 1e9:.2f} GB; one block {a.per_layer_no_recompute / 1e9:.3f} GB, "
         f"head and loss {a.outer / 1e9:.3f} GB)",
         row("logits gradient at backward start", gb(a.backward_transient)),
@@ -166,7 +171,8 @@ def report(plan: Plan) -> str:
     lines += [
         "",
         f"step time (compute at {e.compute:.0%} of peak, network at {e.inter_node:.0%} and fabric at {e.intra_node:.0%} of line rate)",
-        row("compute (fwd+bwd" + ("+recompute)" if L.recompute == "full" else ")"), secs(t.compute)),
+        row("compute (fwd+bwd" + ("+recompute)" if L.recompute == "full" or L.recomputes_moe else ")"),
+            secs(t.compute)),
         row("optimizer step", secs(t.optimizer)),
         row("data-parallel comm", secs(t.dp_comm)) + f"  ({t.dp_comm_exposed:.3f} s exposed after overlap)",
         row("context-parallel comm", secs(t.cp_comm)),

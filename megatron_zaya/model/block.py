@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from megatron_zaya.config import ModelConfig
+from megatron_zaya.model import recompute
 from megatron_zaya.model.cca import CompressedConvAttention
 from megatron_zaya.model.moe import MoELayer
 from megatron_zaya.model.norm import ResidualScaling, RMSNorm
@@ -27,6 +28,13 @@ class ZayaBlock(nn.Module):
     def forward(self, residual: torch.Tensor, router_state, cos, sin, attention_mask=None):
         attn_out = self.attention(self.input_norm(residual), cos, sin, attention_mask)
         residual, normed = self.attention_residual.forward_and_norm(attn_out, residual, self.pre_mlp_norm)
-        moe_out, router_state, routing = self.moe(normed, router_state)
+        moe_out, router_state, routing = self.run_moe(normed, router_state)
         residual = self.mlp_residual(moe_out, residual)
         return residual, router_state, routing
+
+    def run_moe(self, normed: torch.Tensor, router_state):
+        """The MoE sublayer; under --recompute-modules moe it keeps only its inputs and runs again,
+        collectives included, in the backward (model/recompute.py)."""
+        if recompute.selective(self.moe):
+            return recompute.rerun_in_backward(self.moe, normed, router_state)
+        return self.moe(normed, router_state)

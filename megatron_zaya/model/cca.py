@@ -45,6 +45,7 @@ def lag_visibility(attention_mask: torch.Tensor | None, lags: int) -> torch.Tens
 
 class CompressedConvAttention(nn.Module):
     # Memory policy (ZayaModel.set_recompute): QK-norm, RoPE and a math-path attention core recomputed.
+    recompute_module = "core_attn"
     recompute_selective = False
 
     def __init__(self, config: ModelConfig, num_heads: int | None = None, num_kv_heads: int | None = None):

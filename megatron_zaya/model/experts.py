@@ -75,6 +75,7 @@ def padded_group_layout(counts: torch.Tensor):
 
 
 class GroupedExperts(nn.Module):
+    recompute_module = "moe_act"
     recompute_selective = False     # memory policy (ZayaModel.set_recompute): the SwiGLU output recomputed
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int):

@@ -14,6 +14,11 @@ from megatron_zaya.model.router import Routing, ZayaRouter
 
 
 class MoELayer(nn.Module):
+    # Memory policy (ZayaModel.set_recompute, --recompute-modules moe): the block runs the whole sublayer
+    # again in the backward (ZayaBlock.run_moe).
+    recompute_module = "moe"
+    recompute_selective = False
+
     def __init__(self, config: ModelConfig, use_eda: bool):
         super().__init__()
         self.num_experts = config.num_experts

@@ -9,6 +9,7 @@ from megatron_zaya.model import recompute
 
 
 class RMSNorm(nn.Module):
+    recompute_module = "layernorm"
     recompute_selective = False     # memory policy (ZayaModel.set_recompute): the internals recomputed
 
     def __init__(self, dim: int, eps: float):
@@ -25,6 +26,7 @@ class ResidualScaling(nn.Module):
 
     Used on every residual merge; the merged stream keeps the residual's dtype (fp32)."""
 
+    recompute_module = "layernorm"
     recompute_selective = False     # memory policy (ZayaModel.set_recompute): the fused norm's internals recomputed
 
     def __init__(self, dim: int):

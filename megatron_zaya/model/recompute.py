@@ -21,6 +21,14 @@ planner/activations.py, counts the same terms as `selective_drop` / `selective_o
 
 None of these pieces holds a collective or draws random numbers, so where they run again does not
 matter to CP, TP or EP. Selective and full recomputation are not combined (Megatron's rule too).
+
+Megatron-LM's --recompute-modules chooses among the pieces by its module names (`MODULES`):
+"layernorm" (every RMSNorm's internals, the fused merge+norm's too), "core_attn" (QK-norm + RoPE and a
+math-path attention core), "moe_act" (the router's GELU and the experts' SwiGLU outputs) and "moe": the
+whole MoE sublayer (router, dispatch, experts, combine) keeps only its inputs and runs again in the
+backward, its collectives (EP all-to-all, TP reductions) included, on every rank in the same order.
+"moe" is the one piece whose matmuls run twice. Without --recompute-modules the three cheap ones are
+on (`DEFAULT_MODULES`; Megatron-LM's default is core_attn alone).
 """
 from __future__ import annotations
 
@@ -28,6 +36,26 @@ import torch
 import torch.utils.checkpoint
 from torch.nn.attention import SDPBackend
 from torch.nn.attention.bias import CausalBias, CausalVariant
+
+
+MODULES = ("layernorm", "core_attn", "moe_act", "moe")
+DEFAULT_MODULES = ("layernorm", "core_attn", "moe_act")
+# Megatron-LM's other module names, for parts ZAYA1's blocks do not have.
+ABSENT_MODULES = {
+    "mlp": "ZAYA1 blocks have no dense MLP (every block's MLP is the MoE layer: --recompute-modules moe)",
+    "shared_experts": "ZAYA1's MoE layer has no shared experts",
+    "mla_up_proj": "CCA has no MLA up-projection (its QK-norm and RoPE are recomputed under core_attn)",
+}
+
+
+def check_modules(modules) -> tuple[str, ...]:
+    """The --recompute-modules names, checked: each one of MODULES (ValueError naming the value)."""
+    for name in modules:
+        if name in ABSENT_MODULES:
+            raise ValueError(f"--recompute-modules {name}: {ABSENT_MODULES[name]}")
+        if name not in MODULES:
+            raise ValueError(f"--recompute-modules {name}: choose among {', '.join(MODULES)}")
+    return tuple(dict.fromkeys(modules))
 
 
 def selective(module: torch.nn.Module) -> bool:
@@ -39,6 +67,14 @@ def keep_inputs_only(fn, *args):
     """fn(*args), keeping only args for the backward: whatever fn saves inside is recomputed then
     (non-reentrant checkpoint; fn must not draw random numbers)."""
     return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)
+
+
+def rerun_in_backward(fn, *args):
+    """fn(*args), keeping only args: all of fn runs again when the backward reaches it. Early stop is
+    off, so the rerun goes to the end on every rank and runs every collective inside fn again, in the
+    same order everywhere (a rank whose saved tensors were all recomputed early would skip the rest)."""
+    with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+        return keep_inputs_only(fn, *args)
 
 
 class _Recomputed:

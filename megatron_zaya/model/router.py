@@ -22,6 +22,7 @@ class Routing:
 
 
 class ZayaRouter(nn.Module):
+    recompute_module = "moe_act"
     recompute_selective = False     # memory policy (ZayaModel.set_recompute): the GELU outputs recomputed
     force_balanced = False          # benchmarks only (ZayaModel.set_force_load_balancing): token i -> i mod E
 

@@ -15,7 +15,8 @@ Initialisation (the transformers reference's placeholder inits are not all train
 Activation recomputation (Megatron's --recompute-granularity) is a memory policy, not part of the math
 or of the config: `set_recompute("full", ...)` makes training forwards keep only the inputs of each
 checkpointed unit of blocks and run it again during the backward; `set_recompute("selective")` makes
-the blocks and the final norm recompute their cheap elementwise pieces (model/recompute.py).
+the blocks and the final norm recompute their cheap elementwise pieces, or the pieces Megatron's
+--recompute-modules names, the whole MoE sublayer among them (model/recompute.py).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from torch import nn
 
 from megatron_zaya import kernels
 from megatron_zaya.config import ModelConfig
+from megatron_zaya.model import recompute
 from megatron_zaya.model.block import ZayaBlock
 from megatron_zaya.model.norm import InputScaling, RMSNorm
 from megatron_zaya.model.rope import rope_cos_sin
@@ -54,6 +56,7 @@ class ZayaModel(nn.Module):
                              if config.untie_embeddings_and_output_weights else None)
         self.recompute_granularity: str | None = None   # set_recompute
         self.recompute_units: list[range] = []      # runs of blocks recomputed in the backward (full)
+        self.recompute_modules: tuple[str, ...] = ()  # the pieces recomputed (selective; recompute.MODULES)
         self.reset_parameters()
 
     def set_force_load_balancing(self, enabled: bool) -> None:
@@ -63,7 +66,8 @@ class ZayaModel(nn.Module):
         for block in self.layers:
             block.moe.router.force_balanced = enabled
 
-    def set_recompute(self, granularity: str | None, method: str | None = None, num_layers: int | None = None) -> None:
+    def set_recompute(self, granularity: str | None, method: str | None = None, num_layers: int | None = None,
+                      modules=None) -> None:
         """Megatron's activation recomputation; None: off.
 
         "full": runs of blocks keep only their inputs and run again in the backward. method "uniform"
@@ -71,7 +75,9 @@ class ZayaModel(nn.Module):
         each run one unit; "block": the first `num_layers` blocks (default all), each alone.
         "selective": every block and the final norm recompute their cheap elementwise pieces (norm
         internals, QK-norm and RoPE, the router's GELU and the experts' SwiGLU outputs, a math-path
-        attention core; model/recompute.py); method and num_layers do not apply."""
+        attention core; model/recompute.py); method and num_layers do not apply. `modules` (Megatron's
+        --recompute-modules names, recompute.MODULES; default recompute.DEFAULT_MODULES) chooses the
+        pieces; "moe" reruns each whole MoE sublayer."""
         n = len(self.layers)
         units = []
         if granularity == "full":
@@ -87,12 +93,16 @@ class ZayaModel(nn.Module):
         elif granularity == "selective":
             if method is not None or num_layers is not None:
                 raise ValueError("--recompute-method and --recompute-num-layers go with --recompute-granularity full")
+            modules = recompute.check_modules(recompute.DEFAULT_MODULES if modules is None else modules)
         elif granularity is not None:
             raise ValueError(f"--recompute-granularity={granularity}: choose full or selective")
+        if granularity != "selective" and modules:
+            raise ValueError("--recompute-modules goes with --recompute-granularity selective")
         self.recompute_granularity, self.recompute_units = granularity, units
+        self.recompute_modules = tuple(modules or ())
         for module in self.modules():
-            if hasattr(module, "recompute_selective"):
-                module.recompute_selective = granularity == "selective"
+            if hasattr(module, "recompute_module"):
+                module.recompute_selective = module.recompute_module in self.recompute_modules
 
     def store_weights_in(self, dtype: torch.dtype) -> None:
         """Keep the weights in `dtype` (bf16 under ZeRO-1, whose optimizer holds the fp32 masters),

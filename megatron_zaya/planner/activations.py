@@ -42,9 +42,11 @@ activations are live on top.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from megatron_zaya.config import ModelConfig
+from megatron_zaya.model.recompute import DEFAULT_MODULES, check_modules
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,15 @@ def storage_policy(name) -> StoragePolicy:
 class Term:
     name: str
     bytes_per_token: float
-    selective_drop: bool = False      # recomputed (not stored) under --recompute selective
-    selective_only: bool = False      # stored only under --recompute selective (what a recomputed piece keeps)
+    recomputed_by: str | None = None  # the --recompute-modules piece that recomputes it (then not stored)
+    kept_by: str | None = None        # stored only when that piece is recomputed (what the recomputed piece keeps)
+    moe: bool = False                 # inside the MoE sublayer (the "moe" piece keeps only the sublayer's inputs)
+
+    def stored(self, modules=()) -> bool:
+        """Whether autograd keeps this term when the pieces `modules` are recomputed (none: ())."""
+        if self.moe and "moe" in modules:
+            return False
+        return self.recomputed_by not in modules and (self.kept_by is None or self.kept_by in modules)
 
 
 def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", context_parallel: int = 1,
@@ -102,7 +111,7 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
     else:
         terms = [
             Term("norms: fp32 inputs (2 RMSNorms)", 2 * 4 * d),
-            Term("norms: rsqrt + normalised fp32 (2 RMSNorms)", 2 * (4 * d + 4), True),
+            Term("norms: rsqrt + normalised fp32 (2 RMSNorms)", 2 * (4 * d + 4), "layernorm"),
             Term("residual merges (2 fp32 sums each, 2 merges)", 2 * 2 * 4 * d),
         ]
     terms += [
@@ -111,10 +120,10 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
         Term("attention: conv inputs (depthwise + grouped, bf16)", 2 * 2 * c),
         Term("attention: q, k before QK-norm (bf16)", 2 * hq * dh + 2 * hkv * dh),
         # q: three (.., 1) norm factors; k: the same plus the temperature-scaled factor.
-        Term("attention: QK-norm factors + key temperature", 6 * hq + 8 * hkv, True),
+        Term("attention: QK-norm factors + key temperature", 6 * hq + 8 * hkv, "core_attn"),
     ]
     if not fused:   # the fused RoPE keeps the fp32 cos/sin tables, shared by every layer (see outer_terms)
-        terms.append(Term("attention: RoPE cos/sin (bf16, for q and k)", 4 * 2 * rot, True))
+        terms.append(Term("attention: RoPE cos/sin (bf16, for q and k)", 4 * 2 * rot, "core_attn"))
     kv_heads = hq if pol.kv_repeated else hkv
     if pol.attention == "flash":
         # The flash output is laid out (B, S, H, dh), so the projection's input is a view of it: one tensor.
@@ -122,35 +131,36 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
                           2 * hq * dh + 2 * 2 * kv_heads * dh * context_parallel + 4 * hq))
     else:
         terms.append(Term("attention: math core q, k, v (fp32)", 4 * hq * dh + 2 * 4 * kv_heads * dh * context_parallel,
-                          True))
-        terms.append(Term("attention: math core S x S probabilities (fp32)", 4 * hq * seq_length, True))
+                          "core_attn"))
+        terms.append(Term("attention: math core S x S probabilities (fp32)", 4 * hq * seq_length, "core_attn"))
         terms.append(Term("attention: recomputed math core's inputs q, k, v (bf16)",
-                          2 * hq * dh + 2 * 2 * hkv * dh * context_parallel, selective_only=True))
-    terms += [
-        Term("attention: output projection input (bf16)", 2 * hq * dh),
+                          2 * hq * dh + 2 * 2 * hkv * dh * context_parallel, kept_by="core_attn"))
+    terms.append(Term("attention: output projection input (bf16)", 2 * hq * dh))
+    # The MoE sublayer. Its input, the normed hidden (fp32), is the router's fp32 input (one storage).
+    moe = [
         Term("router: fp32 input + norm input", 4 * d + 4 * r),
-        Term("router: norm internals", 4 if fused else 4 * r + 4, not fused),
+        Term("router: norm internals", 4 if fused else 4 * r + 4, None if fused else "layernorm"),
         Term("router: MLP (fc1 in, GELU ins, softmax, index, mask)", 3 * 4 * r + 4 * k + 8 + 1),
-        Term("router: GELU outputs", 2 * 4 * r, True),
+        Term("router: GELU outputs", 2 * 4 * r, "moe_act"),
     ]
     if fused:
-        terms += [
+        moe += [
             Term("experts: permute order, gate (fp32), expert outputs (bf16)", 4 + rho * (8 + 2 * d)),
             Term("experts: SwiGLU inputs (bf16 x, gate_up)", rows * (2 * d + 4 * f)),
-            Term("experts: SwiGLU output (bf16, the down projection's input)", rows * 2 * f, True),
+            Term("experts: SwiGLU output (bf16, the down projection's input)", rows * 2 * f, "moe_act"),
         ]
     else:
-        terms += [
+        moe += [
             # The reference un-permute is a gather (kernels/reference.py): it keeps the order, the bf16 gate
             # per row and the expert outputs (the gate product), not a scatter source.
             Term("experts: permute/unpermute (index, gate, expert outputs)", rho * (8 + 2 + 2 * d)),
             Term("experts: SwiGLU inputs (bf16 x, gate_up)", rows * (2 * d + 4 * f)),
-            Term("experts: SwiGLU output (bf16, the down projection's input)", rows * 2 * f, True),
-            Term("experts: SiLU output", rows * 2 * f, True),
+            Term("experts: SwiGLU output (bf16, the down projection's input)", rows * 2 * f, "moe_act"),
+            Term("experts: SiLU output", rows * 2 * f, "moe_act"),
         ]
     if padded_fraction is not None:
-        terms.append(Term("experts: row padding indices (int64, in and out)", 8 * (rho + rows)))
-    return terms
+        moe.append(Term("experts: row padding indices (int64, in and out)", 8 * (rho + rows)))
+    return terms + [dataclasses.replace(t, moe=True) for t in moe]
 
 
 def outer_terms(config: ModelConfig, policy: str = "gpu") -> list[Term]:
@@ -162,13 +172,13 @@ def outer_terms(config: ModelConfig, policy: str = "gpu") -> list[Term]:
     terms = [
         Term("embedding indices + input scaling (bf16)", 8 + 2 * d),
         Term("final norm: fp32 input", 4 * d),
-        Term("final norm: internals", 4 if fused else 4 * d + 4, not fused),
+        Term("final norm: internals", 4 if fused else 4 * d + 4, None if fused else "layernorm"),
         Term("LM head input (bf16)", 2 * d),
         loss,
     ]
     # The fused RoPE keeps the fp32 tables; the reference one its bf16 casts per layer, unless recomputed.
     terms.append(Term("RoPE cos/sin tables (fp32, shared by all layers)", 2 * 4 * config.rotary_dim,
-                      selective_only=not fused))
+                      kept_by=None if fused else "core_attn"))
     return terms
 
 
@@ -196,37 +206,56 @@ class ActivationMemory:
     outer: float
     terms: list[Term]
     backward_transient: float = 0.0   # live on top at the start of the backward: the logits' gradient
+    recompute_live: float = 0.0       # of `stored`: the unit being recomputed in the backward (full: a block;
+                                      # --recompute-modules moe: an MoE sublayer); the forward keeps the rest
 
 
 def activation_memory(config: ModelConfig, seq_length: int, micro_batch_size: int, recompute: str = "none",
                       policy: str = "gpu", tensor_parallel: int = 1, context_parallel: int = 1,
-                      routed_fraction: float = 1.0, padded_fraction: float | None = None) -> ActivationMemory:
-    """Peak saved-for-backward bytes of one micro-batch on one GPU."""
+                      routed_fraction: float = 1.0, padded_fraction: float | None = None,
+                      recompute_modules=None) -> ActivationMemory:
+    """Peak saved-for-backward bytes of one micro-batch on one GPU. `recompute_modules` (with "selective"):
+    the pieces recomputed, by Megatron's --recompute-modules names (default: the three cheap ones)."""
     local_tokens = micro_batch_size * seq_length / context_parallel
     terms = layer_terms(config, seq_length, policy, context_parallel, routed_fraction, padded_fraction)
-    per_token_all = sum(t.bytes_per_token for t in terms if not t.selective_only)
-    per_token_selective = sum(t.bytes_per_token for t in terms if not t.selective_drop)
+    outer_list = outer_terms(config, policy)
+    if recompute == "selective":
+        modules = check_modules(DEFAULT_MODULES if recompute_modules is None else recompute_modules)
+    elif recompute_modules:
+        raise ValueError(f"--recompute-modules goes with --recompute selective, not {recompute}")
+    else:
+        modules = ()
     # Not per token: the conv inputs' causal padding (per sequence) and the stacked projection weight.
     fixed = conv_padding_bytes_per_sequence(config, policy) * micro_batch_size + projection_weight_bytes(config)
-    layer_full = (per_token_all * local_tokens + fixed) / tensor_parallel
-    layer_selective = (per_token_selective * local_tokens + fixed) / tensor_parallel
-    outer_list = outer_terms(config, policy)
-    outer_all = sum(t.bytes_per_token for t in outer_list if not t.selective_only) * local_tokens / tensor_parallel
-    outer_selective = sum(t.bytes_per_token for t in outer_list if not t.selective_drop) * local_tokens / tensor_parallel
+
+    def per_layer(chosen) -> float:
+        return (sum(t.bytes_per_token for t in terms if t.stored(chosen)) * local_tokens + fixed) / tensor_parallel
+
+    def outer(chosen) -> float:
+        return sum(t.bytes_per_token for t in outer_list if t.stored(chosen)) * local_tokens / tensor_parallel
+
     layers = config.num_layers
-    none = layers * layer_full + outer_all
+    layer_full, outer_all = per_layer(()), outer(())
+    # A recomputed unit keeps only its inputs: a block its fp32 residual, an MoE sublayer its fp32 normed
+    # hidden (the same size), and after the first block the fp32 router state (EDA). The peak adds the
+    # one unit being recomputed in the backward (`recompute_live`).
+    checkpoint_inputs = (4 * config.hidden_size * layers + 4 * config.router_hidden_size * (layers - 1)) * local_tokens
+    live = 0.0
     if recompute == "none":
-        stored = none
+        kept = layers * layer_full + outer_all
     elif recompute == "selective":
-        stored = layers * layer_selective + outer_selective
+        kept = layers * per_layer(modules) + outer(modules)
+        if "moe" in modules:
+            inner = tuple(m for m in modules if m != "moe")
+            kept += checkpoint_inputs / tensor_parallel
+            live = sum(t.bytes_per_token for t in terms if t.moe and t.stored(inner)) * local_tokens / tensor_parallel
     elif recompute == "full":
-        # Block inputs: the fp32 residual and (after the first block) the fp32 router state.
-        checkpoints = (4 * config.hidden_size * layers + 4 * config.router_hidden_size * (layers - 1)) * local_tokens
-        stored = checkpoints / tensor_parallel + layer_full + outer_all
+        kept, live = checkpoint_inputs / tensor_parallel + outer_all, layer_full
     else:
         raise ValueError(f"--recompute={recompute}: choose one of none, selective, full")
     # The fused cross-entropy's backward starts with the bf16 d(logits) over the whole vocabulary while
     # every saved tensor is still alive; the reference one scales the gradient it saved, in place.
     per_token_grad = 2 * config.vocab_size if storage_policy(policy).loss == "fused" else 0
     transient = per_token_grad * local_tokens / tensor_parallel
-    return ActivationMemory(none, stored, layer_full, outer_all, terms + outer_list, transient)
+    return ActivationMemory(layers * layer_full + outer_all, kept + live, layer_full, outer_all, terms + outer_list,
+                            transient, live)

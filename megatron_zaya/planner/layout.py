@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from megatron_zaya.config import ModelConfig
 from megatron_zaya.errors import UserInputError
+from megatron_zaya.model.recompute import check_modules
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 
@@ -24,6 +25,17 @@ class ParallelLayout:
     expert_parallel: int = 1
     zero1: bool = False                   # --use-distributed-optimizer
     recompute: str = "none"               # none | selective | full
+    recompute_modules: tuple[str, ...] = ()   # with selective: Megatron's --recompute-modules names (() = default)
+
+    @property
+    def recompute_text(self) -> str:
+        """'selective (layernorm moe)', or the policy alone."""
+        return f"{self.recompute} ({' '.join(self.recompute_modules)})" if self.recompute_modules else self.recompute
+
+    @property
+    def recomputes_moe(self) -> bool:
+        """Whether every MoE sublayer runs again in the backward (--recompute-modules moe)."""
+        return self.recompute == "selective" and "moe" in self.recompute_modules
 
     @property
     def data_parallel(self) -> int:
@@ -65,6 +77,12 @@ class ParallelLayout:
         need(self.gpus % (tp * cp) == 0,
              f"--gpus={self.gpus}: must be a multiple of --tensor-model-parallel-size x --context-parallel-size = {tp * cp}")
         need(self.recompute in RECOMPUTE_CHOICES, f"--recompute={self.recompute}: choose one of {RECOMPUTE_CHOICES}")
+        need(not self.recompute_modules or self.recompute == "selective",
+             f"--recompute-modules goes with --recompute selective, not {self.recompute}")
+        try:
+            check_modules(self.recompute_modules)
+        except ValueError as err:
+            raise LayoutError(str(err)) from None
         need(config.num_attention_heads % tp == 0 and config.num_query_groups % tp == 0,
              f"--tensor-model-parallel-size={tp}: must divide the query heads ({config.num_attention_heads}) "
              f"and the KV heads ({config.num_query_groups})")

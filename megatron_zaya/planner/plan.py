@@ -5,6 +5,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from megatron_zaya.config import ModelConfig
+from megatron_zaya.model.recompute import DEFAULT_MODULES
 from megatron_zaya.planner.activations import ActivationMemory, activation_memory
 from megatron_zaya.planner.hardware import ClusterSpec, Efficiency
 from megatron_zaya.planner.layout import LayoutError, ParallelLayout
@@ -70,7 +71,7 @@ def make_plan(config: ModelConfig, layout: ParallelLayout, cluster: ClusterSpec,
     state = state_memory(config, layout, options.optimizer, options.grad_dtype)
     acts = activation_memory(config, layout.seq_length, layout.micro_batch_size, layout.recompute,
                              options.activation_policy, layout.tensor_parallel, layout.context_parallel,
-                             options.routed_fraction)
+                             options.routed_fraction, recompute_modules=layout.recompute_modules or None)
     t = step_time(config, layout, cluster, efficiency, options.optimizer, options.grad_dtype, options.overlap,
                   options.hierarchical)
     return Plan(config, layout, cluster, efficiency, options, state, acts, t)
@@ -93,6 +94,12 @@ def _candidates(layout: ParallelLayout):
     while cp <= layout.gpus:
         yield "cp", f"raise CP to {cp} (--context-parallel-size {cp})", dataclasses.replace(layout, context_parallel=cp)
         cp *= 2
+    if not layout.recomputes_moe and layout.recompute != "full":
+        modules = tuple(dict.fromkeys((layout.recompute_modules or DEFAULT_MODULES) + ("moe",)))
+        names = " ".join(modules)
+        yield ("moe", f"recompute the MoE sublayers (--recompute selective --recompute-modules {names}; in training "
+               "the same modules with --recompute-granularity selective)",
+               dataclasses.replace(layout, recompute="selective", recompute_modules=modules))
     if layout.recompute != "full":
         yield "full", "recompute full (--recompute full; in training: --recompute-granularity full)", \
             dataclasses.replace(layout, recompute="full")

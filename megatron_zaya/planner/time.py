@@ -2,7 +2,9 @@
 
 Compute: the model's training FLOPs (model/accounting.py: forward x 3, one expert per token, causal
 attention) for the tokens one GPU processes, divided by peak x Efficiency.compute. Full recomputation
-adds one forward of the blocks; selective recomputation only elementwise work (not counted).
+adds one forward of the blocks; selective recomputation only elementwise work (not counted), unless its
+modules include "moe", which adds the router's and the active expert's forward matmuls and runs the MoE
+sublayer's EP all-to-alls and TP reduction once more.
 
 Communication, with ring costs (a ring all-reduce moves 2 (n-1)/n of the bytes through each rank's
 link, a reduce-scatter or all-gather (n-1)/n) at the bus bandwidth of the slowest link the group
@@ -93,6 +95,9 @@ def step_time(config: ModelConfig, layout: ParallelLayout, cluster: ClusterSpec,
     if layout.recompute == "full":
         lm_head = 2 * matmul_macs_per_token(config)["lm_head"]
         executed += (forward_flops_per_token(config, s) - lm_head) * tokens_per_gpu
+    elif layout.recomputes_moe:        # the router and the active expert's matmuls run twice
+        macs = matmul_macs_per_token(config)
+        executed += 2 * (macs["router"] + macs["active_expert"]) * tokens_per_gpu
     compute = executed / (cluster.peak_flops * eff.compute)
     per_micro_batch = compute / layout.micro_batches
     fwd_first, bwd_last = per_micro_batch / 3, per_micro_batch * 2 / 3
@@ -145,6 +150,7 @@ def step_time(config: ModelConfig, layout: ParallelLayout, cluster: ClusterSpec,
     local_tokens = layout.local_tokens
     layers, mbs = config.num_layers, layout.micro_batches
     forward_repeats = 2 if layout.recompute == "full" else 1
+    moe_repeats = 2 if layout.recompute == "full" or layout.recomputes_moe else 1
     kv_bytes = local_tokens * 2 * config.num_query_groups * config.kv_channels * 2 / tp
     cp_time = 0.0
     if cp > 1:
@@ -153,9 +159,9 @@ def step_time(config: ModelConfig, layout: ParallelLayout, cluster: ClusterSpec,
     ep_time = 0.0
     if ep > 1:
         a2a = local_tokens * config.hidden_size * 2 / tp
-        ep_time = layers * mbs * (2 * forward_repeats + 2) * ring_time(a2a, ep, tp, **args)
+        ep_time = layers * mbs * (2 * moe_repeats + 2) * ring_time(a2a, ep, tp, **args)
     tp_time = 0.0
     if tp > 1:
         act = local_tokens * config.hidden_size * 2
-        tp_time = layers * mbs * (2 * forward_repeats + 2) * ring_time(act, tp, 1, passes=2, **args)
+        tp_time = layers * mbs * (forward_repeats + moe_repeats + 2) * ring_time(act, tp, 1, passes=2, **args)
     return StepTime(compute, optimizer_time, reduce + gather, exposed, cp_time, ep_time, tp_time, model_flops, executed)

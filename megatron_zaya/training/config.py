@@ -55,6 +55,7 @@ class TrainConfig:
     recompute_granularity: str | None = None
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
+    recompute_modules: list[str] | None = None   # selective: Megatron's module names (model/recompute.py)
     # exits
     exit_interval: int | None = None
     exit_duration_in_mins: float | None = None

@@ -56,10 +56,12 @@ def build_runtime(run):
 
 def build_model(run) -> ZayaModel:
     """The single-device model, identical on every rank (seeded), with its memory policy:
-    --recompute-granularity full|selective (ZayaModel.set_recompute)."""
+    --recompute-granularity full|selective and --recompute-modules (ZayaModel.set_recompute)."""
     torch.manual_seed(run.train.seed)
     model = ZayaModel(run.model)
-    model.set_recompute(run.train.recompute_granularity, run.train.recompute_method, run.train.recompute_num_layers)
+    train = run.train
+    model.set_recompute(train.recompute_granularity, train.recompute_method, train.recompute_num_layers,
+                        train.recompute_modules)
     model.set_force_load_balancing(run.train.moe_router_force_load_balancing)
     return model
 

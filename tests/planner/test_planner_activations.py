@@ -128,3 +128,24 @@ def test_fused_kernel_formula_under_triton_interpreter():
     selective = result["selective"]
     assert abs(selective["predicted"] - selective["measured"]) / selective["measured"] < 0.02, result
     assert selective["measured"] < 0.85 * result["measured"], result
+
+
+@pytest.mark.parametrize("modules", [["moe"], ["core_attn"], ["layernorm", "moe_act"],
+                                     ["moe", "layernorm", "core_attn", "moe_act"]])
+def test_recompute_modules_formula_matches_saved_tensors(modules):
+    """--recompute-modules: each choice of pieces against the saved tensors (term by term, within 1%).
+    With "moe" each MoE sublayer keeps only its inputs (the fp32 normed hidden and the router state); the
+    planner's peak adds the one sublayer being recomputed (`recompute_live`), which the forward does not keep."""
+    config = model_config_from_preset("zaya1-tiny", num_layers=2, vocab_size=1024)
+    model = bf16_model(config)
+    model.set_recompute("selective", modules=modules)
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, config.vocab_size, (2, 64), generator=gen)
+    labels = torch.randint(0, config.vocab_size, (2, 64), generator=gen)
+    measured, routed, padded = measured_saved_bytes(model, tokens, labels)
+    predicted = activation_memory(config, 64, 2, "selective", policy="cpu-reference", routed_fraction=routed,
+                                  padded_fraction=padded, recompute_modules=modules)
+    kept = predicted.stored - predicted.recompute_live
+    assert abs(kept - measured) / measured < 0.01, (kept, measured)
+    assert (predicted.recompute_live > 0) == ("moe" in modules)
+    assert predicted.stored < predicted.stored_no_recompute

@@ -73,3 +73,38 @@ def test_option_errors_name_the_flag():
         make_plan(BASE, layout, CLUSTERS["h100"], options=PlanOptions(optimizer="sgd"))
     with pytest.raises(ValueError, match="--activation-policy=tpu"):
         make_plan(BASE, layout, CLUSTERS["h100"], options=PlanOptions(activation_policy="tpu"))
+
+
+def test_moe_recompute_trades_compute_for_activations():
+    """--recompute-modules moe: fewer activations than the cheap pieces alone, more than full; the
+    router's and active expert's forward matmuls run twice, and so do the MoE's EP all-to-alls."""
+    from megatron_zaya.model.accounting import matmul_macs_per_token
+
+    def plan(**kw):
+        return make_plan(BASE, ParallelLayout(8, 4096, 1, 8, zero1=True, expert_parallel=8, **kw), CLUSTERS["mi300x"])
+    cheap, full = plan(recompute="selective"), plan(recompute="full")
+    moe = plan(recompute="selective", recompute_modules=("layernorm", "core_attn", "moe_act", "moe"))
+    assert full.activations.stored < moe.activations.stored < cheap.activations.stored
+    macs = matmul_macs_per_token(BASE)
+    extra = 2 * (macs["router"] + macs["active_expert"]) * 4096
+    assert moe.time.executed_flops_per_gpu - cheap.time.executed_flops_per_gpu == pytest.approx(extra)
+    assert moe.time.ep_comm == pytest.approx(cheap.time.ep_comm * 6 / 4)
+    assert moe.layout.recompute_text == "selective (layernorm core_attn moe_act moe)"
+
+
+def test_moe_recompute_is_offered_for_the_32k_phase_on_one_node():
+    """ZAYA1-base at 32K on 8 MI300X without CP does not fit; recomputing the MoE sublayers is one remedy."""
+    plan = make_plan(BASE, ParallelLayout(8, 32768, 1, 64, zero1=True), CLUSTERS["mi300x"])
+    assert not plan.fits
+    offered = {description: fixed for description, fixed in fixes(plan)}
+    moe = [d for d in offered if "--recompute-modules layernorm core_attn moe_act moe" in d]
+    assert moe and offered[moe[0]].fits and offered[moe[0]].layout.recomputes_moe
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(recompute="full", recompute_modules=("moe",)), "--recompute-modules goes with --recompute selective"),
+    (dict(recompute="selective", recompute_modules=("mlp",)), "--recompute-modules mlp: ZAYA1 blocks have no dense"),
+])
+def test_recompute_module_errors_name_the_flag(kwargs, message):
+    with pytest.raises(LayoutError, match=message):
+        ParallelLayout(8, 4096, 1, 8, **kwargs).validate(BASE)

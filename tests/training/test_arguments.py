@@ -39,6 +39,10 @@ def error_of(argv, capsys) -> str:
     ({"--moe-router-score-function": "sigmoid"}, "--moe-router-score-function=sigmoid is not supported: only softmax"),
     ({"--expert-tensor-parallel-size": "2"}, "--expert-tensor-parallel-size=2 is not supported"),
     ({"--recompute-activations": "", "--recompute-granularity": "full"}, "--recompute-activations means"),
+    ({"--moe-layer-recompute": "", "--recompute-granularity": "full"}, "--moe-layer-recompute means"),
+    ({"--recompute-modules": "moe"}, "--recompute-modules needs --recompute-granularity selective"),
+    ({"--recompute-granularity": "selective", "--recompute-modules": ["moe", "mlp"]},
+     "--recompute-modules mlp: ZAYA1 blocks have no dense MLP"),
     ({"--squared-relu": ""}, "--squared-relu is not supported: the experts are SwiGLU"),
     ({"--add-qkv-bias": ""}, "--add-qkv-bias is not supported: CCA's projections have no bias"),
     ({"--window-size": "4096"}, "--window-size=4096 is not supported: drop the flag (CCA attends to the whole"),
@@ -313,12 +317,19 @@ def test_recompute_flags_follow_megatron(tiny_corpus, tmp_path, capsys):
             tiny_run_flags(tiny_corpus, tmp_path, **{"--recompute-granularity": "selective", flag: value}), capsys)
 
 
-@pytest.mark.parametrize("flags, granularity, units", [
-    ({}, None, []),
-    ({"--recompute-granularity": "full", "--recompute-method": "block", "--recompute-num-layers": "1"}, "full", [(0, 1)]),
-    ({"--recompute-granularity": "selective"}, "selective", []),
+CHEAP_MODULES = {"layernorm", "core_attn", "moe_act"}
+
+
+@pytest.mark.parametrize("flags, granularity, units, modules", [
+    ({}, None, [], set()),
+    ({"--recompute-granularity": "full", "--recompute-method": "block", "--recompute-num-layers": "1"}, "full", [(0, 1)],
+     set()),
+    ({"--recompute-granularity": "selective"}, "selective", [], CHEAP_MODULES),
+    ({"--recompute-granularity": "selective", "--recompute-modules": ["moe", "core_attn"]}, "selective", [],
+     {"moe", "core_attn"}),
+    ({"--moe-layer-recompute": ""}, "selective", [], CHEAP_MODULES | {"moe"}),
 ])
-def test_recompute_flags_reach_the_model(tiny_corpus, tmp_path, flags, granularity, units):
+def test_recompute_flags_reach_the_model(tiny_corpus, tmp_path, flags, granularity, units, modules):
     """pretrain_zaya.py's flags -> RunConfig -> the model training builds (setup.build_model): its memory
     policy, with the math's config untouched."""
     from megatron_zaya.training.setup import build_model
@@ -327,8 +338,8 @@ def test_recompute_flags_reach_the_model(tiny_corpus, tmp_path, flags, granulari
     model = build_model(run)
     assert model.recompute_granularity == granularity
     assert [(u.start, u.stop) for u in model.recompute_units] == units
-    selective = [m.recompute_selective for m in model.modules() if hasattr(m, "recompute_selective")]
-    assert selective and all(on == (granularity == "selective") for on in selective)
+    selective = [(m.recompute_module, m.recompute_selective) for m in model.modules() if hasattr(m, "recompute_module")]
+    assert selective and all(on == (name in modules) for name, on in selective)
     assert model.config == run.model
 
 

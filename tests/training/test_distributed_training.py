@@ -58,6 +58,8 @@ def reference_losses(tiny_corpus, tmp_path_factory):
     ("cp2-recompute", ["--context-parallel-size", "2", "--recompute-granularity", "full"]),   # halo p2p rerun
     ("cp2-selective", ["--context-parallel-size", "2", "--recompute-granularity", "selective"]),
     ("tp2-muon", ["--tensor-model-parallel-size", "2"]),    # Muon orthogonalises whole matrices under TP
+    # the whole MoE sublayer runs again in the backward, its EP all-to-all included
+    ("ep2-moe-recompute", ["--expert-model-parallel-size", "2", "--moe-layer-recompute"]),
 ])
 def test_two_processes_match_one(tiny_corpus, tmp_path, reference_losses, name, extra):
     got = train(tiny_corpus, tmp_path, name, 2, *extra)
