@@ -246,6 +246,7 @@ def run_ours(args, run, runtime, peaks) -> dict:
     torch.manual_seed(run.train.seed)
     model = ZayaModel(run.model)
     model.set_force_load_balancing(args.moe_router_force_load_balancing)
+    model.set_recompute(args.recompute_granularity, modules=args.recompute_modules)
     model = runtime.prepare_model(model)
     optimizer = runtime.build_optimizer(model, run.optim)
     trainer = Trainer(run, model, optimizer, runtime, None, None, logger=None)
@@ -398,6 +399,9 @@ def main(argv=None) -> int:
     parser.add_argument("--context-parallel-size", type=int, default=1)
     parser.add_argument("--expert-model-parallel-size", type=int, default=1)
     parser.add_argument("--sequence-parallel", action="store_true")
+    parser.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
+    parser.add_argument("--recompute-modules", nargs="+", default=None, metavar="MODULE",
+                        help="with --recompute-granularity selective: layernorm, core_attn, moe_act, moe")
     parser.add_argument("--use-distributed-optimizer", action="store_true")
     parser.add_argument("--moe-router-force-load-balancing", action="store_true",
                         help="every router splits its tokens evenly over the experts (a balanced expert load "

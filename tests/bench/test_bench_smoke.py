@@ -50,22 +50,27 @@ def test_train_throughput_one_process_reports_everything(tmp_path, capsys, keep_
         assert abs(report["reference"]["losses"][0] - report["losses"][0]) < 1e-2
 
 
-def test_train_throughput_with_forced_balanced_routing(capsys, keep_threads):
-    """--moe-router-force-load-balancing reaches the benchmark's model: every router of the run is forced."""
+def test_train_throughput_with_forced_balanced_routing_and_moe_recompute(capsys, keep_threads):
+    """--moe-router-force-load-balancing and --recompute-granularity / --recompute-modules reach the
+    benchmark's model: every router of the run is forced, every MoE sublayer recomputed."""
     bench = load_script("train_throughput")
     seen = []
     real = bench.ZayaModel.set_force_load_balancing
 
     def spy(model, enabled):
-        seen.append(enabled)
+        seen.append((enabled, model))
         return real(model, enabled)
     bench.ZayaModel.set_force_load_balancing = spy
     try:
         assert bench.main(TINY + ["--global-batch-size", "2", "--warmup", "0", "--iters", "1",
-                                  "--moe-router-force-load-balancing"]) == 0
+                                  "--moe-router-force-load-balancing", "--recompute-granularity", "selective",
+                                  "--recompute-modules", "moe"]) == 0
     finally:
         bench.ZayaModel.set_force_load_balancing = real
-    assert seen == [True]
+    assert [enabled for enabled, _ in seen] == [True]
+    model = seen[0][1]
+    assert model.recompute_modules == ("moe",)
+    assert all(block.moe.recompute_selective and block.moe.router.force_balanced for block in model.layers)
     assert "tokens/s" in capsys.readouterr().out
 
 
