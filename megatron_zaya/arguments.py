@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from megatron_zaya.checkpoint.preflight import check_load_path, checkpoint_at_step, model_config_from_checkpoint
+from megatron_zaya.checkpoint.preflight import (check_load_path, checkpoint_at_step, model_config_from_checkpoint,
+                                                tensor_parallel_from_checkpoint)
 from megatron_zaya.config import ConfigError, ModelConfig, model_config_from_preset
 from megatron_zaya.data.blend import parse_data_path
 from megatron_zaya.data.gpt_dataset import default_cache_dir
@@ -27,6 +28,7 @@ from megatron_zaya.flags import DEFAULT_PRESET, MODEL_FLAGS, apply_yaml_defaults
 from megatron_zaya.megatron_flags import check_megatron_flags, resolve_aliases
 from megatron_zaya.model import recompute
 from megatron_zaya.optim.builder import OptimizerConfig
+from megatron_zaya.parallel.data import DEFAULT_BUCKET_SIZE
 from megatron_zaya.parallel.state import LayoutError, check_layout
 from megatron_zaya.optim.schedules import lr_schedule_from_flags, weight_decay_schedule_from_flags
 from megatron_zaya.training.batch_schedule import BatchSizeSchedule
@@ -41,7 +43,8 @@ class ParallelSizes:
     expert_model_parallel_size: int = 1
     sequence_parallel: bool = False
     use_distributed_optimizer: bool = False
-    ddp_bucket_size: int = 40_000_000
+    ddp_bucket_size: int = DEFAULT_BUCKET_SIZE
+    ddp_num_buckets: int | None = None       # --ddp-num-buckets: the bucket size follows from the rank's gradients
 
     @property
     def data_parallel_size(self) -> int:
@@ -117,6 +120,7 @@ NUMBER_DOMAINS = (
     ("save_retain_interval", _ge1, "must be >= 1"),
     ("exit_interval", _ge1, "must be >= 1"), ("exit_duration_in_mins", _gt0, "must be > 0"),
     ("peak_tflops", _gt0, "must be > 0"), ("ddp_bucket_size", _ge1, "must be >= 1"),
+    ("ddp_num_buckets", _ge1, "must be >= 1"),
     ("tensorboard_log_interval", _ge1, "must be >= 1"), ("tensorboard_queue_size", _ge1, "must be >= 1"),
     ("recompute_num_layers", _ge1, "must be >= 1"), ("straggler_minmax_count", _ge1, "must be >= 1"),
     ("check_weight_hash_across_dp_replicas_interval", _ge1, "must be >= 1"),
@@ -229,6 +233,27 @@ def _check_recompute(args: argparse.Namespace, model: ModelConfig) -> None:
     if args.recompute_num_layers > model.num_layers:
         raise UserInputError(f"--recompute-num-layers={args.recompute_num_layers} exceeds --num-layers="
                              f"{model.num_layers}")
+
+
+def _decrease_batch_size(args: argparse.Namespace, data_parallel_size: int, warnings: list[str]) -> None:
+    """Megatron-LM's --decrease-batch-size-if-needed: when --micro-batch-size x DP does not divide
+    --global-batch-size (a restart on fewer healthy GPUs), the largest multiple of it below instead."""
+    unit = args.micro_batch_size * data_parallel_size
+    if args.global_batch_size % unit == 0:
+        return
+    if args.rampup_batch_size:
+        raise UserInputError("--decrease-batch-size-if-needed does not combine with --rampup-batch-size: "
+                             f"--global-batch-size={args.global_batch_size} is not a multiple of --micro-batch-size x "
+                             f"data-parallel size = {unit}")
+    smaller = args.global_batch_size // unit * unit
+    if smaller == 0:
+        raise UserInputError(f"--decrease-batch-size-if-needed: --global-batch-size={args.global_batch_size} is less "
+                             f"than one micro-batch per data-parallel rank (--micro-batch-size x data-parallel size "
+                             f"= {unit})")
+    warnings.append(f"--decrease-batch-size-if-needed: global batch {smaller} instead of --global-batch-size="
+                    f"{args.global_batch_size} (the largest multiple of --micro-batch-size x data-parallel size = "
+                    f"{unit})")
+    args.global_batch_size = smaller
 
 
 def _check_scheduler_source(args: argparse.Namespace) -> None:
@@ -404,9 +429,18 @@ def validate(args: argparse.Namespace) -> RunConfig:
     else:
         model = model_config_from_preset(args.preset or DEFAULT_PRESET, **overrides)
 
+    if args.ddp_num_buckets is not None and args.ddp_bucket_size is not None:
+        raise UserInputError(f"--ddp-num-buckets={args.ddp_num_buckets} and --ddp-bucket-size={args.ddp_bucket_size} "
+                             "set the same thing: give one of them (as in Megatron-LM)")
+    if args.use_mp_args_from_checkpoint_args:
+        tp = tensor_parallel_from_checkpoint(args)
+        if tp != args.tensor_model_parallel_size:
+            warnings.append(f"--use-mp-args-from-checkpoint-args: --tensor-model-parallel-size {tp}, the checkpoint's "
+                            f"(instead of {args.tensor_model_parallel_size})")
+        args.tensor_model_parallel_size = tp
     parallel = ParallelSizes(world_size_from_env(), args.tensor_model_parallel_size, args.context_parallel_size,
                              args.expert_model_parallel_size, args.sequence_parallel, args.use_distributed_optimizer,
-                             args.ddp_bucket_size)
+                             args.ddp_bucket_size or DEFAULT_BUCKET_SIZE, args.ddp_num_buckets)
     check_layout(parallel.world_size, parallel.tensor_model_parallel_size, parallel.context_parallel_size,
                  parallel.expert_model_parallel_size, model)
     _check_sequence_splits(args, model)
@@ -424,6 +458,8 @@ def validate(args: argparse.Namespace) -> RunConfig:
     if (args.train_iters is None) == (args.train_samples is None):
         raise UserInputError("give exactly one of --train-iters and --train-samples")
     check_number_domains(args)
+    if args.decrease_batch_size_if_needed:
+        _decrease_batch_size(args, parallel.data_parallel_size, warnings)
     schedule = BatchSizeSchedule(args.global_batch_size, args.micro_batch_size, parallel.data_parallel_size,
                                  args.rampup_batch_size)
     if args.train_iters is not None:
@@ -466,5 +502,6 @@ def validate(args: argparse.Namespace) -> RunConfig:
                             muon_momentum=args.muon_momentum, muon_ns_steps=args.muon_num_ns_steps,
                             muon_tp_mode=args.muon_tp_mode, muon_scale_mode=args.muon_scale_mode,
                             muon_extra_scale_factor=args.muon_extra_scale_factor,
-                            clip_grad=args.clip_grad, decoupled_lr=args.decoupled_lr)
+                            clip_grad=args.clip_grad, decoupled_lr=args.decoupled_lr,
+                            embedding_weight_decay=model.embedding_init_method_std is None)
     return RunConfig(model, train, optim, parallel, data, args, warnings)

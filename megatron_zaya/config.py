@@ -41,6 +41,7 @@ class ModelConfig:
     skip_class_bias_init: float = -1.0    # balancing bias of the skip class at init
     # Initialisation (the policy and why: the docstring of megatron_zaya/model/zaya.py).
     init_method_std: float = 0.02
+    embedding_init_method_std: float | None = None   # Megatron's: the embedding's own std (and no weight decay on it)
     key_temperature_init: float = 1.0
 
     @property
@@ -67,6 +68,8 @@ class ModelConfig:
                      "make_vocab_size_divisible_by", "norm_epsilon", "rotary_base"):
             need(getattr(self, name) > 0, name, "must be positive")
         need(self.init_method_std >= 0, "init_method_std", "must be >= 0")
+        need(self.embedding_init_method_std is None or self.embedding_init_method_std >= 0,
+             "embedding_init_method_std", "must be >= 0")
         need(self.num_attention_heads % self.num_query_groups == 0, "num_attention_heads",
              f"query heads must be divisible by --num-query-groups={self.num_query_groups}")
         need(self.vocab_size % self.make_vocab_size_divisible_by == 0, "vocab_size",

@@ -23,7 +23,7 @@ MODEL_FLAGS = {  # flag -> type; None means "keep the preset's value"
     "kv_channels": int, "seq_length": int, "max_position_embeddings": int, "rotary_base": float,
     "rotary_percent": float, "norm_epsilon": float, "num_experts": int, "moe_router_topk": int,
     "moe_ffn_hidden_size": int, "router_hidden_size": int, "make_vocab_size_divisible_by": int,
-    "init_method_std": float, "vocab_size": int,
+    "init_method_std": float, "embedding_init_method_std": float, "vocab_size": int,
 }
 
 
@@ -50,9 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--expert-model-parallel-size", type=int, default=1)
     g.add_argument("--sequence-parallel", action="store_true")
     g.add_argument("--use-distributed-optimizer", action="store_true")
-    g.add_argument("--ddp-bucket-size", type=int, default=40_000_000,
-                   help="elements per gradient bucket; a bucket's all-reduce (reduce-scatter under ZeRO-1) "
-                        "starts as soon as its last gradient is ready, overlapping the rest of the backward")
+    g.add_argument("--ddp-bucket-size", type=int, default=None,
+                   help="elements per gradient bucket (default 40M); a bucket's all-reduce (reduce-scatter under "
+                        "ZeRO-1) starts as soon as its last gradient is ready, overlapping the rest of the backward")
+    g.add_argument("--ddp-num-buckets", type=int, default=None,
+                   help="instead of --ddp-bucket-size: about this many buckets, each 1/N of the gradient elements "
+                        "a rank holds (dense, sequence-parallel and expert gradients are bucketed apart)")
     g.add_argument("--distributed-backend", choices=["nccl", "gloo"], default=None)
     g.add_argument("--distributed-timeout-minutes", type=float, default=DEFAULT_TIMEOUT_MINUTES,
                    help="how long a collective may wait before the process group gives up")
@@ -60,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--micro-batch-size", type=int, default=4)
     g.add_argument("--global-batch-size", type=int, default=16)
     g.add_argument("--rampup-batch-size", type=int, nargs=3, default=None, metavar=("START", "INCR", "SAMPLES"))
+    g.add_argument("--decrease-batch-size-if-needed", action="store_true",
+                   help="when --micro-batch-size x data-parallel size does not divide --global-batch-size (fewer "
+                        "healthy GPUs after a restart), train with the largest multiple below it instead of stopping "
+                        "(as in Megatron-LM); the next start with a fitting layout uses the full size again")
     g.add_argument("--train-iters", type=int, default=None)
     g.add_argument("--train-samples", type=int, default=None)
     g.add_argument("--optimizer", choices=["muon", "adamw"], default="muon")
@@ -204,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--use-checkpoint-args", action="store_true",
                    help="the model config of --load's checkpoint instead of --preset's; model flags given on the "
                         "command line still override it (as in Megatron-LM)")
+    g.add_argument("--use-mp-args-from-checkpoint-args", action="store_true",
+                   help="with --use-checkpoint-args: also the tensor-parallel size of the run that saved the "
+                        "checkpoint (as in Megatron-LM; any layout loads a checkpoint, this one avoids resharding)")
     g.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler", action="store_true",
                    help="the LR and weight-decay schedules from the flags of the run that saved --load's "
                         "checkpoint, not from this run's (as in Megatron-LM)")

@@ -77,6 +77,11 @@ IMPLIED_SWITCHES = {
     "--no-persist-layer-norm": "no persistent layer-norm kernel here",
     "--no-bias-gelu-fusion": "no bias-GeLU fusion here (the router's GeLU runs unfused)",
     "--no-log-loss-scale-to-tensorboard": "there is no loss scale with bf16 (no --fp16)",
+    "--moe-router-fusion": "the router's softmax and top-1 choice run in fp32 as they are (no fused router kernel)",
+    "--no-align-grad-reduce": "there is no pipeline parallelism, so no pipeline stages whose reductions to align",
+    "--no-align-param-gather": "there is no pipeline parallelism, so no pipeline stages whose gathers to align",
+    "--disable-gloo-process-groups": "no Gloo group is made beside the NCCL/RCCL ones (Gloo is the backend only "
+                                     "on CPU)",
 }
 
 # Switches that ask for something this code does not do: each stops the run with what to use instead.
@@ -115,6 +120,11 @@ REFUSED_SWITCHES = {
     "--use-megatron-fsdp": "shard with --use-distributed-optimizer (ZeRO-1), as ZAYA1 did",
     "--data-parallel-random-init": "every data-parallel replica starts from the same weights",
     "--test-mode": "no real-time test mode; the test suite is tests/ (README)",
+    "--checkpoint-activations": "it is Megatron-LM's old name: use --recompute-activations, or "
+                                "--recompute-granularity and --recompute-method",
+    "--apply-residual-connection-post-layernorm": "ZAYA1's blocks are pre-norm: the residual is the sublayer's "
+                                                  "input, before its RMSNorm",
+    "--init-method-xavier-uniform": "weights start from N(0, --init-method-std) (megatron_zaya/model/zaya.py)",
 }
 
 # flag -> (dest, accepted values as the command line spells them, what to use instead)
@@ -193,6 +203,13 @@ FIXED_VALUES = {
     "--fp8-recipe": ("fp8_recipe", (), "no FP8 here: train with --bf16 (ZAYA1 trained in bf16)"),
     "--exit-signal": ("exit_signal", ("SIGTERM", "SIGUSR1", "signal.SIGTERM", "signal.SIGUSR1"),
                       "SIGTERM and SIGUSR1 both save a checkpoint and exit"),
+    "--batch-size": ("batch_size", (), "Megatron-LM's old name: use --micro-batch-size"),
+    "--warmup": ("warmup", (), "Megatron-LM's old name: use --lr-warmup-iters, --lr-warmup-samples or "
+                               "--lr-warmup-fraction"),
+    "--model-parallel-size": ("model_parallel_size", (), "Megatron-LM's old name: use --tensor-model-parallel-size"),
+    "--head-lr-mult": ("head_lr_mult", ("1",), "there is no classification head; --decoupled-lr gives the "
+                                               "embedding and output layer their own lr"),
+    "--mtp-num-layers": ("mtp_num_layers", ("0",), "no multi-token prediction: ZAYA1 predicts the next token"),
 }
 
 

@@ -4,7 +4,8 @@ While the flags are validated (arguments.validate), before anything else is buil
 
   - `check_load_path`: --load is a folder (or absent: train from scratch) and not a Megatron-LM
     checkpoint;
-  - `model_config_from_checkpoint`: --use-checkpoint-args's model config, from --load's metadata.
+  - `model_config_from_checkpoint`: --use-checkpoint-args's model config, from --load's metadata, and
+    with --use-mp-args-from-checkpoint-args its tensor-parallel size (`tensor_parallel_from_checkpoint`).
 
 `check_before_build(run)` runs in setup.build_and_train after the tokenizer (the padded vocabulary
 is part of the model config) and before process groups, the model and the optimizer. It only reads
@@ -38,7 +39,7 @@ SHAPE_FIELDS = frozenset({
 # Fields that do not change what a loaded model computes: initial values (the checkpoint's weights
 # replace them), the vocabulary padding rule (vocab_size itself is compared), the position limit (a
 # bound on --seq-length), and the sequence length (part of the data phase, data_phase.py).
-INERT_FIELDS = frozenset({"init_method_std", "key_temperature_init", "skip_class_bias_init",
+INERT_FIELDS = frozenset({"init_method_std", "embedding_init_method_std", "key_temperature_init", "skip_class_bias_init",
                           "make_vocab_size_divisible_by", "max_position_embeddings", "seq_length"})
 # Every other field (rotary_base, rotary_percent, norm_epsilon, ...) changes the function the weights
 # compute: a plain resume must keep it; --finetune or a new data phase (the recipe's 32K phase raises
@@ -236,23 +237,10 @@ def model_config_from_checkpoint(args) -> ModelConfig:
     one with readable metadata, as the load itself will try; --pretrained-checkpoint's when --load has
     none). Its vocabulary size counts as given, so the tokenizer's padded size does not replace it (a
     different tokenizer is then an error)."""
-    pretrained = getattr(args, "pretrained_checkpoint", None)
-    if not (args.load or pretrained):
-        raise UserInputError("--use-checkpoint-args needs --load (the checkpoint to take the model config from)")
     if args.preset:
         raise UserInputError(f"--use-checkpoint-args and --preset {args.preset} exclude each other: the model "
                              f"config comes from --load's checkpoint")
-    found, source = None, f"--load {args.load}"
-    if args.load:
-        check_load_path(args.load)
-        found = first_candidate_metadata(args.load)
-    if found is None and pretrained:
-        check_load_path(pretrained, "--pretrained-checkpoint")
-        found, source = first_candidate_metadata(pretrained), f"--pretrained-checkpoint {pretrained}"
-    if found is None or not found[1].get("model_config"):
-        raise UserInputError(f"--use-checkpoint-args: {source} holds no checkpoint with a model config in its "
-                             f"{METADATA_FILE}")
-    folder, meta = found
+    folder, meta = checkpoint_args_source(args, "model_config")
     try:
         model = ModelConfig(**meta["model_config"])
     except TypeError as err:
@@ -261,6 +249,38 @@ def model_config_from_checkpoint(args) -> ModelConfig:
     if args.vocab_size is None:
         args.vocab_size = model.vocab_size
     return model
+
+
+def checkpoint_args_source(args, key: str) -> tuple[str, dict]:
+    """(folder, metadata) of the checkpoint --use-checkpoint-args reads: --load's first candidate with
+    readable metadata holding `key`, else --pretrained-checkpoint's; UserInputError naming the flag."""
+    pretrained = getattr(args, "pretrained_checkpoint", None)
+    if not (args.load or pretrained):
+        raise UserInputError("--use-checkpoint-args needs --load (the checkpoint to take the model config from)")
+    found, source = None, f"--load {args.load}"
+    if args.load:
+        check_load_path(args.load)
+        found = first_candidate_metadata(args.load)
+    if found is None and pretrained:
+        check_load_path(pretrained, "--pretrained-checkpoint")
+        found, source = first_candidate_metadata(pretrained), f"--pretrained-checkpoint {pretrained}"
+    if found is None or not found[1].get(key):
+        what = "a model config" if key == "model_config" else f"{key!r}"
+        raise UserInputError(f"--use-checkpoint-args: {source} holds no checkpoint with {what} in its {METADATA_FILE}")
+    return found
+
+
+def tensor_parallel_from_checkpoint(args) -> int:
+    """--use-mp-args-from-checkpoint-args (with --use-checkpoint-args, as in Megatron-LM): the
+    tensor-parallel size of the run that saved the checkpoint (there is no pipeline parallelism here)."""
+    if not args.use_checkpoint_args:
+        raise UserInputError("--use-mp-args-from-checkpoint-args needs --use-checkpoint-args (as in Megatron-LM)")
+    folder, meta = checkpoint_args_source(args, "layout")
+    size = meta["layout"].get("tensor_model_parallel_size")
+    if not isinstance(size, int) or size < 1:
+        raise UserInputError(f"--use-mp-args-from-checkpoint-args: {os.path.join(folder, METADATA_FILE)} holds no "
+                             f"tensor-parallel size (layout: {meta['layout']})")
+    return size
 
 
 def requires_checkpoint(train_cfg) -> bool:

@@ -1,7 +1,9 @@
 """The ZAYA1 language model: embedding, input scaling, blocks, final norm, tied head, causal LM loss.
 
 Initialisation (the transformers reference's placeholder inits are not all trainable):
-- linear and embedding weights ~ N(0, init_method_std), except the router's (below); output projections of each sublayer
+- linear and embedding weights ~ N(0, init_method_std), except the router's (below) and, when
+  embedding_init_method_std is set (Megatron's --embedding-init-method-std), the embedding's ~ N(0, that);
+  output projections of each sublayer
   (attention linear_proj, expert down) ~ N(0, init_method_std / sqrt(2 * num_layers)) as in Megatron;
 - expert weights ~ N(0, init_method_std); linear biases 0; norm weights 1; residual/input scales 1, biases 0;
 - CCA convolutions keep PyTorch's default (kaiming-uniform) init, so the conv path starts at the
@@ -117,9 +119,10 @@ class ZayaModel(nn.Module):
     def reset_parameters(self) -> None:
         std = self.config.init_method_std
         output_std = std / math.sqrt(2 * self.config.num_layers)
+        embedding_std = std if self.config.embedding_init_method_std is None else self.config.embedding_init_method_std
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, 0.0, std)
+                nn.init.normal_(module.weight, 0.0, embedding_std if module is self.embedding else std)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Conv1d):

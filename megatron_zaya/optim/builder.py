@@ -3,7 +3,9 @@
 Muon takes the hidden matrices (attention and router linears, every expert matrix); AdamW takes the
 embedding / output layer and every vector or small tensor (norms, biases, residual scales, EDA gamma,
 key temperatures, the CCA convolution kernels). `--optimizer adamw` puts everything on AdamW.
-Weight decay applies to matrices (Muon and embedding), not to vectors.
+Weight decay applies to matrices (Muon and embedding), not to vectors, nor to the input embedding
+when --embedding-init-method-std gives it its own initial scale (as in Megatron-LM: decay would shrink
+it back towards zero).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ class OptimizerConfig:
     muon_extra_scale_factor: float = 0.2   # --muon-extra-scale-factor (0.2: AdamW RMS matching)
     clip_grad: float = 1.0
     decoupled_lr: float | None = None  # --decoupled-lr: the embedding and output layer in a group of their own
+    embedding_weight_decay: bool = True  # False with --embedding-init-method-std (Megatron-LM's rule)
 
 
 def muon_scale_of(cfg: OptimizerConfig) -> MuonScale:
@@ -43,7 +46,7 @@ def is_muon_param(name: str, param: nn.Parameter) -> bool:
     return not (name.startswith("embedding.") or name.startswith("output_layer.") or ".conv_" in name)
 
 
-def split_parameters(model: nn.Module, use_muon: bool):
+def split_parameters(model: nn.Module, use_muon: bool, embedding_weight_decay: bool = True):
     """(muon matrices, AdamW params with weight decay, AdamW params without) as lists of (name, param)."""
     muon, decay, no_decay = [], [], []
     for name, param in model.named_parameters():
@@ -51,7 +54,7 @@ def split_parameters(model: nn.Module, use_muon: bool):
             continue
         if use_muon and is_muon_param(name, param):
             muon.append((name, param))
-        elif param.ndim >= 2:
+        elif param.ndim >= 2 and (embedding_weight_decay or not name.startswith("embedding.")):
             decay.append((name, param))
         else:
             no_decay.append((name, param))
@@ -145,13 +148,16 @@ def is_input_or_output_layer(name: str) -> bool:
 
 
 def adamw_groups(decay: list, no_decay: list, cfg: OptimizerConfig) -> list[dict]:
-    """AdamW's groups: matrices with --weight-decay, vectors without (wd_mult 1 and 0, as Megatron's);
-    with --decoupled-lr the embedding and output layer form a third group ("decoupled": its own lr)."""
-    own = {n for n, _ in decay if cfg.decoupled_lr is not None and is_input_or_output_layer(n)}
-    groups = ({"params": [p for n, p in decay if n not in own], "weight_decay": cfg.weight_decay, "wd_mult": 1.0},
-              {"params": [p for _, p in no_decay], "weight_decay": 0.0, "wd_mult": 0.0},
-              {"params": [p for n, p in decay if n in own], "weight_decay": cfg.weight_decay, "wd_mult": 1.0,
-               "decoupled": True})
+    """AdamW's groups: matrices with --weight-decay, vectors (and an exempt embedding) without (wd_mult 1
+    and 0, as Megatron's); with --decoupled-lr the embedding and output layer form groups of their own
+    ("decoupled": their own lr), with or without decay likewise."""
+    def own(name: str) -> bool:
+        return cfg.decoupled_lr is not None and is_input_or_output_layer(name)
+    groups = ({"params": [p for n, p in decay if not own(n)], "weight_decay": cfg.weight_decay, "wd_mult": 1.0},
+              {"params": [p for n, p in no_decay if not own(n)], "weight_decay": 0.0, "wd_mult": 0.0},
+              {"params": [p for n, p in decay if own(n)], "weight_decay": cfg.weight_decay, "wd_mult": 1.0,
+               "decoupled": True},
+              {"params": [p for n, p in no_decay if own(n)], "weight_decay": 0.0, "wd_mult": 0.0, "decoupled": True})
     return [g for g in groups if g["params"]]
 
 
@@ -159,7 +165,7 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig, pstate=None) -> Opti
     """Unsharded optimizers; `pstate` (a ParallelState) only for Muon's TP group."""
     if cfg.optimizer not in ("muon", "adamw"):
         raise ValueError(f"--optimizer={cfg.optimizer}: choose muon or adamw")
-    muon, decay, no_decay = split_parameters(model, cfg.optimizer == "muon")
+    muon, decay, no_decay = split_parameters(model, cfg.optimizer == "muon", cfg.embedding_weight_decay)
     adam_groups = adamw_groups(decay, no_decay, cfg)
     optimizers = {"adamw": build_adamw(adam_groups, cfg)}
     if muon:
@@ -178,7 +184,7 @@ def build_distributed_optimizer(model: nn.Module, cfg: OptimizerConfig, pstate, 
 
     if cfg.optimizer not in ("muon", "adamw"):
         raise ValueError(f"--optimizer={cfg.optimizer}: choose muon or adamw")
-    muon, decay, no_decay = split_parameters(model, cfg.optimizer == "muon")
+    muon, decay, no_decay = split_parameters(model, cfg.optimizer == "muon", cfg.embedding_weight_decay)
     optimizers = {}
     if muon:
         optimizers["muon"] = DistributedMuon([p for _, p in muon], reducer, lr=cfg.lr, momentum=cfg.muon_momentum,

@@ -113,6 +113,16 @@ class Bucket:
         self.ready = 0
 
 
+DEFAULT_BUCKET_SIZE = 40_000_000      # --ddp-bucket-size's default, in gradient elements
+
+
+def bucket_size_for(params, num_buckets: int) -> int:
+    """--ddp-num-buckets: the bucket size (elements) that splits these parameters' gradients into about
+    `num_buckets` buckets (each kind of reduction is bucketed apart, so a few more can result)."""
+    total = sum(p.numel() for p in params if p.requires_grad)
+    return max(1, -(-total // num_buckets))
+
+
 class GradientReducer:
     """Bucketed gradient reduction, each bucket launched (async) as soon as its last gradient is
     accumulated during backward.

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from megatron_zaya.parallel.apply import parallelize_model, sum_counts_over_token_ranks
 from megatron_zaya.parallel.context import slice_batch_for_cp
 from megatron_zaya.optim.builder import muon_bucket_key
-from megatron_zaya.parallel.data import GradientReducer, clip_grad_norm, count_zero_grads, is_expert
+from megatron_zaya.parallel.data import GradientReducer, bucket_size_for, clip_grad_norm, count_zero_grads, is_expert
 from megatron_zaya.parallel.launch import DEFAULT_TIMEOUT_MINUTES, destroy_distributed, init_distributed
 from megatron_zaya.parallel.state import ParallelState
 
@@ -51,8 +51,11 @@ class DistributedRuntime:
             # No bucket mixes Muon matrices with AdamW parameters, nor dtypes (its weights are gathered
             # in one dtype).
             key = lambda p: (muon(p) if muon else None, p.dtype)   # noqa: E731
-        self.reducer = GradientReducer(self.model, self.pstate, bucket_size=self.run.parallel.ddp_bucket_size,
-                                       overlap=True, shard=shard, bucket_key=key)
+        parallel = self.run.parallel
+        bucket_size = (parallel.ddp_bucket_size if parallel.ddp_num_buckets is None
+                       else bucket_size_for(self.model.parameters(), parallel.ddp_num_buckets))
+        self.reducer = GradientReducer(self.model, self.pstate, bucket_size=bucket_size, overlap=True, shard=shard,
+                                       bucket_key=key)
         return self.model
 
     def build_optimizer(self, model, optim_config):

@@ -60,3 +60,30 @@ def test_decoupled_lr_gives_the_embedding_and_output_layer_a_group_of_their_own(
     assert len(by_lr[1e-3]) == len(names) - 2
     plain = build_optimizer(model, OptimizerConfig(lr=1e-3))    # without the flag: the groups as before
     assert not any(g.get("decoupled") for g in plain.param_groups)
+
+
+def test_embedding_init_method_std_sets_the_embedding_scale_and_exempts_it_from_weight_decay():
+    """Megatron-LM's --embedding-init-method-std: the input embedding starts at that std (the other matrices
+    keep --init-method-std) and takes no weight decay; the untied output layer still does. With
+    --decoupled-lr the embedding keeps its own lr and its exemption."""
+    config = model_config_from_preset("zaya1-tiny", vocab_size=1024, num_layers=2, embedding_init_method_std=1.0,
+                                      untie_embeddings_and_output_weights=True)
+    torch.manual_seed(0)
+    model = ZayaModel(config)
+    assert abs(model.embedding.weight.std().item() - 1.0) < 0.01
+    assert abs(model.output_layer.weight.std().item() - 0.02) < 0.001
+    assert abs(model.layers[0].attention.linear_q.weight.std().item() - 0.02) < 0.001
+    names = {id(p): n for n, p in model.named_parameters()}
+    for decoupled in (None, 5e-3):
+        opt = build_optimizer(model, OptimizerConfig(lr=1e-3, weight_decay=0.1, decoupled_lr=decoupled,
+                                                     embedding_weight_decay=False))
+        opt.set_lr(1e-3, decoupled or 1e-3)
+        opt.set_weight_decay(0.1)
+        group_of = {names[id(p)]: g for g in opt.optimizers["adamw"].param_groups for p in g["params"]}
+        assert group_of["embedding.weight"]["weight_decay"] == 0.0
+        assert group_of["output_layer.weight"]["weight_decay"] == 0.1
+        assert group_of["embedding.weight"]["lr"] == (decoupled or 1e-3)
+    plain = build_optimizer(model, OptimizerConfig(lr=1e-3, weight_decay=0.1))
+    plain.set_weight_decay(0.1)
+    assert all(g["weight_decay"] == 0.1 for g in plain.optimizers["adamw"].param_groups
+               if any(p is model.embedding.weight for p in g["params"]))

@@ -58,6 +58,18 @@ def error_of(argv, capsys) -> str:
     ({"--dist-ckpt-strictness": "log_all"}, "--dist-ckpt-strictness=log_all is not supported"),
     ({"--disable-straggler-on-startup": ""}, "--disable-straggler-on-startup is not supported"),
     ({"--decoupled-min-lr": "1e-4"}, "--decoupled-min-lr needs --decoupled-lr"),
+    ({"--batch-size": "8"}, "--batch-size=8 is not supported: drop the flag (Megatron-LM's old name: use "
+                            "--micro-batch-size)"),
+    ({"--checkpoint-activations": ""}, "--checkpoint-activations is not supported: it is Megatron-LM's old name"),
+    ({"--model-parallel-size": "2"}, "use --tensor-model-parallel-size"),
+    ({"--head-lr-mult": "2"}, "--head-lr-mult=2 is not supported: only 1"),
+    ({"--mtp-num-layers": "1"}, "--mtp-num-layers=1 is not supported: only 0"),
+    ({"--apply-residual-connection-post-layernorm": ""}, "ZAYA1's blocks are pre-norm"),
+    ({"--ddp-num-buckets": "4", "--ddp-bucket-size": "1000"},
+     "--ddp-num-buckets=4 and --ddp-bucket-size=1000 set the same thing"),
+    ({"--ddp-num-buckets": "0"}, "--ddp-num-buckets=0: must be >= 1"),
+    ({"--use-mp-args-from-checkpoint-args": ""}, "--use-mp-args-from-checkpoint-args needs --use-checkpoint-args"),
+    ({"--embedding-init-method-std": "-1"}, "--embedding-init-method-std=-1.0: must be >= 0"),
 ])
 def test_bad_flags_fail_fast_naming_the_flag(tiny_corpus, tmp_path, capsys, extra, flag):
     extra = dict(extra)
@@ -190,7 +202,48 @@ def test_layout_rules_that_used_to_fail_after_the_process_groups(tiny_corpus, tm
 
 def test_ddp_bucket_size_reaches_the_layout(tiny_corpus, tmp_path):
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--ddp-bucket-size": "1000"}))
-    assert run.parallel.ddp_bucket_size == 1000
+    assert (run.parallel.ddp_bucket_size, run.parallel.ddp_num_buckets) == (1000, None)
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--ddp-num-buckets": "2"}))
+    assert (run.parallel.ddp_bucket_size, run.parallel.ddp_num_buckets) == (40_000_000, 2)
+
+
+def test_ddp_num_buckets_sizes_the_buckets():
+    """--ddp-num-buckets N: buckets of 1/N of the rank's gradient elements (a parameter never splits, so
+    one larger than that makes a bucket of its own)."""
+    from types import SimpleNamespace
+
+    from megatron_zaya.config import model_config_from_preset
+    from megatron_zaya.model import ZayaModel
+    from megatron_zaya.parallel.data import GradientReducer, bucket_size_for
+
+    model = ZayaModel(model_config_from_preset("zaya1-tiny", num_layers=2))
+    groups = SimpleNamespace(dp_cp_group=None, world_group=None, expert_dp_group=None)    # nothing is launched
+    total = sum(p.numel() for p in model.parameters())
+    for n in (1, 2, 4, 8):
+        size = bucket_size_for(model.parameters(), n)
+        assert size == -(-total // n)
+        buckets = GradientReducer(model, groups, bucket_size=size).buckets
+        assert sum(sum(p.numel() for p in b.params) for b in buckets) == total
+        assert all(sum(p.numel() for p in b.params) <= size or len(b.params) == 1 for b in buckets)
+        assert len(buckets) == n if n <= 2 else n // 2 <= len(buckets) <= n
+
+
+def test_decrease_batch_size_if_needed(tiny_corpus, tmp_path, capsys, monkeypatch):
+    """Megatron-LM's --decrease-batch-size-if-needed: 3 data-parallel ranks of micro batch 2 cannot split a
+    global batch of 16: the run takes 12 (the largest multiple of 6), says so, and stops without the flag."""
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    flags = tiny_run_flags(tiny_corpus, tmp_path, **{"--global-batch-size": "16"})
+    assert "batch size 16 is not divisible by --micro-batch-size x data-parallel size = 6" in error_of(flags, capsys)
+    run = parse_args(flags + ["--decrease-batch-size-if-needed"])
+    assert run.train.global_batch_size == 12
+    assert any("global batch 12 instead of --global-batch-size=16" in w for w in run.warnings)
+    fits = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--global-batch-size": "18"})
+                      + ["--decrease-batch-size-if-needed"])
+    assert fits.train.global_batch_size == 18 and not any("global batch" in w for w in fits.warnings)
+    small = tiny_run_flags(tiny_corpus, tmp_path, **{"--global-batch-size": "4"}) + ["--decrease-batch-size-if-needed"]
+    assert "is less than one micro-batch per data-parallel rank" in error_of(small, capsys)
+    ramp = flags + ["--decrease-batch-size-if-needed", "--rampup-batch-size", "6", "6", "100"]
+    assert "does not combine with --rampup-batch-size" in error_of(ramp, capsys)
 
 
 def test_folders_to_create_are_checked(tiny_corpus, tmp_path, capsys):
@@ -523,3 +576,10 @@ def test_disable_bf16_reduced_precision_matmul_sets_torchs_switch(tiny_corpus, t
     flags = tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": 1, "--eval-iters": 0})
     assert build_and_train(parse_args(flags + ["--disable-bf16-reduced-precision-matmul"])) == 0
     assert matmul.allow_bf16_reduced_precision_reduction is False
+
+
+def test_embedding_init_method_std_reaches_model_and_optimizer(tiny_corpus, tmp_path):
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--embedding-init-method-std": "0.5"}))
+    assert run.model.embedding_init_method_std == 0.5 and run.optim.embedding_weight_decay is False
+    plain = parse_args(tiny_run_flags(tiny_corpus, tmp_path))
+    assert plain.model.embedding_init_method_std is None and plain.optim.embedding_weight_decay is True

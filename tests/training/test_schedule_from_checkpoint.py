@@ -97,3 +97,26 @@ def test_use_checkpoint_args_needs_a_checkpoint(tiny_corpus, tmp_path, capsys, e
     with pytest.raises(SystemExit):
         parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--preset": None}) + ["--use-checkpoint-args"] + extra)
     assert message.replace("{tmp}", str(tmp_path)) in capsys.readouterr().err
+
+
+def test_use_mp_args_from_checkpoint_args_takes_the_tensor_parallel_size(first_run, tiny_corpus, tmp_path, capsys,
+                                                                        monkeypatch):
+    """--use-mp-args-from-checkpoint-args (with --use-checkpoint-args): the tensor-parallel size of the run that
+    saved the checkpoint replaces this run's, with a warning; read from a copy whose layout says TP=2."""
+    import shutil
+
+    _, save = first_run
+    copy = tmp_path / "ckpt"
+    shutil.copytree(save, copy)
+    meta_path = copy / "iter_0000004" / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    assert meta["layout"]["tensor_model_parallel_size"] == 1
+    meta["layout"]["tensor_model_parallel_size"] = 2
+    meta_path.write_text(json.dumps(meta))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    flags = tiny_run_flags(tiny_corpus, tmp_path, **{**FIRST, "--load": copy, "--num-layers": None,
+                                                       "--preset": None, "--use-checkpoint-args": ""})
+    assert parse_args(flags).parallel.tensor_model_parallel_size == 1
+    run = parse_args(flags + ["--use-mp-args-from-checkpoint-args"])
+    assert (run.parallel.tensor_model_parallel_size, run.parallel.data_parallel_size) == (2, 1)
+    assert any("--tensor-model-parallel-size 2, the checkpoint's (instead of 1)" in w for w in run.warnings)
