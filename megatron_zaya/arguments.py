@@ -187,9 +187,6 @@ def _check_sequence_splits(args: argparse.Namespace, model: ModelConfig) -> None
     tp, cp = args.tensor_model_parallel_size, args.context_parallel_size
     if cp > 1 and model.seq_length % (2 * cp):
         raise UserInputError(f"--seq-length={model.seq_length} must be divisible by 2 x --context-parallel-size={cp}")
-    if cp > 1 and args.reset_attention_mask:
-        raise UserInputError(f"--reset-attention-mask is not supported with --context-parallel-size={cp} "
-                             f"(CP attention is the causal default; drop the flag or use CP=1)")
     if args.sequence_parallel and tp == 1:
         raise UserInputError("--sequence-parallel needs --tensor-model-parallel-size > 1")
     if args.sequence_parallel and (model.seq_length // cp) % tp:

@@ -51,39 +51,36 @@ def dataset_fingerprint(indexed: IndexedDataset) -> dict:
 def gpt_sample(text: np.ndarray, opts: SampleOptions) -> dict[str, np.ndarray]:
     """The training sample of seq_length + 1 token ids: inputs, shifted labels, masks and positions."""
     tokens, labels = text[:-1], text[1:]
-    loss_mask, position_ids, attention_mask = ltor_masks_and_position_ids(tokens, opts)
+    loss_mask, position_ids, document_ids = ltor_masks_and_position_ids(tokens, opts)
     sample = {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids}
-    if attention_mask is not None:
-        sample["attention_mask"] = attention_mask
+    if document_ids is not None:
+        sample["document_ids"] = document_ids
     return sample
 
 
 def ltor_masks_and_position_ids(tokens: np.ndarray, opts: SampleOptions):
-    """Loss mask, position ids and (optionally) attention mask for one sample, as Megatron builds them.
+    """Loss mask, position ids and (with reset_attention_mask) document ids for one sample.
 
     With reset_position_ids, positions restart after every EOD; with reset_attention_mask, tokens
-    after an EOD cannot attend to tokens up to it. The attention mask is bool (1, S, S), True where
-    attention is NOT allowed (Megatron's convention). With eod_mask_loss, positions whose INPUT
-    token is EOD get no loss.
+    after an EOD cannot attend to tokens up to it, as in Megatron. Instead of Megatron's (1, S, S)
+    mask the sample carries that rule's compact form: document ids (S,) int64, the number of EODs
+    before each position (the model's PackedDocuments builds the mask from them, model/documents.py).
+    With eod_mask_loss, positions whose INPUT token is EOD get no loss.
     """
     s = tokens.shape[0]
     loss_mask = np.ones(s, dtype=np.float32)
     if opts.eod_mask_loss:
         loss_mask[tokens == opts.eod] = 0.0
     position_ids = np.arange(s, dtype=np.int64)
-    attention_mask = None
+    document_ids = None
     if opts.reset_attention_mask:
-        attention_mask = ~np.tril(np.ones((s, s), dtype=bool))[None]
-    if opts.reset_position_ids or opts.reset_attention_mask:
-        eods = np.nonzero(tokens == opts.eod)[0]
+        document_ids = np.concatenate(([0], np.cumsum(tokens[:-1] == opts.eod))).astype(np.int64)
+    if opts.reset_position_ids:
         prev = 0
-        for i in eods:
-            if opts.reset_attention_mask:
-                attention_mask[0, i + 1:, : i + 1] = True
-            if opts.reset_position_ids:
-                position_ids[i + 1:] -= i + 1 - prev
-                prev = i + 1
-    return loss_mask, position_ids, attention_mask
+        for i in np.nonzero(tokens == opts.eod)[0]:
+            position_ids[i + 1:] -= i + 1 - prev
+            prev = i + 1
+    return loss_mask, position_ids, document_ids
 
 
 class GPTDataset:

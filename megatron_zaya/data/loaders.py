@@ -6,8 +6,9 @@
         train_samples=train_iters * 512, valid_samples=..., test_samples=...)
 
 Each loader yields micro-batches: dicts of torch tensors `tokens` (B, S) int64, `labels` (B, S)
-int64, `loss_mask` (B, S) float32, `position_ids` (B, S) int64, plus `attention_mask`
-(B, 1, S, S) bool (True = masked) when `reset_attention_mask` is on. The train or test loader
+int64, `loss_mask` (B, S) float32, `position_ids` (B, S) int64, plus `document_ids` (B, S) int64
+(the EODs before each position: Megatron's reset attention mask in compact form, the model builds
+the mask) when `reset_attention_mask` is on. The train or test loader
 is None when its split gets no samples; `valid_sets` is a list of (name, loader), one per
 validation set (data/validation.py), empty without validation.
 """

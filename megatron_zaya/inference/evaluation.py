@@ -1,7 +1,7 @@
 """Held-out loss, perplexity and per-expert routing statistics of a model over a stream of batches.
 
     result = evaluate(model, batches)        # batches: dicts with tokens, labels, loss_mask[, position_ids,
-                                             # attention_mask (B, 1, S, S) bool, True = masked, Megatron's way]
+                                             # document_ids (B, S): packed documents kept apart]
     print(format_table(result))
 
 Loss is the mean per-token cross-entropy over the tokens `loss_mask` keeps (summed over all batches,
@@ -104,12 +104,10 @@ def evaluate(model: ZayaModel, batches: Iterable[dict], max_batches: int | None 
         loss_mask = batch.get("loss_mask")
         loss_mask = torch.ones_like(labels, dtype=torch.float32) if loss_mask is None else loss_mask.to(device).float()
         position_ids = batch.get("position_ids")
-        attention_mask = batch.get("attention_mask")
-        if attention_mask is not None:
-            attention_mask = ~attention_mask.to(device)   # Megatron: True = masked; the model: True = attend
+        document_ids = batch.get("document_ids")       # --reset-attention-mask
         with inference_autocast(model):
             out = model(tokens, labels=labels, position_ids=None if position_ids is None else position_ids.to(device),
-                        attention_mask=attention_mask)
+                        document_ids=None if document_ids is None else document_ids.to(device))
         result.loss_sum += float((out.token_losses.float() * loss_mask).sum())
         result.loss_tokens += float(loss_mask.sum())
         result.samples += tokens.shape[0]

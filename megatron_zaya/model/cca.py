@@ -19,12 +19,15 @@ from torch import nn
 from megatron_zaya import kernels
 from megatron_zaya.config import ModelConfig
 from megatron_zaya.model import recompute
+from megatron_zaya.model.documents import PackedDocuments
 
 
 @dataclass
 class LeftContext:
     conv_inputs: torch.Tensor      # (B, C, conv_context) pre-conv packed q0/k0 of the preceding steps
     delayed_value: torch.Tensor    # (B, 1, HKV*dh/2) Wv2 x of the preceding token
+    visible: torch.Tensor | None = None   # (B, conv_context, lags) those steps' own lag visibility (packed
+                                          # documents under CP), with a `visible` for the steps themselves
 
 
 def lag_visibility(attention_mask: torch.Tensor | None, lags: int) -> torch.Tensor | None:
@@ -41,6 +44,21 @@ def lag_visibility(attention_mask: torch.Tensor | None, lags: int) -> torch.Tens
         diagonal = torch.diagonal(mask, offset=-lag, dim1=-2, dim2=-1)          # (B, S - lag): t >= lag
         columns.append(torch.cat((diagonal.new_zeros(diagonal.shape[:-1] + (lag,)), diagonal), dim=-1))
     return torch.stack(columns, dim=-1)
+
+
+def visibility_of(attention_mask, lags: int) -> torch.Tensor | None:
+    """The lag visibility for the convolutions and value shift from a (B, 1, S, S) bool mask or
+    PackedDocuments (built once per forward); None for the causal default."""
+    if isinstance(attention_mask, PackedDocuments):
+        return attention_mask.visibility(lags)
+    return lag_visibility(attention_mask, lags)
+
+
+def sdpa_mask(attention_mask, dtype: torch.dtype):
+    """What SDPA gets: a dense mask as given, PackedDocuments' shared additive bias in `dtype`, or None."""
+    if isinstance(attention_mask, PackedDocuments):
+        return attention_mask.attention_bias(dtype)
+    return attention_mask
 
 
 class CompressedConvAttention(nn.Module):
@@ -130,9 +148,15 @@ class CompressedConvAttention(nn.Module):
         weights = (self.conv_depthwise.weight, self.conv_depthwise.bias, self.conv_grouped.weight,
                    self.conv_grouped.bias)
         if visible is not None:
-            if left is not None:
-                raise ValueError("a left context and a visibility mask do not combine")
-            return kernels.cca_causal_conv_segmented(packed, *weights, visible)
+            if left is None:
+                return kernels.cca_causal_conv_segmented(packed, *weights, visible)
+            if left.visible is None:
+                raise ValueError("a left context with a visibility mask needs the left steps' visibility")
+            # The left steps go in front, with their own visibility, and their outputs are dropped.
+            width = left.conv_inputs.shape[-1]
+            extended = torch.cat((left.conv_inputs.transpose(1, 2).to(packed.dtype), packed), dim=1)
+            return kernels.cca_causal_conv_segmented(extended, *weights,
+                                                     torch.cat((left.visible, visible), dim=1))[:, width:]
         return kernels.cca_causal_conv(packed, *weights, None if left is None else left.conv_inputs)
 
     def normalize_and_rotate(self, q, k, cos, sin):
@@ -171,8 +195,8 @@ class CompressedConvAttention(nn.Module):
         return out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)
 
     def forward(self, x, cos, sin, attention_mask=None):
-        """attention_mask (B, 1, S, S) bool, True = attend, or None (causal): where it hides a
-        step, the convolutions and the value shift do not read it either (packed documents)."""
-        q, k, v, _, _ = self.project(x, visible=lag_visibility(attention_mask, self.conv_context))
+        """attention_mask (B, 1, S, S) bool, True = attend, PackedDocuments, or None (causal): where it
+        hides a step, the convolutions and the value shift do not read it either (packed documents)."""
+        q, k, v, _, _ = self.project(x, visible=visibility_of(attention_mask, self.conv_context))
         q, k = self.normalize_and_rotate(q, k, cos, sin)
-        return self.linear_proj(self.attend(q, k, v, attention_mask))
+        return self.linear_proj(self.attend(q, k, v, sdpa_mask(attention_mask, q.dtype)))

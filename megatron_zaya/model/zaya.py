@@ -34,6 +34,7 @@ from megatron_zaya import kernels
 from megatron_zaya.config import ModelConfig
 from megatron_zaya.model import recompute
 from megatron_zaya.model.block import ZayaBlock
+from megatron_zaya.model.documents import PackedDocuments
 from megatron_zaya.model.norm import InputScaling, RMSNorm
 from megatron_zaya.model.rope import rope_cos_sin
 from megatron_zaya.model.router import Routing
@@ -139,12 +140,18 @@ class ZayaModel(nn.Module):
         return self.embedding.weight if self.output_layer is None else self.output_layer.weight
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None) -> ModelOutput:
+                position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                document_ids: torch.Tensor | None = None) -> ModelOutput:
         """tokens (B, S) -> logits, or per-token fp32 losses when labels (B, S) are given.
 
         attention_mask, when given, is a boolean (B, 1, S, S) mask (True = attend) replacing the
-        causal default, e.g. to reset attention at document boundaries; CCA's convolutions and value
-        shift then restart where it does too (model/cca.py lag_visibility)."""
+        causal default; CCA's convolutions and value shift then restart where it does too (model/cca.py
+        lag_visibility). document_ids (B, S), the packed documents' form (--reset-attention-mask), keeps
+        each document apart the same way without an S x S mask in the batch (model/documents.py)."""
+        if document_ids is not None:
+            if attention_mask is not None:
+                raise ValueError("give attention_mask or document_ids, not both")
+            attention_mask = PackedDocuments(document_ids)
         b, s = tokens.shape
         if position_ids is None:
             position_ids = torch.arange(s, device=tokens.device).unsqueeze(0).expand(b, s)

@@ -17,6 +17,11 @@ process (the projections have no bias). Gradients flow back through the exchange
 K and V (post-norm, post-RoPE; 2*HKV*dh values per token) are all-gathered over CP and put back
 in sequence order; each local chunk's queries attend to the keys up to the chunk's end with a
 bottom-right-aligned causal bias (no S x S mask is built).
+
+Packed documents (PackedDocuments, --reset-attention-mask): the ranks' document ids are all-gathered
+once per forward (`whole_sequence_documents`). Each chunk then attends with a (half x end) mask, causal
+and inside each query's document, and its convolutions and value shift restart at document starts:
+the halo steps go in front of the chunk with their own lag visibility (LeftContext.visible).
 """
 from __future__ import annotations
 
@@ -26,6 +31,8 @@ import torch
 from torch.nn.attention.bias import causal_lower_right
 
 from megatron_zaya.model.cca import LeftContext
+from megatron_zaya.model.documents import (PackedDocuments, additive_bias, document_attention_mask,
+                                           lag_visibility_of_ids)
 from megatron_zaya.parallel.mappings import gather_along, send_recv
 
 
@@ -89,19 +96,61 @@ def left_context_from_hidden(attn, x_left: torch.Tensor) -> LeftContext:
     return LeftContext(packed.transpose(1, 2), v_delayed[:, -1:])
 
 
-def context_parallel_attention(attn, x, cos, sin, pstate) -> torch.Tensor:
+def whole_sequence_documents(documents: PackedDocuments, pstate) -> torch.Tensor:
+    """The document ids of the whole sequence (B, S), in sequence order, from each CP rank's two chunks;
+    gathered once per forward (kept in the PackedDocuments' cache for the other layers)."""
+    if "cp_ids" not in documents.cache:
+        gathered = gather_along(documents.ids, pstate.cp_group, 1)
+        order = gathered_sequence_order(gathered.shape[1], pstate.cp_size, gathered.device)
+        documents.cache["cp_ids"] = gathered.index_select(1, order)
+    return documents.cache["cp_ids"]
+
+
+def chunk_visibility(documents: PackedDocuments, pstate, chunks: tuple[int, int], half: int, width: int):
+    """For the two chunks stacked on the batch dimension (2B, ...): the lag visibility of their steps
+    and of the `width` halo steps left of each (False before the sequence start), from the whole
+    sequence's ids (cached per forward)."""
+    key = ("cp_visible", width)
+    if key not in documents.cache:
+        ids = whole_sequence_documents(documents, pstate)
+        visible = lag_visibility_of_ids(ids, width)                  # (B, S, width)
+        padded = torch.cat((visible.new_zeros(visible.shape[0], width, width), visible), dim=1)
+        rows = [padded[:, c * half + width:(c + 1) * half + width] for c in chunks]
+        halo = [padded[:, c * half:c * half + width] for c in chunks]
+        documents.cache[key] = torch.cat(rows), torch.cat(halo)
+    return documents.cache[key]
+
+
+def chunk_bias(documents: PackedDocuments, pstate, chunk: int, half: int, dtype: torch.dtype) -> torch.Tensor:
+    """Chunk `chunk`'s (B, 1, half, end) additive attention bias: causal and inside each query's document,
+    over the keys up to the chunk's end; built once per forward and shared by the layers."""
+    key = ("cp_bias", chunk, dtype)
+    if key not in documents.cache:
+        ids, end = whole_sequence_documents(documents, pstate), (chunk + 1) * half
+        mask = document_attention_mask(ids[:, chunk * half:end], ids[:, :end], query_start=chunk * half)
+        documents.cache[key] = additive_bias(mask, dtype)
+    return documents.cache[key]
+
+
+def context_parallel_attention(attn, x, cos, sin, pstate, documents: PackedDocuments | None = None) -> torch.Tensor:
     """CCA `project` + `normalize_and_rotate` + `attend` on this rank's two chunks; returns the
-    attention output before linear_proj, (B, S_local, HQ*dh)."""
+    attention output before linear_proj, (B, S_local, HQ*dh). With `documents` every document of a
+    packed sequence is kept apart, as in one process."""
     b, s_local, _ = x.shape
     width = attn.conv_context
     if s_local % 2 or s_local // 2 < width:
         raise ValueError(f"context parallel: local sequence {s_local} must be two chunks of >= {width} tokens")
     half = s_local // 2
+    chunks = (pstate.cp_rank, 2 * pstate.cp_size - 1 - pstate.cp_rank)
+    visible = halo_visible = None
+    if documents is not None:
+        visible, halo_visible = chunk_visibility(documents, pstate, chunks, half, width)
     left0, left1 = exchange_halo(x, width, pstate)
     ctx0, ctx1 = left_context_from_hidden(attn, left0), left_context_from_hidden(attn, left1)
-    left = LeftContext(torch.cat((ctx0.conv_inputs, ctx1.conv_inputs)), torch.cat((ctx0.delayed_value, ctx1.delayed_value)))
+    left = LeftContext(torch.cat((ctx0.conv_inputs, ctx1.conv_inputs)), torch.cat((ctx0.delayed_value, ctx1.delayed_value)),
+                       halo_visible)
     # Both chunks through `project` at once, stacked on the batch dimension.
-    q, k, v, _, _ = attn.project(torch.cat((x[:, :half], x[:, half:])), left)
+    q, k, v, _, _ = attn.project(torch.cat((x[:, :half], x[:, half:])), left, visible)
     q, k, v = (torch.cat((t[:b], t[b:]), dim=1) for t in (q, k, v))
     q, k = attn.normalize_and_rotate(q, k, cos, sin)
     if hasattr(attn, "replicated_kv"):
@@ -113,8 +162,9 @@ def context_parallel_attention(attn, x, cos, sin, pstate) -> torch.Tensor:
     # Chunk c's queries see keys [0, end of chunk c): causal aligned to the bottom right, which
     # SDPA handles without a materialised mask (flash / memory-efficient kernels on GPUs).
     outputs = []
-    for part, chunk in ((0, pstate.cp_rank), (1, 2 * pstate.cp_size - 1 - pstate.cp_rank)):
+    for part, chunk in enumerate(chunks):
         end = (chunk + 1) * half
         qc = q[:, part * half:(part + 1) * half]
-        outputs.append(attn.attend(qc, k_all[:, :end], v_all[:, :end], causal_lower_right(half, end)))
+        mask = causal_lower_right(half, end) if documents is None else chunk_bias(documents, pstate, chunk, half, q.dtype)
+        outputs.append(attn.attend(qc, k_all[:, :end], v_all[:, :end], mask))
     return torch.cat(outputs, dim=1)

@@ -123,13 +123,6 @@ class ParallelState:
             # a group; the CP halo's point-to-point ops run on the world group).
             dist.barrier()
 
-    @classmethod
-    def build(cls, parallel_config, world_size: int | None = None, model_config=None) -> "ParallelState":
-        """From a ParallelConfig (megatron_zaya.parallel.config)."""
-        return cls(parallel_config.tensor_model_parallel_size, parallel_config.context_parallel_size,
-                   parallel_config.expert_model_parallel_size, world_size,
-                   sequence_parallel=parallel_config.sequence_parallel, model_config=model_config)
-
     # The group whose ranks hold different tokens: routing counts and loss sums are reduced over it.
     @property
     def token_group(self):

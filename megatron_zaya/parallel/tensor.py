@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron_zaya import kernels
-from megatron_zaya.model.cca import CompressedConvAttention, lag_visibility
+from megatron_zaya.model.cca import CompressedConvAttention, sdpa_mask, visibility_of
+from megatron_zaya.model.documents import PackedDocuments
 from megatron_zaya.model.zaya import ZayaModel
 from megatron_zaya.parallel.context import context_parallel_attention
 from megatron_zaya.parallel.mappings import (copy_to_group, gather_along, gradient_only_if, reduce_from_group,
@@ -186,14 +187,15 @@ class ParallelCCA(CompressedConvAttention):
         ps = self.pstate
         x = enter_tp_region(x, ps)
         if ps.cp_size > 1:
-            if attention_mask is not None:
-                raise NotImplementedError("attention_mask under context parallelism (use the causal default)")
-            out = context_parallel_attention(self, x, cos, sin, ps)
+            if attention_mask is not None and not isinstance(attention_mask, PackedDocuments):
+                raise NotImplementedError("a dense attention_mask under context parallelism (packed documents "
+                                          "go as document ids: PackedDocuments)")
+            out = context_parallel_attention(self, x, cos, sin, ps, attention_mask)
         else:
-            q, k, v, _, _ = self.project(x, visible=lag_visibility(attention_mask, self.conv_context))
+            q, k, v, _, _ = self.project(x, visible=visibility_of(attention_mask, self.conv_context))
             q, k = self.normalize_and_rotate(q, k, cos, sin)
             k, v = self.replicated_kv(k, v)
-            out = self.attend(q, k, v, attention_mask)
+            out = self.attend(q, k, v, sdpa_mask(attention_mask, q.dtype))
         return exit_tp_region(self.linear_proj(out), ps)
 
 

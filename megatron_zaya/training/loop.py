@@ -75,8 +75,8 @@ def batch_to_device(batch: dict, device: torch.device) -> dict:
 def model_inputs(batch: dict) -> dict:
     """Keyword arguments for the model from a data-loader micro-batch."""
     inputs = dict(tokens=batch["tokens"], labels=batch["labels"], position_ids=batch["position_ids"])
-    if "attention_mask" in batch:
-        inputs["attention_mask"] = ~batch["attention_mask"]   # loader: True = masked; SDPA: True = attend
+    if "document_ids" in batch:        # --reset-attention-mask: packed documents kept apart
+        inputs["document_ids"] = batch["document_ids"]
     return inputs
 
 

@@ -6,12 +6,14 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 import data_megatron_reference as ref
 from megatron_zaya.data import index_builders as ib
 from megatron_zaya.data.cache import cached_arrays
 from megatron_zaya.data.gpt_dataset import GPTDataset, SampleOptions, ltor_masks_and_position_ids, split_indices
 from megatron_zaya.data.indexed import IndexedDataset, write_dataset
+from megatron_zaya.model.documents import document_attention_mask
 
 
 def make_corpus(tmp_path, n_docs=37, seed=0, eod=999, name="c", zero_len=False):
@@ -82,15 +84,17 @@ def test_masks_and_position_ids():
     eod = 0
     tokens = np.array([5, 6, 0, 7, 8, 0, 9])
     opts = SampleOptions(7, eod=eod, reset_position_ids=True, reset_attention_mask=True, eod_mask_loss=True)
-    loss, pos, att = ltor_masks_and_position_ids(tokens, opts)
+    loss, pos, docs = ltor_masks_and_position_ids(tokens, opts)
     assert loss.tolist() == [1, 1, 0, 1, 1, 0, 1]
     assert pos.tolist() == [0, 1, 2, 0, 1, 2, 0]
-    allowed = ~att[0]
+    assert docs.tolist() == [0, 0, 0, 1, 1, 1, 2]         # each EOD ends its document
+    # The mask the model builds from them is Megatron's: a token after an EOD sees nothing up to it.
+    allowed = document_attention_mask(torch.from_numpy(docs)[None], torch.from_numpy(docs)[None])[0, 0]
     for q in range(7):
         doc_start = 0 if q <= 2 else (3 if q <= 5 else 6)
         assert allowed[q].tolist() == [doc_start <= k <= q for k in range(7)]
-    loss, pos, att = ltor_masks_and_position_ids(tokens, SampleOptions(7, eod=eod))
-    assert loss.tolist() == [1] * 7 and pos.tolist() == list(range(7)) and att is None
+    loss, pos, docs = ltor_masks_and_position_ids(tokens, SampleOptions(7, eod=eod))
+    assert loss.tolist() == [1] * 7 and pos.tolist() == list(range(7)) and docs is None
 
 
 def test_sample_too_short_dataset_is_clear(tmp_path):

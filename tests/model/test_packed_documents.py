@@ -1,7 +1,8 @@
 """Packed documents (--reset-attention-mask with --reset-position-ids): every document of a packed
 sequence gets the logits and gradients it gets alone, in float64. CCA's convolutions and value
 shift read the steps before a token, so they restart at document starts as the attention does
-(kernels.reference.cca_causal_conv_segmented, checked here against the plain convolution)."""
+(kernels.reference.cca_causal_conv_segmented, checked here against the plain convolution). The batch
+carries document ids; the model builds the mask from them once per forward (model/documents.py)."""
 import pytest
 import torch
 
@@ -9,18 +10,19 @@ from megatron_zaya.config import model_config_from_preset
 from megatron_zaya.data.gpt_dataset import SampleOptions, gpt_sample
 from megatron_zaya.kernels.reference import cca_causal_conv, cca_causal_conv_segmented
 from megatron_zaya.model import ZayaModel
-from megatron_zaya.model.cca import lag_visibility
+from megatron_zaya.model.cca import CompressedConvAttention, LeftContext, lag_visibility
+from megatron_zaya.model.documents import PackedDocuments, document_attention_mask, lag_visibility_of_ids
 
 EOD = 0
 
 
 def packed_inputs(documents: list[torch.Tensor]):
-    """tokens, position_ids and the (1, 1, S, S) attention mask (True = attend) the data pipeline
-    makes for the documents packed into one sample (each ending with EOD), as the model receives them."""
+    """tokens, position_ids and document ids the data pipeline makes for the documents packed into
+    one sample (each ending with EOD), as the model receives them."""
     text = torch.cat([torch.cat((d, torch.tensor([EOD]))) for d in documents] + [torch.tensor([EOD])]).numpy()
     sample = gpt_sample(text, SampleOptions(len(text) - 1, EOD, EOD, True, True, False))
     return (torch.from_numpy(sample["tokens"])[None], torch.from_numpy(sample["position_ids"])[None],
-            ~torch.from_numpy(sample["attention_mask"])[None])
+            torch.from_numpy(sample["document_ids"])[None])
 
 
 @pytest.mark.parametrize("kernels", [(2, 2), (3, 2), (2, 4)])
@@ -51,8 +53,12 @@ def test_each_packed_document_gets_what_it_gets_alone(heads):
                                       num_query_groups=heads[1])
     model = ZayaModel(config).double()
     documents = [torch.randint(1, 256, (n,)) for n in (6, 1, 9)]
-    tokens, positions, mask = packed_inputs(documents)
-    out = model(tokens, position_ids=positions, attention_mask=mask)
+    tokens, positions, ids = packed_inputs(documents)
+    out = model(tokens, position_ids=positions, document_ids=ids)
+    # The same as the dense mask the ids stand for (Megatron's form, built once per forward here).
+    mask = document_attention_mask(ids, ids)
+    torch.testing.assert_close(model(tokens, position_ids=positions, attention_mask=mask).logits, out.logits,
+                               rtol=0, atol=0)
     start = 0
     for doc in documents:
         alone = model(torch.cat((doc, torch.tensor([EOD])))[None])
@@ -61,7 +67,7 @@ def test_each_packed_document_gets_what_it_gets_alone(heads):
     # gradients: the packed sample's loss over the documents = the sum of their separate losses
     labels = torch.roll(tokens, -1, dims=1)
     n = sum(len(d) + 1 for d in documents)
-    model(tokens[:, :n], labels[:, :n], positions[:, :n], mask[..., :n, :n]).token_losses.sum().backward()
+    model(tokens[:, :n], labels[:, :n], positions[:, :n], document_ids=ids[:, :n]).token_losses.sum().backward()
     packed_grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
     start = 0
@@ -78,3 +84,65 @@ def test_each_packed_document_gets_what_it_gets_alone(heads):
 def test_a_non_boolean_mask_is_refused():
     with pytest.raises(ValueError, match="attention_mask must be boolean"):
         lag_visibility(torch.zeros(1, 1, 4, 4), 2)
+
+
+def test_document_ids_give_the_masks_visibility():
+    """lag_visibility_of_ids equals lag_visibility of the dense mask the ids stand for; both are built once
+    per forward and shared by the layers (PackedDocuments' cache)."""
+    ids = torch.tensor([[0, 0, 0, 1, 2, 2, 2, 2], [0, 1, 1, 1, 1, 1, 3, 3]])
+    docs = PackedDocuments(ids)
+    for lags in (1, 2, 4):
+        assert torch.equal(docs.visibility(lags), lag_visibility(document_attention_mask(ids, ids), lags))
+    assert docs.attention_mask() is docs.attention_mask()
+    with pytest.raises(ValueError, match="document_ids must be"):
+        PackedDocuments(ids.float())
+
+
+@pytest.mark.parametrize("start", [3, 5, 8])
+def test_a_left_context_with_documents_continues_the_convolution(start):
+    """What context parallelism does at a chunk boundary: the steps after `start`, given the `conv_context`
+    steps before it as a LeftContext with their visibility, get what the whole packed sequence gives them
+    (convolutions and value shift), whether or not a document starts near the boundary."""
+    torch.manual_seed(0)
+    config = model_config_from_preset("zaya1-tiny", num_attention_heads=4, num_query_groups=2, kv_channels=16,
+                                      hidden_size=64)
+    attn = CompressedConvAttention(config).double()
+    ids = torch.tensor([[0, 0, 0, 0, 1, 1, 2, 2, 2, 2, 2, 3]])
+    x = torch.randn(1, ids.shape[1], 64, dtype=torch.float64)
+    width = attn.conv_context
+    visible = lag_visibility_of_ids(ids, width)
+    q, k, v, _, _ = attn.project(x, visible=visible)
+    packed, _, v_delayed = attn.input_projections(x[:, start - width:start])
+    left = LeftContext(packed.transpose(1, 2), v_delayed[:, -1:], visible[:, start - width:start])
+    q2, k2, v2, _, _ = attn.project(x[:, start:], left, visible[:, start:])
+    for whole, part in ((q, q2), (k, k2), (v, v2)):
+        torch.testing.assert_close(part, whole[:, start:], rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="needs the left steps' visibility"):
+        attn.project(x[:, start:], LeftContext(left.conv_inputs, left.delayed_value), visible[:, start:])
+
+
+def test_the_document_mask_is_kept_once_for_every_layer():
+    """SDPA turns a boolean mask into an additive bias in every call, and with the flash kernel each layer's
+    backward keeps its own copy. From document ids the model builds that bias once per forward: with 3
+    layers, 2 fewer (B, 1, S, S) fp32 biases are kept than with the dense mask."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    model = ZayaModel(model_config_from_preset("zaya1-tiny", num_layers=3, vocab_size=256))
+    b, s = 2, 128
+    tokens = torch.randint(1, 256, (b, s))
+    ids = (torch.arange(s) // 40)[None].expand(b, s).contiguous()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def kept(**inputs) -> int:
+        storages = {}
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in params:
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            model(tokens, labels=tokens, **inputs)
+        return sum(storages.values())
+    dense = kept(attention_mask=document_attention_mask(ids, ids))
+    assert dense - kept(document_ids=ids) == 2 * b * s * s * 4

@@ -188,8 +188,6 @@ def test_null_tokenizer_in_megatron_form_takes_its_size_from_vocab_size(tiny_cor
     ("8", {"--tensor-model-parallel-size": "4", "--context-parallel-size": "2", "--sequence-parallel": "",
            "--seq-length": "36", "--global-batch-size": "2", "--micro-batch-size": "1"},
      "(36 / --context-parallel-size=2 = 18) must be divisible by --tensor-model-parallel-size=4"),
-    ("2", {"--context-parallel-size": "2", "--reset-attention-mask": "", "--global-batch-size": "2"},
-     "--reset-attention-mask is not supported with --context-parallel-size=2"),
     ("1", {"--ddp-bucket-size": "0"}, "--ddp-bucket-size=0"),
 ])
 def test_layout_rules_that_used_to_fail_after_the_process_groups(tiny_corpus, tmp_path, capsys, monkeypatch,

@@ -135,6 +135,22 @@ def test_tensor_parallel_with_shared_kv_heads_logs_single_process_norms(tiny_cor
         assert scalar(tmp_path / "tp2", tag) == pytest.approx(scalar(tmp_path / "tp1", tag), rel=1e-5), tag
 
 
+def test_context_parallel_packed_documents_match_one_process(tiny_corpus, tmp_path):
+    """--reset-attention-mask under CP=2: each rank holds two chunks of every packed sequence; the
+    documents stay apart across the chunk boundaries (the gathered document ids, the chunk masks and the
+    halo's own visibility), so the losses equal one process's, and the first step's gradient norm (the same
+    weights on both sides; later ones drift by float reassociation, as the unpacked CP run's do). Sequences
+    of 64 hold several documents: the packed run's losses differ from the unpacked one's."""
+    flags = ["--seq-length", "64", "--train-iters", "2", "--reset-attention-mask", "--reset-position-ids"]
+    single = train(tiny_corpus, tmp_path, "packed1", 1, *flags)
+    cp2 = train(tiny_corpus, tmp_path, "packed-cp2", 2, *flags, "--context-parallel-size", "2")
+    assert cp2 == pytest.approx(single, rel=1e-5)
+    unpacked = train(tiny_corpus, tmp_path, "unpacked1", 1, "--seq-length", "64", "--train-iters", "2")
+    assert abs(unpacked[0] - single[0]) > 1e-4, (unpacked, single)
+    assert scalar(tmp_path / "packed-cp2", "grad-norm")[0] == pytest.approx(scalar(tmp_path / "packed1", "grad-norm")[0],
+                                                                          rel=1e-5)
+
+
 def test_log_straggler_names_the_slow_rank(tiny_corpus, tmp_path):
     """--log-straggler under DP=2 with rank 1 sleeping 0.25 s in each of its 2 forwards per step: the
     console names rank 1 as the slowest at every log line (each rank's own forward+backward is
