@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--memory-reserve-fraction", type=float, default=PlanOptions.reserve_fraction)
     a.add_argument("--activation-policy", choices=sorted(POLICIES), default="gpu")
     a.add_argument("--routed-fraction", type=float, default=1.0, help="share of tokens routed to a real expert")
+    a.add_argument("--reset-attention-mask", action="store_true",
+                   help="packed documents kept apart (as in training): the segmented convolution's activations "
+                        "and the shared (S x S) attention bias")
     a.add_argument("--no-overlap", action="store_true", help="expose the data-parallel collectives entirely")
     a.add_argument("--hierarchical-collectives", action="store_true", help="two-level (node, then network) rings")
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
@@ -98,7 +101,8 @@ def plan_from_args(args) -> Plan:
                             tuple(args.recompute_modules or ()))
     eff = Efficiency(args.compute_efficiency, args.hbm_efficiency, args.intra_node_efficiency, args.inter_node_efficiency)
     options = PlanOptions(args.optimizer, args.grad_dtype, args.activation_policy, args.memory_reserve_fraction,
-                          not args.no_overlap, args.hierarchical_collectives, args.routed_fraction)
+                          not args.no_overlap, args.hierarchical_collectives, args.routed_fraction,
+                          args.reset_attention_mask)
     return make_plan(config, layout, cluster, eff, options)
 
 

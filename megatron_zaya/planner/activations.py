@@ -90,7 +90,8 @@ class Term:
 
 
 def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", context_parallel: int = 1,
-                routed_fraction: float = 1.0, padded_fraction: float | None = None) -> list[Term]:
+                routed_fraction: float = 1.0, padded_fraction: float | None = None,
+                packed_documents: bool = False) -> list[Term]:
     pol = storage_policy(policy)
     d, hq, hkv, dh = config.hidden_size, config.num_attention_heads, config.num_query_groups, config.kv_channels
     c = (hq + hkv) * dh
@@ -116,6 +117,12 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
         ]
     terms += [
         Term("attention: bf16 input cast of the stacked projection (q, k, v_current, v_previous)", 2 * d),
+        # Packed documents: the segmented conv (PyTorch on every device) keeps its input, a view that keeps
+        # the whole stacked projection output alive, the shifted input it scales and both grouped-conv
+        # taps (bf16), and the visibility casts (three in the conv, one in the value shift), instead.
+        Term("attention: segmented conv (projection output, shifted input, 2 taps, bf16; visibility)",
+             2 * (hq + 2 * hkv) * dh + 3 * 2 * c + 4 * 2)
+        if packed_documents else
         Term("attention: conv input (packed q0/k0, bf16)", 2 * c) if fused else
         Term("attention: conv inputs (depthwise + grouped, bf16)", 2 * 2 * c),
         Term("attention: q, k before QK-norm (bf16)", 2 * hq * dh + 2 * hkv * dh),
@@ -189,9 +196,10 @@ def projection_weight_bytes(config: ModelConfig) -> int:
     return 2 * rows * config.hidden_size
 
 
-def conv_padding_bytes_per_sequence(config: ModelConfig, policy="gpu") -> int:
-    """The conv inputs carry the causal left padding: (ctx + ctx - 1) extra steps of C bf16 channels."""
-    if storage_policy(policy).kernels == "fused":
+def conv_padding_bytes_per_sequence(config: ModelConfig, policy="gpu", packed_documents: bool = False) -> int:
+    """The conv inputs carry the causal left padding: (ctx + ctx - 1) extra steps of C bf16 channels
+    (the two Conv1d of the reference path; not the fused kernel's, nor the segmented conv's)."""
+    if storage_policy(policy).kernels == "fused" or packed_documents:
         return 0
     c = (config.num_attention_heads + config.num_query_groups) * config.kv_channels
     ctx = config.cca_depthwise_kernel - 1 + config.cca_grouped_kernel - 1
@@ -210,14 +218,27 @@ class ActivationMemory:
                                       # --recompute-modules moe: an MoE sublayer); the forward keeps the rest
 
 
+def document_bias_bytes(seq_length: int, micro_batch_size: int, context_parallel: int = 1) -> float:
+    """Packed documents: the bf16 attention bias the model builds once per forward and every layer's
+    attention keeps (model/documents.py): (B, 1, S, S), or under CP each rank's two chunk biases of
+    (S/2CP) x (the keys up to the chunk's end), (2 CP + 1) (S/2CP)^2 per sequence on every rank."""
+    if context_parallel == 1:
+        return 2 * micro_batch_size * seq_length ** 2
+    half = seq_length / (2 * context_parallel)
+    return 2 * micro_batch_size * (2 * context_parallel + 1) * half ** 2
+
+
 def activation_memory(config: ModelConfig, seq_length: int, micro_batch_size: int, recompute: str = "none",
                       policy: str = "gpu", tensor_parallel: int = 1, context_parallel: int = 1,
                       routed_fraction: float = 1.0, padded_fraction: float | None = None,
-                      recompute_modules=None) -> ActivationMemory:
+                      recompute_modules=None, packed_documents: bool = False) -> ActivationMemory:
     """Peak saved-for-backward bytes of one micro-batch on one GPU. `recompute_modules` (with "selective"):
-    the pieces recomputed, by Megatron's --recompute-modules names (default: the three cheap ones)."""
+    the pieces recomputed, by Megatron's --recompute-modules names (default: the three cheap ones).
+    `packed_documents` (--reset-attention-mask): the segmented convolution and the shared attention bias
+    (a math-path core adds the bias without keeping it)."""
     local_tokens = micro_batch_size * seq_length / context_parallel
-    terms = layer_terms(config, seq_length, policy, context_parallel, routed_fraction, padded_fraction)
+    terms = layer_terms(config, seq_length, policy, context_parallel, routed_fraction, padded_fraction,
+                        packed_documents)
     outer_list = outer_terms(config, policy)
     if recompute == "selective":
         modules = check_modules(DEFAULT_MODULES if recompute_modules is None else recompute_modules)
@@ -226,7 +247,8 @@ def activation_memory(config: ModelConfig, seq_length: int, micro_batch_size: in
     else:
         modules = ()
     # Not per token: the conv inputs' causal padding (per sequence) and the stacked projection weight.
-    fixed = conv_padding_bytes_per_sequence(config, policy) * micro_batch_size + projection_weight_bytes(config)
+    fixed = (conv_padding_bytes_per_sequence(config, policy, packed_documents) * micro_batch_size
+             + projection_weight_bytes(config))
 
     def per_layer(chosen) -> float:
         return (sum(t.bytes_per_token for t in terms if t.stored(chosen)) * local_tokens + fixed) / tensor_parallel
@@ -257,5 +279,8 @@ def activation_memory(config: ModelConfig, seq_length: int, micro_batch_size: in
     # every saved tensor is still alive; the reference one scales the gradient it saved, in place.
     per_token_grad = 2 * config.vocab_size if storage_policy(policy).loss == "fused" else 0
     transient = per_token_grad * local_tokens / tensor_parallel
-    return ActivationMemory(layers * layer_full + outer_all, kept + live, layer_full, outer_all, terms + outer_list,
-                            transient, live)
+    bias = 0.0
+    if packed_documents and storage_policy(policy).attention == "flash":
+        bias = document_bias_bytes(seq_length, micro_batch_size, context_parallel)
+    return ActivationMemory(layers * layer_full + outer_all + bias, kept + live + bias, layer_full, outer_all,
+                            terms + outer_list, transient, live)

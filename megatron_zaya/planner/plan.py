@@ -22,6 +22,7 @@ class PlanOptions:
     overlap: bool = True
     hierarchical: bool = False
     routed_fraction: float = 1.0
+    packed_documents: bool = False      # --reset-attention-mask: segmented convolution + attention bias
 
     def validate(self) -> "PlanOptions":
         if not 0 <= self.reserve_fraction < 1:
@@ -71,7 +72,8 @@ def make_plan(config: ModelConfig, layout: ParallelLayout, cluster: ClusterSpec,
     state = state_memory(config, layout, options.optimizer, options.grad_dtype)
     acts = activation_memory(config, layout.seq_length, layout.micro_batch_size, layout.recompute,
                              options.activation_policy, layout.tensor_parallel, layout.context_parallel,
-                             options.routed_fraction, recompute_modules=layout.recompute_modules or None)
+                             options.routed_fraction, recompute_modules=layout.recompute_modules or None,
+                             packed_documents=options.packed_documents)
     t = step_time(config, layout, cluster, efficiency, options.optimizer, options.grad_dtype, options.overlap,
                   options.hierarchical)
     return Plan(config, layout, cluster, efficiency, options, state, acts, t)

@@ -101,3 +101,24 @@ def test_cli_refuses_a_partial_node(capsys):
     assert exit_info.value.code == 2 and "--gpus=8" in line and "--gpus-per-node=3" in line, line
     cli.main(base + ["--gpus", "4", "--gpus-per-node", "8"])     # within one node: allowed, said plainly
     assert "1 node, 4 of its 8 GPUs" in capsys.readouterr().out
+
+
+def test_cli_counts_packed_documents_and_module_recomputation(capsys):
+    """--reset-attention-mask adds the segmented convolution's terms and the attention bias: under CP=2 at 32K,
+    the bias is the two chunk biases, (2 CP + 1) (S / 2CP)^2 bf16 per sequence. --recompute-modules reaches the
+    report."""
+    from megatron_zaya.planner.activations import document_bias_bytes
+    cli = load_cli()
+    base = ["--preset", "zaya1-base", "--gpus", "1024", "--cluster", "mi300x", "--micro-batch-size", "1",
+            "--seq-length", "32768", "--global-batch-size", "1024", "--use-distributed-optimizer",
+            "--context-parallel-size", "2", "--json"]
+    results = []
+    for extra in ([], ["--reset-attention-mask"]):
+        assert cli.main(base + extra) == 0
+        results.append(json.loads(capsys.readouterr().out))
+    plain, packed = results
+    bias = document_bias_bytes(32768, 1, 2)
+    assert bias == 2 * 5 * 8192 ** 2
+    assert bias / 1e9 < packed["activations_gb"] - plain["activations_gb"] < bias / 1e9 + 10
+    assert cli.main(base[:-1] + ["--recompute", "selective", "--recompute-modules", "moe"]) == 0
+    assert "recompute=selective (moe)" in capsys.readouterr().out
