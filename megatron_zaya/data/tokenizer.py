@@ -98,8 +98,10 @@ def add_tiktoken_arguments(group, vocab_size_flag: bool = True) -> None:
                        help="TikTokenizer: Megatron-LM's pre-tokenization pattern")
     group.add_argument("--tiktoken-num-special-tokens", type=int, default=None,
                        help="TikTokenizer: ids reserved for special tokens, before the ranks (default 1000)")
-    group.add_argument("--tokenizer-special-tokens", nargs="+", default=None,
-                       help="TikTokenizer: the special tokens (default <unk> <s> </s>; these three are required)")
+    group.add_argument("--tokenizer-special-tokens", "--tiktoken-special-tokens", nargs="+", default=None,
+                       dest="tokenizer_special_tokens",
+                       help="TikTokenizer: the special tokens (default <unk> <s> </s>; these three are required; "
+                            "--tiktoken-special-tokens is Megatron-LM's older name)")
     if vocab_size_flag:
         group.add_argument("--vocab-size", dest="tokenizer_vocab_size", type=int, default=None,
                            help="TikTokenizer: its vocabulary size, special tokens included (default 131072)")

@@ -109,6 +109,8 @@ def test_a_run_trains_on_tiktoken_data_and_exports_its_tokenizer(tiny_corpus, ti
 @pytest.mark.parametrize("extra, expected", [
     ({"--tiktoken-pattern": None}, "--tokenizer-type TikTokenizer needs --tiktoken-pattern v1 or v2"),
     ({"--tokenizer-special-tokens": ["<s>", "</s>"]}, "--tokenizer-special-tokens must include <unk> <s> </s>"),
+    # Megatron-LM's older name for the same flag
+    ({"--tiktoken-special-tokens": ["<s>", "</s>"]}, "--tokenizer-special-tokens must include <unk> <s> </s>"),
     ({"--tokenizer-type": "GPTSentencePieceTokenizer", "--vocab-size": None},
      "--tiktoken-pattern is read only by --tokenizer-type TikTokenizer"),
 ])
