@@ -266,3 +266,27 @@ def test_a_loglikelihood_request_as_evaluation_harnesses_send_it(server_url, tin
     assert got == pytest.approx(want, abs=1e-4)
     for token, top in zip(logprobs["tokens"][len(context):-1], logprobs["top_logprobs"][len(context):-1]):
         assert len(top) == 1 and isinstance(token, str)
+
+
+def test_the_command_line_client_prints_the_servers_answers(server_url, capsys, monkeypatch):
+    """tools/text_generation_cli.py (Megatron-LM's client): prompts from standard input, one PUT /api each,
+    the greedy text printed; a refused request prints the server's message and the next prompt is read;
+    the length is asked for each prompt without --tokens-to-generate; an unreachable server ends with 1."""
+    import io
+
+    cli = load_tool("text_generation_cli")
+    assert cli.api_url("localhost:5000") == "http://localhost:5000/api"
+    assert cli.api_url("http://host:1/api/") == "http://host:1/api"
+    status, expected = call(server_url, {"prompts": ["The king"], "tokens_to_generate": 6, "top_k": 1})
+    assert status == 200
+    monkeypatch.setattr("sys.stdin", io.StringIO("The king\n"))
+    assert cli.main([server_url, "--tokens-to-generate", "6", "--top-k", "1"]) == 0
+    assert capsys.readouterr().out == expected["text"][0] + "\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO("The king\n6\nThe king\nmany\nThe king\n6\n"))
+    assert cli.main([server_url, "--top-k", "1", "--temperature", "-1"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("error 400") == 2 and "temperature" in captured.err
+    assert "not a number of tokens: 'many'" in captured.err
+    monkeypatch.setattr("sys.stdin", io.StringIO("The king\n"))
+    assert cli.main(["127.0.0.1:1", "--tokens-to-generate", "4"]) == 1
+    assert "cannot reach http://127.0.0.1:1/api" in capsys.readouterr().err
