@@ -47,8 +47,7 @@ class PackedDocuments:
     """The documents of a batch, (B, S) ids: what attention and CCA need to keep them apart, built once."""
 
     def __init__(self, document_ids: torch.Tensor):
-        if document_ids.dim() != 2 or document_ids.dtype in (torch.bool, torch.float16, torch.bfloat16,
-                                                              torch.float32, torch.float64):
+        if document_ids.dim() != 2 or document_ids.is_floating_point() or document_ids.dtype == torch.bool:
             raise ValueError(f"document_ids must be (B, S) integers, got {tuple(document_ids.shape)} "
                              f"{document_ids.dtype}")
         self.ids = document_ids
@@ -68,6 +67,7 @@ class PackedDocuments:
         return self.cache[key]
 
     def visibility(self, lags: int) -> torch.Tensor:
+        """(B, S, lags) bool: whether step t may see step t - l (lag_visibility_of_ids)."""
         key = ("visible", lags)
         if key not in self.cache:
             self.cache[key] = lag_visibility_of_ids(self.ids, lags)

@@ -5,7 +5,7 @@ training forward (grad enabled) they then keep less for the backward and compute
 The math does not change: losses and gradients are bit-identical (tests/model/test_recompute.py).
 No matmul or convolution runs twice; the one exception is the attention core, and only where SDPA takes
 its math path (which keeps the S x S probabilities). What goes, and what is kept instead (the planner,
-planner/activations.py, counts the same terms as `selective_drop` / `selective_only`):
+planner/activations.py, counts the same terms by `Term.recomputed_by` / `Term.kept_by`):
 
 * RMSNorm internals (the normalised fp32 copy and rsqrt) on the reference kernels: the norm runs again
   from its input, which is kept anyway. The Triton norms keep only their input and rstd: left alone.

@@ -31,14 +31,15 @@ cross-entropy scales its saved gradient in place: no transient.
 
 Recomputation: "selective" is what `pretrain_zaya.py --recompute-granularity selective` does
 (model/recompute.py): it recomputes the cheap elementwise pieces and runs no matmul or conv twice. Dropped
-(`selective_drop`): the reference RMSNorms' internals (the Triton norms keep only input and rstd anyway),
-the QK-norm factors and RoPE's cos/sin casts, the math-path attention core's fp32 q/k/v and S x S
-probabilities, the router's GELU outputs and the experts' SwiGLU output (the inputs of fc2/out_proj and of
-the down projection, recomputed from the activations' inputs before those matmuls' backward) and the
-reference SwiGLU's SiLU output. Kept instead (`selective_only`): the recomputed attention core's bf16 q, k,
-v and, on the reference path, the fp32 cos/sin tables the recomputed RoPE reads. "full" keeps only each
-block's inputs (fp32 residual, fp32 router state for EDA) and re-runs one block at a time, so one block's
-activations are live on top.
+(`Term.recomputed_by`, the --recompute-modules piece that drops it): the reference RMSNorms' internals
+(layernorm; the Triton norms keep only input and rstd anyway), the QK-norm factors and RoPE's cos/sin casts,
+the math-path attention core's fp32 q/k/v and S x S probabilities (core_attn), the router's GELU outputs
+and the experts' SwiGLU output (the inputs of fc2/out_proj and of the down projection, recomputed from the
+activations' inputs before those matmuls' backward) and the reference SwiGLU's SiLU output (moe_act).
+Kept instead (`Term.kept_by`): the recomputed attention core's bf16 q, k, v and, on the reference path,
+the fp32 cos/sin tables the recomputed RoPE reads. The "moe" piece keeps of each MoE sublayer (`Term.moe`)
+only its inputs and reruns one at a time. "full" keeps only each block's inputs (fp32 residual, fp32
+router state for EDA) and re-runs one block at a time, so one block's activations are live on top.
 """
 from __future__ import annotations
 
