@@ -3,8 +3,9 @@
 `ZayaModel.set_recompute("selective")` sets `recompute_selective` on the modules that declare it; in a
 training forward (grad enabled) they then keep less for the backward and compute the rest again there.
 The math does not change: losses and gradients are bit-identical (tests/model/test_recompute.py).
-No matmul or convolution runs twice; the one exception is the attention core, and only where SDPA takes
-its math path (which keeps the S x S probabilities). What goes, and what is kept instead (the planner,
+In the default pieces no matmul or convolution runs twice; the one exception is the attention core, and
+only where SDPA takes its math path (which keeps the S x S probabilities); the "moe" piece (below) reruns
+whole MoE sublayers. What goes, and what is kept instead (the planner,
 planner/activations.py, counts the same terms by `Term.recomputed_by` / `Term.kept_by`):
 
 * RMSNorm internals (the normalised fp32 copy and rsqrt) on the reference kernels: the norm runs again
