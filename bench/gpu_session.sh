@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check of this repository in one run, sized for a 15-minute GPU lease (each step under its
-# own time limit, about 7.5 minutes in all): the device, the whole model with Triton kernels against the
-# PyTorch reference (fp32 and bf16), the kernel benchmark (issue 7), and training throughput
+# own time limit, about 8 minutes in all): the device, the SDPA kernel the attention gets, the whole
+# model with Triton kernels against the PyTorch reference (fp32 and bf16), the kernel benchmark
+# (issue 7), and training throughput
 # and MFU of zaya1-base-4l (issue 9). Logs and JSON go to $OUT (default bench_gpu_session/), with
 # one line per step and its exit code in $OUT/summary.txt. A failing step does not stop the others.
 #
@@ -33,6 +34,7 @@ step() {   # step NAME SECONDS COMMAND...: run it under a time limit, log it, re
   "${PYTHON:-python3}" -c "import torch, triton; print('torch', torch.__version__, '| triton', triton.__version__, '|', torch.cuda.get_device_name())"
   date -u +"%Y-%m-%d %H:%M UTC"; } | tee "$OUT/device.txt"
 
+step sdpa_backends 30 "${PYTHON:-python3}" bench/sdpa_backends.py --seq-length "$SEQ"
 step kernels 130 "${PYTHON:-python3}" bench/kernels.py --reps 50 --json "$OUT/kernels.json"
 # Global batch 16 sequences: the optimizer step (Muon) is amortised over 8 (then 4) micro-batches, as
 # in real runs (ZAYA1: thousands of sequences per step); global = micro made Muon half of each step.

@@ -61,6 +61,21 @@ def sdpa_mask(attention_mask, dtype: torch.dtype):
     return attention_mask
 
 
+def kv_for_sdpa(q, k, v, mask, groups: int):
+    """(k, v, enable_gqa) for SDPA on (B, H, S, dh) q, k, v: the grouped K/V heads as they are, unless
+    SDPA would then take its math path (S x S scores, kept for the backward) and K/V repeated to the
+    query heads let it take a fused kernel: on CUDA flash attention takes no explicit mask and the
+    memory-efficient kernel no grouped heads (packed documents' bias), and some ROCm builds' flash
+    takes no grouped heads at all. SDPA's own choice decides (recompute.sdpa_keeps_scores); on CPU
+    the flash kernel takes both, and nothing is repeated."""
+    if groups == 1 or not recompute.sdpa_keeps_scores(q, k, v, mask, True):
+        return k, v, groups > 1
+    repeated = tuple(t.repeat_interleave(groups, dim=1) for t in (k, v))
+    if recompute.sdpa_keeps_scores(q, *repeated, mask, False):
+        return k, v, True
+    return repeated + (False,)
+
+
 class CompressedConvAttention(nn.Module):
     # Memory policy (ZayaModel.set_recompute): QK-norm, RoPE and a math-path attention core recomputed.
     recompute_module = "core_attn"
@@ -176,9 +191,10 @@ class CompressedConvAttention(nn.Module):
     def attend(self, q, k, v, attention_mask: torch.Tensor | None = None):
         """Causal GQA softmax attention; (B, S, H, dh) in, (B, S, HQ*dh) out."""
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        # Grouped KV heads go to SDPA as they are: torch 2.13's fused CPU (flash) kernel takes
-        # enable_gqa directly, so no repeat_interleave copies of K and V (nor their backward sums).
-        gqa = self.groups > 1
+        # Grouped KV heads go to SDPA as they are where a fused kernel takes them (torch 2.13's CPU flash
+        # kernel, CUDA flash without a mask): no repeat_interleave copies of K and V (nor their backward
+        # sums). Elsewhere they are repeated when only that keeps SDPA off its math path (kv_for_sdpa).
+        k, v, gqa = kv_for_sdpa(q, k, v, attention_mask, self.groups)
 
         def core(q, k, v):
             if attention_mask is None:

@@ -127,7 +127,9 @@ def feed(consumer, activation, x: torch.Tensor, recompute: bool) -> torch.Tensor
 def sdpa_keeps_scores(q, k, v, attn_mask, enable_gqa: bool) -> bool:
     """Whether F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal=attn_mask is None) takes its math
     path, the one that keeps the S x S probabilities for the backward (SDPA's own choice: the backend flags,
-    dtypes, strides and mask; a CausalBias mask as CausalBias itself dispatches)."""
+    dtypes, strides and mask; a CausalBias mask as CausalBias itself dispatches, which materialises the
+    mask for SDPA when neither fused kernel takes it: a stand-in of the same shape, dtype and last-dim
+    stride, one row expanded, is asked about instead of an S x S allocation)."""
     is_causal = attn_mask is None
     if isinstance(attn_mask, CausalBias):
         if attn_mask.seq_len_q == attn_mask.seq_len_kv or attn_mask.variant == CausalVariant.UPPER_LEFT:
@@ -137,7 +139,8 @@ def sdpa_keeps_scores(q, k, v, attn_mask, enable_gqa: bool) -> bool:
             params = SDPAParams(q, k, v, None, 0.0, False, enable_gqa)
             if can_use_flash_attention(params) or can_use_efficient_attention(params):
                 return False
-            attn_mask = attn_mask._materialize(q.device)
+            lq, lk = attn_mask.seq_len_q, attn_mask.seq_len_kv      # CausalBias materialises (Lq, Lk) bool
+            attn_mask = torch.ones(lk, dtype=torch.bool, device=q.device).expand(lq, lk)
     try:
         choice = torch._fused_sdp_choice(q, k, v, attn_mask, 0.0, is_causal, enable_gqa=enable_gqa)
     except Exception:       # no kernel at all (SDPA itself will say so), or another torch: recompute, as Megatron does

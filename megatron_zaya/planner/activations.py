@@ -57,10 +57,12 @@ class StoragePolicy:
     loss: str = "fused"               # "fused": bf16 logits + lse; "reference": bf16 logits (lse recomputed)
     kernels: str = "fused"            # "fused": the Triton RMSNorm/residual/SwiGLU/RoPE/permute/CCA-conv autograd
                                       # functions; "reference": the torch reference ops (kernels/reference.py)
+    mask_repeats_kv: bool = False     # an explicit mask (packed documents) gets K/V repeated to HQ heads: GPU
+                                      # flash takes no mask, the memory-efficient kernel no grouped heads
 
 
 POLICIES = {
-    "gpu": StoragePolicy("flash", False, "fused", "fused"),
+    "gpu": StoragePolicy("flash", False, "fused", "fused", mask_repeats_kv=True),
     "cpu-reference": StoragePolicy("math", True, "reference", "reference"),
     "cpu-flash": StoragePolicy("flash", False, "reference", "reference"),
 }
@@ -132,7 +134,7 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
     ]
     if not fused:   # the fused RoPE keeps the fp32 cos/sin tables, shared by every layer (see outer_terms)
         terms.append(Term("attention: RoPE cos/sin (bf16, for q and k)", 4 * 2 * rot, "core_attn"))
-    kv_heads = hq if pol.kv_repeated else hkv
+    kv_heads = hq if pol.kv_repeated or (packed_documents and pol.mask_repeats_kv) else hkv
     if pol.attention == "flash":
         # The flash output is laid out (B, S, H, dh), so the projection's input is a view of it: one tensor.
         terms.append(Term("attention: flash core (q, all-gathered k/v, lse; out = projection input)",

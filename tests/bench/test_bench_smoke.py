@@ -104,6 +104,12 @@ def test_packed_documents_bench_runs(capsys):
     assert "plain (two Conv1d)" in out and "segmented (restarts per document)" in out
 
 
+def test_sdpa_backends_bench_runs(capsys):
+    assert load_script("sdpa_backends").main(["--seq-length", "64", "--head-dim", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "| causal |" in out and "| packed documents (bias) |" in out and "lower-right" in out
+
+
 def test_train_throughput_two_processes_expert_parallel(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", MEGATRON_ZAYA_KERNELS="torch")
     cmd = ["torchrun", "--standalone", "--nproc-per-node", "2", "bench/train_throughput.py", *TINY,

@@ -119,6 +119,6 @@ def test_cli_counts_packed_documents_and_module_recomputation(capsys):
     plain, packed = results
     bias = document_bias_bytes(32768, 1, 2)
     assert bias == 2 * 5 * 8192 ** 2
-    assert bias / 1e9 < packed["activations_gb"] - plain["activations_gb"] < bias / 1e9 + 10
+    assert bias / 1e9 < packed["activations_gb"] - plain["activations_gb"] < bias / 1e9 + 15
     assert cli.main(base[:-1] + ["--recompute", "selective", "--recompute-modules", "moe"]) == 0
     assert "recompute=selective (moe)" in capsys.readouterr().out

@@ -1,0 +1,69 @@
+"""Which SDPA kernel the attention gets: grouped K/V heads go to SDPA as they are, unless only K/V repeated
+to the query heads keep SDPA off its math path (CUDA: flash takes no explicit mask, the memory-efficient
+kernel no grouped heads; some ROCm builds' flash no grouped heads). SDPA's own choice decides; on this CPU
+the flash kernel takes both, so the repeat is exercised by making the choice say so."""
+import pytest
+import torch
+from torch.nn.attention import SDPBackend
+from torch.nn.attention.bias import causal_lower_right
+
+from megatron_zaya.config import model_config_from_preset
+from megatron_zaya.model import recompute
+from megatron_zaya.model.cca import CompressedConvAttention, kv_for_sdpa
+from megatron_zaya.model.documents import additive_bias, document_attention_mask
+
+
+def qkv(dtype=torch.float32, s=24):
+    torch.manual_seed(0)
+    q = torch.randn(2, 8, s, 16, dtype=dtype)
+    k, v = torch.randn(2, 2, s, 16, dtype=dtype), torch.randn(2, 2, s, 16, dtype=dtype)
+    return q, k, v
+
+
+def test_grouped_heads_stay_grouped_where_a_fused_kernel_takes_them():
+    q, k, v = qkv(torch.bfloat16)
+    ids = (torch.arange(24) // 7)[None].expand(2, 24)
+    for mask in (None, additive_bias(document_attention_mask(ids, ids), torch.bfloat16)):
+        k2, v2, gqa = kv_for_sdpa(q, k, v, mask, 4)
+        assert k2 is k and v2 is v and gqa
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["causal", "packed-documents"])
+def test_repeated_heads_give_the_grouped_attention(monkeypatch, packed):
+    """Where grouped heads would send SDPA to its math path (simulated), the heads are repeated: the same
+    outputs and gradients, in float64, and the repeated call is the one a fused kernel takes."""
+    config = model_config_from_preset("zaya1-tiny", num_attention_heads=8, num_query_groups=2, kv_channels=16,
+                                      hidden_size=64)
+    attn = CompressedConvAttention(config).double()
+    torch.manual_seed(1)
+    q = torch.randn(2, 24, 8, 16, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 24, 2, 16, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 24, 2, 16, dtype=torch.float64, requires_grad=True)
+    ids = (torch.arange(24) // 7)[None].expand(2, 24)
+    mask = document_attention_mask(ids, ids) if packed else None
+    grouped = attn.attend(q, k, v, mask)
+    expected = torch.autograd.grad(grouped.square().sum(), (q, k, v))
+    asked = []
+
+    def math_when_grouped(q_, k_, v_, mask_, enable_gqa):
+        asked.append((k_.shape[1], enable_gqa))
+        return enable_gqa
+    monkeypatch.setattr(recompute, "sdpa_keeps_scores", math_when_grouped)
+    repeated = attn.attend(q, k, v, mask)
+    assert asked == [(2, True), (8, False)]
+    torch.testing.assert_close(repeated, grouped, rtol=0, atol=1e-12)
+    for got, want in zip(torch.autograd.grad(repeated.square().sum(), (q, k, v)), expected):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    monkeypatch.setattr(recompute, "sdpa_keeps_scores", lambda *args: True)     # no fused kernel either way
+    q_, k_, v_ = qkv()
+    k2, v2, gqa = kv_for_sdpa(q_, k_, v_, None, 4)
+    assert k2 is k_ and v2 is v_ and gqa
+
+
+def test_a_causal_bias_is_judged_without_materialising_it():
+    """The CP chunks' lower-right causal bias: the choice for a one-row stand-in mask equals the choice for
+    the materialised (Lq, Lk) mask CausalBias would hand SDPA."""
+    q, k, v = qkv(torch.bfloat16, s=32)
+    bias = causal_lower_right(8, 32)
+    materialised = torch._fused_sdp_choice(q[:, :, :8], k, v, bias._materialize(q.device), 0.0, False, enable_gqa=True)
+    assert recompute.sdpa_keeps_scores(q[:, :, :8], k, v, bias, True) == (materialised == SDPBackend.MATH.value)
