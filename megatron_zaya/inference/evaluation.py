@@ -24,6 +24,7 @@ import torch
 
 from megatron_zaya.inference.loading import inference_autocast
 from megatron_zaya.model.zaya import ZayaModel
+from megatron_zaya.training.validation_report import perplexity
 
 
 @dataclass
@@ -84,7 +85,7 @@ class EvalResult:
 
     @property
     def perplexity(self) -> float:
-        return math.exp(min(self.loss, 700.0))
+        return perplexity(self.loss)          # the training log's (capped the same way)
 
     def as_dict(self) -> dict:
         return {"loss": self.loss, "perplexity": self.perplexity, "tokens": self.loss_tokens, "samples": self.samples,
