@@ -140,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --recompute-granularity full: default 1 (uniform) or all (block)")
     g.add_argument("--recompute-modules", nargs="+", default=None, metavar="MODULE",
                    help="with --recompute-granularity selective, Megatron-LM's names of the pieces recomputed: "
-                        "layernorm (norm internals), core_attn (QK-norm, RoPE and a math-path attention core), "
+                        "layernorm (norm internals), core_attn (QK-norm, RoPE, a math-path attention core and a "
+                        "segmented conv), "
                         "moe_act (router GELU and expert SwiGLU outputs), moe (the whole MoE sublayer runs again "
                         "in the backward); default: layernorm core_attn moe_act")
     g.add_argument("--moe-layer-recompute", action="store_true",

@@ -9,6 +9,7 @@ token's delayed value projection. At the start of a sequence both are zeros, as 
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -163,15 +164,19 @@ class CompressedConvAttention(nn.Module):
         weights = (self.conv_depthwise.weight, self.conv_depthwise.bias, self.conv_grouped.weight,
                    self.conv_grouped.bias)
         if visible is not None:
+            # Under selective recomputation (core_attn) the segmented conv keeps only its inputs: its
+            # shifted input and grouped-conv taps are elementwise work, recomputed in the backward.
+            segmented = kernels.cca_causal_conv_segmented
+            if recompute.selective(self):
+                segmented = functools.partial(recompute.keep_inputs_only, kernels.cca_causal_conv_segmented)
             if left is None:
-                return kernels.cca_causal_conv_segmented(packed, *weights, visible)
+                return segmented(packed, *weights, visible)
             if left.visible is None:
                 raise ValueError("a left context with a visibility mask needs the left steps' visibility")
             # The left steps go in front, with their own visibility, and their outputs are dropped.
             width = left.conv_inputs.shape[-1]
             extended = torch.cat((left.conv_inputs.transpose(1, 2).to(packed.dtype), packed), dim=1)
-            return kernels.cca_causal_conv_segmented(extended, *weights,
-                                                     torch.cat((left.visible, visible), dim=1))[:, width:]
+            return segmented(extended, *weights, torch.cat((left.visible, visible), dim=1))[:, width:]
         return kernels.cca_causal_conv(packed, *weights, None if left is None else left.conv_inputs)
 
     def normalize_and_rotate(self, q, k, cos, sin):

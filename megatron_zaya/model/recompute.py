@@ -16,6 +16,9 @@ planner/activations.py, counts the same terms by `Term.recomputed_by` / `Term.ke
   path: the core runs again from q, k, v. Flash and memory-efficient SDPA keep no scores (only q, k, v,
   the output and a log-sum-exp): rerunning them would cost an attention forward for nothing, so they
   are left alone (`sdpa_keeps_scores` asks SDPA's own backend choice).
+* With packed documents, the segmented convolution's shifted input and grouped-conv taps: it keeps
+  only its input and the shared visibility, and runs again (elementwise work and a small grouped
+  contraction per tap).
 * The router's GELU outputs (the inputs of fc2 and out_proj) and the experts' SwiGLU output (the input
   of the down projection; Megatron's "moe_act"): `feed` computes them again from the activation's input
   just before the matmul's backward reads them; the reference SwiGLU's SiLU output goes too.
@@ -24,8 +27,8 @@ None of these pieces holds a collective or draws random numbers, so where they r
 matter to CP, TP or EP. Selective and full recomputation are not combined (Megatron's rule too).
 
 Megatron-LM's --recompute-modules chooses among the pieces by its module names (`MODULES`):
-"layernorm" (every RMSNorm's internals, the fused merge+norm's too), "core_attn" (QK-norm + RoPE and a
-math-path attention core), "moe_act" (the router's GELU and the experts' SwiGLU outputs) and "moe": the
+"layernorm" (every RMSNorm's internals, the fused merge+norm's too), "core_attn" (QK-norm + RoPE, a
+math-path attention core and a segmented convolution), "moe_act" (the router's GELU and the experts' SwiGLU outputs) and "moe": the
 whole MoE sublayer (router, dispatch, experts, combine) keeps only its inputs and runs again in the
 backward, its collectives (EP all-to-all, TP reductions) included, on every rank in the same order.
 "moe" is the one piece whose matmuls run twice. Without --recompute-modules the three cheap ones are

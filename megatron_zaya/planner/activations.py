@@ -118,16 +118,19 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
             Term("norms: rsqrt + normalised fp32 (2 RMSNorms)", 2 * (4 * d + 4), "layernorm"),
             Term("residual merges (2 fp32 sums each, 2 merges)", 2 * 2 * 4 * d),
         ]
+    terms.append(Term("attention: bf16 input cast of the stacked projection (q, k, v_current, v_previous)", 2 * d))
+    if packed_documents:
+        # The segmented conv (PyTorch on every device) keeps its input, a view that keeps the whole stacked
+        # projection output alive, and the value shift its visibility cast; the shifted input the conv
+        # scales, both grouped-conv taps (bf16) and its three visibility casts go under core_attn.
+        terms += [Term("attention: segmented conv input (the stacked projection output, bf16) + value-shift "
+                       "visibility", 2 * (hq + 2 * hkv) * dh + 2),
+                  Term("attention: segmented conv shifted input, 2 taps (bf16), visibility casts", 3 * 2 * c + 3 * 2,
+                       "core_attn")]
+    else:
+        terms.append(Term("attention: conv input (packed q0/k0, bf16)", 2 * c) if fused else
+                     Term("attention: conv inputs (depthwise + grouped, bf16)", 2 * 2 * c))
     terms += [
-        Term("attention: bf16 input cast of the stacked projection (q, k, v_current, v_previous)", 2 * d),
-        # Packed documents: the segmented conv (PyTorch on every device) keeps its input, a view that keeps
-        # the whole stacked projection output alive, the shifted input it scales and both grouped-conv
-        # taps (bf16), and the visibility casts (three in the conv, one in the value shift), instead.
-        Term("attention: segmented conv (projection output, shifted input, 2 taps, bf16; visibility)",
-             2 * (hq + 2 * hkv) * dh + 3 * 2 * c + 4 * 2)
-        if packed_documents else
-        Term("attention: conv input (packed q0/k0, bf16)", 2 * c) if fused else
-        Term("attention: conv inputs (depthwise + grouped, bf16)", 2 * 2 * c),
         Term("attention: q, k before QK-norm (bf16)", 2 * hq * dh + 2 * hkv * dh),
         # q: three (.., 1) norm factors; k: the same plus the temperature-scaled factor.
         Term("attention: QK-norm factors + key temperature", 6 * hq + 8 * hkv, "core_attn"),
@@ -173,7 +176,7 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
     return terms + [dataclasses.replace(t, moe=True) for t in moe]
 
 
-def outer_terms(config: ModelConfig, policy: str = "gpu") -> list[Term]:
+def outer_terms(config: ModelConfig, policy: str = "gpu", packed_documents: bool = False) -> list[Term]:
     """Saved tensors outside the blocks: embedding, input scaling, final norm, LM head, loss."""
     d, v = config.hidden_size, config.vocab_size
     fused = storage_policy(policy).kernels == "fused"
@@ -189,6 +192,10 @@ def outer_terms(config: ModelConfig, policy: str = "gpu") -> list[Term]:
     # The fused RoPE keeps the fp32 tables; the reference one its bf16 casts per layer, unless recomputed.
     terms.append(Term("RoPE cos/sin tables (fp32, shared by all layers)", 2 * 4 * config.rotary_dim,
                       kept_by=None if fused else "core_attn"))
+    if packed_documents:     # the recomputed segmented convs keep the boolean visibility every layer shares
+        lags = config.cca_depthwise_kernel - 1 + config.cca_grouped_kernel - 1
+        terms.append(Term("packed documents: conv lag visibility (bool, shared by all layers)", lags,
+                          kept_by="core_attn"))
     return terms
 
 
@@ -242,7 +249,7 @@ def activation_memory(config: ModelConfig, seq_length: int, micro_batch_size: in
     local_tokens = micro_batch_size * seq_length / context_parallel
     terms = layer_terms(config, seq_length, policy, context_parallel, routed_fraction, padded_fraction,
                         packed_documents)
-    outer_list = outer_terms(config, policy)
+    outer_list = outer_terms(config, policy, packed_documents)
     if recompute == "selective":
         modules = check_modules(DEFAULT_MODULES if recompute_modules is None else recompute_modules)
     elif recompute_modules:

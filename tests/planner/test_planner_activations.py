@@ -151,13 +151,17 @@ def test_recompute_modules_formula_matches_saved_tensors(modules):
     assert predicted.stored < predicted.stored_no_recompute
 
 
+@pytest.mark.parametrize("recompute", ["none", "selective"])
 @pytest.mark.parametrize("policy,backend", [MATH, FLASH])
-def test_packed_documents_formula_matches_saved_tensors(policy, backend):
+def test_packed_documents_formula_matches_saved_tensors(policy, backend, recompute):
     """--reset-attention-mask: the segmented convolution's terms replace the conv inputs, and the flash
-    kernel keeps the one attention bias the model builds per forward (the math path adds it unkept)."""
+    kernel keeps the one attention bias the model builds per forward (the math path adds it unkept).
+    Under selective recomputation the segmented conv keeps only its input and the shared visibility."""
     config = model_config_from_preset("zaya1-tiny", num_layers=3, hidden_size=256, num_attention_heads=8,
                                       num_query_groups=2, kv_channels=32, moe_ffn_hidden_size=512, vocab_size=2048)
     model = bf16_model(config)
+    if recompute == "selective":
+        model.set_recompute("selective")
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, config.vocab_size, (1, 128), generator=gen)
     labels = torch.randint(0, config.vocab_size, (1, 128), generator=gen)
@@ -165,6 +169,6 @@ def test_packed_documents_formula_matches_saved_tensors(policy, backend):
     forward = model.forward
     model.forward = lambda tokens, labels=None: forward(tokens, labels=labels, document_ids=documents)
     measured, routed, padded = measured_saved_bytes(model, tokens, labels, backend=backend)
-    predicted = activation_memory(config, 128, 1, "none", policy=policy, routed_fraction=routed,
+    predicted = activation_memory(config, 128, 1, recompute, policy=policy, routed_fraction=routed,
                                   padded_fraction=padded, packed_documents=True)
     assert abs(predicted.stored - measured) / measured < 0.01, (predicted.stored, measured)
