@@ -27,9 +27,10 @@ def dataset_prefix(tmp_path_factory):
     return prefix
 
 
-def validation_samples(prefix, n):
+def validation_samples(prefix, n, packed=False):
     cfg = DataConfig(data_path=[prefix], split="60,40,0", seed=1234, num_workers=0,
-                     tokenizer_type="NullTokenizer", tokenizer_model="8000")
+                     tokenizer_type="NullTokenizer", tokenizer_model="8000", reset_attention_mask=packed,
+                     reset_position_ids=packed)
     tok = build_tokenizer("NullTokenizer", "8000")
     valid = build_train_valid_test_datasets(cfg, SEQ, [0, n, 0], tok)[1]
     return [valid[i] for i in range(n)]
@@ -70,6 +71,29 @@ def test_evaluate_tool_matches_independent_loss(tiny_model, hf_checkpoint, datas
     assert "valid/loss" in tags and "valid-routing/layer_00/skip_rate" in tags
     event = acc.Scalars("valid/loss")[0]
     assert event.step == 7 and event.value == pytest.approx(report["loss"], rel=1e-6)
+
+
+def test_evaluate_tool_with_packed_documents_scores_each_document_alone(tiny_model, hf_checkpoint, dataset_prefix,
+                                                                       tmp_path):
+    """--reset-attention-mask --reset-position-ids: the samples carry document ids, and each token's loss is
+    the one its document gives alone (an independent forward per document, positions from 0)."""
+    out_json = tmp_path / "eval.json"
+    assert load_tool("evaluate").main([
+        "--load", str(hf_checkpoint), "--data-path", dataset_prefix, "--split", "60,40,0", "--tokenizer-type",
+        "NullTokenizer", "--tokenizer-model", "8000", "--seq-length", str(SEQ), "--micro-batch-size", "3",
+        "--eval-iters", "2", "--reset-attention-mask", "--reset-position-ids", "--output-json", str(out_json)]) == 0
+    report = json.loads(out_json.read_text())
+    losses, boundaries = [], 0
+    for sample in validation_samples(dataset_prefix, 6, packed=True):
+        tokens, labels = torch.from_numpy(sample["tokens"]), torch.from_numpy(sample["labels"])
+        starts = (torch.diff(torch.from_numpy(sample["document_ids"])) != 0).nonzero().squeeze(1) + 1
+        boundaries += len(starts)
+        for piece, target in zip(torch.tensor_split(tokens, starts), torch.tensor_split(labels, starts)):
+            with torch.no_grad():
+                logits = tiny_model(piece[None]).logits[0].double()
+            losses.append(F.cross_entropy(logits, target, reduction="none"))
+    assert boundaries >= 3 and report["samples"] == 6
+    assert report["loss"] == pytest.approx(torch.cat(losses).mean().item(), abs=1e-5)
 
 
 def test_default_is_one_pass_over_the_validation_split(hf_checkpoint, dataset_prefix, tmp_path):
