@@ -204,14 +204,19 @@ def matmul_peaks(device: torch.device, sizes=(1024, 2048), repeats: int = 10) ->
 
 
 # ------------------------------------------------------------------------------------------- data
-def synthetic_batches(vocab: int, micro_batch: int, seq: int, seed: int):
-    """Endless micro-batches shaped like the GPT dataset's (tokens, labels, loss_mask, position_ids)."""
+def synthetic_batches(vocab: int, micro_batch: int, seq: int, seed: int, document_length: int | None = None):
+    """Endless micro-batches shaped like the GPT dataset's (tokens, labels, loss_mask, position_ids); with
+    `document_length`, packed documents of that many tokens as --reset-attention-mask --reset-position-ids
+    give them (document ids, positions restarting at each document)."""
     gen = torch.Generator().manual_seed(seed)
-    positions = torch.arange(seq).unsqueeze(0).expand(micro_batch, seq).contiguous()
+    steps = torch.arange(seq)
+    positions = (steps if document_length is None else steps % document_length).unsqueeze(0).expand(micro_batch, seq)
+    extra = {} if document_length is None else {
+        "document_ids": (steps // document_length).unsqueeze(0).expand(micro_batch, seq).contiguous()}
     while True:
         text = torch.randint(0, vocab, (micro_batch, seq + 1), generator=gen)
         yield {"tokens": text[:, :-1].contiguous(), "labels": text[:, 1:].contiguous(),
-               "loss_mask": torch.ones(micro_batch, seq), "position_ids": positions}
+               "loss_mask": torch.ones(micro_batch, seq), "position_ids": positions.contiguous(), **extra}
 
 
 # ------------------------------------------------------------------------------------------- runs
@@ -251,7 +256,8 @@ def run_ours(args, run, runtime, peaks) -> dict:
     optimizer = runtime.build_optimizer(model, run.optim)
     trainer = Trainer(run, model, optimizer, runtime, None, None, logger=None)
     trainer.train_iterator = synthetic_batches(run.model.vocab_size, run.train.micro_batch_size,
-                                               run.model.seq_length, args.seed + 1000 * runtime.dp_rank)
+                                               run.model.seq_length, args.seed + 1000 * runtime.dp_rank,
+                                               args.document_length)
     sync = (lambda: torch.cuda.synchronize(runtime.device)) if runtime.device.type == "cuda" else None
     clock = PhaseClock(sync)
     time_collectives(clock)
@@ -399,6 +405,9 @@ def main(argv=None) -> int:
     parser.add_argument("--context-parallel-size", type=int, default=1)
     parser.add_argument("--expert-model-parallel-size", type=int, default=1)
     parser.add_argument("--sequence-parallel", action="store_true")
+    parser.add_argument("--document-length", type=int, default=None,
+                        help="packed documents of this many tokens (--reset-attention-mask): document ids in "
+                             "every batch")
     parser.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
     parser.add_argument("--recompute-modules", nargs="+", default=None, metavar="MODULE",
                         help="with --recompute-granularity selective: layernorm, core_attn, moe_act, moe")
@@ -428,6 +437,10 @@ def main(argv=None) -> int:
     cpus = os.cpu_count() or 1
     if args.compare_reference and world_size > 1:
         parser.error("--compare-reference runs in a single process")
+    if args.compare_reference and args.document_length:
+        parser.error("--compare-reference trains the reference on unpacked sequences: drop --document-length")
+    if args.document_length is not None and args.document_length < 1:
+        parser.error(f"--document-length={args.document_length}: must be >= 1")
     dp = world_size // (args.tensor_model_parallel_size * args.context_parallel_size)
     if args.global_batch_size is None:
         args.global_batch_size = args.micro_batch_size * dp

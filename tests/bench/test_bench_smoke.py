@@ -64,7 +64,7 @@ def test_train_throughput_with_forced_balanced_routing_and_moe_recompute(capsys,
     try:
         assert bench.main(TINY + ["--global-batch-size", "2", "--warmup", "0", "--iters", "1",
                                   "--moe-router-force-load-balancing", "--recompute-granularity", "selective",
-                                  "--recompute-modules", "moe"]) == 0
+                                  "--recompute-modules", "moe", "--document-length", "8"]) == 0
     finally:
         bench.ZayaModel.set_force_load_balancing = real
     assert [enabled for enabled, _ in seen] == [True]
