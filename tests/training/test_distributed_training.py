@@ -135,7 +135,13 @@ def test_tensor_parallel_with_shared_kv_heads_logs_single_process_norms(tiny_cor
         assert scalar(tmp_path / "tp2", tag) == pytest.approx(scalar(tmp_path / "tp1", tag), rel=1e-5), tag
 
 
-def test_context_parallel_packed_documents_match_one_process(tiny_corpus, tmp_path):
+@pytest.mark.parametrize("nproc, layout", [
+    (2, ["--context-parallel-size", "2"]),
+    # CP x TP with sequence parallelism (TP's replicated K/V in the chunks) and the segmented conv recomputed
+    (4, ["--context-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel",
+         "--recompute-granularity", "selective"]),
+], ids=["cp2", "cp2-tp2-sp-selective"])
+def test_context_parallel_packed_documents_match_one_process(tiny_corpus, tmp_path, nproc, layout):
     """--reset-attention-mask under CP=2: each rank holds two chunks of every packed sequence; the
     documents stay apart across the chunk boundaries (the gathered document ids, the chunk masks and the
     halo's own visibility), so the losses equal one process's, and the first step's gradient norm (the same
@@ -143,12 +149,13 @@ def test_context_parallel_packed_documents_match_one_process(tiny_corpus, tmp_pa
     of 64 hold several documents: the packed run's losses differ from the unpacked one's."""
     flags = ["--seq-length", "64", "--train-iters", "2", "--reset-attention-mask", "--reset-position-ids"]
     single = train(tiny_corpus, tmp_path, "packed1", 1, *flags)
-    cp2 = train(tiny_corpus, tmp_path, "packed-cp2", 2, *flags, "--context-parallel-size", "2")
-    assert cp2 == pytest.approx(single, rel=1e-5)
-    unpacked = train(tiny_corpus, tmp_path, "unpacked1", 1, "--seq-length", "64", "--train-iters", "2")
-    assert abs(unpacked[0] - single[0]) > 1e-4, (unpacked, single)
-    assert scalar(tmp_path / "packed-cp2", "grad-norm")[0] == pytest.approx(scalar(tmp_path / "packed1", "grad-norm")[0],
-                                                                          rel=1e-5)
+    parallel = train(tiny_corpus, tmp_path, "packed-cp", nproc, *flags, *layout)
+    assert parallel == pytest.approx(single, rel=1e-5)
+    assert scalar(tmp_path / "packed-cp", "grad-norm")[0] == pytest.approx(scalar(tmp_path / "packed1", "grad-norm")[0],
+                                                                         rel=1e-5)
+    if nproc == 2:
+        unpacked = train(tiny_corpus, tmp_path, "unpacked1", 1, "--seq-length", "64", "--train-iters", "2")
+        assert abs(unpacked[0] - single[0]) > 1e-4, (unpacked, single)
 
 
 def test_log_straggler_names_the_slow_rank(tiny_corpus, tmp_path):
