@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     lay.add_argument("--context-parallel-size", type=int, default=1)
     lay.add_argument("--expert-model-parallel-size", type=int, default=1)
     lay.add_argument("--use-distributed-optimizer", action="store_true", help="ZeRO-1 over DP x CP")
-    lay.add_argument("--recompute", choices=RECOMPUTE_CHOICES, default="none")
+    lay.add_argument("--recompute", "--recompute-granularity", dest="recompute", choices=RECOMPUTE_CHOICES,
+                     default="none", help="none, selective or full (--recompute-granularity: the training flag's name)")
     lay.add_argument("--recompute-modules", nargs="+", default=None, metavar="MODULE",
                      help="with --recompute selective: the pieces recomputed, by Megatron's names (layernorm, "
                           "core_attn, moe_act, moe: the whole MoE sublayer); default layernorm core_attn moe_act")

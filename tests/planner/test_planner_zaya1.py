@@ -122,3 +122,6 @@ def test_cli_counts_packed_documents_and_module_recomputation(capsys):
     assert bias / 1e9 < packed["activations_gb"] - plain["activations_gb"] < bias / 1e9 + 15
     assert cli.main(base[:-1] + ["--recompute", "selective", "--recompute-modules", "moe"]) == 0
     assert "recompute=selective (moe)" in capsys.readouterr().out
+    # the training flags' names work too
+    assert cli.main(base[:-1] + ["--recompute-granularity", "selective", "--recompute-modules", "moe"]) == 0
+    assert "recompute=selective (moe)" in capsys.readouterr().out
