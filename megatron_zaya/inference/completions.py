@@ -1,5 +1,5 @@
 """The OpenAI completions API (POST /v1/completions; Megatron-LM serves it as /completions) over
-`generate` and `score`, for clients and evaluation harnesses that speak it.
+`generate`, for clients and evaluation harnesses that speak it.
 
 Request fields: prompt (a string, a list of strings, a list of token ids or a list of such lists),
 max_tokens (default 16), temperature (default 1; 0 is greedy), top_p (default 1), logprobs (null,
@@ -8,7 +8,8 @@ part of text and logprobs too), stop (a string or a list of up to 16), seed; n a
 model and user are ignored. Response: {"id", "object": "text_completion", "created", "model",
 "choices": [{"index", "text", "logprobs", "finish_reason"}], "usage"}; finish_reason is "stop" at
 the tokenizer's EOD or a stop string, else "length". The log-probabilities are the model's over its
-whole vocabulary (before temperature or top_p), from one scoring pass over prompt + completion.
+whole vocabulary (before temperature or top_p), taken during the generation itself: the prompt's in its
+prefill, the completion's at each decode step (max_tokens 0 with echo scores the prompt in one pass).
 """
 from __future__ import annotations
 
@@ -17,9 +18,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from megatron_zaya.inference.decode import generate
+from megatron_zaya.inference.decode import TokenScores, generate
 from megatron_zaya.inference.sampling import SamplingParams
-from megatron_zaya.inference.scoring import score
 from megatron_zaya.inference.server import (RequestError, apply_checked_fields, check_length, is_int, is_number,
                                             request_seed)
 
@@ -134,16 +134,16 @@ class Completer:
             text, reason = text[:end], "stop"
         return new, text, reason
 
-    def logprobs(self, ids: list[int], first: int, top: int) -> dict:
-        """OpenAI's logprobs object for ids[first:] (the first token of a sequence has none)."""
-        scores = score(self.model, ids, top, vocab_limit=self.tokenizer.vocab_size)
+    def logprobs(self, ids: list[int], first: int, scores: TokenScores) -> dict:
+        """OpenAI's logprobs object for ids[first:] (the first token of a sequence has none), from the
+        scores of ids[1:] (TokenScores: the prompt's from the prefill, the completion's from the decode)."""
         positions = range(first, len(ids))
         offsets = [len(self.decode(ids[:k])) for k in positions]
         return {
             "tokens": [self.decode([ids[k]]) for k in positions],
             "token_logprobs": [scores.logprobs[k - 1] if k else None for k in positions],
             "top_logprobs": [({self.decode([t]): v for t, v in scores.top[k - 1].items()} if k else None)
-                             for k in positions] if top else None,
+                             for k in positions] if scores.top is not None else None,
             "text_offset": offsets,
         }
 
@@ -154,16 +154,23 @@ class Completer:
         seed = request_seed(request.seed)
         choices, generated = [], 0
         with self.service.lock:
+            # The log-probabilities come with the generation: the prompt's from its prefill, the completion's
+            # from the decode steps (max_tokens 0: the prefill alone, one pass, as evaluation harnesses score).
+            scored = request.logprobs is not None
             result = generate(self.model, prompts, request.max_tokens, sampling, eod=self.tokenizer.eod, seed=seed,
-                              vocab_limit=self.tokenizer.vocab_size)
+                              vocab_limit=self.tokenizer.vocab_size, return_logprobs=scored, top=request.logprobs or 0)
             for index, (prompt, new) in enumerate(zip(prompts, result.tokens)):
                 new, text, reason = self.cut(prompt, new, request.stop)
                 generated += len(new)
                 if request.echo:
                     text = self.decode(prompt) + text
                 logprobs = None
-                if request.logprobs is not None:
-                    logprobs = self.logprobs(prompt + new, 0 if request.echo else len(prompt), request.logprobs)
+                if scored:
+                    prompt_scores, new_scores = result.prompt_scores[index], result.scores[index]
+                    scores = TokenScores(prompt_scores.logprobs + new_scores.logprobs[:len(new)],
+                                         None if prompt_scores.top is None else
+                                         prompt_scores.top + new_scores.top[:len(new)])
+                    logprobs = self.logprobs(prompt + new, 0 if request.echo else len(prompt), scores)
                 choices.append({"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason})
         prompt_tokens = sum(len(p) for p in prompts)
         return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),

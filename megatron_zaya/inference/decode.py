@@ -106,25 +106,33 @@ def _forward_with_cache(model, cache, tokens, rows, all_logits, return_routing):
     return (logits, routing) if return_routing else logits
 
 
+@dataclass
+class TokenScores:
+    logprobs: list[float]                       # log p(token | the tokens before it), one per scored token
+    top: list[dict[int, float]] | None = None   # per scored token: the `top` most likely ids and their log p
+
+
 def prefill(model: ZayaModel, cache: InferenceCache, row: int, prompt: torch.Tensor | list[int],
-            chunk_size: int | None = None, return_logprobs: bool = False):
+            chunk_size: int | None = None, return_logprobs: bool = False, top: int = 0,
+            vocab_limit: int | None = None):
     """Reset cache row `row` and run `prompt` (1-D token ids) into it, in chunks of `chunk_size`
     tokens if given (bounds the S x S attention memory). Returns the last token's logits (V,), and
-    with `return_logprobs` also the log-probability of each prompt token after the first under the
-    model (len(prompt) - 1 floats; computed chunk by chunk, never the whole (S, V) at once)."""
+    with `return_logprobs` also the TokenScores of each prompt token after the first under the model
+    (len(prompt) - 1 of them, with the `top` most likely ids among the first `vocab_limit` at each
+    position when top > 0; computed chunk by chunk, never the whole (S, V) at once)."""
     prompt = torch.as_tensor(prompt, dtype=torch.long, device=cache.lengths.device).reshape(1, -1)
     if prompt.shape[1] == 0:
         raise ValueError(f"prompt {row} is empty: give at least one token (e.g. --add-bos)")
     cache.reset(slice(row, row + 1))
     chunk = chunk_size or prompt.shape[1]
-    logprobs: list[float] = []
+    scores = TokenScores([], [] if top else None)
     for begin in range(0, prompt.shape[1], chunk):
         logits = forward_with_cache(model, cache, prompt[:, begin:begin + chunk], rows=row, all_logits=return_logprobs)
         if return_logprobs:
             targets = prompt[0, begin + 1:begin + chunk + 1]        # the next token of each position
-            logprobs += token_logprobs(logits[0, :targets.shape[0]], targets).tolist()
+            add_scores(scores, logits[0, :targets.shape[0]], targets, top, vocab_limit)
             logits = logits[:, -1]
-    return (logits[0], logprobs) if return_logprobs else logits[0]
+    return (logits[0], scores) if return_logprobs else logits[0]
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -133,27 +141,47 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens.reshape(-1, 1)).squeeze(-1)
 
 
+def add_scores(scores: TokenScores, logits: torch.Tensor, tokens: torch.Tensor, top: int,
+               vocab_limit: int | None) -> None:
+    """Append log p(tokens[i]) under logits[i] (N, V) and, with top > 0, the `top` most likely ids of
+    each row among the first `vocab_limit` (the tokenizer's: padded rows have no text)."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    scores.logprobs += logprobs.gather(-1, tokens.reshape(-1, 1)).squeeze(-1).tolist()
+    if top:
+        best = logprobs[:, :vocab_limit].topk(top, dim=-1)
+        scores.top += [dict(zip(i.tolist(), v.tolist())) for v, i in zip(best.values, best.indices)]
+
+
 @dataclass
 class GenerationOutput:
     prompts: list[list[int]]
     tokens: list[list[int]]                 # generated ids per row (ends with EOD if it stopped there)
     stopped_at_eod: list[bool] = field(default_factory=list)
-    # with return_logprobs: log p of each prompt token after the first, and of each generated token
-    prompt_logprobs: list[list[float]] | None = None
-    logprobs: list[list[float]] | None = None
+    # with return_logprobs: the scores of each prompt token after the first, and of each generated token
+    prompt_scores: list[TokenScores] | None = None
+    scores: list[TokenScores] | None = None
+
+    @property
+    def prompt_logprobs(self) -> list[list[float]] | None:
+        return None if self.prompt_scores is None else [s.logprobs for s in self.prompt_scores]
+
+    @property
+    def logprobs(self) -> list[list[float]] | None:
+        return None if self.scores is None else [s.logprobs for s in self.scores]
 
 
 @torch.no_grad()
 def generate(model: ZayaModel, prompts: list[list[int]], max_new_tokens: int,
              sampling: SamplingParams | None = None, eod: int | None = None, seed: int = 1234,
              vocab_limit: int | None = None, prefill_chunk: int | None = None,
-             dtype: torch.dtype | None = None, return_logprobs: bool = False) -> GenerationOutput:
+             dtype: torch.dtype | None = None, return_logprobs: bool = False, top: int = 0) -> GenerationOutput:
     """Sample up to `max_new_tokens` per prompt; a row stops at `eod` (when given).
 
     Prompts may have different lengths: each is prefilled into its own cache row, then all rows
     decode together (rows that already stopped keep stepping; their tokens are discarded).
     `return_logprobs`: also the model's log-probabilities of the prompt and generated tokens (over
-    the whole vocabulary, before temperature, top-k or top-p)."""
+    the whole vocabulary, before temperature, top-k or top-p), with `top` > 0 the most likely ids at
+    each position too (among the first `vocab_limit`); max_new_tokens 0 scores the prompts in one pass."""
     sampling = sampling or SamplingParams()
     if not prompts:
         raise ValueError("generate: no prompts")
@@ -172,24 +200,29 @@ def generate(model: ZayaModel, prompts: list[list[int]], max_new_tokens: int,
         raise ValueError(f"prompt + --max-new-tokens = {max_length} tokens exceeds the model's "
                          f"max_position_embeddings {model.config.max_position_embeddings}")
     cache = InferenceCache(model.config, len(prompts), max_length, param.device, dtype or compute_dtype(model))
-    prefilled = [prefill(model, cache, row, p, prefill_chunk, return_logprobs) for row, p in enumerate(prompts)]
+    prefilled = [prefill(model, cache, row, p, prefill_chunk, return_logprobs, top, vocab_limit)
+                 for row, p in enumerate(prompts)]
     last = torch.stack([x[0] for x in prefilled] if return_logprobs else prefilled)
     generator = make_generator(seed, param.device)
     out = [[] for _ in prompts]
-    logprobs = [[] for _ in prompts]
+    scores = [TokenScores([], [] if top else None) for _ in prompts]
     stopped = [False] * len(prompts)
     for step in range(max_new_tokens):
         next_tokens = sample_next_token(last, sampling, generator, vocab_limit)
-        step_logprobs = token_logprobs(last, next_tokens).tolist() if return_logprobs else None
+        step_scores = TokenScores([], [] if top else None)
+        if return_logprobs:
+            add_scores(step_scores, last, next_tokens, top, vocab_limit)
         for row, token in enumerate(next_tokens.tolist()):
             if not stopped[row]:
                 out[row].append(token)
                 if return_logprobs:
-                    logprobs[row].append(step_logprobs[row])
+                    scores[row].logprobs.append(step_scores.logprobs[row])
+                    if top:
+                        scores[row].top.append(step_scores.top[row])
                 stopped[row] = eod is not None and token == eod
         if all(stopped) or step == max_new_tokens - 1:
             break
         last = forward_with_cache(model, cache, next_tokens[:, None])
     if not return_logprobs:
         return GenerationOutput(prompts, out, stopped)
-    return GenerationOutput(prompts, out, stopped, [x[1] for x in prefilled], logprobs)
+    return GenerationOutput(prompts, out, stopped, [x[1] for x in prefilled], scores)

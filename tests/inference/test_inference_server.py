@@ -290,3 +290,28 @@ def test_the_command_line_client_prints_the_servers_answers(server_url, capsys, 
     monkeypatch.setattr("sys.stdin", io.StringIO("The king\n"))
     assert cli.main(["127.0.0.1:1", "--tokens-to-generate", "4"]) == 1
     assert "cannot reach http://127.0.0.1:1/api" in capsys.readouterr().err
+
+
+def test_completions_score_with_the_generation_itself(server_url, sp_model, monkeypatch):
+    """The log-probabilities come from the generation's own forwards: a scoring request (max_tokens 0,
+    echo) runs each prompt once through the model, and max_tokens 2 adds one decode step, no second pass."""
+    from megatron_zaya.inference import decode
+
+    tok = build_tokenizer("GPTSentencePieceTokenizer", sp_model)
+    prompt = tok.encode("the quick brown fox")
+    seen = []
+    real = decode.forward_with_cache
+
+    def counting(model, cache, tokens, *args, **kwargs):
+        seen.append(tokens.numel())
+        return real(model, cache, tokens, *args, **kwargs)
+    monkeypatch.setattr(decode, "forward_with_cache", counting)
+    for max_tokens, expected in ((0, [len(prompt)]), (2, [len(prompt), 1])):
+        seen.clear()
+        status, answer = call(server_url, {"prompt": [prompt], "max_tokens": max_tokens, "echo": True, "logprobs": 2,
+                                           "temperature": 0}, method="POST", path="/v1/completions")
+        assert status == 200, answer
+        assert seen == expected
+        logprobs = answer["choices"][0]["logprobs"]
+        assert len(logprobs["token_logprobs"]) == len(prompt) + max_tokens
+        assert all(len(top) == 2 for top in logprobs["top_logprobs"][1:])
