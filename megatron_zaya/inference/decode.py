@@ -194,6 +194,8 @@ def generate(model: ZayaModel, prompts: list[list[int]], max_new_tokens: int,
         bad = [t for t in p if not 0 <= t < model.config.vocab_size]
         if bad:
             raise ValueError(f"prompt {i}: token ids {bad[:5]} outside the vocabulary [0, {model.config.vocab_size})")
+    if max_new_tokens == 0 and not return_logprobs:      # nothing to generate or score: no forward at all
+        return GenerationOutput(prompts, [[] for _ in prompts], [False] * len(prompts))
     param = next(model.parameters())
     max_length = max(len(p) for p in prompts) + max_new_tokens
     if max_length > model.config.max_position_embeddings:

@@ -315,3 +315,7 @@ def test_completions_score_with_the_generation_itself(server_url, sp_model, monk
         logprobs = answer["choices"][0]["logprobs"]
         assert len(logprobs["token_logprobs"]) == len(prompt) + max_tokens
         assert all(len(top) == 2 for top in logprobs["top_logprobs"][1:])
+    seen.clear()      # echo alone: nothing to generate or score, no forward
+    status, answer = call(server_url, {"prompt": [prompt], "max_tokens": 0, "echo": True}, method="POST",
+                          path="/v1/completions")
+    assert status == 200 and seen == [] and answer["choices"][0]["logprobs"] is None
