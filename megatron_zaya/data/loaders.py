@@ -156,11 +156,7 @@ def build_split_datasets(cfg: DataConfig, seq_length: int, train_valid_test_num_
         return SplitDatasets(train, [ValidationSet("", valid)] if valid is not None else [], test)
     train_blend, valid_blend, test_blend = cfg.split_blends()
     blends = [p.data_path for p in cfg.phases] if cfg.phases else [train_blend]
-    prefixes: list[str] = []
-    for b in [b for b in blends + [valid_blend, test_blend] if b]:
-        for p in parse_data_path(b)[1]:
-            if p not in prefixes:
-                prefixes.append(p)
+    prefixes = dataset_prefixes(cfg)
     indexed = {p: IndexedDataset(p, mmap_bin=cfg.mmap_bin_files) for p in prefixes}
     if cfg.phases:
         sizes, used = [], 0
@@ -176,6 +172,35 @@ def build_split_datasets(cfg: DataConfig, seq_length: int, train_valid_test_num_
     return SplitDatasets(train=_build_split(cfg, indexed, prefixes, blends, sizes, 0, opts),
                          valid=_build_validation_sets(cfg, indexed, prefixes, valid_blend, valid_n, opts),
                          test=_build_split(cfg, indexed, prefixes, [test_blend], [test_n], 2, opts))
+
+
+def dataset_prefixes(cfg: DataConfig) -> list[str]:
+    """Every dataset prefix the run reads (training phases, validation and test blends), each once."""
+    train_blend, valid_blend, test_blend = cfg.split_blends()
+    blends = [p.data_path for p in cfg.phases] if cfg.phases else [train_blend]
+    prefixes: list[str] = []
+    for blend in [b for b in blends + [valid_blend, test_blend] if b]:
+        prefixes += [p for p in parse_data_path(blend)[1] if p not in prefixes]
+    return prefixes
+
+
+def missing_eod_warnings(cfg: DataConfig, eod: int, sample: int = 64) -> list[str]:
+    """--reset-attention-mask, --reset-position-ids and --eod-mask-loss act at EOD tokens: a warning for
+    each dataset none of whose first `sample` documents ends with one (preprocessed without
+    --append-eod), where those flags would do nothing."""
+    flags = [f"--{name.replace('_', '-')}" for name in ("reset_attention_mask", "reset_position_ids", "eod_mask_loss")
+             if getattr(cfg, name)]
+    if not flags or cfg.mock_data:
+        return []
+    out = []
+    for prefix in dataset_prefixes(cfg):
+        data = IndexedDataset(prefix, mmap_bin=cfg.mmap_bin_files)
+        ends = [data.document(d)[-1:] for d in range(min(sample, data.num_documents))]
+        if not any(len(end) and int(end[0]) == eod for end in ends):
+            out.append(f"{' '.join(flags)}: none of the first {len(ends)} documents of {prefix} ends with the EOD "
+                       f"token (id {eod}), so these flags find no document boundary there (preprocess with "
+                       f"--append-eod)")
+    return out
 
 
 def build_train_valid_test_datasets(cfg: DataConfig, seq_length: int, train_valid_test_num_samples: list[int],

@@ -212,3 +212,20 @@ def ctx_dead_pid():
     proc.start()
     proc.join()
     return proc.pid
+
+
+def test_a_dataset_without_eod_tokens_is_warned_about_when_the_flags_need_them(tmp_path):
+    """--reset-attention-mask / --reset-position-ids / --eod-mask-loss act at EOD tokens: a dataset
+    preprocessed without --append-eod gets a warning naming it and the flags; one with EODs none."""
+    from megatron_zaya.data import DataConfig
+    from megatron_zaya.data.loaders import missing_eod_warnings
+
+    with_eod, without = str(tmp_path / "with_eod"), str(tmp_path / "without")
+    write_dataset(with_eod, [[5, 6, 7, 0], [8, 9, 0]], dtype=np.uint16)
+    write_dataset(without, [[5, 6, 7], [8, 9]], dtype=np.uint16)
+    config = DataConfig(data_path=["1", with_eod, "1", without], split="100,0,0", reset_attention_mask=True,
+                        eod_mask_loss=True)
+    warnings = missing_eod_warnings(config, eod=0)
+    assert len(warnings) == 1 and without in warnings[0]
+    assert warnings[0].startswith("--reset-attention-mask --eod-mask-loss: none of the first 2 documents")
+    assert missing_eod_warnings(DataConfig(data_path=[without], split="100,0,0"), eod=0) == []   # no such flag
