@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check of this repository in one run, sized for a 15-minute GPU lease (each step under its
-# own time limit, about 8 minutes in all): the device, the SDPA kernel the attention gets, the whole
+# own time limit, about 9.5 minutes in all): the device, the SDPA kernel the attention gets, the whole
 # model with Triton kernels against the PyTorch reference (fp32 and bf16), the kernel benchmark
 # (issue 7), and training throughput
 # and MFU of zaya1-base-4l (issue 9). Logs and JSON go to $OUT (default bench_gpu_session/), with
@@ -43,6 +43,10 @@ step train_mbs2_gbs16 90 env SEQ="$SEQ" MICRO=2 GLOBAL=16 WARMUP=1 ITERS=3 OUT="
 step model_check 130 "${PYTHON:-python3}" bench/gpu_model_check.py --seq-length 2048 --dtype both
 step train_mbs4_gbs16 90 env SEQ="$SEQ" MICRO=4 GLOBAL=16 WARMUP=1 ITERS=3 OUT="$OUT/train_mbs4_gbs16.json" \
     bash bench/gpu_train_throughput.sh
+# Packed documents of 512 tokens: the attention bias, K/V repeated for the memory-efficient kernel
+# (cca.kv_for_sdpa) and the segmented convolutions, against train_mbs2_gbs16.
+step train_packed_mbs2_gbs16 90 env SEQ="$SEQ" MICRO=2 GLOBAL=16 WARMUP=1 ITERS=3 DOCUMENT_LENGTH=512 \
+    OUT="$OUT/train_packed_mbs2_gbs16.json" bash bench/gpu_train_throughput.sh
 echo "== summary"
 cat "$OUT/summary.txt"
 ! grep -qv "rc=0 " "$OUT/summary.txt"

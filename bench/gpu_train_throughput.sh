@@ -8,6 +8,7 @@
 #   bash bench/gpu_train_throughput.sh                       # defaults below
 #   SEQ=4096 MICRO=2 GLOBAL=8 ITERS=10 bash bench/gpu_train_throughput.sh
 #   LAYERS=8 bash bench/gpu_train_throughput.sh             # more blocks, same shapes
+#   DOCUMENT_LENGTH=512 bash bench/gpu_train_throughput.sh  # packed documents (--reset-attention-mask)
 # Target (issue 9): 40% MFU or more on an H200.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +22,7 @@ OUT=${OUT:-bench_gpu_train_throughput.json}
 EXTRA=()
 [[ -n "${LAYERS:-}" ]] && EXTRA+=(--num-layers "$LAYERS")
 [[ -n "${PROFILE:-}" ]] && EXTRA+=(--profile "$PROFILE")
+[[ -n "${DOCUMENT_LENGTH:-}" ]] && EXTRA+=(--document-length "$DOCUMENT_LENGTH")   # packed documents
 ${PYTHON:-python3} -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no GPU visible to torch')"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv 2>/dev/null || rocm-smi 2>/dev/null || true
 MEGATRON_ZAYA_KERNELS=${MEGATRON_ZAYA_KERNELS:-triton} ${PYTHON:-python3} bench/train_throughput.py \
