@@ -62,8 +62,9 @@ class PackedDocuments:
     def attention_bias(self, dtype: torch.dtype) -> torch.Tensor:
         """The mask as SDPA's additive bias in `dtype` (0 = attend, -inf = not), one for every layer."""
         key = ("bias", dtype)
-        if key not in self.cache:
-            self.cache[key] = additive_bias(self.attention_mask(), dtype)
+        if key not in self.cache:      # the boolean mask is not kept beside it (full recomputation holds this object)
+            mask = self.cache.get("mask")
+            self.cache[key] = additive_bias(document_attention_mask(self.ids, self.ids) if mask is None else mask, dtype)
         return self.cache[key]
 
     def visibility(self, lags: int) -> torch.Tensor:
