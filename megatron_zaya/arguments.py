@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from megatron_zaya.checkpoint.preflight import (check_load_path, checkpoint_at_step, model_config_from_checkpoint,
-                                                tensor_parallel_from_checkpoint)
+                                                tensor_parallel_from_checkpoint, tokenizer_args_from_checkpoint)
 from megatron_zaya.config import ConfigError, ModelConfig, model_config_from_preset
 from megatron_zaya.data.blend import parse_data_path
 from megatron_zaya.data.gpt_dataset import default_cache_dir
@@ -423,6 +423,11 @@ def validate(args: argparse.Namespace) -> RunConfig:
         overrides["untie_embeddings_and_output_weights"] = True
     if args.use_checkpoint_args:
         model = model_config_from_checkpoint(args).replace(**overrides)
+        taken = tokenizer_args_from_checkpoint(args)
+        if taken:
+            vars(args).update(taken)
+            warnings.append(f"--use-checkpoint-args: the tokenizer of the run that saved the checkpoint, "
+                            f"--tokenizer-type {args.tokenizer_type} --tokenizer-model {args.tokenizer_model}")
     else:
         model = model_config_from_preset(args.preset or DEFAULT_PRESET, **overrides)
 

@@ -212,6 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--use-checkpoint-args", action="store_true",
                    help="the model config of --load's checkpoint instead of --preset's; model flags given on the "
                         "command line still override it (as in Megatron-LM)")
+    g.add_argument("--no-use-tokenizer-model-from-checkpoint-args", action="store_false",
+                   dest="use_tokenizer_model_from_checkpoint_args",
+                   help="with --use-checkpoint-args and no --tokenizer-model: do not take the saving run's "
+                        "tokenizer flags (as in Megatron-LM)")
     g.add_argument("--use-mp-args-from-checkpoint-args", action="store_true",
                    help="with --use-checkpoint-args: also the tensor-parallel size of the run that saved the "
                         "checkpoint (as in Megatron-LM; any layout loads a checkpoint, this one avoids resharding)")

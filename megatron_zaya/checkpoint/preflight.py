@@ -270,6 +270,23 @@ def checkpoint_args_source(args, key: str) -> tuple[str, dict]:
     return found
 
 
+TOKENIZER_ARGS = ("tokenizer_type", "tokenizer_model", "vocab_file", "merge_file", "tiktoken_pattern",
+                  "tiktoken_num_special_tokens", "tokenizer_special_tokens", "tokenizer_vocab_size")
+
+
+def tokenizer_args_from_checkpoint(args) -> dict:
+    """--use-checkpoint-args without --tokenizer-model: the tokenizer flags of the run that saved the
+    checkpoint (as Megatron-LM takes its tokenizer model; --no-use-tokenizer-model-from-checkpoint-args
+    turns it off); {} when this run names its own tokenizer model or the checkpoint holds no run's flags
+    (an offline conversion)."""
+    if args.tokenizer_model is not None or not args.use_tokenizer_model_from_checkpoint_args:
+        return {}
+    saved = checkpoint_args_source(args, "model_config")[1].get("args") or {}
+    if not saved.get("tokenizer_model"):
+        return {}
+    return {name: saved[name] for name in TOKENIZER_ARGS if saved.get(name) is not None}
+
+
 def tensor_parallel_from_checkpoint(args) -> int:
     """--use-mp-args-from-checkpoint-args (with --use-checkpoint-args, as in Megatron-LM): the
     tensor-parallel size of the run that saved the checkpoint (there is no pipeline parallelism here)."""

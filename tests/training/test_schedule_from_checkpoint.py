@@ -120,3 +120,18 @@ def test_use_mp_args_from_checkpoint_args_takes_the_tensor_parallel_size(first_r
     run = parse_args(flags + ["--use-mp-args-from-checkpoint-args"])
     assert (run.parallel.tensor_model_parallel_size, run.parallel.data_parallel_size) == (2, 1)
     assert any("--tensor-model-parallel-size 2, the checkpoint's (instead of 1)" in w for w in run.warnings)
+
+
+def test_use_checkpoint_args_takes_the_tokenizer_too(first_run, tiny_corpus, tmp_path, capsys):
+    """Without --tokenizer-model, --use-checkpoint-args takes the saving run's tokenizer flags (as Megatron-LM
+    takes its tokenizer model), saying so; --no-use-tokenizer-model-from-checkpoint-args keeps them out."""
+    _, save = first_run
+    flags = tiny_run_flags(tiny_corpus, tmp_path, **{**FIRST, "--load": save, "--num-layers": None, "--preset": None,
+                                                       "--use-checkpoint-args": "", "--tokenizer-model": None})
+    run = parse_args(flags)
+    assert (run.data.tokenizer_type, run.data.tokenizer_model) == ("GPTSentencePieceTokenizer", tiny_corpus[1])
+    assert any(w.startswith("--use-checkpoint-args: the tokenizer of the run that saved the checkpoint")
+               for w in run.warnings)
+    with pytest.raises(SystemExit):
+        parse_args(flags + ["--no-use-tokenizer-model-from-checkpoint-args"])
+    assert "--tokenizer-model" in capsys.readouterr().err
