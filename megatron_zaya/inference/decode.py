@@ -135,16 +135,11 @@ def prefill(model: ZayaModel, cache: InferenceCache, row: int, prompt: torch.Ten
     return (logits[0], scores) if return_logprobs else logits[0]
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """log p(tokens[i]) under logits[i] (N, V) over the whole (padded) vocabulary, as the training
-    loss counts it; fp32."""
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens.reshape(-1, 1)).squeeze(-1)
-
-
 def add_scores(scores: TokenScores, logits: torch.Tensor, tokens: torch.Tensor, top: int,
                vocab_limit: int | None) -> None:
-    """Append log p(tokens[i]) under logits[i] (N, V) and, with top > 0, the `top` most likely ids of
-    each row among the first `vocab_limit` (the tokenizer's: padded rows have no text)."""
+    """Append log p(tokens[i]) under logits[i] (N, V), over the whole (padded) vocabulary as the training
+    loss counts it (fp32), and, with top > 0, the `top` most likely ids of each row among the first
+    `vocab_limit` (the tokenizer's: padded rows have no text)."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     scores.logprobs += logprobs.gather(-1, tokens.reshape(-1, 1)).squeeze(-1).tolist()
     if top:
