@@ -184,6 +184,15 @@ def dataset_prefixes(cfg: DataConfig) -> list[str]:
     return prefixes
 
 
+def last_token(data: IndexedDataset, doc: int) -> int | None:
+    """The last token of document `doc` (None for an empty one), read alone."""
+    for seq in range(int(data.document_indices[doc + 1]) - 1, int(data.document_indices[doc]) - 1, -1):
+        length = int(data.sequence_lengths[seq])
+        if length:
+            return int(data.get(seq, length - 1, 1)[0])
+    return None
+
+
 def missing_eod_warnings(cfg: DataConfig, eod: int, sample: int = 64) -> list[str]:
     """--reset-attention-mask, --reset-position-ids and --eod-mask-loss act at EOD tokens: a warning for
     each dataset none of whose first `sample` documents ends with one (preprocessed without
@@ -195,8 +204,8 @@ def missing_eod_warnings(cfg: DataConfig, eod: int, sample: int = 64) -> list[st
     out = []
     for prefix in dataset_prefixes(cfg):
         data = IndexedDataset(prefix, mmap_bin=cfg.mmap_bin_files)
-        ends = [data.document(d)[-1:] for d in range(min(sample, data.num_documents))]
-        if not any(len(end) and int(end[0]) == eod for end in ends):
+        ends = [last_token(data, d) for d in range(min(sample, data.num_documents))]
+        if eod not in ends:
             out.append(f"{' '.join(flags)}: none of the first {len(ends)} documents of {prefix} ends with the EOD "
                        f"token (id {eod}), so these flags find no document boundary there (preprocess with "
                        f"--append-eod)")

@@ -229,3 +229,13 @@ def test_a_dataset_without_eod_tokens_is_warned_about_when_the_flags_need_them(t
     assert len(warnings) == 1 and without in warnings[0]
     assert warnings[0].startswith("--reset-attention-mask --eod-mask-loss: none of the first 2 documents")
     assert missing_eod_warnings(DataConfig(data_path=[without], split="100,0,0"), eod=0) == []   # no such flag
+    # a document of several sequences ends with its last non-empty one
+    from megatron_zaya.data.indexed import IndexedDatasetWriter
+    from megatron_zaya.data.loaders import last_token
+    split_doc = str(tmp_path / "split_doc")
+    with IndexedDatasetWriter(split_doc, np.uint16) as writer:
+        writer.add_document([5, 6, 7, 0], lengths=[2, 2])
+        writer.add_document([8, 9], lengths=[2])
+    data = IndexedDataset(split_doc)
+    assert [last_token(data, d) for d in range(2)] == [0, 9]
+    assert missing_eod_warnings(DataConfig(data_path=[split_doc], split="100,0,0", reset_position_ids=True), 0) == []
