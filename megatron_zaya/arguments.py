@@ -15,8 +15,9 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from megatron_zaya.checkpoint.preflight import (check_load_path, checkpoint_at_step, model_config_from_checkpoint,
-                                                tensor_parallel_from_checkpoint, tokenizer_args_from_checkpoint)
+from megatron_zaya.checkpoint.preflight import (check_load_path, checkpoint_args_source, checkpoint_at_step,
+                                                model_config_from_checkpoint, tensor_parallel_from_checkpoint,
+                                                tokenizer_args_from_checkpoint)
 from megatron_zaya.config import ConfigError, ModelConfig, model_config_from_preset
 from megatron_zaya.data.blend import parse_data_path
 from megatron_zaya.data.gpt_dataset import default_cache_dir
@@ -421,9 +422,10 @@ def validate(args: argparse.Namespace) -> RunConfig:
     overrides = {name: getattr(args, name) for name in MODEL_FLAGS if getattr(args, name) is not None}
     if args.untie_embeddings_and_output_weights:
         overrides["untie_embeddings_and_output_weights"] = True
-    if args.use_checkpoint_args:
-        model = model_config_from_checkpoint(args).replace(**overrides)
-        taken = tokenizer_args_from_checkpoint(args)
+    source = checkpoint_args_source(args) if args.use_checkpoint_args else None   # its metadata, read once
+    if source is not None:
+        model = model_config_from_checkpoint(args, source).replace(**overrides)
+        taken = tokenizer_args_from_checkpoint(args, source)
         if taken:
             vars(args).update(taken)
             warnings.append(f"--use-checkpoint-args: the tokenizer of the run that saved the checkpoint, "
@@ -435,7 +437,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
         raise UserInputError(f"--ddp-num-buckets={args.ddp_num_buckets} and --ddp-bucket-size={args.ddp_bucket_size} "
                              "set the same thing: give one of them (as in Megatron-LM)")
     if args.use_mp_args_from_checkpoint_args:
-        tp = tensor_parallel_from_checkpoint(args)
+        tp = tensor_parallel_from_checkpoint(args, source)
         if tp != args.tensor_model_parallel_size:
             warnings.append(f"--use-mp-args-from-checkpoint-args: --tensor-model-parallel-size {tp}, the checkpoint's "
                             f"(instead of {args.tensor_model_parallel_size})")

@@ -4,8 +4,10 @@ While the flags are validated (arguments.validate), before anything else is buil
 
   - `check_load_path`: --load is a folder (or absent: train from scratch) and not a Megatron-LM
     checkpoint;
-  - `model_config_from_checkpoint`: --use-checkpoint-args's model config, from --load's metadata, and
-    with --use-mp-args-from-checkpoint-args its tensor-parallel size (`tensor_parallel_from_checkpoint`).
+  - `checkpoint_args_source`: --use-checkpoint-args's checkpoint metadata, read once, from which come
+    its model config (`model_config_from_checkpoint`), the saving run's tokenizer flags
+    (`tokenizer_args_from_checkpoint`) and with --use-mp-args-from-checkpoint-args its tensor-parallel
+    size (`tensor_parallel_from_checkpoint`).
 
 `check_before_build(run)` runs in setup.build_and_train after the tokenizer (the padded vocabulary
 is part of the model config) and before process groups, the model and the optimizer. It only reads
@@ -232,15 +234,11 @@ def check_load_path(path: str, flag: str = "--load") -> None:
             f"and use --load DIR --finetune")
 
 
-def model_config_from_checkpoint(args) -> ModelConfig:
-    """--use-checkpoint-args: the model config saved with the checkpoint --load starts from (the first
-    one with readable metadata, as the load itself will try; --pretrained-checkpoint's when --load has
-    none). Its vocabulary size counts as given, so the tokenizer's padded size does not replace it (a
+def model_config_from_checkpoint(args, source: tuple[str, dict]) -> ModelConfig:
+    """--use-checkpoint-args: the model config saved with the checkpoint `source` (checkpoint_args_source).
+    Its vocabulary size counts as given, so the tokenizer's padded size does not replace it (a
     different tokenizer is then an error)."""
-    if args.preset:
-        raise UserInputError(f"--use-checkpoint-args and --preset {args.preset} exclude each other: the model "
-                             f"config comes from --load's checkpoint")
-    folder, meta = checkpoint_args_source(args, "model_config")
+    folder, meta = source
     try:
         model = ModelConfig(**meta["model_config"])
     except TypeError as err:
@@ -251,9 +249,13 @@ def model_config_from_checkpoint(args) -> ModelConfig:
     return model
 
 
-def checkpoint_args_source(args, key: str) -> tuple[str, dict]:
-    """(folder, metadata) of the checkpoint --use-checkpoint-args reads: --load's first candidate with
-    readable metadata holding `key`, else --pretrained-checkpoint's; UserInputError naming the flag."""
+def checkpoint_args_source(args) -> tuple[str, dict]:
+    """(folder, metadata) of the checkpoint --use-checkpoint-args reads, once for the model config, the
+    tokenizer and the TP size: --load's first candidate with readable metadata (as the load itself will
+    try), else --pretrained-checkpoint's; UserInputError naming the flag."""
+    if args.preset:
+        raise UserInputError(f"--use-checkpoint-args and --preset {args.preset} exclude each other: the model "
+                             f"config comes from --load's checkpoint")
     pretrained = getattr(args, "pretrained_checkpoint", None)
     if not (args.load or pretrained):
         raise UserInputError("--use-checkpoint-args needs --load (the checkpoint to take the model config from)")
@@ -264,9 +266,9 @@ def checkpoint_args_source(args, key: str) -> tuple[str, dict]:
     if found is None and pretrained:
         check_load_path(pretrained, "--pretrained-checkpoint")
         found, source = first_candidate_metadata(pretrained), f"--pretrained-checkpoint {pretrained}"
-    if found is None or not found[1].get(key):
-        what = "a model config" if key == "model_config" else f"{key!r}"
-        raise UserInputError(f"--use-checkpoint-args: {source} holds no checkpoint with {what} in its {METADATA_FILE}")
+    if found is None or not found[1].get("model_config"):
+        raise UserInputError(f"--use-checkpoint-args: {source} holds no checkpoint with a model config in its "
+                             f"{METADATA_FILE}")
     return found
 
 
@@ -274,29 +276,31 @@ TOKENIZER_ARGS = ("tokenizer_type", "tokenizer_model", "vocab_file", "merge_file
                   "tiktoken_num_special_tokens", "tokenizer_special_tokens", "tokenizer_vocab_size")
 
 
-def tokenizer_args_from_checkpoint(args) -> dict:
+def tokenizer_args_from_checkpoint(args, source: tuple[str, dict]) -> dict:
     """--use-checkpoint-args without --tokenizer-model: the tokenizer flags of the run that saved the
     checkpoint (as Megatron-LM takes its tokenizer model; --no-use-tokenizer-model-from-checkpoint-args
     turns it off); {} when this run names its own tokenizer model or the checkpoint holds no run's flags
     (an offline conversion)."""
     if args.tokenizer_model is not None or not args.use_tokenizer_model_from_checkpoint_args:
         return {}
-    saved = checkpoint_args_source(args, "model_config")[1].get("args") or {}
+    saved = source[1].get("args") or {}
     if not saved.get("tokenizer_model"):
         return {}
     return {name: saved[name] for name in TOKENIZER_ARGS if saved.get(name) is not None}
 
 
-def tensor_parallel_from_checkpoint(args) -> int:
-    """--use-mp-args-from-checkpoint-args (with --use-checkpoint-args, as in Megatron-LM): the
-    tensor-parallel size of the run that saved the checkpoint (there is no pipeline parallelism here)."""
-    if not args.use_checkpoint_args:
+def tensor_parallel_from_checkpoint(args, source: tuple[str, dict] | None) -> int:
+    """--use-mp-args-from-checkpoint-args (with --use-checkpoint-args, as in Megatron-LM, whose checkpoint
+    `source` it reads): the tensor-parallel size of the run that saved the checkpoint (there is no pipeline
+    parallelism here)."""
+    if source is None:
         raise UserInputError("--use-mp-args-from-checkpoint-args needs --use-checkpoint-args (as in Megatron-LM)")
-    folder, meta = checkpoint_args_source(args, "layout")
-    size = meta["layout"].get("tensor_model_parallel_size")
+    folder, meta = source
+    layout = meta.get("layout") or {}
+    size = layout.get("tensor_model_parallel_size")
     if not isinstance(size, int) or size < 1:
         raise UserInputError(f"--use-mp-args-from-checkpoint-args: {os.path.join(folder, METADATA_FILE)} holds no "
-                             f"tensor-parallel size (layout: {meta['layout']})")
+                             f"tensor-parallel size (layout: {layout})")
     return size
 
 
