@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     print("|---|---|---|")
     for label, query, mask in cases:
         grouped = backend_name(query, k, v, mask, True)
-        k2, v2, gqa = kv_for_sdpa(query, k, v, mask, groups)
+        k2, v2, gqa, _ = kv_for_sdpa(query, k, v, mask, groups)
         chosen = backend_name(query, k2, v2, mask, gqa)
         print(f"| {label} | {grouped} | {chosen}{'' if gqa else ' (K/V repeated)'} |")
     return 0

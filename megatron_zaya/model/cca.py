@@ -63,18 +63,21 @@ def sdpa_mask(attention_mask, dtype: torch.dtype):
 
 
 def kv_for_sdpa(q, k, v, mask, groups: int):
-    """(k, v, enable_gqa) for SDPA on (B, H, S, dh) q, k, v: the grouped K/V heads as they are, unless
+    """(k, v, enable_gqa, math) for SDPA on (B, H, S, dh) q, k, v, math: whether SDPA takes its math path
+    with them (what selective recomputation asks). The grouped K/V heads go as they are, unless
     SDPA would then take its math path (S x S scores, kept for the backward) and K/V repeated to the
     query heads let it take a fused kernel: on CUDA flash attention takes no explicit mask and the
     memory-efficient kernel no grouped heads (packed documents' bias), and some ROCm builds' flash
     takes no grouped heads at all. SDPA's own choice decides (recompute.sdpa_keeps_scores); on CPU
     the flash kernel takes both, and nothing is repeated."""
-    if groups == 1 or not recompute.sdpa_keeps_scores(q, k, v, mask, True):
-        return k, v, groups > 1
+    grouped = groups > 1
+    math = recompute.sdpa_keeps_scores(q, k, v, mask, grouped)
+    if not (grouped and math):
+        return k, v, grouped, math
     repeated = tuple(t.repeat_interleave(groups, dim=1) for t in (k, v))
     if recompute.sdpa_keeps_scores(q, *repeated, mask, False):
-        return k, v, True
-    return repeated + (False,)
+        return k, v, True, True
+    return repeated + (False, False)
 
 
 class CompressedConvAttention(nn.Module):
@@ -199,7 +202,7 @@ class CompressedConvAttention(nn.Module):
         # Grouped KV heads go to SDPA as they are where a fused kernel takes them (torch 2.13's CPU flash
         # kernel, CUDA flash without a mask): no repeat_interleave copies of K and V (nor their backward
         # sums). Elsewhere they are repeated when only that keeps SDPA off its math path (kv_for_sdpa).
-        k, v, gqa = kv_for_sdpa(q, k, v, attention_mask, self.groups)
+        k, v, gqa, math = kv_for_sdpa(q, k, v, attention_mask, self.groups)
 
         def core(q, k, v):
             if attention_mask is None:
@@ -208,7 +211,7 @@ class CompressedConvAttention(nn.Module):
 
         # Selective recomputation: SDPA's math path keeps the S x S probabilities; the core then runs again
         # in the backward from q, k, v. Flash and memory-efficient kernels keep no scores: run once.
-        if recompute.selective(self) and recompute.sdpa_keeps_scores(q, k, v, attention_mask, gqa):
+        if recompute.selective(self) and math:
             out = recompute.keep_inputs_only(core, q, k, v)
         else:
             out = core(q, k, v)

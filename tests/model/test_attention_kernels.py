@@ -24,7 +24,7 @@ def test_grouped_heads_stay_grouped_where_a_fused_kernel_takes_them():
     q, k, v = qkv(torch.bfloat16)
     ids = (torch.arange(24) // 7)[None].expand(2, 24)
     for mask in (None, additive_bias(document_attention_mask(ids, ids), torch.bfloat16)):
-        k2, v2, gqa = kv_for_sdpa(q, k, v, mask, 4)
+        k2, v2, gqa, _ = kv_for_sdpa(q, k, v, mask, 4)
         assert k2 is k and v2 is v and gqa
 
 
@@ -56,7 +56,7 @@ def test_repeated_heads_give_the_grouped_attention(monkeypatch, packed):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
     monkeypatch.setattr(recompute, "sdpa_keeps_scores", lambda *args: True)     # no fused kernel either way
     q_, k_, v_ = qkv()
-    k2, v2, gqa = kv_for_sdpa(q_, k_, v_, None, 4)
+    k2, v2, gqa, _ = kv_for_sdpa(q_, k_, v_, None, 4)
     assert k2 is k_ and v2 is v_ and gqa
 
 
