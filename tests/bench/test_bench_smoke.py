@@ -104,6 +104,13 @@ def test_packed_documents_bench_runs(capsys):
     assert "plain (two Conv1d)" in out and "segmented (restarts per document)" in out
 
 
+def test_completions_latency_bench_runs(capsys, keep_threads):
+    assert load_script("completions_latency").main(["--preset", "zaya1-tiny", "--prompt-lengths", "5", "9",
+                                                     "--max-tokens", "0", "2", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| 0 |" in out and "| 2 |" in out
+
+
 def test_sdpa_backends_bench_runs(capsys):
     assert load_script("sdpa_backends").main(["--seq-length", "64", "--head-dim", "16"]) == 0
     out = capsys.readouterr().out

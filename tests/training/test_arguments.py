@@ -435,7 +435,9 @@ def test_a_megatron_lm_script_runs_unchanged(tiny_corpus, tmp_path):
                 "--num-dataset-builder-threads", "8", "--mid-level-dataset-surplus", "0.01",
                 "--log-world-size-to-tensorboard", "--fp32-residual-connection", "--no-initialization",
                 "--softmax-type", "vanilla", "--rope-type", "rope", "--timing-log-option", "minmax",
-                "--train-sync-interval", "10"]
+                "--train-sync-interval", "10", "--moe-router-fusion", "--no-align-grad-reduce",
+                "--no-align-param-gather", "--disable-gloo-process-groups", "--head-lr-mult", "1.0",
+                "--mtp-num-layers", "0"]
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--lr-warmup-iters": "4"}) + megatron)
     assert run.train.recompute_granularity == "selective"          # Megatron's --recompute-activations
     assert (run.train.manual_gc, run.train.manual_gc_interval, run.train.manual_gc_eval) == (True, 5, False)

@@ -1,0 +1,63 @@
+"""Latency of OpenAI completions requests with log-probabilities, as evaluation harnesses send them (echo,
+logprobs 1, greedy), through the server's own request handler (inference.completions.complete) without
+HTTP; random weights and prompt tokens.
+
+    python bench/completions_latency.py                                   # zaya1-100m, max_tokens 0 1 16
+    python bench/completions_latency.py --preset zaya1-tiny --max-tokens 0 1
+
+Prints the median seconds of --repeats requests (after one untimed) for each --max-tokens.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from megatron_zaya.config import PRESETS, model_config_from_preset  # noqa: E402
+from megatron_zaya.data import build_tokenizer  # noqa: E402
+from megatron_zaya.inference.completions import complete  # noqa: E402
+from megatron_zaya.model import ZayaModel  # noqa: E402
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="zaya1-100m", choices=sorted(PRESETS))
+    parser.add_argument("--prompt-lengths", type=int, nargs="+", default=[128, 256, 384, 512])
+    parser.add_argument("--max-tokens", type=int, nargs="+", default=[0, 1, 16])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = ZayaModel(model_config_from_preset(args.preset)).eval()
+    tokenizer = build_tokenizer("NullTokenizer", str(model.config.vocab_size - 1))
+    service = SimpleNamespace(model=model, tokenizer=tokenizer, lock=threading.Lock(), name=args.preset,
+                              log=lambda message: None)
+    prompts = [torch.randint(0, tokenizer.vocab_size - 1, (n,)).tolist() for n in args.prompt_lengths]
+    print(f"{args.preset}, fp32, {torch.get_num_threads()} threads: {len(prompts)} prompts of "
+          f"{sum(args.prompt_lengths)} tokens in all, echo, logprobs 1, greedy")
+    print("| max_tokens | median s |")
+    print("|---|---|")
+    for max_tokens in args.max_tokens:
+        body = {"prompt": prompts, "max_tokens": max_tokens, "echo": True, "logprobs": 1, "temperature": 0}
+        complete(service, body)
+        times = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            complete(service, body)
+            times.append(time.perf_counter() - start)
+        print(f"| {max_tokens} | {statistics.median(times):.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
