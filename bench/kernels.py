@@ -43,6 +43,7 @@ from megatron_zaya.kernels import (  # noqa: E402
     triton_rope,
     triton_swiglu,
 )
+from megatron_zaya.model.documents import lag_visibility_of_ids  # noqa: E402
 
 
 @dataclass
@@ -305,6 +306,14 @@ def make_cases(dev: str, small: bool) -> list[Case]:
                       bytes=bb * ss * cc * (2 * e + 3 * e + 4), grads=[_rand(bb, ss, cc, dtype=act, device=dev)],
                       tol=dict(atol=2e-5, rtol=2e-5) if small else dict(atol=1e-1, rtol=5e-2),
                       note="weight grads are torch reductions; bytes count the kernels only"))
+    # The same with packed documents (--reset-attention-mask): documents of 512 tokens (3 in the small case).
+    document_ids = torch.arange(ss, device=dev).div(3 if small else 512, rounding_mode="floor").expand(bb, ss)
+    visible = lag_visibility_of_ids(document_ids, 2)
+    cases.append(Case("cca conv segmented fwd+bwd", triton_cca_conv.cca_causal_conv_segmented, R.cca_causal_conv_segmented,
+                      [packed, *conv_params, visible], bytes=bb * ss * (cc * (2 * e + 3 * e + 4) + 2),
+                      grads=[_rand(bb, ss, cc, dtype=act, device=dev)],
+                      tol=dict(atol=2e-5, rtol=2e-5) if small else dict(atol=1e-1, rtol=5e-2),
+                      note="eager: shifted sums per tap (kernels/reference.py); bytes count the kernels only"))
 
     # Newton-Schulz on a batch of expert matrices (bf16 on GPU as in Muon, fp32 in the interpreter).
     nb, m, k = (3, 20, 37) if small else (16, 2048, 2048)

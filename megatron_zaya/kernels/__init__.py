@@ -285,10 +285,16 @@ def cca_causal_conv(packed, dw_weight, dw_bias, g_weight, g_bias, left=None) -> 
     return impl(packed, dw_weight, dw_bias, g_weight, g_bias, left)
 
 
-def cca_causal_conv_segmented(packed, dw_weight, dw_bias, g_weight, g_bias, visible) -> torch.Tensor:
-    """cca_causal_conv restarted where `visible` says (packed documents); the reference on every
-    device (a path for --reset-attention-mask runs only)."""
-    return reference.cca_causal_conv_segmented(packed, dw_weight, dw_bias, g_weight, g_bias, visible)
+def cca_causal_conv_segmented(packed, dw_weight, dw_bias, g_weight, g_bias, visible, recompute=False) -> torch.Tensor:
+    """cca_causal_conv restarted where `visible` (B, S, lags) says (packed documents). recompute: the
+    reference keeps only its inputs for the backward (not its shifted inputs and taps) and runs again
+    then; the Triton kernel keeps only its inputs in any case."""
+    args = (packed, dw_weight, dw_bias, g_weight, g_bias, visible)
+    mod = _triton("cca_conv", *args)
+    if mod:
+        return mod.cca_causal_conv_segmented(*args)
+    return _keep_inputs_only(reference.cca_causal_conv_segmented, *args) if recompute else \
+        reference.cca_causal_conv_segmented(*args)
 
 
 __all__ += ["cca_causal_conv", "cca_causal_conv_segmented"]

@@ -81,6 +81,7 @@ def _drive_wrappers():
     conv = [leaf(1280, 1, 2), leaf(1280), leaf(1280, 128, 2), leaf(1280)]
     backward(triton_cca_conv.cca_causal_conv(leaf(1, 8, 1280), *conv))
     backward(triton_cca_conv.cca_causal_conv(leaf(1, 8, 1280), *conv, leaf(1, 1280, 2)))
+    backward(triton_cca_conv.cca_causal_conv_segmented(leaf(1, 8, 1280), *conv, torch.ones(1, 8, 2, dtype=torch.bool)))
     del reference
 
 

@@ -169,9 +169,7 @@ class CompressedConvAttention(nn.Module):
         if visible is not None:
             # Under selective recomputation (core_attn) the segmented conv keeps only its inputs: its
             # shifted input and grouped-conv taps are elementwise work, recomputed in the backward.
-            segmented = kernels.cca_causal_conv_segmented
-            if recompute.selective(self):
-                segmented = functools.partial(recompute.keep_inputs_only, kernels.cca_causal_conv_segmented)
+            segmented = functools.partial(kernels.cca_causal_conv_segmented, recompute=recompute.selective(self))
             if left is None:
                 return segmented(packed, *weights, visible)
             if left.visible is None:

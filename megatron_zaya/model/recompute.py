@@ -16,9 +16,9 @@ planner/activations.py, counts the same terms by `Term.recomputed_by` / `Term.ke
   path: the core runs again from q, k, v. Flash and memory-efficient SDPA keep no scores (only q, k, v,
   the output and a log-sum-exp): rerunning them would cost an attention forward for nothing, so they
   are left alone (`sdpa_keeps_scores` asks SDPA's own backend choice).
-* With packed documents, the segmented convolution's shifted input and grouped-conv taps: it keeps
-  only its input and the shared visibility, and runs again (elementwise work and a small grouped
-  contraction per tap).
+* With packed documents, the PyTorch segmented convolution's shifted input and grouped-conv taps: it
+  keeps only its input and the shared visibility, and runs again (elementwise work and a small grouped
+  contraction per tap). The fused Triton one (GPUs) keeps only those anyway.
 * The router's GELU outputs (the inputs of fc2 and out_proj) and the experts' SwiGLU output (the input
   of the down projection; Megatron's "moe_act"): `feed` computes them again from the activation's input
   just before the matmul's backward reads them; the reference SwiGLU's SiLU output goes too.

@@ -120,15 +120,19 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
         ]
     terms.append(Term("attention: bf16 input cast of the stacked projection (q, k, v_current, v_previous)", 2 * d))
     if packed_documents:
-        # The segmented conv (PyTorch on every device) keeps its input, a view that keeps the whole stacked
-        # projection output alive, and the value shift its visibility cast; the shifted input the conv
-        # scales, both grouped-conv taps (bf16) and its three visibility casts go under core_attn.
-        terms += [Term("attention: segmented conv input (the stacked projection output, bf16) + value-shift "
-                       "visibility", 2 * (hq + 2 * hkv) * dh + 2),
-                  Term("attention: segmented conv shifted input, 2 taps (bf16), visibility casts", 3 * 2 * c + 3 * 2,
-                       "core_attn")]
+        # The segmented conv keeps its input, a view that keeps the whole stacked projection output alive,
+        # and the value shift its visibility cast. The PyTorch one also keeps the shifted input it scales,
+        # both grouped-conv taps (bf16) and three visibility casts, under core_attn; the fused kernel
+        # keeps nothing else (the shared visibility: outer_terms).
+        terms.append(Term("attention: segmented conv input (the stacked projection output, bf16) + value-shift "
+                          "visibility", 2 * (hq + 2 * hkv) * dh + 2))
+        if not fused:
+            terms.append(Term("attention: segmented conv shifted input, 2 taps (bf16), visibility casts",
+                              3 * 2 * c + 3 * 2, "core_attn"))
     else:
-        terms.append(Term("attention: conv input (packed q0/k0, bf16)", 2 * c) if fused else
+        # The fused conv keeps packed q0/k0, a view that keeps the whole stacked projection output alive.
+        terms.append(Term("attention: conv input (packed q0/k0: the stacked projection output, bf16)",
+                          2 * (hq + 2 * hkv) * dh) if fused else
                      Term("attention: conv inputs (depthwise + grouped, bf16)", 2 * 2 * c))
     terms += [
         Term("attention: q, k before QK-norm (bf16)", 2 * hq * dh + 2 * hkv * dh),
@@ -192,10 +196,10 @@ def outer_terms(config: ModelConfig, policy: str = "gpu", packed_documents: bool
     # The fused RoPE keeps the fp32 tables; the reference one its bf16 casts per layer, unless recomputed.
     terms.append(Term("RoPE cos/sin tables (fp32, shared by all layers)", 2 * 4 * config.rotary_dim,
                       kept_by=None if fused else "core_attn"))
-    if packed_documents:     # the recomputed segmented convs keep the boolean visibility every layer shares
+    if packed_documents:     # the fused or recomputed segmented convs keep the boolean visibility all layers share
         lags = config.cca_depthwise_kernel - 1 + config.cca_grouped_kernel - 1
         terms.append(Term("packed documents: conv lag visibility (bool, shared by all layers)", lags,
-                          kept_by="core_attn"))
+                          kept_by=None if fused else "core_attn"))
     return terms
 
 

@@ -1,7 +1,7 @@
 """Run as a script under TRITON_INTERPRET=1 MEGATRON_ZAYA_KERNELS=triton: measures the saved-for-backward
 bytes of a small model whose RMSNorm/residual/SwiGLU/RoPE/permute/cross-entropy go through the Triton
-autograd functions (interpreted on CPU), without and with selective recomputation, and prints them beside
-the planner's fused-kernel formula."""
+autograd functions (interpreted on CPU), without and with selective recomputation, each also with packed
+documents (the segmented conv kernel), and prints them beside the planner's fused-kernel formula."""
 import json
 import sys
 from pathlib import Path
@@ -24,13 +24,19 @@ def main():
     labels = torch.randint(0, config.vocab_size, (2, 32), generator=gen)
     policy = StoragePolicy(attention="math", kv_repeated=True, loss="fused", kernels="fused")
     result = {}
-    for recompute in ("none", "selective"):
-        model.set_recompute(None if recompute == "none" else recompute)
-        measured, routed, padded = measured_saved_bytes(model, tokens, labels, backend=SDPBackend.MATH)
-        predicted = activation_memory(config, 32, 2, recompute, policy=policy, routed_fraction=routed,
-                                      padded_fraction=padded).stored
-        result[recompute] = {"measured": measured, "predicted": predicted, "routed": routed}
-    print(json.dumps(result["none"] | {"selective": result["selective"]}))
+    forward = model.forward
+    documents = (torch.arange(32) // 12).expand(2, 32)      # packed documents: three per sequence
+    for packed in (False, True):
+        model.forward = (lambda tokens, labels=None: forward(tokens, labels=labels, document_ids=documents)) if packed \
+            else forward
+        for recompute in ("none", "selective"):
+            model.set_recompute(None if recompute == "none" else recompute)
+            measured, routed, padded = measured_saved_bytes(model, tokens, labels, backend=SDPBackend.MATH)
+            predicted = activation_memory(config, 32, 2, recompute, policy=policy, routed_fraction=routed,
+                                          padded_fraction=padded, packed_documents=packed).stored
+            result[("packed " if packed else "") + recompute] = {"measured": measured, "predicted": predicted,
+                                                                 "routed": routed}
+    print(json.dumps(result["none"] | {key: result[key] for key in ("selective", "packed none", "packed selective")}))
 
 
 if __name__ == "__main__":

@@ -115,7 +115,7 @@ def test_full_recompute_formula_matches_checkpointed_blocks():
 def test_fused_kernel_formula_under_triton_interpreter():
     """The GPU policy's kernel terms: the Triton autograd functions run interpreted on CPU (own process,
     TRITON_INTERPRET must be set before triton loads); attention stays on SDPA's CPU math path. Without
-    recomputation and with selective recomputation."""
+    recomputation and with selective recomputation, each also with packed documents."""
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1", MEGATRON_ZAYA_KERNELS="triton")
     probe = Path(__file__).with_name("planner_fused_probe.py")
@@ -128,6 +128,10 @@ def test_fused_kernel_formula_under_triton_interpreter():
     selective = result["selective"]
     assert abs(selective["predicted"] - selective["measured"]) / selective["measured"] < 0.02, result
     assert selective["measured"] < 0.85 * result["measured"], result
+    # Packed documents (--reset-attention-mask): the segmented conv kernel keeps its input and the shared
+    # visibility, with and without selective recomputation.
+    for key in ("packed none", "packed selective"):
+        assert abs(result[key]["predicted"] - result[key]["measured"]) / result[key]["measured"] < 0.02, (key, result)
 
 
 @pytest.mark.parametrize("modules", [["moe"], ["core_attn"], ["layernorm", "moe_act"],

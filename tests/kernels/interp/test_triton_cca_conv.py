@@ -107,3 +107,43 @@ def test_grouped_row_products_split_the_rows(rows, splits):
     assert got.shape == (3, 8, 5)
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5 * rows ** 0.5)
     assert T.row_splits(rows) == splits
+
+
+@pytest.mark.parametrize("b,s,groups,dh,k1,k2,boundaries", [
+    (2, 13, 2, 32, 2, 2, [[4, 5, 11], [1, 12]]),   # ZAYA1's kernel sizes, a one-token document, ragged S
+    (1, 11, 2, 12, 3, 2, [[2, 7]]),                 # longer depthwise kernel, dh not a power of two
+    (2, 9, 1, 16, 2, 3, [[3], []]),                 # longer grouped kernel; one sequence is one document
+])
+def test_cca_causal_conv_segmented(b, s, groups, dh, k1, k2, boundaries):
+    """The fused kernel with document visibility against reference.cca_causal_conv_segmented (shifted
+    sums), output and every gradient, fp32. Tolerances as above. The visibility has one lag column more
+    than the kernels read, as the model's (it also serves the value shift)."""
+    from megatron_zaya.model.documents import lag_visibility_of_ids
+
+    gen = torch.Generator().manual_seed(s * 100 + dh + k2)
+    c = groups * dh
+    starts = torch.zeros(b, s, dtype=torch.long)
+    for row, cuts in enumerate(boundaries):
+        starts[row, cuts] = 1
+    visible = lag_visibility_of_ids(starts.cumsum(1), max(k1, k2))
+    packed0 = torch.randn(b, s, c, generator=gen)
+    params = _params(c, dh, k1, k2, gen)
+    g = torch.randn(b, s, c, generator=gen)
+
+    def run(fn):
+        packed = packed0.clone().requires_grad_(True)
+        for p in params:
+            p.grad = None
+        out = fn(packed, *params, visible)
+        out.backward(g)
+        return out.detach(), packed.grad, [p.grad.clone() for p in params]
+
+    out, d_packed, d_params = run(T.cca_causal_conv_segmented)
+    out_r, d_packed_r, d_params_r = run(R.cca_causal_conv_segmented)
+    torch.testing.assert_close(out, out_r, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(d_packed, d_packed_r, atol=1e-5, rtol=1e-5)
+    for got, want in zip(d_params, d_params_r):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    # A document boundary matters: without the visibility the output differs at the documents' starts.
+    if any(boundaries):
+        assert not torch.allclose(T.cca_causal_conv(packed0, *params), out, atol=1e-3)

@@ -72,5 +72,8 @@ def test_forced_triton_every_op_runs(triton_backend):
     conv = [torch.randn(32, 1, 2, generator=gen), torch.randn(32, generator=gen), torch.randn(32, 16, 2, generator=gen) * 0.2,
             torch.randn(32, generator=gen)]
     torch.testing.assert_close(K.cca_causal_conv(packed, *conv), R.cca_causal_conv(packed, *conv), atol=1e-5, rtol=1e-5)
+    visible = torch.tensor([[[0, 0], [1, 0], [0, 0], [1, 0], [1, 1]]], dtype=torch.bool)
+    torch.testing.assert_close(K.cca_causal_conv_segmented(packed, *conv, visible),
+                               R.cca_causal_conv_segmented(packed, *conv, visible), atol=1e-5, rtol=1e-5)
     m = torch.randn(5, 7, generator=gen)
     torch.testing.assert_close(K.newton_schulz(m, 2, dtype=torch.float32), R.newton_schulz(m, 2, dtype=torch.float32), atol=1e-4, rtol=1e-4)

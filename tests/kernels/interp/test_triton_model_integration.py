@@ -15,16 +15,21 @@ except ImportError as exc:  # pragma: no cover - the model package is developed 
     pytest.skip(f"model not importable: {exc}", allow_module_level=True)
 
 
-def test_tiny_model_triton_matches_torch(monkeypatch):
+@pytest.mark.parametrize("packed_documents", [False, True])
+def test_tiny_model_triton_matches_torch(monkeypatch, packed_documents):
+    """packed_documents: three documents in the second sequence (--reset-attention-mask), through the
+    segmented conv kernel."""
     config = model_config_from_preset("zaya1-tiny", vocab_size=256, num_layers=2, hidden_size=64, num_attention_heads=2,
                                     num_query_groups=1, moe_ffn_hidden_size=64, router_hidden_size=16)
     torch.manual_seed(0)
     model = ZayaModel(config)
     tokens = torch.randint(0, 256, (2, 7))
     labels = tokens.roll(-1, 1)
+    document_ids = torch.tensor([[0] * 7, [0, 0, 1, 1, 1, 2, 2]]) if packed_documents else None
     used = set()
     for name in ("rms_norm", "scaled_residual_add", "scaled_residual_add_rms_norm", "swiglu",
-                 "apply_partial_rope", "cross_entropy", "moe_permute", "moe_unpermute"):
+                 "apply_partial_rope", "cross_entropy", "moe_permute", "moe_unpermute", "cca_causal_conv",
+                 "cca_causal_conv_segmented"):
         original = getattr(K, name)
 
         def spy(*a, _name=name, _orig=original, **k):
@@ -39,7 +44,7 @@ def test_tiny_model_triton_matches_torch(monkeypatch):
         model.set_recompute(recompute)
         try:
             model.zero_grad(set_to_none=True)
-            out = model(tokens, labels=labels)
+            out = model(tokens, labels=labels, document_ids=document_ids)
             out.token_losses.mean().backward()
         finally:
             K.set_kernel_backend(previous)
@@ -50,6 +55,7 @@ def test_tiny_model_triton_matches_torch(monkeypatch):
     loss_ref, grads_ref = run("torch")
     loss_tri, grads_tri = run("triton")
     assert used, "the model called no kernel of megatron_zaya.kernels"
+    assert ("cca_causal_conv_segmented" in used) == packed_documents and ("cca_causal_conv" in used) != packed_documents
     torch.testing.assert_close(loss_tri, loss_ref, atol=1e-4, rtol=1e-4)
     assert grads_tri.keys() == grads_ref.keys()
     for name in grads_ref:
