@@ -4,6 +4,8 @@ HTTP; random weights and prompt tokens.
 
     python bench/completions_latency.py                                   # zaya1-100m, max_tokens 0 1 16
     python bench/completions_latency.py --preset zaya1-tiny --max-tokens 0 1
+    python bench/completions_latency.py --preset zaya1-tiny --prompt-lengths 4000 --max-tokens 0 \
+        --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model data/tokenizer/shakespeare_sp8k.model
 
 Prints the median seconds of --repeats requests (after one untimed) for each --max-tokens.
 """
@@ -34,16 +36,19 @@ def main(argv=None) -> int:
     parser.add_argument("--max-tokens", type=int, nargs="+", default=[0, 1, 16])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--tokenizer-type", default="NullTokenizer",
+                        help="the tokenizer that decodes the texts and offsets (NullTokenizer: the model's vocabulary)")
+    parser.add_argument("--tokenizer-model", default=None)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = ZayaModel(model_config_from_preset(args.preset)).eval()
-    tokenizer = build_tokenizer("NullTokenizer", str(model.config.vocab_size - 1))
+    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model or str(model.config.vocab_size - 1))
     service = SimpleNamespace(model=model, tokenizer=tokenizer, lock=threading.Lock(), name=args.preset,
                               log=lambda message: None)
     prompts = [torch.randint(0, tokenizer.vocab_size - 1, (n,)).tolist() for n in args.prompt_lengths]
-    print(f"{args.preset}, fp32, {torch.get_num_threads()} threads: {len(prompts)} prompts of "
+    print(f"{args.preset}, fp32, {torch.get_num_threads()} threads, {args.tokenizer_type}: {len(prompts)} prompts of "
           f"{sum(args.prompt_lengths)} tokens in all, echo, logprobs 1, greedy")
     print("| max_tokens | median s |")
     print("|---|---|")

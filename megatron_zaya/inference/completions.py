@@ -22,6 +22,7 @@ from megatron_zaya.inference.decode import TokenScores, generate
 from megatron_zaya.inference.sampling import SamplingParams
 from megatron_zaya.inference.server import (RequestError, apply_checked_fields, check_length, is_int, is_number,
                                             request_seed)
+from megatron_zaya.inference.text_offsets import prefix_text_lengths
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOPS = 16          # OpenAI allows 4; evaluation harnesses send more (a task's stop sequences)
@@ -129,7 +130,8 @@ class Completer:
         ends = [text.find(s) for s in stops if s in text]
         if ends:
             end = min(ends)
-            starts = [len(self.decode(prompt + new[:j])) - len(prompt_text) for j in range(len(new))]
+            starts = [n - len(prompt_text) for n in
+                      prefix_text_lengths(self.decode, prompt + new, range(len(prompt), len(prompt) + len(new)))]
             new = [t for t, start in zip(new, starts) if start < end]
             text, reason = text[:end], "stop"
         return new, text, reason
@@ -138,7 +140,7 @@ class Completer:
         """OpenAI's logprobs object for ids[first:] (the first token of a sequence has none), from the
         scores of ids[1:] (TokenScores: the prompt's from the prefill, the completion's from the decode)."""
         positions = range(first, len(ids))
-        offsets = [len(self.decode(ids[:k])) for k in positions]
+        offsets = prefix_text_lengths(self.decode, ids, positions)
         return {
             "tokens": [self.decode([ids[k]]) for k in positions],
             "token_logprobs": [scores.logprobs[k - 1] if k else None for k in positions],

@@ -1,0 +1,63 @@
+"""Where each token's text starts in a decoded sequence, without decoding every prefix.
+
+OpenAI's `text_offset` of token k is len(decode(ids[:k])). Decoding each prefix is exact but costs
+O(n^2) token decodes: 0.44 s at 4.5K tokens with a SentencePiece tokenizer, about 20 s at 32K, for
+every scored request. A tokenizer's decode is local: a token's text depends on the few tokens around
+it (SentencePiece drops the leading space of the first piece only; byte-level BPE joins the bytes of
+one character across neighbouring tokens; Hugging Face decoders may tidy a space before punctuation).
+So the prefixes are decoded exactly only at block starts c, every ~sqrt(n) tokens, and inside a
+block the growth from c comes from decoding a short window that starts LEFT_CONTEXT tokens before c:
+
+    len(decode(ids[:k])) = len(decode(ids[:c])) + len(decode(ids[a:k])) - len(decode(ids[a:c])),  a = c - 8
+
+This is exact for decoders whose text for a token depends on no more than the LEFT_CONTEXT tokens
+before it, which holds for every tokenizer type here. As a guard against others, each block is checked
+at its end, where the next block's exact start is known; a block whose window arithmetic misses it is
+decoded prefix by prefix instead. O(n^1.5) token decodes in all.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterable, Sequence
+
+LEFT_CONTEXT = 8        # tokens decoded before a block's start, so that its first token decodes as in the prefix
+EXACT_BELOW = 64        # fewer positions than this: decode each prefix
+
+
+def prefix_text_lengths(decode: Callable[[Sequence[int]], str], ids: Sequence[int], positions: Iterable[int],
+                        block: int | None = None) -> list[int]:
+    """[len(decode(ids[:k])) for k in positions], positions ascending in [0, len(ids)]. `block`: the
+    tokens between exact prefix decodes (default about sqrt(len(ids)), at least 32)."""
+    ids, positions = list(ids), list(positions)
+    exact_cache: dict[int, int] = {}
+
+    def exact(k: int) -> int:
+        if k not in exact_cache:
+            exact_cache[k] = len(decode(ids[:k]))
+        return exact_cache[k]
+
+    if len(positions) < EXACT_BELOW and block is None:
+        return [exact(k) for k in positions]
+    if any(b < a for a, b in zip(positions, positions[1:])) or (positions and not 0 <= positions[0] <= positions[-1] <= len(ids)):
+        raise ValueError(f"positions must be ascending in [0, {len(ids)}]")
+    block = block or max(32, math.isqrt(len(ids)))
+    lengths: list[int] = []
+    i = 0
+    while i < len(positions):
+        start = positions[i] // block * block
+        end = min(start + block, len(ids))
+        inside = []
+        while i < len(positions) and positions[i] < end + (end == len(ids)):
+            inside.append(positions[i])
+            i += 1
+        anchor = max(0, start - LEFT_CONTEXT)
+        window_start = len(decode(ids[anchor:start]))
+
+        def by_window(k: int) -> int:
+            return exact(start) + len(decode(ids[anchor:k])) - window_start
+
+        if by_window(end) == exact(end):
+            lengths += [by_window(k) for k in inside]
+        else:                                   # a decoder that is not local here: the exact prefixes
+            lengths += [exact(k) for k in inside]
+    return lengths
