@@ -1,4 +1,4 @@
-"""Tokenize JSONL or text corpora into Megatron-LM compatible .bin/.idx files (streaming, parallel).
+"""Tokenize JSONL, Parquet or text corpora into Megatron-LM compatible .bin/.idx files (streaming, parallel).
 
     python tools/preprocess_data.py --input data/shakespeare.jsonl --json-keys text --append-eod \
         --output-prefix data/shakespeare --tokenizer-type GPTSentencePieceTokenizer \
@@ -8,9 +8,11 @@ Writes data/shakespeare_text_document.{bin,idx} (uint16 tokens when the vocabula
 int32 otherwise). --input takes files, directories or globs: .jsonl/.json/.ndjson (optionally .gz,
 or .zst with the zstandard package) hold one JSON document per line, and so does any other file
 whose first non-blank line is a JSON object (as in Megatron, which reads every input as JSONL);
-other files are plain text, one document per file (--text-mode file), per blank-line-separated block
-(paragraph) or per line. A directory gives only its .jsonl/.json/.ndjson/.txt files (optionally
-compressed), recursively; the count taken is logged.
+.parquet files (FineWeb, DCLM and most published corpora; with the pyarrow package) give one document
+per row, --json-keys naming columns, read a row batch at a time; other files are plain text, one
+document per file (--text-mode file), per blank-line-separated block (paragraph) or per line. A
+directory gives only its .jsonl/.json/.ndjson/.txt files (optionally compressed) and .parquet files,
+recursively; the count taken is logged.
 Token ids must lie in [0, vocab size): an id outside (NullTokenizer input) stops the run, naming
 the file and line. Existing outputs are refused unless --overwrite is given; a replaced dataset is
 swapped in only once every output is complete.

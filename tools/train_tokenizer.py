@@ -1,5 +1,5 @@
 """Train a SentencePiece tokenizer (BPE or unigram, byte fallback) or a TikTokenizer vocabulary on
-JSONL or text corpora.
+JSONL, Parquet or text corpora.
 
     python tools/train_tokenizer.py --input data/shakespeare.jsonl --vocab-size 32000 \
         --output-prefix data/tokenizer/sp32k [--model-type bpe|unigram] [--json-keys text]
@@ -16,7 +16,8 @@ corpus runs out of pairs seen twice), split by Megatron-LM's --tiktoken-pattern,
 (default 1000); the script prints the exact flags.
 Documents are fed line by line; at most --input-sentence-size lines are sampled (bounded memory).
 Inputs are read as in preprocess_data.py (JSONL by suffix or by a first line that is a JSON object,
-otherwise plain text; directories give their .jsonl/.json/.ndjson/.txt files). Bad records (malformed
+.parquet with pyarrow, otherwise plain text; directories give their .jsonl/.json/.ndjson/.txt/.parquet
+files). Bad records (malformed
 JSON, missing keys, not UTF-8) are skipped and counted. Existing outputs are refused unless
 --overwrite is given; training writes to a temporary prefix and renames into place (.vocab, then
 .model; or the .json), so a failed run leaves any old tokenizer untouched.
@@ -35,11 +36,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_zaya.data.sources import InputError, expand_inputs, iter_records  # noqa: E402
+from megatron_zaya.data.sources import InputError, check_parquet_columns, expand_inputs, iter_records  # noqa: E402
 
 
 def iter_lines(paths, json_keys, text_mode, counts):
-    for rec in iter_records(paths, text_mode):
+    for rec in iter_records(paths, text_mode, list(json_keys)):
         try:
             text = rec.raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -155,7 +156,7 @@ def train_tiktoken(args, lines, tmp_prefix: str) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", nargs="+", required=True, help="files, directories or globs (.jsonl[.gz|.zst] or text)")
+    p.add_argument("--input", nargs="+", required=True, help="files, directories or globs (.jsonl[.gz|.zst], .parquet or text)")
     p.add_argument("--vocab-size", type=int, required=True)
     p.add_argument("--output-prefix", required=True)
     p.add_argument("--model-type", choices=("bpe", "unigram", "tiktoken"), default="bpe",
@@ -183,6 +184,7 @@ def main(argv=None) -> int:
         return 2
     try:
         paths = expand_inputs(args.input)
+        check_parquet_columns(paths, args.json_keys)
         counts: dict[str, int] = {}
         t0 = time.time()
         lines = iter_lines(paths, args.json_keys, args.text_mode, counts)

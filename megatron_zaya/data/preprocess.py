@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .indexed import IndexedDatasetWriter, existing_outputs, optimal_dtype, remove_temporaries
-from .sources import Record, expand_inputs, input_size, is_jsonl, iter_records
+from .sources import (Record, check_parquet_columns, expand_inputs, holds_json_records, input_size, is_parquet,
+                      iter_records)
 from .tokenizer import build_tokenizer, check_tokenizer_flags
 from .trimming import OUTCOMES, ReasoningTrimmer
 from .workers import OrderedWorkers
@@ -367,13 +368,14 @@ def run(cfg: PreprocessConfig) -> dict:
     """
     check_config(cfg)
     paths = expand_inputs(cfg.input)
-    if len(cfg.json_keys) > 1 and not all(is_jsonl(p) for p in paths):
-        text = next(p for p in paths if not is_jsonl(p))
-        raise ValueError(f"--json-keys with several keys needs JSONL input only ({text} is plain text, "
+    if len(cfg.json_keys) > 1 and not all(holds_json_records(p) for p in paths):
+        text = next(p for p in paths if not holds_json_records(p))
+        raise ValueError(f"--json-keys with several keys needs JSONL or Parquet input only ({text} is plain text, "
                          "which would fill only the first key and misalign the outputs)")
+    check_parquet_columns(paths, list(cfg.json_keys))
     main_encoder = Encoder(cfg)  # validates the tokenizer and trimming flags before any work
     dtype = main_encoder.dtype
-    compressed = any(p.endswith((".gz", ".zst", ".zstd")) for p in paths)
+    compressed = any(p.endswith((".gz", ".zst", ".zstd")) or is_parquet(p) for p in paths)   # no byte total
     progress = Progress(None if compressed else input_size(paths), cfg.progress, cfg.log_interval)
     writers: dict[str, IndexedDatasetWriter] = {}
     stats = Stats()
@@ -381,7 +383,7 @@ def run(cfg: PreprocessConfig) -> dict:
     try:
         for k in cfg.json_keys:   # inside the try: an interrupt here still removes the writers' files
             writers[k] = IndexedDatasetWriter(output_prefix_for(cfg.output_prefix, k), dtype)
-        chunks = _chunks(iter_records(paths, cfg.text_mode), cfg.chunk_bytes)
+        chunks = _chunks(iter_records(paths, cfg.text_mode, list(cfg.json_keys)), cfg.chunk_bytes)
 
         def consume(result):
             if isinstance(result, Exception):

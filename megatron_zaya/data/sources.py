@@ -1,10 +1,14 @@
-"""Streaming readers for raw corpora: JSONL (plain, .gz, .zst) and plain text.
+"""Streaming readers for raw corpora: JSONL (plain, .gz, .zst), Parquet and plain text.
 
-`iter_records(paths, text_mode)` yields `Record(source, line, raw)` where `raw` is the undecoded
-bytes of one JSON line or one text document; decoding and parsing happen in the workers so that
-errors are counted per record instead of aborting the run. Memory is bounded by one record.
+`iter_records(paths, text_mode, columns)` yields `Record(source, line, raw)` where `raw` is the
+undecoded bytes of one JSON line or one text document; decoding and parsing happen in the workers so
+that errors are counted per record instead of aborting the run. Memory is bounded by one record (one
+row batch for Parquet).
 A file is JSONL when its name says so (.jsonl/.json/.ndjson) or when its first non-blank line is a
-JSON object (`is_jsonl`); directories give only corpus files (`is_corpus_file`).
+JSON object (`is_jsonl`); a .parquet file (the form of most published web corpora) is read a row batch
+at a time with pyarrow (the optional `parquet` extra), each row handed on as the JSON object of its
+`columns`, so the workers treat it as a JSONL line. Directories give only corpus files
+(`is_corpus_file`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import zlib
 from typing import Iterator, NamedTuple
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+PARQUET_SUFFIXES = (".parquet",)
+PARQUET_BATCH_ROWS = 1024
 TEXT_SUFFIXES = (".txt",)
 COMPRESSION_SUFFIXES = (".gz", ".zst", ".zstd")
 TEXT_MODES = ("file", "paragraph", "line")
@@ -37,10 +43,19 @@ class Record(NamedTuple):
 
 def is_corpus_file(name: str) -> bool:
     """Whether a file found inside a directory --input is taken: .jsonl/.json/.ndjson/.txt, each
-    optionally compressed (.gz/.zst/.zstd). Anything else (a tokenizer's .vocab, a README.md, a .bin)
-    is left out; name such a file explicitly to read it anyway."""
+    optionally compressed (.gz/.zst/.zstd), and .parquet. Anything else (a tokenizer's .vocab, a
+    README.md, a .bin) is left out; name such a file explicitly to read it anyway."""
     base, _ = _strip_compression(name)
-    return base.endswith(JSONL_SUFFIXES + TEXT_SUFFIXES)
+    return base.endswith(JSONL_SUFFIXES + TEXT_SUFFIXES) or is_parquet(name)
+
+
+def is_parquet(path: str) -> bool:
+    return path.endswith(PARQUET_SUFFIXES)
+
+
+def holds_json_records(path: str) -> bool:
+    """Whether `path`'s records are JSON objects with keys (JSONL or Parquet), not plain text."""
+    return is_parquet(path) or is_jsonl(path)
 
 
 def _expand_directory(spec: str, log) -> list[str]:
@@ -56,7 +71,7 @@ def _expand_directory(spec: str, log) -> list[str]:
         msg = f"--input {spec}: taking {len(taken)} corpus file(s) ({shown})"
         if left:
             msg += (f"; ignoring {len(left)} other file(s) (e.g. {os.path.relpath(sorted(left)[0], spec)}), "
-                    "only .jsonl/.json/.ndjson/.txt[.gz|.zst] are read from directories")
+                    "only .jsonl/.json/.ndjson/.txt[.gz|.zst] and .parquet are read from directories")
         log(msg)
     return taken
 
@@ -80,7 +95,7 @@ def expand_inputs(inputs: list[str], log=_stderr) -> list[str]:
         else:
             raise InputError(f"--input {spec}: no such file or directory")
         if not found:
-            what = "holds no .jsonl/.json/.ndjson/.txt files" if os.path.isdir(spec) else "matched no files"
+            what = "holds no .jsonl/.json/.ndjson/.txt/.parquet files" if os.path.isdir(spec) else "matched no files"
             raise InputError(f"--input {spec}: {what}")
         paths.extend(found)
     return paths
@@ -141,6 +156,59 @@ def _iter_jsonl(path: str) -> Iterator[Record]:
             yield Record(path, lineno, line, True)
 
 
+def _parquet_module(path: str):
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise InputError(f"--input {path}: reading Parquet files needs the optional package 'pyarrow' "
+                         "(pip install pyarrow, or scripts/install.sh parquet)") from None
+    return pq
+
+
+def _parquet_error(path: str, e: Exception):
+    """InputError for pyarrow's errors (not a Parquet file, a corrupt one); None for any other."""
+    if type(e).__module__.startswith("pyarrow"):
+        return InputError(f"--input {path}: not a readable Parquet file ({e})")
+    return None
+
+
+def check_parquet_columns(paths: list[str], columns: list[str]) -> None:
+    """Before any work: every Parquet input has each of `columns` (--json-keys); reads only the footers.
+    A column missing from a file would skip every row of it, which is a wrong --json-keys."""
+    for path in paths:
+        if not is_parquet(path):
+            continue
+        try:
+            names = _parquet_module(path).ParquetFile(path).schema_arrow.names
+        except OSError as e:
+            raise InputError(f"--input {path}: read failed ({e})") from None
+        except Exception as e:
+            raise (_parquet_error(path, e) or e) from None
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise InputError(f"--json-keys {' '.join(missing)}: no such column in {path} (its columns: {', '.join(names)})")
+
+
+def _iter_parquet(path: str, columns: list[str] | None) -> Iterator[Record]:
+    """One Record per row: the JSON object of `columns` (those the file has; None: every column),
+    line = the row's 1-based number in the file."""
+    pq = _parquet_module(path)
+    try:
+        parquet = pq.ParquetFile(path)
+        names = parquet.schema_arrow.names
+        wanted = names if columns is None else [c for c in columns if c in names]
+        row = 0
+        # No requested column in the file: empty rows, which the workers count as missing keys.
+        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=wanted):
+            for values in batch.to_pylist():
+                row += 1
+                yield Record(path, row, json.dumps(values, ensure_ascii=False, default=str).encode("utf-8"), True)
+    except OSError:
+        raise
+    except Exception as e:   # pyarrow.ArrowInvalid etc.: not a Parquet file, or a corrupt one
+        raise (_parquet_error(path, e) or e) from None
+
+
 def _iter_text(path: str, mode: str) -> Iterator[Record]:
     if mode == "file":
         with open_binary(path) as f:
@@ -165,14 +233,17 @@ def _iter_text(path: str, mode: str) -> Iterator[Record]:
             yield Record(path, start, b"".join(block).rstrip(b"\r\n"), False)
 
 
-def iter_records(paths: list[str], text_mode: str = "file") -> Iterator[Record]:
-    """Yield raw records from every input: one per JSONL line, or per text document (`text_mode`:
-    'file' = a whole file, 'paragraph' = a blank-line-separated block, 'line' = a line)."""
+def iter_records(paths: list[str], text_mode: str = "file", columns: list[str] | None = None) -> Iterator[Record]:
+    """Yield raw records from every input: one per JSONL line or Parquet row (`columns`: the keys a
+    Parquet row keeps; None: all), or per text document (`text_mode`: 'file' = a whole file,
+    'paragraph' = a blank-line-separated block, 'line' = a line)."""
     if text_mode not in TEXT_MODES:
         raise InputError(f"--text-mode {text_mode!r}: choose one of {TEXT_MODES}")
     for path in paths:
         try:
-            if is_jsonl(path):
+            if is_parquet(path):
+                yield from _iter_parquet(path, columns)
+            elif is_jsonl(path):
                 yield from _iter_jsonl(path)
             else:
                 yield from _iter_text(path, text_mode)
@@ -185,5 +256,5 @@ def iter_records(paths: list[str], text_mode: str = "file") -> Iterator[Record]:
 
 
 def input_size(paths: list[str]) -> int:
-    """Total size on disk (compressed size for compressed inputs), for progress reporting."""
+    """Total size on disk (compressed size for compressed inputs and Parquet), for progress reporting."""
     return sum(os.path.getsize(p) for p in paths)

@@ -444,3 +444,95 @@ def test_corrupt_compressed_input_is_an_input_error(tmp_path, name, make, worker
     err = capsys.readouterr().err
     assert f"--input {path}: read failed" in err and "Traceback" not in err
     assert sorted(os.listdir(tmp_path)) == [name]
+
+
+def _write_parquet(path, rows, row_group_size=37):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), str(path), row_group_size=row_group_size)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_parquet_input_gives_the_bytes_of_the_same_jsonl(tmp_path, sp_model, corpus_dir, workers, capsys):
+    """A Parquet corpus (text plus other columns, one a timestamp, several row groups and row batches)
+    gives exactly the .bin/.idx of the same rows as JSONL; a null text is skipped and reported by row."""
+    import datetime
+
+    texts = [json.loads(l)["text"] for l in open(corpus_dir / "train.jsonl")]
+    rows = [{"text": t, "id": i, "url": f"https://example.com/{i}", "date": datetime.datetime(2024, 1, 1 + i % 28)}
+            for i, t in enumerate(texts)]
+    rows[41]["text"] = None
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    _write_parquet(folder / "part-0.parquet", rows[:150])
+    _write_parquet(folder / "part-1.parquet", rows[150:])
+    jsonl = tmp_path / "same.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": r["text"]}) + "\n" for r in rows))
+    outputs = []
+    for name, source in (("parquet", folder), ("jsonl", jsonl)):
+        assert run_tool("--input", source, "--output-prefix", tmp_path / name, "--tokenizer-type",
+                        "GPTSentencePieceTokenizer", "--tokenizer-model", sp_model, "--append-eod",
+                        "--workers", workers, "--chunk-bytes", 20000) == 0
+        outputs.append([(tmp_path / f"{name}_text_document{ext}").read_bytes() for ext in (".bin", ".idx")])
+        if name == "parquet":
+            out = capsys.readouterr()
+            assert "taking 2 corpus file(s)" in out.err
+            bad = next(l for l in out.out.splitlines() if l.strip().startswith("key 'text' is not a string"))
+            assert ": 1" in bad and "part-0.parquet:42" in bad, bad
+    assert outputs[0] == outputs[1]
+    assert IndexedDataset(str(tmp_path / "parquet_text_document")).num_documents == 299
+
+
+def test_parquet_columns_as_several_keys_and_a_missing_column(tmp_path, capsys):
+    path = tmp_path / "qa.parquet"
+    _write_parquet(path, [{"q": "1 2", "a": "3", "other": 0}, {"q": "4", "a": "5 6", "other": 1}], row_group_size=1)
+    assert run_tool("--input", path, "--json-keys", "q", "a", "--output-prefix", tmp_path / "o",
+                    "--tokenizer-type", "NullTokenizer", "--tokenizer-model", 10, "--append-eod") == 0
+    assert docs_of(str(tmp_path / "o_q_document")) == [[1, 2, 10], [4, 10]]
+    assert docs_of(str(tmp_path / "o_a_document")) == [[3, 10], [5, 6, 10]]
+    capsys.readouterr()
+    # A column no row can have is a wrong --json-keys: said at start, with the file's columns.
+    assert run_tool("--input", path, "--json-keys", "q", "body", "--output-prefix", tmp_path / "p",
+                    "--tokenizer-type", "NullTokenizer", "--tokenizer-model", 10) == 2
+    err = capsys.readouterr().err
+    assert f"--json-keys body: no such column in {path} (its columns: q, a, other)" in err
+    assert not list(tmp_path.glob("p_*"))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_file_named_parquet_that_is_not_is_an_input_error(tmp_path, workers, capsys):
+    pytest.importorskip("pyarrow")
+    path = tmp_path / "in.parquet"
+    path.write_text(json.dumps({"text": "1 2"}) + "\n")
+    assert run_tool("--input", path, "--output-prefix", tmp_path / "o", "--tokenizer-type", "NullTokenizer",
+                    "--tokenizer-model", 10, "--workers", workers) == 2
+    err = capsys.readouterr().err
+    assert f"--input {path}: not a readable Parquet file" in err and "Traceback" not in err
+    assert sorted(os.listdir(tmp_path)) == ["in.parquet"]
+
+
+def test_parquet_without_pyarrow_names_the_package(tmp_path, monkeypatch, capsys):
+    import sys
+
+    path = tmp_path / "in.parquet"
+    path.write_bytes(b"PAR1")
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)     # import pyarrow.parquet -> ImportError
+    assert run_tool("--input", path, "--output-prefix", tmp_path / "o", "--tokenizer-type", "NullTokenizer",
+                    "--tokenizer-model", 10) == 2
+    assert "needs the optional package 'pyarrow'" in capsys.readouterr().err
+
+
+def test_train_tokenizer_reads_parquet(tmp_path, corpus_dir):
+    """tools/train_tokenizer.py takes the same Parquet corpus as preprocess_data.py: the same model as
+    from the JSONL of its text column."""
+    texts = [json.loads(l)["text"] for l in open(corpus_dir / "train.jsonl")]
+    _write_parquet(tmp_path / "c.parquet", [{"id": i, "text": t} for i, t in enumerate(texts)])
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    tool = load_tool("train_tokenizer")
+    for name in ("c.parquet", "c.jsonl"):
+        assert tool.main(["--input", str(tmp_path / name), "--vocab-size", "400", "--output-prefix",
+                          str(tmp_path / name.replace(".", "_")), "--num-threads", "1"]) == 0
+    assert (tmp_path / "c_parquet.vocab").read_text() == (tmp_path / "c_jsonl.vocab").read_text()
+    assert tool.main(["--input", str(tmp_path / "c.parquet"), "--json-keys", "body", "--vocab-size", "400",
+                      "--output-prefix", str(tmp_path / "x"), "--num-threads", "1"]) == 2
