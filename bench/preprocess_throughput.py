@@ -1,6 +1,7 @@
 """Preprocessing throughput and peak memory on a generated corpus (tools/preprocess_data.py).
 
     python bench/preprocess_throughput.py --size-mb 200 --workers 1 2
+    python bench/preprocess_throughput.py --size-mb 100 --workers 2 --formats jsonl parquet
 
 Generates ~SIZE MB of pseudo-English JSONL (megatron_zaya/data/synthetic.py), trains a 32K BPE
 SentencePiece tokenizer on a 10 MB sample, then runs preprocess_data.py (GPTSentencePieceTokenizer,
@@ -8,7 +9,9 @@ SentencePiece tokenizer on a 10 MB sample, then runs preprocess_data.py (GPTSent
 the whole process tree (main + workers, sampled from /proc every 20 ms) and the CPU time of all
 its processes (tokens per CPU-second does not depend on other load on the machine; the load
 average at the start of each run is printed too). A run on a quarter of the corpus shows whether
-peak memory grows with the input. Prints a Markdown table.
+peak memory grows with the input. `--formats parquet` also writes the same documents as Parquet (a
+`text` column, snappy, row groups of 10,000 rows; needs pyarrow) and preprocesses that. Prints a
+Markdown table.
 """
 
 from __future__ import annotations
@@ -49,6 +52,23 @@ def head(src: str, dst: str, size: int) -> None:
             n += len(line)
             if n >= size:
                 break
+
+
+def to_parquet(src: str, dst: str, rows_per_group: int = 10_000) -> None:
+    """The documents of JSONL `src` as Parquet `dst` with one `text` column, written a row group at a time."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([("text", pa.string())])
+    with open(src, encoding="utf-8") as fi, pq.ParquetWriter(dst, schema) as writer:
+        texts = []
+        for line in fi:
+            texts.append(json.loads(line)["text"])
+            if len(texts) == rows_per_group:
+                writer.write_table(pa.table({"text": texts}, schema=schema))
+                texts = []
+        if texts:
+            writer.write_table(pa.table({"text": texts}, schema=schema))
 
 
 def tree_rss_bytes(pid: int) -> int:
@@ -100,6 +120,7 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     p.add_argument("--vocab-size", type=int, default=32000)
     p.add_argument("--workdir", default=None, help="keep files here (default: a temporary directory)")
+    p.add_argument("--formats", nargs="+", default=["jsonl"], choices=["jsonl", "parquet"])
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         work = args.workdir or tmp
@@ -116,22 +137,28 @@ def main(argv=None) -> int:
                        stdout=subprocess.DEVNULL)
         quarter = os.path.join(work, "quarter.jsonl")
         head(corpus, quarter, size // 4)
+        inputs = {"jsonl": (quarter, corpus)}
+        if "parquet" in args.formats:
+            inputs["parquet"] = tuple(path[:-len(".jsonl")] + ".parquet" for path in (quarter, corpus))
+            for jsonl, parquet in zip(inputs["jsonl"], inputs["parquet"]):
+                to_parquet(jsonl, parquet)
         rows = []
         for w in args.workers:
-            for inp in (quarter, corpus):
-                r = run_preprocess(inp, os.path.join(work, f"out_w{w}"), model_prefix + ".model", w)
-                r["workers"] = w
-                rows.append(r)
-                print(f"workers={w} input={r['input_mb']:.0f}MB: {r['tokens_per_s'] / 1e6:.2f}M tokens/s, "
-                      f"peak {r['peak_rss_mb']:.0f} MB", file=sys.stderr)
+            for fmt in args.formats:
+                for inp in inputs[fmt]:
+                    r = run_preprocess(inp, os.path.join(work, f"out_w{w}"), model_prefix + ".model", w)
+                    r["workers"], r["format"] = w, fmt
+                    rows.append(r)
+                    print(f"workers={w} {fmt} input={r['input_mb']:.0f}MB: {r['tokens_per_s'] / 1e6:.2f}M tokens/s, "
+                          f"peak {r['peak_rss_mb']:.0f} MB", file=sys.stderr)
     cpu = os.cpu_count()
     print(f"\nCorpus: generated pseudo-English JSONL; tokenizer: SentencePiece BPE, vocab {args.vocab_size}, "
           f"GPTSentencePieceTokenizer, --append-eod; machine: {cpu} CPU cores.\n")
-    print("| workers | input MB | documents | tokens | wall s | tokens/s (wall) | CPU s (all processes) | "
+    print("| workers | format | input MB (on disk) | documents | tokens | wall s | tokens/s (wall) | CPU s (all processes) | "
           "tokens per CPU-s | load avg at start | peak RSS (all processes) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['workers']} | {r['input_mb']:.0f} | {r['documents']:,} | {r['tokens']:,} | {r['wall_s']:.1f} | "
+        print(f"| {r['workers']} | {r['format']} | {r['input_mb']:.0f} | {r['documents']:,} | {r['tokens']:,} | {r['wall_s']:.1f} | "
               f"{r['tokens_per_s'] / 1e6:.2f}M | {r['cpu_s']:.1f} | {r['tokens'] / max(r['cpu_s'], 1e-9) / 1e6:.2f}M | "
               f"{r['load']:.1f} | {r['peak_rss_mb']:.0f} MB |")
     return 0
