@@ -12,6 +12,7 @@ an empty tuple refuses every value, None accepts any).
 REFUSED_SWITCHES: switches that ask for something this code does not do (they stop the run).
 resolve_aliases: folds in Megatron-LM's names for settings this code spells otherwise.
 WANDB_FLAGS: accepted with a warning; scalars go to TensorBoard, which `wandb sync` can upload.
+WARNED_SWITCHES: accepted with a warning saying what is not measured here (--log-energy).
 The flags that do something here (--recompute-activations, --lr-warmup-init, --manual-gc,
 --distributed-timeout-minutes) are ordinary flags of megatron_zaya/arguments.py.
 """
@@ -82,6 +83,21 @@ IMPLIED_SWITCHES = {
     "--no-align-param-gather": "there is no pipeline parallelism, so no pipeline stages whose gathers to align",
     "--disable-gloo-process-groups": "no Gloo group is made beside the NCCL/RCCL ones (Gloo is the backend only "
                                      "on CPU)",
+    "--log-batch-size-to-tensorboard": "TensorBoard always gets batch-size",
+    "--legacy-tokenizer": "the tokenizers are Megatron-LM's --tokenizer-type ones",
+    "--no-one-logger": "there is no one-logger telemetry",
+    "--ddp-reduce-scatter-with-fp32-accumulation": "gradients are always reduced in fp32",
+    "--ddp-pad-buckets-for-high-nccl-busbw": "gradient buckets keep their --ddp-bucket-size / --ddp-num-buckets size",
+    "--no-gradient-reduce-div-fusion": "gradients need no division after the reduction: the loss is already divided "
+                                       "by the global batch's loss tokens",
+    "--no-fp8-wgrad": "there is no FP8 here: weight gradients are bf16 or fp32",
+    "--no-pin-cpu-grads": "nothing is offloaded to the CPU",
+    "--no-pin-cpu-params": "nothing is offloaded to the CPU",
+    "--no-overlap-p2p-communication": "there is no pipeline parallelism, so no point-to-point communication",
+    "--no-scatter-gather-tensors-in-pipeline": "there is no pipeline parallelism",
+    "--overlap-param-gather-with-optimizer-step": "there is no pipeline parallelism; ZeRO-1 gathers the new weights "
+                                                  "after the optimizer step",
+    "--no-barrier-with-level-1-timing": "the timers add no barriers",
 }
 
 # Switches that ask for something this code does not do: each stops the run with what to use instead.
@@ -125,6 +141,15 @@ REFUSED_SWITCHES = {
     "--apply-residual-connection-post-layernorm": "ZAYA1's blocks are pre-norm: the residual is the sublayer's "
                                                   "input, before its RMSNorm",
     "--init-method-xavier-uniform": "weights start from N(0, --init-method-std) (megatron_zaya/model/zaya.py)",
+    "--enable-cuda-graph": "no CUDA graphs: the experts' row counts change every step",
+    "--external-cuda-graph": "no CUDA graphs: the experts' row counts change every step",
+    "--fp8-param-gather": "no FP8 here: train with --bf16 (ZAYA1 trained in bf16)",
+    "--moe-extended-tp": "it is Megatron-LM's old switch: experts are split over --expert-model-parallel-size, "
+                         "then over the tensor-parallel group",
+    "--qk-l2-norm": "CCA normalises queries and keys with its own QK-norm and key temperature (ZAYA1)",
+    "--delay-wgrad-compute": "weight gradients are computed as the backward reaches them; drop the flag",
+    "--defer-embedding-wgrad-compute": "there is no pipeline parallelism to defer the embedding's weight "
+                                       "gradient into; drop the flag",
 }
 
 # flag -> (dest, accepted values as the command line spells them, what to use instead)
@@ -210,10 +235,32 @@ FIXED_VALUES = {
     "--head-lr-mult": ("head_lr_mult", ("1",), "there is no classification head; --decoupled-lr gives the "
                                                "embedding and output layer their own lr"),
     "--mtp-num-layers": ("mtp_num_layers", ("0",), "no multi-token prediction: ZAYA1 predicts the next token"),
+    "--cuda-graph-impl": ("cuda_graph_impl", ("none",), "no CUDA graphs: the experts' row counts change every step"),
+    "--cuda-graph-scope": ("cuda_graph_scope", None, "it only scopes --cuda-graph-impl's graphs"),
+    "--fp8-margin": ("fp8_margin", None, "it only tunes --fp8-format, which is refused"),
+    "--fp8-interval": ("fp8_interval", None, "it only tunes --fp8-format, which is refused"),
+    "--fp8-amax-history-len": ("fp8_amax_history_len", None, "it only tunes --fp8-format, which is refused"),
+    "--fp8-amax-compute-algo": ("fp8_amax_compute_algo", None, "it only tunes --fp8-format, which is refused"),
+    "--num-layers-at-start-in-bf16": ("num_layers_at_start_in_bf16", None, "no FP8 here: every layer runs in bf16"),
+    "--num-layers-at-end-in-bf16": ("num_layers_at_end_in_bf16", None, "no FP8 here: every layer runs in bf16"),
+    "--cpu-offloading-num-layers": ("cpu_offloading_num_layers", ("0",),
+                                    "activations stay on the device: recompute them instead "
+                                    "(--recompute-granularity, --recompute-modules)"),
+    "--dist-ckpt-format": ("dist_ckpt_format", ("torch_dist",),
+                           "checkpoints are always sharded per rank and reshardable, like torch_dist"),
+    "--distributed-timeout-seconds-after-init": ("distributed_timeout_seconds_after_init", (),
+                                                 "one timeout for the whole run: --distributed-timeout-minutes"),
+    "--tokenizer-metadata": ("tokenizer_metadata", (), "tokenizers are built from --tokenizer-type and "
+                                                      "--tokenizer-model (Megatron-LM's legacy tokenizers)"),
 }
 
 
 WANDB_FLAGS = ("--wandb-project", "--wandb-exp-name", "--wandb-save-dir", "--wandb-entity")
+# Switches accepted with a warning: what they would log is not measured here.
+WARNED_SWITCHES = {
+    "--log-energy": "the GPUs' energy is not read here (no NVML / amdsmi counter); the console line and TensorBoard "
+                    "have tokens/s and TFLOP/s per device",
+}
 
 
 def _same(word: str, accepted: str) -> bool:
@@ -251,6 +298,8 @@ def add_megatron_flags(parser: argparse.ArgumentParser) -> None:
     for flag in WANDB_FLAGS:
         g.add_argument(flag, default=None, metavar="VALUE",
                        help="accepted with a warning: no Weights & Biases logging here; scalars go to --tensorboard-dir")
+    for flag, why in WARNED_SWITCHES.items():
+        g.add_argument(flag, action="store_true", help=f"accepted with a warning: {why}")
 
 
 def resolve_aliases(args: argparse.Namespace) -> list[str]:
@@ -263,12 +312,13 @@ def resolve_aliases(args: argparse.Namespace) -> list[str]:
         raise ValueError(f"--moe-router-bias-update-rate={rate} and --moe-router-bias-lr={lr} set the same step: "
                          f"give one of them")
     args.moe_router_bias_lr = rate if rate is not None else lr if lr is not None else TrainConfig.moe_router_bias_lr
+    warnings = [f"{flag}: {why}" for flag, why in WARNED_SWITCHES.items() if getattr(args, flag[2:].replace("-", "_"))]
     given = [f for f in WANDB_FLAGS if getattr(args, f[2:].replace("-", "_")) is not None]
-    if not given:
-        return []
-    where = args.tensorboard_dir or "nowhere (add --tensorboard-dir)"
-    return [f"{', '.join(given)}: Weights & Biases logging is not implemented; scalars go to TensorBoard at {where} "
-            f"(`wandb sync --sync-tensorboard DIR` uploads them)"]
+    if given:
+        where = args.tensorboard_dir or "nowhere (add --tensorboard-dir)"
+        warnings.append(f"{', '.join(given)}: Weights & Biases logging is not implemented; scalars go to TensorBoard "
+                        f"at {where} (`wandb sync --sync-tensorboard DIR` uploads them)")
+    return warnings
 
 
 def check_megatron_flags(args: argparse.Namespace) -> None:

@@ -70,6 +70,14 @@ def error_of(argv, capsys) -> str:
     ({"--ddp-num-buckets": "0"}, "--ddp-num-buckets=0: must be >= 1"),
     ({"--use-mp-args-from-checkpoint-args": ""}, "--use-mp-args-from-checkpoint-args needs --use-checkpoint-args"),
     ({"--embedding-init-method-std": "-1"}, "--embedding-init-method-std=-1.0: must be >= 0"),
+    ({"--enable-cuda-graph": ""}, "--enable-cuda-graph is not supported: no CUDA graphs"),
+    ({"--cuda-graph-impl": "local"}, "--cuda-graph-impl=local is not supported: only none"),
+    ({"--cpu-offloading-num-layers": "2"}, "--cpu-offloading-num-layers=2 is not supported: only 0"),
+    ({"--distributed-timeout-seconds-after-init": "600"},
+     "--distributed-timeout-seconds-after-init=600 is not supported: drop the flag (one timeout for the whole run"),
+    ({"--moe-extended-tp": ""}, "--moe-extended-tp is not supported"),
+    ({"--delay-wgrad-compute": ""}, "--delay-wgrad-compute is not supported"),
+    ({"--fp8-param-gather": ""}, "--fp8-param-gather is not supported: no FP8 here"),
 ])
 def test_bad_flags_fail_fast_naming_the_flag(tiny_corpus, tmp_path, capsys, extra, flag):
     extra = dict(extra)
@@ -437,7 +445,15 @@ def test_a_megatron_lm_script_runs_unchanged(tiny_corpus, tmp_path):
                 "--softmax-type", "vanilla", "--rope-type", "rope", "--timing-log-option", "minmax",
                 "--train-sync-interval", "10", "--moe-router-fusion", "--no-align-grad-reduce",
                 "--no-align-param-gather", "--disable-gloo-process-groups", "--head-lr-mult", "1.0",
-                "--mtp-num-layers", "0"]
+                "--mtp-num-layers", "0", "--log-batch-size-to-tensorboard", "--legacy-tokenizer", "--no-one-logger",
+                "--ddp-reduce-scatter-with-fp32-accumulation", "--ddp-pad-buckets-for-high-nccl-busbw",
+                "--no-gradient-reduce-div-fusion", "--no-fp8-wgrad", "--no-pin-cpu-grads", "--no-pin-cpu-params",
+                "--no-overlap-p2p-communication", "--no-scatter-gather-tensors-in-pipeline",
+                "--overlap-param-gather-with-optimizer-step", "--no-barrier-with-level-1-timing",
+                "--cuda-graph-impl", "none", "--cuda-graph-scope", "full", "--fp8-amax-history-len", "1024",
+                "--fp8-amax-compute-algo", "max", "--fp8-margin", "0", "--fp8-interval", "1",
+                "--num-layers-at-start-in-bf16", "1", "--num-layers-at-end-in-bf16", "1",
+                "--cpu-offloading-num-layers", "0", "--dist-ckpt-format", "torch_dist"]
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--lr-warmup-iters": "4"}) + megatron)
     assert run.train.recompute_granularity == "selective"          # Megatron's --recompute-activations
     assert (run.train.manual_gc, run.train.manual_gc_interval, run.train.manual_gc_eval) == (True, 5, False)
@@ -499,6 +515,8 @@ def test_megatron_aliases_take_effect(tiny_corpus, tmp_path, capsys):
     assert run.train.moe_router_bias_lr == 1e-3
     assert run.data.mmap_bin_files is False
     assert len(run.warnings) == 1 and "--wandb-project" in run.warnings[0] and str(tmp_path / "tb") in run.warnings[0]
+    run = parse_args(base + ["--log-energy"])
+    assert len(run.warnings) == 1 and run.warnings[0].startswith("--log-energy: the GPUs' energy is not read here")
     run = parse_args(base + ["--ffn-hidden-size", "48", "--moe-ffn-hidden-size", "40"])
     assert run.model.moe_ffn_hidden_size == 40 and run.train.moe_router_bias_lr == 1e-2 and run.data.mmap_bin_files
     assert run.warnings == []
