@@ -4,9 +4,11 @@
 Request fields: prompt (a string, a list of strings, a list of token ids or a list of such lists),
 max_tokens (default 16), temperature (default 1; 0 is greedy), top_p (default 1), logprobs (null,
 or 0 to 20: also the most likely tokens at each position), echo (default false: the prompt is
-part of text and logprobs too), stop (a string or a list of up to 16), seed; n and best_of only 1;
-model and user are ignored. Response: {"id", "object": "text_completion", "created", "model",
-"choices": [{"index", "text", "logprobs", "finish_reason"}], "usage"}; finish_reason is "stop" at
+part of text and logprobs too), stop (a string or a list of up to 16), seed, n (completions per prompt,
+up to 16) and best_of (that many sampled per prompt, the n with the highest mean log-probability per
+generated token returned; default n); model and user are ignored. Response: {"id", "object": "text_completion", "created", "model",
+"choices": [{"index", "text", "logprobs", "finish_reason"}], "usage"} with prompt i's j-th choice at
+index i * n + j (the best first when best_of > n); finish_reason is "stop" at
 the tokenizer's EOD or a stop string, else "length". The log-probabilities are the model's over its
 whole vocabulary (before temperature or top_p), taken during the generation itself: the prompt's in its
 prefill, the completion's at each decode step (max_tokens 0 with echo scores the prompt in one pass).
@@ -26,6 +28,7 @@ from megatron_zaya.inference.text_offsets import prefix_text_lengths
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOPS = 16          # OpenAI allows 4; evaluation harnesses send more (a task's stop sequences)
+MAX_CHOICES = 16        # n and best_of: sequences generated per prompt
 IGNORED = {"model", "user"}
 OFF_VALUES = {"stream": False, "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {}, "suffix": None}
 
@@ -40,6 +43,8 @@ class CompletionRequest:
     echo: bool = False
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    n: int = 1
+    best_of: int | None = None      # None: n
 
 
 def _prompts(prompt) -> list:
@@ -68,9 +73,6 @@ def parse_completion_request(body) -> CompletionRequest:
     for field, off in OFF_VALUES.items():
         if body.get(field, off) not in (off, None):
             raise RequestError(f"{field} is not supported by this server (only {json.dumps(off)})")
-    for field in ("n", "best_of"):
-        if body.get(field, 1) != 1:
-            raise RequestError(f"{field} must be 1 (one completion per prompt)")
     if "prompt" not in body:
         raise RequestError("prompt is required")
     request = CompletionRequest(_prompts(body["prompt"]))
@@ -82,8 +84,13 @@ def parse_completion_request(body) -> CompletionRequest:
                      f"null or an integer in [0, {MAX_TOP_LOGPROBS}]"),
         "echo": (lambda v: isinstance(v, bool), "a boolean"),
         "seed": (lambda v: v is None or (is_int(v) and v >= 0), "null or an integer >= 0"),
+        "n": (lambda v: is_int(v) and 1 <= v <= MAX_CHOICES, f"an integer in [1, {MAX_CHOICES}]"),
+        "best_of": (lambda v: v is None or (is_int(v) and 1 <= v <= MAX_CHOICES), f"null or an integer in [1, {MAX_CHOICES}]"),
     }
     apply_checked_fields(body, request, checks)
+    request.best_of = request.n if request.best_of is None else request.best_of
+    if request.best_of < request.n:
+        raise RequestError(f"best_of={request.best_of} must be >= n={request.n}")
     stop = body.get("stop")
     stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
     if not (isinstance(stops, list) and len(stops) <= MAX_STOPS and all(isinstance(s, str) and s for s in stops)):
@@ -154,26 +161,36 @@ class Completer:
         greedy = request.temperature == 0
         sampling = SamplingParams(greedy=greedy, temperature=request.temperature, top_p=request.top_p)
         seed = request_seed(request.seed)
+        copies, ranked = request.best_of, request.best_of > request.n
+        scored = request.logprobs is not None
         choices, generated = [], 0
         with self.service.lock:
             # The log-probabilities come with the generation: the prompt's from its prefill, the completion's
             # from the decode steps (max_tokens 0: the prefill alone, one pass, as evaluation harnesses score).
-            scored = request.logprobs is not None
-            result = generate(self.model, prompts, request.max_tokens, sampling, eod=self.tokenizer.eod, seed=seed,
-                              vocab_limit=self.tokenizer.vocab_size, return_logprobs=scored, top=request.logprobs or 0)
-            for index, (prompt, new) in enumerate(zip(prompts, result.tokens)):
-                new, text, reason = self.cut(prompt, new, request.stop)
-                generated += len(new)
-                if request.echo:
-                    text = self.decode(prompt) + text
-                logprobs = None
-                if scored:
-                    prompt_scores, new_scores = result.prompt_scores[index], result.scores[index]
-                    scores = TokenScores(prompt_scores.logprobs + new_scores.logprobs[:len(new)],
-                                         None if prompt_scores.top is None else
-                                         prompt_scores.top + new_scores.top[:len(new)])
-                    logprobs = self.logprobs(prompt + new, 0 if request.echo else len(prompt), scores)
-                choices.append({"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason})
+            # best_of > n ranks each prompt's samples by their generated tokens' mean log-probability.
+            rows = [prompt for prompt in prompts for _ in range(copies)]
+            result = generate(self.model, rows, request.max_tokens, sampling, eod=self.tokenizer.eod, seed=seed,
+                              vocab_limit=self.tokenizer.vocab_size, return_logprobs=scored or ranked,
+                              top=request.logprobs or 0)
+            for i, prompt in enumerate(prompts):
+                candidates = list(range(i * copies, (i + 1) * copies))
+                cuts = {row: self.cut(prompt, result.tokens[row], request.stop) for row in candidates}
+                generated += sum(len(new) for new, _, _ in cuts.values())
+                if ranked:
+                    candidates.sort(key=lambda row: -mean_logprob(result.scores[row].logprobs))
+                for j, row in enumerate(candidates[:request.n]):
+                    new, text, reason = cuts[row]
+                    if request.echo:
+                        text = self.decode(prompt) + text
+                    logprobs = None
+                    if scored:
+                        prompt_scores, new_scores = result.prompt_scores[row], result.scores[row]
+                        scores = TokenScores(prompt_scores.logprobs + new_scores.logprobs[:len(new)],
+                                             None if prompt_scores.top is None else
+                                             prompt_scores.top + new_scores.top[:len(new)])
+                        logprobs = self.logprobs(prompt + new, 0 if request.echo else len(prompt), scores)
+                    choices.append({"index": i * request.n + j, "text": text, "logprobs": logprobs,
+                                    "finish_reason": reason})
         prompt_tokens = sum(len(p) for p in prompts)
         return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": self.service.name, "choices": choices,
@@ -181,9 +198,15 @@ class Completer:
                           "total_tokens": prompt_tokens + generated}}
 
 
+def mean_logprob(logprobs: list[float]) -> float:
+    """best_of's ranking: the mean log-probability of the generated tokens (EOD included; 0 for none)."""
+    return sum(logprobs) / len(logprobs) if logprobs else 0.0
+
+
 def complete(service, body) -> dict:
     """POST /v1/completions: the response for a JSON body (RequestError for a bad one)."""
     request = parse_completion_request(body)
     service.log(json.dumps({"completions": len(request.prompts), "max_tokens": request.max_tokens,
-                            "logprobs": request.logprobs, "echo": request.echo}))
+                            "logprobs": request.logprobs, "echo": request.echo, "n": request.n,
+                            "best_of": request.best_of}))
     return Completer(service).respond(request)

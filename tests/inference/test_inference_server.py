@@ -231,17 +231,48 @@ def test_completions_score_a_prompt_and_stop_at_a_stop_string(server_url, tiny_m
     assert cut[1]["choices"][0]["text"] == text[:text.find(stop)] and cut[1]["choices"][0]["finish_reason"] == "stop"
 
 
+def test_completions_n_samples_and_best_of_keeps_the_most_likely(server_url):
+    """n: that many choices per prompt, prompt i's j-th at index i * n + j (greedy: n copies of the one
+    completion; sampled: different ones). best_of: the n of best_of samples with the highest mean
+    log-probability per generated token; with the same seed they are the samples n = best_of returns."""
+    def choices(**fields):
+        status, answer = call(server_url, {"prompt": ["the", "a quick"], "max_tokens": 6, "seed": 7, **fields},
+                              method="POST", path="/v1/completions")
+        assert status == 200, answer
+        return answer["choices"]
+
+    greedy = choices(temperature=0)
+    copies = choices(temperature=0, n=3)
+    assert [c["index"] for c in copies] == list(range(6))
+    assert [c["text"] for c in copies] == [greedy[0]["text"]] * 3 + [greedy[1]["text"]] * 3
+    sampled = choices(temperature=1.5, n=4, logprobs=0)
+    assert len({c["text"] for c in sampled[:4]}) > 1 and len({c["text"] for c in sampled[4:]}) > 1
+    # No sample stops at EOD, so its token_logprobs are every generated token's, as best_of ranks them.
+    assert all(c["finish_reason"] == "length" for c in sampled)
+
+    def mean(choice):
+        values = choice["logprobs"]["token_logprobs"]
+        return sum(values) / len(values)
+
+    best = choices(temperature=1.5, n=2, best_of=4, logprobs=0)
+    assert [c["index"] for c in best] == [0, 1, 2, 3]
+    for prompt in range(2):
+        ranked = sorted(sampled[4 * prompt:4 * prompt + 4], key=mean, reverse=True)
+        assert [c["text"] for c in best[2 * prompt:2 * prompt + 2]] == [c["text"] for c in ranked[:2]], prompt
+
+
 @pytest.mark.parametrize("body, message", [
     ({"max_tokens": 4}, "prompt is required"),
     ({"prompt": []}, "prompt must be a string"),
-    ({"prompt": "a", "n": 2}, "n must be 1"),
+    ({"prompt": "a", "n": 17}, "n must be an integer in [1, 16]"),
+    ({"prompt": "a", "n": 3, "best_of": 2}, "best_of=2 must be >= n=3"),
     ({"prompt": "a", "stream": True}, "stream is not supported"),
     ({"prompt": "a", "max_tokens": 0}, "max_tokens=0 returns nothing unless echo=true"),
     ({"prompt": "a", "logprobs": 50}, "logprobs must be null or an integer in [0, 20]"),
     ({"prompt": [1, 600]}, "token ids [600] outside the tokenizer's vocabulary [0, 500)"),
     ({"prompt": "a", "stop": ["x"] * 17}, "stop must be a non-empty string or a list of up to 16"),
     ({"prompt": "a", "stop": [""]}, "stop must be a non-empty string"),
-    ({"prompt": "a", "best_of": 3}, "best_of must be 1"),
+    ({"prompt": "a", "best_of": 0}, "best_of must be null or an integer in [1, 16]"),
 ])
 def test_bad_completion_requests_get_400(server_url, body, message):
     status, answer = call(server_url, body, method="POST", path="/v1/completions")
