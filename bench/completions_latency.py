@@ -39,6 +39,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tokenizer-type", default="NullTokenizer",
                         help="the tokenizer that decodes the texts and offsets (NullTokenizer: the model's vocabulary)")
     parser.add_argument("--tokenizer-model", default=None)
+    parser.add_argument("--n", type=int, default=1, help="completions per prompt (the request's n)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -49,11 +50,11 @@ def main(argv=None) -> int:
                               log=lambda message: None)
     prompts = [torch.randint(0, tokenizer.vocab_size - 1, (n,)).tolist() for n in args.prompt_lengths]
     print(f"{args.preset}, fp32, {torch.get_num_threads()} threads, {args.tokenizer_type}: {len(prompts)} prompts of "
-          f"{sum(args.prompt_lengths)} tokens in all, echo, logprobs 1, greedy")
+          f"{sum(args.prompt_lengths)} tokens in all, echo, logprobs 1, greedy, n {args.n}")
     print("| max_tokens | median s |")
     print("|---|---|")
     for max_tokens in args.max_tokens:
-        body = {"prompt": prompts, "max_tokens": max_tokens, "echo": True, "logprobs": 1, "temperature": 0}
+        body = {"prompt": prompts, "max_tokens": max_tokens, "echo": True, "logprobs": 1, "temperature": 0, "n": args.n}
         complete(service, body)
         times = []
         for _ in range(args.repeats):

@@ -63,6 +63,17 @@ class InferenceCache:
             layer.conv_inputs[rows] = 0
             layer.delayed_value[rows] = 0
 
+    def copy_row(self, source: int, target: int) -> None:
+        """Make row `target` hold the same sequence as row `source` (its K/V slots in use, conv and
+        value context, length): a prompt prefilled once serves every row that starts with it."""
+        length = int(self.lengths[source])
+        for layer in self.layers:
+            layer.keys[target, :length] = layer.keys[source, :length]
+            layer.values[target, :length] = layer.values[source, :length]
+            layer.conv_inputs[target] = layer.conv_inputs[source]
+            layer.delayed_value[target] = layer.delayed_value[source]
+        self.lengths[target] = length
+
     def bytes_per_token(self) -> int:
         """Cache bytes one more token costs one sequence: K and V of every layer."""
         return sum((layer.keys[0, 0].numel() + layer.values[0, 0].numel()) * layer.keys.element_size()

@@ -172,8 +172,9 @@ def generate(model: ZayaModel, prompts: list[list[int]], max_new_tokens: int,
              dtype: torch.dtype | None = None, return_logprobs: bool = False, top: int = 0) -> GenerationOutput:
     """Sample up to `max_new_tokens` per prompt; a row stops at `eod` (when given).
 
-    Prompts may have different lengths: each is prefilled into its own cache row, then all rows
-    decode together (rows that already stopped keep stepping; their tokens are discarded).
+    Prompts may have different lengths: each is prefilled into its own cache row (a repeated prompt once,
+    then copied), then all rows decode together (rows that already stopped keep stepping; their tokens
+    are discarded).
     `return_logprobs`: also the model's log-probabilities of the prompt and generated tokens (over
     the whole vocabulary, before temperature, top-k or top-p), with `top` > 0 the most likely ids at
     each position too (among the first `vocab_limit`); max_new_tokens 0 scores the prompts in one pass."""
@@ -197,8 +198,16 @@ def generate(model: ZayaModel, prompts: list[list[int]], max_new_tokens: int,
         raise ValueError(f"prompt + --max-new-tokens = {max_length} tokens exceeds the model's "
                          f"max_position_embeddings {model.config.max_position_embeddings}")
     cache = InferenceCache(model.config, len(prompts), max_length, param.device, dtype or compute_dtype(model))
-    prefilled = [prefill(model, cache, row, p, prefill_chunk, return_logprobs, top, vocab_limit)
-                 for row, p in enumerate(prompts)]
+    prefilled, first_row = [], {}
+    for row, p in enumerate(prompts):       # a prompt repeated (n or best_of samples) is prefilled once
+        source = first_row.setdefault(tuple(p), row)
+        if source == row:
+            prefilled.append(prefill(model, cache, row, p, prefill_chunk, return_logprobs, top, vocab_limit))
+        else:
+            cache.copy_row(source, row)
+            done = prefilled[source]
+            prefilled.append((done[0], TokenScores(list(done[1].logprobs), None if done[1].top is None else
+                                                   list(done[1].top))) if return_logprobs else done)
     last = torch.stack([x[0] for x in prefilled] if return_logprobs else prefilled)
     generator = make_generator(seed, param.device)
     out = [[] for _ in prompts]

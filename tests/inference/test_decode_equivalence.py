@@ -104,3 +104,25 @@ def test_cache_bytes_match_accounting_and_model_stats(dtype, nbytes, capsys):
         out = capsys.readouterr().out
         line = next(l for l in out.splitlines() if l.startswith("KV-cache bytes per token"))
         assert f"{cache.bytes_per_token():,}" in line
+
+
+def test_a_repeated_prompt_is_prefilled_once_and_decodes_like_its_own_row(tiny_model, monkeypatch):
+    """generate with a prompt given three times (n / best_of samples) runs one prefill for it and copies
+    the cache row: each copy then decodes exactly as the prompt alone (tokens and log-probabilities),
+    with the other prompt's row left alone."""
+    from megatron_zaya.inference import decode
+
+    torch.manual_seed(5)
+    p, q = torch.randint(0, 500, (9,)).tolist(), torch.randint(0, 500, (4,)).tolist()
+    calls = []
+    real_prefill = decode.prefill
+    monkeypatch.setattr(decode, "prefill", lambda *a, **k: calls.append(a[3]) or real_prefill(*a, **k))
+    greedy = decode.SamplingParams(greedy=True)
+    both = decode.generate(tiny_model, [p, q, p, p], 6, greedy, return_logprobs=True, top=2)
+    assert [list(c) for c in calls] == [p, q]
+    for row, prompt in enumerate([p, q, p, p]):
+        alone = decode.generate(tiny_model, [prompt], 6, greedy, return_logprobs=True, top=2)
+        assert both.tokens[row] == alone.tokens[0], row
+        assert both.prompt_scores[row].logprobs == pytest.approx(alone.prompt_scores[0].logprobs, abs=TOL)
+        assert both.scores[row].logprobs == pytest.approx(alone.scores[0].logprobs, abs=TOL)
+    assert both.prompt_scores[2] is not both.prompt_scores[0]
