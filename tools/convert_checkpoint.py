@@ -2,9 +2,10 @@
 
     # sharded checkpoint (any layout; the --save folder or one iter_NNNNNNN folder) -> HF folder,
     # with the tokenizer the model was trained with (the same flags as training)
-    python tools/convert_checkpoint.py to-hf runs/tiny/ckpt hf/tiny [--dtype bf16] \
+    python tools/convert_checkpoint.py to-hf runs/tiny/ckpt hf/tiny [--dtype bf16] [--max-shard-size 5GB] \
         [--tokenizer-type HuggingFaceTokenizer --tokenizer-model tokenizer.json]
-    # HF folder -> sharded checkpoint in any layout (model weights; train from it with --load DIR --finetune)
+    # HF folder (one model.safetensors, or shards with model.safetensors.index.json, as published) ->
+    # sharded checkpoint in any layout (model weights; train from it with --load DIR --finetune)
     python tools/convert_checkpoint.py from-hf hf/tiny runs/tiny-tp2 --tensor-model-parallel-size 2 \
         --expert-model-parallel-size 2 --world-size 4
     # re-layout a sharded checkpoint's model offline (training loads any layout online anyway); the
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -42,11 +44,22 @@ from megatron_zaya.checkpoint import CheckpointError  # noqa: E402
 from megatron_zaya.checkpoint.averaging import average_to_hf, checkpoints_to_average  # noqa: E402
 from megatron_zaya.checkpoint.convert import (ConversionProgress, checkpoint_to_hf, hf_to_checkpoint,  # noqa: E402
                                               reshard_checkpoint)
+from megatron_zaya.checkpoint.hf_format import DEFAULT_MAX_SHARD_BYTES  # noqa: E402
 from megatron_zaya.checkpoint.hf_tokenizer import check_exportable  # noqa: E402
 from megatron_zaya.data.tokenizer import add_tiktoken_arguments, build_tokenizer, tiktoken_options  # noqa: E402
 from megatron_zaya.errors import UserInputError  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+SIZE_UNITS = {"": 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30}
+
+
+def shard_size(text: str) -> int:
+    """--max-shard-size: bytes, or a number with KB/MB/GB (powers of 10, as transformers) or KiB/MiB/GiB."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).upper() if match else None
+    if unit not in SIZE_UNITS or float(match.group(1)) * SIZE_UNITS[unit] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a size such as 5GB, 500MB or 2GiB")
+    return int(float(match.group(1)) * SIZE_UNITS[unit])
 
 
 def export_tokenizer(parser: argparse.ArgumentParser, args: argparse.Namespace):
@@ -82,6 +95,10 @@ def main(argv=None) -> int:
     for p in (to_hf, average):
         p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                        help="default: as saved (to-hf), fp32 (average)")
+        p.add_argument("--max-shard-size", type=shard_size, default=DEFAULT_MAX_SHARD_BYTES, metavar="SIZE",
+                       help="a model larger than this (default 5GB) is written in shards of at most this size, "
+                            "model-0000i-of-0000N.safetensors with model.safetensors.index.json, as transformers' "
+                            "save_pretrained does"),
         p.add_argument("--tokenizer-type", default=None, help="also write this tokenizer's Hugging Face files")
         p.add_argument("--tokenizer-model", default=None)
         p.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: GPT-2's vocab.json")
@@ -106,14 +123,16 @@ def main(argv=None) -> int:
     try:
         if args.command == "to-hf":
             tokenizer = export_tokenizer(parser, args)
-            info = checkpoint_to_hf(args.checkpoint, args.output, DTYPES.get(args.dtype), tokenizer, progress)
+            info = checkpoint_to_hf(args.checkpoint, args.output, DTYPES.get(args.dtype), tokenizer, progress,
+                                    args.max_shard_size)
             print(f"wrote {args.output} from {info['folder']} (iteration {info['iteration']}, "
                   f"{info['tokens_seen']} tokens seen)")
             return 0
         if args.command == "average":
             tokenizer = export_tokenizer(parser, args)
             folders = checkpoints_to_average(args.sources, args.last)
-            done = average_to_hf(folders, args.output, args.weights, DTYPES.get(args.dtype), tokenizer, progress)
+            done = average_to_hf(folders, args.output, args.weights, DTYPES.get(args.dtype), tokenizer, progress,
+                                 args.max_shard_size)
             print(f"wrote {args.output}: the mean of iterations {', '.join(map(str, done['iterations']))} with "
                   f"weights {', '.join(f'{w:.4g}' for w in done['weights'])}")
             return 0

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from megatron_zaya.checkpoint.format import METADATA_FILE, CheckpointError, iter_dir_name, list_complete, read_json
-from megatron_zaya.checkpoint.hf_format import save_hf_folder
+from megatron_zaya.checkpoint.hf_format import DEFAULT_MAX_SHARD_BYTES, save_hf_folder
 from megatron_zaya.checkpoint.inspection import load_full_model_state, resolve_folder
 
 
@@ -48,7 +48,8 @@ def normalized_weights(weights: list[float] | None, count: int) -> list[float]:
 
 
 def average_to_hf(folders: list[str], output_dir: str, weights: list[float] | None = None,
-                  dtype: torch.dtype | None = None, tokenizer=None, progress=None) -> dict:
+                  dtype: torch.dtype | None = None, tokenizer=None, progress=None,
+                  max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> dict:
     """Write the weighted mean of `folders`' model weights to the Hugging Face folder `output_dir`
     (new or empty; written atomically). Returns {"folders", "weights", "iterations"}."""
     weights = normalized_weights(weights, len(folders))
@@ -79,5 +80,5 @@ def average_to_hf(folders: list[str], output_dir: str, weights: list[float] | No
         del state
     if progress is not None:
         progress.note(f"writing {output_dir}")
-    save_hf_folder(total, config, output_dir, dtype, tokenizer)
+    save_hf_folder(total, config, output_dir, dtype, tokenizer, max_shard_bytes)
     return {"folders": folders, "weights": weights, "iterations": [meta.get("iteration") for meta in metas]}

@@ -10,7 +10,7 @@ import os
 import torch
 
 from megatron_zaya.checkpoint.format import LATEST_FILE, METADATA_FILE, CheckpointError, read_json
-from megatron_zaya.checkpoint.hf_format import load_hf_folder, save_hf_folder
+from megatron_zaya.checkpoint.hf_format import DEFAULT_MAX_SHARD_BYTES, load_hf_folder, save_hf_folder
 from megatron_zaya.checkpoint.inspection import load_full_model_state, resolve_folder
 from megatron_zaya.checkpoint.preflight import held_iterations
 from megatron_zaya.checkpoint.saver import CheckpointWriter
@@ -19,7 +19,7 @@ from megatron_zaya.config import ModelConfig
 
 
 def checkpoint_to_hf(path: str, output_dir: str, dtype: torch.dtype | None = None, tokenizer=None,
-                     progress=None) -> dict:
+                     progress=None, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> dict:
     """The model of a sharded checkpoint as a Hugging Face folder (with `tokenizer`'s files too, when
     given; its vocabulary must fit the embedding, checked from the metadata before any weight is read).
     `progress`: see ConversionProgress."""
@@ -31,7 +31,7 @@ def checkpoint_to_hf(path: str, output_dir: str, dtype: torch.dtype | None = Non
     state, config, info = load_full_model_state(path, progress.reading if progress else None)
     if progress is not None:
         progress.note(f"writing {output_dir}")
-    save_hf_folder(state, config, output_dir, dtype, tokenizer)
+    save_hf_folder(state, config, output_dir, dtype, tokenizer, max_shard_bytes)
     return info
 
 

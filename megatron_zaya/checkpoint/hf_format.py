@@ -1,7 +1,10 @@
 """Conversion between megatron-zaya's model state and a Hugging Face `ZayaForCausalLM` folder
 (config.json + model.safetensors), loadable by `transformers.ZayaForCausalLM.from_pretrained`.
 
-The mapping is a plain name table; tensors are copied unchanged (layouts already agree)."""
+The mapping is a plain name table; tensors are copied unchanged (layouts already agree). A model
+larger than `max_shard_bytes` (5 GB by default) is written as transformers' `save_pretrained` does:
+model-00001-of-0000N.safetensors ... with model.safetensors.index.json mapping each tensor to its
+file; both forms are read (published checkpoints are sharded)."""
 from __future__ import annotations
 
 import json
@@ -18,6 +21,8 @@ from megatron_zaya.checkpoint.format import CheckpointError
 from megatron_zaya.config import ModelConfig
 
 HF_WEIGHTS = "model.safetensors"
+HF_INDEX = "model.safetensors.index.json"
+DEFAULT_MAX_SHARD_BYTES = 5 * 10 ** 9
 
 _BLOCK_NAMES = {
     "input_norm.weight": "input_layernorm.weight",
@@ -146,10 +151,29 @@ def _atomic_folder_write(output_dir: Path, write) -> None:
         raise
 
 
+def shard_files(tensors: dict, max_shard_bytes: int) -> dict[str, list[str]]:
+    """File name -> tensor names: in order, each file filled up to max_shard_bytes (a larger tensor
+    gets a file of its own); one file is model.safetensors, more are model-0000i-of-0000N.safetensors."""
+    groups, size = [[]], 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if groups[-1] and size + nbytes > max_shard_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += nbytes
+    if len(groups) == 1:
+        return {HF_WEIGHTS: groups[0]}
+    return {f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors": names for i, names in enumerate(groups)}
+
+
 def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: torch.dtype | None = None,
-                   tokenizer=None) -> None:
-    """Write config.json + model.safetensors for transformers' ZayaForCausalLM; with `tokenizer` (one
-    of ours) also its Hugging Face files and special token ids (checkpoint/hf_tokenizer.py)."""
+                   tokenizer=None, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
+    """Write config.json + model.safetensors (or shards and their index past `max_shard_bytes`) for
+    transformers' ZayaForCausalLM; with `tokenizer` (one of ours) also its Hugging Face files and special
+    token ids (checkpoint/hf_tokenizer.py)."""
+    if max_shard_bytes < 1:
+        raise ValueError(f"max_shard_bytes={max_shard_bytes} must be >= 1")
     tensors = {}
     for name, tensor in state_dict.items():
         t = tensor.detach().cpu().contiguous()
@@ -163,8 +187,16 @@ def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: tor
         tokenizer_files = hf_tokenizer_files(tokenizer)
         config_dict.update(hf_token_ids(tokenizer))
 
+    files = shard_files(tensors, max_shard_bytes)
+
     def write(folder: Path) -> None:
-        save_file(tensors, str(folder / HF_WEIGHTS), metadata={"format": "pt"})
+        for file, names in files.items():
+            save_file({n: tensors[n] for n in names}, str(folder / file), metadata={"format": "pt"})
+        if len(files) > 1:
+            total = sum(t.numel() * t.element_size() for t in tensors.values())
+            index = {"metadata": {"total_size": total},
+                     "weight_map": {n: file for file, names in files.items() for n in names}}
+            (folder / HF_INDEX).write_text(json.dumps(index, indent=2) + "\n")
         (folder / "config.json").write_text(json.dumps(config_dict, indent=2) + "\n")
         for name, text in tokenizer_files.items():
             (folder / name).write_text(text, encoding="utf-8")
@@ -204,17 +236,47 @@ def load_safetensors(path) -> dict:
         raise CheckpointError(f"{path}: unreadable safetensors file ({err})") from err
 
 
+def hf_weight_files(folder: Path) -> dict[str, list[str] | None]:
+    """The safetensors files of a ZAYA folder -> the tensor names the index puts in each (None: the
+    single model.safetensors, whose names are all taken). CheckpointError naming a bad index."""
+    if (folder / HF_WEIGHTS).is_file():
+        return {HF_WEIGHTS: None}
+    index_path = folder / HF_INDEX
+    if not index_path.is_file():
+        raise FileNotFoundError(f"{folder / HF_WEIGHTS}: missing, and no {HF_INDEX} (expected a Hugging Face "
+                                f"ZAYA folder)")
+    try:
+        weight_map = json.loads(index_path.read_text(encoding="utf-8")).get("weight_map")
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as err:
+        raise CheckpointError(f"{index_path}: not a JSON object ({err})") from err
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise CheckpointError(f"{index_path}: no 'weight_map' of tensor names to file names")
+    files: dict[str, list[str]] = {}
+    for name, file in weight_map.items():
+        files.setdefault(file, []).append(name)
+    for file in files:
+        if not (folder / file).is_file():
+            raise CheckpointError(f"{folder / file}: missing (listed in {HF_INDEX})")
+    return files
+
+
 def load_hf_folder(folder) -> tuple[dict, ModelConfig]:
-    """Read a ZayaForCausalLM folder into (our state dict, our ModelConfig)."""
+    """Read a ZayaForCausalLM folder (one model.safetensors, or shards with their index) into (our state
+    dict, our ModelConfig)."""
     folder = Path(folder)
-    config_path, weights_path = folder / "config.json", folder / HF_WEIGHTS
-    for path in (config_path, weights_path):
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: missing (expected a Hugging Face ZAYA folder)")
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path}: missing (expected a Hugging Face ZAYA folder)")
+    files = hf_weight_files(folder)
     config = config_from_hf_file(config_path)
     state = {}
-    for name, tensor in load_safetensors(weights_path).items():
-        if name == "lm_head.weight" and not config.untie_embeddings_and_output_weights:
-            continue  # tied to the embedding
-        state[hf_to_ours_name(name)] = tensor
+    for file, names in files.items():
+        tensors = load_safetensors(folder / file)
+        missing = [n for n in names or () if n not in tensors]
+        if missing:
+            raise CheckpointError(f"{folder / file}: has no tensor {missing[0]!r} ({HF_INDEX} puts it there)")
+        for name in names or tensors:
+            if name == "lm_head.weight" and not config.untie_embeddings_and_output_weights:
+                continue  # tied to the embedding
+            state[hf_to_ours_name(name)] = tensors[name]
     return state, config

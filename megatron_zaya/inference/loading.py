@@ -14,7 +14,6 @@ enter `inference_autocast(model)` themselves.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -23,9 +22,6 @@ from megatron_zaya.checkpoint import hf_format
 from megatron_zaya.config import ModelConfig
 from megatron_zaya.model import ZayaModel
 
-HF_INDEX = "model.safetensors.index.json"
-
-
 class CheckpointLoadError(ValueError):
     """The path is not a checkpoint this loader understands; the message names the path."""
 
@@ -33,28 +29,7 @@ class CheckpointLoadError(ValueError):
 def is_hf_folder(path: Path) -> bool:
     path = Path(path)
     return (path / "config.json").is_file() and ((path / hf_format.HF_WEIGHTS).is_file()
-                                                 or (path / HF_INDEX).is_file())
-
-
-def _load_sharded_hf_folder(folder: Path) -> tuple[dict, ModelConfig]:
-    """(state dict, ModelConfig) from config.json + model.safetensors.index.json + its shards."""
-    config = hf_format.config_from_hf_file(folder / "config.json")
-    try:
-        weight_map = json.loads((folder / HF_INDEX).read_text(encoding="utf-8")).get("weight_map")
-    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as err:
-        raise CheckpointLoadError(f"{folder / HF_INDEX}: not a JSON object ({err})") from err
-    if not isinstance(weight_map, dict):
-        raise CheckpointLoadError(f"{folder / HF_INDEX}: no 'weight_map'")
-    state = {}
-    for shard in sorted(set(weight_map.values())):
-        shard_path = folder / shard
-        if not shard_path.is_file():
-            raise CheckpointLoadError(f"{shard_path}: missing (listed in {HF_INDEX})")
-        for name, tensor in hf_format.load_safetensors(shard_path).items():
-            if name == "lm_head.weight" and not config.untie_embeddings_and_output_weights:
-                continue
-            state[hf_format.hf_to_ours_name(name)] = tensor
-    return state, config
+                                                 or (path / hf_format.HF_INDEX).is_file())
 
 
 def load_state(path) -> tuple[dict, ModelConfig, dict]:
@@ -63,10 +38,7 @@ def load_state(path) -> tuple[dict, ModelConfig, dict]:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such checkpoint (file or folder)")
     if path.is_dir() and is_hf_folder(path):
-        if (path / hf_format.HF_WEIGHTS).is_file():
-            state, config = hf_format.load_hf_folder(path)
-        else:
-            state, config = _load_sharded_hf_folder(path)
+        state, config = hf_format.load_hf_folder(path)
         return state, config, {"format": "huggingface", "path": str(path)}
     try:
         from megatron_zaya.checkpoint import load_full_model_state

@@ -42,6 +42,16 @@ def test_sharded_to_hf_and_back_into_any_layout(ckpt_corpus, ckpt_cache, tmp_pat
     assert hf_config.hidden_size == config.hidden_size and hf_config.num_experts == config.num_experts
     assert tool.main(["to-hf", src, hf]) == 1            # refuses to overwrite
     assert "refusing to overwrite" in capsys.readouterr().err
+    # --max-shard-size: shards and their index, read back the same (from-hf below takes either form)
+    shards = str(tmp_path / "hf-shards")
+    assert tool.main(["to-hf", src, shards, "--max-shard-size", "0.1MB", "--no-progress"]) == 0
+    assert os.path.isfile(os.path.join(shards, "model.safetensors.index.json"))
+    assert len([f for f in os.listdir(shards) if f.startswith("model-")]) > 1
+    _same(original, load_hf_folder(shards)[0])
+    with pytest.raises(SystemExit):
+        tool.main(["to-hf", src, str(tmp_path / "x"), "--max-shard-size", "5 parsecs"])
+    assert "'5 parsecs': give a size such as 5GB" in capsys.readouterr().err
+    hf = shards
 
     sharded = str(tmp_path / "tp2ep2")
     assert tool.main(["from-hf", hf, sharded, "--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2",

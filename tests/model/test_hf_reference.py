@@ -86,3 +86,27 @@ def test_export_refuses_to_overwrite(tmp_path):
     with pytest.raises(FileExistsError, match="not empty"):
         save_hf_folder(model.state_dict(), model.config, target)
     assert (target / "precious.txt").read_text() == "keep me"
+
+
+def test_sharded_export_loads_in_transformers_and_imports_back(tmp_path):
+    """Past max_shard_bytes the folder holds model-0000i-of-0000N.safetensors and their index, as
+    save_pretrained writes them: transformers loads it to the same logits, and load_hf_folder reads it
+    back bit-identical. A shard the index names but the folder lacks is an error naming it."""
+    from megatron_zaya.checkpoint.format import CheckpointError
+
+    model = randomized_model(CONFIGS["hq6-hkv3-odd-layers"], seed=3).eval()
+    total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    save_hf_folder(model.state_dict(), model.config, tmp_path / "hf", max_shard_bytes=total // 5)
+    shards = sorted(p.name for p in (tmp_path / "hf").glob("model-*.safetensors"))
+    assert len(shards) >= 5 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    assert not (tmp_path / "hf" / "model.safetensors").exists()
+    reference = transformers.ZayaForCausalLM.from_pretrained(tmp_path / "hf", attn_implementation="eager").eval()
+    tokens = torch.randint(0, model.config.vocab_size, (2, 17), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert (model(tokens).logits - reference(tokens).logits).abs().max().item() <= 1e-4
+    state, _ = load_hf_folder(tmp_path / "hf")
+    original = model.state_dict()
+    assert set(state) == set(original) and all(torch.equal(state[k], original[k]) for k in original)
+    (tmp_path / "hf" / shards[1]).unlink()
+    with pytest.raises(CheckpointError, match=f"{shards[1]}: missing"):
+        load_hf_folder(tmp_path / "hf")
