@@ -103,7 +103,8 @@ class _TimedWork:
         return getattr(self._work, name)
 
 
-COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "all_gather", "all_to_all_single",
+COLLECTIVES = ("all_reduce", "reduce_scatter_single", "all_gather_single", "reduce_scatter_tensor", "all_gather_into_tensor",
+               "all_gather", "all_to_all_single",
                "broadcast", "batch_isend_irecv", "barrier", "reduce_scatter", "all_to_all")
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 
+from megatron_zaya.parallel.collectives import all_gather_single
 from megatron_zaya.parallel.data import GradientReducer
 
 
@@ -106,7 +106,7 @@ class DistributedOptimizer:
                 o = bucket.offsets[i] - lo
                 mine[o + a:o + b].copy_(bucket.params[i].reshape(-1)[a:b])
             full = torch.empty(bucket.buffer.numel(), dtype=dtype, device=mine.device)
-            dist.all_gather_into_tensor(full, mine, group=bucket.group)
+            all_gather_single(full, mine, group=bucket.group)
             for i, p in enumerate(bucket.params):
                 p.copy_(full[bucket.offsets[i]:bucket.offsets[i] + p.numel()].view_as(p))
 

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from megatron_zaya.optim.distributed import describe_sharding, sharding_report
 from megatron_zaya.optim.muon import MuonScale, apply_update, momentum_direction, tp_orthogonalized_updates
 from megatron_zaya.optim.muon_tp import whole_numel
+from megatron_zaya.parallel.collectives import all_gather_single
 from megatron_zaya.parallel.data import owners_of_bucket, shard_range
 
 
@@ -132,7 +133,7 @@ class DistributedMuon:
                 shard[a - lo:b - lo].copy_(got[at:at + b - a])
                 at += b - a
         full = torch.empty(bucket.buffer.numel(), dtype=dtype, device=template.device)
-        dist.all_gather_into_tensor(full, shard, group=bucket.group)
+        all_gather_single(full, shard, group=bucket.group)
         for i in matrices:
             p = bucket.params[i]
             p.detach().copy_(full[bucket.offsets[i]:bucket.offsets[i] + p.numel()].view_as(p))

@@ -20,6 +20,8 @@ import math
 import torch
 import torch.distributed as dist
 
+from megatron_zaya.parallel.collectives import all_gather_single
+
 
 def tp_partition(param) -> tuple[int, list] | None:
     """(dim, pieces per TP rank) of a TP-split parameter, None when TP does not split it."""
@@ -67,7 +69,7 @@ def whole_directions(params: list, directions: list[torch.Tensor], group) -> lis
     if lengths[rank]:
         mine[:lengths[rank]] = torch.cat([directions[i].reshape(-1).float() for i in split])
     every = torch.empty(size * width, dtype=torch.float32, device=device)
-    dist.all_gather_into_tensor(every, mine, group=group)
+    all_gather_single(every, mine, group=group)
     offsets = [r * width for r in range(size)]
     out = list(directions)
     for i in split:

@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from megatron_zaya.parallel.collectives import reduce_scatter_single
 from megatron_zaya.parallel.mappings import group_size
 
 
@@ -99,7 +100,7 @@ class Bucket:
             self.buffer.div_(self.size)
         if self.shard:
             self.reduced = self.buffer.new_empty(self.owned[1] - self.owned[0])
-            self.work = dist.reduce_scatter_tensor(self.reduced, self.buffer, group=self.group, async_op=True)
+            self.work = reduce_scatter_single(self.reduced, self.buffer, group=self.group, async_op=True)
         else:
             self.work = dist.all_reduce(self.buffer, group=self.group, async_op=True)
 

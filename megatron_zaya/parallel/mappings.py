@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from megatron_zaya.parallel.collectives import all_gather_single, reduce_scatter_single
+
 
 def group_size(group) -> int:
     if group is None or not dist.is_initialized():
@@ -27,7 +29,7 @@ def _all_gather(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     n = group_size(group)
     x = x.contiguous()
     out = x.new_empty((n * x.shape[0],) + x.shape[1:])
-    dist.all_gather_into_tensor(out, x, group=group)
+    all_gather_single(out, x, group=group)
     if dim == 0:
         return out
     return torch.cat(out.chunk(n, dim=0), dim=dim)
@@ -39,7 +41,7 @@ def _reduce_scatter(x: torch.Tensor, group, dim: int) -> torch.Tensor:
         x = torch.cat(x.chunk(n, dim=dim), dim=0)
     x = x.contiguous()
     out = x.new_empty((x.shape[0] // n,) + x.shape[1:])
-    dist.reduce_scatter_tensor(out, x, group=group)
+    reduce_scatter_single(out, x, group=group)
     return out
 
 

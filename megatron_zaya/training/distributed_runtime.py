@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_zaya.parallel.apply import parallelize_model, sum_counts_over_token_ranks
+from megatron_zaya.parallel.collectives import all_gather_single
 from megatron_zaya.parallel.context import slice_batch_for_cp
 from megatron_zaya.optim.builder import muon_bucket_key
 from megatron_zaya.parallel.data import GradientReducer, bucket_size_for, clip_grad_norm, count_zero_grads, is_expert
@@ -105,7 +106,7 @@ class DistributedRuntime:
         """`value` of every rank, in global rank order."""
         mine = torch.tensor([value], dtype=torch.float64, device=self.device)
         every = torch.empty(self.world_size, dtype=torch.float64, device=self.device)
-        dist.all_gather_into_tensor(every, mine)
+        all_gather_single(every, mine)
         return every.tolist()
 
     def sum_routing_counts(self, counts: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,7 @@ from megatron_zaya.optim.distributed_muon import DistributedMuon
 from megatron_zaya.optim import muon as muon_module
 from megatron_zaya.optim.muon import Muon, MuonScale
 from megatron_zaya.parallel.apply import full_gradients, gather_full_state_dict, parallelize_model
+from megatron_zaya.parallel.collectives import all_gather_single
 from megatron_zaya.parallel.context import slice_batch_for_cp
 from megatron_zaya.parallel.data import GradientReducer, clip_grad_norm, count_zero_grads
 from megatron_zaya.parallel.launch import exit_process, init_distributed
@@ -162,7 +163,7 @@ def check_biases(model, ref, step) -> list[str]:
     mine = torch.cat([b.moe.router.balancing_bias.reshape(-1) for b in model.layers])
     want = torch.cat([b.moe.router.balancing_bias.reshape(-1) for b in ref.layers])
     every = torch.empty(dist.get_world_size() * mine.numel(), dtype=mine.dtype)
-    dist.all_gather_into_tensor(every, mine)
+    all_gather_single(every, mine)
     errors = [] if torch.equal(mine, want) else [f"step {step}: balancing biases {mine.tolist()} != {want.tolist()}"]
     if not all(torch.equal(r, mine) for r in every.view(-1, mine.numel())):
         errors.append(f"step {step}: balancing biases differ between ranks")
