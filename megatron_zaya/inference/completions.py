@@ -4,12 +4,13 @@
 Request fields: prompt (a string, a list of strings, a list of token ids or a list of such lists),
 max_tokens (default 16), temperature (default 1; 0 is greedy), top_p (default 1), logprobs (null,
 or 0 to 20: also the most likely tokens at each position), echo (default false: the prompt is
-part of text and logprobs too), stop (a string or a list of up to 16), seed, n (completions per prompt,
-up to 16) and best_of (that many sampled per prompt, the n with the highest mean log-probability per
-generated token returned; default n); model and user are ignored. Response: {"id", "object": "text_completion", "created", "model",
-"choices": [{"index", "text", "logprobs", "finish_reason"}], "usage"} with prompt i's j-th choice at
-index i * n + j (the best first when best_of > n); finish_reason is "stop" at
-the tokenizer's EOD or a stop string, else "length". The log-probabilities are the model's over its
+part of text and logprobs too), stop (a string or a list of up to 16), seed, n (completions per
+prompt, up to 16) and best_of (that many sampled per prompt, the n with the highest mean
+log-probability per generated token returned; default n); model and user are ignored. Response:
+{"id", "object": "text_completion", "created", "model", "choices": [{"index", "text", "logprobs",
+"finish_reason"}], "usage"} with prompt i's j-th choice at index i * n + j (the best first when
+best_of > n; usage counts every sampled token); finish_reason is "stop" at the tokenizer's EOD or a
+stop string, else "length". The log-probabilities are the model's over its
 whole vocabulary (before temperature or top_p), taken during the generation itself: the prompt's in its
 prefill, the completion's at each decode step (max_tokens 0 with echo scores the prompt in one pass).
 """

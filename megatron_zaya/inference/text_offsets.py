@@ -1,8 +1,8 @@
 """Where each token's text starts in a decoded sequence, without decoding every prefix.
 
 OpenAI's `text_offset` of token k is len(decode(ids[:k])). Decoding each prefix is exact but costs
-O(n^2) token decodes: 0.44 s at 4.5K tokens with a SentencePiece tokenizer, about 20 s at 32K, for
-every scored request. A tokenizer's decode is local: a token's text depends on the few tokens around
+O(n^2) token decodes: about 0.85 s for a 4,000-token request on the benchmark CPU (BENCHMARKS.md), so
+some 50 s at 32K, for every scored request. A tokenizer's decode is local: a token's text depends on the few tokens around
 it (SentencePiece drops the leading space of the first piece only; byte-level BPE joins the bytes of
 one character across neighbouring tokens; Hugging Face decoders may tidy a space before punctuation).
 So the prefixes are decoded exactly only at block starts c, every ~sqrt(n) tokens, and inside a
