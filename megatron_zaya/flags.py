@@ -341,8 +341,10 @@ def _yaml_value(parser: argparse.ArgumentParser, path: str, key, action: argpars
     return _convert_word(parser, path, key, action, str(value))
 
 
-def apply_yaml_defaults(parser: argparse.ArgumentParser, path: str) -> None:
-    """Make the keys of the YAML file `path` the parser's defaults (so command-line flags win)."""
+def apply_yaml_defaults(parser: argparse.ArgumentParser, path: str, ignore=frozenset()) -> list[str]:
+    """Make the keys of the YAML file `path` the parser's defaults (so command-line flags win). A key
+    names a flag (dashes or underscores, without the leading --) or its dest; keys whose dest is in
+    `ignore` are skipped (another tool's flags: the planner reads a training config) and returned."""
     if not os.path.isfile(path):
         parser.error(f"--config {path}: file not found")
     try:
@@ -353,10 +355,16 @@ def apply_yaml_defaults(parser: argparse.ArgumentParser, path: str) -> None:
     if not isinstance(values, dict):
         parser.error(f"--config {path}: expected a mapping of flag names to values")
     actions = {a.dest: a for a in parser._actions if not isinstance(a, argparse._HelpAction)}
-    defaults = {}
+    by_flag = {option: a for a in actions.values() for option in a.option_strings}
+    defaults, skipped = {}, []
     for key, value in values.items():
         dest = str(key).lstrip("-").replace("-", "_")
-        if dest not in actions or dest == "config":
+        action = by_flag.get("--" + dest.replace("_", "-")) or actions.get(dest)
+        if action is None and dest in ignore:
+            skipped.append(str(key))
+            continue
+        if action is None or action.dest == "config":
             parser.error(f"--config {path}: unknown key {key!r}")
-        defaults[dest] = _yaml_value(parser, path, key, actions[dest], value)
+        defaults[action.dest] = _yaml_value(parser, path, key, action, value)
     parser.set_defaults(**defaults)
+    return skipped

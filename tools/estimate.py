@@ -4,7 +4,12 @@
         --micro-batch-size 1 --global-batch-size 4096 --use-distributed-optimizer
     python tools/estimate.py --preset zaya1-base --gpus 1024 --cluster mi300x --seq-length 32768 \\
         --micro-batch-size 1 --global-batch-size 1024 --use-distributed-optimizer --context-parallel-size 2
+    python tools/estimate.py --config examples/zaya1_base/phase3_32k.yaml --gpus 1024 --cluster mi300x
 
+--config reads pretrain_zaya.py's YAML config of the run: the keys the plan depends on (preset, model
+sizes, seq-length, batch sizes, parallel layout, ZeRO-1, recomputation, optimizer, packed documents)
+set those flags (the command line still wins); its other training keys (lr, data, logging, ...) are
+listed and left out, and a key pretrain_zaya.py does not know either stops the run.
 Prints weights, gradients, optimizer shards and activations (with and without recomputation) per GPU,
 whether the layout fits (HBM minus --memory-reserve-fraction), and if not the single changes that make
 it fit; then the step time split into compute, optimizer and communication, tokens/s and MFU.
@@ -21,22 +26,27 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_zaya.config import PRESETS, ConfigError, model_config_from_preset  # noqa: E402
-from megatron_zaya.planner.activations import POLICIES  # noqa: E402
+from megatron_zaya.planner.activations import DEFAULT_MODULES, POLICIES  # noqa: E402
 from megatron_zaya.planner.hardware import CLUSTERS, Efficiency, cluster_from_preset  # noqa: E402
 from megatron_zaya.planner.layout import RECOMPUTE_CHOICES, LayoutError, ParallelLayout  # noqa: E402
 from megatron_zaya.planner.memory import GRAD_DTYPES, OPTIMIZERS  # noqa: E402
 from megatron_zaya.planner.plan import Plan, PlanOptions, fixes, make_plan  # noqa: E402
 
 MODEL_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size",
-               "num_experts", "moe_ffn_hidden_size", "router_hidden_size")
+               "num_experts", "moe_ffn_hidden_size", "router_hidden_size", "make_vocab_size_divisible_by")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=None, metavar="FILE.yaml",
+                   help="pretrain_zaya.py's YAML config: the keys the plan depends on, the rest left out")
     m = p.add_argument_group("model")
     m.add_argument("--preset", default="zaya1-base", help=f"one of {sorted(PRESETS)}")
     for flag in MODEL_FLAGS:
         m.add_argument("--" + flag.replace("_", "-"), type=int, default=None, help="override the preset")
+    m.add_argument("--ffn-hidden-size", type=int, default=None, help="the experts' size when --moe-ffn-hidden-size "
+                                                                     "is not given (as in training)")
+    m.add_argument("--untie-embeddings-and-output-weights", action="store_true", help="a separate output layer")
     lay = p.add_argument_group("layout")
     lay.add_argument("--gpus", type=int, required=True)
     lay.add_argument("--tensor-model-parallel-size", type=int, default=1)
@@ -45,12 +55,19 @@ def build_parser() -> argparse.ArgumentParser:
     lay.add_argument("--use-distributed-optimizer", action="store_true", help="ZeRO-1 over DP x CP")
     lay.add_argument("--recompute", "--recompute-granularity", dest="recompute", choices=RECOMPUTE_CHOICES,
                      default="none", help="none, selective or full (--recompute-granularity: the training flag's name)")
+    lay.add_argument("--recompute-activations", action="store_true", help="Megatron-LM's name of --recompute selective")
+    lay.add_argument("--moe-layer-recompute", action="store_true",
+                     help="--recompute selective with the moe module added (as in training)")
+    lay.add_argument("--recompute-method", choices=("uniform", "block"), default=None,
+                     help="with --recompute full: the plan models every block recomputed alone (uniform with "
+                          "--recompute-num-layers 1, the default, or block with all the layers)")
+    lay.add_argument("--recompute-num-layers", type=int, default=None)
     lay.add_argument("--recompute-modules", nargs="+", default=None, metavar="MODULE",
                      help="with --recompute selective: the pieces recomputed, by Megatron's names (layernorm, "
                           "core_attn, moe_act, moe: the whole MoE sublayer); default layernorm core_attn moe_act")
     lay.add_argument("--seq-length", type=int, default=None, help="default: the preset's")
     lay.add_argument("--micro-batch-size", type=int, default=1)
-    lay.add_argument("--global-batch-size", type=int, required=True, help="sequences per optimizer step")
+    lay.add_argument("--global-batch-size", type=int, default=None, help="sequences per optimizer step (required)")
     lay.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
     lay.add_argument("--grad-dtype", choices=GRAD_DTYPES, default="fp32")
     c = p.add_argument_group("cluster (a preset; any field can be overridden)")
@@ -86,9 +103,34 @@ def check_whole_nodes(gpus: int, gpus_per_node: int) -> None:
                           f"(use a multiple of {gpus_per_node}, or at most {gpus_per_node} GPUs on one node)")
 
 
+def resolve_training_names(args, num_layers: int) -> None:
+    """Training's other names for what the plan takes (in place), as pretrain_zaya.py reads them:
+    --recompute-activations and --moe-layer-recompute mean selective (the latter adding moe); full
+    recomputation is planned block by block, so a --recompute-method / --recompute-num-layers asking for
+    anything else is a LayoutError."""
+    if args.recompute_activations or args.moe_layer_recompute:
+        if args.recompute == "full":
+            raise LayoutError("--recompute-activations / --moe-layer-recompute mean --recompute selective, not full")
+        args.recompute = "selective"
+    if args.moe_layer_recompute:
+        args.recompute_modules = list(args.recompute_modules or DEFAULT_MODULES) + ["moe"]
+    if args.recompute_method is not None or args.recompute_num_layers is not None:
+        if args.recompute != "full":
+            raise LayoutError("--recompute-method / --recompute-num-layers go with --recompute full")
+        method, layers = args.recompute_method or "uniform", args.recompute_num_layers
+        if not (layers is None or (method == "uniform" and layers == 1) or (method == "block" and layers >= num_layers)):
+            raise LayoutError(f"--recompute-method {method} --recompute-num-layers {layers}: the planner models full "
+                              f"recomputation of every block alone (uniform 1, or block {num_layers})")
+
+
 def plan_from_args(args) -> Plan:
     overrides = {f: getattr(args, f) for f in MODEL_FLAGS if getattr(args, f) is not None}
+    if args.moe_ffn_hidden_size is None and args.ffn_hidden_size is not None:
+        overrides["moe_ffn_hidden_size"] = args.ffn_hidden_size
+    if args.untie_embeddings_and_output_weights:
+        overrides["untie_embeddings_and_output_weights"] = True
     config = model_config_from_preset(args.preset, **overrides)
+    resolve_training_names(args, config.num_layers)
     seq = args.seq_length or config.seq_length
     if seq > config.max_position_embeddings:
         config = config.replace(max_position_embeddings=seq)
@@ -150,7 +192,7 @@ def report(plan: Plan) -> str:
         f"fabric {c.intra_node_gbps:g} GB/s, network {c.inter_node_gbps:g} GB/s per GPU",
         f"layout: TP={L.tensor_parallel} CP={L.context_parallel} EP={L.expert_parallel} DP={L.data_parallel} "
         f"ZeRO-1={'on' if L.zero1 else 'off'} recompute={L.recompute_text}; seq {L.seq_length}, micro batch "
-        f"{L.micro_batch_size}, global batch {L.global_batch_size} ({L.micro_batches} micro-batches per step); "
+        f"{L.micro_batch_size}, global batch {L.global_batch_size} ({L.micro_batches} micro-batch{'es' if L.micro_batches != 1 else ''} per step); "
         f"optimizer {plan.options.optimizer}, grads {plan.options.grad_dtype}",
         "",
         "memory per GPU",
@@ -190,9 +232,26 @@ def report(plan: Plan) -> str:
     return "\n".join(lines)
 
 
+def training_only_keys(parser: argparse.ArgumentParser) -> frozenset:
+    """The dests of pretrain_zaya.py's flags that this planner has no flag for (lr, data paths, ...)."""
+    from megatron_zaya.flags import build_parser as training_parser
+    ours = {a.dest for a in parser._actions} | {o.lstrip("-").replace("-", "_") for a in parser._actions
+                                                for o in a.option_strings}
+    return frozenset(a.dest for a in training_parser()._actions if a.dest not in ours)
+
+
 def main(argv=None) -> int:
     parser = build_parser()
+    pre, _ = parser.parse_known_args(argv)
+    if pre.config:
+        from megatron_zaya.flags import apply_yaml_defaults
+        skipped = apply_yaml_defaults(parser, pre.config, ignore=training_only_keys(parser))
+        if skipped:
+            print(f"--config {pre.config}: training keys that do not change the plan, left out: {', '.join(skipped)}",
+                  file=sys.stderr)
     args = parser.parse_args(argv)
+    if args.global_batch_size is None:
+        parser.error("--global-batch-size is required (on the command line or in --config)")
     try:
         plan = plan_from_args(args)
     except (ConfigError, LayoutError, ValueError) as err:

@@ -125,3 +125,39 @@ def test_cli_counts_packed_documents_and_module_recomputation(capsys):
     # the training flags' names work too
     assert cli.main(base[:-1] + ["--recompute-granularity", "selective", "--recompute-modules", "moe"]) == 0
     assert "recompute=selective (moe)" in capsys.readouterr().out
+
+
+def test_cli_plans_the_training_config(capsys, tmp_path):
+    """--config FILE.yaml: the ZAYA1-base 32K recipe plans exactly as the same flags given by hand; its
+    training-only keys are listed as left out; the command line wins; a key pretrain_zaya.py does not know,
+    and a partial full recomputation the planner does not model, are refused naming them."""
+    cli = load_cli()
+    recipe = str(ROOT / "examples" / "zaya1_base" / "phase3_32k.yaml")
+    assert cli.main(["--config", recipe, "--gpus", "1024", "--cluster", "mi300x", "--json"]) == 0
+    captured = capsys.readouterr()
+    from_file = json.loads(captured.out)
+    assert "left out: rotary-base, train-iters, lr," in captured.err
+    assert cli.main(["--preset", "zaya1-base", "--gpus", "1024", "--cluster", "mi300x", "--seq-length", "32768",
+                     "--context-parallel-size", "2", "--use-distributed-optimizer", "--global-batch-size", "512",
+                     "--micro-batch-size", "1", "--optimizer", "muon", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == from_file
+    assert cli.main(["--config", recipe, "--gpus", "1024", "--context-parallel-size", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["data_parallel"] == 256
+    config = tmp_path / "run.yaml"
+    config.write_text("preset: zaya1-base\nglobal-batch-size: 1024\nrecompute-activations: true\n"
+                      "ffn-hidden-size: 1024\n")
+    assert cli.main(["--config", str(config), "--gpus", "1024", "--seq-length", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "recompute=selective" in out
+    assert cli.main(["--config", str(config), "--gpus", "1024", "--seq-length", "4096", "--moe-ffn-hidden-size",
+                     "1024", "--json"]) == 0
+    by_flag = json.loads(capsys.readouterr().out)
+    assert cli.main(["--config", str(config), "--gpus", "1024", "--seq-length", "4096", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == by_flag        # --ffn-hidden-size sized the experts
+    for text, message in (("learning_rate: 0.1\n", "unknown key 'learning_rate'"),
+                          ("recompute-granularity: full\nrecompute-method: block\nrecompute-num-layers: 4\n",
+                           "--recompute-method block --recompute-num-layers 4: the planner models")):
+        config.write_text("global-batch-size: 1024\n" + text)
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(["--config", str(config), "--gpus", "1024"])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
