@@ -240,6 +240,14 @@ def training_only_keys(parser: argparse.ArgumentParser) -> frozenset:
     return frozenset(a.dest for a in training_parser()._actions if a.dest not in ours)
 
 
+def trains_in_bf16(config_path: str) -> bool:
+    """Whether a training YAML (already read without error) sets bf16 (pretrain_zaya.py's default is fp32)."""
+    import yaml
+    with open(config_path) as f:
+        values = yaml.safe_load(f) or {}
+    return any(str(k).lstrip("-") == "bf16" and v is True for k, v in values.items())
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     pre, _ = parser.parse_known_args(argv)
@@ -249,6 +257,9 @@ def main(argv=None) -> int:
         if skipped:
             print(f"--config {pre.config}: training keys that do not change the plan, left out: {', '.join(skipped)}",
                   file=sys.stderr)
+        if not trains_in_bf16(pre.config):
+            print(f"--config {pre.config}: the run trains in fp32 (no bf16: true), while the plan assumes --bf16 "
+                  f"(bf16 weights, activations and matmuls): expect more memory and time than shown", file=sys.stderr)
     args = parser.parse_args(argv)
     if args.global_batch_size is None:
         parser.error("--global-batch-size is required (on the command line or in --config)")
