@@ -56,6 +56,11 @@ def _cached_attention(attention, x: torch.Tensor, layer: LayerCache, rows: slice
     return attention.linear_proj(out)
 
 
+# Scoring a prompt takes the LM head over this many logits at a time (256 positions of ZAYA1-base's
+# 262K vocabulary, 256 MiB in fp32), not over the whole (S, V) at once (4.3 GB at 4K tokens).
+SCORE_BLOCK_LOGITS = 1 << 26
+
+
 @torch.no_grad()
 def forward_with_cache(model: ZayaModel, cache: InferenceCache, tokens: torch.Tensor, rows=slice(None),
                        all_logits: bool = False, return_routing: bool = False):
@@ -65,10 +70,22 @@ def forward_with_cache(model: ZayaModel, cache: InferenceCache, tokens: torch.Te
     return_routing also the list of per-layer `Routing` over the b*s tokens. A model with bf16/fp16
     weights runs under autocast to that dtype (see loading.inference_autocast)."""
     with inference_autocast(model):
-        return _forward_with_cache(model, cache, tokens, rows, all_logits, return_routing)
+        hidden, routing = _hidden_with_cache(model, cache, tokens, rows, all_logits)
+        logits = lm_logits(model, hidden)
+    return (logits, routing) if return_routing else logits
 
 
-def _forward_with_cache(model, cache, tokens, rows, all_logits, return_routing):
+def lm_logits(model: ZayaModel, hidden: torch.Tensor) -> torch.Tensor:
+    """fp32 logits of final-normed hidden states (..., D) -> (..., V)."""
+    if hasattr(model, "head_and_loss"):       # the model's LM head (vocab-parallel under tensor parallelism)
+        logits, _ = model.head_and_loss(hidden, None)
+    else:
+        logits = F.linear(hidden, model.output_weight())
+    return logits.float()
+
+
+def _hidden_with_cache(model, cache, tokens, rows, all_positions):
+    """The final-normed hidden states (b, s, D), or (b, D) of the last token, and the routing."""
     rows = _as_slice(rows, cache.batch_size)
     b, s = tokens.shape
     start = cache.lengths[rows]
@@ -95,15 +112,9 @@ def _forward_with_cache(model, cache, tokens, rows, all_logits, return_routing):
         residual = block.mlp_residual(moe_out, residual)
         routing.append(layer_routing)
     cache.lengths[rows] = end
-    if not all_logits:
+    if not all_positions:
         residual = residual[:, -1]
-    hidden = model.final_norm(residual)
-    if hasattr(model, "head_and_loss"):       # the model's LM head (vocab-parallel under tensor parallelism)
-        logits, _ = model.head_and_loss(hidden, None)
-    else:
-        logits = F.linear(hidden, model.output_weight())
-    logits = logits.float()
-    return (logits, routing) if return_routing else logits
+    return model.final_norm(residual), routing
 
 
 @dataclass
@@ -112,6 +123,7 @@ class TokenScores:
     top: list[dict[int, float]] | None = None   # per scored token: the `top` most likely ids and their log p
 
 
+@torch.no_grad()
 def prefill(model: ZayaModel, cache: InferenceCache, row: int, prompt: torch.Tensor | list[int],
             chunk_size: int | None = None, return_logprobs: bool = False, top: int = 0,
             vocab_limit: int | None = None):
@@ -119,7 +131,7 @@ def prefill(model: ZayaModel, cache: InferenceCache, row: int, prompt: torch.Ten
     tokens if given (bounds the S x S attention memory). Returns the last token's logits (V,), and
     with `return_logprobs` also the TokenScores of each prompt token after the first under the model
     (len(prompt) - 1 of them, with the `top` most likely ids among the first `vocab_limit` at each
-    position when top > 0; computed chunk by chunk, never the whole (S, V) at once)."""
+    position when top > 0; the LM head runs SCORE_BLOCK_LOGITS logits at a time, never over the whole (S, V))."""
     prompt = torch.as_tensor(prompt, dtype=torch.long, device=cache.lengths.device).reshape(1, -1)
     if prompt.shape[1] == 0:
         raise ValueError(f"prompt {row} is empty: give at least one token (e.g. --add-bos)")
@@ -127,11 +139,18 @@ def prefill(model: ZayaModel, cache: InferenceCache, row: int, prompt: torch.Ten
     chunk = chunk_size or prompt.shape[1]
     scores = TokenScores([], [] if top else None)
     for begin in range(0, prompt.shape[1], chunk):
-        logits = forward_with_cache(model, cache, prompt[:, begin:begin + chunk], rows=row, all_logits=return_logprobs)
-        if return_logprobs:
+        if not return_logprobs:
+            logits = forward_with_cache(model, cache, prompt[:, begin:begin + chunk], rows=row)
+            continue
+        with inference_autocast(model):
+            hidden, _ = _hidden_with_cache(model, cache, prompt[:, begin:begin + chunk], row, True)
             targets = prompt[0, begin + 1:begin + chunk + 1]        # the next token of each position
-            add_scores(scores, logits[0, :targets.shape[0]], targets, top, vocab_limit)
-            logits = logits[:, -1]
+            scored = hidden[0, :targets.shape[0]]                     # (the last prompt token's comes at decode)
+            block = max(1, SCORE_BLOCK_LOGITS // model.config.vocab_size)
+            for first in range(0, scored.shape[0], block):          # the LM head a block of positions at a time
+                add_scores(scores, lm_logits(model, scored[first:first + block]), targets[first:first + block], top,
+                           vocab_limit)
+            logits = lm_logits(model, hidden[:, -1])
     return (logits[0], scores) if return_logprobs else logits[0]
 
 
@@ -140,6 +159,8 @@ def add_scores(scores: TokenScores, logits: torch.Tensor, tokens: torch.Tensor, 
     """Append log p(tokens[i]) under logits[i] (N, V), over the whole (padded) vocabulary as the training
     loss counts it (fp32), and, with top > 0, the `top` most likely ids of each row among the first
     `vocab_limit` (the tokenizer's: padded rows have no text)."""
+    if logits.shape[0] != tokens.numel():
+        raise ValueError(f"add_scores: {logits.shape[0]} rows of logits for {tokens.numel()} tokens")
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     scores.logprobs += logprobs.gather(-1, tokens.reshape(-1, 1)).squeeze(-1).tolist()
     if top:

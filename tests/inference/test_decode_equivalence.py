@@ -126,3 +126,22 @@ def test_a_repeated_prompt_is_prefilled_once_and_decodes_like_its_own_row(tiny_m
         assert both.prompt_scores[row].logprobs == pytest.approx(alone.prompt_scores[0].logprobs, abs=TOL)
         assert both.scores[row].logprobs == pytest.approx(alone.scores[0].logprobs, abs=TOL)
     assert both.prompt_scores[2] is not both.prompt_scores[0]
+
+
+def test_prompt_scores_take_the_lm_head_a_block_of_positions_at_a_time(tiny_model, monkeypatch):
+    """Scoring a prompt never holds its whole (S, V) logits: with the block cut to 3 positions, the LM head
+    sees at most 3 rows at a time, and the log-probabilities and top ids are those of the whole-prompt
+    computation (fp32, 1e-5)."""
+    from megatron_zaya.inference import decode
+
+    torch.manual_seed(6)
+    prompt = torch.randint(0, 500, (20,)).tolist()
+    whole = decode.generate(tiny_model, [prompt], 0, return_logprobs=True, top=3).prompt_scores[0]
+    rows = []
+    real = decode.lm_logits
+    monkeypatch.setattr(decode, "lm_logits", lambda model, hidden: rows.append(hidden.shape[0]) or real(model, hidden))
+    monkeypatch.setattr(decode, "SCORE_BLOCK_LOGITS", 3 * tiny_model.config.vocab_size)
+    blocked = decode.generate(tiny_model, [prompt], 0, return_logprobs=True, top=3).prompt_scores[0]
+    assert rows and max(rows) <= 3 and sum(r for r in rows if r > 1) >= 18, rows
+    assert blocked.logprobs == pytest.approx(whole.logprobs, abs=TOL) and len(blocked.logprobs) == 19
+    assert [list(t) for t in blocked.top] == [list(t) for t in whole.top]

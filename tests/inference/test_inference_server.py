@@ -331,12 +331,12 @@ def test_completions_score_with_the_generation_itself(server_url, sp_model, monk
     tok = build_tokenizer("GPTSentencePieceTokenizer", sp_model)
     prompt = tok.encode("the quick brown fox")
     seen = []
-    real = decode.forward_with_cache
+    real = decode._hidden_with_cache       # every forward of the model over cached rows goes through it
 
     def counting(model, cache, tokens, *args, **kwargs):
         seen.append(tokens.numel())
         return real(model, cache, tokens, *args, **kwargs)
-    monkeypatch.setattr(decode, "forward_with_cache", counting)
+    monkeypatch.setattr(decode, "_hidden_with_cache", counting)
     for max_tokens, expected in ((0, [len(prompt)]), (2, [len(prompt), 1])):
         seen.clear()
         status, answer = call(server_url, {"prompt": [prompt], "max_tokens": max_tokens, "echo": True, "logprobs": 2,
