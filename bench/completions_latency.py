@@ -4,6 +4,7 @@ HTTP; random weights and prompt tokens.
 
     python bench/completions_latency.py                                   # zaya1-100m, max_tokens 0 1 16
     python bench/completions_latency.py --preset zaya1-tiny --max-tokens 0 1
+    python bench/completions_latency.py --preset zaya1-tiny --shared-prefix 512 --prompt-lengths 16 24 32 40 --max-tokens 0 1
     python bench/completions_latency.py --preset zaya1-tiny --prompt-lengths 4000 --max-tokens 0 \
         --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model data/tokenizer/shakespeare_sp8k.model
 
@@ -40,6 +41,9 @@ def main(argv=None) -> int:
                         help="the tokenizer that decodes the texts and offsets (NullTokenizer: the model's vocabulary)")
     parser.add_argument("--tokenizer-model", default=None)
     parser.add_argument("--n", type=int, default=1, help="completions per prompt (the request's n)")
+    parser.add_argument("--shared-prefix", type=int, default=0,
+                        help="tokens every prompt starts with before its own --prompt-lengths tokens (the context "
+                             "of a multiple-choice question)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -48,9 +52,11 @@ def main(argv=None) -> int:
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model or str(model.config.vocab_size - 1))
     service = SimpleNamespace(model=model, tokenizer=tokenizer, lock=threading.Lock(), name=args.preset,
                               log=lambda message: None)
-    prompts = [torch.randint(0, tokenizer.vocab_size - 1, (n,)).tolist() for n in args.prompt_lengths]
+    shared = torch.randint(0, tokenizer.vocab_size - 1, (args.shared_prefix,)).tolist()
+    prompts = [shared + torch.randint(0, tokenizer.vocab_size - 1, (n,)).tolist() for n in args.prompt_lengths]
     print(f"{args.preset}, fp32, {torch.get_num_threads()} threads, {args.tokenizer_type}: {len(prompts)} prompts of "
-          f"{sum(args.prompt_lengths)} tokens in all, echo, logprobs 1, greedy, n {args.n}")
+          f"{sum(map(len, prompts))} tokens in all ({args.shared_prefix} shared by all), echo, logprobs 1, greedy, "
+          f"n {args.n}")
     print("| max_tokens | median s |")
     print("|---|---|")
     for max_tokens in args.max_tokens:

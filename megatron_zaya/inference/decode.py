@@ -132,26 +132,100 @@ def prefill(model: ZayaModel, cache: InferenceCache, row: int, prompt: torch.Ten
     with `return_logprobs` also the TokenScores of each prompt token after the first under the model
     (len(prompt) - 1 of them, with the `top` most likely ids among the first `vocab_limit` at each
     position when top > 0; the LM head runs SCORE_BLOCK_LOGITS logits at a time, never over the whole (S, V))."""
-    prompt = torch.as_tensor(prompt, dtype=torch.long, device=cache.lengths.device).reshape(1, -1)
-    if prompt.shape[1] == 0:
+    prompt = torch.as_tensor(prompt, dtype=torch.long, device=cache.lengths.device).reshape(-1)
+    if prompt.shape[0] == 0:
         raise ValueError(f"prompt {row} is empty: give at least one token (e.g. --add-bos)")
     cache.reset(slice(row, row + 1))
-    chunk = chunk_size or prompt.shape[1]
+    return extend(model, cache, row, prompt, chunk_size, return_logprobs, top, vocab_limit)
+
+
+@torch.no_grad()
+def extend(model: ZayaModel, cache: InferenceCache, row: int, tokens: torch.Tensor | list[int],
+           chunk_size: int | None = None, return_logprobs: bool = False, top: int = 0,
+           vocab_limit: int | None = None, previous_logits: torch.Tensor | None = None):
+    """Run `tokens` (1-D, at least one) into cache row `row` after what it holds, as `prefill` does. The
+    TokenScores are those of tokens[1:], and of tokens[0] too when `previous_logits` (V,), the logits
+    before it, are given (a prompt continued after a prefix that other rows share)."""
+    tokens = torch.as_tensor(tokens, dtype=torch.long, device=cache.lengths.device).reshape(1, -1)
+    chunk = chunk_size or tokens.shape[1]
     scores = TokenScores([], [] if top else None)
-    for begin in range(0, prompt.shape[1], chunk):
+    if return_logprobs and previous_logits is not None:
+        add_scores(scores, previous_logits[None], tokens[0, :1], top, vocab_limit)
+    for begin in range(0, tokens.shape[1], chunk):
         if not return_logprobs:
-            logits = forward_with_cache(model, cache, prompt[:, begin:begin + chunk], rows=row)
+            logits = forward_with_cache(model, cache, tokens[:, begin:begin + chunk], rows=row)
             continue
         with inference_autocast(model):
-            hidden, _ = _hidden_with_cache(model, cache, prompt[:, begin:begin + chunk], row, True)
-            targets = prompt[0, begin + 1:begin + chunk + 1]        # the next token of each position
-            scored = hidden[0, :targets.shape[0]]                     # (the last prompt token's comes at decode)
+            hidden, _ = _hidden_with_cache(model, cache, tokens[:, begin:begin + chunk], row, True)
+            targets = tokens[0, begin + 1:begin + chunk + 1]        # the next token of each position
+            scored = hidden[0, :targets.shape[0]]                     # (the last token's comes at decode)
             block = max(1, SCORE_BLOCK_LOGITS // model.config.vocab_size)
             for first in range(0, scored.shape[0], block):          # the LM head a block of positions at a time
                 add_scores(scores, lm_logits(model, scored[first:first + block]), targets[first:first + block], top,
                            vocab_limit)
             logits = lm_logits(model, hidden[:, -1])
     return (logits[0], scores) if return_logprobs else logits[0]
+
+
+MIN_SHARED_PREFIX = 8       # tokens two prompts must share for one prefill of them (besides identical prompts)
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def shared_prefix_groups(prompts: list[list[int]]) -> list[tuple[list[int], int]]:
+    """(rows, prefix length) per group, every row in exactly one group: a row joins the group of the first
+    earlier row it shares at least MIN_SHARED_PREFIX tokens with (or all its tokens, an identical prompt);
+    the group's prefix is the shortest such shared prefix. One-row groups have the whole prompt."""
+    groups, grouped = [], set()
+    for first, prompt in enumerate(prompts):
+        if first in grouped:
+            continue
+        rows, length = [first], len(prompt)
+        for other in range(first + 1, len(prompts)):
+            common = common_prefix_length(prompt, prompts[other])
+            if other not in grouped and (common >= MIN_SHARED_PREFIX or common == len(prompt) == len(prompts[other])):
+                rows.append(other)
+                length = min(length, common)
+        grouped.update(rows)
+        groups.append((rows, length))
+    return groups
+
+
+def prefill_rows(model: ZayaModel, cache: InferenceCache, prompts: list[list[int]], chunk_size: int | None,
+                 return_logprobs: bool, top: int, vocab_limit: int | None) -> list:
+    """`prefill` of every prompt into its row, each shared prefix run once: it is prefilled into the group's
+    first row and copied to the others (InferenceCache.copy_row), then each row continues with the rest of
+    its prompt (`extend`), the first token of the rest scored from the prefix's last logits. What a row
+    gets equals its own prefill (tested). Returns prefill's result per row."""
+    results: list = [None] * len(prompts)
+    for rows, length in shared_prefix_groups(prompts):
+        if len(rows) == 1:
+            results[rows[0]] = prefill(model, cache, rows[0], prompts[rows[0]], chunk_size, return_logprobs, top,
+                                       vocab_limit)
+            continue
+        shared = prefill(model, cache, rows[0], prompts[rows[0]][:length], chunk_size, return_logprobs, top,
+                         vocab_limit)
+        for row in rows[1:]:
+            cache.copy_row(rows[0], row)
+        prefix_logits, prefix_scores = shared if return_logprobs else (shared, None)
+        for row in rows:
+            rest = prompts[row][length:]
+            if not rest:
+                done = prefix_logits
+                scores = TokenScores([], [] if top else None)
+            elif return_logprobs:
+                done, scores = extend(model, cache, row, rest, chunk_size, True, top, vocab_limit, prefix_logits)
+            else:
+                done = extend(model, cache, row, rest, chunk_size)
+            if return_logprobs:
+                results[row] = (done, TokenScores(prefix_scores.logprobs + scores.logprobs, None if not top else
+                                                  prefix_scores.top + scores.top))
+            else:
+                results[row] = done
+    return results
 
 
 def add_scores(scores: TokenScores, logits: torch.Tensor, tokens: torch.Tensor, top: int,
@@ -193,8 +267,8 @@ def generate(model: ZayaModel, prompts: list[list[int]], max_new_tokens: int,
              dtype: torch.dtype | None = None, return_logprobs: bool = False, top: int = 0) -> GenerationOutput:
     """Sample up to `max_new_tokens` per prompt; a row stops at `eod` (when given).
 
-    Prompts may have different lengths: each is prefilled into its own cache row (a repeated prompt once,
-    then copied), then all rows decode together (rows that already stopped keep stepping; their tokens
+    Prompts may have different lengths: each is prefilled into its own cache row (a prefix several share
+    once, then copied: prefill_rows), then all rows decode together (rows that already stopped keep stepping; their tokens
     are discarded).
     `return_logprobs`: also the model's log-probabilities of the prompt and generated tokens (over
     the whole vocabulary, before temperature, top-k or top-p), with `top` > 0 the most likely ids at
@@ -219,16 +293,9 @@ def generate(model: ZayaModel, prompts: list[list[int]], max_new_tokens: int,
         raise ValueError(f"prompt + --max-new-tokens = {max_length} tokens exceeds the model's "
                          f"max_position_embeddings {model.config.max_position_embeddings}")
     cache = InferenceCache(model.config, len(prompts), max_length, param.device, dtype or compute_dtype(model))
-    prefilled, first_row = [], {}
-    for row, p in enumerate(prompts):       # a prompt repeated (n or best_of samples) is prefilled once
-        source = first_row.setdefault(tuple(p), row)
-        if source == row:
-            prefilled.append(prefill(model, cache, row, p, prefill_chunk, return_logprobs, top, vocab_limit))
-        else:
-            cache.copy_row(source, row)
-            done = prefilled[source]
-            prefilled.append((done[0], TokenScores(list(done[1].logprobs), None if done[1].top is None else
-                                                   list(done[1].top))) if return_logprobs else done)
+    # A prompt repeated (n or best_of samples) or sharing a prefix with others (the contexts of a multiple-choice
+    # question) has that part prefilled once.
+    prefilled = prefill_rows(model, cache, prompts, prefill_chunk, return_logprobs, top, vocab_limit)
     last = torch.stack([x[0] for x in prefilled] if return_logprobs else prefilled)
     generator = make_generator(seed, param.device)
     out = [[] for _ in prompts]

@@ -145,3 +145,32 @@ def test_prompt_scores_take_the_lm_head_a_block_of_positions_at_a_time(tiny_mode
     assert rows and max(rows) <= 3 and sum(r for r in rows if r > 1) >= 18, rows
     assert blocked.logprobs == pytest.approx(whole.logprobs, abs=TOL) and len(blocked.logprobs) == 19
     assert [list(t) for t in blocked.top] == [list(t) for t in whole.top]
+
+
+def test_prompts_sharing_a_prefix_prefill_it_once_and_score_as_alone(tiny_model, monkeypatch):
+    """The contexts of a multiple-choice question: prompts sharing a 12-token prefix (one is the prefix itself,
+    one a duplicate, one continues with a single token), beside an unrelated prompt. The prefix is run once
+    (tokens forwarded: 12 + the rests + the other prompt), and each row's prompt scores, greedy tokens and
+    their log-probabilities equal those of the prompt alone (fp32, 1e-5)."""
+    from megatron_zaya.inference import decode
+
+    torch.manual_seed(7)
+    prefix = torch.randint(0, 500, (12,)).tolist()
+    rests = [[], [5, 6, 7], [9], [5, 6, 7], [11, 12, 13, 14]]
+    other = torch.randint(0, 500, (6,)).tolist()
+    prompts = [prefix + rest for rest in rests] + [other]
+    forwarded = []
+    real = decode._hidden_with_cache
+    monkeypatch.setattr(decode, "_hidden_with_cache",
+                        lambda model, cache, tokens, *a: forwarded.append(tokens.numel()) or real(model, cache, tokens, *a))
+    greedy = decode.SamplingParams(greedy=True)
+    together = decode.generate(tiny_model, prompts, 4, greedy, return_logprobs=True, top=2)
+    prefill_tokens = sum(forwarded) - 3 * len(prompts)          # less the 3 decode steps of every row
+    assert prefill_tokens == 12 + 3 + 1 + 3 + 4 + 6, forwarded  # (the duplicate rest [5, 6, 7] runs twice)
+    for row, prompt in enumerate(prompts):
+        alone = decode.generate(tiny_model, [prompt], 4, greedy, return_logprobs=True, top=2)
+        assert together.tokens[row] == alone.tokens[0], row
+        assert together.prompt_scores[row].logprobs == pytest.approx(alone.prompt_scores[0].logprobs, abs=TOL), row
+        assert [list(t) for t in together.prompt_scores[row].top] == [list(t) for t in alone.prompt_scores[0].top]
+        assert together.scores[row].logprobs == pytest.approx(alone.scores[0].logprobs, abs=TOL), row
+    assert decode.shared_prefix_groups(prompts) == [([0, 1, 2, 3, 4], 12), ([5], 6)]
