@@ -192,7 +192,8 @@ def report(plan: Plan) -> str:
         f"fabric {c.intra_node_gbps:g} GB/s, network {c.inter_node_gbps:g} GB/s per GPU",
         f"layout: TP={L.tensor_parallel} CP={L.context_parallel} EP={L.expert_parallel} DP={L.data_parallel} "
         f"ZeRO-1={'on' if L.zero1 else 'off'} recompute={L.recompute_text}; seq {L.seq_length}, micro batch "
-        f"{L.micro_batch_size}, global batch {L.global_batch_size} ({L.micro_batches} micro-batch{'es' if L.micro_batches != 1 else ''} per step); "
+        f"{L.micro_batch_size}, global batch {L.global_batch_size} ({L.micro_batches} "
+        f"micro-batch{'es' if L.micro_batches != 1 else ''} per step); "
         f"optimizer {plan.options.optimizer}, grads {plan.options.grad_dtype}",
         "",
         "memory per GPU",
