@@ -6,7 +6,8 @@ max_tokens (default 16), temperature (default 1; 0 is greedy), top_p (default 1)
 or 0 to 20: also the most likely tokens at each position), echo (default false: the prompt is
 part of text and logprobs too), stop (a string or a list of up to 16), seed, n (completions per
 prompt, up to 16) and best_of (that many sampled per prompt, the n with the highest mean
-log-probability per generated token returned; default n); model and user are ignored. Response:
+log-probability per generated token returned; default n), stream (server-sent events as the tokens are
+sampled: inference/streaming.py); model and user are ignored. Response:
 {"id", "object": "text_completion", "created", "model", "choices": [{"index", "text", "logprobs",
 "finish_reason"}], "usage"} with prompt i's j-th choice at index i * n + j (the best first when
 best_of > n; usage counts every sampled token); finish_reason is "stop" at the tokenizer's EOD or a
@@ -31,7 +32,7 @@ MAX_TOP_LOGPROBS = 20
 MAX_STOPS = 16          # OpenAI allows 4; evaluation harnesses send more (a task's stop sequences)
 MAX_CHOICES = 16        # n and best_of: sequences generated per prompt
 IGNORED = {"model", "user"}
-OFF_VALUES = {"stream": False, "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {}, "suffix": None}
+OFF_VALUES = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {}, "suffix": None}
 
 
 @dataclass
@@ -46,6 +47,7 @@ class CompletionRequest:
     seed: int | None = None
     n: int = 1
     best_of: int | None = None      # None: n
+    stream: bool = False            # server-sent events as the tokens are sampled (inference/streaming.py)
 
 
 def _prompts(prompt) -> list:
@@ -66,7 +68,7 @@ def parse_completion_request(body) -> CompletionRequest:
     """The request of a JSON body, every field checked (RequestError names the first bad one)."""
     if not isinstance(body, dict):
         raise RequestError("the body must be a JSON object, e.g. {\"prompt\": \"Hello\", \"max_tokens\": 16}")
-    known = {"prompt", "max_tokens", "temperature", "top_p", "logprobs", "echo", "stop", "seed", "n", "best_of",
+    known = {"prompt", "max_tokens", "temperature", "top_p", "logprobs", "echo", "stop", "seed", "n", "best_of", "stream",
              *IGNORED, *OFF_VALUES}
     unknown = sorted(set(body) - known)
     if unknown:
@@ -84,6 +86,7 @@ def parse_completion_request(body) -> CompletionRequest:
         "logprobs": (lambda v: v is None or (is_int(v) and 0 <= v <= MAX_TOP_LOGPROBS),
                      f"null or an integer in [0, {MAX_TOP_LOGPROBS}]"),
         "echo": (lambda v: isinstance(v, bool), "a boolean"),
+        "stream": (lambda v: isinstance(v, bool), "a boolean"),
         "seed": (lambda v: v is None or (is_int(v) and v >= 0), "null or an integer >= 0"),
         "n": (lambda v: is_int(v) and 1 <= v <= MAX_CHOICES, f"an integer in [1, {MAX_CHOICES}]"),
         "best_of": (lambda v: v is None or (is_int(v) and 1 <= v <= MAX_CHOICES), f"null or an integer in [1, {MAX_CHOICES}]"),
@@ -92,6 +95,10 @@ def parse_completion_request(body) -> CompletionRequest:
     request.best_of = request.n if request.best_of is None else request.best_of
     if request.best_of < request.n:
         raise RequestError(f"best_of={request.best_of} must be >= n={request.n}")
+    if request.stream and request.echo:
+        raise RequestError("echo is not supported with stream (ask without stream for the prompt's text and scores)")
+    if request.stream and request.best_of > request.n:
+        raise RequestError("best_of > n is not supported with stream")
     stop = body.get("stop")
     stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
     if not (isinstance(stops, list) and len(stops) <= MAX_STOPS and all(isinstance(s, str) and s for s in stops)):
@@ -205,8 +212,11 @@ def mean_logprob(logprobs: list[float]) -> float:
 
 
 def complete(service, body) -> dict:
-    """POST /v1/completions: the response for a JSON body (RequestError for a bad one)."""
+    """POST /v1/completions: the response for a JSON body (RequestError for a bad one). The HTTP server
+    answers "stream": true itself (inference/streaming.py)."""
     request = parse_completion_request(body)
+    if request.stream:
+        raise RequestError("stream: true is answered by the HTTP server as server-sent events")
     service.log(json.dumps({"completions": len(request.prompts), "max_tokens": request.max_tokens,
                             "logprobs": request.logprobs, "echo": request.echo, "n": request.n,
                             "best_of": request.best_of}))

@@ -264,12 +264,15 @@ class GenerationOutput:
 def generate(model: ZayaModel, prompts: list[list[int]], max_new_tokens: int,
              sampling: SamplingParams | None = None, eod: int | None = None, seed: int = 1234,
              vocab_limit: int | None = None, prefill_chunk: int | None = None,
-             dtype: torch.dtype | None = None, return_logprobs: bool = False, top: int = 0) -> GenerationOutput:
+             dtype: torch.dtype | None = None, return_logprobs: bool = False, top: int = 0,
+             on_step=None) -> GenerationOutput:
     """Sample up to `max_new_tokens` per prompt; a row stops at `eod` (when given).
 
     Prompts may have different lengths: each is prefilled into its own cache row (a prefix several share
-    once, then copied: prefill_rows), then all rows decode together (rows that already stopped keep stepping; their tokens
-    are discarded).
+    once, then copied: prefill_rows), then all rows decode together (rows that already stopped keep
+    stepping; their tokens are discarded). `on_step(tokens, scores)`, when given, sees each step as it
+    is sampled: the new token of every row (None for a row already stopped) and, with return_logprobs,
+    the step's TokenScores (one entry per row); a true return ends the generation there (streaming).
     `return_logprobs`: also the model's log-probabilities of the prompt and generated tokens (over
     the whole vocabulary, before temperature, top-k or top-p), with `top` > 0 the most likely ids at
     each position too (among the first `vocab_limit`); max_new_tokens 0 scores the prompts in one pass."""
@@ -306,6 +309,7 @@ def generate(model: ZayaModel, prompts: list[list[int]], max_new_tokens: int,
         step_scores = TokenScores([], [] if top else None)
         if return_logprobs:
             add_scores(step_scores, last, next_tokens, top, vocab_limit)
+        step_tokens = [None if done else token for done, token in zip(stopped, next_tokens.tolist())]
         for row, token in enumerate(next_tokens.tolist()):
             if not stopped[row]:
                 out[row].append(token)
@@ -314,6 +318,8 @@ def generate(model: ZayaModel, prompts: list[list[int]], max_new_tokens: int,
                     if top:
                         scores[row].top.append(step_scores.top[row])
                 stopped[row] = eod is not None and token == eod
+        if on_step is not None and on_step(step_tokens, step_scores if return_logprobs else None):
+            break
         if all(stopped) or step == max_new_tokens - 1:
             break
         last = forward_with_cache(model, cache, next_tokens[:, None])

@@ -204,6 +204,8 @@ def make_server(service: TextGenerationService, host: str, port: int) -> Threadi
                 body = json.loads(self.rfile.read(size) or b"null")
             except (UnicodeDecodeError, json.JSONDecodeError) as err:
                 return self.reply(400, f"the body is not JSON: {err}")
+            if self.path.split("?")[0].rstrip("/") != "/api" and isinstance(body, dict) and body.get("stream") is True:
+                return self.stream(body)
             try:
                 return self.reply(200, endpoint(body))
             except RequestError as err:
@@ -213,6 +215,37 @@ def make_server(service: TextGenerationService, host: str, port: int) -> Threadi
                 return self.reply(500, f"{type(err).__name__}: {err}")
 
         do_POST = do_PUT
+
+        def stream(self, body) -> None:
+            """A streamed completions request: 400 for a bad body, else server-sent events until [DONE] (or an
+            error event); the connection closes at the end (HTTP/1.0), which ends the stream for the client."""
+            from megatron_zaya.inference.completions import Completer, parse_completion_request
+            from megatron_zaya.inference.streaming import stream_completion
+            try:                          # every check before the headers: a bad request is a plain 400
+                request = parse_completion_request(body)
+                completer = Completer(service)
+                prompts = completer.prompt_ids(request)
+            except RequestError as err:
+                return self.reply(400, str(err))
+            service.log(json.dumps({"completions": len(prompts), "max_tokens": request.max_tokens, "stream": True}))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.end_headers()
+
+            def send(event) -> None:
+                self.wfile.write(b"data: " + json.dumps(event).encode("utf-8") + b"\n\n")
+                self.wfile.flush()
+            try:
+                stream_completion(completer, request, prompts, send)
+            except (BrokenPipeError, ConnectionResetError):
+                return service.log("the client closed the stream")
+            except Exception as err:      # headers are sent: the error goes into the stream
+                service.log(f"error: {type(err).__name__}: {err}")
+                send({"error": {"message": str(err), "type": "invalid_request_error" if isinstance(err, RequestError)
+                                else type(err).__name__}})
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
 
         def do_GET(self):
             path = self.path.split("?")[0].rstrip("/")

@@ -261,12 +261,59 @@ def test_completions_n_samples_and_best_of_keeps_the_most_likely(server_url):
         assert [c["text"] for c in best[2 * prompt:2 * prompt + 2]] == [c["text"] for c in ranked[:2]], prompt
 
 
+def stream(url, body):
+    """(HTTP status, Content-Type, the JSON events before [DONE]) of a streamed completions request."""
+    request = urllib.request.Request(url + "/v1/completions", data=json.dumps({**body, "stream": True}).encode(),
+                                     method="POST", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        raw = response.read().decode("utf-8")
+        kind = response.headers.get("Content-Type")
+    events = [block[len("data: "):] for block in raw.split("\n\n") if block]
+    assert events[-1] == "[DONE]" and all(block.startswith("data: ") for block in raw.split("\n\n") if block)
+    return response.status, kind, [json.loads(e) for e in events[:-1]]
+
+
+def test_streamed_completions_join_to_the_unstreamed_answer(server_url, sp_model):
+    """stream: true sends server-sent events as tokens are sampled; per choice, the chunks' texts, tokens and
+    log-probabilities joined equal the unstreamed answer to the same request (seeded sampling, n 2, a stop
+    string or none, logprobs 1), and the last chunk of each choice carries its finish_reason."""
+    tok = build_tokenizer("GPTSentencePieceTokenizer", sp_model)
+    # sampled with a seed (the tiny random model's greedy text repeats one token); the text has characters
+    # split over tokens (U+FFFD until complete), which the stream holds back
+    plain = {"prompt": ["the", "a quick"], "max_tokens": 12, "temperature": 0.8, "seed": 3, "logprobs": 1, "n": 2}
+    full = call(server_url, plain, method="POST", path="/v1/completions")[1]["choices"]
+    text = full[0]["text"]
+    # a stop string first met a few characters in (deterministic: the fixture's model and prompt)
+    stop = next(text[i:i + 2] for i in range(3, len(text) - 1) if text.find(text[i:i + 2]) == i)
+    for body in (plain, {**plain, "stop": [stop, "never there"]}):
+        want = call(server_url, body, method="POST", path="/v1/completions")[1]["choices"]
+        status, kind, events = stream(server_url, body)
+        assert status == 200 and kind == "text/event-stream"
+        assert all(e["object"] == "text_completion" and len(e["choices"]) == 1 for e in events)
+        assert len({e["id"] for e in events}) == 1
+        for choice in want:
+            chunks = [e["choices"][0] for e in events if e["choices"][0]["index"] == choice["index"]]
+            assert len(chunks) > 1 or "stop" in body                # streamed, not one answer at the end
+            assert "".join(c["text"] for c in chunks) == choice["text"]
+            assert [c["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + [choice["finish_reason"]]
+            for field in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                joined = [x for c in chunks for x in c["logprobs"][field]]
+                assert joined == pytest.approx(choice["logprobs"][field], abs=1e-5) if field == "token_logprobs" \
+                    else joined == choice["logprobs"][field], (field, choice["index"])
+        if "stop" in body:
+            assert want[0]["finish_reason"] == "stop" and want[0]["text"] == text[:text.find(stop)] != ""
+    # Checked before the stream starts: a plain 400
+    status, answer = call(server_url, {**plain, "stream": True, "echo": True}, method="POST", path="/v1/completions")
+    assert status == 400 and "echo is not supported with stream" in answer
+
+
 @pytest.mark.parametrize("body, message", [
     ({"max_tokens": 4}, "prompt is required"),
     ({"prompt": []}, "prompt must be a string"),
     ({"prompt": "a", "n": 17}, "n must be an integer in [1, 16]"),
     ({"prompt": "a", "n": 3, "best_of": 2}, "best_of=2 must be >= n=3"),
-    ({"prompt": "a", "stream": True}, "stream is not supported"),
+    ({"prompt": "a", "stream": 1}, "stream must be a boolean"),
+    ({"prompt": "a", "stream": True, "n": 2, "best_of": 3}, "best_of > n is not supported with stream"),
     ({"prompt": "a", "max_tokens": 0}, "max_tokens=0 returns nothing unless echo=true"),
     ({"prompt": "a", "logprobs": 50}, "logprobs must be null or an integer in [0, 20]"),
     ({"prompt": [1, 600]}, "token ids [600] outside the tokenizer's vocabulary [0, 500)"),

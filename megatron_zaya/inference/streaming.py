@@ -1,0 +1,112 @@
+"""Streamed completions: POST /v1/completions with "stream": true, as server-sent events while the tokens
+are sampled (OpenAI's format).
+
+Each event is `data: <JSON>` and a blank line; the JSON is a text_completion chunk with one choice: the
+text that became final since that choice's previous chunk and, with `logprobs`, the log-probabilities of
+the tokens sampled since. Text waits while it could still be the start of a stop string, or ends in an
+unfinished character (a multi-byte character split over tokens decodes to U+FFFD until its last byte).
+A choice's last chunk carries its finish_reason ("stop" at EOD or a stop string, "length"); the stream
+ends with `data: [DONE]`. A choice's chunks joined give the text, tokens and log-probabilities the same
+request gives unstreamed (tests/inference/test_inference_server.py). `echo` and best_of > n are refused
+with stream, as OpenAI does for best_of.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+
+from megatron_zaya.inference.decode import generate
+from megatron_zaya.inference.sampling import SamplingParams
+from megatron_zaya.inference.server import request_seed
+
+LEFT_CONTEXT = 8        # prompt tokens decoded before the completion, so that its first token reads as in place
+
+
+class ChoiceStream:
+    """One choice's state: the tokens kept, the text already sent, the log-probabilities not yet sent."""
+
+    def __init__(self, completer, prompt: list[int], index: int, stops: tuple[str, ...], logprobs: int | None):
+        self.completer, self.index, self.stops, self.logprobs = completer, index, stops, logprobs
+        self.tail = prompt[-LEFT_CONTEXT:]
+        self.tail_text = completer.decode(self.tail)
+        self.prompt_chars = len(completer.decode(prompt)) if logprobs is not None else 0
+        self.tokens: list[int] = []
+        self.starts: list[int] = []         # where each kept token's text starts in the completion text
+        self.sent_chars = 0
+        self.pending: list[tuple[int, float, dict | None]] = []     # (token, logprob, top) not yet sent
+        self.finish_reason: str | None = None
+        self.hold = max((len(s) for s in stops), default=1) - 1
+
+    def text(self, tokens: list[int]) -> str:
+        """The completion text of `tokens` after the prompt (a window of the prompt decoded before it)."""
+        whole = self.completer.decode(self.tail + tokens)
+        return whole[len(self.tail_text):] if whole.startswith(self.tail_text) else self.completer.decode(tokens)
+
+    def add(self, token: int, eod: int | None, logprob: float | None, top: dict | None) -> list[dict]:
+        """The chunks this sampled token releases (none, one, or the choice's last)."""
+        if token == eod:
+            return self.finish("stop")
+        self.starts.append(len(self.text(self.tokens)))
+        self.tokens.append(token)
+        self.pending.append((token, logprob, top))
+        text = self.text(self.tokens)
+        ends = [text.find(s) for s in self.stops if s in text]
+        if ends:
+            end = min(ends)
+            kept = sum(1 for start in self.starts if start < end)      # tokens whose text starts before the stop
+            self.pending = self.pending[:len(self.pending) - (len(self.tokens) - kept)]
+            self.tokens, self.starts = self.tokens[:kept], self.starts[:kept]
+            return self.finish("stop", text[:end])
+        safe = text[:max(self.sent_chars, len(text) - self.hold)].rstrip("\ufffd")
+        return [self.chunk(safe[self.sent_chars:])] if len(safe) > self.sent_chars else []
+
+    def finish(self, reason: str, text: str | None = None) -> list[dict]:
+        self.finish_reason = reason
+        text = self.text(self.tokens) if text is None else text
+        return [self.chunk(text[self.sent_chars:], reason)]
+
+    def chunk(self, delta: str, finish_reason: str | None = None) -> dict:
+        logprobs = None
+        if self.logprobs is not None:
+            first = len(self.tokens) - len(self.pending)
+            decode = self.completer.decode
+            logprobs = {"tokens": [decode([t]) for t, _, _ in self.pending],
+                        "token_logprobs": [lp for _, lp, _ in self.pending],
+                        "top_logprobs": [{decode([i]): v for i, v in top.items()} for _, _, top in self.pending]
+                        if self.logprobs else None,
+                        "text_offset": [self.prompt_chars + self.starts[first + k] for k in range(len(self.pending))]}
+        self.pending = []
+        self.sent_chars += len(delta)
+        return {"index": self.index, "text": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def stream_completion(completer, request, prompts: list[list[int]], send) -> None:
+    """Generate `request` (a parsed CompletionRequest with stream; `prompts` its checked token ids), calling
+    send(chunk) for each chunk as its text becomes final; the caller writes the stream's end."""
+    rows = [prompt for prompt in prompts for _ in range(request.n)]
+    choices = [ChoiceStream(completer, prompt, row, request.stop, request.logprobs) for row, prompt in enumerate(rows)]
+    header = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+              "model": completer.service.name}
+    eod = completer.tokenizer.eod
+
+    def emit(chunks):
+        for chunk in chunks:
+            send({**header, "choices": [chunk]})
+
+    def on_step(tokens, scores) -> bool:
+        for row, token in enumerate(tokens):
+            choice = choices[row]
+            if token is None or choice.finish_reason is not None:
+                continue
+            emit(choice.add(token, eod, scores.logprobs[row] if scores else None,
+                            scores.top[row] if scores and scores.top is not None else None))
+        return all(c.finish_reason is not None for c in choices)
+
+    sampling = SamplingParams(greedy=request.temperature == 0, temperature=request.temperature, top_p=request.top_p)
+    with completer.service.lock:
+        generate(completer.model, rows, request.max_tokens, sampling, eod=eod, seed=request_seed(request.seed),
+                 vocab_limit=completer.tokenizer.vocab_size, return_logprobs=request.logprobs is not None,
+                 top=request.logprobs or 0, on_step=on_step)
+    for choice in choices:
+        if choice.finish_reason is None:
+            emit(choice.finish("length"))
