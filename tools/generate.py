@@ -3,13 +3,15 @@
     python tools/generate.py --load CKPT --tokenizer-type GPTSentencePieceTokenizer \\
         --tokenizer-model tok.model --prompt "Once upon a time" --max-new-tokens 64 --top-p 0.9
     python tools/generate.py --load CKPT --prompt-ids "1 17 42" --prompt-ids "5" --greedy
+    python tools/generate.py --load CKPT --tokenizer-type ... --prompt "Once upon a time" --stream
 
 CKPT is a Hugging Face ZAYA folder (config.json + model.safetensors) or a megatron-zaya checkpoint
 (see megatron_zaya/inference/loading.py). Several --prompt / --prompt-ids give a batch of prompts of
 different lengths (each prefilled into its own cache row, then decoded together). Decoding stops at
 the tokenizer's EOD (or --eod-id) unless --ignore-eod. Sampling: --greedy (or --temperature 0),
 --temperature, --top-k, --top-p, reproducible with --seed. --output-json writes prompts and
-generated ids (and text when a tokenizer is given). See docs/INFERENCE.md.
+generated ids (and text when a tokenizer is given). --stream prints one prompt's text as it is sampled
+(a character split over tokens, and a stop, as the completions stream handles them). See docs/INFERENCE.md.
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0: off)")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--stream", action="store_true", help="print the text as it is sampled (one prompt, a tokenizer)")
     p.add_argument("--eod-id", type=int, default=None, help="stop token (default: the tokenizer's EOD)")
     p.add_argument("--ignore-eod", action="store_true", help="always generate --max-new-tokens tokens")
     p.add_argument("--prefill-chunk", type=int, default=None,
@@ -95,6 +98,28 @@ def load_tokenizer(parser: argparse.ArgumentParser, args: argparse.Namespace):
         parser.error(str(err))
 
 
+class StreamPrinter:
+    """--stream: prints the prompt, then each piece of text as the sampled tokens make it final."""
+
+    def __init__(self, tokenizer, prompt: list[int], eod: int | None):
+        from megatron_zaya.inference.streaming import ChoiceStream
+        self.choice, self.eod = ChoiceStream(tokenizer, prompt, 0, (), None), eod
+        print(f"=== sample 0 ({len(prompt)} prompt tokens, streamed)")
+        print(tokenizer.decode(prompt), end="", flush=True)
+
+    def step(self, tokens, scores) -> bool:
+        if tokens[0] is not None and self.choice.finish_reason is None:
+            for chunk in self.choice.add(tokens[0], self.eod, None, None):
+                print(chunk["text"], end="", flush=True)
+        return self.choice.finish_reason is not None
+
+    def end(self) -> None:
+        if self.choice.finish_reason is None:
+            for chunk in self.choice.finish("length"):
+                print(chunk["text"], end="")
+        print(flush=True)
+
+
 def check_against_config(parser, args, config, prompts, tokenizer, eod) -> None:
     """Tokenizer vocabulary, prompt ids, the stop token and the length against the checkpoint's config."""
     try:
@@ -138,6 +163,10 @@ def main(argv=None) -> int:
             prompts.append([int(t) for t in spec.replace(",", " ").split()])
         except ValueError:
             parser.error(f"--prompt-ids {spec!r}: expected space-separated integers")
+    if args.stream and tokenizer is None:
+        parser.error("--stream needs --tokenizer-type and --tokenizer-model (it prints text)")
+    if args.stream and len(prompts) != 1:
+        parser.error(f"--stream prints one prompt's text as it is sampled: give one prompt, not {len(prompts)}")
     eod = None if args.ignore_eod else (args.eod_id if args.eod_id is not None
                                         else (tokenizer.eod if tokenizer is not None else None))
     peeked = peek_model_config(args.load)       # config.json / metadata.json only: no tensor read yet
@@ -150,13 +179,17 @@ def main(argv=None) -> int:
         parser.error(f"--load: {err}")
     check_against_config(parser, args, config, prompts, tokenizer, eod)
     vocab_limit = tokenizer.vocab_size if tokenizer is not None else None
+    streamed = StreamPrinter(tokenizer, prompts[0], eod) if args.stream else None
     start = time.perf_counter()
     try:
         result = generate(model, prompts, args.max_new_tokens, sampling, eod=eod, seed=args.seed,
-                          vocab_limit=vocab_limit, prefill_chunk=args.prefill_chunk)
+                          vocab_limit=vocab_limit, prefill_chunk=args.prefill_chunk,
+                          on_step=streamed.step if streamed else None)
     except ValueError as err:
         parser.error(str(err))
     elapsed = time.perf_counter() - start
+    if streamed:
+        streamed.end()
 
     records = []
     for i, (prompt, new) in enumerate(zip(result.prompts, result.tokens)):
@@ -165,10 +198,12 @@ def main(argv=None) -> int:
             record["prompt"] = tokenizer.decode(prompt)
             record["generated"] = tokenizer.decode([t for t in new if t != eod])
         records.append(record)
+        if streamed:
+            continue
         print(f"=== sample {i} ({len(prompt)} prompt tokens, {len(new)} generated"
               f"{', stopped at EOD' if result.stopped_at_eod[i] else ''})")
-        if tokenizer is not None:
-            print(record["prompt"] + record["generated"])
+        if tokenizer is not None:         # decoded whole: a first generated piece keeps its leading space
+            print(tokenizer.decode(prompt + [t for t in new if t != eod]))
         else:
             print("prompt ids:   ", " ".join(map(str, prompt)))
             print("generated ids:", " ".join(map(str, new)))

@@ -1,6 +1,7 @@
 """Text generation through a real SentencePiece tokenizer, and bf16 decoding against the bf16 full forward."""
 import json
 
+import pytest
 import torch
 
 from megatron_zaya.inference import InferenceCache, SamplingParams, forward_with_cache, generate, prefill
@@ -25,9 +26,23 @@ def test_generate_text_with_sentencepiece(hf_checkpoint, sp_model, tmp_path, cap
         assert sample["prompt_ids"] == tok.encode(text) and sample["prompt"] == text
         assert all(t < tok.vocab_size for t in sample["generated_ids"])   # 500-piece vocab in an 8192-row model
         assert sample["generated"] == tok.decode([t for t in sample["generated_ids"] if t != tok.eod])
-        assert sample["prompt"] + sample["generated"] in printed
+        assert tok.decode(sample["prompt_ids"] + [t for t in sample["generated_ids"] if t != tok.eod]) in printed
     assert tool.main(args) == 0                                  # same seed, same text
     assert json.loads(out_json.read_text())["samples"] == samples
+    # --stream prints, as it is sampled, the text the same run prints at the end (one prompt)
+    one = args[:args.index("--prompt") + 2] + args[args.index("--temperature"):]
+    assert tool.main(one) == 0
+    alone = json.loads(out_json.read_text())["samples"]
+    capsys.readouterr()
+    assert tool.main(one + ["--stream"]) == 0
+    printed = capsys.readouterr().out
+    assert json.loads(out_json.read_text())["samples"] == alone
+    assert printed.splitlines()[0] == f"=== sample 0 ({len(alone[0]['prompt_ids'])} prompt tokens, streamed)"
+    want = tok.decode(alone[0]["prompt_ids"] + [t for t in alone[0]["generated_ids"] if t != tok.eod])
+    assert printed.split("\n", 1)[1].rstrip("\n") == want
+    with pytest.raises(SystemExit):
+        tool.main(args + ["--stream"])                           # two prompts
+    assert "--stream prints one prompt's text as it is sampled" in capsys.readouterr().err
 
 
 def test_bf16_decode_tracks_bf16_full_forward(hf_checkpoint, tiny_model):
