@@ -199,9 +199,13 @@ def prefill_rows(model: ZayaModel, cache: InferenceCache, prompts: list[list[int
     """`prefill` of every prompt into its row, each shared prefix run once: it is prefilled into the group's
     first row and copied to the others (InferenceCache.copy_row), then each row continues with the rest of
     its prompt (`extend`), the first token of the rest scored from the prefix's last logits. What a row
-    gets equals its own prefill (tested). Returns prefill's result per row."""
+    gets equals its own prefill (tested). A prompt given again (n copies) is prefilled once in all, then
+    copied. Returns prefill's result per row."""
     results: list = [None] * len(prompts)
-    for rows, length in shared_prefix_groups(prompts):
+    first_row: dict[tuple, int] = {}
+    unique = [row for row, prompt in enumerate(prompts) if first_row.setdefault(tuple(prompt), row) == row]
+    for members, length in shared_prefix_groups([prompts[row] for row in unique]):
+        rows = [unique[m] for m in members]
         if len(rows) == 1:
             results[rows[0]] = prefill(model, cache, rows[0], prompts[rows[0]], chunk_size, return_logprobs, top,
                                        vocab_limit)
@@ -225,6 +229,13 @@ def prefill_rows(model: ZayaModel, cache: InferenceCache, prompts: list[list[int
                                                   prefix_scores.top + scores.top))
             else:
                 results[row] = done
+    for row, prompt in enumerate(prompts):
+        source = first_row[tuple(prompt)]
+        if source != row:
+            cache.copy_row(source, row)
+            done = results[source]
+            results[row] = (done[0], TokenScores(list(done[1].logprobs), None if done[1].top is None else
+                                                 list(done[1].top))) if return_logprobs else done
     return results
 
 

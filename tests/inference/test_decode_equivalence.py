@@ -166,11 +166,11 @@ def test_prompts_sharing_a_prefix_prefill_it_once_and_score_as_alone(tiny_model,
     greedy = decode.SamplingParams(greedy=True)
     together = decode.generate(tiny_model, prompts, 4, greedy, return_logprobs=True, top=2)
     prefill_tokens = sum(forwarded) - 3 * len(prompts)          # less the 3 decode steps of every row
-    assert prefill_tokens == 12 + 3 + 1 + 3 + 4 + 6, forwarded  # (the duplicate rest [5, 6, 7] runs twice)
+    assert prefill_tokens == 12 + 3 + 1 + 4 + 6, forwarded      # the duplicate prompt is copied
     for row, prompt in enumerate(prompts):
         alone = decode.generate(tiny_model, [prompt], 4, greedy, return_logprobs=True, top=2)
         assert together.tokens[row] == alone.tokens[0], row
         assert together.prompt_scores[row].logprobs == pytest.approx(alone.prompt_scores[0].logprobs, abs=TOL), row
         assert [list(t) for t in together.prompt_scores[row].top] == [list(t) for t in alone.prompt_scores[0].top]
         assert together.scores[row].logprobs == pytest.approx(alone.scores[0].logprobs, abs=TOL), row
-    assert decode.shared_prefix_groups(prompts) == [([0, 1, 2, 3, 4], 12), ([5], 6)]
+    assert decode.shared_prefix_groups(prompts) == [([0, 1, 2, 3, 4], 12), ([5], 6)]   # (duplicates included)
