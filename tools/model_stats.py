@@ -2,6 +2,10 @@
 
     python tools/model_stats.py --preset zaya1-base
     python tools/model_stats.py --preset zaya1-tiny --seq-length 1024 --num-layers 8
+    python tools/model_stats.py --config examples/zaya1_base/phase1_4k.yaml
+
+Model flags are pretrain_zaya.py's (Megatron-LM's names, e.g. --num-query-groups, --moe-ffn-hidden-size or
+--ffn-hidden-size); --config reads a training YAML for them, leaving its other keys out.
 """
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_zaya.config import PRESETS, ConfigError, model_config_from_preset  # noqa: E402
+from megatron_zaya.flags import MODEL_FLAGS, apply_yaml_defaults  # noqa: E402
+from megatron_zaya.flags import build_parser as training_parser  # noqa: E402
 from megatron_zaya.model.accounting import (  # noqa: E402
     attention_macs_per_token, count_parameters, decode_state_bytes_per_sequence, forward_flops_per_token,
     kv_cache_bytes_per_token, matmul_macs_per_token)
@@ -26,18 +32,29 @@ def human(n: float) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=None, metavar="FILE.yaml",
+                        help="pretrain_zaya.py's YAML config: its model keys, the rest left out")
     parser.add_argument("--preset", default="zaya1-base", help=f"one of {sorted(PRESETS)}")
-    parser.add_argument("--seq-length", type=int, default=None, help="for attention FLOPs (default: preset's)")
-    parser.add_argument("--num-layers", type=int, default=None)
-    parser.add_argument("--hidden-size", type=int, default=None)
-    parser.add_argument("--num-experts", type=int, default=None)
-    parser.add_argument("--vocab-size", type=int, default=None)
+    for flag, kind in MODEL_FLAGS.items():
+        parser.add_argument("--" + flag.replace("_", "-"), type=kind, default=None,
+                            help="for attention FLOPs (default: the preset's)" if flag == "seq_length" else None)
+    parser.add_argument("--ffn-hidden-size", type=int, default=None, help="--moe-ffn-hidden-size when that is not given")
+    parser.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    pre, _ = parser.parse_known_args(argv)
+    if pre.config:
+        training = {a.dest for a in training_parser()._actions}
+        skipped = apply_yaml_defaults(parser, pre.config, ignore=training - {a.dest for a in parser._actions})
+        if skipped:
+            print(f"--config {pre.config}: keys that do not change the model, left out: {', '.join(skipped)}",
+                  file=sys.stderr)
     args = parser.parse_args(argv)
     if args.seq_length is not None and args.seq_length < 1:
         parser.error(f"--seq-length={args.seq_length} must be >= 1 (omit it for the preset's)")
-    overrides = {k: v for k, v in dict(num_layers=args.num_layers, hidden_size=args.hidden_size,
-                                       num_experts=args.num_experts, vocab_size=args.vocab_size).items()
-                 if v is not None}
+    overrides = {flag: getattr(args, flag) for flag in MODEL_FLAGS if flag != "seq_length" and getattr(args, flag) is not None}
+    if args.moe_ffn_hidden_size is None and args.ffn_hidden_size is not None:
+        overrides["moe_ffn_hidden_size"] = args.ffn_hidden_size
+    if args.untie_embeddings_and_output_weights:
+        overrides["untie_embeddings_and_output_weights"] = True
     try:
         config = model_config_from_preset(args.preset, **overrides)
     except ConfigError as err:
