@@ -341,6 +341,12 @@ def _yaml_value(parser: argparse.ArgumentParser, path: str, key, action: argpars
     return _convert_word(parser, path, key, action, str(value))
 
 
+def training_keys_outside(parser: argparse.ArgumentParser) -> frozenset:
+    """The dests of this trainer's flags that `parser` (another tool's: the planner, model_stats) has no
+    flag for: the keys of a training config that tool leaves out (apply_yaml_defaults' `ignore`)."""
+    return frozenset(a.dest for a in build_parser()._actions) - {a.dest for a in parser._actions}
+
+
 def apply_yaml_defaults(parser: argparse.ArgumentParser, path: str, ignore=frozenset()) -> list[str]:
     """Make the keys of the YAML file `path` the parser's defaults (so command-line flags win). A key
     names a flag (dashes or underscores, without the leading --) or its dest; keys whose dest is in

@@ -233,14 +233,6 @@ def report(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def training_only_keys(parser: argparse.ArgumentParser) -> frozenset:
-    """The dests of pretrain_zaya.py's flags that this planner has no flag for (lr, data paths, ...)."""
-    from megatron_zaya.flags import build_parser as training_parser
-    ours = {a.dest for a in parser._actions} | {o.lstrip("-").replace("-", "_") for a in parser._actions
-                                                for o in a.option_strings}
-    return frozenset(a.dest for a in training_parser()._actions if a.dest not in ours)
-
-
 def trains_in_bf16(config_path: str) -> bool:
     """Whether a training YAML (already read without error) sets bf16 (pretrain_zaya.py's default is fp32)."""
     import yaml
@@ -253,8 +245,8 @@ def main(argv=None) -> int:
     parser = build_parser()
     pre, _ = parser.parse_known_args(argv)
     if pre.config:
-        from megatron_zaya.flags import apply_yaml_defaults
-        skipped = apply_yaml_defaults(parser, pre.config, ignore=training_only_keys(parser))
+        from megatron_zaya.flags import apply_yaml_defaults, training_keys_outside
+        skipped = apply_yaml_defaults(parser, pre.config, ignore=training_keys_outside(parser))
         if skipped:
             print(f"--config {pre.config}: training keys that do not change the plan, left out: {', '.join(skipped)}",
                   file=sys.stderr)

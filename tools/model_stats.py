@@ -16,8 +16,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_zaya.config import PRESETS, ConfigError, model_config_from_preset  # noqa: E402
-from megatron_zaya.flags import MODEL_FLAGS, apply_yaml_defaults  # noqa: E402
-from megatron_zaya.flags import build_parser as training_parser  # noqa: E402
+from megatron_zaya.flags import MODEL_FLAGS, apply_yaml_defaults, training_keys_outside  # noqa: E402
 from megatron_zaya.model.accounting import (  # noqa: E402
     attention_macs_per_token, count_parameters, decode_state_bytes_per_sequence, forward_flops_per_token,
     kv_cache_bytes_per_token, matmul_macs_per_token)
@@ -42,8 +41,7 @@ def main(argv=None) -> int:
     parser.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     pre, _ = parser.parse_known_args(argv)
     if pre.config:
-        training = {a.dest for a in training_parser()._actions}
-        skipped = apply_yaml_defaults(parser, pre.config, ignore=training - {a.dest for a in parser._actions})
+        skipped = apply_yaml_defaults(parser, pre.config, ignore=training_keys_outside(parser))
         if skipped:
             print(f"--config {pre.config}: keys that do not change the model, left out: {', '.join(skipped)}",
                   file=sys.stderr)
