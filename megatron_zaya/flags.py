@@ -341,16 +341,27 @@ def _yaml_value(parser: argparse.ArgumentParser, path: str, key, action: argpars
     return _convert_word(parser, path, key, action, str(value))
 
 
-def training_keys_outside(parser: argparse.ArgumentParser) -> frozenset:
-    """The dests of this trainer's flags that `parser` (another tool's: the planner, model_stats) has no
-    flag for: the keys of a training config that tool leaves out (apply_yaml_defaults' `ignore`)."""
-    return frozenset(a.dest for a in build_parser()._actions) - {a.dest for a in parser._actions}
+def apply_training_config(parser: argparse.ArgumentParser, argv, unused: str) -> dict | None:
+    """For another tool (the planner, model_stats) that takes a training config as --config FILE.yaml: the
+    file's keys that name the tool's flags become its defaults; the keys of training flags it has no use
+    for are left out, listed on stderr ("left out" after `unused`) and returned {key: value}; any other
+    key stops it (apply_yaml_defaults). Without --config in argv: None."""
+    import sys
+    path = parser.parse_known_args(argv)[0].config
+    if not path:
+        return None
+    outside = frozenset(a.dest for a in build_parser()._actions) - {a.dest for a in parser._actions}
+    skipped = apply_yaml_defaults(parser, path, ignore=outside)
+    if skipped:
+        print(f"--config {path}: {unused}, left out: {', '.join(map(str, skipped))}", file=sys.stderr)
+    return skipped
 
 
-def apply_yaml_defaults(parser: argparse.ArgumentParser, path: str, ignore=frozenset()) -> list[str]:
+def apply_yaml_defaults(parser: argparse.ArgumentParser, path: str, ignore=frozenset()) -> dict:
     """Make the keys of the YAML file `path` the parser's defaults (so command-line flags win). A key
     names a flag (dashes or underscores, without the leading --) or its dest; keys whose dest is in
-    `ignore` are skipped (another tool's flags: the planner reads a training config) and returned."""
+    `ignore` are skipped (another tool's flags: the planner reads a training config) and returned with
+    their values."""
     if not os.path.isfile(path):
         parser.error(f"--config {path}: file not found")
     try:
@@ -362,12 +373,12 @@ def apply_yaml_defaults(parser: argparse.ArgumentParser, path: str, ignore=froze
         parser.error(f"--config {path}: expected a mapping of flag names to values")
     actions = {a.dest: a for a in parser._actions if not isinstance(a, argparse._HelpAction)}
     by_flag = {option: a for a in actions.values() for option in a.option_strings}
-    defaults, skipped = {}, []
+    defaults, skipped = {}, {}
     for key, value in values.items():
         dest = str(key).lstrip("-").replace("-", "_")
         action = by_flag.get("--" + dest.replace("_", "-")) or actions.get(dest)
         if action is None and dest in ignore:
-            skipped.append(str(key))
+            skipped[str(key)] = value
             continue
         if action is None or action.dest == "config":
             parser.error(f"--config {path}: unknown key {key!r}")

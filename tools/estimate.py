@@ -26,6 +26,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_zaya.config import PRESETS, ConfigError, model_config_from_preset  # noqa: E402
+from megatron_zaya.flags import apply_training_config  # noqa: E402
 from megatron_zaya.planner.activations import DEFAULT_MODULES, POLICIES  # noqa: E402
 from megatron_zaya.planner.hardware import CLUSTERS, Efficiency, cluster_from_preset  # noqa: E402
 from megatron_zaya.planner.layout import RECOMPUTE_CHOICES, LayoutError, ParallelLayout  # noqa: E402
@@ -233,26 +234,13 @@ def report(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def trains_in_bf16(config_path: str) -> bool:
-    """Whether a training YAML (already read without error) sets bf16 (pretrain_zaya.py's default is fp32)."""
-    import yaml
-    with open(config_path) as f:
-        values = yaml.safe_load(f) or {}
-    return any(str(k).lstrip("-") == "bf16" and v is True for k, v in values.items())
-
-
 def main(argv=None) -> int:
     parser = build_parser()
-    pre, _ = parser.parse_known_args(argv)
-    if pre.config:
-        from megatron_zaya.flags import apply_yaml_defaults, training_keys_outside
-        skipped = apply_yaml_defaults(parser, pre.config, ignore=training_keys_outside(parser))
-        if skipped:
-            print(f"--config {pre.config}: training keys that do not change the plan, left out: {', '.join(skipped)}",
-                  file=sys.stderr)
-        if not trains_in_bf16(pre.config):
-            print(f"--config {pre.config}: the run trains in fp32 (no bf16: true), while the plan assumes --bf16 "
-                  f"(bf16 weights, activations and matmuls): expect more memory and time than shown", file=sys.stderr)
+    left_out = apply_training_config(parser, argv, "training keys that do not change the plan")
+    if left_out is not None and not any(k.lstrip("-") == "bf16" and v is True for k, v in left_out.items()):
+        print("--config: the run trains in fp32 (no bf16: true), while the plan assumes --bf16 (bf16 weights, "
+              "activations and matmuls; pretrain_zaya.py's default is fp32): expect more memory and time than shown",
+              file=sys.stderr)
     args = parser.parse_args(argv)
     if args.global_batch_size is None:
         parser.error("--global-batch-size is required (on the command line or in --config)")

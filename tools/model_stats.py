@@ -16,7 +16,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_zaya.config import PRESETS, ConfigError, model_config_from_preset  # noqa: E402
-from megatron_zaya.flags import MODEL_FLAGS, apply_yaml_defaults, training_keys_outside  # noqa: E402
+from megatron_zaya.flags import MODEL_FLAGS, apply_training_config  # noqa: E402
 from megatron_zaya.model.accounting import (  # noqa: E402
     attention_macs_per_token, count_parameters, decode_state_bytes_per_sequence, forward_flops_per_token,
     kv_cache_bytes_per_token, matmul_macs_per_token)
@@ -39,12 +39,7 @@ def main(argv=None) -> int:
                             help="for attention FLOPs (default: the preset's)" if flag == "seq_length" else None)
     parser.add_argument("--ffn-hidden-size", type=int, default=None, help="--moe-ffn-hidden-size when that is not given")
     parser.add_argument("--untie-embeddings-and-output-weights", action="store_true")
-    pre, _ = parser.parse_known_args(argv)
-    if pre.config:
-        skipped = apply_yaml_defaults(parser, pre.config, ignore=training_keys_outside(parser))
-        if skipped:
-            print(f"--config {pre.config}: keys that do not change the model, left out: {', '.join(skipped)}",
-                  file=sys.stderr)
+    apply_training_config(parser, argv, "keys that do not change the model")
     args = parser.parse_args(argv)
     if args.seq_length is not None and args.seq_length < 1:
         parser.error(f"--seq-length={args.seq_length} must be >= 1 (omit it for the preset's)")

@@ -320,8 +320,9 @@ def generate(model: ZayaModel, prompts: list[list[int]], max_new_tokens: int,
         step_scores = TokenScores([], [] if top else None)
         if return_logprobs:
             add_scores(step_scores, last, next_tokens, top, vocab_limit)
-        step_tokens = [None if done else token for done, token in zip(stopped, next_tokens.tolist())]
-        for row, token in enumerate(next_tokens.tolist()):
+        tokens = next_tokens.tolist()
+        step_tokens = [None if done else token for done, token in zip(stopped, tokens)] if on_step else None
+        for row, token in enumerate(tokens):
             if not stopped[row]:
                 out[row].append(token)
                 if return_logprobs:

@@ -1,0 +1,82 @@
+"""Megatron-LM launch scripts' flags in pretrain_zaya.py: a whole script's worth accepted unchanged (the
+switches this code always satisfies, ZAYA1's architecture values, the ones that take effect), and the
+aliases that fold into this code's settings. Refused values are in test_arguments.py's table."""
+import pytest
+
+from megatron_zaya.arguments import parse_args
+from tests.training.helpers import tiny_run_flags
+from tests.training.test_arguments import error_of
+
+
+def test_a_megatron_lm_script_runs_unchanged(tiny_corpus, tmp_path):
+    """The flags a Megatron-LM GPT / MoE launch script carries: implementation switches are accepted
+    (this code always does what they ask), architecture flags with ZAYA1's values too, and the ones
+    that do something here take effect."""
+    megatron = ["--use-mcore-models", "--use-flash-attn", "--transformer-impl", "transformer_engine",
+                "--normalization", "RMSNorm", "--position-embedding-type", "rope", "--swiglu", "--disable-bias-linear",
+                "--group-query-attention", "--attention-dropout", "0.0", "--hidden-dropout", "0",
+                "--attention-softmax-in-fp32", "--accumulate-allreduce-grads-in-fp32", "--overlap-grad-reduce",
+                "--overlap-param-gather", "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall",
+                "--moe-router-load-balancing-type", "none", "--moe-aux-loss-coeff", "0", "--moe-router-dtype", "fp32",
+                "--moe-router-enable-expert-bias", "--pipeline-model-parallel-size", "1", "--ckpt-format", "torch_dist",
+                "--cross-entropy-loss-fusion", "--calculate-per-token-loss", "--exit-signal-handler",
+                "--override-opt_param-scheduler", "--dataloader-type", "single",
+                "--recompute-activations", "--lr-warmup-init", "1e-4", "--manual-gc", "--manual-gc-interval", "5",
+                "--distributed-timeout-minutes", "20", "--moe-permute-fusion", "--moe-router-pre-softmax",
+                "--moe-layer-freq", "1", "--moe-router-score-function", "softmax", "--attention-backend", "auto",
+                "--no-create-attention-mask-in-dataloader", "--timing-log-level", "0", "--use-dist-ckpt",
+                "--main-grads-dtype", "fp32", "--use-precision-aware-optimizer", "--cp-comm-type", "p2p",
+                "--expert-tensor-parallel-size", "1", "--check-for-nan-in-loss-and-grad", "--no-position-embedding",
+                "--no-async-tensor-model-parallel-allreduce", "--no-ckpt-fully-parallel-save", "--moe-per-layer-logging",
+                "--log-loss-scale-to-tensorboard", "--cross-entropy-fusion-impl", "te", "--dist-ckpt-strictness",
+                "raise_all", "--rerun-mode", "disabled", "--te-rng-tracker", "--ddp-average-in-collective",
+                "--no-manual-gc-eval", "--moe-use-legacy-grouped-gemm", "--exit-signal", "SIGTERM",
+                "--num-dataset-builder-threads", "8", "--mid-level-dataset-surplus", "0.01",
+                "--log-world-size-to-tensorboard", "--fp32-residual-connection", "--no-initialization",
+                "--softmax-type", "vanilla", "--rope-type", "rope", "--timing-log-option", "minmax",
+                "--train-sync-interval", "10", "--moe-router-fusion", "--no-align-grad-reduce",
+                "--no-align-param-gather", "--disable-gloo-process-groups", "--head-lr-mult", "1.0",
+                "--mtp-num-layers", "0", "--log-batch-size-to-tensorboard", "--legacy-tokenizer", "--no-one-logger",
+                "--ddp-reduce-scatter-with-fp32-accumulation", "--ddp-pad-buckets-for-high-nccl-busbw",
+                "--no-gradient-reduce-div-fusion", "--no-fp8-wgrad", "--no-pin-cpu-grads", "--no-pin-cpu-params",
+                "--no-overlap-p2p-communication", "--no-scatter-gather-tensors-in-pipeline",
+                "--overlap-param-gather-with-optimizer-step", "--no-barrier-with-level-1-timing",
+                "--cuda-graph-impl", "none", "--cuda-graph-scope", "full", "--fp8-amax-history-len", "1024",
+                "--fp8-amax-compute-algo", "max", "--fp8-margin", "0", "--fp8-interval", "1",
+                "--num-layers-at-start-in-bf16", "1", "--num-layers-at-end-in-bf16", "1",
+                "--cpu-offloading-num-layers", "0", "--dist-ckpt-format", "torch_dist"]
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--lr-warmup-iters": "4"}) + megatron)
+    assert run.train.recompute_granularity == "selective"          # Megatron's --recompute-activations
+    assert (run.train.manual_gc, run.train.manual_gc_interval, run.train.manual_gc_eval) == (True, 5, False)
+    assert run.args.distributed_timeout_minutes == 20
+    assert run.data.mid_level_dataset_surplus == 0.01
+    from megatron_zaya.optim.schedules import lr_schedule_from_flags
+    schedule = lr_schedule_from_flags(run.optim.lr, run.train, 6)
+    assert schedule(0) == pytest.approx(1e-4 + (3e-3 - 1e-4) / 4)    # the warmup starts from --lr-warmup-init
+
+
+def test_megatron_aliases_take_effect(tiny_corpus, tmp_path, capsys):
+    """--ffn-hidden-size sizes the experts when --moe-ffn-hidden-size is absent (Megatron-LM's rule);
+    --moe-router-bias-update-rate is the balancing biases' step; --no-mmap-bin-files reaches the data
+    config; wandb flags are accepted with a warning that names where the scalars go."""
+    base = tiny_run_flags(tiny_corpus, tmp_path)
+    run = parse_args(base + ["--ffn-hidden-size", "48", "--moe-router-bias-update-rate", "1e-3", "--no-mmap-bin-files",
+                             "--wandb-project", "zaya", "--tensorboard-dir", str(tmp_path / "tb")])
+    assert run.model.moe_ffn_hidden_size == 48
+    assert run.train.moe_router_bias_lr == 1e-3
+    assert run.data.mmap_bin_files is False
+    assert len(run.warnings) == 1 and "--wandb-project" in run.warnings[0] and str(tmp_path / "tb") in run.warnings[0]
+    run = parse_args(base + ["--log-energy"])
+    assert len(run.warnings) == 1 and run.warnings[0].startswith("--log-energy: the GPUs' energy is not read here")
+    run = parse_args(base + ["--ffn-hidden-size", "48", "--moe-ffn-hidden-size", "40"])
+    assert run.model.moe_ffn_hidden_size == 40 and run.train.moe_router_bias_lr == 1e-2 and run.data.mmap_bin_files
+    assert run.warnings == []
+    assert "--moe-router-bias-update-rate=0.001 and --moe-router-bias-lr=0.01" in error_of(
+        base + ["--moe-router-bias-update-rate", "1e-3", "--moe-router-bias-lr", "1e-2"], capsys)
+    # Megatron-LM's second names, and the --local-rank torch.distributed.launch appends
+    run = parse_args(base + ["--persistent-save-interval", "5", "--save", str(tmp_path / "ckpt"),
+                             "--override-opt-param-scheduler", "--local-rank=0"])
+    assert run.train.save_interval == 5
+    assert "--use-checkpoint-opt_param-scheduler needs --load" in error_of(
+        base + ["--use-checkpoint-opt-param-scheduler"], capsys)
+    assert parse_args(base + ["--local_rank=1"]).args.local_rank == 1
