@@ -19,7 +19,7 @@ from megatron_zaya.arguments import parse_args
 from megatron_zaya.checkpoint.format import CheckpointError
 from megatron_zaya.errors import UserInputError
 from megatron_zaya.training.setup import build_and_train
-from megatron_zaya.parallel.launch import exit_process
+from megatron_zaya.parallel.launch import detect_launcher, exit_process
 
 PROG = "pretrain_zaya.py"
 
@@ -35,9 +35,10 @@ def user_error_line(err: BaseException) -> str | None:
 
 
 def main(argv=None) -> int:
-    """Parse and validate every flag (before any process group or allocation), then train. Errors
-    in the user's input found later (a corrupt dataset or checkpoint, an unusable path) end the
-    run with one `error:` line and exit status 2, like a bad flag."""
+    """Parse and validate every flag (before any process group or allocation; a bad flag is reported
+    by rank 0 alone, every rank exiting with status 2), then train. Errors in the user's input found
+    later (a corrupt dataset or checkpoint, an unusable path) end the run with one `error:` line per
+    rank that met it (naming the rank in a multi-process run) and exit status 2, like a bad flag."""
     run = parse_args(argv)
     torch.manual_seed(run.train.seed)
     try:
@@ -46,7 +47,9 @@ def main(argv=None) -> int:
         line = user_error_line(err)
         if line is None:
             raise
-        print(f"{PROG}: error: {' '.join(line.splitlines())}", file=sys.stderr, flush=True)
+        launch = detect_launcher()    # a later error can be one rank's own (a file missing on one node)
+        where = f" (rank {launch.rank} of {launch.world_size})" if launch.world_size > 1 else ""
+        print(f"{PROG}: error{where}: {' '.join(line.splitlines())}", file=sys.stderr, flush=True)
         return 2
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import warnings
 
 import yaml
 
@@ -15,7 +16,7 @@ from megatron_zaya.megatron_flags import add_megatron_flags
 from megatron_zaya.optim.builder import MUON_TP_MODES
 from megatron_zaya.optim.muon import MUON_SCALE_MODES
 from megatron_zaya.optim.schedules import DECAY_STYLES, WD_INCR_STYLES, WSD_DECAY_STYLES
-from megatron_zaya.parallel.launch import DEFAULT_TIMEOUT_MINUTES
+from megatron_zaya.parallel.launch import DEFAULT_TIMEOUT_MINUTES, detect_launcher
 
 DEFAULT_PRESET = "zaya1-tiny"
 MODEL_FLAGS = {  # flag -> type; None means "keep the preset's value"
@@ -34,8 +35,24 @@ ALWAYS_LOGGED = ("--log-throughput", "--log-timers-to-tensorboard", "--log-valid
                  "--moe-per-layer-logging", "--log-world-size-to-tensorboard")
 
 
+class RankZeroParser(argparse.ArgumentParser):
+    """An ArgumentParser that prints (help, usage, errors) on rank 0 only of a multi-process launch:
+    every rank parses the same flags and would print the same message, once per GPU. The other ranks
+    still exit with the same status."""
+
+    def _print_message(self, message, file=None):
+        try:
+            with warnings.catch_warnings():    # its Slurm warning is for the launch, said there
+                warnings.simplefilter("ignore")
+                rank = detect_launcher().rank
+        except (ValueError, KeyError):     # a malformed launcher environment: print rather than hide
+            rank = 0
+        if rank == 0:
+            super()._print_message(message, file)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pretrain_zaya.py", description="Pretrain a ZAYA1-style MoE model.",
+    p = RankZeroParser(prog="pretrain_zaya.py", description="Pretrain a ZAYA1-style MoE model.",
                                 allow_abbrev=False)
     p.add_argument("--config", help="YAML file of flags (command-line flags override it)")
     g = p.add_argument_group("model")

@@ -343,6 +343,12 @@ def test_main_turns_late_user_errors_into_one_line(tiny_corpus, tmp_path, capsys
         monkeypatch.setattr(pretrain_zaya, "build_and_train", lambda run, err=err: (_ for _ in ()).throw(err))
         assert pretrain_zaya.main(argv) == 2
         assert capsys.readouterr().err.strip().splitlines() == [f"pretrain_zaya.py: error: {line}"]
+    monkeypatch.setenv("RANK", "1")            # a rank of a torchrun job says which rank met the error
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert pretrain_zaya.main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"pretrain_zaya.py: error (rank 1 of 2): {line}"]
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
     for bug in (RuntimeError("a bug"), ValueError("a bug"), OSError("no file name")):
         monkeypatch.setattr(pretrain_zaya, "build_and_train", lambda run, bug=bug: (_ for _ in ()).throw(bug))
         with pytest.raises(type(bug)):
@@ -527,3 +533,16 @@ def test_embedding_init_method_std_reaches_model_and_optimizer(tiny_corpus, tmp_
     assert run.model.embedding_init_method_std == 0.5 and run.optim.embedding_weight_decay is False
     plain = parse_args(tiny_run_flags(tiny_corpus, tmp_path))
     assert plain.model.embedding_init_method_std is None and plain.optim.embedding_weight_decay is True
+
+
+@pytest.mark.parametrize("rank, printed", [("0", True), ("1", False)])
+def test_bad_flag_is_reported_by_rank_zero_alone(tiny_corpus, tmp_path, capsys, monkeypatch, rank, printed):
+    """Every rank of a launch parses the same flags: only rank 0 prints the error, all exit with 2."""
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    argv = tiny_run_flags(tiny_corpus, tmp_path, **{"--micro-batch-size": "0"})
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert ("--micro-batch-size=0: must be >= 1" in err) == printed and (err == "") != printed
