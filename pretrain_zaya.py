@@ -36,7 +36,7 @@ def user_error_line(err: BaseException) -> str | None:
 
 def main(argv=None) -> int:
     """Parse and validate every flag (before any process group or allocation; a bad flag is reported
-    by rank 0 alone, every rank exiting with status 2), then train. Errors in the user's input found
+    once per node, by its first process, every rank exiting with status 2), then train. Errors in the user's input found
     later (a corrupt dataset or checkpoint, an unusable path) end the run with one `error:` line per
     rank that met it (naming the rank in a multi-process run) and exit status 2, like a bad flag."""
     run = parse_args(argv)

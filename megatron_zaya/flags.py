@@ -35,24 +35,25 @@ ALWAYS_LOGGED = ("--log-throughput", "--log-timers-to-tensorboard", "--log-valid
                  "--moe-per-layer-logging", "--log-world-size-to-tensorboard")
 
 
-class RankZeroParser(argparse.ArgumentParser):
-    """An ArgumentParser that prints (help, usage, errors) on rank 0 only of a multi-process launch:
-    every rank parses the same flags and would print the same message, once per GPU. The other ranks
-    still exit with the same status."""
+class NodeLeaderParser(argparse.ArgumentParser):
+    """An ArgumentParser that prints (help, usage, errors) on the first process of each node only (local
+    rank 0) of a multi-process launch: every rank parses the same flags and would print the same
+    message, once per GPU; files, which validation also checks, can differ between nodes but not
+    between the processes of one node. The other ranks still exit with the same status."""
 
     def _print_message(self, message, file=None):
         try:
             with warnings.catch_warnings():    # its Slurm warning is for the launch, said there
                 warnings.simplefilter("ignore")
-                rank = detect_launcher().rank
+                local_rank = detect_launcher().local_rank
         except (ValueError, KeyError):     # a malformed launcher environment: print rather than hide
-            rank = 0
-        if rank == 0:
+            local_rank = 0
+        if local_rank == 0:
             super()._print_message(message, file)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = RankZeroParser(prog="pretrain_zaya.py", description="Pretrain a ZAYA1-style MoE model.",
+    p = NodeLeaderParser(prog="pretrain_zaya.py", description="Pretrain a ZAYA1-style MoE model.",
                                 allow_abbrev=False)
     p.add_argument("--config", help="YAML file of flags (command-line flags override it)")
     g = p.add_argument_group("model")

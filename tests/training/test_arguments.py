@@ -535,11 +535,13 @@ def test_embedding_init_method_std_reaches_model_and_optimizer(tiny_corpus, tmp_
     assert plain.model.embedding_init_method_std is None and plain.optim.embedding_weight_decay is True
 
 
-@pytest.mark.parametrize("rank, printed", [("0", True), ("1", False)])
-def test_bad_flag_is_reported_by_rank_zero_alone(tiny_corpus, tmp_path, capsys, monkeypatch, rank, printed):
-    """Every rank of a launch parses the same flags: only rank 0 prints the error, all exit with 2."""
+@pytest.mark.parametrize("rank, local_rank, printed", [("0", "0", True), ("1", "1", False), ("2", "0", True)])
+def test_bad_flag_is_reported_once_per_node(tiny_corpus, tmp_path, capsys, monkeypatch, rank, local_rank, printed):
+    """Every rank of a launch parses the same flags: only each node's first process (local rank 0;
+    files can differ between nodes) prints the error; every rank exits with status 2."""
     monkeypatch.setenv("RANK", rank)
-    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", local_rank)
+    monkeypatch.setenv("WORLD_SIZE", "4")
     argv = tiny_run_flags(tiny_corpus, tmp_path, **{"--micro-batch-size": "0"})
     with pytest.raises(SystemExit) as exit_info:
         parse_args(argv)
