@@ -18,17 +18,14 @@ import uuid
 from megatron_zaya.inference.decode import generate
 from megatron_zaya.inference.sampling import SamplingParams
 from megatron_zaya.inference.server import request_seed
-
-LEFT_CONTEXT = 8        # prompt tokens decoded before the completion, so that its first token reads as in place
-
+from megatron_zaya.inference.text_offsets import GrowingText
 
 class ChoiceStream:
     """One choice's state: the tokens kept, the text already sent, the log-probabilities not yet sent."""
 
     def __init__(self, completer, prompt: list[int], index: int, stops: tuple[str, ...], logprobs: int | None):
         self.completer, self.index, self.stops, self.logprobs = completer, index, stops, logprobs
-        self.tail = prompt[-LEFT_CONTEXT:]
-        self.tail_text = completer.decode(self.tail)
+        self.growing = GrowingText(completer.decode, prompt)   # the completion's text, decoded as it grows
         self.prompt_chars = len(completer.decode(prompt)) if logprobs is not None else 0
         self.tokens: list[int] = []
         self.starts: list[int] = []         # where each kept token's text starts in the completion text
@@ -37,19 +34,14 @@ class ChoiceStream:
         self.finish_reason: str | None = None
         self.hold = max((len(s) for s in stops), default=1) - 1
 
-    def text(self, tokens: list[int]) -> str:
-        """The completion text of `tokens` after the prompt (a window of the prompt decoded before it)."""
-        whole = self.completer.decode(self.tail + tokens)
-        return whole[len(self.tail_text):] if whole.startswith(self.tail_text) else self.completer.decode(tokens)
-
     def add(self, token: int, eod: int | None, logprob: float | None, top: dict | None) -> list[dict]:
         """The chunks this sampled token releases (none, one, or the choice's last)."""
         if token == eod:
             return self.finish("stop")
-        self.starts.append(len(self.text(self.tokens)))
+        self.starts.append(len(self.growing.text))
         self.tokens.append(token)
         self.pending.append((token, logprob, top))
-        text = self.text(self.tokens)
+        text = self.growing.append(token)
         ends = [text.find(s) for s in self.stops if s in text]
         if ends:
             end = min(ends)
@@ -62,7 +54,7 @@ class ChoiceStream:
 
     def finish(self, reason: str, text: str | None = None) -> list[dict]:
         self.finish_reason = reason
-        text = self.text(self.tokens) if text is None else text
+        text = self.growing.text if text is None else text
         return [self.chunk(text[self.sent_chars:], reason)]
 
     def chunk(self, delta: str, finish_reason: str | None = None) -> dict:

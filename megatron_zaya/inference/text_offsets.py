@@ -14,6 +14,8 @@ This is exact for decoders whose text for a token depends on no more than the LE
 before it, which holds for every tokenizer type here. As a guard against others, each block is checked
 at its end, where the next block's exact start is known; a block whose window arithmetic misses it is
 decoded prefix by prefix instead. O(n^1.5) token decodes in all.
+
+GrowingText applies the same locality to a streamed completion's text, token by token.
 """
 from __future__ import annotations
 
@@ -61,3 +63,53 @@ def prefix_text_lengths(decode: Callable[[Sequence[int]], str], ids: Sequence[in
         else:                                   # a decoder that is not local here: the exact prefixes
             lengths += [exact(k) for k in inside]
     return lengths
+
+
+FREEZE_BLOCK = 64       # tokens a GrowingText keeps decoding behind its last token
+
+
+class GrowingText:
+    """The text of a growing token sequence that follows a fixed context (e.g. a completion after its
+    prompt), as decode(context + tokens) minus the context's text, updated per added token by decoding
+    a bounded window: with decoding every token sequence anew, a streamed n-token completion costs
+    O(n^2) token decodes. By the same locality as prefix_text_lengths, the text before the last
+    FREEZE_BLOCK to 2 FREEZE_BLOCK tokens is frozen and the rest decoded after LEFT_CONTEXT tokens of
+    context. A freeze is checked when made: the frozen text plus the window after it must give the text
+    as decoded before (which a character split over the boundary fails, U+FFFD against the character);
+    if not, the boundary is tried again some tokens later."""
+
+    def __init__(self, decode: Callable[[Sequence[int]], str], context: Sequence[int]):
+        self.decode = decode
+        self.context = list(context)[-LEFT_CONTEXT:]
+        self.tokens: list[int] = []
+        self.frozen_tokens = 0           # tokens whose text is frozen_text, for good
+        self.frozen_text = ""
+        self.next_freeze = 2 * FREEZE_BLOCK
+        self.text = ""
+
+    def _window(self, start: int, stop: int | None = None) -> str:
+        """The text of tokens[start:stop] where it stands after everything before start."""
+        from_context = LEFT_CONTEXT - min(start, LEFT_CONTEXT)   # left context tokens still in the prompt
+        left = self.context[-from_context:] if from_context else []
+        left = left + self.tokens[start + from_context - LEFT_CONTEXT:start]
+        body = self.tokens[start:stop]
+        left_text, text = self.decode(left), self.decode(left + body)
+        return text[len(left_text):] if text.startswith(left_text) else self.decode(body)
+
+    def append(self, token: int) -> str:
+        """Add a token; returns the text of all tokens so far."""
+        self.tokens.append(token)
+        self.text = self.frozen_text + self._window(self.frozen_tokens)
+        if len(self.tokens) >= self.next_freeze:
+            self._freeze(len(self.tokens) - FREEZE_BLOCK)
+        return self.text
+
+    def _freeze(self, cut: int) -> None:
+        head = self.frozen_text + self._window(self.frozen_tokens, cut)
+        kept = self.frozen_tokens, self.frozen_text
+        self.frozen_tokens, self.frozen_text = cut, head
+        if self.frozen_text + self._window(cut) != self.text:
+            self.frozen_tokens, self.frozen_text = kept     # not a clean boundary: try again later
+            self.next_freeze = len(self.tokens) + FREEZE_BLOCK // 4
+        else:
+            self.next_freeze = cut + 2 * FREEZE_BLOCK

@@ -111,6 +111,18 @@ def test_completions_latency_bench_runs(capsys, keep_threads):
     assert "| 0 |" in out and "| 2 |" in out
 
 
+def test_stream_text_bench_runs(tmp_path, capsys):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    hf = Tokenizer(models.BPE(unk_token="<unk>"))
+    hf.pre_tokenizer, hf.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    hf.train_from_iterator(["a small corpus of words, a few words"] * 20, trainers.BpeTrainer(vocab_size=300, special_tokens=["<eos>", "<unk>"]))
+    hf.save(str(tmp_path / "tokenizer.json"))
+    assert load_script("stream_text").main(["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+                                            str(tmp_path / "tokenizer.json"), "--tokens", "40", "--repeats", "1"]) == 0
+    assert "| 40 |" in capsys.readouterr().out
+
+
 def test_sdpa_backends_bench_runs(capsys):
     assert load_script("sdpa_backends").main(["--seq-length", "64", "--head-dim", "16"]) == 0
     out = capsys.readouterr().out

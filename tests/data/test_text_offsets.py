@@ -1,12 +1,13 @@
 """inference.text_offsets.prefix_text_lengths against decoding every prefix (OpenAI's text_offset), with
 the tokenizers users train: SentencePiece with byte fallback, GPT-2 byte-level BPE, a Hugging Face
 tokenizer.json. Text with multi-byte characters split across tokens, blocks forced small so that a
-sequence spans many of them, and a decoder that is not local (the fallback must keep it exact)."""
+sequence spans many of them, and a decoder that is not local (the fallback must keep it exact).
+GrowingText (a streamed completion's text) likewise against decoding the whole sequence at every token."""
 import pytest
 
 from megatron_zaya.data import build_tokenizer
 from megatron_zaya.data.synthetic import TextGenerator
-from megatron_zaya.inference.text_offsets import prefix_text_lengths
+from megatron_zaya.inference.text_offsets import LEFT_CONTEXT, GrowingText, prefix_text_lengths
 
 TEXT = TextGenerator(seed=5, lexicon_size=3000).document(max_sentences=12) + \
     " Ünïcödé — 中文字符 and emoji 🙂🚀, tabs\tand  double  spaces. \"Quoted\" (parens) end."
@@ -69,3 +70,38 @@ def test_decodes_far_fewer_tokens_than_every_prefix():
 def test_positions_must_ascend():
     with pytest.raises(ValueError, match="ascending"):
         prefix_text_lengths(lambda ids: "x" * len(ids), list(range(100)), [5, 3] + list(range(70)))
+
+
+def text_after(decode, context, tokens):
+    """The completion text by one whole decode: decode(context + tokens) minus the context's text."""
+    left = list(context)[-LEFT_CONTEXT:]
+    whole, left_text = decode(left + list(tokens)), decode(left)
+    return whole[len(left_text):] if whole.startswith(left_text) else decode(tokens)
+
+
+def test_growing_text_equals_decoding_the_whole_sequence(sp_model, gpt2_files, hf_tokenizer_dir):
+    for name, tok in tokenizers(sp_model, gpt2_files, hf_tokenizer_dir).items():
+        ids = tok.encode(TEXT + " " + TEXT + " " + TEXT)
+        context, completion = ids[:30], ids[30:]
+        assert len(completion) > 300, name            # several freezes of FREEZE_BLOCK tokens
+        decoded = []
+
+        def decode(part, _tok=tok):
+            decoded.append(len(part))
+            return _tok.decode(part)
+
+        growing = GrowingText(decode, context)
+        for k, token in enumerate(completion, 1):
+            assert growing.append(token) == text_after(tok.decode, context, completion[:k]), (name, k)
+        assert growing.frozen_tokens > 0, name
+        assert sum(decoded) < len(completion) ** 2 / 8, (name, sum(decoded))
+
+
+def test_growing_text_with_a_decoder_that_is_not_local_stays_exact():
+    def decode(ids):            # its text grows with the whole sequence's length: no freeze holds
+        return "x" * len(ids) ** 2
+
+    growing = GrowingText(decode, [7] * 20)
+    for k in range(1, 300):
+        assert growing.append(k) == text_after(decode, [7] * 20, range(1, k + 1))
+    assert growing.frozen_tokens == 0
