@@ -18,9 +18,10 @@
         --weights 1 2
 
 to-hf's tokenizer flags add the files `transformers.AutoTokenizer.from_pretrained(hf/tiny)` loads, giving
-the same ids as training (HuggingFaceTokenizer, GPT2BPETokenizer, TikTokenizer; the SentencePiece types
-have no exact Hugging Face form and are refused: megatron_zaya/checkpoint/hf_tokenizer.py), and the
-tokenizer's EOS/BOS/pad ids to config.json.
+the same ids as training (HuggingFaceTokenizer, GPT2BPETokenizer, TikTokenizer, and GPTSentencePieceTokenizer
+and Llama2Tokenizer with a BPE model with byte fallback, as tools/train_tokenizer.py trains or Llama's; what
+has no exact Hugging Face form is refused, with the reason, before the checkpoint is read:
+megatron_zaya/checkpoint/hf_tokenizer.py), and the tokenizer's EOS/BOS/pad ids to config.json.
 
 Every conversion writes atomically (a temporary folder renamed at the end) and refuses to overwrite:
 to-hf and average need a new or empty output folder (average checks it before reading any weight,
@@ -73,8 +74,10 @@ def export_tokenizer(parser: argparse.ArgumentParser, args: argparse.Namespace):
         return None
     try:
         check_exportable(args.tokenizer_type)
-        return build_tokenizer(args.tokenizer_type, args.tokenizer_model, vocab_file=args.vocab_file,
-                               merge_file=args.merge_file, **tiktoken_options(args))
+        tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, vocab_file=args.vocab_file,
+                                    merge_file=args.merge_file, **tiktoken_options(args))
+        check_exportable(args.tokenizer_type, tokenizer)     # e.g. a SentencePiece model's own settings
+        return tokenizer
     except UserInputError as err:
         parser.error(str(err))
 

@@ -11,10 +11,13 @@ same ids as ours, and the special token ids for config.json.
 - TikTokenizer: a tokenizer.json built from the ranks: the tiktoken pattern split, byte-level BPE
   whose merges are every split of a token into two tokens, ordered by the token's rank (so the
   lowest-ranked pair merges first, as in tiktoken), and the special tokens at their ids.
-For the last two `split_special_tokens` is set, as our encoders treat special-token text as text.
-SentencePiece types have no exact form: transformers' conversion to tokenizer.json normalises
-whitespace differently (repeated spaces, newlines), and its SentencePiece backend decodes
-byte-fallback pieces as text like "<0x48>"; they are refused, as NullTokenizer is.
+- GPTSentencePieceTokenizer, Llama2Tokenizer (BOS in front): a tokenizer.json written from the model
+  file's own settings (_sentencepiece_json), not by transformers' conversion, which changes the ids
+  of repeated spaces and newlines and decodes byte-fallback pieces as text like "<0x48>". BPE and
+  unigram models with byte fallback; others are refused with the reason.
+For the last four `split_special_tokens` is set, as our encoders treat special-token text as text.
+SentencePieceTokenizer (special tokens matched in text, decoded with spaces around them) and
+NullTokenizer have no exact form and are refused.
 """
 from __future__ import annotations
 
@@ -24,10 +27,8 @@ import os
 from megatron_zaya.errors import UserInputError
 
 NO_EXACT_FORM = {
-    "GPTSentencePieceTokenizer": "transformers' SentencePiece conversion changes the ids of repeated spaces and "
-                                 "newlines, and its SentencePiece backend decodes byte-fallback pieces as '<0xNN>'",
-    "SentencePieceTokenizer": "see GPTSentencePieceTokenizer",
-    "Llama2Tokenizer": "see GPTSentencePieceTokenizer",
+    "SentencePieceTokenizer": "its special tokens are matched in text and decoded with spaces around them, which a "
+                              "Hugging Face tokenizer does not reproduce",
     "NullTokenizer": "it reads integer ids, not text",
 }
 
@@ -69,11 +70,109 @@ def _tiktoken_json(tokenizer) -> str:
     return hf.to_str()
 
 
-def check_exportable(kind: str) -> None:
-    """UserInputError for a --tokenizer-type without an exact Hugging Face form."""
+# SentencePiece piece types (sentencepiece_model.proto)
+_SP_NORMAL, _SP_UNKNOWN, _SP_CONTROL, _SP_USER_DEFINED = 1, 2, 3, 4
+_SP_BPE = 2     # trainer_spec.model_type
+_MANY = 1 << 30
+
+
+# (normalization rule, remove_extra_whitespaces) of the SentencePiece models this converter reproduces
+# exactly (tested): the trainer's default and Llama-style models' (no normalization, spaces kept).
+_SP_NORMALIZATIONS = (("nmt_nfkc", True), ("identity", False))
+
+
+def _sentencepiece_unsupported(model) -> str | None:
+    """Why a SentencePiece model has no exact tokenizer.json here (None: it has one)."""
+    trainer = model.trainer_spec
+    if trainer.model_type != _SP_BPE:
+        return "only BPE models are converted (a unigram model's ties between equally likely splits break differently)"
+    if not trainer.byte_fallback:
+        return ("it has no byte fallback (SentencePiece decodes an unknown piece as ' \u2047 ', which no Hugging Face "
+                "decoder reproduces; retrain without --no-byte-fallback)")
+    if any(p.type == _SP_USER_DEFINED for p in model.pieces):
+        return ("it has user-defined symbols (SentencePiece matches them after its dummy prefix, which a Hugging Face "
+                "tokenizer cannot reproduce)")
+    spec = model.normalizer_spec
+    custom_denormalizer = bool(model.denormalizer_spec.precompiled_charsmap)
+    if (spec.name, spec.remove_extra_whitespaces) not in _SP_NORMALIZATIONS or custom_denormalizer:
+        return (f"its normalization (rule {spec.name!r}, remove_extra_whitespaces {spec.remove_extra_whitespaces}) is "
+                f"not one of {', '.join(f'{name!r} with {flag}' for name, flag in _SP_NORMALIZATIONS)}")
+    if not spec.escape_whitespaces:
+        return "it does not write spaces as U+2581 (escape_whitespaces), which this converter does not reproduce"
+    for option in ("treat_whitespace_as_suffix", "split_digits", "allow_whitespace_only_pieces"):
+        if getattr(trainer, option):
+            return f"it was trained with {option}, which this converter does not reproduce"
+    return None
+
+
+def _sentencepiece_json(tokenizer, bos: bool) -> str:
+    """tokenizer.json of a SentencePiece BPE model: its normalizer (the precompiled character map, the
+    removal of extra spaces, the dummy prefix, spaces as U+2581), the split into words at U+2581, its
+    BPE (merges: every split of a piece into two normal pieces, ordered by the piece's score, as
+    SentencePiece merges the best-scored pair first) with byte fallback, and SentencePiece's decoding.
+    Control pieces and <unk> are special tokens (SentencePiece never makes them from text;
+    split_special_tokens keeps it so; decode with skip_special_tokens=True drops them, as SentencePiece
+    does). `bos`: a BOS in front of every text (Llama2Tokenizer). Models this cannot reproduce exactly
+    are refused with the reason (_sentencepiece_unsupported)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    model = _exportable_sentencepiece_model(tokenizer)
+    pieces = model.pieces
+    unk_id = next(i for i, p in enumerate(pieces) if p.type == _SP_UNKNOWN)
+    vocab = {p.piece: i for i, p in enumerate(pieces)}
+    mergeable = {p.piece for p in pieces if p.type == _SP_NORMAL}
+    merges = sorted((-p.score, i, vocab[p.piece[:cut]], vocab[p.piece[cut:]], p.piece[:cut], p.piece[cut:])
+                    for i, p in enumerate(pieces) if p.type == _SP_NORMAL
+                    for cut in range(1, len(p.piece))
+                    if p.piece[:cut] in mergeable and p.piece[cut:] in mergeable)
+    hf = Tokenizer(models.BPE(vocab=vocab, merges=[(a, b) for *_, a, b in merges], unk_token=pieces[unk_id].piece,
+                              byte_fallback=True, fuse_unk=True))
+    spec = model.normalizer_spec
+    steps = [normalizers.Precompiled(spec.precompiled_charsmap)] if spec.precompiled_charsmap else []
+    if spec.remove_extra_whitespaces:     # of spaces only (after the character map), as SentencePiece does
+        steps += [normalizers.Replace(Regex(" {2,}"), " "), normalizers.Replace(Regex("\\A | \\z"), "")]
+    if spec.add_dummy_prefix:             # always, as SentencePiece (Metaspace skips a text starting with U+2581)
+        steps.append(normalizers.Prepend("\u2581"))
+    steps.append(normalizers.Replace(" ", "\u2581"))
+    hf.normalizer = normalizers.Sequence(steps)
+    hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", split=model.trainer_spec.split_by_whitespace,
+                                                prepend_scheme="never")
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if spec.remove_extra_whitespaces:     # SentencePiece's decoding drops every leading space then
+        steps.append(decoders.Strip(" ", _MANY, 0))
+    elif spec.add_dummy_prefix:           # and otherwise the dummy prefix's one
+        steps.append(decoders.Strip(" ", 1, 0))
+    hf.decoder = decoders.Sequence(steps)
+    hf.add_special_tokens([AddedToken(p.piece, special=True, normalized=False) for p in pieces
+                           if p.type in (_SP_CONTROL, _SP_UNKNOWN)])
+    if bos:
+        bos_piece = pieces[tokenizer.bos].piece
+        hf.post_processor = processors.TemplateProcessing(single=f"{bos_piece} $A",
+                                                          special_tokens=[(bos_piece, tokenizer.bos)])
+    return hf.to_str()
+
+
+def _exportable_sentencepiece_model(tokenizer):
+    """The tokenizer's SentencePiece ModelProto, or UserInputError naming the file and the reason."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(tokenizer.sp.serialized_model_proto())
+    why = _sentencepiece_unsupported(model)
+    if why:
+        raise UserInputError(f"--tokenizer-model {tokenizer.model_path}: no exact Hugging Face form of this "
+                             f"SentencePiece model: {why}; convert without the tokenizer flags")
+    return model
+
+
+def check_exportable(kind: str, tokenizer=None) -> None:
+    """UserInputError for a --tokenizer-type without an exact Hugging Face form, or (given the built
+    tokenizer) a SentencePiece model without one: cheap, before a checkpoint is read."""
     if kind in NO_EXACT_FORM:
         raise UserInputError(f"--tokenizer-type {kind}: no Hugging Face tokenizer gives the same ids "
                              f"({NO_EXACT_FORM[kind]}); convert without the tokenizer flags")
+    if tokenizer is not None and kind in ("GPTSentencePieceTokenizer", "Llama2Tokenizer"):
+        _exportable_sentencepiece_model(tokenizer)
 
 
 def hf_tokenizer_files(tokenizer) -> dict[str, str]:
@@ -100,6 +199,12 @@ def hf_tokenizer_files(tokenizer) -> dict[str, str]:
     elif kind == "TikTokenizer":
         body = _tiktoken_json(tokenizer)
         names = {"eos_token": "</s>", "bos_token": "<s>", "unk_token": "<unk>"}
+    elif kind in ("GPTSentencePieceTokenizer", "Llama2Tokenizer"):
+        body = _sentencepiece_json(tokenizer, bos=kind == "Llama2Tokenizer")
+        sp = tokenizer.sp
+        names = {f"{role}_token": sp.IdToPiece(token_id) for role, token_id in
+                 (("eos", sp.eos_id()), ("bos", sp.bos_id()), ("unk", sp.unk_id()), ("pad", sp.pad_id()))
+                 if token_id >= 0}
     else:
         raise UserInputError(f"--tokenizer-type {kind}: no Hugging Face export for this tokenizer type")
     config = {"tokenizer_class": "PreTrainedTokenizerFast", **names, "split_special_tokens": True,

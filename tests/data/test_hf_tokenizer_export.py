@@ -1,7 +1,10 @@
 """The tokenizer of a Hugging Face export (convert_checkpoint.py to-hf --tokenizer-type ...): the
 folder's `transformers.AutoTokenizer` gives our ids on varied text (special-token text included),
 decodes them back, knows our EOS/BOS, and the model in the same folder loads with those ids in its
-config; the SentencePiece types, which have no exact form, are refused before anything is read."""
+config. SentencePiece BPE models (the trainer's default and a Llama-style one) likewise, decoding
+random pieces too; SentencePiece models or types without an exact form are refused, with the reason,
+before anything is read."""
+import random
 import json
 
 import pytest
@@ -24,6 +27,8 @@ TEXTS = [
     "line one\nline two\r\n\n\ttabbed",
     "CamelCase HTTPServer's url/path//x",
     "special text </s> <s> <unk> <|endoftext|> <bos> stays ordinary",
+    "\u2581 a literal lower one eighth block\u2581\u2581x, \u00a0nbsp, \uff46\uff55\uff4c\uff4c, \ufb01, \x00\x01 controls",
+    "", " ", "\n", "=====  -----  ......  aaaaaaaa",
 ]
 
 
@@ -43,22 +48,50 @@ def tiktoken_tokenizer(corpus_dir):
                            tiktoken_num_special_tokens=16)
 
 
-@pytest.mark.parametrize("kind", ["TikTokenizer", "GPT2BPETokenizer", "HuggingFaceTokenizer"])
-def test_exported_tokenizer_gives_our_ids(kind, corpus_dir, gpt2_files, hf_tokenizer_dir, tmp_path):
-    pytest.importorskip("tiktoken")
+def llama_style_sentencepiece(corpus_dir):
+    """A BPE SentencePiece model set up as Llama's: no normalization, spaces kept, byte fallback."""
+    import sentencepiece as spm
+
+    prefix = corpus_dir / "sp_llama_style"
+    if not prefix.with_suffix(".model").exists():
+        lines = [json.loads(line)["text"] for line in open(corpus_dir / "train.jsonl")]
+        spm.SentencePieceTrainer.Train(sentence_iterator=iter(lines), model_prefix=str(prefix), vocab_size=800,
+                                       model_type="bpe", byte_fallback=True, normalization_rule_name="identity",
+                                       remove_extra_whitespaces=False, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                                       num_threads=1, minloglevel=2)
+    return str(prefix.with_suffix(".model"))
+
+
+@pytest.mark.parametrize("kind", ["TikTokenizer", "GPT2BPETokenizer", "HuggingFaceTokenizer",
+                                  "GPTSentencePieceTokenizer", "Llama2Tokenizer", "llama-style SentencePiece"])
+def test_exported_tokenizer_gives_our_ids(kind, corpus_dir, gpt2_files, hf_tokenizer_dir, sp_model, tmp_path):
     if kind == "TikTokenizer":
+        pytest.importorskip("tiktoken")
         ours = tiktoken_tokenizer(corpus_dir)
     elif kind == "GPT2BPETokenizer":
         ours = build_tokenizer(kind, None, vocab_file=str(gpt2_files[0]), merge_file=str(gpt2_files[1]))
-    else:
+    elif kind == "HuggingFaceTokenizer":
         ours = build_tokenizer(kind, str(hf_tokenizer_dir / "tokenizer.json"))
+    elif kind == "llama-style SentencePiece":
+        ours = build_tokenizer("Llama2Tokenizer", llama_style_sentencepiece(corpus_dir))
+    else:
+        ours = build_tokenizer(kind, sp_model)
     theirs = export(ours, tmp_path / "hf")
     corpus = [json.loads(line)["text"] for line in open(corpus_dir / "train.jsonl")][:20]
-    special = kind == "HuggingFaceTokenizer"      # ours adds the post-processor's tokens (<bos>) as Megatron does
+    # ours adds the post-processor's tokens (<bos>) as Megatron does; SentencePiece decodes control pieces to ""
+    special = kind in ("HuggingFaceTokenizer", "Llama2Tokenizer", "llama-style SentencePiece")
+    skip = hasattr(ours, "sp")
     for text in TEXTS + corpus:
         ids = ours.encode(text)
         assert theirs.encode(text, add_special_tokens=special) == ids, text
-        assert theirs.decode(ids) == ours.decode(ids)
+        assert theirs.decode(ids, skip_special_tokens=skip) == ours.decode(ids), text
+    if skip:        # any sequence of pieces (not only what text encodes to) decodes alike
+        sp, rng = ours.sp, random.Random(0)
+        pieces = [i for i in range(sp.GetPieceSize()) if not (sp.IsControl(i) or sp.IsUnknown(i) or sp.IsByte(i))]
+        spaces = [i for i in pieces if sp.IdToPiece(i).startswith("\u2581")]    # leading spaces decode apart
+        for k in range(300):
+            ids = [rng.choice(spaces) for _ in range(k % 3)] + [rng.choice(pieces) for _ in range(rng.randint(1, 10))]
+            assert theirs.decode(ids, skip_special_tokens=True) == ours.decode(ids), ids
     assert theirs.eos_token_id == ours.eod
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["eos_token_id"] == ours.eod
@@ -81,11 +114,47 @@ def test_to_hf_refuses_a_tokenizer_without_an_exact_form_before_reading(sp_model
     out = tmp_path / "hf"
     with pytest.raises(SystemExit) as exc:
         tool.main(["to-hf", str(tmp_path / "no-checkpoint-needed"), str(out), "--tokenizer-type",
-                   "GPTSentencePieceTokenizer", "--tokenizer-model", str(sp_model)])
+                   "SentencePieceTokenizer", "--tokenizer-model", str(sp_model)])
     assert exc.value.code == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "--tokenizer-type GPTSentencePieceTokenizer: no Hugging Face tokenizer gives the same ids" in line, line
+    assert "--tokenizer-type SentencePieceTokenizer: no Hugging Face tokenizer gives the same ids" in line, line
     assert not out.exists()
     with pytest.raises(SystemExit):
         tool.main(["to-hf", str(tmp_path / "x"), str(out), "--tokenizer-model", str(sp_model)])
     assert "--tokenizer-model needs --tokenizer-type" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("options, reason", [
+    ({"model_type": "unigram"}, "only BPE models are converted"),
+    ({"user_defined_symbols": ["<think>"]}, "it has user-defined symbols"),
+    ({"byte_fallback": False}, "it has no byte fallback"),
+    ({"normalization_rule_name": "nfkc"}, "its normalization (rule 'nfkc', remove_extra_whitespaces True)"),
+])
+def test_sentencepiece_models_without_an_exact_form_are_refused_with_the_reason(corpus_dir, tmp_path, options, reason):
+    import sentencepiece as spm
+
+    from megatron_zaya.checkpoint.hf_tokenizer import hf_tokenizer_files
+    from megatron_zaya.errors import UserInputError
+
+    lines = [json.loads(line)["text"] for line in open(corpus_dir / "train.jsonl")][:200]
+    settings = dict(sentence_iterator=iter(lines), model_prefix=str(tmp_path / "m"), vocab_size=400, model_type="bpe",
+                    byte_fallback=True, unk_id=0, bos_id=1, eos_id=2, pad_id=3, num_threads=1, minloglevel=2)
+    spm.SentencePieceTrainer.Train(**{**settings, **options})
+    with pytest.raises(UserInputError, match="no exact Hugging Face form") as err:
+        hf_tokenizer_files(build_tokenizer("GPTSentencePieceTokenizer", str(tmp_path / "m.model")))
+    assert reason in str(err.value) and str(tmp_path / "m.model") in str(err.value)
+
+
+def test_to_hf_refuses_an_unconvertible_sentencepiece_model_before_reading(corpus_dir, tmp_path, capsys):
+    tool = load_tool("train_tokenizer")
+    assert tool.main(["--input", str(corpus_dir / "train.jsonl"), "--vocab-size", "400", "--model-type", "unigram",
+                      "--output-prefix", str(tmp_path / "uni"), "--num-threads", "1"]) == 0
+    out = tmp_path / "hf"
+    with pytest.raises(SystemExit) as exc:
+        load_tool("convert_checkpoint").main(["to-hf", str(tmp_path / "no-checkpoint-needed"), str(out),
+                                              "--tokenizer-type", "GPTSentencePieceTokenizer",
+                                              "--tokenizer-model", str(tmp_path / "uni.model")])
+    assert exc.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"--tokenizer-model {tmp_path / 'uni.model'}: no exact Hugging Face form" in line and "unigram" in line
+    assert not out.exists()
