@@ -11,7 +11,8 @@
 #   3. data/<name>_text_document        tools/preprocess_data.py (Megatron .bin/.idx)
 #   4. pretrain_zaya.py with examples/cpu_zaya1_tiny.yaml under torchrun (2 processes, gloo):
 #      checkpoints in $OUT/ckpt, TensorBoard in $OUT/tb (tensorboard --logdir $OUT/tb); then the
-#      final validation loss and a sample from tools/generate.py
+#      final validation loss, a sample from tools/generate.py, and the latest checkpoint as a Hugging
+#      Face folder with its tokenizer ($OUT/hf_iter_N, tools/convert_checkpoint.py to-hf)
 # Environment: CORPUS, DATA_DIR (data), OUT (runs/quickstart_cpu), NPROC (2), TRAIN_ITERS, VOCAB_SIZE
 # (8000), PYTHON. Extra arguments go to pretrain_zaya.py.
 # Run `bash scripts/install.sh` first on a fresh machine.
@@ -66,4 +67,16 @@ if [[ -f tools/generate.py ]]; then
     step "a sample from the trained model"
     "$PYTHON" tools/generate.py --load "$OUT/ckpt" --tokenizer-type GPTSentencePieceTokenizer \
         --tokenizer-model "$TOKENIZER.model" --prompt "ROMEO:" --max-new-tokens 60 --top-p 0.9 || echo "(generation failed)"
+fi
+ITER=$(cat "$OUT/ckpt/latest_checkpointed_iteration.txt" 2>/dev/null || true)
+if [[ $ITER =~ ^[0-9]+$ ]]; then
+    HF="$OUT/hf_iter_$ITER"
+    step "a Hugging Face folder: $HF"
+    if [[ -e $HF ]]; then
+        echo "(already there)"
+    else
+        "$PYTHON" tools/convert_checkpoint.py to-hf "$OUT/ckpt" "$HF" --tokenizer-type GPTSentencePieceTokenizer \
+            --tokenizer-model "$TOKENIZER.model" --no-progress || echo "(export failed)"
+    fi
+    echo "load it with transformers: AutoTokenizer.from_pretrained(\"$HF\"), ZayaForCausalLM.from_pretrained(\"$HF\")"
 fi

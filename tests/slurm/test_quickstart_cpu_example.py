@@ -50,3 +50,13 @@ def test_cpu_quickstart_trains_two_processes(corpus, tmp_path):
     assert "final validation loss" in r.stdout
     assert "=== sample 0" in r.stdout and "(generation failed)" not in r.stdout     # tools/generate.py
     assert any(n.startswith("events.out.tfevents") for n in os.listdir(out / "tb"))
+    hf = out / "hf_iter_4"       # the Hugging Face export, with the run's SentencePiece tokenizer
+    assert "(export failed)" not in r.stdout and f'AutoTokenizer.from_pretrained("{hf}")' in r.stdout
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(hf))
+    transformers = pytest.importorskip("transformers")
+    sys.path.insert(0, REPO)
+    from megatron_zaya.data import build_tokenizer
+
+    ours = build_tokenizer("GPTSentencePieceTokenizer", str(tmp_path / "data" / "tokenizer" / "c_sp0k.model"))
+    text = json.loads(open(corpus).readline())["text"]
+    assert transformers.AutoTokenizer.from_pretrained(hf).encode(text) == ours.encode(text)
