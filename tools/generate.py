@@ -5,8 +5,8 @@
     python tools/generate.py --load CKPT --prompt-ids "1 17 42" --prompt-ids "5" --greedy
     python tools/generate.py --load CKPT --tokenizer-type ... --prompt "Once upon a time" --stream
 
-CKPT is a Hugging Face ZAYA folder (config.json + model.safetensors) or a megatron-zaya checkpoint
-(see megatron_zaya/inference/loading.py). Several --prompt / --prompt-ids give a batch of prompts of
+CKPT is a Hugging Face ZAYA folder (config.json + model.safetensors; its tokenizer.json serves when no
+tokenizer flag is given) or a megatron-zaya checkpoint (see megatron_zaya/inference/loading.py). Several --prompt / --prompt-ids give a batch of prompts of
 different lengths (each prefilled into its own cache row, then decoded together). Decoding stops at
 the tokenizer's EOD (or --eod-id) unless --ignore-eod. Sampling: --greedy (or --temperature 0),
 --temperature, --top-k, --top-p, reproducible with --seed. --output-json writes prompts and
@@ -142,7 +142,8 @@ def main(argv=None) -> int:
         parser.error("give at least one --prompt, --prompt-file or --prompt-ids")
     tokenizer = load_tokenizer(parser, args)
     if texts and tokenizer is None:
-        parser.error("text prompts need --tokenizer-type and --tokenizer-model (or use --prompt-ids)")
+        parser.error("text prompts need --tokenizer-type and --tokenizer-model, or a --load Hugging Face folder "
+                     "holding a tokenizer.json (or use --prompt-ids)")
     try:
         sampling = SamplingParams(greedy=args.greedy, temperature=args.temperature, top_k=args.top_k,
                                   top_p=args.top_p)

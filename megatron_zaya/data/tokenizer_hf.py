@@ -66,6 +66,8 @@ class HuggingFaceTokenizer(_TokenizersBackend):
                     content = _token_content(cfg.get(key))
                     if content is not None:
                         declared[key] = content
+                if cfg.get("split_special_tokens") is True:   # special-token text encoded as text, as transformers does
+                    self.tok.encode_special_tokens = True
         self._eod = self._find("eos_token", declared, _EOS_CANDIDATES)
         self._bos = self._find("bos_token", declared, _BOS_CANDIDATES)
         self._pad = self._find("pad_token", declared, _PAD_CANDIDATES)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -33,14 +34,20 @@ def add_tokenizer_arguments(parser, required: bool = False) -> None:
 
 
 def tokenizer_from_flags(args):
-    """The tokenizer of add_tokenizer_arguments' flags (the flags checked before any file is read);
-    None when no tokenizer flag is given."""
+    """The tokenizer of add_tokenizer_arguments' flags (the flags checked before any file is read).
+    Without tokenizer flags: the tokenizer.json of a Hugging Face folder given as --load (as
+    HuggingFaceTokenizer, set into args and said on stderr), else None."""
     from megatron_zaya.data.tokenizer import build_tokenizer, tiktoken_options
     files = [f for f, v in (("--tokenizer-model", args.tokenizer_model), ("--vocab-file", args.vocab_file),
                             ("--merge-file", args.merge_file), ("--tiktoken-pattern", args.tiktoken_pattern))
              if v is not None]
     if not (args.tokenizer_type or files):
-        return None
+        beside = os.path.join(str(args.load), "tokenizer.json") if getattr(args, "load", None) else None
+        if beside is None or not os.path.isfile(beside):
+            return None
+        args.tokenizer_type, args.tokenizer_model = "HuggingFaceTokenizer", beside
+        print(f"tokenizer: {beside} of --load (as --tokenizer-type HuggingFaceTokenizer; the tokenizer flags "
+              f"override it)", file=sys.stderr)
     if not args.tokenizer_type:
         raise UserInputError(f"{files[0]} needs --tokenizer-type")
     return build_tokenizer(args.tokenizer_type, args.tokenizer_model, vocab_file=args.vocab_file,

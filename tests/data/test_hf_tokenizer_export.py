@@ -85,6 +85,10 @@ def test_exported_tokenizer_gives_our_ids(kind, corpus_dir, gpt2_files, hf_token
         ids = ours.encode(text)
         assert theirs.encode(text, add_special_tokens=special) == ids, text
         assert theirs.decode(ids, skip_special_tokens=skip) == ours.decode(ids), text
+    if kind != "HuggingFaceTokenizer":    # the folder read back as --tokenizer-type HuggingFaceTokenizer: our ids
+        again = build_tokenizer("HuggingFaceTokenizer", str(tmp_path / "hf"))
+        assert [again.encode(text) for text in TEXTS + corpus] == [ours.encode(text) for text in TEXTS + corpus]
+        assert again.eod == ours.eod
     if skip:        # any sequence of pieces (not only what text encodes to) decodes alike
         sp, rng = ours.sp, random.Random(0)
         pieces = [i for i in range(sp.GetPieceSize()) if not (sp.IsControl(i) or sp.IsUnknown(i) or sp.IsByte(i))]

@@ -188,3 +188,9 @@ def test_inspect_reports_damaged_checkpoints_as_problems(hf_checkpoint, tmp_path
     assert load_tool("inspect_checkpoint").main([str(folder)]) == 1
     out = capsys.readouterr().out
     assert "PROBLEMS FOUND" in out and expected in out, out
+
+
+def test_server_needs_a_tokenizer_flag_or_a_folder_that_holds_one(hf_checkpoint, capsys, monkeypatch):
+    code, line = error_line(load_tool("run_text_generation_server"), ["--load", str(hf_checkpoint), "--port", "0"],
+                            capsys, monkeypatch)
+    assert code == 2 and "--tokenizer-type is required" in line and "tokenizer.json" in line, line

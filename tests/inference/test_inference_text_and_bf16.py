@@ -10,6 +10,26 @@ from megatron_zaya.inference.loading import inference_autocast, load_model_for_i
 from inference_helpers import hf_checkpoint, load_tool, one_cpu_thread, sp_model, tiny_model  # noqa: F401 (fixtures)
 
 
+def test_a_hugging_face_folder_brings_its_own_tokenizer(tiny_model, sp_model, tmp_path, capsys):
+    """--load of an export with its tokenizer (convert_checkpoint.py to-hf --tokenizer-type ...) needs no
+    tokenizer flags: the same ids and text as with the training run's flags."""
+    from megatron_zaya.checkpoint.hf_format import save_hf_folder
+    from megatron_zaya.data.tokenizer import build_tokenizer
+    folder = tmp_path / "hf"
+    save_hf_folder(tiny_model.state_dict(), tiny_model.config, folder,
+                   tokenizer=build_tokenizer("GPTSentencePieceTokenizer", sp_model))
+    tool = load_tool("generate")
+    args = ["--load", str(folder), "--prompt", "the quick brown fox", "--greedy", "--max-new-tokens", "6",
+            "--output-json", str(tmp_path / "gen.json")]
+    assert tool.main(args) == 0
+    assert f"tokenizer: {folder / 'tokenizer.json'} of --load" in capsys.readouterr().err
+    own = json.loads((tmp_path / "gen.json").read_text())["samples"]
+    assert tool.main(args + ["--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", sp_model]) == 0
+    assert json.loads((tmp_path / "gen.json").read_text())["samples"] == own
+    assert own[0]["generated"] and own[0]["prompt_ids"] == build_tokenizer("GPTSentencePieceTokenizer", sp_model).encode(
+        "the quick brown fox")
+
+
 def test_generate_text_with_sentencepiece(hf_checkpoint, sp_model, tmp_path, capsys):
     from megatron_zaya.data.tokenizer import build_tokenizer
     tok = build_tokenizer("GPTSentencePieceTokenizer", sp_model)
