@@ -109,6 +109,16 @@ def parse_completion_request(body) -> CompletionRequest:
     return request
 
 
+def logprobs_object(decode, tokens: list[int], token_logprobs: list, tops: list | None,
+                    text_offsets: list[int]) -> dict:
+    """OpenAI's logprobs object: each token's text, log-probability and text offset, and with `tops` (one
+    {id: log-probability} or None per token) the most likely alternatives by their text."""
+    return {"tokens": [decode([t]) for t in tokens], "token_logprobs": list(token_logprobs),
+            "top_logprobs": None if tops is None else [None if top is None else {decode([i]): v for i, v in top.items()}
+                                                       for top in tops],
+            "text_offset": list(text_offsets)}
+
+
 class Completer:
     """Tokenizes, generates, cuts at stop strings and scores, for one completions request."""
 
@@ -155,14 +165,9 @@ class Completer:
         """OpenAI's logprobs object for ids[first:] (the first token of a sequence has none), from the
         scores of ids[1:] (TokenScores: the prompt's from the prefill, the completion's from the decode)."""
         positions = range(first, len(ids))
-        offsets = prefix_text_lengths(self.decode, ids, positions)
-        return {
-            "tokens": [self.decode([ids[k]]) for k in positions],
-            "token_logprobs": [scores.logprobs[k - 1] if k else None for k in positions],
-            "top_logprobs": [({self.decode([t]): v for t, v in scores.top[k - 1].items()} if k else None)
-                             for k in positions] if scores.top is not None else None,
-            "text_offset": offsets,
-        }
+        tops = None if scores.top is None else [scores.top[k - 1] if k else None for k in positions]
+        return logprobs_object(self.decode, ids[first:], [scores.logprobs[k - 1] if k else None for k in positions],
+                               tops, prefix_text_lengths(self.decode, ids, positions))
 
     def respond(self, request: CompletionRequest) -> dict:
         prompts = self.prompt_ids(request)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 import uuid
 
+from megatron_zaya.inference.completions import logprobs_object
 from megatron_zaya.inference.decode import generate
 from megatron_zaya.inference.sampling import SamplingParams
 from megatron_zaya.inference.server import request_seed
@@ -61,12 +62,10 @@ class ChoiceStream:
         logprobs = None
         if self.logprobs is not None:
             first = len(self.tokens) - len(self.pending)
-            decode = self.completer.decode
-            logprobs = {"tokens": [decode([t]) for t, _, _ in self.pending],
-                        "token_logprobs": [lp for _, lp, _ in self.pending],
-                        "top_logprobs": [{decode([i]): v for i, v in top.items()} for _, _, top in self.pending]
-                        if self.logprobs else None,
-                        "text_offset": [self.prompt_chars + self.starts[first + k] for k in range(len(self.pending))]}
+            logprobs = logprobs_object(self.completer.decode, [t for t, _, _ in self.pending],
+                                       [lp for _, lp, _ in self.pending],
+                                       [top for _, _, top in self.pending] if self.logprobs else None,
+                                       [self.prompt_chars + start for start in self.starts[first:]])
         self.pending = []
         self.sent_chars += len(delta)
         return {"index": self.index, "text": delta, "logprobs": logprobs, "finish_reason": finish_reason}
