@@ -394,9 +394,13 @@ class Trainer:
         self.model.train()
         started = time.time()
         self.start_iteration = self.state.iteration
-        self.logger.print(f"training from iteration {self.state.iteration} to {self.total_iters}; "
-                          f"model FLOPs/token {self.flops_per_token:.3e} (training, active expert only); "
-                          f"MFU peak {self.peak_tflops:.3g} TFLOP/s ({self.peak_source})")
+        if self.state.iteration >= self.total_iters:
+            self.logger.print(f"nothing to train: the run is at iteration {self.state.iteration} of {self.total_iters} "
+                              f"(raise --train-iters or --train-samples to train on)")
+        else:
+            self.logger.print(f"training from iteration {self.state.iteration} to {self.total_iters}; "
+                              f"model FLOPs/token {self.flops_per_token:.3e} (training, active expert only); "
+                              f"MFU peak {self.peak_tflops:.3g} TFLOP/s ({self.peak_source})")
         if self.checkpointer is not None:
             self.checkpointer.before_training(self)
         if self.watchdog is not None:

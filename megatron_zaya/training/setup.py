@@ -68,9 +68,11 @@ def build_model(run) -> ZayaModel:
 
 
 def final_evaluation(run, trainer, logger, force: bool = False) -> None:
-    """Validate at the last iteration (unless the loop just did, and not `force`) and print the result."""
+    """Validate at the last iteration (unless the loop just did, and not `force`) and print the result.
+    A run resumed at its last iteration trains nothing and validates here."""
     evaluated_last = run.train.eval_interval and trainer.state.iteration % run.train.eval_interval == 0
-    final = trainer.last_validation if evaluated_last and not force else trainer.run_evaluation()
+    reuse = evaluated_last and not force and trainer.last_validation is not None
+    final = trainer.last_validation if reuse else trainer.run_evaluation()
     if final:
         logger.print(f"final validation loss {final['validation loss']:.4f} "
                      f"(perplexity {final['validation ppl']:.2f}) at iteration {trainer.state.iteration}")

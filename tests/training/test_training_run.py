@@ -122,6 +122,20 @@ def test_a_resume_from_an_older_checkpoint_leaves_one_point_per_step(tiny_corpus
     assert samples == [4, 8, 12, 16, 20, 24], samples
 
 
+def test_a_run_resumed_at_its_end_says_so_and_still_validates(tiny_corpus, tmp_path, capsys):
+    """The same command again after it finished (the quickstart run twice): no step, a line saying why,
+    and the final validation loss of the loaded model, equal to the first run's."""
+    save = tmp_path / "ckpt"
+    flags = tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": 3, "--save": save, "--load": save})
+    assert build_and_train(parse_args(flags)) == 0
+    first = [line for line in capsys.readouterr().out.splitlines() if "final validation loss" in line]
+    assert build_and_train(parse_args(flags)) == 0
+    out = capsys.readouterr().out
+    assert "nothing to train: the run is at iteration 3 of 3" in out and "iteration       1/3" not in out
+    again = [line for line in out.splitlines() if "final validation loss" in line]
+    assert len(first) == len(again) == 1 and again[0].split("]", 1)[1] == first[0].split("]", 1)[1]
+
+
 @pytest.mark.parametrize("evaluation, collections", [({"--eval-iters": 0}, 3),
                                                      ({"--eval-iters": 1, "--eval-interval": 2}, 7),
                                                      ({"--eval-iters": 1, "--eval-interval": 2, "--no-manual-gc-eval": ""}, 3)])
