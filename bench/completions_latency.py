@@ -5,6 +5,8 @@ HTTP; random weights and prompt tokens.
     python bench/completions_latency.py                                   # zaya1-100m, max_tokens 0 1 16
     python bench/completions_latency.py --preset zaya1-tiny --max-tokens 0 1
     python bench/completions_latency.py --preset zaya1-tiny --shared-prefix 512 --prompt-lengths 16 24 32 40 --max-tokens 0 1
+    python bench/completions_latency.py --preset zaya1-tiny --shared-prefix 512 --questions 4 --question-length 128 \
+        --prompt-lengths 4 6 8 10 --max-tokens 0
     python bench/completions_latency.py --preset zaya1-tiny --prompt-lengths 4000 --max-tokens 0 \
         --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model data/tokenizer/shakespeare_sp8k.model
 
@@ -44,6 +46,10 @@ def main(argv=None) -> int:
     parser.add_argument("--shared-prefix", type=int, default=0,
                         help="tokens every prompt starts with before its own --prompt-lengths tokens (the context "
                              "of a multiple-choice question)")
+    parser.add_argument("--questions", type=int, default=0,
+                        help="with --question-length: that many questions after the shared prefix, each followed by "
+                             "every --prompt-lengths answer (few-shot multiple choice: header, question, answer)")
+    parser.add_argument("--question-length", type=int, default=0)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -53,10 +59,13 @@ def main(argv=None) -> int:
     service = SimpleNamespace(model=model, tokenizer=tokenizer, lock=threading.Lock(), name=args.preset,
                               log=lambda message: None)
     shared = torch.randint(0, tokenizer.vocab_size - 1, (args.shared_prefix,)).tolist()
-    prompts = [shared + torch.randint(0, tokenizer.vocab_size - 1, (n,)).tolist() for n in args.prompt_lengths]
+    questions = [torch.randint(0, tokenizer.vocab_size - 1, (args.question_length,)).tolist()
+                 for _ in range(args.questions)] or [[]]
+    prompts = [shared + question + torch.randint(0, tokenizer.vocab_size - 1, (n,)).tolist()
+               for question in questions for n in args.prompt_lengths]
     print(f"{args.preset}, fp32, {torch.get_num_threads()} threads, {args.tokenizer_type}: {len(prompts)} prompts of "
-          f"{sum(map(len, prompts))} tokens in all ({args.shared_prefix} shared by all), echo, logprobs 1, greedy, "
-          f"n {args.n}")
+          f"{sum(map(len, prompts))} tokens in all ({args.shared_prefix} shared by all, {args.questions} questions of "
+          f"{args.question_length}), echo, logprobs 1, greedy, n {args.n}")
     print("| max_tokens | median s |")
     print("|---|---|")
     for max_tokens in args.max_tokens:

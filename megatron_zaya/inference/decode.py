@@ -196,47 +196,78 @@ def shared_prefix_groups(prompts: list[list[int]]) -> list[tuple[list[int], int]
 
 def prefill_rows(model: ZayaModel, cache: InferenceCache, prompts: list[list[int]], chunk_size: int | None,
                  return_logprobs: bool, top: int, vocab_limit: int | None) -> list:
-    """`prefill` of every prompt into its row, each shared prefix run once: it is prefilled into the group's
-    first row and copied to the others (InferenceCache.copy_row), then each row continues with the rest of
-    its prompt (`extend`), the first token of the rest scored from the prefix's last logits. What a row
-    gets equals its own prefill (tested). A prompt given again (n copies) is prefilled once in all, then
-    copied. Returns prefill's result per row."""
+    """`prefill` of every prompt into its row, each shared prefix run once, at every depth: the prompts of a
+    group (shared_prefix_groups) are filled as the tree of their common prefixes (_PrefixTree: e.g. a few-shot
+    header all share, then a question's context its answers share, then each answer), each prefix run into
+    one row and copied to the rows that continue it (InferenceCache.copy_row), the first token after it scored
+    from its last logits. What a row gets equals its own prefill (tested). A prompt given again (n copies) is
+    prefilled once in all, then copied. Returns prefill's result per row."""
     results: list = [None] * len(prompts)
     first_row: dict[tuple, int] = {}
     unique = [row for row, prompt in enumerate(prompts) if first_row.setdefault(tuple(prompt), row) == row]
-    for members, length in shared_prefix_groups([prompts[row] for row in unique]):
-        rows = [unique[m] for m in members]
-        if len(rows) == 1:
-            results[rows[0]] = prefill(model, cache, rows[0], prompts[rows[0]], chunk_size, return_logprobs, top,
-                                       vocab_limit)
-            continue
-        shared = prefill(model, cache, rows[0], prompts[rows[0]][:length], chunk_size, return_logprobs, top,
-                         vocab_limit)
-        for row in rows[1:]:
-            cache.copy_row(rows[0], row)
-        prefix_logits, prefix_scores = shared if return_logprobs else (shared, None)
-        for row in rows:
-            rest = prompts[row][length:]
-            if not rest:
-                done = prefix_logits
-                scores = TokenScores([], [] if top else None)
-            elif return_logprobs:
-                done, scores = extend(model, cache, row, rest, chunk_size, True, top, vocab_limit, prefix_logits)
-            else:
-                done = extend(model, cache, row, rest, chunk_size)
-            if return_logprobs:
-                results[row] = (done, TokenScores(prefix_scores.logprobs + scores.logprobs, None if not top else
-                                                  prefix_scores.top + scores.top))
-            else:
-                results[row] = done
+    tree = _PrefixTree(model, cache, prompts, chunk_size, return_logprobs, top, vocab_limit, results)
+    for members, _ in shared_prefix_groups([prompts[row] for row in unique]):
+        tree.fill([unique[m] for m in members], 0, None, None)
     for row, prompt in enumerate(prompts):
         source = first_row[tuple(prompt)]
         if source != row:
             cache.copy_row(source, row)
-            done = results[source]
-            results[row] = (done[0], TokenScores(list(done[1].logprobs), None if done[1].top is None else
-                                                 list(done[1].top))) if return_logprobs else done
+            results[row] = tree.result(*results[source]) if return_logprobs else results[source]
     return results
+
+
+class _PrefixTree:
+    """Fills cache rows of distinct prompts that share prefixes: `fill` runs a group's common prefix into
+    its first row, copies that row to the first row of every branch (the prompts continuing with the
+    same next token) and fills each branch from there; a prompt that ends at the prefix keeps it."""
+
+    def __init__(self, model, cache, prompts, chunk_size, return_logprobs, top, vocab_limit, results):
+        self.model, self.cache, self.prompts, self.results = model, cache, prompts, results
+        self.options = (chunk_size, return_logprobs, top, vocab_limit)
+        self.return_logprobs = return_logprobs
+
+    def result(self, logits, scores):
+        """A row's own (logits, TokenScores): the decode appends to its scores' lists."""
+        if not self.return_logprobs:
+            return logits
+        return logits, TokenScores(list(scores.logprobs), None if scores.top is None else list(scores.top))
+
+    def run(self, row: int, tokens: list[int], logits, scores):
+        """Run tokens into `row` after what it holds (prefill when logits is None: nothing yet); returns
+        the logits after them and the TokenScores of every token of the row so far."""
+        if logits is None:
+            out = prefill(self.model, self.cache, row, tokens, *self.options)
+        else:
+            out = extend(self.model, self.cache, row, tokens, *self.options, previous_logits=logits)
+        if not self.return_logprobs:
+            return out, None
+        logits, new = out
+        if scores is None:
+            return logits, new
+        return logits, TokenScores(scores.logprobs + new.logprobs, None if scores.top is None else scores.top + new.top)
+
+    def fill(self, rows: list[int], depth: int, logits, scores) -> None:
+        """rows share their first `depth` tokens, held by cache row rows[0] (`logits` after them, their
+        `scores`; depth 0: nothing yet)."""
+        head = rows[0]
+        length = min(common_prefix_length(self.prompts[head], self.prompts[row]) for row in rows)
+        if length > depth:
+            logits, scores = self.run(head, self.prompts[head][depth:length], logits, scores)
+        branches: dict[int, list[int]] = {}
+        for row in rows:
+            if len(self.prompts[row]) == length:        # the prefix is this whole prompt (one row at most)
+                if row != head:
+                    self.cache.copy_row(head, row)
+                self.results[row] = self.result(logits, scores)
+            else:
+                branches.setdefault(self.prompts[row][length], []).append(row)
+        for branch in branches.values():              # every branch gets the prefix before any extends it
+            if head in branch:
+                branch.insert(0, branch.pop(branch.index(head)))
+            else:
+                self.cache.copy_row(head, branch[0])
+        for branch in branches.values():
+            self.fill(branch, length, logits, scores)
 
 
 def add_scores(scores: TokenScores, logits: torch.Tensor, tokens: torch.Tensor, top: int,

@@ -109,6 +109,10 @@ def test_completions_latency_bench_runs(capsys, keep_threads):
                                                      "--max-tokens", "0", "2", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "| 0 |" in out and "| 2 |" in out
+    assert load_script("completions_latency").main(["--preset", "zaya1-tiny", "--prompt-lengths", "2", "3",
+                                                     "--shared-prefix", "8", "--questions", "2", "--question-length",
+                                                     "4", "--max-tokens", "0", "--repeats", "1"]) == 0
+    assert "4 prompts of 58 tokens in all (8 shared by all, 2 questions of 4)" in capsys.readouterr().out
 
 
 def test_stream_text_bench_runs(tmp_path, capsys):

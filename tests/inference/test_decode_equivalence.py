@@ -174,3 +174,28 @@ def test_prompts_sharing_a_prefix_prefill_it_once_and_score_as_alone(tiny_model,
         assert [list(t) for t in together.prompt_scores[row].top] == [list(t) for t in alone.prompt_scores[0].top]
         assert together.scores[row].logprobs == pytest.approx(alone.scores[0].logprobs, abs=TOL), row
     assert decode.shared_prefix_groups(prompts) == [([0, 1, 2, 3, 4], 12), ([5], 6)]   # (duplicates included)
+
+
+def test_prefixes_shared_at_several_depths_run_once_each(tiny_model, monkeypatch):
+    """Few-shot multiple choice: a header all prompts share, each question's context shared by its answers
+    (one answer is empty: the context alone), as lm-evaluation-harness sends them in one request. Each
+    prefix is run once (header, then each question, then each answer) and every row scores as alone
+    (fp32, 1e-5)."""
+    from megatron_zaya.inference import decode
+
+    torch.manual_seed(8)
+    header = torch.randint(0, 500, (10,)).tolist()
+    questions = [torch.randint(0, 500, (9,)).tolist() for _ in range(2)]
+    answers = [[[3, 4], [7], []], [[3, 5, 6], [8, 9]]]
+    prompts = [header + question + answer for question, choices in zip(questions, answers) for answer in choices]
+    forwarded = []
+    real = decode._hidden_with_cache
+    monkeypatch.setattr(decode, "_hidden_with_cache",
+                        lambda model, cache, tokens, *a: forwarded.append(tokens.numel()) or real(model, cache, tokens, *a))
+    together = decode.generate(tiny_model, prompts, 1, decode.SamplingParams(greedy=True), return_logprobs=True, top=2)
+    assert sum(forwarded) == 10 + 9 + 9 + 2 + 1 + 3 + 2, forwarded     # (grouped at the header alone: 63)
+    for row, prompt in enumerate(prompts):
+        alone = decode.generate(tiny_model, [prompt], 1, decode.SamplingParams(greedy=True), return_logprobs=True, top=2)
+        assert together.tokens[row] == alone.tokens[0], row
+        assert together.prompt_scores[row].logprobs == pytest.approx(alone.prompt_scores[0].logprobs, abs=TOL), row
+        assert [list(t) for t in together.prompt_scores[row].top] == [list(t) for t in alone.prompt_scores[0].top]
