@@ -204,6 +204,12 @@ def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: tor
     _atomic_folder_write(Path(output_dir), write)
 
 
+def is_hf_folder(path) -> bool:
+    """A Hugging Face model folder: config.json and model.safetensors (or the index of its shards)."""
+    path = Path(path)
+    return (path / "config.json").is_file() and ((path / HF_WEIGHTS).is_file() or (path / HF_INDEX).is_file())
+
+
 def read_hf_config(config_path) -> dict:
     """The JSON object in a Hugging Face config.json; CheckpointError naming the file if it is not one."""
     try:

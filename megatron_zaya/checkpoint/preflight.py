@@ -29,6 +29,7 @@ import os
 from megatron_zaya.checkpoint.format import (COMPLETE_MARKER, ITER_RE, LATEST_FILE, METADATA_FILE, CheckpointError,
                                              checkpoint_candidates, is_iteration_folder, iter_dir_name, list_complete,
                                              list_replaced_complete, read_json)
+from megatron_zaya.checkpoint.hf_format import is_hf_folder
 from megatron_zaya.config import ModelConfig
 from megatron_zaya.errors import UserInputError
 from megatron_zaya.training.data_phase import data_changed, data_signature
@@ -225,6 +226,11 @@ def check_load_path(path: str, flag: str = "--load") -> None:
         return
     if not os.path.isdir(path):
         raise UserInputError(f"{flag} {path}: not a directory")
+    if is_hf_folder(path):
+        raise UserInputError(
+            f"{flag} {path}: a Hugging Face model folder, not a training checkpoint; convert it first: "
+            f"python tools/convert_checkpoint.py from-hf {path} DIR, then {flag} DIR"
+            + (" --finetune (a new run from its weights)" if flag == "--load" else ""))
     folder = latest_iteration_folder(path)
     foreign = _megatron_lm_files(folder) if folder else []
     if foreign:

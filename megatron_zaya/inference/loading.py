@@ -26,18 +26,12 @@ class CheckpointLoadError(ValueError):
     """The path is not a checkpoint this loader understands; the message names the path."""
 
 
-def is_hf_folder(path: Path) -> bool:
-    path = Path(path)
-    return (path / "config.json").is_file() and ((path / hf_format.HF_WEIGHTS).is_file()
-                                                 or (path / hf_format.HF_INDEX).is_file())
-
-
 def load_state(path) -> tuple[dict, ModelConfig, dict]:
     """(state dict on CPU, ModelConfig, info) for any supported checkpoint; nothing is built."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such checkpoint (file or folder)")
-    if path.is_dir() and is_hf_folder(path):
+    if path.is_dir() and hf_format.is_hf_folder(path):
         state, config = hf_format.load_hf_folder(path)
         return state, config, {"format": "huggingface", "path": str(path)}
     try:

@@ -289,6 +289,20 @@ def test_megatron_lm_checkpoint_is_named_before_the_model_is_built(tiny_corpus, 
     assert f"--load {ckpt}" in line and "not a megatron-zaya checkpoint (looks like Megatron-LM" in line, line
 
 
+@pytest.mark.parametrize("weights", ["model.safetensors", "model.safetensors.index.json"])
+@pytest.mark.parametrize("flag", ["--load", "--pretrained-checkpoint"])
+def test_a_hugging_face_folder_as_load_names_the_conversion(tiny_corpus, tmp_path, capsys, weights, flag):
+    """An HF folder is not "no checkpoint" (which would train from scratch after a warning): the error
+    gives the from-hf command, before anything is built."""
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    (hf / weights).write_text("")
+    line = error_of(tiny_run_flags(tiny_corpus, tmp_path, **{flag: hf}), capsys)
+    assert f"{flag} {hf}: a Hugging Face model folder, not a training checkpoint" in line, line
+    assert f"tools/convert_checkpoint.py from-hf {hf} DIR, then {flag} DIR" in line, line
+
+
 def test_own_checkpoint_folder_and_missing_load_pass(tiny_corpus, tmp_path):
     ours = tmp_path / "ours" / "iter_0000100"
     ours.mkdir(parents=True)
