@@ -45,8 +45,9 @@ from megatron_zaya.checkpoint import CheckpointError  # noqa: E402
 from megatron_zaya.checkpoint.averaging import average_to_hf, checkpoints_to_average  # noqa: E402
 from megatron_zaya.checkpoint.convert import (ConversionProgress, checkpoint_to_hf, hf_to_checkpoint,  # noqa: E402
                                               reshard_checkpoint)
-from megatron_zaya.checkpoint.hf_format import DEFAULT_MAX_SHARD_BYTES  # noqa: E402
+from megatron_zaya.checkpoint.hf_format import DEFAULT_MAX_SHARD_BYTES, is_hf_folder  # noqa: E402
 from megatron_zaya.checkpoint.hf_tokenizer import check_exportable  # noqa: E402
+from megatron_zaya.checkpoint.preflight import latest_iteration_folder  # noqa: E402
 from megatron_zaya.data.tokenizer import add_tiktoken_arguments, build_tokenizer, tiktoken_options  # noqa: E402
 from megatron_zaya.errors import UserInputError  # noqa: E402
 
@@ -80,6 +81,24 @@ def export_tokenizer(parser: argparse.ArgumentParser, args: argparse.Namespace):
         return tokenizer
     except UserInputError as err:
         parser.error(str(err))
+
+
+def check_source_kind(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A Hugging Face folder where a training checkpoint is read, or the other way round: a usage error
+    naming the subcommand that converts what was given."""
+    sources = [args.checkpoint] if args.command == "to-hf" else args.sources if args.command == "average" else []
+    for source in sources:
+        if is_hf_folder(source):
+            parser.error(f"{source}: already a Hugging Face folder ({args.command} reads training checkpoints; "
+                         f"from-hf converts a Hugging Face folder into one)")
+    if args.command in ("from-hf", "reshard"):
+        hf = is_hf_folder(args.source)
+        if args.command == "from-hf" and not hf and os.path.isdir(args.source) and latest_iteration_folder(args.source):
+            parser.error(f"{args.source}: a training checkpoint, not a Hugging Face folder (to-hf exports it; "
+                         f"reshard changes its layout)")
+        if args.command == "reshard" and hf:
+            parser.error(f"{args.source}: a Hugging Face folder (from-hf converts it into a training checkpoint "
+                         f"of any layout)")
 
 
 def main(argv=None) -> int:
@@ -122,6 +141,7 @@ def main(argv=None) -> int:
     for p in sub.choices.values():
         p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
+    check_source_kind(parser, args)
     progress = None if args.no_progress else ConversionProgress()
     try:
         if args.command == "to-hf":

@@ -69,6 +69,16 @@ def test_sharded_to_hf_and_back_into_any_layout(ckpt_corpus, ckpt_cache, tmp_pat
     assert inspect_checkpoint(relayout)["iteration"] == 7
     _same(original, load_full_model_state(relayout)[0])
 
+    # A source of the other kind names the subcommand that reads it, before anything is read or written.
+    for argv, expected in [(["to-hf", hf, str(tmp_path / "o1")], f"{hf}: already a Hugging Face folder"),
+                           (["average", hf, str(tmp_path / "o2")], f"{hf}: already a Hugging Face folder"),
+                           (["from-hf", src, str(tmp_path / "o3")], f"{src}: a training checkpoint, not a Hugging Face"),
+                           (["reshard", hf, str(tmp_path / "o4")], f"{hf}: a Hugging Face folder (from-hf converts it")]:
+        with pytest.raises(SystemExit) as exc:
+            tool.main(argv)
+        assert exc.value.code == 2 and expected in capsys.readouterr().err, argv
+        assert not os.path.exists(argv[2])
+
     # Training starts from the converted weights exactly as from the original checkpoint.
     from_original = train(flags(ckpt_corpus, 1, "--load", src, "--finetune", cache=ckpt_cache))
     from_converted = train(flags(ckpt_corpus, 1, "--load", sharded, "--finetune", cache=ckpt_cache))
