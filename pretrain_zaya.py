@@ -36,9 +36,10 @@ def user_error_line(err: BaseException) -> str | None:
 
 def main(argv=None) -> int:
     """Parse and validate every flag (before any process group or allocation; a bad flag is reported
-    once per node, by its first process, every rank exiting with status 2), then train. Errors in the user's input found
-    later (a corrupt dataset or checkpoint, an unusable path) end the run with one `error:` line per
-    rank that met it (naming the rank in a multi-process run) and exit status 2, like a bad flag."""
+    once per node, by its first process, every rank exiting with status 2), then train. Errors in
+    the user's input found later (a corrupt dataset or checkpoint, an unusable path) end the run with
+    one `error:` line per rank that met it (naming the rank in a multi-process run) and exit status
+    2, like a bad flag."""
     run = parse_args(argv)
     torch.manual_seed(run.train.seed)
     try:

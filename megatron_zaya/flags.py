@@ -54,7 +54,7 @@ class NodeLeaderParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = NodeLeaderParser(prog="pretrain_zaya.py", description="Pretrain a ZAYA1-style MoE model.",
-                                allow_abbrev=False)
+                         allow_abbrev=False)
     p.add_argument("--config", help="YAML file of flags (command-line flags override it)")
     g = p.add_argument_group("model")
     g.add_argument("--preset", default=None,

@@ -13,8 +13,8 @@ same ids as ours, and the special token ids for config.json.
   lowest-ranked pair merges first, as in tiktoken), and the special tokens at their ids.
 - GPTSentencePieceTokenizer, Llama2Tokenizer (BOS in front): a tokenizer.json written from the model
   file's own settings (_sentencepiece_json), not by transformers' conversion, which changes the ids
-  of repeated spaces and newlines and decodes byte-fallback pieces as text like "<0x48>". BPE and
-  unigram models with byte fallback; others are refused with the reason.
+  of repeated spaces and newlines and decodes byte-fallback pieces as text like "<0x48>". BPE models
+  with byte fallback, normalized as our trainer's or Llama's; others are refused with the reason.
 For the last four `split_special_tokens` is set, as our encoders treat special-token text as text.
 SentencePieceTokenizer (special tokens matched in text, decoded with spaces around them) and
 NullTokenizer have no exact form and are refused.

@@ -21,6 +21,7 @@ from megatron_zaya.inference.sampling import SamplingParams
 from megatron_zaya.inference.server import request_seed
 from megatron_zaya.inference.text_offsets import GrowingText
 
+
 class ChoiceStream:
     """One choice's state: the tokens kept, the text already sent, the log-probabilities not yet sent."""
 
