@@ -28,7 +28,10 @@ def user_error_line(err: BaseException) -> str | None:
     """The one-line message for an error that is the user's input (a bad flag, data file,
     checkpoint or path), None for anything else, which keeps its traceback."""
     if isinstance(err, (UserInputError, CheckpointError)):
-        return str(err)
+        text = str(err)
+        if "Original Traceback" in text:     # raised in a DataLoader worker: its own message is the last line
+            text = text.rstrip().splitlines()[-1].split(": ", 1)[-1]
+        return text
     if isinstance(err, OSError) and err.filename is not None:     # a path the run was given
         return f"{err.filename}: {err.strerror or err}"
     return None

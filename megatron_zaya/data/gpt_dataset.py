@@ -28,6 +28,7 @@ class SampleOptions:
     reset_position_ids: bool = False
     reset_attention_mask: bool = False
     eod_mask_loss: bool = False
+    vocab_size: int | None = None       # token ids must be below it (the tokenizer's vocabulary), if given
 
 
 def default_cache_dir(path_prefix: str) -> str:
@@ -153,7 +154,15 @@ class GPTDataset:
         return np.concatenate(parts).astype(np.int64)
 
     def __getitem__(self, idx: int) -> dict[str, np.ndarray]:
-        return gpt_sample(self.text(idx), self.opts)
+        text = self.text(idx)
+        limit = self.opts.vocab_size
+        if limit is not None and text.size and not 0 <= int(text.min()) <= int(text.max()) < limit:
+            # what an embedding lookup would fail on (on a GPU: a device-side assert, no index named)
+            bad = int(text.max()) if int(text.max()) >= limit else int(text.min())
+            raise UserInputError(f"{self.indexed.path_prefix}: sample {idx} holds token id {bad}, outside the "
+                                 f"tokenizer's vocabulary of {limit} (was the dataset preprocessed with another "
+                                 f"tokenizer?)")
+        return gpt_sample(text, self.opts)
 
     # Memory maps must not be pickled by value into loader workers: reopen them instead.
     def __getstate__(self):

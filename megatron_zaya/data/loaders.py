@@ -148,7 +148,7 @@ def build_split_datasets(cfg: DataConfig, seq_length: int, train_valid_test_num_
                              "or pass tokenizer=")
         tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, **cfg.tokenizer_kwargs())
     opts = SampleOptions(seq_length, tokenizer.eod, tokenizer.pad, cfg.reset_position_ids,
-                         cfg.reset_attention_mask, cfg.eod_mask_loss)
+                         cfg.reset_attention_mask, cfg.eod_mask_loss, tokenizer.vocab_size)
     train_n, valid_n, test_n = (int(x) for x in train_valid_test_num_samples)
     if cfg.mock_data:
         train, valid, test = (MockGPTDataset(n, opts, tokenizer.vocab_size, cfg.seed, split_id) if n > 0 else None
@@ -210,6 +210,27 @@ def missing_eod_warnings(cfg: DataConfig, eod: int, sample: int = 64) -> list[st
                        f"token (id {eod}), so these flags find no document boundary there (preprocess with "
                        f"--append-eod)")
     return out
+
+
+def check_token_ids(cfg: DataConfig, vocab_size: int, sample_tokens: int = 1 << 20) -> None:
+    """UserInputError naming the dataset when one of the first `sample_tokens` tokens of any dataset the
+    run reads is not a token id of the tokenizer (the dataset preprocessed with another tokenizer): a
+    cheap look before the model is built. Every sample is checked again when it is read (GPTDataset)."""
+    if cfg.mock_data:
+        return
+    for prefix in dataset_prefixes(cfg):
+        data = IndexedDataset(prefix, mmap_bin=cfg.mmap_bin_files)
+        read = 0
+        for seq in range(len(data)):
+            if read >= sample_tokens:
+                break
+            tokens = data.get(seq, 0, min(int(data.sequence_lengths[seq]), sample_tokens - read))
+            read += tokens.size
+            if tokens.size and not 0 <= int(tokens.min()) <= int(tokens.max()) < vocab_size:
+                bad = int(tokens.max()) if int(tokens.max()) >= vocab_size else int(tokens.min())
+                raise UserInputError(f"--data-path {prefix}: sequence {seq} holds token id {bad}, outside the "
+                                     f"vocabulary of --tokenizer-type {cfg.tokenizer_type} ({vocab_size} ids): was the "
+                                     f"dataset preprocessed with another tokenizer?")
 
 
 def build_train_valid_test_datasets(cfg: DataConfig, seq_length: int, train_valid_test_num_samples: list[int],

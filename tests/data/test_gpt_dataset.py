@@ -97,6 +97,31 @@ def test_masks_and_position_ids():
     assert loss.tolist() == [1] * 7 and pos.tolist() == list(range(7)) and docs is None
 
 
+def test_token_ids_outside_the_vocabulary_are_named(tmp_path):
+    """A dataset of another tokenizer: ids the tokenizer (and so the embedding) does not have. Read from the
+    first tokens before the model is built (loaders.check_token_ids), and from every sample as it is read."""
+    from megatron_zaya.data.config import DataConfig
+    from megatron_zaya.data.loaders import check_token_ids
+    from megatron_zaya.errors import UserInputError
+
+    prefix = str(tmp_path / "other")
+    write_dataset(prefix, [[1, 2, 3, 0], [4, 5, 6, 0], [7, 750, 8, 0]], dtype=np.uint16)
+    cfg = DataConfig(data_path=[prefix], tokenizer_type="NullTokenizer")
+    check_token_ids(cfg, 751)
+    check_token_ids(cfg, 100, sample_tokens=8)          # the first 8 tokens only
+    with pytest.raises(UserInputError, match=f"--data-path {prefix}: sequence 2 holds token id 750, outside the "
+                                             r"vocabulary of --tokenizer-type NullTokenizer \(100 ids\)"):
+        check_token_ids(cfg, 100)
+    gd = GPTDataset(IndexedDataset(prefix), np.arange(3), None, SampleOptions(3, eod=0, vocab_size=100), seed=1,
+                    use_cache=False)
+    seen = []
+    with pytest.raises(UserInputError, match=f"{prefix}: sample \\d+ holds token id 750, outside the tokenizer's "
+                                             "vocabulary of 100"):
+        for i in range(len(gd)):
+            seen.append(gd[i]["tokens"].max())
+    assert all(t < 100 for t in seen)
+
+
 def test_sample_too_short_dataset_is_clear(tmp_path):
     prefix = str(tmp_path / "tiny")
     write_dataset(prefix, [[1, 2]], dtype=np.uint16)

@@ -349,9 +349,14 @@ def test_main_turns_late_user_errors_into_one_line(tiny_corpus, tmp_path, capsys
     import pretrain_zaya
     from megatron_zaya.checkpoint.format import CheckpointError
     from megatron_zaya.data.indexed import IndexedDatasetError
+    from megatron_zaya.errors import UserInputError
 
     argv = tiny_run_flags(tiny_corpus, tmp_path)
+    worker = UserInputError("Caught UserInputError in DataLoader worker process 0.\nOriginal Traceback (most recent "
+                            "call last):\n  File \"w.py\", line 1, in f\nmegatron_zaya.errors.UserInputError: d: "
+                            "sample 3 holds token id 750\n")        # as torch re-raises a worker's error
     for err, line in [(IndexedDatasetError("x.idx: truncated"), "x.idx: truncated"),
+                      (worker, "d: sample 3 holds token id 750"),
                       (CheckpointError("--load c: no loadable checkpoint"), "--load c: no loadable checkpoint"),
                       (FileExistsError(17, "File exists", "/runs/s"), "/runs/s: File exists")]:
         monkeypatch.setattr(pretrain_zaya, "build_and_train", lambda run, err=err: (_ for _ in ()).throw(err))
