@@ -115,18 +115,14 @@ def one_pass_samples(data_path: list[str], split: str, split_id: int, seq_length
     return total
 
 
-def batches_of(dataset, num_samples: int, micro_batch_size: int, vocab_size: int, data_path: list[str]):
-    """Micro-batches of the first `num_samples` samples; a token id >= `vocab_size` (the checkpoint's
-    embedding rows) raises UserInputError naming --data-path instead of an embedding IndexError."""
+def batches_of(dataset, num_samples: int, micro_batch_size: int):
+    """Micro-batches of the first `num_samples` samples. A token id outside the tokenizer's vocabulary
+    (which fits the checkpoint's embedding: check_tokenizer_fits) raises UserInputError naming the
+    dataset as the sample is read (GPTDataset), instead of an embedding IndexError."""
     from megatron_zaya.data.loaders import collate
 
     for begin in range(0, num_samples, micro_batch_size):
-        batch = collate([dataset[i] for i in range(begin, min(begin + micro_batch_size, num_samples))])
-        top = max(int(batch["tokens"].max()), int(batch["labels"].max()))
-        if top >= vocab_size:
-            raise UserInputError(f"--data-path {' '.join(data_path)}: token id {top} (samples {begin}..) is outside "
-                                 f"the checkpoint's vocabulary of {vocab_size}; wrong tokenizer or dataset?")
-        yield batch
+        yield collate([dataset[i] for i in range(begin, min(begin + micro_batch_size, num_samples))])
 
 
 def with_progress(batches, total: int, interval: int | None):
@@ -252,7 +248,7 @@ def evaluate_data(parser, args, data_path: list[str], model, config, tokenizer, 
     dataset = build_train_valid_test_datasets(data_config, seq_length, sizes, tokenizer)[split_id]
     num_samples = min(num_samples, len(dataset))
     start = time.perf_counter()
-    batches = batches_of(dataset, num_samples, args.micro_batch_size, config.vocab_size, data_path)
+    batches = batches_of(dataset, num_samples, args.micro_batch_size)
     total = -(-num_samples // args.micro_batch_size)
     try:
         result = evaluate(model, with_progress(batches, total, args.log_interval))
