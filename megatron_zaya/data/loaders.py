@@ -193,17 +193,21 @@ def last_token(data: IndexedDataset, doc: int) -> int | None:
     return None
 
 
-def missing_eod_warnings(cfg: DataConfig, eod: int, sample: int = 64) -> list[str]:
+def open_datasets(cfg: DataConfig) -> dict[str, IndexedDataset]:
+    """Every dataset the run reads, opened once for the checks made before the model is built."""
+    return {} if cfg.mock_data else {p: IndexedDataset(p, mmap_bin=cfg.mmap_bin_files) for p in dataset_prefixes(cfg)}
+
+
+def missing_eod_warnings(cfg: DataConfig, eod: int, sample: int = 64, datasets=None) -> list[str]:
     """--reset-attention-mask, --reset-position-ids and --eod-mask-loss act at EOD tokens: a warning for
     each dataset none of whose first `sample` documents ends with one (preprocessed without
-    --append-eod), where those flags would do nothing."""
+    --append-eod), where those flags would do nothing. `datasets`: open_datasets(cfg), if at hand."""
     flags = [f"--{name.replace('_', '-')}" for name in ("reset_attention_mask", "reset_position_ids", "eod_mask_loss")
              if getattr(cfg, name)]
     if not flags or cfg.mock_data:
         return []
     out = []
-    for prefix in dataset_prefixes(cfg):
-        data = IndexedDataset(prefix, mmap_bin=cfg.mmap_bin_files)
+    for prefix, data in (open_datasets(cfg) if datasets is None else datasets).items():
         ends = [last_token(data, d) for d in range(min(sample, data.num_documents))]
         if eod not in ends:
             out.append(f"{' '.join(flags)}: none of the first {len(ends)} documents of {prefix} ends with the EOD "
@@ -212,14 +216,12 @@ def missing_eod_warnings(cfg: DataConfig, eod: int, sample: int = 64) -> list[st
     return out
 
 
-def check_token_ids(cfg: DataConfig, vocab_size: int, sample_tokens: int = 1 << 20) -> None:
+def check_token_ids(cfg: DataConfig, vocab_size: int, sample_tokens: int = 1 << 20, datasets=None) -> None:
     """UserInputError naming the dataset when one of the first `sample_tokens` tokens of any dataset the
     run reads is not a token id of the tokenizer (the dataset preprocessed with another tokenizer): a
-    cheap look before the model is built. Every sample is checked again when it is read (GPTDataset)."""
-    if cfg.mock_data:
-        return
-    for prefix in dataset_prefixes(cfg):
-        data = IndexedDataset(prefix, mmap_bin=cfg.mmap_bin_files)
+    cheap look before the model is built. Every sample is checked again when it is read (GPTDataset).
+    `datasets`: open_datasets(cfg), if at hand."""
+    for prefix, data in (open_datasets(cfg) if datasets is None else datasets).items():
         read = 0
         for seq in range(len(data)):
             if read >= sample_tokens:

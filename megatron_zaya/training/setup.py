@@ -14,7 +14,7 @@ import torch
 
 from megatron_zaya.checkpoint.preflight import check_before_build
 from megatron_zaya.data import build_tokenizer, build_train_valid_test_loaders
-from megatron_zaya.data.loaders import check_token_ids, missing_eod_warnings
+from megatron_zaya.data.loaders import check_token_ids, missing_eod_warnings, open_datasets
 from megatron_zaya.errors import UserInputError
 from megatron_zaya.kernels.capability import slow_bf16_warning
 from megatron_zaya.model import ZayaModel
@@ -111,8 +111,10 @@ def _build_and_train(run) -> int:
     tokenizer = build_tokenizer(run.data.tokenizer_type, run.data.tokenizer_model,
                                 run.model.make_vocab_size_divisible_by, **run.data.tokenizer_kwargs())
     resolve_vocab(run, tokenizer)
-    check_token_ids(run.data, tokenizer.vocab_size)   # a dataset of another tokenizer: before the model is built
-    run.warnings += missing_eod_warnings(run.data, tokenizer.eod)   # printed by the main rank (build_runtime)
+    datasets = open_datasets(run.data)
+    check_token_ids(run.data, tokenizer.vocab_size, datasets=datasets)   # a dataset of another tokenizer
+    run.warnings += missing_eod_warnings(run.data, tokenizer.eod, datasets=datasets)   # printed by the main rank
+    del datasets
     check_before_build(run)              # --save / --load problems: before process groups and the model
     runtime = build_runtime(run)
     model = build_model(run)
