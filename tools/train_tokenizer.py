@@ -251,7 +251,23 @@ def main(argv=None) -> int:
         f"in {time.time() - t0:.1f}s -> {args.output_prefix}.model"
         + (f"; skipped {skipped}" if skipped else "")
     )
+    why = no_hf_export_reason(args)
+    if why:
+        print(f"note: {why}: tools/convert_checkpoint.py to-hf cannot write this tokenizer for transformers "
+              f"(the model exports without it)", file=sys.stderr)
     return 0
+
+
+def no_hf_export_reason(args) -> str | None:
+    """Why a SentencePiece model trained with these flags has no exact Hugging Face tokenizer
+    (megatron_zaya/checkpoint/hf_tokenizer.py), or None."""
+    if args.model_type == "unigram":
+        return "a unigram model"
+    if args.no_byte_fallback:
+        return "a model without byte fallback (--no-byte-fallback)"
+    if args.user_defined_symbols:
+        return "a model with --user-defined-symbols"
+    return None
 
 
 if __name__ == "__main__":
