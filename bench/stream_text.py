@@ -21,11 +21,6 @@ from megatron_zaya.data.synthetic import TextGenerator  # noqa: E402
 from megatron_zaya.inference.streaming import ChoiceStream  # noqa: E402
 
 
-class Decoder:
-    def __init__(self, tokenizer):
-        self.decode = tokenizer.decode
-
-
 def completion_tokens(tokenizer, count: int) -> list[int]:
     generator, ids = TextGenerator(seed=0), []
     while len(ids) < count + 64:
@@ -50,7 +45,7 @@ def main(argv=None) -> int:
         prompt, completion = ids[:64], ids[64:]
         best = float("inf")
         for _ in range(args.repeats):
-            choice = ChoiceStream(Decoder(tokenizer), prompt, 0, (args.stop,), None)
+            choice = ChoiceStream(tokenizer, prompt, 0, (args.stop,), None)   # (it calls only .decode)
             start = time.perf_counter()
             for token in completion:
                 choice.add(token, None, None, None)

@@ -251,23 +251,12 @@ def main(argv=None) -> int:
         f"in {time.time() - t0:.1f}s -> {args.output_prefix}.model"
         + (f"; skipped {skipped}" if skipped else "")
     )
-    why = no_hf_export_reason(args)
+    from megatron_zaya.checkpoint.hf_tokenizer import sentencepiece_export_problem
+    why = sentencepiece_export_problem(spm.SentencePieceProcessor(model_file=args.output_prefix + ".model"))
     if why:
-        print(f"note: {why}: tools/convert_checkpoint.py to-hf cannot write this tokenizer for transformers "
-              f"(the model exports without it)", file=sys.stderr)
+        print(f"note: tools/convert_checkpoint.py to-hf cannot write this tokenizer for transformers (the model "
+              f"exports without it): {why}", file=sys.stderr)
     return 0
-
-
-def no_hf_export_reason(args) -> str | None:
-    """Why a SentencePiece model trained with these flags has no exact Hugging Face tokenizer
-    (megatron_zaya/checkpoint/hf_tokenizer.py), or None."""
-    if args.model_type == "unigram":
-        return "a unigram model"
-    if args.no_byte_fallback:
-        return "a model without byte fallback (--no-byte-fallback)"
-    if args.user_defined_symbols:
-        return "a model with --user-defined-symbols"
-    return None
 
 
 if __name__ == "__main__":

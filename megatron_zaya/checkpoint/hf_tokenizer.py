@@ -152,12 +152,23 @@ def _sentencepiece_json(tokenizer, bos: bool) -> str:
     return hf.to_str()
 
 
-def _exportable_sentencepiece_model(tokenizer):
-    """The tokenizer's SentencePiece ModelProto, or UserInputError naming the file and the reason."""
+def _sentencepiece_proto(processor):
     from sentencepiece import sentencepiece_model_pb2
 
     model = sentencepiece_model_pb2.ModelProto()
-    model.ParseFromString(tokenizer.sp.serialized_model_proto())
+    model.ParseFromString(processor.serialized_model_proto())
+    return model
+
+
+def sentencepiece_export_problem(processor) -> str | None:
+    """Why a loaded SentencePiece model (a SentencePieceProcessor) has no exact Hugging Face tokenizer
+    here, or None (tools/train_tokenizer.py says so as soon as it has trained one)."""
+    return _sentencepiece_unsupported(_sentencepiece_proto(processor))
+
+
+def _exportable_sentencepiece_model(tokenizer):
+    """The tokenizer's SentencePiece ModelProto, or UserInputError naming the file and the reason."""
+    model = _sentencepiece_proto(tokenizer.sp)
     why = _sentencepiece_unsupported(model)
     if why:
         raise UserInputError(f"--tokenizer-model {tokenizer.model_path}: no exact Hugging Face form of this "

@@ -49,6 +49,14 @@ def dataset_fingerprint(indexed: IndexedDataset) -> dict:
     }
 
 
+def token_id_outside(tokens: np.ndarray, vocab_size: int) -> int | None:
+    """A token id of `tokens` outside [0, vocab_size), or None."""
+    if not tokens.size:
+        return None
+    low, high = int(tokens.min()), int(tokens.max())
+    return high if high >= vocab_size else low if low < 0 else None
+
+
 def gpt_sample(text: np.ndarray, opts: SampleOptions) -> dict[str, np.ndarray]:
     """The training sample of seq_length + 1 token ids: inputs, shifted labels, masks and positions."""
     tokens, labels = text[:-1], text[1:]
@@ -156,9 +164,8 @@ class GPTDataset:
     def __getitem__(self, idx: int) -> dict[str, np.ndarray]:
         text = self.text(idx)
         limit = self.opts.vocab_size
-        if limit is not None and text.size and not 0 <= int(text.min()) <= int(text.max()) < limit:
-            # what an embedding lookup would fail on (on a GPU: a device-side assert, no index named)
-            bad = int(text.max()) if int(text.max()) >= limit else int(text.min())
+        bad = None if limit is None else token_id_outside(text, limit)
+        if bad is not None:   # what an embedding lookup would fail on (on a GPU: a device-side assert, no index named)
             raise UserInputError(f"{self.indexed.path_prefix}: sample {idx} holds token id {bad}, outside the "
                                  f"tokenizer's vocabulary of {limit} (was the dataset preprocessed with another "
                                  f"tokenizer?)")

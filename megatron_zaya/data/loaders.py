@@ -25,7 +25,7 @@ from .blend import BlendedDataset, PhasedDataset, parse_data_path, plan_phases
 from .mock import MockGPTDataset
 from .config import DataConfig
 from .cache import cached_arrays
-from .gpt_dataset import GPTDataset, SampleOptions, default_cache_dir, split_indices
+from .gpt_dataset import GPTDataset, SampleOptions, default_cache_dir, split_indices, token_id_outside
 from . import index_builders as ib
 from .index_builders import build_blending_indices
 from .indexed import IndexedDataset
@@ -228,8 +228,8 @@ def check_token_ids(cfg: DataConfig, vocab_size: int, sample_tokens: int = 1 << 
                 break
             tokens = data.get(seq, 0, min(int(data.sequence_lengths[seq]), sample_tokens - read))
             read += tokens.size
-            if tokens.size and not 0 <= int(tokens.min()) <= int(tokens.max()) < vocab_size:
-                bad = int(tokens.max()) if int(tokens.max()) >= vocab_size else int(tokens.min())
+            bad = token_id_outside(tokens, vocab_size)
+            if bad is not None:
                 raise UserInputError(f"--data-path {prefix}: sequence {seq} holds token id {bad}, outside the "
                                      f"vocabulary of --tokenizer-type {cfg.tokenizer_type} ({vocab_size} ids): was the "
                                      f"dataset preprocessed with another tokenizer?")

@@ -106,10 +106,8 @@ class GrowingText:
 
     def _freeze(self, cut: int) -> None:
         head = self.frozen_text + self._window(self.frozen_tokens, cut)
-        kept = self.frozen_tokens, self.frozen_text
-        self.frozen_tokens, self.frozen_text = cut, head
-        if self.frozen_text + self._window(cut) != self.text:
-            self.frozen_tokens, self.frozen_text = kept     # not a clean boundary: try again later
-            self.next_freeze = len(self.tokens) + FREEZE_BLOCK // 4
-        else:
+        if head + self._window(cut) == self.text:
+            self.frozen_tokens, self.frozen_text = cut, head
             self.next_freeze = cut + 2 * FREEZE_BLOCK
+        else:                                    # not a clean boundary: try again later
+            self.next_freeze = len(self.tokens) + FREEZE_BLOCK // 4

@@ -153,8 +153,9 @@ def test_to_hf_refuses_an_unconvertible_sentencepiece_model_before_reading(corpu
     tool = load_tool("train_tokenizer")
     assert tool.main(["--input", str(corpus_dir / "train.jsonl"), "--vocab-size", "400", "--model-type", "unigram",
                       "--output-prefix", str(tmp_path / "uni"), "--num-threads", "1"]) == 0
-    assert "note: a unigram model: tools/convert_checkpoint.py to-hf cannot write this tokenizer" in \
-        capsys.readouterr().err                      # the trainer says so at once
+    note = capsys.readouterr().err                   # the trainer says so at once, with the converter's reason
+    assert "note: tools/convert_checkpoint.py to-hf cannot write this tokenizer" in note
+    assert "only BPE models are converted" in note
     out = tmp_path / "hf"
     with pytest.raises(SystemExit) as exc:
         load_tool("convert_checkpoint").main(["to-hf", str(tmp_path / "no-checkpoint-needed"), str(out),
