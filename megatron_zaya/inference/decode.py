@@ -170,9 +170,10 @@ def extend(model: ZayaModel, cache: InferenceCache, row: int, tokens: torch.Tens
 MIN_SHARED_PREFIX = 8       # tokens two prompts must share for one prefill of them (besides identical prompts)
 
 
-def common_prefix_length(a: list[int], b: list[int]) -> int:
+def common_prefix_length(a: list[int], b: list[int], start: int = 0) -> int:
+    """The length of a's and b's common prefix, compared from `start` (known equal before it)."""
     n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
+    return next((i for i in range(start, n) if a[i] != b[i]), n)
 
 
 def shared_prefix_groups(prompts: list[list[int]]) -> list[tuple[list[int], int]]:
@@ -250,7 +251,7 @@ class _PrefixTree:
         """rows share their first `depth` tokens, held by cache row rows[0] (`logits` after them, their
         `scores`; depth 0: nothing yet)."""
         head = rows[0]
-        length = min(common_prefix_length(self.prompts[head], self.prompts[row]) for row in rows)
+        length = min(common_prefix_length(self.prompts[head], self.prompts[row], depth) for row in rows)
         if length > depth:
             logits, scores = self.run(head, self.prompts[head][depth:length], logits, scores)
         branches: dict[int, list[int]] = {}
