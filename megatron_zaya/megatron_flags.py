@@ -81,6 +81,8 @@ IMPLIED_SWITCHES = {
     "--moe-router-fusion": "the router's softmax and top-1 choice run in fp32 as they are (no fused router kernel)",
     "--no-align-grad-reduce": "there is no pipeline parallelism, so no pipeline stages whose reductions to align",
     "--no-align-param-gather": "there is no pipeline parallelism, so no pipeline stages whose gathers to align",
+    "--align-param-gather": "there is no pipeline parallelism, so no pipeline stages whose gathers to align",
+    "--no-log-learning-rate-to-tensorboard": "TensorBoard always gets learning-rate (one scalar per logged step)",
     "--disable-gloo-process-groups": "no Gloo group is made beside the NCCL/RCCL ones (Gloo is the backend only "
                                      "on CPU)",
     "--log-batch-size-to-tensorboard": "TensorBoard always gets batch-size",
