@@ -1,7 +1,7 @@
 """Convert between megatron-zaya's sharded checkpoints and Hugging Face ZAYA folders.
 
     # sharded checkpoint (any layout; the --save folder or one iter_NNNNNNN folder) -> HF folder,
-    # with the tokenizer the model was trained with (the same flags as training)
+    # with the tokenizer the model was trained with (the training run's, or the same flags as training)
     python tools/convert_checkpoint.py to-hf runs/tiny/ckpt hf/tiny [--dtype bf16] [--max-shard-size 5GB] \
         [--tokenizer-type HuggingFaceTokenizer --tokenizer-model tokenizer.json]
     # HF folder (one model.safetensors, or shards with model.safetensors.index.json, as published) ->
@@ -17,11 +17,14 @@
     python tools/convert_checkpoint.py average runs/tiny/ckpt/iter_0000200 runs/tiny/ckpt/iter_0000300 hf/avg \
         --weights 1 2
 
-to-hf's tokenizer flags add the files `transformers.AutoTokenizer.from_pretrained(hf/tiny)` loads, giving
+to-hf writes the files `transformers.AutoTokenizer.from_pretrained(hf/tiny)` loads, giving
 the same ids as training (HuggingFaceTokenizer, GPT2BPETokenizer, TikTokenizer, and GPTSentencePieceTokenizer
 and Llama2Tokenizer with a BPE model with byte fallback, as tools/train_tokenizer.py trains or Llama's; what
 has no exact Hugging Face form is refused, with the reason, before the checkpoint is read:
-megatron_zaya/checkpoint/hf_tokenizer.py), and the tokenizer's EOS/BOS/pad ids to config.json.
+megatron_zaya/checkpoint/hf_tokenizer.py), and the tokenizer's EOS/BOS/pad ids to config.json. The
+tokenizer is the one the tokenizer flags name, else the one the training run recorded in the checkpoint
+(relative paths found from here or from that run's directory; stderr says which, or why none is
+written); --no-tokenizer writes none.
 
 Every conversion writes atomically (a temporary folder renamed at the end) and refuses to overwrite:
 to-hf and average need a new or empty output folder (average checks it before reading any weight,
@@ -48,6 +51,7 @@ from megatron_zaya.checkpoint.convert import (ConversionProgress, checkpoint_to_
 from megatron_zaya.checkpoint.hf_format import DEFAULT_MAX_SHARD_BYTES, is_hf_folder  # noqa: E402
 from megatron_zaya.checkpoint.hf_tokenizer import check_exportable  # noqa: E402
 from megatron_zaya.checkpoint.preflight import latest_iteration_folder  # noqa: E402
+from megatron_zaya.checkpoint.recorded_tokenizer import recorded_tokenizer_of  # noqa: E402
 from megatron_zaya.data.tokenizer import add_tiktoken_arguments, build_tokenizer, tiktoken_options  # noqa: E402
 from megatron_zaya.errors import UserInputError  # noqa: E402
 
@@ -65,22 +69,42 @@ def shard_size(text: str) -> int:
 
 
 def export_tokenizer(parser: argparse.ArgumentParser, args: argparse.Namespace):
-    """The tokenizer to-hf writes beside the model (None without --tokenizer-type), built and checked
-    before the checkpoint is read: a bad flag or file exits with status 2."""
+    """The tokenizer to-hf / average write beside the model, built and checked before the checkpoint is
+    read: the tokenizer flags' (a bad flag or file exits with status 2), else the one the training run
+    recorded in the checkpoint (a note on stderr says which, or why none is written), else None."""
     given = [flag for flag, value in (("--tokenizer-model", args.tokenizer_model), ("--vocab-file", args.vocab_file),
                                       ("--merge-file", args.merge_file)) if value is not None]
+    recorded = None
     if args.tokenizer_type is None:
         if given or tiktoken_options(args):
             parser.error(f"{(given or ['--tiktoken-pattern'])[0]} needs --tokenizer-type")
-        return None
+        if args.no_tokenizer:
+            return None
+        source = args.checkpoint if args.command == "to-hf" else args.sources[-1]
+        recorded = recorded_tokenizer_of(source)
+        if recorded is None or recorded.missing:
+            why = recorded.missing_message() if recorded else "it records no training run's text tokenizer"
+            print(f"convert_checkpoint.py: note: no tokenizer files written ({source}: {why}); give the tokenizer "
+                  f"flags to add them", file=sys.stderr)
+            return None
+        vars(args).update(recorded.flags)
+    elif args.no_tokenizer:
+        parser.error(f"--no-tokenizer and --tokenizer-type {args.tokenizer_type}: give one of them")
     try:
         check_exportable(args.tokenizer_type)
         tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, vocab_file=args.vocab_file,
                                     merge_file=args.merge_file, **tiktoken_options(args))
         check_exportable(args.tokenizer_type, tokenizer)     # e.g. a SentencePiece model's own settings
-        return tokenizer
     except UserInputError as err:
-        parser.error(str(err))
+        if recorded is None:
+            parser.error(str(err))
+        print(f"convert_checkpoint.py: note: no tokenizer files written (the training run's {recorded.command_line()}: "
+              f"{err})", file=sys.stderr)
+        return None
+    if recorded is not None:
+        print(f"tokenizer: {recorded.command_line()}, as the training run that saved the checkpoint (the tokenizer "
+              f"flags override it; --no-tokenizer leaves it out)", file=sys.stderr)
+    return tokenizer
 
 
 def check_source_kind(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -121,7 +145,10 @@ def main(argv=None) -> int:
                        help="a model larger than this (default 5GB) is written in shards of at most this size, "
                             "model-0000i-of-0000N.safetensors with model.safetensors.index.json, as transformers' "
                             "save_pretrained does"),
-        p.add_argument("--tokenizer-type", default=None, help="also write this tokenizer's Hugging Face files")
+        p.add_argument("--tokenizer-type", default=None,
+                       help="also write this tokenizer's Hugging Face files (default: the tokenizer the training "
+                            "run recorded in the checkpoint, if its files are found)")
+        p.add_argument("--no-tokenizer", action="store_true", help="write no tokenizer files")
         p.add_argument("--tokenizer-model", default=None)
         p.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: GPT-2's vocab.json")
         p.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: GPT-2's merges.txt")

@@ -5,7 +5,9 @@
         --split 969,30,1 --seq-length 1024 --micro-batch-size 4 [--eval-iters 50] \\
         [--tensorboard-dir runs/eval] [--output-json eval.json]
 
-CKPT is a Hugging Face ZAYA folder or a megatron-zaya checkpoint (megatron_zaya/inference/loading.py).
+CKPT is a Hugging Face ZAYA folder or a megatron-zaya checkpoint (megatron_zaya/inference/loading.py);
+without tokenizer flags the folder's own tokenizer.json, or the tokenizer flags the training run recorded in
+the checkpoint, are used.
 The samples are the data pipeline's own validation samples (megatron_zaya.data: same --data-path
 blend, --split, --seed, index cache and masks as training), read in order. Without --eval-iters the
 whole validation split is read once (about one pass: (tokens - 1) // seq_length samples per
@@ -33,8 +35,8 @@ from megatron_zaya.config import ConfigError  # noqa: E402
 from megatron_zaya.data.tokenizer import tiktoken_options  # noqa: E402
 from megatron_zaya.errors import UserInputError  # noqa: E402
 from megatron_zaya.inference.cli_checks import (  # noqa: E402
-    add_tokenizer_arguments, check_device, check_threads, check_tokenizer_fits, check_writable_output,
-    peek_model_config, tokenizer_from_flags)
+    OWN_TOKENIZER, add_tokenizer_arguments, check_device, check_threads, check_tokenizer_fits, check_writable_output,
+    peek_model_config, tokenizer_from_flags, tokenizer_of_checkpoint)
 from megatron_zaya.inference.evaluation import evaluate, format_table, write_tensorboard  # noqa: E402
 from megatron_zaya.inference.loading import DTYPES, load_model_for_inference, parse_dtype  # noqa: E402
 
@@ -50,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-dataset", action="store_true",
                    help="evaluate each dataset of --data-path alone (weights ignored): a table per dataset, "
                         "TensorBoard SPLIT/NAME/*, JSON 'datasets' (as training's --multiple-validation-sets)")
-    add_tokenizer_arguments(p, required=True)
+    add_tokenizer_arguments(p)     # required, unless --load brings its own tokenizer (cli_checks.OWN_TOKENIZER)
     p.add_argument("--seq-length", type=int, default=None, help="default: the checkpoint config's seq_length")
     p.add_argument("--micro-batch-size", type=int, default=4)
     p.add_argument("--eval-iters", type=int, default=None, help="micro-batches to evaluate (default: one pass)")
@@ -87,6 +89,9 @@ def check_eval_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     try:
         check_data_path(args.data_path)
         shares = parse_split(args.split)
+        if not (args.tokenizer_type or args.tokenizer_model or args.vocab_file or args.merge_file
+                or tokenizer_of_checkpoint(args)):
+            raise UserInputError(f"--tokenizer-type is required (the data's tokenizer), unless it is {OWN_TOKENIZER}")
         check_tokenizer_flags(args.tokenizer_type, args.tokenizer_model, args.vocab_file, args.merge_file,
                               **tiktoken_options(args))
         check_threads(args.threads)

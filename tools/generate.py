@@ -5,8 +5,9 @@
     python tools/generate.py --load CKPT --prompt-ids "1 17 42" --prompt-ids "5" --greedy
     python tools/generate.py --load CKPT --tokenizer-type ... --prompt "Once upon a time" --stream
 
-CKPT is a Hugging Face ZAYA folder (config.json + model.safetensors; its tokenizer.json serves when no
-tokenizer flag is given) or a megatron-zaya checkpoint (see megatron_zaya/inference/loading.py). Several --prompt / --prompt-ids give a batch of prompts of
+CKPT is a Hugging Face ZAYA folder (config.json + model.safetensors) or a megatron-zaya checkpoint (see
+megatron_zaya/inference/loading.py). Without tokenizer flags the folder's tokenizer.json, or the tokenizer
+flags the training run recorded in the checkpoint, serve. Several --prompt / --prompt-ids give a batch of prompts of
 different lengths (each prefilled into its own cache row, then decoded together). Decoding stops at
 the tokenizer's EOD (or --eod-id) unless --ignore-eod. Sampling: --greedy (or --temperature 0),
 --temperature, --top-k, --top-p, reproducible with --seed. --output-json writes prompts and
@@ -27,7 +28,7 @@ import torch  # noqa: E402
 
 from megatron_zaya.errors import UserInputError  # noqa: E402
 from megatron_zaya.inference.cli_checks import (  # noqa: E402
-    add_tokenizer_arguments, check_device, check_prompts_fit, check_threads, check_tokenizer_fits,
+    OWN_TOKENIZER, add_tokenizer_arguments, check_device, check_prompts_fit, check_threads, check_tokenizer_fits,
     check_writable_output, peek_model_config, tokenizer_from_flags)
 from megatron_zaya.inference.decode import generate  # noqa: E402
 from megatron_zaya.inference.loading import DTYPES, load_model_for_inference, parse_dtype  # noqa: E402
@@ -142,8 +143,8 @@ def main(argv=None) -> int:
         parser.error("give at least one --prompt, --prompt-file or --prompt-ids")
     tokenizer = load_tokenizer(parser, args)
     if texts and tokenizer is None:
-        parser.error("text prompts need --tokenizer-type and --tokenizer-model, or a --load Hugging Face folder "
-                     "holding a tokenizer.json (or use --prompt-ids)")
+        parser.error(f"text prompts need --tokenizer-type and --tokenizer-model, or {OWN_TOKENIZER} (or use "
+                     f"--prompt-ids)")
     try:
         sampling = SamplingParams(greedy=args.greedy, temperature=args.temperature, top_k=args.top_k,
                                   top_p=args.top_p)

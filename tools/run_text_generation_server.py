@@ -6,8 +6,9 @@
     curl -X PUT http://localhost:5000/api -H 'Content-Type: application/json' \\
         -d '{"prompts": ["Once upon a time"], "tokens_to_generate": 32, "top_k": 1}'
 
-CKPT is a Hugging Face ZAYA folder or a megatron-zaya checkpoint (megatron_zaya/inference/loading.py); a
-Hugging Face folder's own tokenizer.json is used when no tokenizer flag is given.
+CKPT is a Hugging Face ZAYA folder or a megatron-zaya checkpoint (megatron_zaya/inference/loading.py); without
+tokenizer flags the folder's own tokenizer.json, or the tokenizer flags the training run recorded in the
+checkpoint, are used.
 The request and response fields are Megatron-LM's (prompts, tokens_to_generate, logprobs,
 temperature, top_k, top_p, add_BOS, random_seed; text, tokens, segments, logprobs): see
 megatron_zaya/inference/server.py and docs/INFERENCE.md. POST /v1/completions (or /completions)
@@ -28,7 +29,7 @@ import torch  # noqa: E402
 
 from megatron_zaya.errors import UserInputError  # noqa: E402
 from megatron_zaya.inference.cli_checks import (  # noqa: E402
-    add_tokenizer_arguments, check_device, check_threads, check_tokenizer_fits, peek_model_config,
+    OWN_TOKENIZER, add_tokenizer_arguments, check_device, check_threads, check_tokenizer_fits, peek_model_config,
     tokenizer_from_flags)
 from megatron_zaya.inference.loading import DTYPES, load_model_for_inference, parse_dtype  # noqa: E402
 from megatron_zaya.inference.server import TextGenerationService, make_server  # noqa: E402
@@ -37,7 +38,7 @@ from megatron_zaya.inference.server import TextGenerationService, make_server  #
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--load", required=True, help="checkpoint: HF ZAYA folder or megatron-zaya checkpoint")
-    add_tokenizer_arguments(p)      # required, unless --load is a Hugging Face folder with a tokenizer.json
+    add_tokenizer_arguments(p)      # required, unless --load brings its own tokenizer (cli_checks.OWN_TOKENIZER)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=5000, help="port to listen on (0: any free port, printed)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (checked before loading)")
@@ -60,8 +61,8 @@ def prepare(argv=None):
         dtype = parse_dtype(args.dtype)
         tokenizer = tokenizer_from_flags(args)
         if tokenizer is None:
-            raise UserInputError("--tokenizer-type is required (the server takes and returns text), unless --load "
-                                 "is a Hugging Face folder holding a tokenizer.json")
+            raise UserInputError(f"--tokenizer-type is required (the server takes and returns text), unless it is "
+                                 f"{OWN_TOKENIZER}")
         peeked = peek_model_config(args.load)        # config.json / metadata.json only: no tensor read yet
         if peeked is not None:
             check_tokenizer_fits(tokenizer, peeked, args)

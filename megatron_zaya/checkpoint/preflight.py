@@ -30,6 +30,7 @@ from megatron_zaya.checkpoint.format import (COMPLETE_MARKER, ITER_RE, LATEST_FI
                                              checkpoint_candidates, is_iteration_folder, iter_dir_name, list_complete,
                                              list_replaced_complete, read_json)
 from megatron_zaya.checkpoint.hf_format import is_hf_folder
+from megatron_zaya.checkpoint.recorded_tokenizer import recorded_tokenizer
 from megatron_zaya.config import ModelConfig
 from megatron_zaya.errors import UserInputError
 from megatron_zaya.training.data_phase import data_changed, data_signature
@@ -278,21 +279,17 @@ def checkpoint_args_source(args) -> tuple[str, dict]:
     return found
 
 
-TOKENIZER_ARGS = ("tokenizer_type", "tokenizer_model", "vocab_file", "merge_file", "tiktoken_pattern",
-                  "tiktoken_num_special_tokens", "tokenizer_special_tokens", "tokenizer_vocab_size")
-
-
 def tokenizer_args_from_checkpoint(args, source: tuple[str, dict]) -> dict:
     """--use-checkpoint-args without --tokenizer-model: the tokenizer flags of the run that saved the
     checkpoint (as Megatron-LM takes its tokenizer model; --no-use-tokenizer-model-from-checkpoint-args
-    turns it off); {} when this run names its own tokenizer model or the checkpoint holds no run's flags
-    (an offline conversion)."""
+    turns it off), relative paths found from here or from that run's directory; {} when this run names
+    its own tokenizer model or the checkpoint holds no run's flags (an offline conversion)."""
     if args.tokenizer_model is not None or not args.use_tokenizer_model_from_checkpoint_args:
         return {}
-    saved = source[1].get("args") or {}
-    if not saved.get("tokenizer_model"):
+    recorded = recorded_tokenizer(source[1], os.path.join(source[0], METADATA_FILE))
+    if recorded is None or "tokenizer_model" not in recorded.flags:
         return {}
-    return {name: saved[name] for name in TOKENIZER_ARGS if saved.get(name) is not None}
+    return recorded.flags
 
 
 def tensor_parallel_from_checkpoint(args, source: tuple[str, dict] | None) -> int:

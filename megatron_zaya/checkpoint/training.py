@@ -258,6 +258,7 @@ class TrainingCheckpointer:
             "model_config": run.model.to_dict(),
             "optimizer_config": _jsonable(dataclasses.asdict(run.optim)),
             "args": _jsonable(vars(run.args)) if getattr(run, "args", None) is not None else {},
+            "working_directory": os.getcwd(),     # where the relative paths in "args" start
             "layout": {"world_size": self.world_size, "tensor_model_parallel_size": tp, "context_parallel_size": cp,
                        "expert_model_parallel_size": ep, "data_parallel_size": self.world_size // (tp * cp),
                        "use_distributed_optimizer": bool(p.use_distributed_optimizer),

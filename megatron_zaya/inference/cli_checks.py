@@ -33,25 +33,49 @@ def add_tokenizer_arguments(parser, required: bool = False) -> None:
     add_tiktoken_arguments(parser)
 
 
+OWN_TOKENIZER = ("a --load that brings its own (a Hugging Face folder with a tokenizer.json, or a training "
+                 "checkpoint whose run's tokenizer files are found)")
+
+
 def tokenizer_from_flags(args):
     """The tokenizer of add_tokenizer_arguments' flags (the flags checked before any file is read).
-    Without tokenizer flags: the tokenizer.json of a Hugging Face folder given as --load (as
-    HuggingFaceTokenizer, set into args and said on stderr), else None."""
+    Without tokenizer flags, the --load checkpoint's own, said on stderr and set into args: a Hugging
+    Face folder's tokenizer.json (as HuggingFaceTokenizer), or the tokenizer flags the training run that
+    saved it recorded (checkpoint/recorded_tokenizer.py); else None."""
     from megatron_zaya.data.tokenizer import build_tokenizer, tiktoken_options
     files = [f for f, v in (("--tokenizer-model", args.tokenizer_model), ("--vocab-file", args.vocab_file),
                             ("--merge-file", args.merge_file), ("--tiktoken-pattern", args.tiktoken_pattern))
              if v is not None]
     if not (args.tokenizer_type or files):
-        beside = os.path.join(str(args.load), "tokenizer.json") if getattr(args, "load", None) else None
-        if beside is None or not os.path.isfile(beside):
+        if not getattr(args, "load", None) or not tokenizer_of_checkpoint(args):
             return None
-        args.tokenizer_type, args.tokenizer_model = "HuggingFaceTokenizer", beside
-        print(f"tokenizer: {beside} of --load (as --tokenizer-type HuggingFaceTokenizer; the tokenizer flags "
-              f"override it)", file=sys.stderr)
     if not args.tokenizer_type:
         raise UserInputError(f"{files[0]} needs --tokenizer-type")
     return build_tokenizer(args.tokenizer_type, args.tokenizer_model, vocab_file=args.vocab_file,
                            merge_file=args.merge_file, **tiktoken_options(args))
+
+
+def tokenizer_of_checkpoint(args) -> bool:
+    """Sets the tokenizer flags in args to --load's own tokenizer (saying so on stderr); False when it has
+    none (a note on stderr when its training run's tokenizer files are not found)."""
+    from megatron_zaya.checkpoint.recorded_tokenizer import recorded_tokenizer_of
+    beside = os.path.join(str(args.load), "tokenizer.json")
+    if os.path.isfile(beside):
+        args.tokenizer_type, args.tokenizer_model = "HuggingFaceTokenizer", beside
+        print(f"tokenizer: {beside} of --load (as --tokenizer-type HuggingFaceTokenizer; the tokenizer flags "
+              f"override it)", file=sys.stderr)
+        return True
+    recorded = recorded_tokenizer_of(str(args.load))
+    if recorded is None:
+        return False
+    if recorded.missing:
+        print(f"tokenizer: none from --load {args.load}: {recorded.missing_message()}; give the tokenizer flags",
+              file=sys.stderr)
+        return False
+    vars(args).update(recorded.flags)
+    print(f"tokenizer: {recorded.command_line()}, as the training run that saved --load (the tokenizer flags "
+          f"override it)", file=sys.stderr)
+    return True
 
 
 def check_tokenizer_fits(tokenizer, config: ModelConfig, args) -> None:

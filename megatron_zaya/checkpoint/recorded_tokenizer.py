@@ -1,0 +1,81 @@
+"""The tokenizer flags a training run recorded in its checkpoints (metadata.json "args").
+
+The tools that read a checkpoint (tools/generate.py, the text generation server, tools/evaluate.py,
+convert_checkpoint.py to-hf / average) take them when they are given no tokenizer flag
+(`recorded_tokenizer_of`), as --use-checkpoint-args does for a training run (`recorded_tokenizer`). File flags (--tokenizer-model, --vocab-file, --merge-file)
+are stored as the run was given them: a relative path is looked up from the current directory, then
+from the directory the run was started in (metadata "working_directory").
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from megatron_zaya.checkpoint.format import METADATA_FILE, CheckpointError, read_json
+from megatron_zaya.checkpoint.inspection import resolve_folder
+
+TOKENIZER_ARGS = ("tokenizer_type", "tokenizer_model", "vocab_file", "merge_file", "tiktoken_pattern",
+                  "tiktoken_num_special_tokens", "tokenizer_special_tokens", "tokenizer_vocab_size")
+FILE_ARGS = ("tokenizer_model", "vocab_file", "merge_file")
+FLAG_NAMES = {"tokenizer_vocab_size": "--vocab-size"}      # the others: the dest with dashes
+
+
+def flag_name(dest: str) -> str:
+    return FLAG_NAMES.get(dest, "--" + dest.replace("_", "-"))
+
+
+@dataclasses.dataclass
+class RecordedTokenizer:
+    """`flags`: the recorded tokenizer settings by argparse dest, file paths resolved where found;
+    `missing`: the file flags whose path was found neither here nor from the run's directory."""
+    flags: dict
+    missing: list[str]
+    source: str                 # the metadata file they come from
+
+    @property
+    def reads_text(self) -> bool:
+        return self.flags["tokenizer_type"] != "NullTokenizer"     # --mock-data's tokenizer has no text
+
+    def command_line(self) -> str:
+        words = []
+        for dest, value in self.flags.items():
+            words += [flag_name(dest), *map(str, value if isinstance(value, list) else [value])]
+        return " ".join(words)
+
+    def missing_message(self) -> str:
+        files = ", ".join(f"{flag_name(dest)} {self.flags[dest]}" for dest in self.missing)
+        return f"the run that saved it used {files}, which is not found from here"
+
+
+def _resolve(path: str, run_directory: str | None) -> str | None:
+    candidates = [path] if os.path.isabs(path) else [path] + ([os.path.join(run_directory, path)] if run_directory else [])
+    return next((c for c in candidates if os.path.exists(c)), None)
+
+
+def recorded_tokenizer(meta: dict, source: str = METADATA_FILE) -> RecordedTokenizer | None:
+    """The tokenizer of checkpoint metadata `meta`; None when the run recorded none (no args: an
+    offline conversion)."""
+    saved = meta.get("args") or {}
+    if saved.get("tokenizer_type") is None:
+        return None
+    flags = {dest: saved[dest] for dest in TOKENIZER_ARGS if saved.get(dest) is not None}
+    missing = []
+    for dest in FILE_ARGS:
+        if dest in flags:
+            found = _resolve(str(flags[dest]), meta.get("working_directory"))
+            if found is None:
+                missing.append(dest)
+            else:
+                flags[dest] = found
+    return RecordedTokenizer(flags, missing, source)
+
+
+def recorded_tokenizer_of(path: str) -> RecordedTokenizer | None:
+    """recorded_tokenizer of the checkpoint at `path` (an iter_NNNNNNN folder or a --save folder: its
+    latest), if it reads text; None where there is none or no readable metadata (the loader reports that)."""
+    try:
+        metadata = os.path.join(resolve_folder(path), METADATA_FILE)
+        recorded = recorded_tokenizer(read_json(metadata), metadata)
+    except CheckpointError:
+        return None
+    return recorded if recorded is not None and recorded.reads_text else None
