@@ -196,6 +196,8 @@ def print_report(report: dict, show_tensors: bool) -> None:
         print("model:       " + ", ".join(f"{k}={cfg[k]}" for k in (
             "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "num_experts",
             "moe_ffn_hidden_size", "vocab_size") if k in cfg))
+    if report.get("tokenizer"):
+        print(f"tokenizer:   {report['tokenizer']}")
     if "parameters" in report:
         print(f"parameters:  {report['parameters']:,}")
     print(f"total size:  {human_bytes(report.get('total_bytes'))}")

@@ -94,6 +94,14 @@ def metadata_problems(meta, path: str) -> list[str]:
     return problems
 
 
+def _recorded_tokenizer_line(meta: dict) -> str | None:
+    from megatron_zaya.checkpoint.recorded_tokenizer import recorded_tokenizer   # it reads folders through us
+    recorded = recorded_tokenizer(meta)
+    if recorded is None:
+        return None
+    return recorded.command_line() + (f" ({recorded.missing_message()})" if recorded.missing else "")
+
+
 def inspect_checkpoint(path: str) -> dict:
     """Iteration, tokens seen, layout, model config, bytes per rank, and the integrity of every file
     ("ok", "missing", "corrupt: ..."); never raises for a damaged checkpoint (`ok` says it all)."""
@@ -114,7 +122,8 @@ def inspect_checkpoint(path: str) -> dict:
     layout = meta.get("layout", {})
     report.update(iteration=meta.get("iteration"), consumed_samples=meta.get("train_state", {}).get("consumed_samples"),
                   tokens_seen=meta.get("tokens_seen"), layout=layout, model_config=meta.get("model_config"),
-                  saved_at=meta.get("saved_at"), format_version=meta.get("format_version"))
+                  saved_at=meta.get("saved_at"), format_version=meta.get("format_version"),
+                  tokenizer=_recorded_tokenizer_line(meta))
     manifest = meta.get("files", {})
     per_rank = []
     for rank in range(layout.get("world_size", 0)):

@@ -78,6 +78,9 @@ def test_tools_take_the_training_runs_tokenizer(run_with_relative_tokenizer, tin
                                  "--data-cache-path", str(tmp_path / "cache")]) == 0
     assert f"tokenizer: {said}" in capsys.readouterr().err
 
+    assert run_tool("inspect_checkpoint", [str(save)]) == 0
+    assert f"tokenizer:   {said}\n" in capsys.readouterr().out
+
     # --use-checkpoint-args takes it too, with the path resolved
     flags = tiny_run_flags((tiny_corpus[0], None), tmp_path, **{"--load": save, "--preset": None, "--num-layers": None,
                                                                   "--use-checkpoint-args": ""})
