@@ -176,23 +176,23 @@ def common_prefix_length(a: list[int], b: list[int], start: int = 0) -> int:
     return next((i for i in range(start, n) if a[i] != b[i]), n)
 
 
-def shared_prefix_groups(prompts: list[list[int]]) -> list[tuple[list[int], int]]:
-    """(rows, prefix length) per group, every row in exactly one group: a row joins the group of the first
-    earlier row it shares at least MIN_SHARED_PREFIX tokens with (or all its tokens, an identical prompt);
-    the group's prefix is the shortest such shared prefix. One-row groups have the whole prompt."""
+def shared_prefix_groups(prompts: list[list[int]]) -> list[list[int]]:
+    """The rows of each group, every row in exactly one group: a row joins the group of the first earlier
+    row it shares at least MIN_SHARED_PREFIX tokens with (or all its tokens, an identical prompt)."""
     groups, grouped = [], set()
     for first, prompt in enumerate(prompts):
         if first in grouped:
             continue
-        rows, length = [first], len(prompt)
-        for other in range(first + 1, len(prompts)):
-            common = common_prefix_length(prompt, prompts[other])
-            if other not in grouped and (common >= MIN_SHARED_PREFIX or common == len(prompt) == len(prompts[other])):
-                rows.append(other)
-                length = min(length, common)
+        rows = [first] + [other for other in range(first + 1, len(prompts)) if other not in grouped
+                          and _shares_prefix(prompt, prompts[other])]
         grouped.update(rows)
-        groups.append((rows, length))
+        groups.append(rows)
     return groups
+
+
+def _shares_prefix(prompt: list[int], other: list[int]) -> bool:
+    common = common_prefix_length(prompt, other)
+    return common >= MIN_SHARED_PREFIX or common == len(prompt) == len(other)
 
 
 def prefill_rows(model: ZayaModel, cache: InferenceCache, prompts: list[list[int]], chunk_size: int | None,
@@ -207,7 +207,7 @@ def prefill_rows(model: ZayaModel, cache: InferenceCache, prompts: list[list[int
     first_row: dict[tuple, int] = {}
     unique = [row for row, prompt in enumerate(prompts) if first_row.setdefault(tuple(prompt), row) == row]
     tree = _PrefixTree(model, cache, prompts, chunk_size, return_logprobs, top, vocab_limit, results)
-    for members, _ in shared_prefix_groups([prompts[row] for row in unique]):
+    for members in shared_prefix_groups([prompts[row] for row in unique]):
         tree.fill([unique[m] for m in members], 0, None, None)
     for row, prompt in enumerate(prompts):
         source = first_row[tuple(prompt)]

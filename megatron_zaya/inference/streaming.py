@@ -23,13 +23,13 @@ from megatron_zaya.inference.text_offsets import GrowingText
 
 
 class ChoiceStream:
-    """One choice's state: the tokens kept, the text already sent, the log-probabilities not yet sent."""
+    """One choice's state: where its kept tokens' text starts, the text already sent, the log-probabilities
+    not yet sent."""
 
     def __init__(self, completer, prompt: list[int], index: int, stops: tuple[str, ...], logprobs: int | None):
         self.completer, self.index, self.stops, self.logprobs = completer, index, stops, logprobs
         self.growing = GrowingText(completer.decode, prompt)   # the completion's text, decoded as it grows
         self.prompt_chars = len(completer.decode(prompt)) if logprobs is not None else 0
-        self.tokens: list[int] = []
         self.starts: list[int] = []         # where each kept token's text starts in the completion text
         self.sent_chars = 0
         self.pending: list[tuple[int, float, dict | None]] = []     # (token, logprob, top) not yet sent
@@ -41,15 +41,14 @@ class ChoiceStream:
         if token == eod:
             return self.finish("stop")
         self.starts.append(len(self.growing.text))
-        self.tokens.append(token)
         self.pending.append((token, logprob, top))
         text = self.growing.append(token)
         ends = [text.find(s) for s in self.stops if s in text]
         if ends:
             end = min(ends)
             kept = sum(1 for start in self.starts if start < end)      # tokens whose text starts before the stop
-            self.pending = self.pending[:len(self.pending) - (len(self.tokens) - kept)]
-            self.tokens, self.starts = self.tokens[:kept], self.starts[:kept]
+            self.pending = self.pending[:len(self.pending) - (len(self.starts) - kept)]
+            self.starts = self.starts[:kept]
             return self.finish("stop", text[:end])
         safe = text[:max(self.sent_chars, len(text) - self.hold)].rstrip("\ufffd")
         return [self.chunk(safe[self.sent_chars:])] if len(safe) > self.sent_chars else []
@@ -62,7 +61,7 @@ class ChoiceStream:
     def chunk(self, delta: str, finish_reason: str | None = None) -> dict:
         logprobs = None
         if self.logprobs is not None:
-            first = len(self.tokens) - len(self.pending)
+            first = len(self.starts) - len(self.pending)
             logprobs = logprobs_object(self.completer.decode, [t for t, _, _ in self.pending],
                                        [lp for _, lp, _ in self.pending],
                                        [top for _, _, top in self.pending] if self.logprobs else None,
