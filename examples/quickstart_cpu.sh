@@ -65,8 +65,9 @@ grep -h "final validation loss" "$OUT/train.log" | tail -n1 || true
 echo "checkpoint: $OUT/ckpt (latest iteration $(cat "$OUT/ckpt/latest_checkpointed_iteration.txt" 2>/dev/null || echo none))"
 if [[ -f tools/generate.py ]]; then
     step "a sample from the trained model"
-    "$PYTHON" tools/generate.py --load "$OUT/ckpt" --tokenizer-type GPTSentencePieceTokenizer \
-        --tokenizer-model "$TOKENIZER.model" --prompt "ROMEO:" --max-new-tokens 60 --top-p 0.9 || echo "(generation failed)"
+    # no tokenizer flags: the checkpoint records the training run's (--tokenizer-model $TOKENIZER.model)
+    "$PYTHON" tools/generate.py --load "$OUT/ckpt" --prompt "ROMEO:" --max-new-tokens 60 --top-p 0.9 \
+        || echo "(generation failed)"
 fi
 ITER=$(cat "$OUT/ckpt/latest_checkpointed_iteration.txt" 2>/dev/null || true)
 if [[ $ITER =~ ^[0-9]+$ ]]; then
@@ -75,8 +76,7 @@ if [[ $ITER =~ ^[0-9]+$ ]]; then
     if [[ -e $HF ]]; then
         echo "(already there)"
     else
-        "$PYTHON" tools/convert_checkpoint.py to-hf "$OUT/ckpt" "$HF" --tokenizer-type GPTSentencePieceTokenizer \
-            --tokenizer-model "$TOKENIZER.model" --no-progress || echo "(export failed)"
+        "$PYTHON" tools/convert_checkpoint.py to-hf "$OUT/ckpt" "$HF" --no-progress || echo "(export failed)"
     fi
     echo "load it with transformers: AutoTokenizer.from_pretrained(\"$HF\"), ZayaForCausalLM.from_pretrained(\"$HF\")"
 fi

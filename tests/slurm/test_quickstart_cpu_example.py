@@ -49,6 +49,7 @@ def test_cpu_quickstart_trains_two_processes(corpus, tmp_path):
     assert (out / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
     assert "final validation loss" in r.stdout
     assert "=== sample 0" in r.stdout and "(generation failed)" not in r.stdout     # tools/generate.py
+    assert "tokenizer: --tokenizer-type GPTSentencePieceTokenizer" in r.stderr    # the one the run recorded
     assert any(n.startswith("events.out.tfevents") for n in os.listdir(out / "tb"))
     hf = out / "hf_iter_4"       # the Hugging Face export, with the run's SentencePiece tokenizer
     assert "(export failed)" not in r.stdout and f'AutoTokenizer.from_pretrained("{hf}")' in r.stdout
