@@ -32,7 +32,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from megatron_zaya.config import ConfigError  # noqa: E402
-from megatron_zaya.data.tokenizer import tiktoken_options  # noqa: E402
+from megatron_zaya.data.blend import parse_data_path  # noqa: E402
+from megatron_zaya.data.dataset_tokenizer import check_dataset_tokenizers  # noqa: E402
+from megatron_zaya.data.tokenizer import flags_text, tiktoken_options, tokenizer_flags  # noqa: E402
 from megatron_zaya.errors import UserInputError  # noqa: E402
 from megatron_zaya.inference.cli_checks import (  # noqa: E402
     OWN_TOKENIZER, add_tokenizer_arguments, check_device, check_threads, check_tokenizer_fits, check_writable_output,
@@ -106,7 +108,6 @@ def check_eval_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) 
 
 
 def one_pass_samples(data_path: list[str], split: str, split_id: int, seq_length: int) -> int:
-    from megatron_zaya.data.blend import parse_data_path
     from megatron_zaya.data.gpt_dataset import split_indices
     from megatron_zaya.data.indexed import IndexedDataset
 
@@ -161,7 +162,6 @@ def datasets_to_evaluate(args) -> list[list[str]]:
     """The blends evaluated: --data-path as one, or each of its datasets alone (--per-dataset)."""
     if not args.per_dataset:
         return [args.data_path]
-    from megatron_zaya.data.blend import parse_data_path
     return [[p] for p in dict.fromkeys(parse_data_path(args.data_path)[1])]
 
 
@@ -188,6 +188,7 @@ def main(argv=None) -> int:
 
     try:
         tokenizer = tokenizer_from_flags(args)
+        check_dataset_tokenizers(parse_data_path(args.data_path)[1], tokenizer, flags_text(tokenizer_flags(args)))
     except UserInputError as err:
         parser.error(str(err))
     peeked = peek_model_config(args.load)       # config.json / metadata.json only: no tensor read yet

@@ -7,7 +7,8 @@
 sorted by name, as Megatron's merge_datasets.py does). All inputs must share one dtype. Memory use
 is bounded; the output appears only when complete. An existing output is refused unless
 --overwrite is given, and the output may never be one of the inputs (compared after stripping
-.bin/.idx and resolving links).
+.bin/.idx and resolving links). Inputs preprocessed with different tokenizers (their PREFIX.tokenizer.json,
+megatron_zaya/data/dataset_tokenizer.py) are refused; the output gets their record when every input has one.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from megatron_zaya.data.dataset_tokenizer import (  # noqa: E402
+    SUFFIX, describe, differences, read_record, remove_record, write_record)
 from megatron_zaya.data.indexed import (  # noqa: E402
     IndexedDataset,
     IndexedDatasetError,
@@ -27,6 +30,7 @@ from megatron_zaya.data.indexed import (  # noqa: E402
     existing_outputs,
     idx_path,
 )
+from megatron_zaya.errors import UserInputError  # noqa: E402
 
 
 def collect_prefixes(inputs: list[str]) -> list[str]:
@@ -70,17 +74,41 @@ def merge(prefixes: list[str], output_prefix: str, overwrite: bool = False, log=
     if len(dtypes) > 1:
         detail = ", ".join(f"{d.path_prefix}: {d.dtype.name}" for d in datasets)
         raise IndexedDatasetError(f"inputs have different dtypes ({detail}); re-tokenize with the same tokenizer")
+    record = merged_tokenizer_record(prefixes, log)
     writer = IndexedDatasetWriter(output_prefix, datasets[0].dtype)
     try:
         for i, (p, d) in enumerate(zip(prefixes, datasets), 1):
             writer.add_index(p)
             if log is not None:
                 log(f"[{i}/{len(prefixes)}] merged {p}: {d.num_documents:,} documents, {len(d):,} sequences")
-        writer.finalize()
+        writer.prepare()
+        remove_record(writer.path_prefix)     # an interruption from here on leaves no record, never a stale one
+        writer.commit()
     except BaseException:
         writer.abort()
         raise
+    if record is not None:
+        write_record(writer.path_prefix, record)
     return writer
+
+
+def merged_tokenizer_record(prefixes: list[str], log=None) -> dict | None:
+    """The tokenizer record (PREFIX.tokenizer.json, data/dataset_tokenizer.py) the merged dataset gets: the
+    inputs' when every input has one; IndexedDatasetError when two inputs were written by different
+    tokenizers; None (said to `log`) when some input has none."""
+    records = {p: read_record(p) for p in prefixes}
+    known = [(p, r) for p, r in records.items() if r is not None]
+    for p, r in known[1:]:
+        differ = differences(r, known[0][1], (f"{p}'s", f"{known[0][0]}'s"))
+        if differ:
+            raise IndexedDatasetError(f"--input {p} and {known[0][0]} were preprocessed with different tokenizers "
+                                      f"({describe(r)}; {describe(known[0][1])}): {'; '.join(differ)}")
+    if len(known) < len(prefixes):
+        if known and log is not None:
+            log(f"{len(prefixes) - len(known)} of the {len(prefixes)} inputs have no {SUFFIX} (preprocessed "
+                f"elsewhere): the merged dataset gets none, and its tokenizer is not checked by training")
+        return None
+    return known[0][1]
 
 
 def main(argv=None) -> int:
@@ -92,7 +120,7 @@ def main(argv=None) -> int:
     try:
         prefixes = collect_prefixes(args.input)
         w = merge(prefixes, args.output_prefix, args.overwrite, log=lambda m: print(m, file=sys.stderr))
-    except IndexedDatasetError as e:
+    except UserInputError as e:        # IndexedDatasetError included
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"merged {len(prefixes)} datasets: {w.num_documents:,} documents, {w.num_sequences:,} sequences, "

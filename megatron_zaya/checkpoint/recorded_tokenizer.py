@@ -13,15 +13,9 @@ import os
 
 from megatron_zaya.checkpoint.format import METADATA_FILE, CheckpointError, read_json
 from megatron_zaya.checkpoint.inspection import resolve_folder
+from megatron_zaya.data.tokenizer import TOKENIZER_DESTS, flag_of, flags_text, tokenizer_flags
 
-TOKENIZER_ARGS = ("tokenizer_type", "tokenizer_model", "vocab_file", "merge_file", "tiktoken_pattern",
-                  "tiktoken_num_special_tokens", "tokenizer_special_tokens", "tokenizer_vocab_size")
 FILE_ARGS = ("tokenizer_model", "vocab_file", "merge_file")
-FLAG_NAMES = {"tokenizer_vocab_size": "--vocab-size"}      # the others: the dest with dashes
-
-
-def flag_name(dest: str) -> str:
-    return FLAG_NAMES.get(dest, "--" + dest.replace("_", "-"))
 
 
 @dataclasses.dataclass
@@ -37,13 +31,10 @@ class RecordedTokenizer:
         return self.flags["tokenizer_type"] != "NullTokenizer"     # --mock-data's tokenizer has no text
 
     def command_line(self) -> str:
-        words = []
-        for dest, value in self.flags.items():
-            words += [flag_name(dest), *map(str, value if isinstance(value, list) else [value])]
-        return " ".join(words)
+        return flags_text(tokenizer_flags(self.flags))
 
     def missing_message(self) -> str:
-        files = ", ".join(f"{flag_name(dest)} {self.flags[dest]}" for dest in self.missing)
+        files = ", ".join(f"{flag_of(dest)} {self.flags[dest]}" for dest in self.missing)
         return f"the run that saved it used {files}, which is not found from here"
 
 
@@ -58,7 +49,7 @@ def recorded_tokenizer(meta: dict, source: str = METADATA_FILE) -> RecordedToken
     saved = meta.get("args") or {}
     if saved.get("tokenizer_type") is None:
         return None
-    flags = {dest: saved[dest] for dest in TOKENIZER_ARGS if saved.get(dest) is not None}
+    flags = {dest: saved[dest] for dest in TOKENIZER_DESTS if saved.get(dest) is not None}
     missing = []
     for dest in FILE_ARGS:
         if dest in flags:

@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .dataset_tokenizer import remove_record, tokenizer_record, write_record
 from .indexed import IndexedDatasetWriter, existing_outputs, optimal_dtype, remove_temporaries
 from .sources import (Record, check_parquet_columns, expand_inputs, holds_json_records, input_size, is_parquet,
                       iter_records)
-from .tokenizer import build_tokenizer, check_tokenizer_flags
+from .tokenizer import build_tokenizer, check_tokenizer_flags, tokenizer_flags
 from .trimming import OUTCOMES, ReasoningTrimmer
 from .workers import OrderedWorkers
 
@@ -408,11 +409,16 @@ def run(cfg: PreprocessConfig) -> dict:
                     consume(result)
         if stats.documents == 0:
             raise EmptyInputError(f"--input {' '.join(cfg.input)}: no documents to write ({_why_empty(cfg, stats)})")
-        # Every output is complete on disk before any existing file is touched (see commit()).
+        # Every output is complete on disk before any existing file is touched (see commit()). The old
+        # tokenizer record goes first and the new one comes last: an interruption between them leaves a
+        # dataset without a record (not checked), never one with another dataset's.
+        record = tokenizer_record(main_encoder.tokenizer, recorded_flags(cfg))
         for w in writers.values():
             w.prepare()
         for w in writers.values():
+            remove_record(w.path_prefix)
             w.commit()
+            write_record(w.path_prefix, record)
     except BaseException:   # the workers are already stopped: OrderedWorkers kills them on the way out
         for k in cfg.json_keys:
             if k in writers:
@@ -439,6 +445,16 @@ def run(cfg: PreprocessConfig) -> dict:
         "documents_per_s": stats.documents / max(elapsed, 1e-9),
         "tokens_per_s": stats.tokens / max(elapsed, 1e-9),
     }
+
+
+def recorded_flags(cfg: PreprocessConfig) -> dict:
+    """The tokenizer flags of this preprocessing, files as absolute paths, for the dataset's tokenizer record."""
+    def where(path):
+        return os.path.abspath(path) if path is not None and os.path.exists(path) else path
+
+    flags = tokenizer_flags({"tokenizer_type": cfg.tokenizer_type, "tokenizer_model": where(cfg.tokenizer_model),
+                             "vocab_file": where(cfg.vocab_file), "merge_file": where(cfg.merge_file), **cfg.tiktoken})
+    return {**flags, **({"--vocab-extra-ids": cfg.vocab_extra_ids} if cfg.vocab_extra_ids else {})}
 
 
 class EmptyInputError(ValueError):

@@ -107,6 +107,26 @@ def add_tiktoken_arguments(group, vocab_size_flag: bool = True) -> None:
                            help="TikTokenizer: its vocabulary size, special tokens included (default 131072)")
 
 
+TOKENIZER_DESTS = ("tokenizer_type", "tokenizer_model", "vocab_file", "merge_file") + TIKTOKEN_SETTINGS + (
+    "tokenizer_vocab_size",)
+
+
+def flag_of(dest: str) -> str:
+    """The command-line flag of a tokenizer setting's argparse dest (tokenizer_vocab_size: --vocab-size)."""
+    return "--vocab-size" if dest == "tokenizer_vocab_size" else "--" + dest.replace("_", "-")
+
+
+def tokenizer_flags(source) -> dict:
+    """{flag: value} of the tokenizer settings set in `source` (a namespace or config, or a dict by dest)."""
+    get = source.get if isinstance(source, dict) else (lambda dest: getattr(source, dest, None))
+    return {flag_of(dest): get(dest) for dest in TOKENIZER_DESTS if get(dest) is not None}
+
+
+def flags_text(flags: dict) -> str:
+    """{flag: value} as on a command line."""
+    return " ".join(f"{flag} {' '.join(map(str, v)) if isinstance(v, list) else v}" for flag, v in flags.items())
+
+
 def tiktoken_options(source) -> dict:
     """The TikTokenizer keyword arguments of build_tokenizer from a namespace or config that has
     TIKTOKEN_SETTINGS and `tokenizer_vocab_size` attributes (missing or None ones are left out)."""

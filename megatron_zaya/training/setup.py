@@ -14,7 +14,9 @@ import torch
 
 from megatron_zaya.checkpoint.preflight import check_before_build
 from megatron_zaya.data import build_tokenizer, build_train_valid_test_loaders
+from megatron_zaya.data.dataset_tokenizer import check_dataset_tokenizers
 from megatron_zaya.data.loaders import check_token_ids, missing_eod_warnings, open_datasets
+from megatron_zaya.data.tokenizer import flags_text, tokenizer_flags
 from megatron_zaya.errors import UserInputError
 from megatron_zaya.kernels.capability import slow_bf16_warning
 from megatron_zaya.model import ZayaModel
@@ -112,6 +114,7 @@ def _build_and_train(run) -> int:
                                 run.model.make_vocab_size_divisible_by, **run.data.tokenizer_kwargs())
     resolve_vocab(run, tokenizer)
     datasets = open_datasets(run.data)
+    check_dataset_tokenizers(datasets, tokenizer, flags_text(tokenizer_flags(run.data)))   # its record says another
     check_token_ids(run.data, tokenizer.vocab_size, datasets=datasets)   # a dataset of another tokenizer
     run.warnings += missing_eod_warnings(run.data, tokenizer.eod, datasets=datasets)   # printed by the main rank
     del datasets

@@ -1,0 +1,87 @@
+"""A dataset records the tokenizer that wrote it (PREFIX.tokenizer.json, data/dataset_tokenizer.py): a run,
+tools/evaluate.py and tools/merge_datasets.py with another tokenizer stop naming both, even where every token
+id fits the other vocabulary (the token-id check sees nothing there)."""
+import json
+import os
+import shutil
+
+import pytest
+
+from megatron_zaya.data.dataset_tokenizer import record_path, tokenizer_identity
+from megatron_zaya.data.indexed import IndexedDataset
+from megatron_zaya.data.tokenizer import build_tokenizer
+from tests.training.conftest import run_tool
+from tests.training.helpers import tiny_run_flags
+
+
+@pytest.fixture(scope="module")
+def other_tokenizer(tiny_corpus, tmp_path_factory):
+    """A second SentencePiece model of the same corpus, larger (600 pieces against 500): every id of the
+    corpus fits its vocabulary."""
+    folder = tmp_path_factory.mktemp("other_tokenizer")
+    docs = tiny_corpus[0].rsplit("/", 1)[0] + "/docs.jsonl"
+    assert run_tool("train_tokenizer", ["--input", docs, "--vocab-size", "600", "--output-prefix",
+                                        str(folder / "sp600"), "--num-threads", "1"]) == 0
+    return str(folder / "sp600.model")
+
+
+def test_the_identity_follows_the_encoding_not_the_file(tiny_corpus, other_tokenizer, tmp_path):
+    shutil.copy(tiny_corpus[1], tmp_path / "copy.model")
+    same = tokenizer_identity(build_tokenizer("GPTSentencePieceTokenizer", tiny_corpus[1]))
+    assert tokenizer_identity(build_tokenizer("GPTSentencePieceTokenizer", str(tmp_path / "copy.model"))) == same
+    other = tokenizer_identity(build_tokenizer("GPTSentencePieceTokenizer", other_tokenizer))
+    assert other["probe_sha256"] != same["probe_sha256"] and other["vocab_size"] != same["vocab_size"]
+    assert tokenizer_identity(build_tokenizer("NullTokenizer", "100")) == {"vocab_size": 101, "eod": 100,
+                                                                             "probe_sha256": None}
+
+
+def test_preprocessing_records_the_tokenizer(tiny_corpus):
+    prefix, model = tiny_corpus
+    record = json.loads(open(record_path(prefix)).read())
+    assert record["tokenizer_flags"] == {"--tokenizer-type": "GPTSentencePieceTokenizer", "--tokenizer-model": model}
+    assert {k: record[k] for k in ("vocab_size", "eod", "probe_sha256")} == tokenizer_identity(
+        build_tokenizer("GPTSentencePieceTokenizer", model))
+
+
+def test_a_run_with_another_tokenizer_stops_before_the_model(tiny_corpus, other_tokenizer, tmp_path, capsys):
+    from pretrain_zaya import main
+    prefix = tiny_corpus[0]
+    assert int(IndexedDataset(prefix).get(0).max()) < 600        # the token-id check would pass
+    save = tmp_path / "ckpt"
+    assert main(tiny_run_flags((prefix, other_tokenizer), tmp_path, **{"--save": save})) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert (f"--data-path {prefix} was preprocessed with --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model "
+            f"{tiny_corpus[1]} ({prefix}.tokenizer.json), not this run's --tokenizer-type GPTSentencePieceTokenizer "
+            f"--tokenizer-model {other_tokenizer}: the dataset's vocabulary size is 500, this run's 600; a test text "
+            f"encodes to other ids") in line, line
+    assert not save.exists()
+
+
+def test_merging_keeps_one_tokenizers_record_and_refuses_two(tiny_corpus, other_tokenizer, tmp_path, capsys):
+    docs = tiny_corpus[0].rsplit("/", 1)[0] + "/docs.jsonl"
+    for name, model in (("a", tiny_corpus[1]), ("b", tiny_corpus[1]), ("other", other_tokenizer)):
+        assert run_tool("preprocess_data", ["--input", docs, "--output-prefix", str(tmp_path / name), "--tokenizer-type",
+                                            "GPTSentencePieceTokenizer", "--tokenizer-model", model, "--append-eod",
+                                            "--no-progress"]) == 0
+    a, b, other = (str(tmp_path / f"{name}_text_document") for name in ("a", "b", "other"))
+    assert run_tool("merge_datasets", ["--input", a, b, "--output-prefix", str(tmp_path / "ab")]) == 0
+    assert open(record_path(str(tmp_path / "ab"))).read() == open(record_path(a)).read()
+
+    assert run_tool("merge_datasets", ["--input", a, other, "--output-prefix", str(tmp_path / "mixed")]) == 2
+    err = capsys.readouterr().err
+    assert (f"--input {other} and {a} were preprocessed with different tokenizers" in err
+            and f"{other}'s vocabulary size is 600, {a}'s 500" in err), err
+    assert not any(name.startswith("mixed") for name in os.listdir(tmp_path))
+
+    os.remove(record_path(b))         # preprocessed elsewhere: no record, so none for the output either
+    assert run_tool("merge_datasets", ["--input", a, b, "--output-prefix", str(tmp_path / "ab2")]) == 0
+    assert not os.path.exists(record_path(str(tmp_path / "ab2")))
+    assert "1 of the 2 inputs have no .tokenizer.json" in capsys.readouterr().err
+
+
+def test_evaluate_checks_before_loading_the_checkpoint(tiny_corpus, other_tokenizer, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        run_tool("evaluate", ["--load", str(tmp_path / "not_read"), "--data-path", tiny_corpus[0], "--tokenizer-type",
+                              "GPTSentencePieceTokenizer", "--tokenizer-model", other_tokenizer])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 2 and f"--data-path {tiny_corpus[0]} was preprocessed with" in line, line
