@@ -43,7 +43,7 @@ from typing import Sequence
 from megatron_zaya.errors import UserInputError
 
 from .tokenizer_base import BaseTokenizer, pad_vocab_size
-from .tokenizer_hf import GPT2BPETokenizer, HuggingFaceTokenizer, gpt2_bpe_files
+from .tokenizer_hf import GPT2BPETokenizer, HuggingFaceTokenizer, gpt2_bpe_files, missing_tokenizer_json
 from .tokenizer_sentencepiece import GPTSentencePieceTokenizer, Llama2Tokenizer, SentencePieceTokenizer
 from .tokenizer_tiktoken import TikTokenizer, check_tiktoken_settings
 
@@ -160,8 +160,8 @@ def check_tokenizer_flags(tokenizer_type: str, tokenizer_model, vocab_file: str 
     if tokenizer_type != "TikTokenizer":
         for name, value in tiktoken.items():
             if value is not None:
-                flag = "--vocab-size" if name == "tokenizer_vocab_size" else "--" + name.replace("_", "-")
-                raise UserInputError(f"{flag} is read only by --tokenizer-type TikTokenizer, not {tokenizer_type}")
+                raise UserInputError(f"{flag_of(name)} is read only by --tokenizer-type TikTokenizer, not "
+                                     f"{tokenizer_type}")
     if tokenizer_model is None:
         what = "the vocabulary size" if tokenizer_type == "NullTokenizer" else "a tokenizer file"
         raise UserInputError(f"--tokenizer-type {tokenizer_type} needs --tokenizer-model ({what})")
@@ -172,8 +172,7 @@ def check_tokenizer_flags(tokenizer_type: str, tokenizer_model, vocab_file: str 
     elif tokenizer_type == "HuggingFaceTokenizer":
         path = str(tokenizer_model)
         if not (os.path.isfile(path) or os.path.isfile(os.path.join(path, "tokenizer.json"))):
-            raise UserInputError(f"--tokenizer-model {path}: no tokenizer.json found (give the file or the directory "
-                                 f"holding it)")
+            raise UserInputError(missing_tokenizer_json(path))
     elif tokenizer_type == "TikTokenizer":
         check_tiktoken_settings(tokenizer_model, tiktoken.get("tiktoken_pattern"), tiktoken.get("tokenizer_vocab_size"),
                                 tiktoken.get("tiktoken_num_special_tokens"), tiktoken.get("tokenizer_special_tokens"))

@@ -4,6 +4,7 @@ GPT2BPETokenizer (GPT-2's vocab.json + merges.txt). See megatron_zaya/data/token
 from __future__ import annotations
 
 import os
+import re
 from typing import Sequence
 
 from megatron_zaya.errors import UserInputError
@@ -36,6 +37,16 @@ class _TokenizersBackend(BaseTokenizer):
         return self.tok.decode(_to_int_list(ids), skip_special_tokens=False)
 
 
+def missing_tokenizer_json(path: str) -> str:
+    """The error for a HuggingFaceTokenizer --tokenizer-model without a tokenizer.json; a path that looks like
+    a Hub name (org/name, not on disk) gets the command that fetches one: nothing is downloaded at run time."""
+    message = f"--tokenizer-model {path}: no tokenizer.json found (give the file or the directory holding it)"
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", path) and not os.path.exists(path):
+        message += (f"; {path} looks like a Hugging Face Hub name, and nothing is downloaded at run time: fetch it "
+                    f"first (hf download {path} tokenizer.json tokenizer_config.json --local-dir DIR) and give DIR")
+    return message
+
+
 class HuggingFaceTokenizer(_TokenizersBackend):
     """A local `tokenizer.json` via the `tokenizers` package (no hub access)."""
 
@@ -50,7 +61,7 @@ class HuggingFaceTokenizer(_TokenizersBackend):
         else:
             directory, json_path = os.path.dirname(path) or ".", path
         if not os.path.isfile(json_path):
-            raise FileNotFoundError(f"--tokenizer-model {path}: no tokenizer.json found (give the file or the directory holding it)")
+            raise FileNotFoundError(missing_tokenizer_json(path))
         try:
             self.tok = Tokenizer.from_file(json_path)
         except Exception as e:  # the tokenizers package raises a generic Exception on bad files

@@ -179,8 +179,15 @@ def test_bad_arguments_are_clear(tmp_path):
     bad.write_bytes(b"not a model")
     with pytest.raises(ValueError, match="not a valid SentencePiece model"):
         build_tokenizer("SentencePieceTokenizer", str(bad))
-    with pytest.raises(UserInputError, match="no tokenizer.json"):
+    with pytest.raises(UserInputError, match="no tokenizer.json") as missing:
         build_tokenizer("HuggingFaceTokenizer", str(tmp_path))
+    assert "Hub name" not in str(missing.value)
+    from megatron_zaya.data.tokenizer import check_tokenizer_flags
+    with pytest.raises(UserInputError) as hub:      # a Hub name: nothing is downloaded, the message says how
+        check_tokenizer_flags("HuggingFaceTokenizer", "google/gemma-3-1b-pt")
+    assert str(hub.value).endswith("google/gemma-3-1b-pt looks like a Hugging Face Hub name, and nothing is downloaded "
+                                   "at run time: fetch it first (hf download google/gemma-3-1b-pt tokenizer.json "
+                                   "tokenizer_config.json --local-dir DIR) and give DIR")
 
 
 def test_train_unigram(tmp_path, corpus_dir):
