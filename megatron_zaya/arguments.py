@@ -298,6 +298,8 @@ def _check_skip_train(args: argparse.Namespace) -> None:
         raise UserInputError("--skip-train only evaluates: give --eval-iters > 0")
     if args.skip_train and not (args.load or args.pretrained_checkpoint):
         raise UserInputError("--skip-train evaluates a trained model: give --load (or --pretrained-checkpoint)")
+    if args.finetune and not (args.load or args.pretrained_checkpoint):
+        raise UserInputError("--finetune starts from a checkpoint's weights: give --load (or --pretrained-checkpoint)")
 
 
 def _check_non_persistent(args: argparse.Namespace) -> None:

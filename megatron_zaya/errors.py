@@ -4,7 +4,20 @@ Entry points (pretrain_zaya.py) print such an error as one line and exit with st
 argparse usage error, instead of a traceback. Genuine bugs keep their tracebacks: only this class
 (and the checkpoint code's CheckpointError) is caught, never Exception.
 """
+import os
+import re
 
 
 class UserInputError(ValueError):
     """A bad flag, input file or value; the message names it (a ValueError for older callers)."""
+
+
+def hub_name_hint(path: str, files: str = "", then: str = "give DIR") -> str:
+    """"" unless `path` looks like a Hugging Face Hub name (org/name) and is not on disk: then the note that
+    nothing is downloaded at run time, with the command that fetches `files` (default: the whole repository)
+    and what to do `then`."""
+    path = str(path)
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", path) or os.path.exists(path):
+        return ""
+    return (f"; {path} looks like a Hugging Face Hub name, and nothing is downloaded at run time: fetch it first "
+            f"(hf download {path}{' ' + files if files else ''} --local-dir DIR) and {then}")

@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from megatron_zaya.checkpoint.format import CheckpointError
 from megatron_zaya.config import ModelConfig
+from megatron_zaya.errors import hub_name_hint
 
 HF_WEIGHTS = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
@@ -272,7 +273,7 @@ def load_hf_folder(folder) -> tuple[dict, ModelConfig]:
     folder = Path(folder)
     config_path = folder / "config.json"
     if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path}: missing (expected a Hugging Face ZAYA folder)")
+        raise FileNotFoundError(f"{config_path}: missing (expected a Hugging Face ZAYA folder)" + hub_name_hint(folder))
     files = hf_weight_files(folder)
     config = config_from_hf_file(config_path)
     state = {}

@@ -32,7 +32,7 @@ from megatron_zaya.checkpoint.format import (COMPLETE_MARKER, ITER_RE, LATEST_FI
 from megatron_zaya.checkpoint.hf_format import is_hf_folder
 from megatron_zaya.checkpoint.recorded_tokenizer import recorded_tokenizer
 from megatron_zaya.config import ModelConfig
-from megatron_zaya.errors import UserInputError
+from megatron_zaya.errors import UserInputError, hub_name_hint
 from megatron_zaya.training.data_phase import data_changed, data_signature
 
 # Model config fields that change the shape (or the set) of the model's tensors: never loadable across.
@@ -308,15 +308,29 @@ def tensor_parallel_from_checkpoint(args, source: tuple[str, dict] | None) -> in
 
 
 def requires_checkpoint(train_cfg) -> bool:
-    """Whether a --load without a checkpoint must stop the run (instead of training from scratch)."""
-    return bool(train_cfg.exit_on_missing_checkpoint or train_cfg.skip_train)
+    """Whether a --load without a checkpoint must stop the run (instead of training from scratch): also
+    under --finetune, whose whole point is --load's weights (a fine-tune that is resumed names its base
+    by --pretrained-checkpoint, read only while --load holds no checkpoint)."""
+    return bool(train_cfg.exit_on_missing_checkpoint or train_cfg.skip_train or train_cfg.finetune)
+
+
+HUB_LOAD_STEPS = "convert it (tools/convert_checkpoint.py from-hf DIR CKPT), then give --load CKPT --finetune"
 
 
 def missing_checkpoint_message(train_cfg) -> str:
-    flag = "--skip-train" if train_cfg.skip_train else "--exit-on-missing-checkpoint"
-    instead = "a model to evaluate" if train_cfg.skip_train else "to start from"
-    return (f"{flag}: --load {train_cfg.load} holds no checkpoint {instead} (a typo in the path, or no save has "
-            f"completed yet)" + ("" if train_cfg.skip_train else "; drop the flag to train from scratch"))
+    return _missing_checkpoint_message(train_cfg) + hub_name_hint(train_cfg.load, then=HUB_LOAD_STEPS)
+
+
+def _missing_checkpoint_message(train_cfg) -> str:
+    if train_cfg.skip_train:
+        return (f"--skip-train: --load {train_cfg.load} holds no checkpoint, so no model to evaluate (a typo in the "
+                f"path, or no save has completed yet)")
+    if train_cfg.finetune and not train_cfg.exit_on_missing_checkpoint:
+        return (f"--finetune: --load {train_cfg.load} holds no checkpoint to start from (a typo in the path, or a "
+                f"Hugging Face folder not converted yet?); drop --finetune to train from scratch, and to resume a "
+                f"fine-tune give --load SAVE --pretrained-checkpoint BASE")
+    return (f"--exit-on-missing-checkpoint: --load {train_cfg.load} holds no checkpoint to start from (a typo in the "
+            f"path, or no save has completed yet); drop the flag to train from scratch")
 
 
 def checkpoint_at_step(load: str, step: int) -> str:

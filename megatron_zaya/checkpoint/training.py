@@ -23,10 +23,11 @@ import torch
 
 from megatron_zaya.checkpoint.format import (CheckpointError, CheckpointFolder, checkpoint_candidates, iter_dir_name,
                                              list_complete, unreadable_latest_file)
-from megatron_zaya.checkpoint.preflight import (WEIGHTS_ONLY_ADVICE, check_model_config, check_weights_only,
-                                                loads_optimizer, missing_checkpoint_message,
+from megatron_zaya.checkpoint.preflight import (HUB_LOAD_STEPS, WEIGHTS_ONLY_ADVICE, check_model_config,
+                                                check_weights_only, loads_optimizer, missing_checkpoint_message,
                                                 no_pretrained_checkpoint_message, requires_checkpoint, start_sources)
 from megatron_zaya.checkpoint.saver import CheckpointWriter, recover_replaced
+from megatron_zaya.errors import hub_name_hint
 from megatron_zaya.checkpoint.state import (balancer_entries, load_balancer, load_model, load_optimizer, load_rng,
                                             model_entries, optimizer_entries, optimizer_slots,
                                             rng_entries_and_objects, unwrap)
@@ -184,7 +185,9 @@ class TrainingCheckpointer:
         if folder is None:
             if requires_checkpoint(cfg):           # also when every candidate proved unreadable
                 raise CheckpointError(missing_checkpoint_message(cfg))
-            self.log(f"WARNING: --load {cfg.load}: no checkpoint found; training from scratch")
+            resume_idiom = cfg.save and os.path.abspath(cfg.save) == os.path.abspath(cfg.load)   # a first run
+            self.log(f"WARNING: --load {cfg.load}: no checkpoint found; training from scratch"
+                     + ("" if resume_idiom else hub_name_hint(cfg.load, then=HUB_LOAD_STEPS)))
             return
         meta = folder.metadata
         config_notes = check_model_config(meta, self.run, cfg.finetune, folder.folder)

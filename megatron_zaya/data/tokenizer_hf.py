@@ -4,10 +4,9 @@ GPT2BPETokenizer (GPT-2's vocab.json + merges.txt). See megatron_zaya/data/token
 from __future__ import annotations
 
 import os
-import re
 from typing import Sequence
 
-from megatron_zaya.errors import UserInputError
+from megatron_zaya.errors import UserInputError, hub_name_hint
 
 from .tokenizer_base import BaseTokenizer, _load_json_object, _to_int_list
 
@@ -38,13 +37,9 @@ class _TokenizersBackend(BaseTokenizer):
 
 
 def missing_tokenizer_json(path: str) -> str:
-    """The error for a HuggingFaceTokenizer --tokenizer-model without a tokenizer.json; a path that looks like
-    a Hub name (org/name, not on disk) gets the command that fetches one: nothing is downloaded at run time."""
-    message = f"--tokenizer-model {path}: no tokenizer.json found (give the file or the directory holding it)"
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", path) and not os.path.exists(path):
-        message += (f"; {path} looks like a Hugging Face Hub name, and nothing is downloaded at run time: fetch it "
-                    f"first (hf download {path} tokenizer.json tokenizer_config.json --local-dir DIR) and give DIR")
-    return message
+    """The error for a HuggingFaceTokenizer --tokenizer-model without a tokenizer.json (with a Hub name's hint)."""
+    return (f"--tokenizer-model {path}: no tokenizer.json found (give the file or the directory holding it)"
+            + hub_name_hint(path, "tokenizer.json tokenizer_config.json"))
 
 
 class HuggingFaceTokenizer(_TokenizersBackend):

@@ -20,6 +20,7 @@ import torch
 
 from megatron_zaya.checkpoint import hf_format
 from megatron_zaya.config import ModelConfig
+from megatron_zaya.errors import hub_name_hint
 from megatron_zaya.model import ZayaModel
 
 class CheckpointLoadError(ValueError):
@@ -30,7 +31,7 @@ def load_state(path) -> tuple[dict, ModelConfig, dict]:
     """(state dict on CPU, ModelConfig, info) for any supported checkpoint; nothing is built."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no such checkpoint (file or folder)")
+        raise FileNotFoundError(f"{path}: no such checkpoint (file or folder)" + hub_name_hint(path))
     if path.is_dir() and hf_format.is_hf_folder(path):
         state, config = hf_format.load_hf_folder(path)
         return state, config, {"format": "huggingface", "path": str(path)}

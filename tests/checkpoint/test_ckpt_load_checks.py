@@ -196,11 +196,16 @@ def test_ckpt_step_errors_name_the_flag(ckpt_corpus, ckpt_cache, tmp_path, capsy
 
 def test_exit_on_missing_checkpoint_stops_before_the_model(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch):
     """--exit-on-missing-checkpoint: a --load without a checkpoint (a typo, no save yet) stops the run
-    instead of training from scratch; without the flag it trains from scratch, as before."""
+    instead of training from scratch, and so does --finetune; without them it trains from scratch, as before."""
     missing = str(tmp_path / "typo")
     monkeypatch.setattr("megatron_zaya.training.setup.build_runtime", no_build)
     with pytest.raises(CheckpointError, match=rf"--exit-on-missing-checkpoint: --load {missing} holds no checkpoint"):
         train(flags(ckpt_corpus, 1, "--load", missing, "--exit-on-missing-checkpoint", cache=ckpt_cache))
+    with pytest.raises(CheckpointError, match=rf"--finetune: --load {missing} holds no checkpoint to start from"):
+        train(flags(ckpt_corpus, 1, "--load", missing, "--finetune", cache=ckpt_cache))    # its weights are the point
+    with pytest.raises(CheckpointError, match=r"Org/Model-x looks like a Hugging Face Hub name, .* then give --load "
+                                              r"CKPT --finetune$"):
+        train(flags(ckpt_corpus, 1, "--load", "Org/Model-x", "--finetune", cache=ckpt_cache))
     monkeypatch.undo()
     assert sorted(train(flags(ckpt_corpus, 1, "--load", missing, cache=ckpt_cache)).losses) == [1]
 
@@ -241,7 +246,7 @@ def test_skip_train_evaluates_the_loaded_model_and_saves_nothing(ckpt_corpus, ck
     assert evaluated.losses == {} and not list_complete(str(save))
     final = [line for line in trained.splitlines() if "final validation loss" in line][-1]
     assert final.split("] ", 1)[1] in out, out
-    with pytest.raises(CheckpointError, match=r"--skip-train: --load .*empty holds no checkpoint a model to evaluate"):
+    with pytest.raises(CheckpointError, match=r"--skip-train: --load .*empty holds no checkpoint, so no model to evaluate"):
         train(flags(ckpt_corpus, 1, "--load", str(tmp_path / "empty"), "--skip-train", "--eval-iters", "1",
                     cache=ckpt_cache))
     for extra, expected in ((["--eval-iters", "1"], "--skip-train evaluates a trained model: give --load"),

@@ -93,6 +93,19 @@ def test_loader_names_the_damaged_file(damaged_folders, capsys):
     assert code == 2 and "model.safetensors: unreadable" in line, line
 
 
+def test_a_hub_name_is_not_downloaded_and_the_error_says_how_to_fetch_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)       # "Zyphra/ZAYA1-base" is not on disk here
+    hint = ("Zyphra/ZAYA1-base looks like a Hugging Face Hub name, and nothing is downloaded at run time: fetch it "
+            "first (hf download Zyphra/ZAYA1-base --local-dir DIR) and give DIR")
+    code, line = error_line(load_tool("generate"), ["--load", "Zyphra/ZAYA1-base", "--prompt-ids", "1"], capsys)
+    assert code == 2 and line.endswith(hint), line
+    assert load_tool("convert_checkpoint").main(["from-hf", "Zyphra/ZAYA1-base", "out"]) == 1
+    assert capsys.readouterr().err.strip().endswith(hint)
+    (tmp_path / "Zyphra" / "ZAYA1-base").mkdir(parents=True)      # a real (empty) folder gets no hint
+    code, line = error_line(load_tool("generate"), ["--load", "Zyphra/ZAYA1-base", "--prompt-ids", "1"], capsys)
+    assert code == 2 and "Hub name" not in line, line
+
+
 # --- evaluate.py -------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -69,6 +69,7 @@ def error_of(argv, capsys) -> str:
      "--ddp-num-buckets=4 and --ddp-bucket-size=1000 set the same thing"),
     ({"--ddp-num-buckets": "0"}, "--ddp-num-buckets=0: must be >= 1"),
     ({"--use-mp-args-from-checkpoint-args": ""}, "--use-mp-args-from-checkpoint-args needs --use-checkpoint-args"),
+    ({"--finetune": ""}, "--finetune starts from a checkpoint's weights: give --load (or --pretrained-checkpoint)"),
     ({"--embedding-init-method-std": "-1"}, "--embedding-init-method-std=-1.0: must be >= 0"),
     ({"--enable-cuda-graph": ""}, "--enable-cuda-graph is not supported: no CUDA graphs"),
     ({"--cuda-graph-impl": "local"}, "--cuda-graph-impl=local is not supported: only none"),
