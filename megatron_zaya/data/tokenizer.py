@@ -116,6 +116,13 @@ def flag_of(dest: str) -> str:
     return "--vocab-size" if dest == "tokenizer_vocab_size" else "--" + dest.replace("_", "-")
 
 
+def tokenizer_from_flags_dict(flags: dict) -> BaseTokenizer:
+    """build_tokenizer of {flag: value} as tokenizer_flags gives them (e.g. a dataset's tokenizer record)."""
+    settings = {("tokenizer_vocab_size" if flag == "--vocab-size" else flag[2:].replace("-", "_")): value
+                for flag, value in flags.items()}
+    return build_tokenizer(settings.pop("tokenizer_type"), settings.pop("tokenizer_model", None), **settings)
+
+
 def tokenizer_flags(source) -> dict:
     """{flag: value} of the tokenizer settings set in `source` (a namespace or config, or a dict by dest)."""
     get = source.get if isinstance(source, dict) else (lambda dest: getattr(source, dest, None))

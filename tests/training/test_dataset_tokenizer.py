@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 
 from megatron_zaya.data.dataset_tokenizer import record_path, tokenizer_identity
@@ -85,3 +86,28 @@ def test_evaluate_checks_before_loading_the_checkpoint(tiny_corpus, other_tokeni
                               "GPTSentencePieceTokenizer", "--tokenizer-model", other_tokenizer])
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert exc.value.code == 2 and f"--data-path {tiny_corpus[0]} was preprocessed with" in line, line
+
+
+def test_inspect_dataset_reports_counts_ids_and_text_with_the_recorded_tokenizer(tiny_corpus, other_tokenizer, tmp_path,
+                                                                                capsys):
+    prefix, model = tiny_corpus
+    data, ours = IndexedDataset(prefix), build_tokenizer("GPTSentencePieceTokenizer", model)
+    assert run_tool("inspect_dataset", [prefix, "--json", "--documents", "1"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    tokens = np.concatenate([data.document(d) for d in range(data.num_documents)])
+    assert (report["documents"], report["tokens"], report["decoded_by"]) == (
+        data.num_documents, tokens.size, "the dataset's tokenizer record")
+    assert report["document_tokens"]["max"] == max(data.document(d).size for d in range(data.num_documents))
+    assert (report["ids"]["min_id"], report["ids"]["max_id"]) == (tokens.min(), tokens.max())
+    assert report["eod_endings"]["ending_with_eod"] == data.num_documents          # --append-eod
+    assert report["documents_shown"][0]["text"] == ours.decode(data.document(0).tolist())[:600]
+    assert run_tool("inspect_dataset", [prefix, "--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model",
+                                        other_tokenizer]) == 0
+    out = capsys.readouterr().out
+    assert "decoded by:  the tokenizer flags" in out and f"written by:  --tokenizer-type GPTSentencePieceTokenizer " \
+                                                         f"--tokenizer-model {model}" in out
+    shutil.copy(prefix + ".idx", tmp_path / "cut.idx")
+    (tmp_path / "cut.bin").write_bytes(open(prefix + ".bin", "rb").read()[:-2])
+    with pytest.raises(SystemExit) as exc:
+        run_tool("inspect_dataset", [str(tmp_path / "cut")])
+    assert exc.value.code == 2 and f"{tmp_path / 'cut.bin'}: size" in capsys.readouterr().err
