@@ -20,6 +20,7 @@ import torch
 from megatron_zaya.checkpoint.format import METADATA_FILE, CheckpointError, iter_dir_name, list_complete, read_json
 from megatron_zaya.checkpoint.hf_format import DEFAULT_MAX_SHARD_BYTES, save_hf_folder
 from megatron_zaya.checkpoint.inspection import load_full_model_state, resolve_folder
+from megatron_zaya.checkpoint.model_card import model_card
 
 
 def checkpoints_to_average(sources: list[str], last: int | None = None) -> list[str]:
@@ -80,5 +81,6 @@ def average_to_hf(folders: list[str], output_dir: str, weights: list[float] | No
         del state
     if progress is not None:
         progress.note(f"writing {output_dir}")
-    save_hf_folder(total, config, output_dir, dtype, tokenizer, max_shard_bytes)
+    card = model_card(config, metas, folders, weights, dtype or torch.float32, tokenizer is not None)
+    save_hf_folder(total, config, output_dir, dtype, tokenizer, max_shard_bytes, {"README.md": card})
     return {"folders": folders, "weights": weights, "iterations": [meta.get("iteration") for meta in metas]}

@@ -12,6 +12,7 @@ import torch
 from megatron_zaya.checkpoint.format import LATEST_FILE, METADATA_FILE, CheckpointError, read_json
 from megatron_zaya.checkpoint.hf_format import DEFAULT_MAX_SHARD_BYTES, load_hf_folder, save_hf_folder
 from megatron_zaya.checkpoint.inspection import load_full_model_state, resolve_folder
+from megatron_zaya.checkpoint.model_card import model_card
 from megatron_zaya.checkpoint.preflight import held_iterations
 from megatron_zaya.checkpoint.saver import CheckpointWriter
 from megatron_zaya.checkpoint.state import model_entries
@@ -20,8 +21,9 @@ from megatron_zaya.config import ModelConfig
 
 def checkpoint_to_hf(path: str, output_dir: str, dtype: torch.dtype | None = None, tokenizer=None,
                      progress=None, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> dict:
-    """The model of a sharded checkpoint as a Hugging Face folder (with `tokenizer`'s files too, when
-    given; its vocabulary must fit the embedding, checked from the metadata before any weight is read).
+    """The model of a sharded checkpoint as a Hugging Face folder, with a README.md model card (and
+    `tokenizer`'s files too, when given; its vocabulary must fit the embedding, checked from the metadata
+    before any weight is read).
     `progress`: see ConversionProgress."""
     if tokenizer is not None:
         rows = read_json(os.path.join(resolve_folder(path), METADATA_FILE))["model_config"]["vocab_size"]
@@ -31,7 +33,9 @@ def checkpoint_to_hf(path: str, output_dir: str, dtype: torch.dtype | None = Non
     state, config, info = load_full_model_state(path, progress.reading if progress else None)
     if progress is not None:
         progress.note(f"writing {output_dir}")
-    save_hf_folder(state, config, output_dir, dtype, tokenizer, max_shard_bytes)
+    card = model_card(config, [read_json(os.path.join(info["folder"], METADATA_FILE))], [info["folder"]], None,
+                      dtype or state["embedding.weight"].dtype, tokenizer is not None)
+    save_hf_folder(state, config, output_dir, dtype, tokenizer, max_shard_bytes, {"README.md": card})
     return info
 
 

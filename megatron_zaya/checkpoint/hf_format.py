@@ -169,10 +169,11 @@ def shard_files(tensors: dict, max_shard_bytes: int) -> dict[str, list[str]]:
 
 
 def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: torch.dtype | None = None,
-                   tokenizer=None, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
+                   tokenizer=None, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+                   extra_files: dict[str, str] | None = None) -> None:
     """Write config.json + model.safetensors (or shards and their index past `max_shard_bytes`) for
     transformers' ZayaForCausalLM; with `tokenizer` (one of ours) also its Hugging Face files and special
-    token ids (checkpoint/hf_tokenizer.py)."""
+    token ids (checkpoint/hf_tokenizer.py); `extra_files` {name: text} too (e.g. the README.md model card)."""
     if max_shard_bytes < 1:
         raise ValueError(f"max_shard_bytes={max_shard_bytes} must be >= 1")
     tensors = {}
@@ -199,7 +200,7 @@ def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: tor
                      "weight_map": {n: file for file, names in files.items() for n in names}}
             (folder / HF_INDEX).write_text(json.dumps(index, indent=2) + "\n")
         (folder / "config.json").write_text(json.dumps(config_dict, indent=2) + "\n")
-        for name, text in tokenizer_files.items():
+        for name, text in {**tokenizer_files, **(extra_files or {})}.items():
             (folder / name).write_text(text, encoding="utf-8")
 
     _atomic_folder_write(Path(output_dir), write)

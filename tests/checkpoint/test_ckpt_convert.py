@@ -129,6 +129,8 @@ def test_average_of_checkpoints_is_their_weighted_mean(ckpt_corpus, ckpt_cache, 
     given = [os.path.join(save, f"iter_{i:07d}") for i in (1, 3)]
     assert tool.main(["average", *given, str(tmp_path / "weighted"), "--weights", "1", "3", "--no-progress"]) == 0
     weighted, _ = load_hf_folder(tmp_path / "weighted")
+    card = (tmp_path / "weighted" / "README.md").read_text()      # the model card says what was averaged
+    assert "| trained | the mean of iterations 1, 3 (weights 0.25, 0.75) |" in card, card
     for name, tensor in weighted.items():
         want = 0.25 * states[0][name].double() + 0.75 * states[2][name].double()
         torch.testing.assert_close(tensor.double(), want, rtol=1e-6, atol=1e-7, msg=name)

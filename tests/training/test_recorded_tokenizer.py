@@ -9,7 +9,9 @@ import pytest
 
 from megatron_zaya.arguments import parse_args
 from megatron_zaya.checkpoint.recorded_tokenizer import recorded_tokenizer
+from megatron_zaya.config import ModelConfig
 from megatron_zaya.data.tokenizer import build_tokenizer
+from megatron_zaya.model.accounting import count_parameters
 from megatron_zaya.training.setup import build_and_train
 from tests.training.conftest import run_tool
 from tests.training.helpers import tiny_run_flags
@@ -67,6 +69,14 @@ def test_tools_take_the_training_runs_tokenizer(run_with_relative_tokenizer, tin
     assert f"tokenizer: {said}, as the training run that saved the checkpoint" in capsys.readouterr().err
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     assert theirs.encode(TEXT, add_special_tokens=False) == ours.encode(TEXT)
+    card = (tmp_path / "hf" / "README.md").read_text()       # the model card: the run's facts as it recorded them
+    counts = count_parameters(ModelConfig(**json.loads((save / "iter_0000001" / "metadata.json").read_text())[
+        "model_config"]))
+    for row in (f"| trained | iteration 1, {4 * 32:,} tokens seen |", "| weights | fp32, exported ",
+                "| tokenizer | `--tokenizer-type GPTSentencePieceTokenizer --tokenizer-model sp.model` |",   # as given
+                f"| data | `--data-path {tiny_corpus[0]} --split 969,30,1 --seq-length 32` |",
+                f"| parameters | {counts.total / 1e6:.1f}M in total,", "library_name: transformers"):
+        assert row in card, (row, card)
 
     generate = ["--load", str(save), "--prompt", TEXT, "--greedy", "--max-new-tokens", "2", "--output-json", "gen.json"]
     assert run_tool("generate", generate) == 0
