@@ -43,7 +43,8 @@ def megatron_num_samples(train_iters: int, global_batch_size: int, eval_interval
     return [train_iters * global_batch_size, evals * global_batch_size, eval_iters * global_batch_size]
 
 
-def _phase_weights(data_path: list[str], prefixes: list[str]) -> list[float]:
+def blend_weights(data_path: list[str], prefixes: list[str]) -> list[float]:
+    """The share of each of `prefixes` in the blend `data_path` (an unweighted list: equal shares)."""
     weights, paths = parse_data_path(data_path)
     if weights is None:
         if len(paths) > 1:
@@ -70,7 +71,7 @@ def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: li
         return None
     if not cfg.separate_splits and ib.parse_split(cfg.split)[split_id] == 0:
         return None  # Megatron: a split with zero weight has no dataset
-    weights = [_phase_weights(b, prefixes) for b in blends]
+    weights = [blend_weights(b, prefixes) for b in blends]
     cache_dir = None if cfg.no_index_cache else (cfg.data_cache_path or default_cache_dir(prefixes[0]))
 
     def blending(w, size):

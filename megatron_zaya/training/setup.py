@@ -14,6 +14,7 @@ import torch
 
 from megatron_zaya.checkpoint.preflight import check_before_build
 from megatron_zaya.data import build_tokenizer, build_train_valid_test_loaders
+from megatron_zaya.data.blend_report import passes_lines, training_passes
 from megatron_zaya.data.dataset_tokenizer import check_dataset_tokenizers
 from megatron_zaya.data.loaders import check_token_ids, missing_eod_warnings, open_datasets
 from megatron_zaya.data.tokenizer import flags_text, tokenizer_flags
@@ -25,6 +26,7 @@ from megatron_zaya.training.data_phase import data_signature, train_data_positio
 from megatron_zaya.training.logger import TrainingLogger
 from megatron_zaya.training.loop import Trainer, TrainState
 from megatron_zaya.training.runtime import SingleProcess
+from megatron_zaya.training.run_summary import startup_lines
 
 
 def resolve_vocab(run, tokenizer) -> None:
@@ -117,7 +119,6 @@ def _build_and_train(run) -> int:
     check_dataset_tokenizers(datasets, tokenizer, flags_text(tokenizer_flags(run.data)))   # its record says another
     check_token_ids(run.data, tokenizer.vocab_size, datasets=datasets)   # a dataset of another tokenizer
     run.warnings += missing_eod_warnings(run.data, tokenizer.eod, datasets=datasets)   # printed by the main rank
-    del datasets
     check_before_build(run)              # --save / --load problems: before process groups and the model
     runtime = build_runtime(run)
     model = build_model(run)
@@ -137,6 +138,10 @@ def _build_and_train(run) -> int:
     gbs = run.train.global_batch_size
     # Sized from the schedule (never the raw --train-samples: a partial last batch is not trained on).
     consumed, train_samples = train_data_position(trainer.state, trainer.batch_schedule, trainer.total_iters)
+    run_tokens = trainer.batch_schedule.samples_consumed(0, trainer.total_iters) * seq
+    summary = startup_lines(run, tokenizer.vocab_size) + passes_lines(
+        training_passes(run.data, datasets, run_tokens), run_tokens)
+    del datasets
     valid_samples = run.train.eval_iters * gbs if run.train.eval_iters else 0
     train_loader, valid_loaders, test_loader = build_train_valid_test_loaders(
         run.data, gbs, run.train.micro_batch_size, seq, runtime.dp_rank, runtime.dp_size,
@@ -149,6 +154,8 @@ def _build_and_train(run) -> int:
     logger = trainer.logger = TrainingLogger(runtime.is_main, run.train.tensorboard_dir, trainer.total_iters,
                                              trainer.state.iteration, run.train.progress_bar,
                                              run.train.tensorboard_queue_size, trainer.state.consumed_samples)
+    for line in summary:
+        logger.print(line)
     try:
         if run.train.skip_train:         # Megatron-LM's --skip-train: evaluate the loaded model, save nothing
             logger.print(f"--skip-train: evaluating the model of iteration {trainer.state.iteration} only")

@@ -246,3 +246,32 @@ def test_forced_load_balancing_splits_every_layer_evenly(tiny_corpus, tmp_path):
         lo, hi = values[f"moe/layer{layer:02d}/tokens_per_expert_min"], values[f"moe/layer{layer:02d}/tokens_per_expert_max"]
         assert [v for _, v in lo] == [v for _, v in hi] and lo[0][1] > 0, (layer, lo, hi)
         assert {v for _, v in values[f"moe/layer{layer:02d}/skip_rate"]} == {0.0}
+
+
+def test_the_start_up_lines_say_model_layout_batch_and_how_often_each_dataset_is_read(tiny_corpus, tmp_path, capsys):
+    """Before the first step: the parameter counts (model/accounting.py), the layout and batch, and per dataset
+    of the train blend its share of the run's tokens over its train-split tokens (here a weight-3 copy of
+    the corpus is read three times as often as the weight-1 one)."""
+    import numpy as np
+
+    from megatron_zaya.data.indexed import IndexedDataset
+    from megatron_zaya.model.accounting import count_parameters
+
+    prefix = tiny_corpus[0]
+    copy = str(tmp_path / "copy_text_document")
+    for ext in (".bin", ".idx", ".tokenizer.json"):
+        shutil.copy(prefix + ext, copy + ext)
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--data-path": ["3", prefix, "1", copy],
+                                                                "--train-iters": 1, "--eval-iters": 0}))
+    assert build_and_train(run) == 0
+    out = capsys.readouterr().out
+    counts = count_parameters(run.model)
+    assert f"model: 2 layers, hidden 128, 4 experts + skip (FFN 256); {counts.total / 1e6:.2f}M parameters" in out
+    assert "layout: 1 process: DP 1 x TP 1 x CP 1, EP 1; fp32, muon" in out
+    assert "batch: 4 sequences of 32 tokens per iteration (128 tokens) = micro-batch 2 x 2 accumulation x DP 1" in out
+    lengths = IndexedDataset(prefix).sequence_lengths
+    train_tokens = int(np.sum(lengths[:int(round(0.969 * len(lengths)))], dtype=np.int64))   # --split 969,30,1
+    assert "data: 128 training tokens over 2 datasets" in out
+    for weight, name in ((0.75, prefix), (0.25, copy)):
+        assert f"{weight * 128 / train_tokens:8.3g} passes over {train_tokens:,} train-split tokens (weight " \
+               f"{weight:.3g}) of {name}" in out, out

@@ -1,0 +1,35 @@
+"""The lines the main rank prints before the first step: what is being trained, on how many processes,
+with which batch, and how often each dataset will be read (data/blend_report.py), so that a wrong preset,
+layout or blend shows at once instead of in the loss curve."""
+from __future__ import annotations
+
+from megatron_zaya.model.accounting import count_parameters
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
+def startup_lines(run, tokenizer_vocab_size: int) -> list[str]:
+    """Model, layout and batch lines of the run `run` (RunConfig)."""
+    model, train, p = run.model, run.train, run.parallel
+    counts = count_parameters(model)
+    active = counts.active_non_embedding(model.num_experts) + counts.embedding
+    dp = p.data_parallel_size
+    accumulation = train.global_batch_size // (train.micro_batch_size * dp)
+    layout = (f"DP {dp} x TP {p.tensor_model_parallel_size} x CP {p.context_parallel_size}, "
+              f"EP {p.expert_model_parallel_size}")
+    extras = [name for name, on in (("ZeRO-1", p.use_distributed_optimizer), ("sequence parallel", p.sequence_parallel))
+              if on]
+    recompute = f", recompute {train.recompute_granularity}" if train.recompute_granularity else ""
+    rampup = (f"; ramped up from {train.rampup_batch_size[0]} sequences" if train.rampup_batch_size else "")
+    return [
+        f"model: {model.num_layers} layers, hidden {model.hidden_size}, {model.num_experts} experts + skip "
+        f"(FFN {model.moe_ffn_hidden_size}); {_count(counts.total)} parameters, {_count(active)} active per token; "
+        f"vocabulary {model.vocab_size:,} (tokenizer {tokenizer_vocab_size:,})",
+        f"layout: {p.world_size} process{'es' * (p.world_size > 1)}: {layout}{''.join(', ' + e for e in extras)}; "
+        f"{'bf16' if train.bf16 else 'fp32'}, {run.optim.optimizer}{recompute}",
+        f"batch: {train.global_batch_size} sequences of {model.seq_length} tokens per iteration "
+        f"({train.global_batch_size * model.seq_length:,} tokens) = micro-batch {train.micro_batch_size} x "
+        f"{accumulation} accumulation x DP {dp}{rampup}",
+    ]
