@@ -257,6 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--skip-train", action="store_true",
                    help="no training: evaluate the model --load (or --pretrained-checkpoint) gives on --eval-iters "
                         "validation batches, save nothing (as in Megatron-LM)")
+    g.add_argument("--dry-run", action="store_true",
+                   help="make every check a run makes before its first step (flags, layout against WORLD_SIZE, data "
+                        "and tokenizer, --load / --save, the data indices, which are cached for the real run), print "
+                        "the start-up summary (model, layout, batch, passes over each dataset) and exit: nothing is "
+                        "built or trained (e.g. on a login node, before a job waits in the queue)")
     g.add_argument("--tensorboard-dir", default=None)
     g.add_argument("--tensorboard-log-interval", type=int, default=1,
                    help="write TensorBoard scalars every N iterations (the console line: --log-interval)")

@@ -57,3 +57,9 @@ class BatchSizeSchedule:
             consumed += self.batch_size(consumed)
             iterations += 1
         return iterations
+
+
+def run_length(cfg, dp_size: int) -> tuple[BatchSizeSchedule, int]:
+    """The batch-size schedule and the iteration count of a run (TrainConfig `cfg`, `dp_size` replicas)."""
+    schedule = BatchSizeSchedule(cfg.global_batch_size, cfg.micro_batch_size, dp_size, cfg.rampup_batch_size)
+    return schedule, cfg.train_iters or schedule.iterations_for_samples(cfg.train_samples)

@@ -79,6 +79,7 @@ class TrainConfig:
     load: str | None = None                # with --ckpt-step: that iteration's folder (arguments.validate)
     exit_on_missing_checkpoint: bool = False
     skip_train: bool = False                  # evaluate the loaded model only (Megatron-LM's --skip-train)
+    dry_run: bool = False                     # every check and the start-up summary, then exit (no model)
     iterations_to_skip: list[int] | None = None   # --iterations-to-skip: 1-based iteration numbers
     deterministic_mode: bool = False          # --deterministic-mode: torch's deterministic algorithms
     moe_router_force_load_balancing: bool = False   # benchmarks: balanced routing (ZayaModel.set_force_load_balancing)

@@ -22,7 +22,7 @@ import torch
 from megatron_zaya.optim.balancing import BalancingBiasUpdater
 from megatron_zaya.optim.schedules import (SCHEDULE_FLAGS, decoupled_lr_schedule, lr_schedule_from_flags,
                                            weight_decay_schedule_from_flags)
-from megatron_zaya.training.batch_schedule import BatchSizeSchedule
+from megatron_zaya.training.batch_schedule import run_length
 from megatron_zaya.training.logger import TrainingLogger
 from megatron_zaya.training.metrics import (IntervalMeter, device_peak_tflops, empty_unused_memory, format_duration,
                                            peak_memory_bytes, routing_statistics, synchronize)
@@ -93,9 +93,7 @@ class Trainer:
         self.checkpointer = checkpointer
         self.state = state or TrainState()
         self.device = parallel.device
-        self.batch_schedule = BatchSizeSchedule(self.cfg.global_batch_size, self.cfg.micro_batch_size,
-                                                parallel.dp_size, self.cfg.rampup_batch_size)
-        self.total_iters = self.cfg.train_iters or self.batch_schedule.iterations_for_samples(self.cfg.train_samples)
+        self.batch_schedule, self.total_iters = run_length(self.cfg, parallel.dp_size)
         self.lr_schedule = lr_schedule_from_flags(run.optim.lr, self.cfg, self.total_iters)
         self.decoupled_schedule = decoupled_lr_schedule(self.lr_schedule, self.cfg)   # --decoupled-lr
         self.wd_schedule = weight_decay_schedule_from_flags(self.cfg, self.total_iters)

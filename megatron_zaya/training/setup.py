@@ -23,6 +23,7 @@ from megatron_zaya.kernels.capability import slow_bf16_warning
 from megatron_zaya.model import ZayaModel
 from megatron_zaya.training.cpu_allocator import keep_freed_memory
 from megatron_zaya.training.data_phase import data_signature, train_data_position
+from megatron_zaya.training.dry_run import dry_run
 from megatron_zaya.training.logger import TrainingLogger
 from megatron_zaya.training.loop import Trainer, TrainState
 from megatron_zaya.training.runtime import SingleProcess
@@ -120,6 +121,10 @@ def _build_and_train(run) -> int:
     check_token_ids(run.data, tokenizer.vocab_size, datasets=datasets)   # a dataset of another tokenizer
     run.warnings += missing_eod_warnings(run.data, tokenizer.eod, datasets=datasets)   # printed by the main rank
     check_before_build(run)              # --save / --load problems: before process groups and the model
+    if run.train.dry_run:
+        from megatron_zaya.parallel.launch import detect_launcher
+        main = detect_launcher().rank == 0
+        return dry_run(run, tokenizer, datasets, lambda line: main and print(line, flush=True))
     runtime = build_runtime(run)
     model = build_model(run)
     model = runtime.prepare_model(model)

@@ -1,4 +1,5 @@
 """A tiny training run end to end, read back through TensorBoard's own event reader."""
+import os
 import re
 import shutil
 import time
@@ -275,3 +276,23 @@ def test_the_start_up_lines_say_model_layout_batch_and_how_often_each_dataset_is
     for weight, name in ((0.75, prefix), (0.25, copy)):
         assert f"{weight * 128 / train_tokens:8.3g} passes over {train_tokens:,} train-split tokens (weight " \
                f"{weight:.3g}) of {name}" in out, out
+
+
+def test_a_dry_run_checks_and_summarises_without_a_model(tiny_corpus, tmp_path, capsys, monkeypatch):
+    """--dry-run: the checks of a real start for the WORLD_SIZE given (here 4: DP 4), the summary, exit 0,
+    and no checkpoint; the data indices it builds are cached for the real run. A validation split without a
+    document fails there as it would at the real start."""
+    from pretrain_zaya import main
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setattr("megatron_zaya.training.setup.build_model", lambda run: pytest.fail("no model in a dry run"))
+    save, cache = tmp_path / "ckpt", tmp_path / "cache"
+    flags = tiny_run_flags(tiny_corpus, tmp_path, **{"--global-batch-size": 8, "--save": save, "--dry-run": ""})
+    assert main(flags) == 0
+    out = capsys.readouterr().out
+    assert "layout: 4 processes: DP 4 x TP 1 x CP 1, EP 1" in out and "= micro-batch 2 x 1 accumulation x DP 4" in out
+    assert "dry run: every check passed for 4 processes and 6 iterations" in out, out
+    assert not save.exists() and any(name.endswith("document_index.npy") for name in os.listdir(cache))
+    assert main(tiny_run_flags(tiny_corpus, tmp_path, **{"--split": "999,1,0", "--global-batch-size": 8,
+                                                         "--dry-run": ""})) == 2       # 400 documents: none is valid
+    assert "--split 999,1,0: the valid split of" in capsys.readouterr().err
