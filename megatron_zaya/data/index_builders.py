@@ -8,7 +8,8 @@
 - `build_sample_index`: (position in document index, token offset) of every sample boundary; sample
   i covers tokens [i*S, i*S + S] of the concatenated stream (S + 1 tokens; neighbours share one).
 - `build_shuffle_index`: a permutation of the samples (final partial epoch shuffled on its own).
-- `build_blending_indices`: the deterministic greedy interleave of a weighted blend.
+- `build_blending_indices`: the deterministic greedy interleave of a weighted blend (the one sequential
+  loop: compiled by native_blending.py where a C compiler works, in Python otherwise).
 """
 
 from __future__ import annotations
@@ -127,18 +128,23 @@ def build_shuffle_index(num_samples: int, total_size: int, rng: np.random.Random
     return np.concatenate((first, last))
 
 
-def build_blending_indices(weights: list[float], size: int) -> tuple[np.ndarray, np.ndarray]:
+def build_blending_indices(weights: list[float], size: int, native: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Greedy interleave: sample s goes to the dataset with the largest w_d * max(s, 1) - count_d
-    (first one on ties). Returns (dataset_index int16, dataset_sample_index int64)."""
+    (first one on ties). Returns (dataset_index int16, dataset_sample_index int64). The loop runs compiled
+    (native_blending.py) where a C compiler works, else (or with native=False) in Python: the same indices."""
     w = [float(x) for x in weights]
     n = len(w)
     if n == 0 or n > 32767:
         raise ValueError(f"a blend needs 1 to 32767 datasets, got {n}")
+    if n == 1:
+        return np.zeros(size, dtype=np.int16), np.arange(size, dtype=np.int64)
+    if native:
+        from megatron_zaya.data.native_blending import blend_natively
+        built = blend_natively(w, size)
+        if built is not None:
+            return built
     dataset_index = np.zeros(size, dtype=np.int16)
     sample_index = np.zeros(size, dtype=np.int64)
-    if n == 1:
-        sample_index[:] = np.arange(size)
-        return dataset_index, sample_index
     counts = [0] * n
     di = dataset_index  # filled through Python lists in blocks for speed
     block = 1 << 16

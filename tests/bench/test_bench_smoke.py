@@ -159,3 +159,11 @@ def test_gpu_model_check_runs_interpreted_in_bf16():
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[bf16] gradients: 34 tensors" in proc.stdout and "model check: PASS" in proc.stdout
+
+
+def test_blending_indices_bench_runs(capsys):
+    from megatron_zaya.data.native_blending import native_blending
+    if native_blending() is None:
+        pytest.skip("no working C compiler here")
+    assert load_script("blending_indices").main(["--samples", "2000", "--datasets", "2", "5"]) == 0
+    assert "| 5 |" in capsys.readouterr().out

@@ -33,6 +33,43 @@ def test_blending_matches_reference_and_tracks_weights(weights):
     assert np.all(np.abs(counts - np.array(weights) * 2000) <= 1.0 + 1e-9)  # no randomness in the ratios
 
 
+def test_the_compiled_blending_loop_gives_the_python_loops_indices(monkeypatch):
+    """native_blending.py: the C loop (the default where a compiler works) against the Python loop, on random
+    weights and on exact ties; without a compiler build_blending_indices falls back to Python."""
+    import shutil
+
+    from megatron_zaya.data import native_blending
+    if native_blending.native_blending() is None:
+        pytest.skip("no working C compiler here")
+    rng = np.random.default_rng(3)
+    blends = [rng.dirichlet(np.ones(n)).tolist() for n in (2, 3, 7, 40)] + [[1 / 3] * 3, [0.5, 0.25, 0.25], [0.2] * 5]
+    for weights in blends:
+        for size in (0, 1, 2, 3000, 40000):
+            native, python = build_blending_indices(weights, size), build_blending_indices(weights, size, native=False)
+            assert native[0].dtype == np.int16 and native[1].dtype == np.int64
+            assert np.array_equal(native[0], python[0]) and np.array_equal(native[1], python[1]), (weights, size)
+    native_blending.native_blending.cache_clear()
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    try:
+        assert native_blending.native_blending() is None
+        assert np.array_equal(build_blending_indices(blends[0], 500)[0], build_blending_indices(blends[0], 500, False)[0])
+    finally:
+        native_blending.native_blending.cache_clear()
+
+
+def test_a_one_dataset_phase_holds_no_index_arrays():
+    """plan_phases: a phase drawn from one dataset maps sample i to that dataset's sample i with a broadcast
+    constant and Positions (no 10 bytes per sample), and BlendedDataset counts it without a copy."""
+    from megatron_zaya.data.blend import BlendedDataset, Positions, plan_phases
+    size = 3_000_000_000       # ZAYA1-scale: arrays would need 30 GB
+    plan = plan_phases([[0.0, 1.0]], [size], weighted=[False])
+    di, dsi = plan.dataset_index[0], plan.dataset_sample_index[0]
+    assert isinstance(dsi, Positions) and di.strides == (0,) and plan.requests == [0, size]
+    assert (int(di[size - 1]), dsi[size - 1], len(dsi)) == (1, size - 1, size)
+    samples = BlendedDataset([[], range(size)], di, dsi)
+    assert len(samples) == size and samples[12345] == 12345
+
+
 def test_parse_data_path():
     assert parse_data_path(["30", "a", "70", "b"]) == ([0.3, 0.7], ["a", "b"])
     assert parse_data_path("a") == (None, ["a"])

@@ -1,0 +1,109 @@
+"""The blend's greedy interleave (index_builders.build_blending_indices) as a few lines of C, compiled on
+first use with the system C compiler and loaded through ctypes.
+
+The greedy is sequential (each sample's dataset depends on every earlier choice), so numpy cannot run it,
+and in Python it costs about 0.4 us per sample with 3 datasets, 1.2 us with 20 (bench/blending_indices.py):
+ZAYA1's run of 834,465 steps x 4,096 sequences is 3.4B samples, 20 minutes to over an hour on the rank
+that builds the cache while every other rank waits. In C the same loop takes seconds to a minute or two.
+The arithmetic is the Python loop's, in IEEE doubles, compiled with -ffp-contract=off (no fused
+multiply-add, which would round w * x - count differently): the indices are identical (tested).
+
+`native_blending()` returns the loaded function, or None where no compiler works (the caller keeps the
+Python loop). The shared library is cached under $XDG_CACHE_HOME/megatron_zaya (else ~/.cache, else the
+temporary folder), named by the hash of its source and written under a temporary name, then renamed,
+so that processes starting together never load a half-written file.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+
+import numpy as np
+
+SOURCE = r"""
+#include <stdint.h>
+void build_blending(const double *w, int32_t n, int64_t size, int16_t *dataset_index, int64_t *sample_index,
+                    int64_t *counts) {
+    for (int64_t s = 0; s < size; ++s) {
+        double x = s > 1 ? (double)s : 1.0;
+        int32_t best = 0;
+        double best_err = w[0] * x - (double)counts[0];
+        for (int32_t d = 1; d < n; ++d) {
+            double err = w[d] * x - (double)counts[d];
+            if (err > best_err) { best = d; best_err = err; }
+        }
+        dataset_index[s] = (int16_t)best;
+        sample_index[s] = counts[best];
+        counts[best] += 1;
+    }
+}
+"""
+
+
+def _cache_dirs() -> list[str]:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return [os.path.join(base, "megatron_zaya"), os.path.join(tempfile.gettempdir(), "megatron_zaya")]
+
+
+def _compile(folder: str, compiler: str) -> str | None:
+    name = f"blending-{hashlib.sha256(SOURCE.encode()).hexdigest()[:16]}.so"
+    library = os.path.join(folder, name)
+    if os.path.exists(library):
+        return library
+    try:
+        os.makedirs(folder, exist_ok=True)
+        work = tempfile.mkdtemp(dir=folder)
+    except OSError:
+        return None
+    try:
+        source = os.path.join(work, "blending.c")
+        with open(source, "w") as f:
+            f.write(SOURCE)
+        built = os.path.join(work, name)
+        subprocess.run([compiler, "-O2", "-ffp-contract=off", "-shared", "-fPIC", source, "-o", built],
+                       check=True, capture_output=True, timeout=120)
+        os.replace(built, library)
+        return library
+    except (OSError, subprocess.SubprocessError):
+        return None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@functools.lru_cache(maxsize=None)
+def native_blending():
+    """The compiled build_blending(w, n, size, dataset_index, sample_index, counts), or None."""
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
+    if compiler is None:
+        return None
+    for folder in _cache_dirs():
+        library = _compile(folder, compiler)
+        if library is None:
+            continue
+        try:
+            function = ctypes.CDLL(library).build_blending
+        except OSError:
+            continue
+        pointer = np.ctypeslib.ndpointer
+        function.argtypes = [pointer(np.float64, flags="C"), ctypes.c_int32, ctypes.c_int64,
+                             pointer(np.int16, flags="C"), pointer(np.int64, flags="C"), pointer(np.int64, flags="C")]
+        function.restype = None
+        return function
+    return None
+
+
+def blend_natively(weights: list[float], size: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(dataset_index int16, dataset_sample_index int64) by the compiled loop, or None without one."""
+    function = native_blending()
+    if function is None:
+        return None
+    w = np.ascontiguousarray(weights, dtype=np.float64)
+    dataset_index = np.empty(size, dtype=np.int16)
+    sample_index = np.empty(size, dtype=np.int64)
+    function(w, len(w), size, dataset_index, sample_index, np.zeros(len(w), dtype=np.int64))
+    return dataset_index, sample_index
