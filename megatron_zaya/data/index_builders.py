@@ -22,6 +22,7 @@ import numpy as np
 from megatron_zaya.errors import UserInputError
 
 SPLIT_NAMES = ("train", "valid", "test")
+SAMPLE_INDEX_CHUNK = 1 << 24      # sample boundaries found per pass (3 x 8 bytes each of temporaries)
 
 
 def parse_split(split: str) -> list[float]:
@@ -106,13 +107,13 @@ def build_sample_index(sizes: np.ndarray, document_index: np.ndarray, seq_length
         )
     lengths = np.asarray(sizes, dtype=np.int64)[document_index]
     ends = np.cumsum(lengths)
-    positions = np.arange(num_samples + 1, dtype=np.int64) * seq_length
-    where = np.searchsorted(ends, positions, side="right")
-    offsets = positions - (ends[where] - lengths[where])
     out_dtype = np.int32 if (len(document_index) < 2**31 and (lengths.max() if len(lengths) else 0) < 2**31) else np.int64
     out = np.empty((num_samples + 1, 2), dtype=out_dtype)
-    out[:, 0] = where
-    out[:, 1] = offsets
+    for start in range(0, num_samples + 1, SAMPLE_INDEX_CHUNK):      # int64 temporaries of one chunk at a time
+        positions = np.arange(start, min(num_samples + 1, start + SAMPLE_INDEX_CHUNK), dtype=np.int64) * seq_length
+        where = np.searchsorted(ends, positions, side="right")
+        out[start:start + len(positions), 0] = where
+        out[start:start + len(positions), 1] = positions - (ends[where] - lengths[where])
     out[0] = (0, 0)
     return out
 

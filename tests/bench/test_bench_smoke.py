@@ -167,3 +167,8 @@ def test_blending_indices_bench_runs(capsys):
         pytest.skip("no working C compiler here")
     assert load_script("blending_indices").main(["--samples", "2000", "--datasets", "2", "5"]) == 0
     assert "| 5 |" in capsys.readouterr().out
+
+
+def test_sample_index_bench_runs(capsys):
+    assert load_script("sample_index").main(["--documents", "1000"]) == 0
+    assert "chunked: " in capsys.readouterr().out

@@ -37,7 +37,10 @@ def make_corpus(tmp_path, n_docs=37, seed=0, eod=999, name="c", zero_len=False):
     (16, 70, False),    # epochs where the final one is small -> separate shuffle
     (5, 1, False),
 ])
-def test_samples_match_reference(tmp_path, seq_length, num_samples, zero_len):
+@pytest.mark.parametrize("chunk", [None, 7])       # sample boundaries found 7 at a time: the same samples
+def test_samples_match_reference(tmp_path, monkeypatch, seq_length, num_samples, zero_len, chunk):
+    if chunk:
+        monkeypatch.setattr("megatron_zaya.data.index_builders.SAMPLE_INDEX_CHUNK", chunk)
     prefix, seqs = make_corpus(tmp_path, zero_len=zero_len)
     ds = IndexedDataset(prefix)
     docs = np.arange(5, 33)
