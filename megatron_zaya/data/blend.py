@@ -87,16 +87,21 @@ class Positions:
         return int(idx) % self.size
 
 
+COUNT_CHUNK = 1 << 24
+
+
 def component_counts(dataset_index, n: int) -> np.ndarray:
-    """Samples per component in `dataset_index` (a broadcast constant, as plan_phases gives a one-dataset phase,
-    is counted without being copied)."""
-    if len(dataset_index) == 0:
-        return np.zeros(n, np.int64)
-    if isinstance(dataset_index, np.ndarray) and dataset_index.strides == (0,):
-        counts = np.zeros(n, np.int64)
+    """Samples per component in `dataset_index`, counted a chunk at a time (an int64 copy of a whole
+    3.42B-sample index would be 27 GB per rank); a broadcast constant, as plan_phases gives a one-dataset
+    phase, is counted without reading it."""
+    counts = np.zeros(n, np.int64)
+    if isinstance(dataset_index, np.ndarray) and dataset_index.strides == (0,) and len(dataset_index):
         counts[int(dataset_index[0])] = len(dataset_index)
         return counts
-    return np.bincount(np.asarray(dataset_index, dtype=np.int64), minlength=n)
+    for start in range(0, len(dataset_index), COUNT_CHUNK):
+        chunk = np.asarray(dataset_index[start:start + COUNT_CHUNK], dtype=np.int64)
+        counts += np.bincount(chunk, minlength=n)[:n]
+    return counts
 
 
 class BlendedDataset:
@@ -178,7 +183,10 @@ def plan_phases(phase_weights: list[list[float]], sizes: list[int], surplus: flo
             di, dsi = np.broadcast_to(np.int16(active[0]), (size,)), Positions(size)
         else:
             di_local, dsi = blending(local_w, size)
-            di = np.asarray(active, dtype=np.int16)[di_local] if size else np.zeros(0, np.int16)
+            if active == list(range(n)):      # numbered as the components already: keep the (memory-mapped) array
+                di = di_local
+            else:
+                di = np.asarray(active, dtype=np.int16)[di_local] if size else np.zeros(0, np.int16)
         offsets.append(list(used_before))
         counts = component_counts(di, n)
         for k, d in enumerate(active):

@@ -70,6 +70,14 @@ def test_a_one_dataset_phase_holds_no_index_arrays():
     assert len(samples) == size and samples[12345] == 12345
 
 
+def test_component_counts_are_counted_a_chunk_at_a_time(monkeypatch):
+    from megatron_zaya.data import blend
+    index = np.random.default_rng(5).integers(0, 6, 10_001).astype(np.int16)
+    monkeypatch.setattr(blend, "COUNT_CHUNK", 999)
+    assert blend.component_counts(index, 6).tolist() == np.bincount(index, minlength=6).tolist()
+    assert blend.component_counts(index[:0], 6).tolist() == [0] * 6
+
+
 def test_parse_data_path():
     assert parse_data_path(["30", "a", "70", "b"]) == ([0.3, 0.7], ["a", "b"])
     assert parse_data_path("a") == (None, ["a"])
