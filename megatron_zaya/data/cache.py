@@ -4,7 +4,9 @@ Files are named `{md5 of the description}-{kind}-{name}.npy`, with the descripti
 as `{hash}-{kind}-description.json`, written LAST: it marks the entry complete. The first process to
 create `{hash}.lock` (O_EXCL) builds and writes (temporary names + rename); every other process or
 rank waits for the description file and memory-maps the arrays. A lock left by a dead process on
-the same host is taken over. Works across data-parallel ranks without collective calls.
+the same host is taken over. Works across data-parallel ranks without collective calls. At a large run's
+first start a build takes minutes: a waiter says once (the first process of each node) whom it waits
+for, and a build longer than SLOW_BUILD_S says how long it took.
 """
 
 from __future__ import annotations
@@ -13,12 +15,29 @@ import hashlib
 import json
 import os
 import socket
+import sys
 import time
 from typing import Callable
 
 import numpy as np
 
 FORMAT_VERSION = 1
+WAIT_NOTICE_S = 30.0      # a process waiting this long for another's build says so (once)
+SLOW_BUILD_S = 10.0       # a build taking longer says how long, naming its files
+
+
+def _speaks() -> bool:
+    """Only the first process of a node prints waiting notices (all its ranks wait on one builder)."""
+    from megatron_zaya.parallel.launch import detect_launcher
+    return detect_launcher().local_rank == 0
+
+
+def _holder(lock_path: str) -> str:
+    try:
+        with open(lock_path) as f:
+            return "process " + f.read().strip().replace(":", " pid ")
+    except OSError:
+        return "another process"
 
 
 def description_hash(description: dict) -> str:
@@ -67,7 +86,8 @@ def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: li
     def load() -> dict[str, np.ndarray]:
         return {n: np.load(p, mmap_mode="r", allow_pickle=False) for n, p in paths.items()}
 
-    deadline = time.time() + timeout_s
+    started = time.time()
+    deadline, noticed = started + timeout_s, False
     while True:
         if os.path.exists(done) and all(os.path.exists(p) for p in paths.values()):
             return load()
@@ -80,6 +100,11 @@ def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: li
                 except FileNotFoundError:
                     pass
                 continue
+            if not noticed and time.time() - started > WAIT_NOTICE_S:
+                noticed = True
+                if _speaks():
+                    print(f"waiting for {_holder(lock)} to build {base}-*.npy (its lock: {lock})", file=sys.stderr,
+                          flush=True)
             if time.time() > deadline:
                 raise TimeoutError(
                     f"--data-cache-path {cache_dir}: waited {timeout_s:.0f}s for another process to build "
@@ -92,7 +117,11 @@ def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: li
                 f.write(f"{socket.gethostname()}:{os.getpid()}")
             if os.path.exists(done) and all(os.path.exists(p) for p in paths.values()):
                 return load()  # someone finished between our check and the lock
+            built_at = time.time()
             arrays = build()
+            if time.time() - built_at > SLOW_BUILD_S:
+                print(f"built {base}-*.npy in {time.time() - built_at:.0f} s (later runs read them)", file=sys.stderr,
+                      flush=True)
             tmp_suffix = f".tmp{os.getpid()}.npy"
             for n, p in paths.items():
                 np.save(p[:-4] + tmp_suffix, np.ascontiguousarray(arrays[n]), allow_pickle=False)

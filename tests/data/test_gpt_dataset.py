@@ -223,6 +223,24 @@ def test_only_one_process_builds(tmp_path):
     assert not any(f.endswith(".lock") for f in os.listdir(tmp_path / "c"))
 
 
+def test_a_long_wait_and_a_slow_build_are_said(tmp_path, monkeypatch, capsys):
+    from megatron_zaya.data import cache
+    from megatron_zaya.data.cache import description_hash
+    d = tmp_path / "c"
+    d.mkdir()
+    lock = d / f"{description_hash({'k': 3})}.lock"
+    lock.write_text("otherhost:4242")          # another node's builder: never taken over
+    monkeypatch.setattr(cache, "WAIT_NOTICE_S", 0.0)
+    with pytest.raises(TimeoutError):
+        cached_arrays(str(d), "Test", {"k": 3}, ["x"], lambda: {"x": np.ones(3)}, timeout_s=0.2, poll_s=0.01)
+    err = capsys.readouterr().err
+    assert err.count("waiting for process otherhost pid 4242 to build") == 1 and str(lock) in err, err
+    lock.unlink()
+    monkeypatch.setattr(cache, "SLOW_BUILD_S", -1.0)
+    cached_arrays(str(d), "Test", {"k": 3}, ["x"], lambda: {"x": np.ones(3)})
+    assert "-Test-*.npy in 0 s (later runs read them)" in capsys.readouterr().err
+
+
 def test_stale_lock_is_taken_over(tmp_path):
     d = tmp_path / "c"
     d.mkdir()
