@@ -10,8 +10,9 @@ multiply-add, which would round w * x - count differently): the indices are iden
 
 `native_blending()` returns the loaded function, or None where no compiler works (the caller keeps the
 Python loop). The shared library is cached under $XDG_CACHE_HOME/megatron_zaya (else ~/.cache, else the
-temporary folder), named by the hash of its source and written under a temporary name, then renamed,
-so that processes starting together never load a half-written file.
+temporary folder), named by the hash of its source and the machine type (a home shared by x86 and Arm
+nodes), and written under a temporary name, then renamed, so that processes starting together never load
+a half-written file.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -51,7 +53,7 @@ def _cache_dirs() -> list[str]:
 
 
 def _compile(folder: str, compiler: str) -> str | None:
-    name = f"blending-{hashlib.sha256(SOURCE.encode()).hexdigest()[:16]}.so"
+    name = f"blending-{hashlib.sha256(SOURCE.encode()).hexdigest()[:16]}-{platform.machine()}.so"
     library = os.path.join(folder, name)
     if os.path.exists(library):
         return library
