@@ -2,7 +2,8 @@
 
 Entry points (pretrain_zaya.py) print such an error as one line and exit with status 2, like an
 argparse usage error, instead of a traceback. Genuine bugs keep their tracebacks: only this class
-(and the checkpoint code's CheckpointError) is caught, never Exception.
+(and the checkpoint code's CheckpointError) is caught, never Exception. `hub_name_hint` adds to a
+missing-path message the command that fetches a Hugging Face Hub name (nothing is downloaded at run time).
 """
 import os
 import re

@@ -67,8 +67,9 @@ def print_report(report: dict, tokenizer_source: str) -> None:
     print(f"documents:   {report['documents']:,} ({report['sequences']:,} sequences, {report['tokens']:,} tokens)")
     spread = report["document_tokens"]
     if spread:
+        empty = f"; {report['empty_documents']:,} empty" if report["empty_documents"] else ""
         print(f"doc tokens:  min {spread['min']:,}, median {spread['median']:,.0f}, mean {spread['mean']:,.1f}, "
-              f"max {spread['max']:,}" + (f"; {report['empty_documents']:,} empty" if report["empty_documents"] else ""))
+              f"max {spread['max']:,}{empty}")
     record = report["tokenizer_record"]
     print(f"written by:  {record['flags'] + ' (' + record['file'] + ')' if record else '(no tokenizer record)'}")
     print(f"decoded by:  {tokenizer_source}")

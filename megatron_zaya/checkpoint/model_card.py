@@ -3,8 +3,8 @@
 convert_checkpoint.py to-hf and average write it beside config.json: the architecture and parameter
 counts (model/accounting.py), the training run's position (iteration, tokens seen, or the averaged
 iterations), its data and tokenizer flags as that run recorded them (checkpoint metadata "args"), the
-checkpoint it was read from, the dtype of the stored weights, and how to load it with transformers. Facts only: nothing
-is claimed about quality.
+checkpoint it was read from, the dtype of the stored weights, and how to load it with transformers.
+Facts only: nothing is claimed about quality.
 """
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def _data_flags(args: dict) -> str:
     for name in DATA_ARGS:
         value = args.get(name)
         if value not in (None, [], ""):
-            words.append(f"--{name.replace('_', '-')} {' '.join(map(str, value)) if isinstance(value, list) else value}")
+            shown = " ".join(map(str, value)) if isinstance(value, list) else value
+            words.append(f"--{name.replace('_', '-')} {shown}")
     return " ".join(words)
 
 
@@ -55,7 +56,8 @@ def model_card(config: ModelConfig, metas: list[dict], sources: list[str], weigh
         ("attention", f"CCA, {config.num_attention_heads} query heads and {config.num_query_groups} KV heads of "
                       f"{config.kv_channels}"),
         ("experts", f"{config.num_experts} + a skip class, top-1, FFN {config.moe_ffn_hidden_size}"),
-        ("vocabulary, context", f"{config.vocab_size:,}, {config.seq_length:,} tokens (RoPE base {config.rotary_base:g})"),
+        ("vocabulary, context",
+         f"{config.vocab_size:,}, {config.seq_length:,} tokens (RoPE base {config.rotary_base:g})"),
         ("trained", trained),
         ("data", f"`{_data_flags(args)}`" if _data_flags(args) else "not recorded"),
         ("tokenizer", (f"`{flags_text(tokenizer_flags(args))}`" if tokenizer_flags(args) else "not recorded")

@@ -2,9 +2,10 @@
 
 The tools that read a checkpoint (tools/generate.py, the text generation server, tools/evaluate.py,
 convert_checkpoint.py to-hf / average) take them when they are given no tokenizer flag
-(`recorded_tokenizer_of`), as --use-checkpoint-args does for a training run (`recorded_tokenizer`). File flags (--tokenizer-model, --vocab-file, --merge-file)
-are stored as the run was given them: a relative path is looked up from the current directory, then
-from the directory the run was started in (metadata "working_directory").
+(`recorded_tokenizer_of`), as --use-checkpoint-args does for a training run (`recorded_tokenizer`).
+File flags (--tokenizer-model, --vocab-file, --merge-file) are stored as the run was given them: a
+relative path is looked up from the current directory, then from the directory the run was started in
+(metadata "working_directory").
 """
 from __future__ import annotations
 
@@ -39,7 +40,9 @@ class RecordedTokenizer:
 
 
 def _resolve(path: str, run_directory: str | None) -> str | None:
-    candidates = [path] if os.path.isabs(path) else [path] + ([os.path.join(run_directory, path)] if run_directory else [])
+    candidates = [path]
+    if not os.path.isabs(path) and run_directory:
+        candidates.append(os.path.join(run_directory, path))
     return next((c for c in candidates if os.path.exists(c)), None)
 
 

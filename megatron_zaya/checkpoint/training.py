@@ -27,10 +27,10 @@ from megatron_zaya.checkpoint.preflight import (HUB_LOAD_STEPS, WEIGHTS_ONLY_ADV
                                                 check_weights_only, loads_optimizer, missing_checkpoint_message,
                                                 no_pretrained_checkpoint_message, requires_checkpoint, start_sources)
 from megatron_zaya.checkpoint.saver import CheckpointWriter, recover_replaced
-from megatron_zaya.errors import hub_name_hint
 from megatron_zaya.checkpoint.state import (balancer_entries, load_balancer, load_model, load_optimizer, load_rng,
                                             model_entries, optimizer_entries, optimizer_slots,
                                             rng_entries_and_objects, unwrap)
+from megatron_zaya.errors import hub_name_hint
 from megatron_zaya.training.data_phase import data_signature, enter_data_phase
 from megatron_zaya.training.progress_log import ProgressLog
 from megatron_zaya.training.signals import SignalMonitor

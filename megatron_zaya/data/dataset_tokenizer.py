@@ -112,9 +112,9 @@ def differences(record: dict, other: dict, names: tuple[str, str] = ("the datase
     return out
 
 
-def check_dataset_tokenizers(prefixes, tokenizer, flags_text: str, flag: str = "--data-path") -> None:
+def check_dataset_tokenizers(prefixes, tokenizer, run_flags: str, flag: str = "--data-path") -> None:
     """UserInputError naming the first dataset of `prefixes` whose PREFIX.tokenizer.json says another
-    tokenizer wrote it than `tokenizer` (this run's, given by `flags_text`)."""
+    tokenizer wrote it than `tokenizer` (this run's, given by the flags `run_flags`)."""
     identity = None
     for prefix in prefixes:
         record = read_record(prefix)
@@ -125,6 +125,6 @@ def check_dataset_tokenizers(prefixes, tokenizer, flags_text: str, flag: str = "
         if differ:
             raise UserInputError(
                 f"{flag} {prefix} was preprocessed with {describe(record) or 'another tokenizer'} "
-                f"({record_path(prefix)}), not this run's {flags_text}: {'; '.join(differ)}. Train with that "
+                f"({record_path(prefix)}), not this run's {run_flags}: {'; '.join(differ)}. Train with that "
                 f"tokenizer or preprocess the data again with this one (if both are the same tokenizer and only a "
                 f"library update changed its ids, remove {record_path(prefix)})")
