@@ -192,7 +192,9 @@ class IndexedDataset:
     are memory-mapped arrays of the .idx.
     """
 
-    def __init__(self, path_prefix: str, mmap_bin: bool = True):
+    def __init__(self, path_prefix: str, mmap_bin: bool = True, validate: bool = True):
+        """`validate=False` skips the checks that read the whole index (the pointers against the lengths,
+        the .bin size against their sum): a loader worker reopening a pair its parent process checked."""
         header = read_header(path_prefix)
         self.path_prefix, self.dtype = header.prefix, header.dtype
         ipath, bpath = idx_path(self.path_prefix), bin_path(self.path_prefix)
@@ -206,7 +208,12 @@ class IndexedDataset:
         self.sequence_modes = (
             np.frombuffer(buf, dtype=np.int8, count=n, offset=base) if self.multimodal else None
         )
-        self._validate(ipath, bpath, n, d)
+        self.mmap_bin = mmap_bin
+        if validate:
+            self._validate(ipath, bpath, n, d)
+        else:
+            self.num_tokens = (int(self.sequence_pointers[-1]) // self.dtype.itemsize + int(self.sequence_lengths[-1])
+                               if n else 0)
         self._bin = _MappedReads(bpath) if mmap_bin else _FileReads(bpath)
 
     def _validate(self, ipath: str, bpath: str, n: int, d: int) -> None:
@@ -249,12 +256,13 @@ class IndexedDataset:
     def __len__(self) -> int:
         return int(self.sequence_lengths.shape[0])
 
-    # Loader workers get the path and reopen the maps instead of a pickled copy of the data.
+    # Loader workers get the path and reopen the maps instead of a pickled copy of the data; the parent
+    # checked the pair, so a worker does not read the whole index again (ZAYA1-sized data: minutes).
     def __getstate__(self):
-        return {"path_prefix": self.path_prefix}
+        return {"path_prefix": self.path_prefix, "mmap_bin": self.mmap_bin}
 
     def __setstate__(self, state):
-        self.__init__(state["path_prefix"])
+        self.__init__(state["path_prefix"], state.get("mmap_bin", True), validate=False)
 
     @property
     def num_documents(self) -> int:

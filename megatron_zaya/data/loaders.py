@@ -140,9 +140,10 @@ class SplitDatasets:
 
 
 def build_split_datasets(cfg: DataConfig, seq_length: int, train_valid_test_num_samples: list[int],
-                         tokenizer=None) -> SplitDatasets:
+                         tokenizer=None, datasets: dict | None = None) -> SplitDatasets:
     """The train and test datasets and the validation sets (several with --multiple-validation-sets);
-    the validation size is per set (ignored by --full-validation)."""
+    the validation size is per set (ignored by --full-validation). `datasets`: open_datasets(cfg), if at
+    hand (opening checks each whole index, and it is also hashed once per opened dataset)."""
     if tokenizer is None:
         if not cfg.tokenizer_type:
             raise ValueError("DataConfig.tokenizer_type (--tokenizer-type) is required to know the EOD id, "
@@ -158,7 +159,7 @@ def build_split_datasets(cfg: DataConfig, seq_length: int, train_valid_test_num_
     train_blend, valid_blend, test_blend = cfg.split_blends()
     blends = [p.data_path for p in cfg.phases] if cfg.phases else [train_blend]
     prefixes = dataset_prefixes(cfg)
-    indexed = {p: IndexedDataset(p, mmap_bin=cfg.mmap_bin_files) for p in prefixes}
+    indexed = datasets if datasets is not None else open_datasets(cfg)
     if cfg.phases:
         sizes, used = [], 0
         for ph in cfg.phases:
@@ -276,15 +277,17 @@ def make_loader(dataset, consumed_samples: int, micro_batch_size: int, dp_rank: 
 
 def build_train_valid_test_loaders(cfg: DataConfig, global_batch_size: int, micro_batch_size: int, seq_length: int,
                                    dp_rank: int, dp_size: int, consumed_samples: int = 0, *, train_samples: int,
-                                   valid_samples: int = 0, test_samples: int = 0, tokenizer=None):
+                                   valid_samples: int = 0, test_samples: int = 0, tokenizer=None,
+                                   datasets: dict | None = None):
     """(train_loader, validation loaders, test_loader) for this data-parallel rank; see the module
     docstring. The validation loaders are a list of (name, loader), one per validation set (empty:
     no validation); each reads its set from the start at every evaluation. Under --full-validation
-    a set is padded with masked samples to whole micro-batch groups (data/validation.py)."""
+    a set is padded with masked samples to whole micro-batch groups (data/validation.py). `datasets`: see
+    build_split_datasets."""
     if global_batch_size % (micro_batch_size * dp_size):
         raise ValueError(f"--global-batch-size {global_batch_size} is not a multiple of --micro-batch-size "
                          f"{micro_batch_size} x data-parallel size {dp_size}")
-    splits = build_split_datasets(cfg, seq_length, [train_samples, valid_samples, test_samples], tokenizer)
+    splits = build_split_datasets(cfg, seq_length, [train_samples, valid_samples, test_samples], tokenizer, datasets)
     train_loader = make_loader(splits.train, consumed_samples, micro_batch_size, dp_rank, dp_size, cfg) \
         if splits.train else None
     valid_loaders = []

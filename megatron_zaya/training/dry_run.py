@@ -27,7 +27,7 @@ def dry_run(run, tokenizer, datasets, print_line) -> int:
         print_line(line)
     build_train_valid_test_loaders(run.data, train.global_batch_size, train.micro_batch_size, seq, 0, dp,
                                    consumed_samples=0, train_samples=run_samples, valid_samples=valid_samples,
-                                   test_samples=valid_samples, tokenizer=tokenizer)
+                                   test_samples=valid_samples, tokenizer=tokenizer, datasets=datasets)
     print_line(f"dry run: every check passed for {run.parallel.world_size} process"
                f"{'es' * (run.parallel.world_size > 1)} and {total_iters:,} iterations; no model was built, nothing "
                f"was trained or saved (drop --dry-run to train)")

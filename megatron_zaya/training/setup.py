@@ -146,12 +146,12 @@ def _build_and_train(run) -> int:
     run_tokens = trainer.batch_schedule.samples_consumed(0, trainer.total_iters) * seq
     summary = startup_lines(run, tokenizer.vocab_size) + passes_lines(
         training_passes(run.data, datasets, run_tokens), run_tokens)
-    del datasets
     valid_samples = run.train.eval_iters * gbs if run.train.eval_iters else 0
     train_loader, valid_loaders, test_loader = build_train_valid_test_loaders(
         run.data, gbs, run.train.micro_batch_size, seq, runtime.dp_rank, runtime.dp_size,
         consumed_samples=consumed, train_samples=train_samples,
-        valid_samples=valid_samples, test_samples=valid_samples, tokenizer=tokenizer)
+        valid_samples=valid_samples, test_samples=valid_samples, tokenizer=tokenizer, datasets=datasets)
+    del datasets
     trainer.train_iterator = iter(train_loader if train_loader is not None else ())   # None: nothing left
     # Validation always reads the same samples of each set, so successive values compare.
     trainer.valid_loaders = valid_loaders
