@@ -4,6 +4,7 @@
 #   DATA_PATH=/data/zaya/web_text_document TOKENIZER_MODEL=/data/tok/zaya.model CKPT_DIR=/ckpt/zaya1-base \
 #       sbatch run_mi300x.sh                                      # 128 nodes x 8 GPUs, phase 1 of the recipe
 #   bash run_mi300x.sh --dry-run                                  # print the exact command, also outside Slurm
+#   bash run_mi300x.sh --check                                    # and run the trainer's checks here (login node)
 #   sbatch --nodes=2 --ntasks-per-node=2 run_mi300x.sh --train-iters 20 \
 #       --lr-warmup-iters 2 --lr-wsd-decay-iters 4                # any size; extra args go to the trainer
 #
@@ -105,9 +106,14 @@ fi
 # Launcher mode.
 # --------------------------------------------------------------------------------------------
 DRY_RUN=0
+CHECK=0
 TRAINER_EXTRA=()
 for a in "$@"; do
-    if [[ $a == --dry-run ]]; then DRY_RUN=1; else TRAINER_EXTRA+=("$a"); fi
+    case $a in
+        --dry-run) DRY_RUN=1 ;;
+        --check) DRY_RUN=1; CHECK=1 ;;      # the dry run, then pretrain_zaya.py --dry-run in this shell
+        *) TRAINER_EXTRA+=("$a") ;;
+    esac
 done
 
 declare -A USER_GIVEN=()
@@ -279,6 +285,10 @@ if (( DRY_RUN )); then
          "$CPUS_PER_TASK CPUs each; job $JOB_NAME-$JOB_ID; logs in $JOB_LOG_DIR"
     (( IN_SLURM )) || echo "# (outside Slurm: sbatch provides the node list; NNODES/NTASKS_PER_NODE set the sizes shown)"
     print_command
+    if (( CHECK )); then     # every check of the job's start, as its rank 0 would make it, without GPUs
+        echo "# run_mi300x.sh --check: pretrain_zaya.py --dry-run here, for WORLD_SIZE=$WORLD"
+        exec env WORLD_SIZE="$WORLD" "${TRAIN_CMD[@]}" --dry-run
+    fi
     exit 0
 fi
 

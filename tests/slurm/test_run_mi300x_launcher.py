@@ -12,6 +12,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -264,3 +265,20 @@ def test_sigusr1_before_time_limit_saves_requeues_and_resumes(jobs):
     # --open-mode=append: both attempts are in the one Slurm output file.
     out = jobs.output(job)
     assert "attempt 0" in out and "attempt 1" in out   # (and no TIMEOUT: the state is COMPLETED)
+
+
+def test_check_runs_the_trainers_dry_run_for_the_jobs_world_size(tmp_path):
+    """--check: the --dry-run text, then pretrain_zaya.py --dry-run in this shell with WORLD_SIZE = nodes x
+    tasks; a flag the trainer refuses fails here, before any sbatch."""
+    base = "--preset zaya1-tiny --num-layers 2 --mock-data --tokenizer-type NullTokenizer --vocab-size 512 " \
+           "--seq-length 32 --micro-batch-size 1 --global-batch-size 8 --train-iters 2 --eval-iters 0"
+    env = clean_env(NNODES="2", NTASKS_PER_NODE="4", TRAIN_ARGS=base, PYTHON=sys.executable)
+    r = subprocess.run(["bash", LAUNCHER, "--check"], env=env, capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+    assert "srun " in r.stdout and "layout: 8 processes: DP 8 x TP 1 x CP 1, EP 1" in r.stdout
+    assert "dry run: every check passed for 8 processes and 2 iterations" in r.stdout
+    env["TRAIN_ARGS"] = base.replace("--global-batch-size 8", "--global-batch-size 12")
+    r = subprocess.run(["bash", LAUNCHER, "--check"], env=env, capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path)
+    assert r.returncode == 2 and "--global-batch-size" in r.stderr, r.stderr[-2000:]
