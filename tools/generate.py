@@ -143,7 +143,7 @@ def main(argv=None) -> int:
         parser.error("give at least one --prompt, --prompt-file or --prompt-ids")
     tokenizer = load_tokenizer(parser, args)
     if texts and tokenizer is None:
-        parser.error(f"text prompts need --tokenizer-type and --tokenizer-model, or {OWN_TOKENIZER} (or use "
+        parser.error(f"text prompts need --tokenizer-type and --tokenizer-model, unless {OWN_TOKENIZER} (or use "
                      f"--prompt-ids)")
     try:
         sampling = SamplingParams(greedy=args.greedy, temperature=args.temperature, top_k=args.top_k,

@@ -61,7 +61,7 @@ def prepare(argv=None):
         dtype = parse_dtype(args.dtype)
         tokenizer = tokenizer_from_flags(args)
         if tokenizer is None:
-            raise UserInputError(f"--tokenizer-type is required (the server takes and returns text), unless it is "
+            raise UserInputError(f"--tokenizer-type is required (the server takes and returns text), unless "
                                  f"{OWN_TOKENIZER}")
         peeked = peek_model_config(args.load)        # config.json / metadata.json only: no tensor read yet
         if peeked is not None:

@@ -33,8 +33,8 @@ def add_tokenizer_arguments(parser, required: bool = False) -> None:
     add_tiktoken_arguments(parser)
 
 
-OWN_TOKENIZER = ("a --load that brings its own (a Hugging Face folder with a tokenizer.json, or a training "
-                 "checkpoint whose run's tokenizer files are found)")
+OWN_TOKENIZER = ("--load brings its own (a Hugging Face folder with a tokenizer.json, or a training checkpoint "
+                 "whose run's tokenizer files are found)")
 
 
 def tokenizer_from_flags(args):

@@ -114,6 +114,6 @@ def test_a_moved_tokenizer_is_named_and_nothing_is_guessed(run_with_relative_tok
             run_tool("generate", ["--load", str(save), "--prompt", TEXT, "--max-new-tokens", "1"])
         err = capsys.readouterr().err
         assert exc.value.code == 2 and "--tokenizer-model sp.model, which is not found from here" in err
-        assert "text prompts need --tokenizer-type and --tokenizer-model, or a --load that brings its own" in err
+        assert "text prompts need --tokenizer-type and --tokenizer-model, unless --load brings its own" in err
     finally:
         shutil.move(moved, model_file)
