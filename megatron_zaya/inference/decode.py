@@ -167,6 +167,39 @@ def extend(model: ZayaModel, cache: InferenceCache, row: int, tokens: torch.Tens
     return (logits[0], scores) if return_logprobs else logits[0]
 
 
+@torch.no_grad()
+def extend_rows(model: ZayaModel, cache: InferenceCache, first_row: int, tokens: torch.Tensor,
+                return_logprobs: bool = False, top: int = 0, vocab_limit: int | None = None,
+                previous_logits: torch.Tensor | None = None) -> list:
+    """`extend` of k consecutive cache rows (first_row .. first_row + k - 1, holding the same prefix, whose
+    last logits are `previous_logits`) by tokens (k, L), one row each, in one forward: per row the logits
+    after its tokens, with `return_logprobs` as (logits, TokenScores of all L tokens), as `extend` gives."""
+    k, length = tokens.shape
+    rows = slice(first_row, first_row + k)
+    if not return_logprobs:
+        logits = forward_with_cache(model, cache, tokens, rows=rows)
+        return [logits[i] for i in range(k)]
+    first = TokenScores([], [] if top else None)
+    add_scores(first, previous_logits[None].expand(k, -1), tokens[:, 0], top, vocab_limit)
+    rest = TokenScores([], [] if top else None)
+    with inference_autocast(model):
+        hidden, _ = _hidden_with_cache(model, cache, tokens, rows, True)
+        scored = hidden[:, :-1].reshape(-1, hidden.shape[-1])              # position j predicts token j + 1
+        targets = tokens[:, 1:].reshape(-1)
+        block = max(1, SCORE_BLOCK_LOGITS // model.config.vocab_size)
+        for begin in range(0, scored.shape[0], block):
+            add_scores(rest, lm_logits(model, scored[begin:begin + block]), targets[begin:begin + block], top,
+                       vocab_limit)
+        last = lm_logits(model, hidden[:, -1])
+    per_row = length - 1
+    out = []
+    for i in range(k):
+        own = slice(i * per_row, (i + 1) * per_row)
+        out.append((last[i], TokenScores([first.logprobs[i]] + rest.logprobs[own],
+                                         None if top == 0 else [first.top[i]] + rest.top[own])))
+    return out
+
+
 MIN_SHARED_PREFIX = 8       # tokens two prompts must share for one prefill of them (besides identical prompts)
 
 
@@ -233,6 +266,12 @@ class _PrefixTree:
             return logits
         return logits, TokenScores(list(scores.logprobs), None if scores.top is None else list(scores.top))
 
+    def joined(self, scores, new):
+        """The TokenScores of a prefix (`scores`, None: none) followed by `new`."""
+        if scores is None:
+            return new
+        return TokenScores(scores.logprobs + new.logprobs, None if scores.top is None else scores.top + new.top)
+
     def run(self, row: int, tokens: list[int], logits, scores):
         """Run tokens into `row` after what it holds (prefill when logits is None: nothing yet); returns
         the logits after them and the TokenScores of every token of the row so far."""
@@ -243,9 +282,39 @@ class _PrefixTree:
         if not self.return_logprobs:
             return out, None
         logits, new = out
-        if scores is None:
-            return logits, new
-        return logits, TokenScores(scores.logprobs + new.logprobs, None if scores.top is None else scores.top + new.top)
+        return logits, self.joined(scores, new)
+
+    def batched_leaves(self, branches: list[list[int]], length: int) -> list[list[int]]:
+        """Runs of consecutive rows, among the one-prompt branches, whose prompts have the same number of
+        tokens after the shared `length` (e.g. the answers " A" .. " D" of one question): each runs as one
+        forward (extend_rows) instead of one per row. Only within the chunk size, after a prefix."""
+        chunk = self.options[0]
+        by_rest: dict[int, list[int]] = {}
+        for branch in branches:
+            rest = len(self.prompts[branch[0]]) - length
+            if len(branch) == 1 and (chunk is None or rest <= chunk):
+                by_rest.setdefault(rest, []).append(branch[0])
+        runs = []
+        for rows in by_rest.values():
+            rows.sort()
+            current = [rows[0]]
+            for row in rows[1:]:
+                if row == current[-1] + 1:
+                    current.append(row)
+                else:
+                    runs.append(current)
+                    current = [row]
+            runs.append(current)
+        return [run for run in runs if len(run) > 1]
+
+    def run_batch(self, rows: list[int], length: int, logits, scores) -> None:
+        """Fill the consecutive rows `rows` (each holding the shared prefix) with their prompts' rest."""
+        tokens = torch.tensor([self.prompts[row][length:] for row in rows], dtype=torch.long,
+                              device=self.cache.lengths.device)
+        _, return_logprobs, top, vocab_limit = self.options
+        outs = extend_rows(self.model, self.cache, rows[0], tokens, return_logprobs, top, vocab_limit, logits)
+        for row, out in zip(rows, outs):
+            self.results[row] = (out[0], self.joined(scores, out[1])) if return_logprobs else out
 
     def fill(self, rows: list[int], depth: int, logits, scores) -> None:
         """rows share their first `depth` tokens, held by cache row rows[0] (`logits` after them, their
@@ -267,8 +336,13 @@ class _PrefixTree:
                 branch.insert(0, branch.pop(branch.index(head)))
             else:
                 self.cache.copy_row(head, branch[0])
+        batched = self.batched_leaves(list(branches.values()), length) if logits is not None else []
+        for rows in batched:
+            self.run_batch(rows, length, logits, scores)
+        done = {row for rows in batched for row in rows}
         for branch in branches.values():
-            self.fill(branch, length, logits, scores)
+            if branch[0] not in done:
+                self.fill(branch, length, logits, scores)
 
 
 def add_scores(scores: TokenScores, logits: torch.Tensor, tokens: torch.Tensor, top: int,

@@ -199,3 +199,31 @@ def test_prefixes_shared_at_several_depths_run_once_each(tiny_model, monkeypatch
         assert together.tokens[row] == alone.tokens[0], row
         assert together.prompt_scores[row].logprobs == pytest.approx(alone.prompt_scores[0].logprobs, abs=TOL), row
         assert [list(t) for t in together.prompt_scores[row].top] == [list(t) for t in alone.prompt_scores[0].top]
+
+
+def test_sibling_answers_of_one_length_run_as_one_forward(tiny_model, monkeypatch):
+    """Multiple choice with letter answers (" A" .. " D", one token each) and two-token answers: the
+    consecutive answers of one length after a shared question run as one forward of all their rows
+    (decode.extend_rows), and every row still scores and generates as alone (fp32, 1e-5)."""
+    from megatron_zaya.inference import decode
+
+    torch.manual_seed(9)
+    header = torch.randint(0, 500, (10,)).tolist()
+    questions = [torch.randint(0, 500, (9,)).tolist() for _ in range(2)]
+    answers = [[[11], [12], [13], [14]], [[21, 1], [22, 2], [23, 3]]]
+    prompts = [header + question + answer for question, choices in zip(questions, answers) for answer in choices]
+    calls = []
+    real = decode._hidden_with_cache
+    monkeypatch.setattr(decode, "_hidden_with_cache",
+                        lambda model, cache, tokens, *a: calls.append(tuple(tokens.shape)) or real(model, cache, tokens, *a))
+    greedy = decode.SamplingParams(greedy=True)
+    together = decode.generate(tiny_model, prompts, 2, greedy, return_logprobs=True, top=2)
+    prefill_calls = calls[:-1]                                 # the last call is the decode step of every row
+    assert prefill_calls == [(1, 10), (1, 9), (4, 1), (1, 9), (3, 2)], calls
+    plain = decode.generate(tiny_model, prompts, 2, greedy)    # the logits-only path batches the same way
+    for row, prompt in enumerate(prompts):
+        alone = decode.generate(tiny_model, [prompt], 2, greedy, return_logprobs=True, top=2)
+        assert together.tokens[row] == alone.tokens[0] == plain.tokens[row], row
+        assert together.prompt_scores[row].logprobs == pytest.approx(alone.prompt_scores[0].logprobs, abs=TOL), row
+        assert [list(t) for t in together.prompt_scores[row].top] == [list(t) for t in alone.prompt_scores[0].top]
+        assert together.scores[row].logprobs == pytest.approx(alone.scores[0].logprobs, abs=TOL), row
