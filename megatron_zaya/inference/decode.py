@@ -168,35 +168,39 @@ def extend(model: ZayaModel, cache: InferenceCache, row: int, tokens: torch.Tens
 
 
 @torch.no_grad()
-def extend_rows(model: ZayaModel, cache: InferenceCache, first_row: int, tokens: torch.Tensor,
+def extend_rows(model: ZayaModel, cache: InferenceCache, first_row: int, tokens: list[list[int]],
                 return_logprobs: bool = False, top: int = 0, vocab_limit: int | None = None,
                 previous_logits: torch.Tensor | None = None) -> list:
     """`extend` of k consecutive cache rows (first_row .. first_row + k - 1, holding the same prefix, whose
-    last logits are `previous_logits`) by tokens (k, L), one row each, in one forward: per row the logits
-    after its tokens, with `return_logprobs` as (logits, TokenScores of all L tokens), as `extend` gives."""
-    k, length = tokens.shape
+    last logits are `previous_logits`) by k token lists, one row each, in one forward: per row the logits
+    after its tokens, with `return_logprobs` as (logits, TokenScores of all its tokens), as `extend` gives.
+    Lists of different lengths are padded at the end: a row's outputs are its own (attention, convolutions
+    and routing never look ahead), but its cache then holds the padding, so nothing may run after it."""
+    k, longest = len(tokens), max(len(t) for t in tokens)
+    lengths = torch.tensor([len(t) for t in tokens], device=cache.lengths.device)
+    batch = torch.tensor([t + [t[-1]] * (longest - len(t)) for t in tokens], dtype=torch.long,
+                         device=cache.lengths.device)
     rows = slice(first_row, first_row + k)
-    if not return_logprobs:
-        logits = forward_with_cache(model, cache, tokens, rows=rows)
-        return [logits[i] for i in range(k)]
-    first = TokenScores([], [] if top else None)
-    add_scores(first, previous_logits[None].expand(k, -1), tokens[:, 0], top, vocab_limit)
-    rest = TokenScores([], [] if top else None)
     with inference_autocast(model):
-        hidden, _ = _hidden_with_cache(model, cache, tokens, rows, True)
-        scored = hidden[:, :-1].reshape(-1, hidden.shape[-1])              # position j predicts token j + 1
-        targets = tokens[:, 1:].reshape(-1)
+        hidden, _ = _hidden_with_cache(model, cache, batch, rows, True)            # (k, longest, D)
+        last = lm_logits(model, hidden[torch.arange(k, device=batch.device), lengths - 1])
+        if not return_logprobs:
+            return list(last)
+        rest = TokenScores([], [] if top else None)
+        real = torch.arange(longest - 1, device=batch.device)[None] < (lengths - 1)[:, None]   # j predicts j + 1
+        scored, targets = hidden[:, :-1][real], batch[:, 1:][real]
         block = max(1, SCORE_BLOCK_LOGITS // model.config.vocab_size)
         for begin in range(0, scored.shape[0], block):
             add_scores(rest, lm_logits(model, scored[begin:begin + block]), targets[begin:begin + block], top,
                        vocab_limit)
-        last = lm_logits(model, hidden[:, -1])
-    per_row = length - 1
-    out = []
-    for i in range(k):
-        own = slice(i * per_row, (i + 1) * per_row)
-        out.append((last[i], TokenScores([first.logprobs[i]] + rest.logprobs[own],
-                                         None if top == 0 else [first.top[i]] + rest.top[own])))
+    first = TokenScores([], [] if top else None)
+    add_scores(first, previous_logits[None].expand(k, -1), batch[:, 0], top, vocab_limit)
+    out, start = [], 0
+    for i, own in enumerate(lengths.tolist()):
+        mine = slice(start, start + own - 1)
+        start += own - 1
+        out.append((last[i], TokenScores([first.logprobs[i]] + rest.logprobs[mine],
+                                         None if top == 0 else [first.top[i]] + rest.top[mine])))
     return out
 
 
@@ -229,17 +233,18 @@ def _shares_prefix(prompt: list[int], other: list[int]) -> bool:
 
 
 def prefill_rows(model: ZayaModel, cache: InferenceCache, prompts: list[list[int]], chunk_size: int | None,
-                 return_logprobs: bool, top: int, vocab_limit: int | None) -> list:
+                 return_logprobs: bool, top: int, vocab_limit: int | None, scoring_only: bool = False) -> list:
     """`prefill` of every prompt into its row, each shared prefix run once, at every depth: the prompts of a
     group (shared_prefix_groups) are filled as the tree of their common prefixes (_PrefixTree: e.g. a few-shot
     header all share, then a question's context its answers share, then each answer), each prefix run into
     one row and copied to the rows that continue it (InferenceCache.copy_row), the first token after it scored
     from its last logits. What a row gets equals its own prefill (tested). A prompt given again (n copies) is
-    prefilled once in all, then copied. Returns prefill's result per row."""
+    prefilled once in all, then copied. `scoring_only` (nothing runs into the cache afterwards) lets sibling
+    answers of different lengths share a forward (_PrefixTree.batched_leaves). Returns prefill's result per row."""
     results: list = [None] * len(prompts)
     first_row: dict[tuple, int] = {}
     unique = [row for row, prompt in enumerate(prompts) if first_row.setdefault(tuple(prompt), row) == row]
-    tree = _PrefixTree(model, cache, prompts, chunk_size, return_logprobs, top, vocab_limit, results)
+    tree = _PrefixTree(model, cache, prompts, chunk_size, return_logprobs, top, vocab_limit, results, scoring_only)
     for members in shared_prefix_groups([prompts[row] for row in unique]):
         tree.fill([unique[m] for m in members], 0, None, None)
     for row, prompt in enumerate(prompts):
@@ -255,10 +260,10 @@ class _PrefixTree:
     its first row, copies that row to the first row of every branch (the prompts continuing with the
     same next token) and fills each branch from there; a prompt that ends at the prefix keeps it."""
 
-    def __init__(self, model, cache, prompts, chunk_size, return_logprobs, top, vocab_limit, results):
+    def __init__(self, model, cache, prompts, chunk_size, return_logprobs, top, vocab_limit, results, ragged):
         self.model, self.cache, self.prompts, self.results = model, cache, prompts, results
         self.options = (chunk_size, return_logprobs, top, vocab_limit)
-        self.return_logprobs = return_logprobs
+        self.return_logprobs, self.ragged = return_logprobs, ragged
 
     def result(self, logits, scores):
         """A row's own (logits, TokenScores): the decode appends to its scores' lists."""
@@ -286,14 +291,15 @@ class _PrefixTree:
 
     def batched_leaves(self, branches: list[list[int]], length: int) -> list[list[int]]:
         """Runs of consecutive rows, among the one-prompt branches, whose prompts have the same number of
-        tokens after the shared `length` (e.g. the answers " A" .. " D" of one question): each runs as one
-        forward (extend_rows) instead of one per row. Only within the chunk size, after a prefix."""
+        tokens after the shared `length` (e.g. the answers " A" .. " D" of one question), or any number when
+        nothing runs after the prefill (`ragged`: scoring only, e.g. lm-evaluation-harness's continuations):
+        each runs as one forward (extend_rows) instead of one per row. Only within the chunk size."""
         chunk = self.options[0]
         by_rest: dict[int, list[int]] = {}
         for branch in branches:
             rest = len(self.prompts[branch[0]]) - length
             if len(branch) == 1 and (chunk is None or rest <= chunk):
-                by_rest.setdefault(rest, []).append(branch[0])
+                by_rest.setdefault(0 if self.ragged else rest, []).append(branch[0])
         runs = []
         for rows in by_rest.values():
             rows.sort()
@@ -309,10 +315,9 @@ class _PrefixTree:
 
     def run_batch(self, rows: list[int], length: int, logits, scores) -> None:
         """Fill the consecutive rows `rows` (each holding the shared prefix) with their prompts' rest."""
-        tokens = torch.tensor([self.prompts[row][length:] for row in rows], dtype=torch.long,
-                              device=self.cache.lengths.device)
         _, return_logprobs, top, vocab_limit = self.options
-        outs = extend_rows(self.model, self.cache, rows[0], tokens, return_logprobs, top, vocab_limit, logits)
+        outs = extend_rows(self.model, self.cache, rows[0], [self.prompts[row][length:] for row in rows],
+                           return_logprobs, top, vocab_limit, logits)
         for row, out in zip(rows, outs):
             self.results[row] = (out[0], self.joined(scores, out[1])) if return_logprobs else out
 
@@ -415,7 +420,9 @@ def generate(model: ZayaModel, prompts: list[list[int]], max_new_tokens: int,
     cache = InferenceCache(model.config, len(prompts), max_length, param.device, dtype or compute_dtype(model))
     # A prompt repeated (n or best_of samples) or sharing a prefix with others (the contexts of a multiple-choice
     # question) has that part prefilled once.
-    prefilled = prefill_rows(model, cache, prompts, prefill_chunk, return_logprobs, top, vocab_limit)
+    # max_new_tokens <= 1: the first new token comes from the prefill's logits, nothing runs into the cache after
+    prefilled = prefill_rows(model, cache, prompts, prefill_chunk, return_logprobs, top, vocab_limit,
+                             scoring_only=max_new_tokens <= 1)
     last = torch.stack([x[0] for x in prefilled] if return_logprobs else prefilled)
     generator = make_generator(seed, param.device)
     out = [[] for _ in prompts]

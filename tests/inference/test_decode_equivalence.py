@@ -179,8 +179,8 @@ def test_prompts_sharing_a_prefix_prefill_it_once_and_score_as_alone(tiny_model,
 def test_prefixes_shared_at_several_depths_run_once_each(tiny_model, monkeypatch):
     """Few-shot multiple choice: a header all prompts share, each question's context shared by its answers
     (one answer is empty: the context alone), as lm-evaluation-harness sends them in one request. Each
-    prefix is run once (header, then each question, then each answer) and every row scores as alone
-    (fp32, 1e-5)."""
+    prefix is run once (header, then each question, then each answer; a question's answers together when
+    nothing is decoded after them) and every row scores as alone (fp32, 1e-5)."""
     from megatron_zaya.inference import decode
 
     torch.manual_seed(8)
@@ -193,7 +193,12 @@ def test_prefixes_shared_at_several_depths_run_once_each(tiny_model, monkeypatch
     monkeypatch.setattr(decode, "_hidden_with_cache",
                         lambda model, cache, tokens, *a: forwarded.append(tokens.numel()) or real(model, cache, tokens, *a))
     together = decode.generate(tiny_model, prompts, 1, decode.SamplingParams(greedy=True), return_logprobs=True, top=2)
-    assert sum(forwarded) == 10 + 9 + 9 + 2 + 1 + 3 + 2, forwarded     # (grouped at the header alone: 63)
+    # one new token: nothing runs after the prefill, so each question's answers (2 and 1 tokens; 3 and 2) share
+    # one forward, padded to the longer (decode.extend_rows)
+    assert forwarded == [10, 9, 2 * 2, 9, 2 * 3], forwarded
+    forwarded.clear()        # two: a decode step follows, and answers of different lengths run one by one
+    decode.generate(tiny_model, prompts, 2, decode.SamplingParams(greedy=True))
+    assert forwarded[:-1] == [10, 9, 2, 1, 9, 3, 2], forwarded      # (grouped at the header alone: 63 tokens)
     for row, prompt in enumerate(prompts):
         alone = decode.generate(tiny_model, [prompt], 1, decode.SamplingParams(greedy=True), return_logprobs=True, top=2)
         assert together.tokens[row] == alone.tokens[0], row
