@@ -6,7 +6,7 @@ HTTP; random weights and prompt tokens.
     python bench/completions_latency.py --preset zaya1-tiny --max-tokens 0 1
     python bench/completions_latency.py --preset zaya1-tiny --shared-prefix 512 --prompt-lengths 16 24 32 40 --max-tokens 0 1
     python bench/completions_latency.py --preset zaya1-tiny --shared-prefix 512 --questions 4 --question-length 128 \
-        --prompt-lengths 4 6 8 10 --max-tokens 0
+        --prompt-lengths 4 6 8 10 --max-tokens 0 [--by-length]
     python bench/completions_latency.py --preset zaya1-tiny --prompt-lengths 4000 --max-tokens 0 \
         --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model data/tokenizer/shakespeare_sp8k.model
 
@@ -50,6 +50,9 @@ def main(argv=None) -> int:
                         help="with --question-length: that many questions after the shared prefix, each followed by "
                              "every --prompt-lengths answer (few-shot multiple choice: header, question, answer)")
     parser.add_argument("--question-length", type=int, default=0)
+    parser.add_argument("--by-length", action="store_true",
+                        help="send the prompts longest first, as lm-evaluation-harness orders its requests (one "
+                             "question's answers then interleave with the others')")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -63,9 +66,11 @@ def main(argv=None) -> int:
                  for _ in range(args.questions)] or [[]]
     prompts = [shared + question + torch.randint(0, tokenizer.vocab_size - 1, (n,)).tolist()
                for question in questions for n in args.prompt_lengths]
+    if args.by_length:
+        prompts.sort(key=len, reverse=True)
     print(f"{args.preset}, fp32, {torch.get_num_threads()} threads, {args.tokenizer_type}: {len(prompts)} prompts of "
           f"{sum(map(len, prompts))} tokens in all ({args.shared_prefix} shared by all, {args.questions} questions of "
-          f"{args.question_length}), echo, logprobs 1, greedy, n {args.n}")
+          f"{args.question_length}{', longest first' if args.by_length else ''}), echo, logprobs 1, greedy, n {args.n}")
     print("| max_tokens | median s |")
     print("|---|---|")
     for max_tokens in args.max_tokens:

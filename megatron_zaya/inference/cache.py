@@ -74,6 +74,14 @@ class InferenceCache:
             layer.delayed_value[target] = layer.delayed_value[source]
         self.lengths[target] = length
 
+    def reorder(self, index: list[int]) -> None:
+        """Row r takes what row index[r] holds (a permutation of the rows)."""
+        rows = torch.tensor(index, dtype=torch.long, device=self.lengths.device)
+        for layer in self.layers:
+            for tensor in (layer.keys, layer.values, layer.conv_inputs, layer.delayed_value):
+                tensor.copy_(tensor.index_select(0, rows))
+        self.lengths.copy_(self.lengths.index_select(0, rows))
+
     def bytes_per_token(self) -> int:
         """Cache bytes one more token costs one sequence: K and V of every layer."""
         return sum((layer.keys[0, 0].numel() + layer.values[0, 0].numel()) * layer.keys.element_size()

@@ -240,7 +240,17 @@ def prefill_rows(model: ZayaModel, cache: InferenceCache, prompts: list[list[int
     one row and copied to the rows that continue it (InferenceCache.copy_row), the first token after it scored
     from its last logits. What a row gets equals its own prefill (tested). A prompt given again (n copies) is
     prefilled once in all, then copied. `scoring_only` (nothing runs into the cache afterwards) lets sibling
-    answers of different lengths share a forward (_PrefixTree.batched_leaves). Returns prefill's result per row."""
+    answers of different lengths share a forward (_PrefixTree.batched_leaves). The prompts are filled in
+    sorted order, so that those sharing a prefix sit on consecutive cache rows whatever order they came in
+    (an evaluation harness sorts its requests by length), then the rows go back to the prompts' order.
+    Returns prefill's result per row."""
+    order = sorted(range(len(prompts)), key=lambda row: prompts[row])
+    if order != list(range(len(prompts))):
+        filled = prefill_rows(model, cache, [prompts[row] for row in order], chunk_size, return_logprobs, top,
+                              vocab_limit, scoring_only)
+        position = {row: at for at, row in enumerate(order)}
+        cache.reorder([position[row] for row in range(len(prompts))])
+        return [filled[position[row]] for row in range(len(prompts))]
     results: list = [None] * len(prompts)
     first_row: dict[tuple, int] = {}
     unique = [row for row, prompt in enumerate(prompts) if first_row.setdefault(tuple(prompt), row) == row]
