@@ -143,6 +143,7 @@ class GPTDataset:
         tokens_per_epoch = int(np.asarray(sizes, dtype=np.int64)[self.indices].sum())
         epochs = ib.num_epochs(tokens_per_epoch, seq, self.requested, self.add_extra_token)
         separate, before = ib.separate_final_epoch(epochs, tokens_per_epoch, seq, self.requested, self.add_extra_token)
+        ib.check_build_memory(len(self.indices), epochs, tokens_per_epoch, self.requested, seq)
         rng = np.random.RandomState(self.seed)
         document_index = ib.build_document_index(self.indices, epochs, rng, separate)
         sample_index = ib.build_sample_index(sizes, document_index, seq, epochs, tokens_per_epoch, self.add_extra_token)

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 
 import numpy as np
@@ -77,6 +78,32 @@ def separate_final_epoch(epochs: int, tokens_per_epoch: int, seq_length: int, nu
     from_final = num_samples - before
     per_epoch = (tokens_per_epoch - add_extra_token) // seq_length
     return from_final < int(threshold * per_epoch), before
+
+
+BUILD_BYTES_PER_DOCUMENT_PASS = 28   # the document index, its copy, and build_sample_index's int64 lengths and ends
+BUILD_BYTES_PER_SAMPLE = 16          # the sample index and the shuffle index
+
+
+def physical_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_build_memory(documents: int, epochs: int, tokens_per_epoch: int, num_samples: int | None,
+                       seq_length: int, limit: int | None = None) -> None:
+    """UserInputError, before anything is allocated, when building a dataset's indices would need more
+    memory than the machine has (`limit`, default its physical memory): a small dataset asked for far
+    more samples than it holds (e.g. 20K tokens for 14T) repeats its documents millions of times."""
+    limit = physical_memory_bytes() if limit is None else limit
+    samples = num_samples or epochs * tokens_per_epoch // seq_length
+    need = BUILD_BYTES_PER_DOCUMENT_PASS * documents * epochs + BUILD_BYTES_PER_SAMPLE * samples
+    if limit is not None and need > limit:
+        raise UserInputError(
+            f"{samples:,} samples of {seq_length} tokens take {epochs:,} passes over its {tokens_per_epoch:,} tokens: "
+            f"building their order needs about {need / 2**30:,.0f} GiB, more than this machine's "
+            f"{limit / 2**30:,.0f} GiB (add data, give this dataset a smaller weight, or train on fewer samples)")
 
 
 def build_document_index(documents: np.ndarray, epochs: int, rng: np.random.RandomState, separate_final: bool) -> np.ndarray:

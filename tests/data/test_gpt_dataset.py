@@ -13,6 +13,7 @@ from megatron_zaya.data import index_builders as ib
 from megatron_zaya.data.cache import cached_arrays
 from megatron_zaya.data.gpt_dataset import GPTDataset, SampleOptions, ltor_masks_and_position_ids, split_indices
 from megatron_zaya.data.indexed import IndexedDataset, write_dataset
+from megatron_zaya.errors import UserInputError
 from megatron_zaya.model.documents import document_attention_mask
 
 
@@ -285,3 +286,16 @@ def test_a_dataset_without_eod_tokens_is_warned_about_when_the_flags_need_them(t
     data = IndexedDataset(split_doc)
     assert [last_token(data, d) for d in range(2)] == [0, 9]
     assert missing_eod_warnings(DataConfig(data_path=[split_doc], split="100,0,0", reset_position_ids=True), 0) == []
+
+
+def test_indices_beyond_the_machines_memory_are_refused_before_they_are_built(tmp_path, monkeypatch):
+    """A small dataset asked for far more samples than it holds (ZAYA1's run on a toy corpus) would repeat its
+    documents millions of times: one line naming the dataset and the memory, not a numpy MemoryError."""
+    prefix, _ = make_corpus(tmp_path)
+    monkeypatch.setattr("megatron_zaya.data.index_builders.physical_memory_bytes", lambda: 1 << 20)   # 1 MiB
+    with pytest.raises(UserInputError, match=r"passes over its [\d,]+ tokens: building their order needs about") as err:
+        GPTDataset(IndexedDataset(prefix), np.arange(5, 33), 10 ** 6, SampleOptions(8, eod=999), seed=1,
+                   cache_dir=str(tmp_path / "cache"))
+    assert str(err.value).startswith(f"{prefix} (train split): 1,000,000 samples of 8 tokens take"), err.value
+    GPTDataset(IndexedDataset(prefix), np.arange(5, 33), 100, SampleOptions(8, eod=999), seed=1,
+               cache_dir=str(tmp_path / "cache"))      # within the memory: built
