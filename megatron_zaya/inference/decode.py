@@ -157,14 +157,21 @@ def extend(model: ZayaModel, cache: InferenceCache, row: int, tokens: torch.Tens
             continue
         with inference_autocast(model):
             hidden, _ = _hidden_with_cache(model, cache, tokens[:, begin:begin + chunk], row, True)
-            targets = tokens[0, begin + 1:begin + chunk + 1]        # the next token of each position
-            scored = hidden[0, :targets.shape[0]]                     # (the last token's comes at decode)
-            block = max(1, SCORE_BLOCK_LOGITS // model.config.vocab_size)
-            for first in range(0, scored.shape[0], block):          # the LM head a block of positions at a time
-                add_scores(scores, lm_logits(model, scored[first:first + block]), targets[first:first + block], top,
-                           vocab_limit)
+            # the next token of each position (the last token's is scored at decode)
+            targets = tokens[0, begin + 1:begin + chunk + 1]
+            score_positions(scores, model, hidden[0, :targets.shape[0]], targets, top, vocab_limit)
             logits = lm_logits(model, hidden[:, -1])
     return (logits[0], scores) if return_logprobs else logits[0]
+
+
+def score_positions(scores: TokenScores, model: ZayaModel, hidden: torch.Tensor, targets: torch.Tensor, top: int,
+                    vocab_limit: int | None) -> None:
+    """add_scores of each position's next token `targets` (N,) from its final hidden state (N, D), the LM head
+    a block of SCORE_BLOCK_LOGITS logits at a time."""
+    block = max(1, SCORE_BLOCK_LOGITS // model.config.vocab_size)
+    for first in range(0, hidden.shape[0], block):
+        add_scores(scores, lm_logits(model, hidden[first:first + block]), targets[first:first + block], top,
+                   vocab_limit)
 
 
 @torch.no_grad()
@@ -188,11 +195,7 @@ def extend_rows(model: ZayaModel, cache: InferenceCache, first_row: int, tokens:
             return list(last)
         rest = TokenScores([], [] if top else None)
         real = torch.arange(longest - 1, device=batch.device)[None] < (lengths - 1)[:, None]   # j predicts j + 1
-        scored, targets = hidden[:, :-1][real], batch[:, 1:][real]
-        block = max(1, SCORE_BLOCK_LOGITS // model.config.vocab_size)
-        for begin in range(0, scored.shape[0], block):
-            add_scores(rest, lm_logits(model, scored[begin:begin + block]), targets[begin:begin + block], top,
-                       vocab_limit)
+        score_positions(rest, model, hidden[:, :-1][real], batch[:, 1:][real], top, vocab_limit)
     first = TokenScores([], [] if top else None)
     add_scores(first, previous_logits[None].expand(k, -1), batch[:, 0], top, vocab_limit)
     out, start = [], 0

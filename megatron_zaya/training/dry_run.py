@@ -9,7 +9,6 @@ returns 0. No process group, model or optimizer is made.
 from __future__ import annotations
 
 from megatron_zaya.data import build_train_valid_test_loaders
-from megatron_zaya.data.blend_report import passes_lines, training_passes
 from megatron_zaya.training.batch_schedule import run_length
 from megatron_zaya.training.run_summary import startup_lines
 
@@ -22,8 +21,7 @@ def dry_run(run, tokenizer, datasets, print_line) -> int:
     valid_samples = train.eval_iters * train.global_batch_size if train.eval_iters else 0
     for warning in run.warnings:
         print_line(f"WARNING {warning}")
-    for line in startup_lines(run, tokenizer.vocab_size) + passes_lines(   # first: they explain a failing build
-            training_passes(run.data, datasets, run_samples * seq), run_samples * seq):
+    for line in startup_lines(run, tokenizer.vocab_size, datasets, run_samples):   # first: they explain a failed build
         print_line(line)
     build_train_valid_test_loaders(run.data, train.global_batch_size, train.micro_batch_size, seq, 0, dp,
                                    consumed_samples=0, train_samples=run_samples, valid_samples=valid_samples,

@@ -3,6 +3,7 @@ with which batch, and how often each dataset will be read (data/blend_report.py)
 layout or blend shows at once instead of in the loss curve."""
 from __future__ import annotations
 
+from megatron_zaya.data.blend_report import passes_lines, training_passes
 from megatron_zaya.model.accounting import count_parameters
 
 
@@ -10,8 +11,9 @@ def _count(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
 
 
-def startup_lines(run, tokenizer_vocab_size: int) -> list[str]:
-    """Model, layout and batch lines of the run `run` (RunConfig)."""
+def startup_lines(run, tokenizer_vocab_size: int, datasets: dict, run_samples: int) -> list[str]:
+    """Model, layout and batch lines of the run `run` (RunConfig), then the passes over each dataset
+    (`datasets`: loaders.open_datasets) that its `run_samples` training samples make."""
     model, train, p = run.model, run.train, run.parallel
     counts = count_parameters(model)
     active = counts.active_non_embedding(model.num_experts) + counts.embedding
@@ -23,6 +25,7 @@ def startup_lines(run, tokenizer_vocab_size: int) -> list[str]:
               if on]
     recompute = f", recompute {train.recompute_granularity}" if train.recompute_granularity else ""
     rampup = (f"; ramped up from {train.rampup_batch_size[0]} sequences" if train.rampup_batch_size else "")
+    run_tokens = run_samples * model.seq_length
     return [
         f"model: {model.num_layers} layers, hidden {model.hidden_size}, {model.num_experts} experts + skip "
         f"(FFN {model.moe_ffn_hidden_size}); {_count(counts.total)} parameters, {_count(active)} active per token; "
@@ -32,4 +35,4 @@ def startup_lines(run, tokenizer_vocab_size: int) -> list[str]:
         f"batch: {train.global_batch_size} sequences of {model.seq_length} tokens per iteration "
         f"({train.global_batch_size * model.seq_length:,} tokens) = micro-batch {train.micro_batch_size} x "
         f"{accumulation} accumulation x DP {dp}{rampup}",
-    ]
+    ] + passes_lines(training_passes(run.data, datasets, run_tokens), run_tokens)

@@ -14,7 +14,6 @@ import torch
 
 from megatron_zaya.checkpoint.preflight import check_before_build
 from megatron_zaya.data import build_tokenizer, build_train_valid_test_loaders
-from megatron_zaya.data.blend_report import passes_lines, training_passes
 from megatron_zaya.data.dataset_tokenizer import check_dataset_tokenizers
 from megatron_zaya.data.loaders import check_token_ids, missing_eod_warnings, open_datasets
 from megatron_zaya.data.tokenizer import flags_text, tokenizer_flags
@@ -143,9 +142,8 @@ def _build_and_train(run) -> int:
     gbs = run.train.global_batch_size
     # Sized from the schedule (never the raw --train-samples: a partial last batch is not trained on).
     consumed, train_samples = train_data_position(trainer.state, trainer.batch_schedule, trainer.total_iters)
-    run_tokens = trainer.batch_schedule.samples_consumed(0, trainer.total_iters) * seq
-    summary = startup_lines(run, tokenizer.vocab_size) + passes_lines(
-        training_passes(run.data, datasets, run_tokens), run_tokens)
+    summary = startup_lines(run, tokenizer.vocab_size, datasets,
+                            trainer.batch_schedule.samples_consumed(0, trainer.total_iters))
     valid_samples = run.train.eval_iters * gbs if run.train.eval_iters else 0
     train_loader, valid_loaders, test_loader = build_train_valid_test_loaders(
         run.data, gbs, run.train.micro_batch_size, seq, runtime.dp_rank, runtime.dp_size,

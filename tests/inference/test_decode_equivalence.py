@@ -176,6 +176,29 @@ def test_prompts_sharing_a_prefix_prefill_it_once_and_score_as_alone(tiny_model,
     assert decode.shared_prefix_groups(prompts) == [[0, 1, 2, 3, 4], [5]]   # (duplicates included)
 
 
+def recorded_forwards(monkeypatch) -> list[tuple[int, int]]:
+    """The (rows, tokens) shape of every forward the decode runs from now on (decode._hidden_with_cache)."""
+    from megatron_zaya.inference import decode
+    calls, real = [], decode._hidden_with_cache
+    monkeypatch.setattr(decode, "_hidden_with_cache",
+                        lambda model, cache, tokens, *a: calls.append(tuple(tokens.shape)) or real(model, cache, tokens, *a))
+    return calls
+
+
+def assert_rows_as_alone(model, prompts, together, new_tokens: int, scores: bool = True) -> None:
+    """Each row of `together` (a generate with return_logprobs, top 2) has the tokens and log-probabilities
+    (fp32, 1e-5) and the top ids of its prompt generated alone."""
+    from megatron_zaya.inference import decode
+    for row, prompt in enumerate(prompts):
+        alone = decode.generate(model, [prompt], new_tokens, decode.SamplingParams(greedy=True), return_logprobs=True,
+                                top=2)
+        assert together.tokens[row] == alone.tokens[0], row
+        assert together.prompt_scores[row].logprobs == pytest.approx(alone.prompt_scores[0].logprobs, abs=TOL), row
+        assert [list(t) for t in together.prompt_scores[row].top] == [list(t) for t in alone.prompt_scores[0].top]
+        if scores:
+            assert together.scores[row].logprobs == pytest.approx(alone.scores[0].logprobs, abs=TOL), row
+
+
 def test_prefixes_shared_at_several_depths_run_once_each(tiny_model, monkeypatch):
     """Few-shot multiple choice: a header all prompts share, each question's context shared by its answers
     (one answer is empty: the context alone), as lm-evaluation-harness sends them in one request. Each
@@ -188,23 +211,18 @@ def test_prefixes_shared_at_several_depths_run_once_each(tiny_model, monkeypatch
     questions = [torch.randint(0, 500, (9,)).tolist() for _ in range(2)]
     answers = [[[3, 4], [7], []], [[3, 5, 6], [8, 9]]]
     prompts = [header + question + answer for question, choices in zip(questions, answers) for answer in choices]
-    forwarded = []
-    real = decode._hidden_with_cache
-    monkeypatch.setattr(decode, "_hidden_with_cache",
-                        lambda model, cache, tokens, *a: forwarded.append(tokens.numel()) or real(model, cache, tokens, *a))
+    calls = recorded_forwards(monkeypatch)
     together = decode.generate(tiny_model, prompts, 1, decode.SamplingParams(greedy=True), return_logprobs=True, top=2)
     # one new token: nothing runs after the prefill, so each question's answers (2 and 1 tokens; 3 and 2) share
     # one forward, padded to the longer (decode.extend_rows)
     # (the questions in their tokens' sorted order)
+    forwarded = [rows * tokens for rows, tokens in calls]
     assert forwarded in ([10, 9, 2 * 2, 9, 2 * 3], [10, 9, 2 * 3, 9, 2 * 2]), forwarded
-    forwarded.clear()        # two: a decode step follows, and answers of different lengths run one by one
+    calls.clear()            # two: a decode step follows, and answers of different lengths run one by one
     decode.generate(tiny_model, prompts, 2, decode.SamplingParams(greedy=True))
+    forwarded = [rows * tokens for rows, tokens in calls]
     assert sorted(forwarded[:-1]) == sorted([10, 9, 2, 1, 9, 3, 2]), forwarded   # (at the header alone: 63 tokens)
-    for row, prompt in enumerate(prompts):
-        alone = decode.generate(tiny_model, [prompt], 1, decode.SamplingParams(greedy=True), return_logprobs=True, top=2)
-        assert together.tokens[row] == alone.tokens[0], row
-        assert together.prompt_scores[row].logprobs == pytest.approx(alone.prompt_scores[0].logprobs, abs=TOL), row
-        assert [list(t) for t in together.prompt_scores[row].top] == [list(t) for t in alone.prompt_scores[0].top]
+    assert_rows_as_alone(tiny_model, prompts, together, 1, scores=False)
 
 
 def test_sibling_answers_of_one_length_run_as_one_forward(tiny_model, monkeypatch):
@@ -218,21 +236,14 @@ def test_sibling_answers_of_one_length_run_as_one_forward(tiny_model, monkeypatc
     questions = [torch.randint(0, 500, (9,)).tolist() for _ in range(2)]
     answers = [[[11], [12], [13], [14]], [[21, 1], [22, 2], [23, 3]]]
     prompts = [header + question + answer for question, choices in zip(questions, answers) for answer in choices]
-    calls = []
-    real = decode._hidden_with_cache
-    monkeypatch.setattr(decode, "_hidden_with_cache",
-                        lambda model, cache, tokens, *a: calls.append(tuple(tokens.shape)) or real(model, cache, tokens, *a))
+    calls = recorded_forwards(monkeypatch)
     greedy = decode.SamplingParams(greedy=True)
     together = decode.generate(tiny_model, prompts, 2, greedy, return_logprobs=True, top=2)
     prefill_calls = calls[:-1]                                 # the last call is the decode step of every row
     assert prefill_calls == [(1, 10), (1, 9), (4, 1), (1, 9), (3, 2)], calls
     plain = decode.generate(tiny_model, prompts, 2, greedy)    # the logits-only path batches the same way
-    for row, prompt in enumerate(prompts):
-        alone = decode.generate(tiny_model, [prompt], 2, greedy, return_logprobs=True, top=2)
-        assert together.tokens[row] == alone.tokens[0] == plain.tokens[row], row
-        assert together.prompt_scores[row].logprobs == pytest.approx(alone.prompt_scores[0].logprobs, abs=TOL), row
-        assert [list(t) for t in together.prompt_scores[row].top] == [list(t) for t in alone.prompt_scores[0].top]
-        assert together.scores[row].logprobs == pytest.approx(alone.scores[0].logprobs, abs=TOL), row
+    assert plain.tokens == together.tokens
+    assert_rows_as_alone(tiny_model, prompts, together, 2)
 
 
 def test_interleaved_prompts_are_regrouped_by_their_prefixes(tiny_model, monkeypatch):
@@ -244,15 +255,7 @@ def test_interleaved_prompts_are_regrouped_by_their_prefixes(tiny_model, monkeyp
     torch.manual_seed(10)
     questions = [torch.randint(0, 500, (12,)).tolist() for _ in range(2)]
     prompts = [questions[i % 2] + [30 + i] for i in range(8)]          # q0 a0, q1 a1, q0 a2, q1 a3, ...
-    calls = []
-    real = decode._hidden_with_cache
-    monkeypatch.setattr(decode, "_hidden_with_cache",
-                        lambda model, cache, tokens, *a: calls.append(tuple(tokens.shape)) or real(model, cache, tokens, *a))
-    greedy = decode.SamplingParams(greedy=True)
-    together = decode.generate(tiny_model, prompts, 3, greedy, return_logprobs=True, top=2)
+    calls = recorded_forwards(monkeypatch)
+    together = decode.generate(tiny_model, prompts, 3, decode.SamplingParams(greedy=True), return_logprobs=True, top=2)
     assert calls[:4] == [(1, 12), (4, 1), (1, 12), (4, 1)], calls
-    for row, prompt in enumerate(prompts):
-        alone = decode.generate(tiny_model, [prompt], 3, greedy, return_logprobs=True, top=2)
-        assert together.tokens[row] == alone.tokens[0], row
-        assert together.prompt_scores[row].logprobs == pytest.approx(alone.prompt_scores[0].logprobs, abs=TOL), row
-        assert together.scores[row].logprobs == pytest.approx(alone.scores[0].logprobs, abs=TOL), row
+    assert_rows_as_alone(tiny_model, prompts, together, 3)
