@@ -51,8 +51,9 @@ from megatron_zaya.checkpoint.convert import (ConversionProgress, checkpoint_to_
 from megatron_zaya.checkpoint.hf_format import DEFAULT_MAX_SHARD_BYTES, is_hf_folder  # noqa: E402
 from megatron_zaya.checkpoint.hf_tokenizer import check_exportable  # noqa: E402
 from megatron_zaya.checkpoint.preflight import latest_iteration_folder  # noqa: E402
-from megatron_zaya.checkpoint.recorded_tokenizer import recorded_tokenizer_of  # noqa: E402
-from megatron_zaya.data.tokenizer import add_tiktoken_arguments, build_tokenizer, tiktoken_options  # noqa: E402
+from megatron_zaya.checkpoint.recorded_tokenizer import adopt_recorded_tokenizer  # noqa: E402
+from megatron_zaya.data.tokenizer import (  # noqa: E402
+    add_tiktoken_arguments, build_tokenizer, tiktoken_options, tokenizer_flags)
 from megatron_zaya.errors import UserInputError  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -72,22 +73,20 @@ def export_tokenizer(parser: argparse.ArgumentParser, args: argparse.Namespace):
     """The tokenizer to-hf / average write beside the model, built and checked before the checkpoint is
     read: the tokenizer flags' (a bad flag or file exits with status 2), else the one the training run
     recorded in the checkpoint (a note on stderr says which, or why none is written), else None."""
-    given = [flag for flag, value in (("--tokenizer-model", args.tokenizer_model), ("--vocab-file", args.vocab_file),
-                                      ("--merge-file", args.merge_file)) if value is not None]
+    given = [flag for flag in tokenizer_flags(args) if flag != "--tokenizer-type"]
     recorded = None
     if args.tokenizer_type is None:
-        if given or tiktoken_options(args):
-            parser.error(f"{(given or ['--tiktoken-pattern'])[0]} needs --tokenizer-type")
+        if given:
+            parser.error(f"{given[0]} needs --tokenizer-type")
         if args.no_tokenizer:
             return None
         source = args.checkpoint if args.command == "to-hf" else args.sources[-1]
-        recorded = recorded_tokenizer_of(source)
-        if recorded is None or recorded.missing:
-            why = recorded.missing_message() if recorded else "it records no training run's text tokenizer"
+        recorded, why = adopt_recorded_tokenizer(args, source)
+        if recorded is None:
+            why = why or "it records no training run's text tokenizer"
             print(f"convert_checkpoint.py: note: no tokenizer files written ({source}: {why}); give the tokenizer "
                   f"flags to add them", file=sys.stderr)
             return None
-        vars(args).update(recorded.flags)
     elif args.no_tokenizer:
         parser.error(f"--no-tokenizer and --tokenizer-type {args.tokenizer_type}: give one of them")
     try:

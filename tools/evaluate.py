@@ -91,8 +91,7 @@ def check_eval_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     try:
         check_data_path(args.data_path)
         shares = parse_split(args.split)
-        if not (args.tokenizer_type or args.tokenizer_model or args.vocab_file or args.merge_file
-                or tokenizer_of_checkpoint(args)):
+        if not (tokenizer_flags(args) or tokenizer_of_checkpoint(args)):
             raise UserInputError(f"--tokenizer-type is required (the data's tokenizer), unless {OWN_TOKENIZER}")
         check_tokenizer_flags(args.tokenizer_type, args.tokenizer_model, args.vocab_file, args.merge_file,
                               **tiktoken_options(args))

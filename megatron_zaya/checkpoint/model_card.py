@@ -48,6 +48,7 @@ def model_card(config: ModelConfig, metas: list[dict], sources: list[str], weigh
         trained = "the mean of iterations " + ", ".join(str(m.get("iteration")) for m in metas) + (
             f" (weights {', '.join(f'{w:.4g}' for w in weights)})" if weights else "")
         source = ", ".join(f"`{s}`" for s in sources)
+    data, tokenizer = _data_flags(args), flags_text(tokenizer_flags(args))
     stored = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
     rows = [
         ("parameters", f"{_billions(counts.total)} in total, {_billions(active + counts.embedding)} active per token "
@@ -59,8 +60,8 @@ def model_card(config: ModelConfig, metas: list[dict], sources: list[str], weigh
         ("vocabulary, context",
          f"{config.vocab_size:,}, {config.seq_length:,} tokens (RoPE base {config.rotary_base:g})"),
         ("trained", trained),
-        ("data", f"`{_data_flags(args)}`" if _data_flags(args) else "not recorded"),
-        ("tokenizer", (f"`{flags_text(tokenizer_flags(args))}`" if tokenizer_flags(args) else "not recorded")
+        ("data", f"`{data}`" if data else "not recorded"),
+        ("tokenizer", (f"`{tokenizer}`" if tokenizer else "not recorded")
          + ("" if tokenizer_written else " (no tokenizer files in this folder)")),
         ("exported from", source),
         ("weights", f"{stored}, exported {datetime.date.today().isoformat()}"),

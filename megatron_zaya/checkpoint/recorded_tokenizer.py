@@ -73,3 +73,16 @@ def recorded_tokenizer_of(path: str) -> RecordedTokenizer | None:
     except CheckpointError:
         return None
     return recorded if recorded is not None and recorded.reads_text else None
+
+
+def adopt_recorded_tokenizer(args, path: str) -> tuple[RecordedTokenizer | None, str | None]:
+    """Set `args`' tokenizer flags to those the training run that saved the checkpoint at `path` recorded:
+    (recorded, None); (None, why) when their files are not found from here; (None, None) when it recorded
+    none that reads text."""
+    recorded = recorded_tokenizer_of(path)
+    if recorded is None:
+        return None, None
+    if recorded.missing:
+        return None, recorded.missing_message()
+    vars(args).update(recorded.flags)
+    return recorded, None

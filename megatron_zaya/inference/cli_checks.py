@@ -42,15 +42,13 @@ def tokenizer_from_flags(args):
     Without tokenizer flags, the --load checkpoint's own, said on stderr and set into args: a Hugging
     Face folder's tokenizer.json (as HuggingFaceTokenizer), or the tokenizer flags the training run that
     saved it recorded (checkpoint/recorded_tokenizer.py); else None."""
-    from megatron_zaya.data.tokenizer import build_tokenizer, tiktoken_options
-    files = [f for f, v in (("--tokenizer-model", args.tokenizer_model), ("--vocab-file", args.vocab_file),
-                            ("--merge-file", args.merge_file), ("--tiktoken-pattern", args.tiktoken_pattern))
-             if v is not None]
-    if not (args.tokenizer_type or files):
+    from megatron_zaya.data.tokenizer import build_tokenizer, tiktoken_options, tokenizer_flags
+    given = [flag for flag in tokenizer_flags(args) if flag != "--tokenizer-type"]
+    if not (args.tokenizer_type or given):
         if not getattr(args, "load", None) or not tokenizer_of_checkpoint(args):
             return None
     if not args.tokenizer_type:
-        raise UserInputError(f"{files[0]} needs --tokenizer-type")
+        raise UserInputError(f"{given[0]} needs --tokenizer-type")
     return build_tokenizer(args.tokenizer_type, args.tokenizer_model, vocab_file=args.vocab_file,
                            merge_file=args.merge_file, **tiktoken_options(args))
 
@@ -58,21 +56,18 @@ def tokenizer_from_flags(args):
 def tokenizer_of_checkpoint(args) -> bool:
     """Sets the tokenizer flags in args to --load's own tokenizer (saying so on stderr); False when it has
     none (a note on stderr when its training run's tokenizer files are not found)."""
-    from megatron_zaya.checkpoint.recorded_tokenizer import recorded_tokenizer_of
+    from megatron_zaya.checkpoint.recorded_tokenizer import adopt_recorded_tokenizer
     beside = os.path.join(str(args.load), "tokenizer.json")
     if os.path.isfile(beside):
         args.tokenizer_type, args.tokenizer_model = "HuggingFaceTokenizer", beside
         print(f"tokenizer: {beside} of --load (as --tokenizer-type HuggingFaceTokenizer; the tokenizer flags "
               f"override it)", file=sys.stderr)
         return True
-    recorded = recorded_tokenizer_of(str(args.load))
+    recorded, why = adopt_recorded_tokenizer(args, str(args.load))
     if recorded is None:
+        if why:
+            print(f"tokenizer: none from --load {args.load}: {why}; give the tokenizer flags", file=sys.stderr)
         return False
-    if recorded.missing:
-        print(f"tokenizer: none from --load {args.load}: {recorded.missing_message()}; give the tokenizer flags",
-              file=sys.stderr)
-        return False
-    vars(args).update(recorded.flags)
     print(f"tokenizer: {recorded.command_line()}, as the training run that saved --load (the tokenizer flags "
           f"override it)", file=sys.stderr)
     return True
