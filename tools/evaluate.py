@@ -28,7 +28,6 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from megatron_zaya.config import ConfigError  # noqa: E402
@@ -115,8 +114,7 @@ def one_pass_samples(data_path: list[str], split: str, split_id: int, seq_length
         indexed = IndexedDataset(prefix)
         idx = split_indices(indexed, split)[split_id]
         if idx is not None and len(idx):
-            tokens = int(np.asarray(indexed.sequence_lengths, dtype=np.int64)[idx].sum())
-            total += max(0, (tokens - 1) // seq_length)
+            total += max(0, (indexed.tokens_in(idx.start, idx.stop) - 1) // seq_length)
     return total
 
 

@@ -26,8 +26,7 @@ def training_passes(cfg: DataConfig, datasets: dict[str, IndexedDataset], train_
     for prefix, weight in zip(prefixes, blend_weights(blend, prefixes)):
         data = datasets[prefix]
         ids = split_documents(cfg, data, prefix, 0)[0]
-        tokens = 0 if ids is None or len(ids) == 0 else int(
-            data.sequence_lengths[ids[0]:ids[-1] + 1].sum(dtype="int64"))     # a split is a range of sequences
+        tokens = 0 if ids is None else data.tokens_in(ids.start, ids.stop)
         rows.append({"prefix": prefix, "weight": weight, "tokens": tokens,
                      "passes": weight * train_tokens / tokens if tokens else float("inf")})
     return sorted(rows, key=lambda row: -row["passes"])

@@ -9,7 +9,6 @@ index_builders.py) and cached as .npy files under the cache directory. See docs/
 from __future__ import annotations
 
 import os
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +16,8 @@ import numpy as np
 from megatron_zaya.errors import UserInputError
 
 from . import index_builders as ib
-from .cache import array_digest, cached_arrays
+from .cache import cached_arrays
+from .index_check import lengths_digest
 from .indexed import IndexedDataset
 
 
@@ -37,23 +37,18 @@ def default_cache_dir(path_prefix: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(path_prefix)), "cache", "GPTDataset_indices")
 
 
-_FINGERPRINTS: "weakref.WeakKeyDictionary[IndexedDataset, dict]" = weakref.WeakKeyDictionary()
-
-
 def dataset_fingerprint(indexed: IndexedDataset) -> dict:
     """What identifies the data an index cache entry was built from: the .idx/.bin sizes, the .idx
     mtime and a hash of the sequence lengths and document boundaries (a re-tokenized corpus with
-    the same number of documents must not reuse stale indices). Computed once per opened dataset: the
-    hash reads the whole index (about 1.3 s per 100M sequences), and every split asks for it."""
-    if indexed not in _FINGERPRINTS:
-        st = os.stat(indexed.path_prefix + ".idx")
-        _FINGERPRINTS[indexed] = {
-            "idx_bytes": st.st_size,
-            "idx_mtime_ns": st.st_mtime_ns,
-            "bin_bytes": os.path.getsize(indexed.path_prefix + ".bin"),
-            "lengths_blake2b": array_digest(indexed.sequence_lengths, indexed.document_indices),
-        }
-    return _FINGERPRINTS[indexed]
+    the same number of documents must not reuse stale indices; index_check.lengths_digest, computed once
+    per opened dataset or taken from its check's record)."""
+    st = os.stat(indexed.path_prefix + ".idx")
+    return {
+        "idx_bytes": st.st_size,
+        "idx_mtime_ns": st.st_mtime_ns,
+        "bin_bytes": os.path.getsize(indexed.path_prefix + ".bin"),
+        "lengths_blake2b": lengths_digest(indexed),
+    }
 
 
 def token_id_outside(tokens: np.ndarray, vocab_size: int) -> int | None:
@@ -100,13 +95,13 @@ def ltor_masks_and_position_ids(tokens: np.ndarray, opts: SampleOptions):
 
 
 class GPTDataset:
-    """Samples of one split (`indices`: the sequence ids it owns) of an indexed dataset."""
+    """Samples of one split (`indices`: the sequence ids it owns, a range or an array) of an indexed dataset."""
 
-    def __init__(self, indexed: IndexedDataset, indices: np.ndarray, num_samples: int | None,
+    def __init__(self, indexed: IndexedDataset, indices: range | np.ndarray, num_samples: int | None,
                  opts: SampleOptions, seed: int, split_name: str = "train", cache_dir: str | None = None,
                  use_cache: bool = True, add_extra_token: int = 1):
         self.indexed = indexed
-        self.indices = np.asarray(indices, dtype=np.int32)
+        self.indices = indices if isinstance(indices, range) else np.asarray(indices, dtype=np.int32)
         self.opts = opts
         self.seed = seed
         self.split_name = split_name
@@ -138,14 +133,18 @@ class GPTDataset:
         self.shuffle_index = arrays["shuffle_index"]
 
     def _build(self) -> dict[str, np.ndarray]:
-        sizes = self.indexed.sequence_lengths
+        sizes, ids = self.indexed.sequence_lengths, self.indices
         seq = self.opts.seq_length
-        tokens_per_epoch = int(np.asarray(sizes, dtype=np.int64)[self.indices].sum())
+        if isinstance(ids, range):
+            tokens_per_epoch = self.indexed.tokens_in(ids.start, ids.stop)
+            ids = np.arange(ids.start, ids.stop, dtype=np.int32)
+        else:
+            tokens_per_epoch = int(np.asarray(sizes, dtype=np.int64)[ids].sum())
         epochs = ib.num_epochs(tokens_per_epoch, seq, self.requested, self.add_extra_token)
         separate, before = ib.separate_final_epoch(epochs, tokens_per_epoch, seq, self.requested, self.add_extra_token)
-        ib.check_build_memory(len(self.indices), epochs, tokens_per_epoch, self.requested, seq)
+        ib.check_build_memory(len(ids), epochs, tokens_per_epoch, self.requested, seq)
         rng = np.random.RandomState(self.seed)
-        document_index = ib.build_document_index(self.indices, epochs, rng, separate)
+        document_index = ib.build_document_index(ids, epochs, rng, separate)
         sample_index = ib.build_sample_index(sizes, document_index, seq, epochs, tokens_per_epoch, self.add_extra_token)
         total = sample_index.shape[0] - 1
         shuffle_index = ib.build_shuffle_index(before if separate else total, total, rng)
@@ -197,7 +196,8 @@ class GPTDataset:
             self.shuffle_index = arrays["shuffle_index"]
 
 
-def split_indices(indexed: IndexedDataset, split: str) -> list[np.ndarray | None]:
-    """Sequence ids of the train/valid/test splits of `indexed` for `--split`."""
+def split_indices(indexed: IndexedDataset, split: str) -> list[range | None]:
+    """Sequence ids of the train/valid/test splits of `indexed` for `--split`: ranges, which take no
+    memory (an array of a corpus of billions of sequences would take GBs on every rank)."""
     ranges = ib.split_ranges(ib.parse_split(split), len(indexed))
-    return [None if r is None else np.arange(r[0], r[1], dtype=np.int32) for r in ranges]
+    return [None if r is None else range(r[0], r[1]) for r in ranges]

@@ -25,6 +25,7 @@ from megatron_zaya.errors import UserInputError
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 HEADER_SIZE = 9 + 8 + 1 + 8 + 8  # 34 bytes
+CHECK_CHUNK = 1 << 22   # index entries read at a time by the whole-index check
 
 DTYPE_CODES: dict[int, type] = {
     1: np.uint8,
@@ -217,40 +218,43 @@ class IndexedDataset:
         self._bin = _MappedReads(bpath) if mmap_bin else _FileReads(bpath)
 
     def _validate(self, ipath: str, bpath: str, n: int, d: int) -> None:
+        """Every document index, length and pointer, read CHECK_CHUNK entries at a time: memory stays small
+        whatever the index's size (a whole-array temporary of a corpus of billions of sequences would not
+        fit)."""
         if d < 1:
             raise IndexedDatasetError(f"{ipath}: document index is empty (it must start with 0)")
-        docs = self.document_indices
+        step, docs = CHECK_CHUNK, self.document_indices
         if docs[0] != 0 or docs[-1] != n:
             raise IndexedDatasetError(
                 f"{ipath}: document indices must run from 0 to {n} (the number of sequences), got {int(docs[0])}..{int(docs[-1])}"
             )
-        if d > 1 and np.any(np.diff(docs) < 0):
-            raise IndexedDatasetError(f"{ipath}: document indices are not non-decreasing; corrupted index")
-        if n and np.any(self.sequence_lengths < 0):
-            raise IndexedDatasetError(f"{ipath}: negative sequence length; corrupted index")
+        for a in range(0, d - 1, step):
+            chunk = docs[a:a + step + 1]
+            if np.any(chunk[1:] < chunk[:-1]):
+                raise IndexedDatasetError(f"{ipath}: document indices are not non-decreasing; corrupted index")
         itemsize = self.dtype.itemsize
-        total_tokens = int(self.sequence_lengths.sum(dtype=np.int64)) if n else 0
+        ptr, lens = self.sequence_pointers, self.sequence_lengths
+        carry = 0           # bytes of the sequences before the chunk
+        for a in range(0, n, step):
+            chunk = lens[a:a + step]
+            if np.any(chunk < 0):
+                raise IndexedDatasetError(f"{ipath}: negative sequence length; corrupted index")
+            ends = carry + np.cumsum(chunk, dtype=np.int64) * itemsize
+            expected, got = ends - chunk * itemsize, ptr[a:a + step]
+            if not np.array_equal(got, expected):
+                bad = a + int(np.argmax(got != expected))
+                raise IndexedDatasetError(
+                    f"{ipath}: sequence pointer {bad} is {int(ptr[bad])}, expected "
+                    f"{int(expected[bad - a])} from the sequence lengths; corrupted index"
+                )
+            carry = int(ends[-1])
+        total_tokens = carry // itemsize
         bin_size = os.path.getsize(bpath)
-        if bin_size != total_tokens * itemsize:
+        if bin_size != carry:
             raise IndexedDatasetError(
                 f"{bpath}: size {bin_size} bytes does not match the index ({total_tokens} tokens x "
-                f"{itemsize} bytes of {self.dtype.name} = {total_tokens * itemsize}); truncated or mismatched pair"
+                f"{itemsize} bytes of {self.dtype.name} = {carry}); truncated or mismatched pair"
             )
-        if n:
-            # Check pointers against the lengths in chunks, so opening a huge index stays cheap in memory.
-            ptr, lens = self.sequence_pointers, self.sequence_lengths
-            carry, step = 0, 1 << 22
-            for a in range(0, n, step):
-                b = min(n, a + step)
-                expected = carry + np.concatenate(([0], np.cumsum(lens[a:b - 1], dtype=np.int64))) * itemsize
-                got = ptr[a:b]
-                if not np.array_equal(got, expected):
-                    bad = a + int(np.argmax(got != expected))
-                    raise IndexedDatasetError(
-                        f"{ipath}: sequence pointer {bad} is {int(ptr[bad])}, expected "
-                        f"{int(expected[bad - a])} from the sequence lengths; corrupted index"
-                    )
-                carry = int(expected[-1]) + int(lens[b - 1]) * itemsize
         self.num_tokens = total_tokens
 
     def __len__(self) -> int:
@@ -289,6 +293,21 @@ class IndexedDataset:
         if isinstance(idx, slice):
             return [self.get(i) for i in range(*idx.indices(len(self)))]
         raise TypeError(f"unsupported index type {type(idx).__name__}")
+
+    def tokens_in(self, first: int, stop: int) -> int:
+        """How many tokens sequences [first, stop) hold, from two pointers (the index is checked)."""
+        if not 0 <= first <= stop <= len(self):
+            raise IndexError(f"{self.path_prefix}: sequences [{first}, {stop}) outside [0, {len(self)})")
+        if first == stop:
+            return 0
+        end = int(self.sequence_pointers[stop - 1]) + int(self.sequence_lengths[stop - 1]) * self.dtype.itemsize
+        return (end - int(self.sequence_pointers[first])) // self.dtype.itemsize
+
+    def tokens(self, start: int, count: int) -> np.ndarray:
+        """`count` tokens from token `start` of the .bin, where the sequences lie back to back in order."""
+        if start < 0 or count < 0 or start + count > self.num_tokens:
+            raise IndexError(f"{self.path_prefix}: tokens [{start}, {start + count}) outside [0, {self.num_tokens})")
+        return self._bin.read(self.dtype, count, start * self.dtype.itemsize) if count else np.zeros(0, self.dtype)
 
     def document(self, doc: int) -> np.ndarray:
         """All tokens of document `doc` (its sequences concatenated)."""

@@ -28,6 +28,7 @@ from .cache import cached_arrays
 from .gpt_dataset import GPTDataset, SampleOptions, default_cache_dir, split_indices, token_id_outside
 from . import index_builders as ib
 from .index_builders import build_blending_indices
+from .index_check import open_checked
 from .indexed import IndexedDataset
 from .sampler import PretrainingBatchSampler
 from .tokenizer import build_tokenizer
@@ -196,8 +197,12 @@ def last_token(data: IndexedDataset, doc: int) -> int | None:
 
 
 def open_datasets(cfg: DataConfig) -> dict[str, IndexedDataset]:
-    """Every dataset the run reads, opened once for the checks made before the model is built."""
-    return {} if cfg.mock_data else {p: IndexedDataset(p, mmap_bin=cfg.mmap_bin_files) for p in dataset_prefixes(cfg)}
+    """Every dataset the run reads, opened once for the checks made before the model is built; each whole
+    index checked once per version of its files (index_check.open_checked)."""
+    if cfg.mock_data:
+        return {}
+    cache_dir_of = None if cfg.no_index_cache else lambda prefix: cfg.data_cache_path or default_cache_dir(prefix)
+    return open_checked(dataset_prefixes(cfg), cfg.mmap_bin_files, cache_dir_of)
 
 
 def missing_eod_warnings(cfg: DataConfig, eod: int, sample: int = 64, datasets=None) -> list[str]:
@@ -224,17 +229,14 @@ def check_token_ids(cfg: DataConfig, vocab_size: int, sample_tokens: int = 1 << 
     cheap look before the model is built. Every sample is checked again when it is read (GPTDataset).
     `datasets`: open_datasets(cfg), if at hand."""
     for prefix, data in (open_datasets(cfg) if datasets is None else datasets).items():
-        read = 0
-        for seq in range(len(data)):
-            if read >= sample_tokens:
-                break
-            tokens = data.get(seq, 0, min(int(data.sequence_lengths[seq]), sample_tokens - read))
-            read += tokens.size
-            bad = token_id_outside(tokens, vocab_size)
-            if bad is not None:
-                raise UserInputError(f"--data-path {prefix}: sequence {seq} holds token id {bad}, outside the "
-                                     f"vocabulary of --tokenizer-type {cfg.tokenizer_type} ({vocab_size} ids): was the "
-                                     f"dataset preprocessed with another tokenizer?")
+        tokens = data.tokens(0, min(sample_tokens, data.num_tokens))     # one read: short sequences are many
+        bad = token_id_outside(tokens, vocab_size)
+        if bad is not None:
+            position = int(np.flatnonzero(tokens == bad)[0]) * data.dtype.itemsize
+            seq = int(np.searchsorted(data.sequence_pointers, position, side="right")) - 1
+            raise UserInputError(f"--data-path {prefix}: sequence {seq} holds token id {bad}, outside the "
+                                 f"vocabulary of --tokenizer-type {cfg.tokenizer_type} ({vocab_size} ids): was the "
+                                 f"dataset preprocessed with another tokenizer?")
 
 
 def build_train_valid_test_datasets(cfg: DataConfig, seq_length: int, train_valid_test_num_samples: list[int],

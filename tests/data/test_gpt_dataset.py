@@ -68,7 +68,7 @@ def test_split_bounds_match_reference(split, n):
 def test_split_indices_and_bad_split(tmp_path):
     prefix, _ = make_corpus(tmp_path)
     train, valid, test = split_indices(IndexedDataset(prefix), "90,10,0")
-    assert train.tolist() == list(range(0, 33)) and valid.tolist() == list(range(33, 37)) and test is None
+    assert train == range(0, 33) and valid == range(33, 37) and test is None
     with pytest.raises(ValueError, match="--split"):
         ib.parse_split("a,b")
 
@@ -116,6 +116,10 @@ def test_token_ids_outside_the_vocabulary_are_named(tmp_path):
     with pytest.raises(UserInputError, match=f"--data-path {prefix}: sequence 2 holds token id 750, outside the "
                                              r"vocabulary of --tokenizer-type NullTokenizer \(100 ids\)"):
         check_token_ids(cfg, 100)
+    gap = str(tmp_path / "gap")
+    write_dataset(gap, [[1, 2], [], [750]], dtype=np.uint16)     # an empty sequence shares the next one's pointer
+    with pytest.raises(UserInputError, match="sequence 2 holds token id 750"):
+        check_token_ids(DataConfig(data_path=[gap], tokenizer_type="NullTokenizer"), 100)
     gd = GPTDataset(IndexedDataset(prefix), np.arange(3), None, SampleOptions(3, eod=0, vocab_size=100), seed=1,
                     use_cache=False)
     seen = []

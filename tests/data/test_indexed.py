@@ -6,6 +6,7 @@ import struct
 import numpy as np
 import pytest
 
+import megatron_zaya.data.indexed as indexed_module
 from megatron_zaya.data.indexed import (
     IndexedDataset,
     IndexedDatasetError,
@@ -160,6 +161,33 @@ def test_corruption_is_reported_with_file_name(tmp_path, corrupt, message):
     with pytest.raises(IndexedDatasetError, match=message) as e:
         IndexedDataset(prefix)
     assert str(tmp_path) in str(e.value)
+
+
+def _seven(tmp_path):
+    prefix = str(tmp_path / "seven")
+    write_dataset(prefix, [[1] * (i % 3 + 1) for i in range(7)], dtype=np.uint16)
+    return prefix
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 100])
+def test_whole_index_check_reads_in_chunks(tmp_path, monkeypatch, chunk):
+    """The check reads CHECK_CHUNK entries at a time: a damaged entry in any chunk is found and named,
+    and a sound dataset's token count is the same whatever the chunk."""
+    monkeypatch.setattr(indexed_module, "CHECK_CHUNK", chunk)
+    prefix = _seven(tmp_path)
+    assert IndexedDataset(prefix).num_tokens == 1 + 2 + 3 + 1 + 2 + 3 + 1
+    n = 7
+    _patch(prefix + ".idx", 34 + 4 * n + 8 * 5, struct.pack("<q", 99))      # pointer of sequence 5
+    with pytest.raises(IndexedDatasetError, match="sequence pointer 5 is 99, expected 18"):
+        IndexedDataset(prefix)
+    prefix = _seven(tmp_path)
+    _patch(prefix + ".idx", 34 + 4 * 6, struct.pack("<i", -1))              # length of the last sequence
+    with pytest.raises(IndexedDatasetError, match="negative sequence length"):
+        IndexedDataset(prefix)
+    prefix = _seven(tmp_path)
+    _patch(prefix + ".idx", 34 + 12 * n + 8 * 6, struct.pack("<q", 2))      # document index 6 below index 5
+    with pytest.raises(IndexedDatasetError, match="not non-decreasing"):
+        IndexedDataset(prefix)
 
 
 @pytest.mark.parametrize(
