@@ -40,6 +40,25 @@ def _holder(lock_path: str) -> str:
         return "another process"
 
 
+def build_order(items: list, per_node: bool = False, start: int | None = None) -> list:
+    """`items` (entries to build or wait for, in the same order on every process) rotated to start at this
+    process's own position, so that at a first start several processes build at once instead of all waiting
+    for one: each rank its own (its launcher rank), or with `per_node` each node its own (a hash of its
+    host name, whatever the launcher's rank placement; two nodes may draw the same one). A node's processes
+    then move through the list together, so a node makes one build at a time, for builds that need much
+    memory. `start`: a given position instead."""
+    if not items:
+        return items
+    if start is None:
+        if per_node:
+            start = int.from_bytes(hashlib.blake2b(socket.gethostname().encode(), digest_size=8).digest(), "little")
+        else:
+            from megatron_zaya.parallel.launch import detect_launcher
+            start = detect_launcher().rank
+    start %= len(items)
+    return items[start:] + items[:start]
+
+
 def description_hash(description: dict) -> str:
     text = json.dumps({"format": FORMAT_VERSION, **description}, sort_keys=True, indent=1)
     return hashlib.md5(text.encode("utf-8")).hexdigest()

@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from .cache import array_digest, cached_arrays
+from .cache import array_digest, build_order, cached_arrays
 from .indexed import IndexedDataset, bin_path, idx_path, read_header
 
 _LENGTHS_DIGESTS: "weakref.WeakKeyDictionary[IndexedDataset, str]" = weakref.WeakKeyDictionary()
@@ -49,22 +49,16 @@ def _check(prefix: str) -> dict[str, np.ndarray]:
             "lengths_digest": np.frombuffer(bytes.fromhex(lengths_digest(data)), np.uint8)}
 
 
-def _rotated(items: list, by: int) -> list:
-    return items[by % len(items):] + items[:by % len(items)] if items else items
-
-
 def open_checked(prefixes: list[str], mmap_bin: bool, cache_dir_of: Callable[[str], str] | None,
-                 rank: int | None = None) -> dict[str, IndexedDataset]:
+                 start: int | None = None) -> dict[str, IndexedDataset]:
     """Every dataset of `prefixes`, opened, its whole index checked once per version of its files (the
-    record under `cache_dir_of(prefix)`; None: checked here, every time). `rank` (default: the launcher's)
-    picks where this process starts in the list, so that first starts check different datasets at once."""
+    record under `cache_dir_of(prefix)`; None: checked here, every time). Each rank starts at its own
+    dataset of the list (cache.build_order; `start`: a given position), so that a first start checks
+    several at once."""
     if cache_dir_of is None:
         return {p: IndexedDataset(p, mmap_bin=mmap_bin) for p in prefixes}
-    if rank is None:
-        from megatron_zaya.parallel.launch import detect_launcher
-        rank = detect_launcher().rank
     opened = {}
-    for prefix in _rotated(list(prefixes), rank):
+    for prefix in build_order(list(prefixes), start=start):
         prefix_seen = read_header(prefix).prefix       # a missing or foreign file: named before any record
         record = cached_arrays(cache_dir_of(prefix), "IndexCheck", {"class": "IndexCheck", **file_version(prefix_seen)},
                                ["num_tokens", "lengths_digest"], lambda: _check(prefix_seen))

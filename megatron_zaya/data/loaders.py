@@ -24,7 +24,7 @@ from megatron_zaya.errors import UserInputError
 from .blend import BlendedDataset, PhasedDataset, parse_data_path, plan_phases
 from .mock import MockGPTDataset
 from .config import DataConfig
-from .cache import cached_arrays
+from .cache import build_order, cached_arrays
 from .gpt_dataset import GPTDataset, SampleOptions, default_cache_dir, split_indices, token_id_outside
 from . import index_builders as ib
 from .index_builders import build_blending_indices
@@ -86,18 +86,22 @@ def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: li
     weighted = [parse_data_path(b)[0] is not None for b in blends]
     plan = plan_phases(weights, sizes, cfg.mid_level_dataset_surplus, blending, weighted)
     split_name = SPLIT_NAMES[split_id]
-    components = []
+    ids = {}
     for d, prefix in enumerate(prefixes):
         if plan.requests[d] == 0:
-            components.append(None)
             continue
         idx, where = split_documents(cfg, indexed[prefix], prefix, split_id)
         if (idx is None or len(idx) == 0) and split_id == 2 and not cfg.separate_splits:
             return None      # a --split share too small to hold a document: no test evaluation (training goes on)
         if idx is None or len(idx) == 0:
             raise UserInputError(f"{where} is empty but the blend needs {plan.requests[d]} samples from it")
-        components.append(GPTDataset(indexed[prefix], idx, plan.requests[d], opts, cfg.seed, split_name,
-                                     cfg.data_cache_path, use_cache=not cfg.no_index_cache))
+        ids[d] = idx
+    # Each node builds (or waits for) the datasets' indices from its own one on: a first start builds
+    # several at once, one per node (a build of ZAYA1's size takes minutes and GBs).
+    built = {d: GPTDataset(indexed[prefixes[d]], ids[d], plan.requests[d], opts, cfg.seed, split_name,
+                           cfg.data_cache_path, use_cache=not cfg.no_index_cache)
+             for d in build_order(list(ids), per_node=True)}
+    components = [built.get(d) for d in range(len(prefixes))]
     phases = [BlendedDataset(components, plan.dataset_index[p], plan.dataset_sample_index[p], plan.offsets[p])
               for p in range(len(sizes))]
     return phases[0] if len(phases) == 1 else PhasedDataset(phases)

@@ -88,7 +88,17 @@ def test_parse_data_path():
             parse_data_path(bad)
 
 
-def test_blended_train_split_matches_reference(tmp_path, monkeypatch):
+@pytest.mark.parametrize("start", [0, 1])
+def test_blended_train_split_matches_reference(tmp_path, monkeypatch, start):
+    """The same samples whichever dataset this node builds first (cache.build_order)."""
+    import megatron_zaya.data.loaders as loaders
+    from megatron_zaya.data import cache
+    from megatron_zaya.data.gpt_dataset import GPTDataset
+
+    built = []
+    monkeypatch.setattr(loaders, "build_order", lambda items, per_node: cache.build_order(items, start=start))
+    monkeypatch.setattr(loaders, "GPTDataset", lambda data, *a, **k: built.append(data.path_prefix) or GPTDataset(
+        data, *a, **k))
     a, sa = corpus(tmp_path, "a", 0, seed=1)
     b, sb = corpus(tmp_path, "b", 500, seed=2)
     cfg = DataConfig(data_path=["30", a, "70", b], split="90,10,0", data_cache_path=str(tmp_path / "cache"),
@@ -97,6 +107,7 @@ def test_blended_train_split_matches_reference(tmp_path, monkeypatch):
     seq, n = 8, 300
     train, valid, test = build_train_valid_test_datasets(cfg, seq, [n, 20, 0], tok)
     assert test is None and len(train) == n and len(valid) == 20
+    assert built[:2] == [a, b][start:] + [a, b][:start]
     bounds = ref.split_bounds("90,10,0", 60)[0]
     comp = [ref.gpt_samples(s, list(range(*bounds)), seq, ref.component_request(n, w), 7)
             for s, w in ((sa, 0.3), (sb, 0.7))]
@@ -105,7 +116,6 @@ def test_blended_train_split_matches_reference(tmp_path, monkeypatch):
         assert train[i]["tokens"].tolist() == comp[di[i]][dsi[i]][:-1]
     import os
     assert any("BlendedDataset-dataset_index" in f for f in os.listdir(tmp_path / "cache"))
-    import megatron_zaya.data.loaders as loaders
 
     def no_rebuild(*a):
         raise AssertionError("blending indices rebuilt despite the cache")
