@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from megatron_zaya.checkpoint.format import CheckpointError, CheckpointFolder, Entry, index_runs
+from megatron_zaya.checkpoint.shared_reads import agree_no_failure, assign_readers
 
 
 def unwrap(model):
@@ -98,26 +99,41 @@ def model_entries(model) -> list[Entry]:
 
 @torch.no_grad()
 def load_model(model, folder: CheckpointFolder) -> list[str]:
-    """Copy every parameter / buffer from the checkpoint into this rank's slice. Returns messages
-    about tensors the checkpoint lacks (missing ones are an error)."""
+    """Copy every parameter / buffer from the checkpoint into this rank's slice; one that other ranks hold
+    alike (data- and context-parallel replicas) is read by one of them and broadcast (shared_reads).
+    Returns messages about checkpoint tensors this model lacks; tensors missing from the checkpoint, or of
+    another shape, are an error (raised on every rank before any read)."""
     pstate = model_pstate(model)
-    cache: dict = {}
-    missing = []
-    for name, t in named_tensors(model).items():
-        key = "model/" + name
-        if not folder.has(key):
-            missing.append(name)
-            continue
-        shape, ranges = tensor_slicing(t, pstate)
-        if folder.global_shape(key) != shape:
-            raise CheckpointError(f"{folder.folder}: {name} has shape {folder.global_shape(key)} in the checkpoint, "
-                                  f"{shape} in this model (different model config?)")
-        t.copy_(folder.piece(key, ranges, None, cache).to(t.dtype))
+    tensors = named_tensors(model)
+    missing = [name for name in tensors if not folder.has("model/" + name)]
     if missing:
         raise CheckpointError(f"{folder.folder}: tensors missing from the checkpoint: {missing[:8]}"
                               + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+    ranges = {}
+    for name, t in tensors.items():
+        shape, ranges[name] = tensor_slicing(t, pstate)
+        if folder.global_shape("model/" + name) != shape:
+            raise CheckpointError(f"{folder.folder}: {name} has shape {folder.global_shape('model/' + name)} in the "
+                                  f"checkpoint, {shape} in this model (different model config?)")
+    readers = assign_readers(tensors, pstate, is_expert)
+    rank = pstate.rank if pstate is not None else 0
+    cache: dict = {}
+    error = None
+    for name, t in tensors.items():
+        reader = readers[name]
+        if error is None and (reader is None or reader[1] == rank):
+            try:
+                t.copy_(folder.piece("model/" + name, ranges[name], None, cache).to(t.dtype))
+            except (CheckpointError, OSError) as err:       # the group waits in the broadcast: agreed below
+                error = err
+        if reader is not None:
+            shared = t if t.is_contiguous() else t.contiguous()
+            torch.distributed.broadcast(shared, src=reader[1], group=reader[0])
+            if shared is not t:
+                t.copy_(shared)
+    agree_no_failure(error, pstate, next(iter(tensors.values())).device)
     extra = sorted(k[len("model/"):] for k in folder.keys("model/"))
-    unknown = [k for k in extra if k not in named_tensors(model)]
+    unknown = [k for k in extra if k not in tensors]
     return [f"checkpoint tensors not in this model (ignored): {unknown[:8]}"] if unknown else []
 
 

@@ -22,6 +22,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from megatron_zaya.arguments import ParallelSizes, RunConfig  # noqa: E402
+from megatron_zaya.checkpoint.format import CheckpointError, CheckpointFolder  # noqa: E402
 from megatron_zaya.checkpoint.training import TrainingCheckpointer  # noqa: E402
 from megatron_zaya.config import model_config_from_preset  # noqa: E402
 from megatron_zaya.model import ZayaModel  # noqa: E402
@@ -33,6 +34,30 @@ from megatron_zaya.parallel.launch import exit_process  # noqa: E402
 
 GLOBAL_BATCH, SEQ, LR, CLIP = 4, 32, 1e-3, 1.0
 SAVE_AT, TOTAL = 2, 4
+
+
+MODEL_READS: list[str] = []      # the model tensors this rank read from the checkpoint in the last load
+FAILING_READS = {"rank": None}   # task loadfail: this rank's model reads raise
+_piece = CheckpointFolder.piece
+
+
+def _counted_piece(self, key, *args, **kwargs):
+    if key.startswith("model/"):
+        MODEL_READS.append(key)
+        if FAILING_READS["rank"] == (dist.get_rank() if dist.is_initialized() else 0):
+            raise CheckpointError(f"injected failure reading {key}")
+    return _piece(self, key, *args, **kwargs)
+
+
+CheckpointFolder.piece = _counted_piece
+
+
+def reads_per_rank(world: int) -> list[int]:
+    counts = torch.zeros(world)
+    counts[dist.get_rank() if world > 1 else 0] = len(MODEL_READS)
+    if world > 1:
+        dist.all_reduce(counts)
+    return [int(c) for c in counts.tolist()]
 
 
 def config():
@@ -160,20 +185,35 @@ def main() -> int:
     for task in tasks:
         mode, spec, *sub = task.split(":")
         s = Setup(spec, world)
-        ck = checkpointer(os.path.join(directory, sub[0] if sub else "ckpt"), runtime, spec, load=(mode == "load"))
+        ck = checkpointer(os.path.join(directory, sub[0] if sub else "ckpt"), runtime, spec, load=mode != "save")
         losses = {}
+        if mode == "loadfail":      # rank 1 cannot read its share of the model: every rank raises, none hangs
+            FAILING_READS["rank"] = 1
+            try:
+                ck.load(s)
+                message = "loaded"
+            except CheckpointError as err:
+                message = str(err)
+            FAILING_READS["rank"] = None
+            ck.close()
+            with open(os.path.join(directory, f"loadfail_{dist.get_rank()}.txt"), "w") as f:
+                f.write(message)
+            continue
         if mode == "save":
             for step in range(SAVE_AT):
                 losses[step + 1] = s.step(step)
             ck.save(s)
         else:
+            MODEL_READS.clear()
             ck.load(s)
             assert s.state.iteration == SAVE_AT, s.state
         for step in range(s.state.iteration, TOTAL):
             losses[step + 1] = s.step(step)
         ck.close()
         results.append({"task": task, "world": world, "losses": losses,
-                        "loaded_from": (ck.loaded or {}).get("layout")})
+                        "loaded_from": (ck.loaded or {}).get("layout"),
+                        "model_reads": reads_per_rank(world) if mode == "load" else None,
+                        "model_tensors": len(s.model.state_dict())})
     if runtime.is_main:
         path = os.path.join(directory, "losses.json")
         old = json.load(open(path)) if os.path.exists(path) else []

@@ -1,6 +1,7 @@
 """Resharding: a checkpoint saved under a 4-process layout (TP2 x EP2 with ZeRO-1, and CP2 x EP2
 without) loads under other 4-process layouts and under 1 process, and training continues with the
-same losses (fp32, 1e-5 relative: different layouts reduce in different orders)."""
+same losses (fp32, 1e-5 relative: different layouts reduce in different orders); the replicas of a
+model tensor read it once between them."""
 import json
 import os
 import shutil
@@ -33,7 +34,7 @@ def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
           "--master-port", str(_free_port()), WORKER, d,
           "save:tp2-ep2-zero", "load:cp2-ep2", "load:dp-zero", "save:cp2-ep2:b", "load:tp2-ep2-zero:b",
-          "save:tp4-zero:c", "load:tp2-ep2-zero:c"])
+          "save:tp4-zero:c", "load:tp2-ep2-zero:c", "loadfail:dp-zero"])
     _run([sys.executable, WORKER, d, "load:single", "load:single:b", "load:single:c"])
     results = {r["task"]: r for r in json.load(open(os.path.join(d, "losses.json")))}
     for saver, loaders in (("save:tp2-ep2-zero", ["load:cp2-ep2", "load:dp-zero", "load:single"]),
@@ -46,6 +47,16 @@ def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
             assert sorted(got) == ["3", "4"], (loader, got)
             for step in got:
                 assert abs(got[step] / want[step] - 1) < 1e-5, (saver, loader, step, got[step], want[step])
+    # Replicated model tensors are read by one rank of their group and broadcast (shared_reads): under DP4
+    # each tensor is read once in all, spread over the ranks; under CP2 x EP2 fewer than every rank reading all.
+    dp4, cp2ep2, single = results["load:dp-zero"], results["load:cp2-ep2"], results["load:single"]
+    assert sum(dp4["model_reads"]) == dp4["model_tensors"] and max(dp4["model_reads"]) < dp4["model_tensors"] / 2
+    assert sum(cp2ep2["model_reads"]) < cp2ep2["model_tensors"] * 2 and min(cp2ep2["model_reads"]) > 0
+    assert single["model_reads"] == [single["model_tensors"]]
+    failed = [open(os.path.join(d, f"loadfail_{rank}.txt")).read() for rank in range(4)]
+    assert failed[1].startswith("injected failure reading model/"), failed
+    assert all(m == "another rank could not read its share of the model weights (see its error)"
+               for m in failed[:1] + failed[2:]), failed
     assert results["load:single"]["loaded_from"]["use_distributed_optimizer"]
     assert results["load:single"]["loaded_from"]["tensor_model_parallel_size"] == 2
     # The layout is described; the full model assembles on one CPU process.
