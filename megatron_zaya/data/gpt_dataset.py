@@ -101,7 +101,7 @@ class GPTDataset:
                  opts: SampleOptions, seed: int, split_name: str = "train", cache_dir: str | None = None,
                  use_cache: bool = True, add_extra_token: int = 1):
         self.indexed = indexed
-        self.indices = indices if isinstance(indices, range) else np.asarray(indices, dtype=np.int32)
+        self.indices = indices if isinstance(indices, range) else np.asarray(indices, dtype=ib.sequence_id_dtype(len(indexed)))
         self.opts = opts
         self.seed = seed
         self.split_name = split_name
@@ -137,7 +137,7 @@ class GPTDataset:
         seq = self.opts.seq_length
         if isinstance(ids, range):
             tokens_per_epoch = self.indexed.tokens_in(ids.start, ids.stop)
-            ids = np.arange(ids.start, ids.stop, dtype=np.int32)
+            ids = np.arange(ids.start, ids.stop, dtype=ib.sequence_id_dtype(ids.stop))
         else:
             tokens_per_epoch = int(np.asarray(sizes, dtype=np.int64)[ids].sum())
         epochs = ib.num_epochs(tokens_per_epoch, seq, self.requested, self.add_extra_token)

@@ -106,10 +106,17 @@ def check_build_memory(documents: int, epochs: int, tokens_per_epoch: int, num_s
             f"{limit / 2**30:,.0f} GiB (add data, give this dataset a smaller weight, or train on fewer samples)")
 
 
+def sequence_id_dtype(num_sequences: int) -> type:
+    """int32 for sequence ids, as Megatron-LM's document index; int64 for a dataset of 2^31 sequences or more
+    (an int32 id would wrap around and read other documents)."""
+    return np.int32 if num_sequences <= 2**31 else np.int64
+
+
 def build_document_index(documents: np.ndarray, epochs: int, rng: np.random.RandomState, separate_final: bool) -> np.ndarray:
-    documents = np.asarray(documents, dtype=np.int32)
+    documents = np.asarray(documents)
+    dtype = sequence_id_dtype(int(documents.max()) + 1 if documents.size else 0)
     if not separate_final or epochs == 1:
-        index = np.tile(documents, epochs).astype(np.int32)
+        index = np.tile(documents.astype(dtype, copy=False), epochs)
         rng.shuffle(index)
         return index
     first = build_document_index(documents, epochs - 1, rng, False)

@@ -60,6 +60,19 @@ def test_separate_final_epoch_is_exercised():
     assert not ib.separate_final_epoch(2, tpe, seq, 45)[0]
 
 
+
+def test_sequence_ids_past_int32_keep_their_value():
+    """A dataset of 2^31 sequences or more: int64 ids in the document index (int32 would wrap around and
+    read other documents); below that, int32 and the same order as ever."""
+    big = np.array([2**31 + 5, 3, 2**31 + 9], dtype=np.int64)
+    index = ib.build_document_index(big, 2, np.random.RandomState(1), False)
+    assert index.dtype == np.int64 and sorted(index.tolist()) == sorted(big.tolist() * 2)
+    small = ib.build_document_index(np.arange(5, dtype=np.int64), 2, np.random.RandomState(1), True)
+    assert small.dtype == np.int32
+    assert small.tolist() == ib.build_document_index(np.arange(5, dtype=np.int32), 2, np.random.RandomState(1),
+                                                     True).tolist()
+    assert ib.sequence_id_dtype(2**31) == np.int32 and ib.sequence_id_dtype(2**31 + 1) == np.int64
+
 @pytest.mark.parametrize("split,n", [("969,30,1", 1000), ("1,1", 10), ("98,2,0", 37), ("1", 5), ("3,3,3", 7)])
 def test_split_bounds_match_reference(split, n):
     assert ib.split_ranges(ib.parse_split(split), n) == ref.split_bounds(split, n)
