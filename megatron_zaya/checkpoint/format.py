@@ -368,44 +368,58 @@ def checkpoint_candidates(path: str) -> list[str]:
     return order
 
 
-class CheckpointFolder:
-    """A complete checkpoint folder, opened and checked: metadata, manifest, every rank's JSON."""
+def read_rank_meta(folder: str, rank: int, manifest: dict) -> dict:
+    """Rank `rank`'s JSON, checked against the manifest (its crc32 and size, and its tensor file's size;
+    the tensor file's crc32 is RankFile.verify's)."""
+    name = rank_stem(rank) + ".json"
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path}: missing")
+    crc, size = file_crc32(path)
+    want = manifest.get(name)
+    if want is None or crc != want["crc32"] or size != want["bytes"]:
+        raise CheckpointError(f"{path}: corrupt (does not match the manifest in {METADATA_FILE})")
+    meta = read_json(path)
+    name = rank_stem(rank) + ".safetensors"
+    path = os.path.join(folder, name)
+    if manifest.get(name) != {"bytes": meta["file"]["bytes"], "crc32": meta["file"]["crc32"]}:
+        raise CheckpointError(f"{path}: manifest and rank JSON disagree")
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path}: missing")
+    if os.path.getsize(path) != meta["file"]["bytes"]:
+        raise CheckpointError(f"{path}: corrupt (size {os.path.getsize(path)}, expected {meta['file']['bytes']})")
+    return meta
 
-    def __init__(self, folder: str, verify_all: bool = False):
+
+def read_folder_metadata(folder: str) -> dict:
+    """metadata.json of a complete checkpoint folder (COMPLETE present, this format version)."""
+    if not os.path.isdir(folder):
+        raise CheckpointError(f"{folder}: no such checkpoint folder")
+    marker = os.path.join(folder, COMPLETE_MARKER)
+    if not os.path.isfile(marker):
+        raise CheckpointError(f"{marker}: missing - the save of {folder} did not complete")
+    metadata = read_json(os.path.join(folder, METADATA_FILE))
+    if metadata.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{os.path.join(folder, METADATA_FILE)}: format version "
+                              f"{metadata.get('format_version')} (this code reads {FORMAT_VERSION})")
+    return metadata
+
+
+class CheckpointFolder:
+    """A complete checkpoint folder, opened and checked: metadata, manifest, every rank's JSON.
+    `rank_metas`: the rank JSONs, already read and checked by read_rank_meta (a training run's ranks each
+    read a share: TrainingCheckpointer.open_for_load)."""
+
+    def __init__(self, folder: str, verify_all: bool = False, rank_metas: list[dict] | None = None):
         self.folder = folder
-        if not os.path.isdir(folder):
-            raise CheckpointError(f"{folder}: no such checkpoint folder")
-        marker = os.path.join(folder, COMPLETE_MARKER)
-        if not os.path.isfile(marker):
-            raise CheckpointError(f"{marker}: missing - the save of {folder} did not complete")
-        self.metadata = read_json(os.path.join(folder, METADATA_FILE))
-        if self.metadata.get("format_version") != FORMAT_VERSION:
-            raise CheckpointError(f"{os.path.join(folder, METADATA_FILE)}: format version "
-                                  f"{self.metadata.get('format_version')} (this code reads {FORMAT_VERSION})")
+        self.metadata = read_folder_metadata(folder)
         manifest = self.metadata["files"]
-        self.ranks: list[RankFile] = []
-        for rank in range(self.metadata["layout"]["world_size"]):
-            name = rank_stem(rank) + ".json"
-            path = os.path.join(folder, name)
-            if not os.path.isfile(path):
-                raise CheckpointError(f"{path}: missing")
-            crc, size = file_crc32(path)
-            want = manifest.get(name)
-            if want is None or crc != want["crc32"] or size != want["bytes"]:
-                raise CheckpointError(f"{path}: corrupt (does not match the manifest in {METADATA_FILE})")
-            meta = read_json(path)
-            self.ranks.append(RankFile(folder, rank, meta))
-        for rf in self.ranks:
-            name = rank_stem(rf.rank) + ".safetensors"
-            if manifest.get(name) != {"bytes": rf.meta["file"]["bytes"], "crc32": rf.meta["file"]["crc32"]}:
-                raise CheckpointError(f"{os.path.join(folder, name)}: manifest and rank JSON disagree")
-            if not os.path.isfile(rf.tensor_path):
-                raise CheckpointError(f"{rf.tensor_path}: missing")
-            if os.path.getsize(rf.tensor_path) != rf.meta["file"]["bytes"]:
-                raise CheckpointError(f"{rf.tensor_path}: corrupt (size {os.path.getsize(rf.tensor_path)}, expected "
-                                      f"{rf.meta['file']['bytes']})")
-            if verify_all:
-                rf.verify()
+        world = self.metadata["layout"]["world_size"]
+        if rank_metas is None:
+            rank_metas = [read_rank_meta(folder, rank, manifest) for rank in range(world)]
+        self.ranks: list[RankFile] = [RankFile(folder, rank, meta) for rank, meta in enumerate(rank_metas)]
+        for rf in self.ranks if verify_all else []:
+            rf.verify()
         # key -> [(rank file, entry description)]
         self.index: dict[str, list[tuple[RankFile, dict]]] = {}
         for rf in self.ranks:

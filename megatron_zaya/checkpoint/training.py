@@ -22,7 +22,8 @@ import time
 import torch
 
 from megatron_zaya.checkpoint.format import (CheckpointError, CheckpointFolder, checkpoint_candidates, iter_dir_name,
-                                             list_complete, unreadable_latest_file)
+                                             list_complete, read_folder_metadata, read_rank_meta,
+                                             unreadable_latest_file)
 from megatron_zaya.checkpoint.preflight import (HUB_LOAD_STEPS, WEIGHTS_ONLY_ADVICE, check_model_config,
                                                 check_weights_only, loads_optimizer, missing_checkpoint_message,
                                                 no_pretrained_checkpoint_message, requires_checkpoint, start_sources)
@@ -149,8 +150,8 @@ class TrainingCheckpointer:
         for folder_path in candidates:
             folder, problem = None, None
             try:
-                folder = CheckpointFolder(folder_path)
-                # Every rank checks a share of the tensor files (crc32), in parallel.
+                # Every rank reads a share of the rank JSONs and checks a share of the tensor files (crc32).
+                folder = CheckpointFolder(folder_path, rank_metas=self._shared_rank_metas(folder_path))
                 for rf in folder.ranks[self.rank::self.world_size]:
                     rf.verify()
             except CheckpointError as err:
@@ -165,6 +166,29 @@ class TrainingCheckpointer:
                 return folder
             problems.append(problem or f"{folder_path}: rejected by another rank (see its error)")
         raise CheckpointError(f"--load {path}: no loadable checkpoint; " + "; ".join(problems))
+
+    def _shared_rank_metas(self, folder: str) -> list[dict]:
+        """The rank JSONs of `folder`, each read and checked by one rank and gathered (a restart at 1,024
+        ranks opened 1,024 x 1,024 small files); CheckpointError when any rank found a problem. Every rank
+        takes part in the gather whatever it found, so none is left waiting."""
+        found: dict = {}
+        try:
+            metadata = read_folder_metadata(folder)
+            for rank in range(self.rank, metadata["layout"]["world_size"], self.world_size):
+                found[rank] = read_rank_meta(folder, rank, metadata["files"])
+        except (CheckpointError, OSError, ValueError, KeyError) as err:
+            found = {"error": f"{err}"}
+        gathered = [found]
+        if self.world_size > 1:
+            gathered = [None] * self.world_size
+            torch.distributed.all_gather_object(gathered, found)
+        if "error" in found:
+            raise CheckpointError(found["error"])
+        errors = [(rank, share["error"]) for rank, share in enumerate(gathered) if "error" in share]
+        if errors:
+            raise CheckpointError(f"{errors[0][1]} (found by rank {errors[0][0]})")
+        metas = {r: meta for share in gathered for r, meta in share.items()}
+        return [metas[r] for r in sorted(metas)]
 
     def load(self, trainer) -> None:
         cfg = self.cfg

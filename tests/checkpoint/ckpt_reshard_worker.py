@@ -23,6 +23,7 @@ import torch.distributed as dist  # noqa: E402
 
 from megatron_zaya.arguments import ParallelSizes, RunConfig  # noqa: E402
 from megatron_zaya.checkpoint.format import CheckpointError, CheckpointFolder  # noqa: E402
+import megatron_zaya.checkpoint.training as checkpoint_training  # noqa: E402
 from megatron_zaya.checkpoint.training import TrainingCheckpointer  # noqa: E402
 from megatron_zaya.config import model_config_from_preset  # noqa: E402
 from megatron_zaya.model import ZayaModel  # noqa: E402
@@ -50,11 +51,21 @@ def _counted_piece(self, key, *args, **kwargs):
 
 
 CheckpointFolder.piece = _counted_piece
+JSON_READS: list[int] = []       # the rank JSONs this rank read in the last load
+_read_rank_meta = checkpoint_training.read_rank_meta
 
 
-def reads_per_rank(world: int) -> list[int]:
+def _counted_read_rank_meta(folder, rank, manifest):
+    JSON_READS.append(rank)
+    return _read_rank_meta(folder, rank, manifest)
+
+
+checkpoint_training.read_rank_meta = _counted_read_rank_meta
+
+
+def per_rank(world: int, count: int) -> list[int]:
     counts = torch.zeros(world)
-    counts[dist.get_rank() if world > 1 else 0] = len(MODEL_READS)
+    counts[dist.get_rank() if world > 1 else 0] = count
     if world > 1:
         dist.all_reduce(counts)
     return [int(c) for c in counts.tolist()]
@@ -187,8 +198,15 @@ def main() -> int:
         s = Setup(spec, world)
         ck = checkpointer(os.path.join(directory, sub[0] if sub else "ckpt"), runtime, spec, load=mode != "save")
         losses = {}
-        if mode == "loadfail":      # rank 1 cannot read its share of the model: every rank raises, none hangs
-            FAILING_READS["rank"] = 1
+        if mode in ("loadfail", "loadbadjson"):     # every rank raises, none hangs
+            if mode == "loadfail":                    # rank 1 cannot read its share of the model
+                FAILING_READS["rank"] = 1
+            else:                                     # rank 2's JSON (which rank 2 reads) is damaged
+                dist.barrier()
+                if dist.get_rank() == 0:
+                    with open(os.path.join(directory, sub[0], "iter_0000002", "rank_00002.json"), "a") as f:
+                        f.write(" ")
+                dist.barrier()
             try:
                 ck.load(s)
                 message = "loaded"
@@ -196,7 +214,7 @@ def main() -> int:
                 message = str(err)
             FAILING_READS["rank"] = None
             ck.close()
-            with open(os.path.join(directory, f"loadfail_{dist.get_rank()}.txt"), "w") as f:
+            with open(os.path.join(directory, f"{mode}_{dist.get_rank()}.txt"), "w") as f:
                 f.write(message)
             continue
         if mode == "save":
@@ -205,6 +223,7 @@ def main() -> int:
             ck.save(s)
         else:
             MODEL_READS.clear()
+            JSON_READS.clear()
             ck.load(s)
             assert s.state.iteration == SAVE_AT, s.state
         for step in range(s.state.iteration, TOTAL):
@@ -212,7 +231,8 @@ def main() -> int:
         ck.close()
         results.append({"task": task, "world": world, "losses": losses,
                         "loaded_from": (ck.loaded or {}).get("layout"),
-                        "model_reads": reads_per_rank(world) if mode == "load" else None,
+                        "model_reads": per_rank(world, len(MODEL_READS)) if mode == "load" else None,
+                        "json_reads": per_rank(world, len(JSON_READS)) if mode == "load" else None,
                         "model_tensors": len(s.model.state_dict())})
     if runtime.is_main:
         path = os.path.join(directory, "losses.json")

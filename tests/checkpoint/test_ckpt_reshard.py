@@ -1,7 +1,7 @@
 """Resharding: a checkpoint saved under a 4-process layout (TP2 x EP2 with ZeRO-1, and CP2 x EP2
 without) loads under other 4-process layouts and under 1 process, and training continues with the
 same losses (fp32, 1e-5 relative: different layouts reduce in different orders); the replicas of a
-model tensor read it once between them."""
+model tensor read it once between them, and each rank JSON is read by one rank."""
 import json
 import os
 import shutil
@@ -34,7 +34,8 @@ def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
           "--master-port", str(_free_port()), WORKER, d,
           "save:tp2-ep2-zero", "load:cp2-ep2", "load:dp-zero", "save:cp2-ep2:b", "load:tp2-ep2-zero:b",
-          "save:tp4-zero:c", "load:tp2-ep2-zero:c", "loadfail:dp-zero"])
+          "save:tp4-zero:c", "load:tp2-ep2-zero:c", "loadfail:dp-zero", "save:dp-zero:e",
+          "loadbadjson:dp-zero:e"])
     _run([sys.executable, WORKER, d, "load:single", "load:single:b", "load:single:c"])
     results = {r["task"]: r for r in json.load(open(os.path.join(d, "losses.json")))}
     for saver, loaders in (("save:tp2-ep2-zero", ["load:cp2-ep2", "load:dp-zero", "load:single"]),
@@ -53,6 +54,10 @@ def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
     assert sum(dp4["model_reads"]) == dp4["model_tensors"] and max(dp4["model_reads"]) < dp4["model_tensors"] / 2
     assert sum(cp2ep2["model_reads"]) < cp2ep2["model_tensors"] * 2 and min(cp2ep2["model_reads"]) > 0
     assert single["model_reads"] == [single["model_tensors"]]
+    assert dp4["json_reads"] == [1, 1, 1, 1] and single["json_reads"] == [4]    # each rank JSON read once
+    damaged = [open(os.path.join(d, f"loadbadjson_{rank}.txt")).read() for rank in range(4)]
+    assert all("iter_0000002/rank_00002.json: corrupt (does not match the manifest" in m for m in damaged), damaged
+    assert "found by rank" not in damaged[2] and all("(found by rank 2)" in damaged[r] for r in (0, 1, 3)), damaged
     failed = [open(os.path.join(d, f"loadfail_{rank}.txt")).read() for rank in range(4)]
     assert failed[1].startswith("injected failure reading model/"), failed
     assert all(m == "another rank could not read its share of the model weights (see its error)"
