@@ -2,7 +2,8 @@
 
 Model: every parameter and buffer, as the rank holds it (TP / EP slices recorded by the parallel
 package on `param.partitions`), written by one replica only (tp_rank 0 for tensors TP does not
-split; dp_cp_rank 0 for dense, expert_dp_rank 0 for expert tensors).
+split; each tensor's owner in its data-parallel x context-parallel group for dense, expert-data-parallel
+group for expert tensors: replica_owners.py, which spreads the bytes over the group).
 Optimizer: per parameter name and state key (`optim/<param>/<key>`), so Muon / AdamW state moves
 with its parameter under any layout; ZeRO-1 pieces (flat element ranges of the local parameter)
 and their fp32 masters carry their flat range.
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 
 from megatron_zaya.checkpoint.format import CheckpointError, CheckpointFolder, Entry, index_runs
-from megatron_zaya.checkpoint.shared_reads import agree_no_failure, assign_readers
+from megatron_zaya.checkpoint.replica_owners import agree_no_failure, assign_owners
 
 
 def unwrap(model):
@@ -71,13 +72,19 @@ def is_expert(t) -> bool:
     return bool(getattr(t, "is_expert", False))
 
 
-def writes_replica(t, pstate) -> bool:
-    """Whether this rank writes tensor `t` (one replica of every distinct slice is written)."""
+def replica_owners(model) -> dict[str, tuple | None]:
+    """Each model tensor's owner in its replica group (replica_owners.assign_owners), by name."""
+    return assign_owners(named_tensors(model), model_pstate(model), is_expert)
+
+
+def writes_replica(t, pstate, owner) -> bool:
+    """Whether this rank writes tensor `t` (one replica of every distinct slice is written: by tp_rank 0
+    for tensors TP does not split, and by the tensor's `owner` in its replica group)."""
     if pstate is None:
         return True
     if not is_tp_split(t) and pstate.tp_rank != 0:
         return False
-    return (pstate.expert_dp_rank if is_expert(t) else pstate.dp_cp_rank) == 0
+    return owner is None or owner[1] == pstate.rank
 
 
 def named_tensors(model) -> dict[str, torch.Tensor]:
@@ -89,9 +96,10 @@ def named_tensors(model) -> dict[str, torch.Tensor]:
 # -- model ---------------------------------------------------------------------------------------------
 def model_entries(model) -> list[Entry]:
     pstate = model_pstate(model)
+    owners = replica_owners(model)
     out = []
     for name, t in named_tensors(model).items():
-        if writes_replica(t, pstate):
+        if writes_replica(t, pstate, owners[name]):
             shape, ranges = tensor_slicing(t, pstate)
             out.append(Entry("model/" + name, t.detach(), shape, ranges))
     return out
@@ -100,7 +108,7 @@ def model_entries(model) -> list[Entry]:
 @torch.no_grad()
 def load_model(model, folder: CheckpointFolder) -> list[str]:
     """Copy every parameter / buffer from the checkpoint into this rank's slice; one that other ranks hold
-    alike (data- and context-parallel replicas) is read by one of them and broadcast (shared_reads).
+    alike (data- and context-parallel replicas) is read by its owner and broadcast (replica_owners).
     Returns messages about checkpoint tensors this model lacks; tensors missing from the checkpoint, or of
     another shape, are an error (raised on every rank before any read)."""
     pstate = model_pstate(model)
@@ -115,7 +123,7 @@ def load_model(model, folder: CheckpointFolder) -> list[str]:
         if folder.global_shape("model/" + name) != shape:
             raise CheckpointError(f"{folder.folder}: {name} has shape {folder.global_shape('model/' + name)} in the "
                                   f"checkpoint, {shape} in this model (different model config?)")
-    readers = assign_readers(tensors, pstate, is_expert)
+    readers = replica_owners(model)
     rank = pstate.rank if pstate is not None else 0
     cache: dict = {}
     error = None
@@ -206,13 +214,14 @@ def _json_value(v):
 
 def optimizer_entries(optimizer, model) -> tuple[list[Entry], dict]:
     pstate = model_pstate(model)
+    owners = replica_owners(model)
     entries, classes, groups = [], {}, {}
     for slot in optimizer_slots(optimizer, model):
         groups[slot.tag] = [{k: _json_value(v) for k, v in g.items() if k != "params"} for g in slot.param_groups]
         for name, p, flat, master, key_obj in slot.items:
             classes[name] = slot.family
             if flat is None and slot.kind != "owner":
-                writer = writes_replica(p, pstate)
+                writer = writes_replica(p, pstate, owners[name])
             else:      # ZeRO-1: every piece / owned matrix is on one rank of its group; TP copies once,
                 # except sequence-parallel parameters, whose group is the whole world (TP included)
                 writer = (pstate is None or is_tp_split(p) or pstate.tp_rank == 0

@@ -48,13 +48,21 @@ def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
             assert sorted(got) == ["3", "4"], (loader, got)
             for step in got:
                 assert abs(got[step] / want[step] - 1) < 1e-5, (saver, loader, step, got[step], want[step])
-    # Replicated model tensors are read by one rank of their group and broadcast (shared_reads): under DP4
+    # Replicated model tensors are read by their owner in their group and broadcast (replica_owners): under DP4
     # each tensor is read once in all, spread over the ranks; under CP2 x EP2 fewer than every rank reading all.
     dp4, cp2ep2, single = results["load:dp-zero"], results["load:cp2-ep2"], results["load:single"]
     assert sum(dp4["model_reads"]) == dp4["model_tensors"] and max(dp4["model_reads"]) < dp4["model_tensors"] / 2
     assert sum(cp2ep2["model_reads"]) < cp2ep2["model_tensors"] * 2 and min(cp2ep2["model_reads"]) > 0
     assert single["model_reads"] == [single["model_tensors"]]
     assert dp4["json_reads"] == [1, 1, 1, 1] and single["json_reads"] == [4]    # each rank JSON read once
+    writers = {}                      # a DP4 save: each model tensor written once, by all four ranks between them
+    for rank in range(4):
+        with open(os.path.join(d, "e", "iter_0000002", f"rank_{rank:05d}.json")) as f:
+            for key in json.load(f)["entries"]:
+                if key.startswith("model/"):
+                    writers.setdefault(key, []).append(rank)
+    assert len(writers) == dp4["model_tensors"] and all(len(ranks) == 1 for ranks in writers.values()), writers
+    assert sorted({ranks[0] for ranks in writers.values()}) == [0, 1, 2, 3]
     damaged = [open(os.path.join(d, f"loadbadjson_{rank}.txt")).read() for rank in range(4)]
     assert all("iter_0000002/rank_00002.json: corrupt (does not match the manifest" in m for m in damaged), damaged
     assert "found by rank" not in damaged[2] and all("(found by rank 2)" in damaged[r] for r in (0, 1, 3)), damaged

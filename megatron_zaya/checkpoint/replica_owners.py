@@ -1,12 +1,14 @@
-"""Replicated model tensors read once per replica group, not once per rank (what Megatron-LM's
---ckpt-fully-parallel-load does for its replicas).
+"""One owner per replicated model tensor in its replica group: the rank that writes it at a save and reads
+it at a load (what Megatron-LM's --ckpt-fully-parallel-save / -load do for replicas).
 
 The ranks of a data-parallel (x context-parallel) group hold the same dense weights, and those of an
-expert-data-parallel group the same expert weights. Each of them used to read every such tensor from the
-checkpoint: at ZAYA1's 1,024 data-parallel ranks, 1,024 reads of the whole model (35 GB in fp32) from the
-same few files at every restart. `assign_readers` gives each tensor one reader in its group, spreading the
-bytes evenly; that rank reads it and a broadcast over the group hands it to the others
-(`state.load_model`). Every rank of a group assigns alike: the same tensors, in the same order.
+expert-data-parallel group the same expert weights. Saves had the group's first rank write all of them
+(ZAYA1-base: 33 GiB in fp32 from rank 0, against ~100 MB of optimizer state from every other rank), and
+loads had every rank read all of them (at 1,024 data-parallel ranks, 1,024 reads of the whole model from
+the same few files at every restart). `assign_owners` gives each tensor one owner in its group, spreading
+the bytes evenly: it alone writes the tensor (state.writes_replica), and at a load it reads it and a
+broadcast over the group hands it to the others (state.load_model). Every rank of a group assigns alike:
+the same tensors, in the same order.
 """
 from __future__ import annotations
 
@@ -24,9 +26,9 @@ def replica_group(t: torch.Tensor, pstate, is_expert: bool):
     return (group, ranks) if group is not None and len(ranks) > 1 else None
 
 
-def assign_readers(tensors: dict[str, torch.Tensor], pstate, is_expert) -> dict[str, tuple | None]:
-    """name -> (group, global rank of its reader) for every replicated tensor, None for one this rank
-    holds alone. Readers are chosen tensor by tensor: the member of the group with the fewest bytes so
+def assign_owners(tensors: dict[str, torch.Tensor], pstate, is_expert) -> dict[str, tuple | None]:
+    """name -> (group, global rank of its owner) for every replicated tensor, None for one this rank
+    holds alone. Owners are chosen tensor by tensor: the member of the group with the fewest bytes so
     far (the first on a tie)."""
     loads: dict[tuple, list[int]] = {}
     out = {}
