@@ -74,8 +74,9 @@ IMPLIED_SWITCHES = {
                                    "batch's loss tokens: the exact single-process average",
     "--moe-use-legacy-grouped-gemm": "experts always run as grouped matmuls (torch._grouped_mm)",
     "--fp32-residual-connection": "the residual stream is always fp32 (ZAYA1)",
-    "--no-initialization": "weights are initialised, then overwritten by the loaded checkpoint",
-    "--init-model-with-meta-device": "weights are initialised on the CPU, then moved to the device",
+    "--no-initialization": "a run that loads a checkpoint's weights never initialises them",
+    "--init-model-with-meta-device": "a run that loads a checkpoint's weights builds the model on the meta device "
+                                     "and allocates it uninitialised; a new one initialises on the CPU",
     "--no-persist-layer-norm": "no persistent layer-norm kernel here",
     "--no-bias-gelu-fusion": "no bias-GeLU fusion here (the router's GeLU runs unfused)",
     "--no-log-loss-scale-to-tensorboard": "there is no loss scale with bf16 (no --fp16)",

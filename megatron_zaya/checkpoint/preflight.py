@@ -158,8 +158,9 @@ def check_weights_only(meta: dict, train_cfg, where: str) -> None:
         raise CheckpointError(f"{where}: holds model weights only (no optimizer state{source}); {WEIGHTS_ONLY_ADVICE}")
 
 
-def check_before_build(run) -> None:
-    """Every check of --save and --load that needs no model (see the module docstring)."""
+def check_before_build(run) -> bool:
+    """Every check of --save and --load that needs no model (see the module docstring). True when the
+    run will start from a checkpoint's weights (--load or --pretrained-checkpoint holds one)."""
     cfg, found = run.train, None
     for path, source_cfg in start_sources(cfg):      # what TrainingCheckpointer.load will start from
         found = first_candidate_metadata(path)
@@ -172,10 +173,11 @@ def check_before_build(run) -> None:
             raise CheckpointError(no_pretrained_checkpoint_message(cfg))
         if cfg.load and requires_checkpoint(cfg):
             raise CheckpointError(missing_checkpoint_message(cfg))
-        return
+        return False
     folder, meta = found
     check_model_config(meta, run, cfg.finetune, folder)
     check_weights_only(meta, cfg, folder)
+    return True
 
 
 def start_sources(train_cfg) -> list:

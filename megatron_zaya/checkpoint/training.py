@@ -190,7 +190,9 @@ class TrainingCheckpointer:
         metas = {r: meta for share in gathered for r, meta in share.items()}
         return [metas[r] for r in sorted(metas)]
 
-    def load(self, trainer) -> None:
+    def load(self, trainer, required: bool = False) -> None:
+        """Load the checkpoint --load (or --pretrained-checkpoint) holds into `trainer`. `required`: the
+        model was built uninitialised for it (setup.build_model), so finding none is an error."""
         cfg = self.cfg
         if not (cfg.load or cfg.pretrained_checkpoint):
             return
@@ -209,6 +211,9 @@ class TrainingCheckpointer:
         if folder is None:
             if requires_checkpoint(cfg):           # also when every candidate proved unreadable
                 raise CheckpointError(missing_checkpoint_message(cfg))
+            if required:
+                raise CheckpointError(f"--load {cfg.load}: the checkpoint found before the model was built is gone "
+                                      f"(removed meanwhile?); the model was left uninitialised for it: start again")
             resume_idiom = cfg.save and os.path.abspath(cfg.save) == os.path.abspath(cfg.load)   # a first run
             self.log(f"WARNING: --load {cfg.load}: no checkpoint found; training from scratch"
                      + ("" if resume_idiom else hub_name_hint(cfg.load, then=HUB_LOAD_STEPS)))

@@ -59,11 +59,18 @@ def build_runtime(run):
     return runtime
 
 
-def build_model(run) -> ZayaModel:
+def build_model(run, initialize: bool = True) -> ZayaModel:
     """The single-device model, identical on every rank (seeded), with its memory policy:
-    --recompute-granularity full|selective and --recompute-modules (ZayaModel.set_recompute)."""
+    --recompute-granularity full|selective and --recompute-modules (ZayaModel.set_recompute).
+    `initialize=False` (a checkpoint's weights will be loaded, every tensor of them): the tensors are
+    allocated, not initialised (ZAYA1-base: about a minute of random numbers per rank at every restart)."""
     torch.manual_seed(run.train.seed)
-    model = ZayaModel(run.model)
+    if initialize:
+        model = ZayaModel(run.model)
+    else:
+        with torch.device("meta"):
+            model = ZayaModel(run.model)
+        model = model.to_empty(device="cpu")
     train = run.train
     model.set_recompute(train.recompute_granularity, train.recompute_method, train.recompute_num_layers,
                         train.recompute_modules)
@@ -119,13 +126,13 @@ def _build_and_train(run) -> int:
     check_dataset_tokenizers(datasets, tokenizer, flags_text(tokenizer_flags(run.data)))   # its record says another
     check_token_ids(run.data, tokenizer.vocab_size, datasets=datasets)   # a dataset of another tokenizer
     run.warnings += missing_eod_warnings(run.data, tokenizer.eod, datasets=datasets)   # printed by the main rank
-    check_before_build(run)              # --save / --load problems: before process groups and the model
+    loads_weights = check_before_build(run)     # --save / --load problems: before process groups and the model
     if run.train.dry_run:
         from megatron_zaya.parallel.launch import detect_launcher
         main = detect_launcher().rank == 0
         return dry_run(run, tokenizer, datasets, lambda line: main and print(line, flush=True))
     runtime = build_runtime(run)
-    model = build_model(run)
+    model = build_model(run, initialize=not loads_weights)
     model = runtime.prepare_model(model)
     optimizer = runtime.build_optimizer(model, run.optim)
 
@@ -136,7 +143,7 @@ def _build_and_train(run) -> int:
 
     trainer = Trainer(run, model, optimizer, runtime, None, None, None, checkpointer, state)
     if run.train.load or run.train.pretrained_checkpoint:
-        checkpointer.load(trainer)
+        checkpointer.load(trainer, required=loads_weights)
 
     seq = run.model.seq_length
     gbs = run.train.global_batch_size

@@ -2,11 +2,14 @@
 import json
 import os
 
+import pytest
 import torch
 
+import megatron_zaya.training.setup as setup
 from ckpt_harness import flags, train
 from megatron_zaya.checkpoint import inspect_checkpoint
-from megatron_zaya.checkpoint.format import CheckpointFolder, list_complete, read_latest
+from megatron_zaya.checkpoint.format import CheckpointError, CheckpointFolder, list_complete, read_latest
+from megatron_zaya.model import ZayaModel
 
 
 def folder_tensors(path):
@@ -20,15 +23,19 @@ def assert_same_tensors(a, b):
         assert torch.equal(a[key], b[key]), key
 
 
-def test_exact_resume_bit_identical_sync_and_async(ckpt_corpus, ckpt_cache, tmp_path):
+def test_exact_resume_bit_identical_sync_and_async(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch):
     straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
     full = train(flags(ckpt_corpus, 6, "--save", straight, "--save-interval", "3", cache=ckpt_cache))
     first = train(flags(ckpt_corpus, 6, "--save", split, "--save-interval", "3", "--exit-interval", "3",
                         "--async-save", cache=ckpt_cache))
     assert sorted(first.losses) == [1, 2, 3]
+    initialised_on = []        # a restart allocates the weights it loads, without initialising them first
+    real_reset = ZayaModel.reset_parameters
+    monkeypatch.setattr(ZayaModel, "reset_parameters",
+                        lambda self: initialised_on.append(self.embedding.weight.device.type) or real_reset(self))
     second = train(flags(ckpt_corpus, 6, "--save", split, "--load", split, "--save-interval", "3", "--async-save",
                          cache=ckpt_cache))
-    assert sorted(second.losses) == [4, 5, 6]
+    assert sorted(second.losses) == [4, 5, 6] and set(initialised_on) == {"meta"}
     assert second.trainer.checkpointer.loaded["iteration"] == 3
     resumed = {**first.losses, **second.losses}
     assert [full.losses[i] for i in range(1, 7)] == [resumed[i] for i in range(1, 7)]     # bit-identical fp32
@@ -112,6 +119,15 @@ def test_load_of_empty_dir_starts_from_scratch(ckpt_corpus, ckpt_cache, tmp_path
     assert sorted(rec.losses) == [1, 2] and read_latest(save) == 2
     again = train(flags(ckpt_corpus, 3, "--save", save, "--load", save, cache=ckpt_cache))
     assert sorted(again.losses) == [3]
+
+
+def test_a_checkpoint_gone_after_the_checks_stops_the_run(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch):
+    """The model of a run that will load weights is not initialised: if the checkpoint the checks found
+    has gone by the time of the load, the run stops instead of training uninitialised weights."""
+    monkeypatch.setattr(setup, "check_before_build", lambda run: True)     # as if --load held one, then
+    save = str(tmp_path / "gone")
+    with pytest.raises(CheckpointError, match="the checkpoint found before the model was built is gone"):
+        train(flags(ckpt_corpus, 2, "--save", save, "--load", save, cache=ckpt_cache))
 
 
 def test_train_state_of_a_checkpoint_saved_before_tokens_were_counted():
