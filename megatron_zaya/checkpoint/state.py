@@ -123,20 +123,20 @@ def load_model(model, folder: CheckpointFolder) -> list[str]:
         if folder.global_shape("model/" + name) != shape:
             raise CheckpointError(f"{folder.folder}: {name} has shape {folder.global_shape('model/' + name)} in the "
                                   f"checkpoint, {shape} in this model (different model config?)")
-    readers = replica_owners(model)
+    owners = replica_owners(model)
     rank = pstate.rank if pstate is not None else 0
     cache: dict = {}
     error = None
     for name, t in tensors.items():
-        reader = readers[name]
-        if error is None and (reader is None or reader[1] == rank):
+        owner = owners[name]
+        if error is None and (owner is None or owner[1] == rank):
             try:
                 t.copy_(folder.piece("model/" + name, ranges[name], None, cache).to(t.dtype))
             except (CheckpointError, OSError) as err:       # the group waits in the broadcast: agreed below
                 error = err
-        if reader is not None:
+        if owner is not None:
             shared = t if t.is_contiguous() else t.contiguous()
-            torch.distributed.broadcast(shared, src=reader[1], group=reader[0])
+            torch.distributed.broadcast(shared, src=owner[1], group=owner[0])
             if shared is not t:
                 t.copy_(shared)
     agree_no_failure(error, pstate, next(iter(tensors.values())).device)
