@@ -23,6 +23,7 @@ import numpy as np
 
 FORMAT_VERSION = 1
 WAIT_NOTICE_S = 30.0      # a process waiting this long for another's build says so (once)
+MAX_POLL_S = 2.0          # a waiter looks for the finished files at most this often at the end of its backoff
 SLOW_BUILD_S = 10.0       # a build taking longer says how long, naming its files
 
 
@@ -92,7 +93,10 @@ def _lock_is_stale(lock_path: str) -> bool:
 def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: list[str],
                   build: Callable[[], dict[str, np.ndarray]], timeout_s: float = 3600.0,
                   poll_s: float = 0.05) -> dict[str, np.ndarray]:
-    """Return arrays `names` built by `build()`, cached under `cache_dir` (None: no caching)."""
+    """Return arrays `names` built by `build()`, cached under `cache_dir` (None: no caching). A waiter looks
+    for the finished files `poll_s` after its first look, then half as often again each time, up to every
+    MAX_POLL_S: a thousand ranks waiting minutes for a build would otherwise ask a shared file system's
+    metadata server 20,000 times a second."""
     if cache_dir is None:
         return build()
     os.makedirs(cache_dir, exist_ok=True)
@@ -130,6 +134,7 @@ def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: li
                     f"{base}-*.npy (lock {lock}); remove the lock if its builder died"
                 )
             time.sleep(poll_s)
+            poll_s = min(poll_s * 1.5, max(poll_s, MAX_POLL_S))
             continue
         try:
             with os.fdopen(fd, "w") as f:

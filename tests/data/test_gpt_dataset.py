@@ -259,6 +259,24 @@ def test_a_long_wait_and_a_slow_build_are_said(tmp_path, monkeypatch, capsys):
     assert "-Test-*.npy in 0 s (later runs read them)" in capsys.readouterr().err
 
 
+def test_a_waiter_looks_less_and_less_often(tmp_path, monkeypatch):
+    """Waiting for another node's build, a process looks 0.05 s after its first look, then 1.5x less often
+    each time, up to every MAX_POLL_S: about 40 looks in a minute instead of 1,200."""
+    from megatron_zaya.data import cache
+    from megatron_zaya.data.cache import description_hash
+    d = tmp_path / "c"
+    d.mkdir()
+    (d / f"{description_hash({'k': 4})}.lock").write_text("otherhost:4242")
+    clock, sleeps = [1000.0], []
+    monkeypatch.setattr(cache.time, "time", lambda: clock[0])
+    monkeypatch.setattr(cache.time, "sleep", lambda s: sleeps.append(s) or clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(cache, "WAIT_NOTICE_S", 1e9)
+    with pytest.raises(TimeoutError):
+        cached_arrays(str(d), "Test", {"k": 4}, ["x"], lambda: {"x": np.ones(3)}, timeout_s=60.0)
+    assert sleeps[:3] == pytest.approx([0.05, 0.075, 0.1125]) and max(sleeps) == cache.MAX_POLL_S
+    assert 30 < len(sleeps) < 50
+
+
 def test_stale_lock_is_taken_over(tmp_path):
     d = tmp_path / "c"
     d.mkdir()
