@@ -77,6 +77,8 @@ task_main() {
         # shellcheck disable=SC1090
         source "$TRAIN_ENV_SETUP" || { echo "$node $RANK 97 none $(date +%s)" > "$dir/exit/rank-$RANK"; exit 97; }
     fi
+    mkdir -p ${TRITON_CACHE_DIR:+"$TRITON_CACHE_DIR"} ${MIOPEN_USER_DB_PATH:+"$MIOPEN_USER_DB_PATH"} \
+        ${MIOPEN_CUSTOM_CACHE_DIR:+"$MIOPEN_CUSTOM_CACHE_DIR"} 2>/dev/null || true      # on this node's disk
     local signalled=none
     # The trainer starts with SIGUSR1 ignored, so a warning that arrives before it has installed its
     # own handler cannot kill it; the launcher repeats the signal until the trainer exits.
@@ -119,7 +121,8 @@ done
 declare -A USER_GIVEN=()
 for v in MASTER_ADDR MASTER_PORT NCCL_IB_GID_INDEX NCCL_IB_HCA NCCL_SOCKET_IFNAME HSA_NO_SCRATCH_RECLAIM \
          GPU_MAX_HW_QUEUES HIP_FORCE_DEV_KERNARG TORCH_NCCL_HIGH_PRIORITY TORCH_NCCL_ASYNC_ERROR_HANDLING \
-         NCCL_CHECKS_DISABLE CUDA_DEVICE_MAX_CONNECTIONS NCCL_DEBUG OMP_NUM_THREADS PYTHONUNBUFFERED; do
+         NCCL_CHECKS_DISABLE CUDA_DEVICE_MAX_CONNECTIONS NCCL_DEBUG OMP_NUM_THREADS PYTHONUNBUFFERED \
+         TRITON_CACHE_DIR MIOPEN_USER_DB_PATH MIOPEN_CUSTOM_CACHE_DIR; do
     [[ -n ${!v:-} ]] && USER_GIVEN[$v]=1
 done
 
@@ -195,6 +198,12 @@ if [[ -z ${NCCL_SOCKET_IFNAME:-} ]] && command -v ip >/dev/null 2>&1; then
     [[ -n $ifname ]] && export NCCL_SOCKET_IFNAME=$ifname
 fi
 [[ -n ${NCCL_IB_HCA:-} ]] && export NCCL_IB_HCA          # e.g. rdma0,rdma1,... : the 8 backend NICs
+# Kernel caches on each node's own disk: in a shared home, a thousand ranks compiling the same Triton
+# kernels and locking MIOpen's SQLite databases (CCA's convolutions) at once stall or fail.
+NODE_CACHE_DIR=${TMPDIR:-/tmp}/megatron-zaya-${USER:-$(id -un)}
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$NODE_CACHE_DIR/triton}
+export MIOPEN_USER_DB_PATH=${MIOPEN_USER_DB_PATH:-$NODE_CACHE_DIR/miopen}
+export MIOPEN_CUSTOM_CACHE_DIR=${MIOPEN_CUSTOM_CACHE_DIR:-$NODE_CACHE_DIR/miopen}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( CPUS_PER_TASK < 8 ? CPUS_PER_TASK : 8 ))}
 export PYTHONUNBUFFERED=1
 export TASKS_PER_NODE_RESOLVED=$NTASKS_PER_NODE
@@ -261,7 +270,7 @@ SRUN+=(bash "$SCRIPT_PATH" --task "$ATTEMPT_DIR" -- "${TRAIN_CMD[@]}")
 EXPORTED=(MASTER_ADDR MASTER_PORT NCCL_IB_GID_INDEX NCCL_IB_HCA NCCL_SOCKET_IFNAME HSA_NO_SCRATCH_RECLAIM
           GPU_MAX_HW_QUEUES HIP_FORCE_DEV_KERNARG TORCH_NCCL_HIGH_PRIORITY TORCH_NCCL_ASYNC_ERROR_HANDLING
           NCCL_CHECKS_DISABLE CUDA_DEVICE_MAX_CONNECTIONS NCCL_DEBUG OMP_NUM_THREADS PYTHONUNBUFFERED
-          TASKS_PER_NODE_RESOLVED)
+          TASKS_PER_NODE_RESOLVED TRITON_CACHE_DIR MIOPEN_USER_DB_PATH MIOPEN_CUSTOM_CACHE_DIR)
 
 print_command() {
     local v

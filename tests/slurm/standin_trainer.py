@@ -71,7 +71,8 @@ def main() -> int:
     view = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
                                            "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURMD_NODENAME",
                                            "SLURM_RESTART_COUNT", "ZAYA_RESTART", "HSA_NO_SCRATCH_RECLAIM",
-                                           "NCCL_IB_GID_INDEX", "OMP_NUM_THREADS")}
+                                           "NCCL_IB_GID_INDEX", "OMP_NUM_THREADS", "TRITON_CACHE_DIR",
+                                           "MIOPEN_USER_DB_PATH")}
     view.update(resumed_from=start, unknown_args=unknown, pid=os.getpid())
     print("standin: " + json.dumps(view, sort_keys=True), flush=True)
     # The launcher's MASTER_ADDR must resolve (the real trainer connects to it).

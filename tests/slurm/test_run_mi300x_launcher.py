@@ -22,7 +22,8 @@ STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin_trai
 
 
 def clean_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))
+           and k not in ("TRITON_CACHE_DIR", "MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR")}
     env.update(extra)
     return env
 
@@ -61,12 +62,18 @@ def test_dry_run_outside_slurm_prints_the_full_command():
     assert exports["HSA_NO_SCRATCH_RECLAIM"] == "1"
     assert exports["GPU_MAX_HW_QUEUES"] == "2"
     assert "scontrol show hostnames" in exports["MASTER_ADDR"]
+    # Kernel caches on the node's own disk, not in a shared home.
+    cache = os.path.join(os.environ.get("TMPDIR", "/tmp"), "megatron-zaya-")
+    assert exports["TRITON_CACHE_DIR"].startswith(cache) and exports["TRITON_CACHE_DIR"].endswith("/triton")
+    assert exports["MIOPEN_USER_DB_PATH"] == exports["MIOPEN_CUSTOM_CACHE_DIR"] == \
+        exports["TRITON_CACHE_DIR"][:-len("triton")] + "miopen"
 
 
 def test_dry_run_every_value_overridable():
     env = clean_env(NNODES="4", NTASKS_PER_NODE="8", NCCL_IB_HCA="rdma0,rdma1", NCCL_SOCKET_IFNAME="ens51f0",
                     NCCL_IB_GID_INDEX="1", HSA_NO_SCRATCH_RECLAIM="0", GPU_MAX_HW_QUEUES="4", MASTER_ADDR="10.0.0.1",
                     MASTER_PORT="12345", PYTHON="/opt/venv/bin/python", CONFIG="", PRESET="zaya1-tiny",
+                    TRITON_CACHE_DIR="/scratch/triton", MIOPEN_USER_DB_PATH="/scratch/miopen",
                     DATA_PATH="30 /d/a_text_document 70 /d/b_text_document", TRAIN_ITERS="100", TP="2", CP="2", EP="4",
                     CKPT_DIR="/ckpt/run1", EXTRA_ARGS="--bf16 --seed 7", SRUN_ARGS="--cpu-bind=none")
     r = subprocess.run(["bash", LAUNCHER, "--dry-run", "--lr", "1e-4"], env=env, capture_output=True, text=True,
@@ -75,7 +82,8 @@ def test_dry_run_every_value_overridable():
     out = r.stdout
     for line in ("export NCCL_IB_HCA=rdma0\\,rdma1", "export NCCL_SOCKET_IFNAME=ens51f0", "export NCCL_IB_GID_INDEX=1",
                  "export HSA_NO_SCRATCH_RECLAIM=0", "export GPU_MAX_HW_QUEUES=4", "export MASTER_ADDR=10.0.0.1",
-                 "export MASTER_PORT=12345"):
+                 "export MASTER_PORT=12345", "export TRITON_CACHE_DIR=/scratch/triton",
+                 "export MIOPEN_USER_DB_PATH=/scratch/miopen"):
         assert line in out.splitlines(), (line, out)
     cmd = next(line for line in out.splitlines() if line.startswith("srun "))
     assert "--nodes=4 --ntasks-per-node=8 --ntasks=32" in cmd
@@ -146,6 +154,7 @@ def test_two_nodes_two_tasks_layout_and_logs(jobs):
         assert v["SLURMD_NODENAME"] == ("lnode1" if int(v["RANK"]) < 2 else "lnode2")
         assert v["MASTER_ADDR"] == "lnode1" and int(v["MASTER_PORT"]) > 1024
         assert v["HSA_NO_SCRATCH_RECLAIM"] == "1" and v["OMP_NUM_THREADS"] == "1"
+        assert v["TRITON_CACHE_DIR"].endswith("/triton") and os.path.isdir(v["MIOPEN_USER_DB_PATH"])   # node-local
         assert v["resumed_from"] == 0 and v["unknown_args"] == []
     # Rank 0's output also reaches the job's Slurm output file.
     assert "standin: iteration 6" in jobs.output(job)
