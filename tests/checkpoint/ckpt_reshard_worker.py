@@ -7,7 +7,10 @@ same steps: the losses must agree (fp32; 1e-5 relative across layouts, whose red
     worker.py DIR load:single                                  (one process, no torch.distributed)
 A third field names the checkpoint folder under DIR (default "ckpt"): save:cp2-ep2:b load:single:b.
 Layout syntax as tests/parallel: tp2, cp2, ep2, dp, zero joined by '-'; "single" = no parallel
-package at all. Every result is appended to DIR/losses.json (rank 0).
+package at all. Every result is appended to DIR/losses.json (rank 0), with how many model tensors and
+rank JSONs each rank read at a load. Under torchrun, `loadfail:LAYOUT` loads while rank 1's model reads
+fail and `loadbadjson:LAYOUT:X` loads X after damaging rank_00002.json: each rank writes the error it
+raised to DIR/<task kind>_<rank>.txt.
 """
 from __future__ import annotations
 
