@@ -172,3 +172,10 @@ def test_blending_indices_bench_runs(capsys):
 def test_sample_index_bench_runs(capsys):
     assert load_script("sample_index").main(["--documents", "1000"]) == 0
     assert "chunked: " in capsys.readouterr().out
+
+
+def test_data_startup_bench_runs(tmp_path, capsys):
+    assert load_script("data_startup").main(["--sequences", "20000", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "20,000 sequences: first start" in out and "restart" in out
+    assert any(name.endswith("-IndexCheck-description.json") for name in os.listdir(tmp_path / "cache"))
