@@ -7,14 +7,15 @@ expert-data-parallel group the same expert weights. Saves had the group's first 
 loads had every rank read all of them (at 1,024 data-parallel ranks, 1,024 reads of the whole model from
 the same few files at every restart). `assign_owners` gives each tensor one owner in its group, spreading
 the bytes evenly: it alone writes the tensor (state.writes_replica), and at a load it reads it and a
-broadcast over the group hands it to the others (state.load_model). Every rank of a group assigns alike:
-the same tensors, in the same order.
+broadcast over the group hands it to the others (`SharedReads`, in state.load_model, and state.load_optimizer
+for optimizer state that is replicated without ZeRO-1). Every rank of a group assigns alike: the same
+tensors, in the same order.
 """
 from __future__ import annotations
 
 import torch
 
-from megatron_zaya.checkpoint.format import CheckpointError
+from megatron_zaya.checkpoint.format import DTYPE_NAMES, CheckpointError, ranges_shape
 
 
 def replica_group(t: torch.Tensor, pstate, is_expert: bool):
@@ -45,13 +46,54 @@ def assign_owners(tensors: dict[str, torch.Tensor], pstate, is_expert) -> dict[s
     return out
 
 
-def agree_no_failure(error: Exception | None, pstate, device) -> None:
-    """Raise on every rank when any rank failed to read its share (the others waited in the broadcasts;
-    it broadcast what it had): CheckpointError with this rank's error or a pointer to the other's."""
-    failed = torch.tensor([0.0 if error is None else 1.0], device=device)
-    if pstate is not None and pstate.world_group is not None:
-        torch.distributed.all_reduce(failed, op=torch.distributed.ReduceOp.MAX, group=pstate.world_group)
-    if error is not None:
-        raise CheckpointError(str(error)) from error
-    if failed.item():
-        raise CheckpointError("another rank could not read its share of the model weights (see its error)")
+class SharedReads:
+    """Reads of checkpoint tensors that a group of ranks holds alike: each read by its owner and broadcast
+    over the owner's group (`owner` None: read here). A failed read is kept, the broadcast still made (with
+    what the rank had), and `finish()`, on every rank, raises on all of them: CheckpointError with this
+    rank's error or a pointer to the rank that failed."""
+
+    def __init__(self, folder, pstate):
+        self.folder, self.pstate = folder, pstate
+        self.rank = pstate.rank if pstate is not None else 0
+        self.error: Exception | None = None
+
+    def _read(self, key: str, ranges, cache: dict, owner) -> torch.Tensor | None:
+        if self.error is not None or (owner is not None and owner[1] != self.rank):
+            return None
+        try:
+            return self.folder.piece(key, ranges, None, cache)
+        except (CheckpointError, OSError) as err:       # the group waits in the broadcast: agreed in finish
+            self.error = err
+            return None
+
+    def into(self, t: torch.Tensor, key: str, ranges, cache: dict, owner) -> None:
+        """Copy the checkpoint's block `ranges` of `key` into `t` (this rank's slice, in its dtype)."""
+        piece = self._read(key, ranges, cache, owner)
+        if piece is not None:
+            t.copy_(piece.to(t.dtype))
+        if owner is not None:
+            shared = t if t.is_contiguous() else t.contiguous()
+            torch.distributed.broadcast(shared, src=owner[1], group=owner[0])
+            if shared is not t:
+                t.copy_(shared)
+
+    def new(self, key: str, ranges, cache: dict, owner, device) -> torch.Tensor:
+        """The checkpoint's block `ranges` of `key`, as saved (its dtype; on `device` when shared)."""
+        piece = self._read(key, ranges, cache, owner)
+        if piece is None:        # another rank's to read, or a failed read (finish raises): a buffer for it
+            piece = torch.empty(ranges_shape(ranges), dtype=DTYPE_NAMES[self.folder.index[key][0][1]["dtype"]],
+                                device=device if owner is not None else "cpu")
+        if owner is None:
+            return piece
+        shared = piece.to(device).contiguous()
+        torch.distributed.broadcast(shared, src=owner[1], group=owner[0])
+        return shared
+
+    def finish(self, device) -> None:
+        failed = torch.tensor([0.0 if self.error is None else 1.0], device=device)
+        if self.pstate is not None and self.pstate.world_group is not None:
+            torch.distributed.all_reduce(failed, op=torch.distributed.ReduceOp.MAX, group=self.pstate.world_group)
+        if self.error is not None:
+            raise CheckpointError(str(self.error)) from self.error
+        if failed.item():
+            raise CheckpointError("another rank could not read its share of the checkpoint (see its error)")

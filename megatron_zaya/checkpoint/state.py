@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from megatron_zaya.checkpoint.format import CheckpointError, CheckpointFolder, Entry, index_runs
-from megatron_zaya.checkpoint.replica_owners import agree_no_failure, assign_owners
+from megatron_zaya.checkpoint.replica_owners import SharedReads, assign_owners
 
 
 def unwrap(model):
@@ -124,22 +124,10 @@ def load_model(model, folder: CheckpointFolder) -> list[str]:
             raise CheckpointError(f"{folder.folder}: {name} has shape {folder.global_shape('model/' + name)} in the "
                                   f"checkpoint, {shape} in this model (different model config?)")
     owners = replica_owners(model)
-    rank = pstate.rank if pstate is not None else 0
-    cache: dict = {}
-    error = None
+    reads, cache = SharedReads(folder, pstate), {}
     for name, t in tensors.items():
-        owner = owners[name]
-        if error is None and (owner is None or owner[1] == rank):
-            try:
-                t.copy_(folder.piece("model/" + name, ranges[name], None, cache).to(t.dtype))
-            except (CheckpointError, OSError) as err:       # the group waits in the broadcast: agreed below
-                error = err
-        if owner is not None:
-            shared = t if t.is_contiguous() else t.contiguous()
-            torch.distributed.broadcast(shared, src=owner[1], group=owner[0])
-            if shared is not t:
-                t.copy_(shared)
-    agree_no_failure(error, pstate, next(iter(tensors.values())).device)
+        reads.into(t, "model/" + name, ranges[name], cache, owners[name])
+    reads.finish(next(iter(tensors.values())).device)
     extra = sorted(k[len("model/"):] for k in folder.keys("model/"))
     unknown = [k for k in extra if k not in tensors]
     return [f"checkpoint tensors not in this model (ignored): {unknown[:8]}"] if unknown else []
@@ -277,9 +265,13 @@ def restore_group_steps(groups: list[dict], saved: list[dict]) -> None:
 
 
 def load_optimizer(optimizer, model, folder: CheckpointFolder, saved_classes: dict) -> None:
+    """Load every optimizer's state from `folder` for this rank's parameters (any saved layout). State that
+    data-parallel replicas hold alike (a plain torch optimizer, no ZeRO-1) is read by its parameter's owner
+    and broadcast (replica_owners.SharedReads); ZeRO-1 pieces are this rank's own."""
     pstate = model_pstate(model)
     saved_groups = saved_param_groups(folder)
-    cache: dict = {}
+    owners = replica_owners(model)
+    reads, cache = SharedReads(folder, pstate), {}
     state_keys: dict[str, list[str]] = {}
     for key in folder.keys("optim/"):
         name, _, sk = key[len("optim/"):].rpartition("/")
@@ -304,7 +296,10 @@ def load_optimizer(optimizer, model, folder: CheckpointFolder, saved_classes: di
                 if folder.global_shape(key) != shape:
                     raise CheckpointError(f"{folder.folder}: optimizer state {name}/{sk} has shape "
                                           f"{folder.global_shape(key)}, the parameter {shape}")
-                entry[sk] = folder.piece(key, ranges, flat, cache)
+                if flat is None and slot.kind == "torch":       # replicated with its parameter
+                    entry[sk] = reads.new(key, ranges, cache, owners[name], p.device)
+                else:
+                    entry[sk] = folder.piece(key, ranges, flat, cache)
             saved_master = entry.pop("master", None)    # of a bf16 weight under ZeRO-1 (DistributedMuon)
             if saved_master is not None:
                 if p.dtype == torch.float32:     # this run's weight is its own master: the precise value
@@ -332,6 +327,7 @@ def load_optimizer(optimizer, model, folder: CheckpointFolder, saved_classes: di
             slot.distributed.load_state_dict({"inner": template, "master": ordered})
         elif slot.container is not None:
             slot.container.load_state_dict(template)
+    reads.finish(next(iter(named_tensors(model).values())).device)
 
 
 # -- RNG -------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ same steps: the losses must agree (fp32; 1e-5 relative across layouts, whose red
 A third field names the checkpoint folder under DIR (default "ckpt"): save:cp2-ep2:b load:single:b.
 Layout syntax as tests/parallel: tp2, cp2, ep2, dp, zero joined by '-'; "single" = no parallel
 package at all. Every result is appended to DIR/losses.json (rank 0), with how many model tensors and
-rank JSONs each rank read at a load. Under torchrun, `loadfail:LAYOUT` loads while rank 1's model reads
+rank JSONs each rank read at a load (and optimizer-state pieces). Under torchrun, `loadfail:LAYOUT` loads while rank 1's model reads
 fail and `loadbadjson:LAYOUT:X` loads X after damaging rank_00002.json: each rank writes the error it
 raised to DIR/<task kind>_<rank>.txt.
 """
@@ -45,7 +45,12 @@ FAILING_READS = {"rank": None}   # task loadfail: this rank's model reads raise
 _piece = CheckpointFolder.piece
 
 
+OPTIM_READS: list[str] = []      # the optimizer-state tensors (not scalars) this rank read in the last load
+
+
 def _counted_piece(self, key, *args, **kwargs):
+    if key.startswith("optim/") and self.global_shape(key) != []:       # (step counts: every rank reads them)
+        OPTIM_READS.append(key)
     if key.startswith("model/"):
         MODEL_READS.append(key)
         if FAILING_READS["rank"] == (dist.get_rank() if dist.is_initialized() else 0):
@@ -226,6 +231,7 @@ def main() -> int:
             ck.save(s)
         else:
             MODEL_READS.clear()
+            OPTIM_READS.clear()
             JSON_READS.clear()
             ck.load(s)
             assert s.state.iteration == SAVE_AT, s.state
@@ -236,6 +242,7 @@ def main() -> int:
                         "loaded_from": (ck.loaded or {}).get("layout"),
                         "model_reads": per_rank(world, len(MODEL_READS)) if mode == "load" else None,
                         "json_reads": per_rank(world, len(JSON_READS)) if mode == "load" else None,
+                        "optim_reads": per_rank(world, len(OPTIM_READS)) if mode == "load" else None,
                         "model_tensors": len(s.model.state_dict())})
     if runtime.is_main:
         path = os.path.join(directory, "losses.json")
