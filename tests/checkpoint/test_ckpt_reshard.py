@@ -4,7 +4,6 @@ same losses (fp32, 1e-5 relative: different layouts reduce in different orders);
 model tensor read it once between them, and each rank JSON is read by one rank."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 

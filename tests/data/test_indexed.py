@@ -29,7 +29,6 @@ def spec_read(prefix):
     pointers = struct.unpack_from(f"<{n}q", idx, 34 + 4 * n)
     docs = struct.unpack_from(f"<{d}q", idx, 34 + 12 * n)
     fmt = {8: "H", 4: "i", 1: "B", 3: "h", 5: "q"}[code]
-    size = struct.calcsize(fmt)
     seqs = [list(struct.unpack_from(f"<{l}{fmt}", binary, p)) for l, p in zip(lengths, pointers)]
     return version, code, list(docs), seqs
 

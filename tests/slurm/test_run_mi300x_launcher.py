@@ -14,8 +14,6 @@ import re
 import subprocess
 import sys
 
-import pytest
-
 from slurm_jobs import LAUNCHER, REPO
 
 STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin_trainer.py")
