@@ -407,12 +407,14 @@ def read_folder_metadata(folder: str) -> dict:
 
 class CheckpointFolder:
     """A complete checkpoint folder, opened and checked: metadata, manifest, every rank's JSON.
-    `rank_metas`: the rank JSONs, already read and checked by read_rank_meta (a training run's ranks each
-    read a share: TrainingCheckpointer.open_for_load)."""
+    `metadata` and `rank_metas`: metadata.json and the rank JSONs, already read and checked by
+    read_folder_metadata and read_rank_meta (a training run's ranks each read a share of the rank JSONs:
+    TrainingCheckpointer.open_for_load)."""
 
-    def __init__(self, folder: str, verify_all: bool = False, rank_metas: list[dict] | None = None):
+    def __init__(self, folder: str, verify_all: bool = False, metadata: dict | None = None,
+                 rank_metas: list[dict] | None = None):
         self.folder = folder
-        self.metadata = read_folder_metadata(folder)
+        self.metadata = read_folder_metadata(folder) if metadata is None else metadata
         manifest = self.metadata["files"]
         world = self.metadata["layout"]["world_size"]
         if rank_metas is None:

@@ -151,7 +151,8 @@ class TrainingCheckpointer:
             folder, problem = None, None
             try:
                 # Every rank reads a share of the rank JSONs and checks a share of the tensor files (crc32).
-                folder = CheckpointFolder(folder_path, rank_metas=self._shared_rank_metas(folder_path))
+                metadata, rank_metas = self._shared_rank_metas(folder_path)
+                folder = CheckpointFolder(folder_path, metadata=metadata, rank_metas=rank_metas)
                 for rf in folder.ranks[self.rank::self.world_size]:
                     rf.verify()
             except CheckpointError as err:
@@ -167,10 +168,10 @@ class TrainingCheckpointer:
             problems.append(problem or f"{folder_path}: rejected by another rank (see its error)")
         raise CheckpointError(f"--load {path}: no loadable checkpoint; " + "; ".join(problems))
 
-    def _shared_rank_metas(self, folder: str) -> list[dict]:
-        """The rank JSONs of `folder`, each read and checked by one rank and gathered (a restart at 1,024
-        ranks opened 1,024 x 1,024 small files); CheckpointError when any rank found a problem. Every rank
-        takes part in the gather whatever it found, so none is left waiting."""
+    def _shared_rank_metas(self, folder: str) -> tuple[dict, list[dict]]:
+        """(metadata.json, the rank JSONs) of `folder`, each rank JSON read and checked by one rank and
+        gathered (a restart at 1,024 ranks opened 1,024 x 1,024 small files); CheckpointError when any rank
+        found a problem. Every rank takes part in the gather whatever it found, so none is left waiting."""
         found: dict = {}
         try:
             metadata = read_folder_metadata(folder)
@@ -188,7 +189,7 @@ class TrainingCheckpointer:
         if errors:
             raise CheckpointError(f"{errors[0][1]} (found by rank {errors[0][0]})")
         metas = {r: meta for share in gathered for r, meta in share.items()}
-        return [metas[r] for r in sorted(metas)]
+        return metadata, [metas[r] for r in sorted(metas)]
 
     def load(self, trainer, required: bool = False) -> None:
         """Load the checkpoint --load (or --pretrained-checkpoint) holds into `trainer`. `required`: the
@@ -212,7 +213,8 @@ class TrainingCheckpointer:
             if requires_checkpoint(cfg):           # also when every candidate proved unreadable
                 raise CheckpointError(missing_checkpoint_message(cfg))
             if required:
-                raise CheckpointError(f"--load {cfg.load}: the checkpoint found before the model was built is gone "
+                searched = " or ".join(path for path, _cfg in start_sources(cfg))
+                raise CheckpointError(f"{searched}: the checkpoint found before the model was built is gone "
                                       f"(removed meanwhile?); the model was left uninitialised for it: start again")
             resume_idiom = cfg.save and os.path.abspath(cfg.save) == os.path.abspath(cfg.load)   # a first run
             self.log(f"WARNING: --load {cfg.load}: no checkpoint found; training from scratch"
