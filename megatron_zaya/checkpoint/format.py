@@ -186,6 +186,25 @@ def ranges_shape(ranges: Ranges) -> list[int]:
     return [sum(b - a for a, b in runs) for runs in ranges]
 
 
+def narrow_ranges(ranges: Ranges, rows: tuple[int, int] | None) -> Ranges:
+    """`ranges` of a block, narrowed to its local rows a..b (positions along dimension 0; None: all)."""
+    if rows is None:
+        return ranges
+    a, b = rows
+    runs, seen = [], 0
+    for start, end in ranges[0]:
+        lo, hi = max(a - seen, 0), min(b - seen, end - start)
+        if lo < hi:
+            runs.append([start + lo, start + hi])
+        seen += end - start
+    return [runs] + ranges[1:]
+
+
+def _rectangle(ranges: Ranges) -> list[tuple[int, int]] | None:
+    """[(start, end)] per dimension when every dimension is one run, else None."""
+    return [tuple(runs[0]) for runs in ranges] if all(len(runs) == 1 for runs in ranges) else None
+
+
 def _run_index(runs) -> torch.Tensor:
     return torch.cat([torch.arange(a, b) for a, b in runs]) if runs else torch.zeros(0, dtype=torch.long)
 
@@ -477,12 +496,44 @@ class CheckpointFolder:
                                   f"{full.numel()} elements in {sorted({rf.tensor_path for rf, _ in pieces})})")
         return full
 
+    def _overlapping(self, key: str, ranges: Ranges) -> torch.Tensor | None:
+        """The rectangular block `ranges` of `key`, from the saved rectangular pieces that overlap it alone
+        (a replicated tensor saved in row shares, read in other shares: replica_owners); None where a piece
+        is of another kind (ZeRO-1 flat, several runs) or the pieces do not cover the block."""
+        target = _rectangle(ranges)
+        pieces = self.index.get(key, [])
+        if target is None or not pieces:
+            return None
+        out = torch.empty([b - a for a, b in target], dtype=DTYPE_NAMES[pieces[0][1]["dtype"]])
+        covered = torch.zeros(out.shape, dtype=torch.bool)
+        for rf, desc in pieces:
+            saved = _rectangle(desc["ranges"])
+            if desc["flat"] is not None or saved is None:
+                return None
+            common = [(max(a, c), min(b, d)) for (a, b), (c, d) in zip(target, saved)]
+            if any(lo >= hi for lo, hi in common):
+                continue
+            data = rf.get(key).view([d - c for c, d in saved])
+            into, source, seen = out, data, covered
+            for dim, (lo, hi) in enumerate(common):
+                into = into.narrow(dim, lo - target[dim][0], hi - lo)
+                seen = seen.narrow(dim, lo - target[dim][0], hi - lo)
+                source = source.narrow(dim, lo - saved[dim][0], hi - lo)
+            into.copy_(source)
+            seen.fill_(True)
+        return out if bool(covered.all()) else None
+
     def piece(self, key: str, ranges: Ranges, flat: list[int] | None, cache: dict | None = None) -> torch.Tensor:
         """The block `ranges` (flattened piece `flat` of it) of tensor `key`, for any target layout.
-        Uses a saved entry with exactly that slicing when there is one (same layout: no assembly)."""
+        Uses a saved entry with exactly that slicing when there is one (same layout: no assembly), else
+        the saved pieces that overlap a rectangular block, else the whole tensor, assembled (kept in
+        `cache` for the next block of it)."""
         for rf, desc in self.index.get(key, []):
             if desc["ranges"] == ranges and desc["flat"] == flat:
                 return rf.get(key).view(ranges_shape(ranges) if flat is None else [flat[1] - flat[0]]).clone()
+        block = self._overlapping(key, ranges) if flat is None and ranges else None
+        if block is not None:
+            return block
         if cache is not None and key in cache:
             full = cache[key]
         else:

@@ -1,21 +1,38 @@
-"""One owner per replicated model tensor in its replica group: the rank that writes it at a save and reads
-it at a load (what Megatron-LM's --ckpt-fully-parallel-save / -load do for replicas).
+"""Owners of replicated model tensors in their replica group: the ranks that write them at a save and read
+them at a load (what Megatron-LM's --ckpt-fully-parallel-save / -load do for replicas).
 
 The ranks of a data-parallel (x context-parallel) group hold the same dense weights, and those of an
 expert-data-parallel group the same expert weights. Saves had the group's first rank write all of them
 (ZAYA1-base: 33 GiB in fp32 from rank 0, against ~100 MB of optimizer state from every other rank), and
 loads had every rank read all of them (at 1,024 data-parallel ranks, 1,024 reads of the whole model from
-the same few files at every restart). `assign_owners` gives each tensor one owner in its group, spreading
-the bytes evenly: it alone writes the tensor (state.writes_replica), and at a load it reads it and a
-broadcast over the group hands it to the others (`SharedReads`, in state.load_model, and state.load_optimizer
-for optimizer state that is replicated without ZeRO-1). Every rank of a group assigns alike: the same
-tensors, in the same order.
+the same few files at every restart). `assign_owners` splits each tensor larger than the group's fair
+share (its bytes over its ranks, at least MIN_SHARE_BYTES) into row shares and gives each share one owner,
+spreading the bytes evenly (ZAYA1-base's 2 GiB embedding would otherwise be one rank's, 60 times the fair
+share at 1,024 ranks): the owner alone writes its rows (state.model_entries), and at a load it reads them
+and a broadcast over the group hands them to the others (`SharedReads`, in state.load_model, and
+state.load_optimizer for optimizer state that is replicated without ZeRO-1). Every rank of a group assigns
+alike: the same tensors, in the same order.
 """
 from __future__ import annotations
 
+import heapq
+import math
+from dataclasses import dataclass
+
 import torch
 
-from megatron_zaya.checkpoint.format import DTYPE_NAMES, CheckpointError, ranges_shape
+from megatron_zaya.checkpoint.format import DTYPE_NAMES, CheckpointError, narrow_ranges, ranges_shape
+
+MIN_SHARE_BYTES = 16 << 20     # smaller tensors stay whole: fewer entries and broadcasts for small models
+
+
+@dataclass(frozen=True)
+class Share:
+    """Rows a..b (along dimension 0 of this rank's tensor; None: all of it) and the global rank in
+    `group` that writes and reads them."""
+    rows: tuple[int, int] | None
+    group: object
+    owner: int
 
 
 def replica_group(t: torch.Tensor, pstate, is_expert: bool):
@@ -27,38 +44,71 @@ def replica_group(t: torch.Tensor, pstate, is_expert: bool):
     return (group, ranks) if group is not None and len(ranks) > 1 else None
 
 
-def assign_owners(tensors: dict[str, torch.Tensor], pstate, is_expert) -> dict[str, tuple | None]:
-    """name -> (group, global rank of its owner) for every replicated tensor, None for one this rank
-    holds alone. Owners are chosen tensor by tensor: the member of the group with the fewest bytes so
-    far (the first on a tie)."""
-    loads: dict[tuple, list[int]] = {}
-    out = {}
-    for name, t in tensors.items():
-        found = replica_group(t, pstate, is_expert(t))
-        if found is None:
-            out[name] = None
-            continue
-        group, ranks = found
-        load = loads.setdefault(tuple(ranks), [0] * len(ranks))
-        member = load.index(min(load))
-        load[member] += t.numel() * t.element_size()
-        out[name] = (group, ranks[member])
+def row_shares(t: torch.Tensor, share_bytes: int) -> list[tuple[int, int] | None]:
+    """`t`'s rows in about equal runs of at most `share_bytes` (one run of rows at the least); [None]
+    for a tensor that fits, or one without rows."""
+    nbytes = t.numel() * t.element_size()
+    if t.dim() == 0 or nbytes <= share_bytes:
+        return [None]
+    count = min(t.shape[0], math.ceil(nbytes / share_bytes))
+    return [(i * t.shape[0] // count, (i + 1) * t.shape[0] // count) for i in range(count)]
+
+
+def assign_owners(tensors: dict[str, torch.Tensor], pstate, is_expert) -> dict[str, list[Share] | None]:
+    """name -> the Shares of a replicated tensor (in row order), None for one this rank holds alone. A
+    tensor over its group's fair share is split in row shares; the shares, largest first, each go to the
+    member of the group with the fewest bytes so far (the first on a tie)."""
+    groups = {name: replica_group(t, pstate, is_expert(t)) for name, t in tensors.items()}
+    keys = {name: tuple(found[1]) for name, found in groups.items() if found is not None}
+    totals: dict[tuple, int] = {}
+    for name, key in keys.items():
+        totals[key] = totals.get(key, 0) + tensors[name].numel() * tensors[name].element_size()
+    shares = []                  # (-bytes, position, name, rows): the largest first, then in order
+    for name, key in keys.items():
+        t = tensors[name]
+        for rows in row_shares(t, max(MIN_SHARE_BYTES, math.ceil(totals[key] / len(key)))):
+            count = t.numel() if rows is None else t[0].numel() * (rows[1] - rows[0])
+            shares.append((-count * t.element_size(), len(shares), name, rows))
+    heaps = {key: [(0, member) for member in range(len(key))] for key in totals}   # (bytes so far, member)
+    out = {name: None if found is None else [] for name, found in groups.items()}
+    members: dict[str, set[int]] = {name: set() for name in keys}   # those holding a share of the tensor
+    for negative_bytes, _, name, rows in sorted(shares):
+        heap, skipped = heaps[keys[name]], []
+        while heap[0][1] in members[name]:      # one share of a tensor per rank (one entry per tensor in a
+            skipped.append(heapq.heappop(heap))   # rank file; a tensor has no more shares than its group ranks)
+        load, member = heapq.heappop(heap)
+        for item in skipped + [(load - negative_bytes, member)]:
+            heapq.heappush(heap, item)
+        members[name].add(member)
+        out[name].append(Share(rows, groups[name][0], keys[name][member]))
+    for found in out.values():         # each tensor's shares in row order
+        if found:
+            found.sort(key=lambda share: (share.rows or (0, 0))[0])
     return out
 
 
+def rows_of(shares: list[Share] | None, rank: int) -> list[tuple[int, int] | None]:
+    """The rows this rank writes of a tensor with these shares ([None]: all of it, held alone)."""
+    return [None] if shares is None else [s.rows for s in shares if s.owner == rank]
+
+
+def select_rows(t: torch.Tensor, rows: tuple[int, int] | None) -> torch.Tensor:
+    return t if rows is None else t[rows[0]:rows[1]]
+
+
 class SharedReads:
-    """Reads of checkpoint tensors that a group of ranks holds alike: each read by its owner and broadcast
-    over the owner's group (`owner` None: read here). A failed read is kept, the broadcast still made (with
-    what the rank had), and `finish()`, on every rank, raises on all of them: CheckpointError with this
-    rank's error or a pointer to the rank that failed."""
+    """Reads of checkpoint tensors that a group of ranks holds alike: each share read by its owner and
+    broadcast over the group (`shares` None: read here). A failed read is kept, the broadcasts still made
+    (with what the rank had), and `finish()`, on every rank, raises on all of them: CheckpointError with
+    this rank's error or a pointer to the rank that failed."""
 
     def __init__(self, folder, pstate):
         self.folder, self.pstate = folder, pstate
         self.rank = pstate.rank if pstate is not None else 0
         self.error: Exception | None = None
 
-    def _read(self, key: str, ranges, cache: dict, owner) -> torch.Tensor | None:
-        if self.error is not None or (owner is not None and owner[1] != self.rank):
+    def _read(self, key: str, ranges, cache: dict) -> torch.Tensor | None:
+        if self.error is not None:
             return None
         try:
             return self.folder.piece(key, ranges, None, cache)
@@ -66,28 +116,33 @@ class SharedReads:
             self.error = err
             return None
 
-    def into(self, t: torch.Tensor, key: str, ranges, cache: dict, owner) -> None:
-        """Copy the checkpoint's block `ranges` of `key` into `t` (this rank's slice, in its dtype)."""
-        piece = self._read(key, ranges, cache, owner)
-        if piece is not None:
-            t.copy_(piece.to(t.dtype))
-        if owner is not None:
-            shared = t if t.is_contiguous() else t.contiguous()
-            torch.distributed.broadcast(shared, src=owner[1], group=owner[0])
-            if shared is not t:
-                t.copy_(shared)
+    def _fill(self, t: torch.Tensor, key: str, ranges, cache: dict, shares: list[Share] | None) -> None:
+        for share in [Share(None, None, self.rank)] if shares is None else shares:
+            rows = select_rows(t, share.rows)
+            if share.owner == self.rank:
+                piece = self._read(key, narrow_ranges(ranges, share.rows), cache)
+                if piece is not None:
+                    rows.copy_(piece.to(t.dtype))
+            if shares is not None:             # rows of a contiguous tensor: contiguous
+                torch.distributed.broadcast(rows, src=share.owner, group=share.group)
 
-    def new(self, key: str, ranges, cache: dict, owner, device) -> torch.Tensor:
+    def into(self, t: torch.Tensor, key: str, ranges, cache: dict, shares: list[Share] | None) -> None:
+        """Copy the checkpoint's block `ranges` of `key` into `t` (this rank's slice, in its dtype)."""
+        target = t if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format)
+        self._fill(target, key, ranges, cache, shares)
+        if target is not t:
+            t.copy_(target)
+
+    def new(self, key: str, ranges, cache: dict, shares: list[Share] | None, device) -> torch.Tensor:
         """The checkpoint's block `ranges` of `key`, as saved (its dtype; on `device` when shared)."""
-        piece = self._read(key, ranges, cache, owner)
-        if piece is None:        # another rank's to read, or a failed read (finish raises): a buffer for it
-            piece = torch.empty(ranges_shape(ranges), dtype=DTYPE_NAMES[self.folder.index[key][0][1]["dtype"]],
-                                device=device if owner is not None else "cpu")
-        if owner is None:
-            return piece
-        shared = piece.to(device).contiguous()
-        torch.distributed.broadcast(shared, src=owner[1], group=owner[0])
-        return shared
+        if shares is None:
+            piece = self._read(key, ranges, cache)
+            if piece is not None:
+                return piece
+        out = torch.empty(ranges_shape(ranges), dtype=DTYPE_NAMES[self.folder.index[key][0][1]["dtype"]],
+                          device=device if shares is not None else "cpu")
+        self._fill(out, key, ranges, cache, shares)
+        return out
 
     def finish(self, device) -> None:
         failed = torch.tensor([0.0 if self.error is None else 1.0], device=device)

@@ -2,8 +2,9 @@
 
 Model: every parameter and buffer, as the rank holds it (TP / EP slices recorded by the parallel
 package on `param.partitions`), written by one replica only (tp_rank 0 for tensors TP does not
-split; each tensor's owner in its data-parallel x context-parallel group for dense, expert-data-parallel
-group for expert tensors: replica_owners.py, which spreads the bytes over the group).
+split; in its data-parallel x context-parallel group for dense, expert-data-parallel group for expert
+tensors, each tensor, or each row share of a large one, by its owner: replica_owners.py, which spreads the
+bytes over the group).
 Optimizer: per parameter name and state key (`optim/<param>/<key>`), so Muon / AdamW state moves
 with its parameter under any layout; ZeRO-1 pieces (flat element ranges of the local parameter)
 and their fp32 masters carry their flat range.
@@ -17,8 +18,8 @@ import random
 import numpy as np
 import torch
 
-from megatron_zaya.checkpoint.format import CheckpointError, CheckpointFolder, Entry, index_runs
-from megatron_zaya.checkpoint.replica_owners import SharedReads, assign_owners
+from megatron_zaya.checkpoint.format import CheckpointError, CheckpointFolder, Entry, index_runs, narrow_ranges
+from megatron_zaya.checkpoint.replica_owners import SharedReads, assign_owners, rows_of, select_rows
 
 
 def unwrap(model):
@@ -72,19 +73,21 @@ def is_expert(t) -> bool:
     return bool(getattr(t, "is_expert", False))
 
 
-def replica_owners(model) -> dict[str, tuple | None]:
-    """Each model tensor's owner in its replica group (replica_owners.assign_owners), by name."""
+def replica_owners(model) -> dict[str, list | None]:
+    """Each model tensor's row shares and their owners in its replica group (replica_owners.assign_owners),
+    by name."""
     return assign_owners(named_tensors(model), model_pstate(model), is_expert)
 
 
-def writes_replica(t, pstate, owner) -> bool:
-    """Whether this rank writes tensor `t` (one replica of every distinct slice is written: by tp_rank 0
-    for tensors TP does not split, and by the tensor's `owner` in its replica group)."""
+def rows_written(t, pstate, shares) -> list:
+    """The rows of tensor `t` this rank writes (replica_owners.rows_of; [] none): one replica of every
+    distinct slice is written, by tp_rank 0 for tensors TP does not split, split in row shares among the
+    ranks of its replica group."""
     if pstate is None:
-        return True
+        return [None]
     if not is_tp_split(t) and pstate.tp_rank != 0:
-        return False
-    return owner is None or owner[1] == pstate.rank
+        return []
+    return rows_of(shares, pstate.rank)
 
 
 def named_tensors(model) -> dict[str, torch.Tensor]:
@@ -99,9 +102,9 @@ def model_entries(model) -> list[Entry]:
     owners = replica_owners(model)
     out = []
     for name, t in named_tensors(model).items():
-        if writes_replica(t, pstate, owners[name]):
+        for rows in rows_written(t, pstate, owners[name]):
             shape, ranges = tensor_slicing(t, pstate)
-            out.append(Entry("model/" + name, t.detach(), shape, ranges))
+            out.append(Entry("model/" + name, select_rows(t.detach(), rows), shape, narrow_ranges(ranges, rows)))
     return out
 
 
@@ -208,13 +211,16 @@ def optimizer_entries(optimizer, model) -> tuple[list[Entry], dict]:
         groups[slot.tag] = [{k: _json_value(v) for k, v in g.items() if k != "params"} for g in slot.param_groups]
         for name, p, flat, master, key_obj in slot.items:
             classes[name] = slot.family
-            if flat is None and slot.kind != "owner":
-                writer = writes_replica(p, pstate, owners[name])
+            if flat is None and slot.kind != "owner":      # replicated with its parameter: its row shares
+                row_runs = rows_written(p, pstate, owners[name])
+                writes_scalars = bool(row_runs) and (owners[name] is None or owners[name][0].owner == pstate.rank)
             else:      # ZeRO-1: every piece / owned matrix is on one rank of its group; TP copies once,
                 # except sequence-parallel parameters, whose group is the whole world (TP included)
                 writer = (pstate is None or is_tp_split(p) or pstate.tp_rank == 0
                           or getattr(p, "sequence_parallel", False))
-            if not writer:
+                row_runs = [None] if writer else []
+                writes_scalars = writer and (flat is None or flat[0] == 0)
+            if not row_runs:
                 continue
             shape, ranges = tensor_slicing(p, pstate)
             state = dict(slot.container.state.get(key_obj, {}))
@@ -229,10 +235,11 @@ def optimizer_entries(optimizer, model) -> tuple[list[Entry], dict]:
                                               f"cannot be checkpointed")
                 k = f"optim/{name}/{key}"
                 if value.dim() == 0:
-                    if flat is None or flat[0] == 0:
+                    if writes_scalars:
                         entries.append(Entry(k, value.detach(), [], []))
                 elif flat is None and tuple(value.shape) == tuple(p.shape):
-                    entries.append(Entry(k, value.detach(), shape, ranges))
+                    entries.extend(Entry(k, select_rows(value.detach(), rows), shape, narrow_ranges(ranges, rows))
+                                   for rows in row_runs)
                 elif flat is not None and value.numel() == flat[1] - flat[0]:
                     entries.append(Entry(k, value.detach().reshape(-1), shape, ranges, flat=list(flat)))
                 else:

@@ -7,8 +7,9 @@ same steps: the losses must agree (fp32; 1e-5 relative across layouts, whose red
     worker.py DIR load:single                                  (one process, no torch.distributed)
 A third field names the checkpoint folder under DIR (default "ckpt"): save:cp2-ep2:b load:single:b.
 Layout syntax as tests/parallel: tp2, cp2, ep2, dp, zero joined by '-'; "single" = no parallel
-package at all. Every result is appended to DIR/losses.json (rank 0), with how many model tensors and
-rank JSONs each rank read at a load (and optimizer-state pieces). Under torchrun, `loadfail:LAYOUT` loads while rank 1's model reads
+package at all. Every result is appended to DIR/losses.json (rank 0), with how many model elements and
+rank JSONs each rank read at a load (and optimizer-state pieces). CKPT_TEST_MIN_SHARE_BYTES sets
+replica_owners.MIN_SHARE_BYTES (0: every tensor over its group's fair share is saved in row shares). Under torchrun, `loadfail:LAYOUT` loads while rank 1's model reads
 fail and `loadbadjson:LAYOUT:X` loads X after damaging rank_00002.json: each rank writes the error it
 raised to DIR/<task kind>_<rank>.txt.
 """
@@ -26,6 +27,7 @@ import torch.distributed as dist  # noqa: E402
 
 from megatron_zaya.arguments import ParallelSizes, RunConfig  # noqa: E402
 from megatron_zaya.checkpoint.format import CheckpointError, CheckpointFolder  # noqa: E402
+import megatron_zaya.checkpoint.replica_owners as replica_owners  # noqa: E402
 import megatron_zaya.checkpoint.training as checkpoint_training  # noqa: E402
 from megatron_zaya.checkpoint.training import TrainingCheckpointer  # noqa: E402
 from megatron_zaya.config import model_config_from_preset  # noqa: E402
@@ -40,7 +42,7 @@ GLOBAL_BATCH, SEQ, LR, CLIP = 4, 32, 1e-3, 1.0
 SAVE_AT, TOTAL = 2, 4
 
 
-MODEL_READS: list[str] = []      # the model tensors this rank read from the checkpoint in the last load
+MODEL_READS: list[int] = []      # the elements of each model block this rank read from the checkpoint in the last load
 FAILING_READS = {"rank": None}   # task loadfail: this rank's model reads raise
 _piece = CheckpointFolder.piece
 
@@ -51,14 +53,17 @@ OPTIM_READS: list[str] = []      # the optimizer-state tensors (not scalars) thi
 def _counted_piece(self, key, *args, **kwargs):
     if key.startswith("optim/") and self.global_shape(key) != []:       # (step counts: every rank reads them)
         OPTIM_READS.append(key)
+    if key.startswith("model/") and FAILING_READS["rank"] == (dist.get_rank() if dist.is_initialized() else 0):
+        raise CheckpointError(f"injected failure reading {key}")
+    block = _piece(self, key, *args, **kwargs)
     if key.startswith("model/"):
-        MODEL_READS.append(key)
-        if FAILING_READS["rank"] == (dist.get_rank() if dist.is_initialized() else 0):
-            raise CheckpointError(f"injected failure reading {key}")
-    return _piece(self, key, *args, **kwargs)
+        MODEL_READS.append(block.numel())
+    return block
 
 
 CheckpointFolder.piece = _counted_piece
+if "CKPT_TEST_MIN_SHARE_BYTES" in os.environ:
+    replica_owners.MIN_SHARE_BYTES = int(os.environ["CKPT_TEST_MIN_SHARE_BYTES"])
 JSON_READS: list[int] = []       # the rank JSONs this rank read in the last load
 _read_rank_meta = checkpoint_training.read_rank_meta
 
@@ -240,10 +245,11 @@ def main() -> int:
         ck.close()
         results.append({"task": task, "world": world, "losses": losses,
                         "loaded_from": (ck.loaded or {}).get("layout"),
-                        "model_reads": per_rank(world, len(MODEL_READS)) if mode == "load" else None,
+                        "model_reads": per_rank(world, sum(MODEL_READS)) if mode == "load" else None,
                         "json_reads": per_rank(world, len(JSON_READS)) if mode == "load" else None,
                         "optim_reads": per_rank(world, len(OPTIM_READS)) if mode == "load" else None,
-                        "model_tensors": len(s.model.state_dict())})
+                        "model_tensors": len(s.model.state_dict()),
+                        "model_elements": sum(t.numel() for t in s.model.state_dict().values())})
     if runtime.is_main:
         path = os.path.join(directory, "losses.json")
         old = json.load(open(path)) if os.path.exists(path) else []

@@ -1,9 +1,10 @@
 """CheckpointFolder.full assembles a global tensor from rank pieces: replicated pieces may overlap
-(TP ranks sharing a KV head each write it), and a gap is still an 'incomplete' error."""
+(TP ranks sharing a KV head each write it), and a gap is still an 'incomplete' error. A block of rows
+(a row share of a replicated tensor, replica_owners) is read from the saved pieces it overlaps alone."""
 import pytest
 import torch
 
-from megatron_zaya.checkpoint.format import CheckpointError, CheckpointFolder
+from megatron_zaya.checkpoint.format import CheckpointError, CheckpointFolder, narrow_ranges
 
 
 class _RankFile:
@@ -11,6 +12,7 @@ class _RankFile:
         self.rank, self.tensors, self.tensor_path = rank, tensors, f"rank_{rank}.safetensors"
 
     def get(self, key):
+        self.reads = getattr(self, "reads", 0) + 1
         return self.tensors[key]
 
 
@@ -46,3 +48,28 @@ def test_overlapping_replicas_assemble_and_a_gap_is_reported():
            ([[[4, 6]], [[0, 4]]], None, full[4:6])]
     with pytest.raises(CheckpointError, match=r"'w' is incomplete \(16 of 24 elements"):
         _folder(gap).full("w")
+
+
+def test_narrow_ranges_takes_local_rows_across_runs():
+    ranges = [[[0, 2], [4, 6]], [[0, 4]]]             # local rows 0-1 are global 0-1, local 2-3 global 4-5
+    assert narrow_ranges(ranges, None) is ranges
+    assert narrow_ranges(ranges, (1, 3)) == [[[1, 2], [4, 5]], [[0, 4]]]
+    assert narrow_ranges(ranges, (2, 4)) == [[[4, 6]], [[0, 4]]]
+    assert narrow_ranges(ranges, (0, 1)) == [[[0, 1]], [[0, 4]]]
+
+
+def test_a_block_of_rows_reads_only_the_pieces_it_overlaps():
+    full = torch.arange(24, dtype=torch.float32).view(6, 4)
+    shares = [([[[a, b]], [[0, 4]]], None, full[a:b]) for a, b in ((0, 2), (2, 3), (3, 6))]   # saved by 3 ranks
+    folder = _folder(shares)
+    for rows in ((1, 3), (0, 6), (3, 5)):                         # read back in other shares
+        block = folder.piece("w", [[list(rows)], [[0, 4]]], None)
+        assert torch.equal(block, full[rows[0]:rows[1]]), rows
+    assert [rf.reads for rf, _ in folder.index["w"]] == [2, 2, 2]
+    # A piece that leaves part of the block uncovered: the whole-tensor assembly names the gap.
+    with pytest.raises(CheckpointError, match="incomplete"):
+        _folder(shares[:2]).piece("w", [[[1, 5]], [[0, 4]]], None)
+    # ZeRO-1 flat pieces: assembled whole, as before.
+    flat = [([[[0, 6]], [[0, 4]]], [0, 10], full.reshape(-1)[:10]), ([[[0, 6]], [[0, 4]]], [10, 24],
+                                                                       full.reshape(-1)[10:])]
+    assert torch.equal(_folder(flat).piece("w", [[[2, 4]], [[0, 4]]], None), full[2:4])
