@@ -392,13 +392,20 @@ def read_rank_meta(folder: str, rank: int, manifest: dict) -> dict:
     the tensor file's crc32 is RankFile.verify's)."""
     name = rank_stem(rank) + ".json"
     path = os.path.join(folder, name)
-    if not os.path.isfile(path):
-        raise CheckpointError(f"{path}: missing")
-    crc, size = file_crc32(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()          # read once: checked, then parsed
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing") from None
+    except OSError as err:
+        raise CheckpointError(f"{path}: unreadable ({err})") from err
     want = manifest.get(name)
-    if want is None or crc != want["crc32"] or size != want["bytes"]:
+    if want is None or zlib.crc32(data) != want["crc32"] or len(data) != want["bytes"]:
         raise CheckpointError(f"{path}: corrupt (does not match the manifest in {METADATA_FILE})")
-    meta = read_json(path)
+    try:
+        meta = json.loads(data)
+    except ValueError as err:
+        raise CheckpointError(f"{path}: corrupt JSON ({err})") from err
     name = rank_stem(rank) + ".safetensors"
     path = os.path.join(folder, name)
     if manifest.get(name) != {"bytes": meta["file"]["bytes"], "crc32": meta["file"]["crc32"]}:
