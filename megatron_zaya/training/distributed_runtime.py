@@ -20,6 +20,7 @@ from megatron_zaya.optim.builder import muon_bucket_key
 from megatron_zaya.parallel.data import GradientReducer, bucket_size_for, clip_grad_norm, count_zero_grads, is_expert
 from megatron_zaya.parallel.launch import DEFAULT_TIMEOUT_MINUTES, destroy_distributed, init_distributed
 from megatron_zaya.parallel.state import ParallelState
+from megatron_zaya.training.runtime import place_on
 
 
 class DistributedRuntime:
@@ -41,7 +42,9 @@ class DistributedRuntime:
         self.reducer = None
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        self.model = parallelize_model(model.to(self.device), self.pstate)
+        # Split first (this rank's TP / EP slices), then onto the device: only the slices travel, and
+        # a meta model (weights to be loaded) is allocated there, sliced, never on the host.
+        self.model = place_on(parallelize_model(model, self.pstate), self.device)
         self.model.local_routing_counts = True     # reduced once per step: sum_routing_counts
         shard = self.run.parallel.use_distributed_optimizer
         key = None

@@ -10,6 +10,20 @@ import math
 import torch
 
 
+def place_on(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """`model` on `device`: moved there, or, built on the meta device (its weights to be loaded from a
+    checkpoint), allocated there uninitialised, never on the host first. The markers the parallel
+    package sets on tensors (partitions, is_expert, ...) stay: to_empty makes new Parameter objects."""
+    tensors = lambda: list(model.named_parameters()) + list(model.named_buffers())   # noqa: E731
+    if not any(t.is_meta for _, t in tensors()):
+        return model.to(device)
+    markers = {name: dict(vars(t)) for name, t in tensors()}
+    model.to_empty(device=device)
+    for name, t in tensors():
+        vars(t).update(markers[name])
+    return model
+
+
 def nonfinite_gradients(model: torch.nn.Module) -> list[str]:
     return [name for name, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
 
@@ -27,7 +41,7 @@ class SingleProcess:
         self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        self.model = model.to(self.device)
+        self.model = place_on(model, self.device)
         return self.model
 
     def build_optimizer(self, model: torch.nn.Module, optim_config):

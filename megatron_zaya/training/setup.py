@@ -62,15 +62,16 @@ def build_runtime(run):
 def build_model(run, initialize: bool = True) -> ZayaModel:
     """The single-device model, identical on every rank (seeded), with its memory policy:
     --recompute-granularity full|selective and --recompute-modules (ZayaModel.set_recompute).
-    `initialize=False` (a checkpoint's weights will be loaded, every tensor of them): the tensors are
-    allocated, not initialised (ZAYA1-base: about a minute of random numbers per rank at every restart)."""
+    `initialize=False` (a checkpoint's weights will be loaded, every tensor of them): built on the meta
+    device, no tensor allocated nor initialised (ZAYA1-base: about a minute of random numbers per rank at
+    every restart, and 35 GB of host memory per rank); the runtime's prepare_model allocates this rank's
+    slices on its device (runtime.place_on)."""
     torch.manual_seed(run.train.seed)
     if initialize:
         model = ZayaModel(run.model)
     else:
         with torch.device("meta"):
             model = ZayaModel(run.model)
-        model = model.to_empty(device="cpu")
     train = run.train
     model.set_recompute(train.recompute_granularity, train.recompute_method, train.recompute_num_layers,
                         train.recompute_modules)

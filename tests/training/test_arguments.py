@@ -4,6 +4,7 @@ import os
 import re
 
 import pytest
+import torch
 
 from megatron_zaya.arguments import parse_args
 from tests.training.helpers import tiny_run_flags
@@ -568,3 +569,24 @@ def test_bad_flag_is_reported_once_per_node(tiny_corpus, tmp_path, capsys, monke
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert ("--micro-batch-size=0: must be >= 1" in err) == printed and (err == "") != printed
+
+
+def test_a_model_to_be_loaded_is_built_on_meta_and_allocated_by_the_runtime(tiny_corpus, tmp_path):
+    """setup.build_model(initialize=False) allocates nothing; runtime.place_on allocates it on the
+    runtime's device keeping the tensors' parallel markers (to_empty makes new Parameters), and moves a
+    built model as it is."""
+    from megatron_zaya.training.runtime import place_on
+    from megatron_zaya.training.setup import build_model
+
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path))
+    model = build_model(run, initialize=False)
+    assert all(t.is_meta for t in model.state_dict().values())
+    model.embedding.weight.partitions = [("tp", 0, [[(0, 4)]])]
+    model.layers[0].moe.experts.gate_up_weight.is_expert = True
+    placed = place_on(model, torch.device("cpu"))
+    assert not any(t.is_meta for t in placed.state_dict().values())
+    assert placed.embedding.weight.partitions == [("tp", 0, [[(0, 4)]])]
+    assert placed.layers[0].moe.experts.gate_up_weight.is_expert
+    built = build_model(run)
+    weight = built.embedding.weight
+    assert place_on(built, torch.device("cpu")).embedding.weight is weight
