@@ -144,6 +144,32 @@ class SharedReads:
         self._fill(out, key, ranges, cache, shares)
         return out
 
+    def scalars(self, prefix: str) -> dict[str, torch.Tensor]:
+        """Every scalar tensor of the checkpoint under `prefix` (the optimizers' step counts: one per
+        parameter, in the files of the ranks that wrote its state, hence in most rank files), read once
+        across the ranks: each reads those in its share of the rank files (the share it checked at the
+        open: TrainingCheckpointer.open_for_load) and the ranks exchange them, instead of every rank
+        opening every file. A failed read is kept for `finish`; its scalars are then missing."""
+        group = self.pstate.world_group if self.pstate is not None else None
+        world = self.pstate.world_size if group is not None else 1
+        found: dict[str, torch.Tensor] = {}
+        for rf in self.folder.ranks[self.rank % world::world]:
+            for key, desc in rf.meta["entries"].items():
+                if key.startswith(prefix) and desc["shape"] == [] and key not in found and self.error is None:
+                    try:
+                        found[key] = rf.get(key)
+                    except (CheckpointError, OSError) as err:
+                        self.error = err
+        if world == 1:
+            return found
+        shares: list = [None] * world
+        torch.distributed.all_gather_object(shares, found, group=group)
+        merged: dict[str, torch.Tensor] = {}
+        for share in shares:
+            for key, value in share.items():
+                merged.setdefault(key, value)
+        return merged
+
     def finish(self, device) -> None:
         failed = torch.tensor([0.0 if self.error is None else 1.0], device=device)
         if self.pstate is not None and self.pstate.world_group is not None:

@@ -279,6 +279,7 @@ def load_optimizer(optimizer, model, folder: CheckpointFolder, saved_classes: di
     saved_groups = saved_param_groups(folder)
     owners = replica_owners(model)
     reads, cache = SharedReads(folder, pstate), {}
+    scalars = reads.scalars("optim/")
     state_keys: dict[str, list[str]] = {}
     for key in folder.keys("optim/"):
         name, _, sk = key[len("optim/"):].rpartition("/")
@@ -297,8 +298,8 @@ def load_optimizer(optimizer, model, folder: CheckpointFolder, saved_classes: di
                 if sk == "master" and master is not None:     # ZeRO-1 AdamW pieces: below
                     continue
                 key = f"optim/{name}/{sk}"
-                if folder.global_shape(key) == []:
-                    entry[sk] = folder.piece(key, [], None)
+                if folder.global_shape(key) == []:       # read once across the ranks (a failed read: finish raises)
+                    entry[sk] = scalars[key].clone() if key in scalars else torch.zeros(())
                     continue
                 if folder.global_shape(key) != shape:
                     raise CheckpointError(f"{folder.folder}: optimizer state {name}/{sk} has shape "

@@ -7,10 +7,10 @@ same steps: the losses must agree (fp32; 1e-5 relative across layouts, whose red
     worker.py DIR load:single                                  (one process, no torch.distributed)
 A third field names the checkpoint folder under DIR (default "ckpt"): save:cp2-ep2:b load:single:b.
 Layout syntax as tests/parallel: tp2, cp2, ep2, dp, zero joined by '-'; "single" = no parallel
-package at all. Every result is appended to DIR/losses.json (rank 0), with how many model elements and
-rank JSONs each rank read at a load (and optimizer-state pieces). CKPT_TEST_MIN_SHARE_BYTES sets
+package at all. Every result is appended to DIR/losses.json (rank 0), with how many model elements,
+rank JSONs and rank tensor files each rank read at a load (and optimizer-state pieces). CKPT_TEST_MIN_SHARE_BYTES sets
 replica_owners.MIN_SHARE_BYTES (0: every tensor over its group's fair share is saved in row shares). Under torchrun, `loadfail:LAYOUT` loads while rank 1's model reads
-fail and `loadbadjson:LAYOUT:X` loads X after damaging rank_00002.json: each rank writes the error it
+fail (`loadfailstep`: its reads of optimizer step counts) and `loadbadjson:LAYOUT:X` loads X after damaging rank_00002.json: each rank writes the error it
 raised to DIR/<task kind>_<rank>.txt.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from megatron_zaya.arguments import ParallelSizes, RunConfig  # noqa: E402
-from megatron_zaya.checkpoint.format import CheckpointError, CheckpointFolder  # noqa: E402
+from megatron_zaya.checkpoint.format import CheckpointError, CheckpointFolder, RankFile  # noqa: E402
 import megatron_zaya.checkpoint.replica_owners as replica_owners  # noqa: E402
 import megatron_zaya.checkpoint.training as checkpoint_training  # noqa: E402
 from megatron_zaya.checkpoint.training import TrainingCheckpointer  # noqa: E402
@@ -43,17 +43,22 @@ SAVE_AT, TOTAL = 2, 4
 
 
 MODEL_READS: list[int] = []      # the elements of each model block this rank read from the checkpoint in the last load
-FAILING_READS = {"rank": None}   # task loadfail: this rank's model reads raise
+FAILING_READS = {"rank": None, "prefix": "model/"}   # tasks loadfail, loadfailstep: this rank's reads raise
 _piece = CheckpointFolder.piece
 
 
 OPTIM_READS: list[str] = []      # the optimizer-state tensors (not scalars) this rank read in the last load
 
 
+def _failing(key: str) -> bool:
+    return key.startswith(FAILING_READS["prefix"]) and FAILING_READS["rank"] == (
+        dist.get_rank() if dist.is_initialized() else 0)
+
+
 def _counted_piece(self, key, *args, **kwargs):
-    if key.startswith("optim/") and self.global_shape(key) != []:       # (step counts: every rank reads them)
+    if key.startswith("optim/") and self.global_shape(key) != []:       # (step counts: SharedReads.scalars)
         OPTIM_READS.append(key)
-    if key.startswith("model/") and FAILING_READS["rank"] == (dist.get_rank() if dist.is_initialized() else 0):
+    if key.startswith("model/") and _failing(key):
         raise CheckpointError(f"injected failure reading {key}")
     block = _piece(self, key, *args, **kwargs)
     if key.startswith("model/"):
@@ -62,6 +67,18 @@ def _counted_piece(self, key, *args, **kwargs):
 
 
 CheckpointFolder.piece = _counted_piece
+FILE_READS: set[int] = set()     # the rank files this rank read tensors from in the last load
+_get = RankFile.get
+
+
+def _counted_get(self, key, *args, **kwargs):
+    if key.endswith("/step") and _failing(key):
+        raise CheckpointError(f"injected failure reading {key}")
+    FILE_READS.add(self.rank)
+    return _get(self, key, *args, **kwargs)
+
+
+RankFile.get = _counted_get
 if "CKPT_TEST_MIN_SHARE_BYTES" in os.environ:
     replica_owners.MIN_SHARE_BYTES = int(os.environ["CKPT_TEST_MIN_SHARE_BYTES"])
 JSON_READS: list[int] = []       # the rank JSONs this rank read in the last load
@@ -211,9 +228,9 @@ def main() -> int:
         s = Setup(spec, world)
         ck = checkpointer(os.path.join(directory, sub[0] if sub else "ckpt"), runtime, spec, load=mode != "save")
         losses = {}
-        if mode in ("loadfail", "loadbadjson"):     # every rank raises, none hangs
-            if mode == "loadfail":                    # rank 1 cannot read its share of the model
-                FAILING_READS["rank"] = 1
+        if mode in ("loadfail", "loadfailstep", "loadbadjson"):     # every rank raises, none hangs
+            if mode.startswith("loadfail"):           # rank 1 cannot read its share of the model / step counts
+                FAILING_READS.update(rank=1, prefix="model/" if mode == "loadfail" else "optim/")
             else:                                     # rank 2's JSON (which rank 2 reads) is damaged
                 dist.barrier()
                 if dist.get_rank() == 0:
@@ -238,6 +255,7 @@ def main() -> int:
             MODEL_READS.clear()
             OPTIM_READS.clear()
             JSON_READS.clear()
+            FILE_READS.clear()
             ck.load(s)
             assert s.state.iteration == SAVE_AT, s.state
         for step in range(s.state.iteration, TOTAL):
@@ -248,6 +266,7 @@ def main() -> int:
                         "model_reads": per_rank(world, sum(MODEL_READS)) if mode == "load" else None,
                         "json_reads": per_rank(world, len(JSON_READS)) if mode == "load" else None,
                         "optim_reads": per_rank(world, len(OPTIM_READS)) if mode == "load" else None,
+                        "files_read": per_rank(world, len(FILE_READS)) if mode == "load" else None,
                         "model_tensors": len(s.model.state_dict()),
                         "model_elements": sum(t.numel() for t in s.model.state_dict().values())})
     if runtime.is_main:

@@ -35,8 +35,8 @@ def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
           "--master-port", str(_free_port()), WORKER, d,
           "save:tp2-ep2-zero", "load:cp2-ep2", "load:dp-zero", "save:cp2-ep2:b", "load:tp2-ep2-zero:b",
-          "save:tp4-zero:c", "load:tp2-ep2-zero:c", "loadfail:dp-zero", "save:dp-zero:e",
-          "loadbadjson:dp-zero:e"], CKPT_TEST_MIN_SHARE_BYTES="0")     # tensors over a fair share: row shares
+          "save:tp4-zero:c", "load:tp2-ep2-zero:c", "loadfail:dp-zero", "loadfailstep:dp-zero", "save:dp-zero:e",
+          "load:dp-zero:e", "loadbadjson:dp-zero:e"], CKPT_TEST_MIN_SHARE_BYTES="0")     # tensors over a fair share: row shares
     _run([sys.executable, WORKER, d, "load:single", "load:single:b", "load:single:c"])
     results = {r["task"]: r for r in json.load(open(os.path.join(d, "losses.json")))}
     for saver, loaders in (("save:tp2-ep2-zero", ["load:cp2-ep2", "load:dp-zero", "load:single"]),
@@ -60,6 +60,10 @@ def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
     # all, an expert piece once per expert-parallel rank, so fewer than twice what one process reads.
     assert 0 < sum(cp2ep2["optim_reads"]) < 2 * single["optim_reads"][0]
     assert dp4["json_reads"] == [1, 1, 1, 1] and single["json_reads"] == [4]    # each rank JSON read once
+    # A load under the layout of the save opens the rank's own tensor file, and rank 0's for the balancer
+    # state: the step counts, in most rank files, are read once in all and exchanged (SharedReads.scalars).
+    assert max(results["load:dp-zero:e"]["files_read"]) <= 2 and results["load:dp-zero:e"]["losses"] == {
+        step: loss for step, loss in results["save:dp-zero:e"]["losses"].items() if step in ("3", "4")}
     writers = {}                 # a DP4 save: each model row written once, by all four ranks between them
     for rank in range(4):
         with open(os.path.join(d, "e", "iter_0000002", f"rank_{rank:05d}.json")) as f:
@@ -76,10 +80,11 @@ def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
     damaged = [open(os.path.join(d, f"loadbadjson_{rank}.txt")).read() for rank in range(4)]
     assert all("iter_0000002/rank_00002.json: corrupt (does not match the manifest" in m for m in damaged), damaged
     assert "found by rank" not in damaged[2] and all("(found by rank 2)" in damaged[r] for r in (0, 1, 3)), damaged
-    failed = [open(os.path.join(d, f"loadfail_{rank}.txt")).read() for rank in range(4)]
-    assert failed[1].startswith("injected failure reading model/"), failed
-    assert all(m == "another rank could not read its share of the checkpoint (see its error)"
-               for m in failed[:1] + failed[2:]), failed
+    for task, what in (("loadfail", "model/"), ("loadfailstep", "optim/")):
+        failed = [open(os.path.join(d, f"{task}_{rank}.txt")).read() for rank in range(4)]
+        assert failed[1].startswith("injected failure reading " + what), failed
+        assert all(m == "another rank could not read its share of the checkpoint (see its error)"
+                   for m in failed[:1] + failed[2:]), failed
     assert results["load:single"]["loaded_from"]["use_distributed_optimizer"]
     assert results["load:single"]["loaded_from"]["tensor_model_parallel_size"] == 2
     # The layout is described; the full model assembles on one CPU process.
