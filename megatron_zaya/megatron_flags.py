@@ -44,10 +44,11 @@ IMPLIED_SWITCHES = {
     "--disable-bias-linear": "no linear layer has a bias",
     "--group-query-attention": "--num-query-groups sets the KV heads",
     "--qk-layernorm": "CCA normalises queries and keys",
-    "--ckpt-fully-parallel-save": "every rank writes its own part of a checkpoint; a replicated tensor is "
-                                  "written by one rank of its group, the model spread over the group",
-    "--ckpt-fully-parallel-load": "every rank reads only its own part: a replicated tensor is read by one rank "
-                                  "of its group and broadcast",
+    "--ckpt-fully-parallel-save": "every rank writes its own part of a checkpoint; a replicated tensor (each "
+                                  "row share of a large one) is written by one rank of its group, the model "
+                                  "spread over the group",
+    "--ckpt-fully-parallel-load": "every rank reads only its own part: a replicated tensor (each row share of "
+                                  "a large one) is read by one rank of its group and broadcast",
     "--exit-signal-handler": "SIGTERM and SIGUSR1 always save a checkpoint and exit",
     "--override-opt_param-scheduler": "the LR and weight-decay schedules come from this run's flags "
                                       "(--use-checkpoint-opt_param-scheduler takes the checkpoint's instead)",
