@@ -144,20 +144,22 @@ class SharedReads:
         self._fill(out, key, ranges, cache, shares)
         return out
 
-    def scalars(self, prefix: str) -> dict[str, torch.Tensor]:
-        """Every scalar tensor of the checkpoint under `prefix` (the optimizers' step counts: one per
-        parameter, in the files of the ranks that wrote its state, hence in most rank files), read once
-        across the ranks: each reads those in its share of the rank files (the share it checked at the
-        open: TrainingCheckpointer.open_for_load) and the ranks exchange them, instead of every rank
-        opening every file. A failed read is kept for `finish`; its scalars are then missing."""
+    def whole_tensors(self, select) -> dict[str, torch.Tensor]:
+        """The checkpoint's small tensors that every rank needs whole (`select(key, entry)`: optimizer step
+        counts, one per parameter and state, in the files of the ranks that wrote its state; the balancing-
+        bias state in rank 0's), read once across the ranks: each reads those in its share of the rank
+        files (the share it checked at the open: TrainingCheckpointer.open_for_load) and the ranks exchange
+        them, instead of every rank opening every file that holds one. Whole entries only (saved unsplit).
+        A failed read is kept for `finish`; its tensors are then missing."""
         group = self.pstate.world_group if self.pstate is not None else None
         world = self.pstate.world_size if group is not None else 1
         found: dict[str, torch.Tensor] = {}
         for rf in self.folder.ranks[self.rank % world::world]:
             for key, desc in rf.meta["entries"].items():
-                if key.startswith(prefix) and desc["shape"] == [] and key not in found and self.error is None:
+                whole = desc["flat"] is None and desc["ranges"] == [[[0, n]] for n in desc["shape"]]
+                if whole and key not in found and self.error is None and select(key, desc):
                     try:
-                        found[key] = rf.get(key)
+                        found[key] = rf.get(key).view(desc["shape"])
                     except (CheckpointError, OSError) as err:
                         self.error = err
         if world == 1:

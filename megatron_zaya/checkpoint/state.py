@@ -279,7 +279,7 @@ def load_optimizer(optimizer, model, folder: CheckpointFolder, saved_classes: di
     saved_groups = saved_param_groups(folder)
     owners = replica_owners(model)
     reads, cache = SharedReads(folder, pstate), {}
-    scalars = reads.scalars("optim/")
+    scalars = reads.whole_tensors(lambda key, entry: key.startswith("optim/") and entry["shape"] == [])
     state_keys: dict[str, list[str]] = {}
     for key in folder.keys("optim/"):
         name, _, sk = key[len("optim/"):].rpartition("/")
@@ -383,11 +383,16 @@ def balancer_entries(balancer, rank: int) -> tuple[list[Entry], dict]:
     return entries, {"steps": int(state["steps"])}
 
 
-def load_balancer(balancer, folder: CheckpointFolder) -> bool:
+def load_balancer(balancer, folder: CheckpointFolder, pstate=None) -> bool:
+    """The balancing-bias optimizer's state (rank 0 saved it): read by the rank whose share of the files
+    holds it, and exchanged (SharedReads.whole_tensors)."""
     if balancer is None or not folder.has("balancer/exp_avg"):
         return False
     steps = folder.ranks[0].meta["objects"].get("balancer", {}).get("steps", 0)
-    exp_avg, exp_avg_sq = folder.full("balancer/exp_avg"), folder.full("balancer/exp_avg_sq")
+    reads = SharedReads(folder, pstate)
+    state = reads.whole_tensors(lambda key, _entry: key.startswith("balancer/"))
+    reads.finish(balancer.exp_avg.device)
+    exp_avg, exp_avg_sq = state["balancer/exp_avg"], state["balancer/exp_avg_sq"]
     if tuple(exp_avg.shape) != tuple(balancer.exp_avg.shape):
         raise CheckpointError(f"{folder.folder}: balancing-bias optimizer state has shape {tuple(exp_avg.shape)}, "
                               f"this model {tuple(balancer.exp_avg.shape)}")
