@@ -56,7 +56,7 @@ def _failing(key: str) -> bool:
 
 
 def _counted_piece(self, key, *args, **kwargs):
-    if key.startswith("optim/") and self.global_shape(key) != []:       # (step counts: SharedReads.scalars)
+    if key.startswith("optim/") and self.global_shape(key) != []:       # (step counts: SharedReads.whole_tensors)
         OPTIM_READS.append(key)
     if key.startswith("model/") and _failing(key):
         raise CheckpointError(f"injected failure reading {key}")
