@@ -383,15 +383,15 @@ def balancer_entries(balancer, rank: int) -> tuple[list[Entry], dict]:
     return entries, {"steps": int(state["steps"])}
 
 
-def load_balancer(balancer, folder: CheckpointFolder, pstate=None) -> bool:
-    """The balancing-bias optimizer's state (rank 0 saved it): read by the rank whose share of the files
-    holds it, and exchanged (SharedReads.whole_tensors)."""
+def load_balancer(balancer, folder: CheckpointFolder, model) -> bool:
+    """The balancing-bias optimizer's state (rank 0 saved it; host tensors): read by the rank whose share of
+    the files holds it, and exchanged (SharedReads.whole_tensors) among `model`'s ranks."""
     if balancer is None or not folder.has("balancer/exp_avg"):
         return False
     steps = folder.ranks[0].meta["objects"].get("balancer", {}).get("steps", 0)
-    reads = SharedReads(folder, pstate)
+    reads = SharedReads(folder, model_pstate(model))
     state = reads.whole_tensors(lambda key, _entry: key.startswith("balancer/"))
-    reads.finish(balancer.exp_avg.device)
+    reads.finish(next(iter(named_tensors(model).values())).device)    # the collectives' device (NCCL: a GPU)
     exp_avg, exp_avg_sq = state["balancer/exp_avg"], state["balancer/exp_avg_sq"]
     if tuple(exp_avg.shape) != tuple(balancer.exp_avg.shape):
         raise CheckpointError(f"{folder.folder}: balancing-bias optimizer state has shape {tuple(exp_avg.shape)}, "

@@ -30,7 +30,7 @@ from megatron_zaya.checkpoint.preflight import (HUB_LOAD_STEPS, WEIGHTS_ONLY_ADV
 from megatron_zaya.checkpoint.saver import CheckpointWriter, recover_replaced
 from megatron_zaya.checkpoint.state import (balancer_entries, load_balancer, load_model, load_optimizer, load_rng,
                                             model_entries, optimizer_entries, optimizer_slots,
-                                            model_pstate, rng_entries_and_objects, unwrap)
+                                            rng_entries_and_objects, unwrap)
 from megatron_zaya.errors import hub_name_hint
 from megatron_zaya.training.data_phase import data_signature, enter_data_phase
 from megatron_zaya.training.progress_log import ProgressLog
@@ -234,7 +234,7 @@ class TrainingCheckpointer:
             load_optimizer(trainer.optimizer, trainer.model, folder, classes)
             optimizer_loaded = True
             notes += optimizer_state_gaps(trainer.model, folder)
-            balancer_loaded = load_balancer(trainer.balancer, folder, model_pstate(trainer.model))
+            balancer_loaded = load_balancer(trainer.balancer, folder, trainer.model)
             if trainer.balancer is not None and not balancer_loaded:
                 notes.append("no balancing-bias optimizer state in the checkpoint: it starts afresh")
         else:
