@@ -27,6 +27,7 @@ Nothing is ever unpickled: tensors are read with safetensors, everything else is
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import struct
@@ -530,15 +531,40 @@ class CheckpointFolder:
             seen.fill_(True)
         return out if bool(covered.all()) else None
 
+    def _flat_overlapping(self, key: str, ranges: Ranges, flat: list[int]) -> torch.Tensor | None:
+        """Elements flat[0]..flat[1] of block `ranges` of `key`, from the saved pieces of that same block (ZeRO-1
+        flat pieces, or the whole block) that overlap them alone: a ZeRO-1 checkpoint loaded under another
+        data-parallel size, whose shards cut the same blocks elsewhere. None where a piece is of another
+        block (another TP / EP layout) or the pieces do not cover the elements."""
+        pieces = self.index.get(key, [])
+        if not pieces:
+            return None
+        a, b = flat
+        out = torch.empty(b - a, dtype=DTYPE_NAMES[pieces[0][1]["dtype"]])
+        covered = torch.zeros(b - a, dtype=torch.bool)
+        for rf, desc in pieces:
+            if desc["ranges"] != ranges:
+                return None
+            lo, hi = desc["flat"] if desc["flat"] is not None else (0, math.prod(ranges_shape(ranges)))
+            first, stop = max(a, lo), min(b, hi)
+            if first >= stop:
+                continue
+            out[first - a:stop - a] = rf.get(key).view(-1)[first - lo:stop - lo]
+            covered[first - a:stop - a] = True
+        return out if bool(covered.all()) else None
+
     def piece(self, key: str, ranges: Ranges, flat: list[int] | None, cache: dict | None = None) -> torch.Tensor:
         """The block `ranges` (flattened piece `flat` of it) of tensor `key`, for any target layout.
         Uses a saved entry with exactly that slicing when there is one (same layout: no assembly), else
-        the saved pieces that overlap a rectangular block, else the whole tensor, assembled (kept in
-        `cache` for the next block of it)."""
+        the saved pieces that overlap a rectangular block (or the flat piece of a block saved in flat
+        pieces), else the whole tensor, assembled (kept in `cache` for the next block of it)."""
         for rf, desc in self.index.get(key, []):
             if desc["ranges"] == ranges and desc["flat"] == flat:
                 return rf.get(key).view(ranges_shape(ranges) if flat is None else [flat[1] - flat[0]]).clone()
-        block = self._overlapping(key, ranges) if flat is None and ranges else None
+        if flat is None:
+            block = self._overlapping(key, ranges) if ranges else None
+        else:
+            block = self._flat_overlapping(key, ranges, flat)
         if block is not None:
             return block
         if cache is not None and key in cache:

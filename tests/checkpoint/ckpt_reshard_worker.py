@@ -71,11 +71,17 @@ FILE_READS: set[int] = set()     # the rank files this rank read tensors from in
 _get = RankFile.get
 
 
+OPTIM_ELEMENTS = [0]             # the optimizer-state elements this rank read from rank files in the last load
+
+
 def _counted_get(self, key, *args, **kwargs):
     if key.endswith("/step") and _failing(key):
         raise CheckpointError(f"injected failure reading {key}")
     FILE_READS.add(self.rank)
-    return _get(self, key, *args, **kwargs)
+    tensor = _get(self, key, *args, **kwargs)
+    if key.startswith("optim/"):
+        OPTIM_ELEMENTS[0] += tensor.numel()
+    return tensor
 
 
 RankFile.get = _counted_get
@@ -256,6 +262,7 @@ def main() -> int:
             OPTIM_READS.clear()
             JSON_READS.clear()
             FILE_READS.clear()
+            OPTIM_ELEMENTS[0] = 0
             ck.load(s)
             assert s.state.iteration == SAVE_AT, s.state
         for step in range(s.state.iteration, TOTAL):
@@ -267,6 +274,7 @@ def main() -> int:
                         "json_reads": per_rank(world, len(JSON_READS)) if mode == "load" else None,
                         "optim_reads": per_rank(world, len(OPTIM_READS)) if mode == "load" else None,
                         "files_read": per_rank(world, len(FILE_READS)) if mode == "load" else None,
+                        "optim_elements": per_rank(world, OPTIM_ELEMENTS[0]) if mode == "load" else None,
                         "model_tensors": len(s.model.state_dict()),
                         "model_elements": sum(t.numel() for t in s.model.state_dict().values())})
     if runtime.is_main:

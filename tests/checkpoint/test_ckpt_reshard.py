@@ -1,5 +1,5 @@
 """Resharding: a checkpoint saved under a 4-process layout (TP2 x EP2 with ZeRO-1, and CP2 x EP2
-without) loads under other 4-process layouts and under 1 process, and training continues with the
+without) loads under other 4-process layouts, under 2 (ZeRO-1 DP4 -> DP2) and under 1 process, and training continues with the
 same losses (fp32, 1e-5 relative: different layouts reduce in different orders); the replicas of a
 model tensor read it once between them (in row shares, which differ between layouts), and each rank
 JSON is read by one rank."""
@@ -36,13 +36,17 @@ def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
           "--master-port", str(_free_port()), WORKER, d,
           "save:tp2-ep2-zero", "load:cp2-ep2", "load:dp-zero", "save:cp2-ep2:b", "load:tp2-ep2-zero:b",
           "save:tp4-zero:c", "load:tp2-ep2-zero:c", "loadfail:dp-zero", "loadfailstep:dp-zero", "save:dp-zero:e",
-          "load:dp-zero:e", "loadbadjson:dp-zero:e"], CKPT_TEST_MIN_SHARE_BYTES="0")     # tensors over a fair share: row shares
+          "load:dp-zero:e", "loadbadjson:dp-zero:e", "save:dp-zero:f"],
+         CKPT_TEST_MIN_SHARE_BYTES="0")     # tensors over a fair share: row shares
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+          "--master-port", str(_free_port()), WORKER, d, "load:dp-zero:f"])
     _run([sys.executable, WORKER, d, "load:single", "load:single:b", "load:single:c"])
     results = {r["task"]: r for r in json.load(open(os.path.join(d, "losses.json")))}
     for saver, loaders in (("save:tp2-ep2-zero", ["load:cp2-ep2", "load:dp-zero", "load:single"]),
                            ("save:cp2-ep2:b", ["load:tp2-ep2-zero:b", "load:single:b"]),
                            # TP4 > 2 KV heads: each KV head is replicated on two ranks, and both write it.
-                           ("save:tp4-zero:c", ["load:tp2-ep2-zero:c", "load:single:c"])):
+                           ("save:tp4-zero:c", ["load:tp2-ep2-zero:c", "load:single:c"]),
+                           ("save:dp-zero:f", ["load:dp-zero:f"])):
         want = results[saver]["losses"]
         for loader in loaders:
             got = results[loader]["losses"]
@@ -60,6 +64,10 @@ def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
     # all, an expert piece once per expert-parallel rank, so fewer than twice what one process reads.
     assert 0 < sum(cp2ep2["optim_reads"]) < 2 * single["optim_reads"][0]
     assert dp4["json_reads"] == [1, 1, 1, 1] and single["json_reads"] == [4]    # each rank JSON read once
+    # ZeRO-1 under half the data-parallel ranks: each rank reads the saved flat pieces that overlap its shards,
+    # about half of the optimizer state (the DP4 ranks read a quarter each), not every piece of its parameters.
+    state = sum(results["load:dp-zero:e"]["optim_elements"])
+    assert max(results["load:dp-zero:f"]["optim_elements"]) < 0.55 * state, (results["load:dp-zero:f"], state)
     # A load under the layout of the save opens the rank's own tensor file alone: the step counts, in most rank
     # files, and the balancer state, in rank 0's, are read once in all and exchanged (SharedReads.whole_tensors).
     assert results["load:dp-zero:e"]["files_read"] == [1, 1, 1, 1] and results["load:dp-zero:e"]["losses"] == {
