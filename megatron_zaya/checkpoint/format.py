@@ -534,8 +534,8 @@ class CheckpointFolder:
     def _flat_overlapping(self, key: str, ranges: Ranges, flat: list[int]) -> torch.Tensor | None:
         """Elements flat[0]..flat[1] of block `ranges` of `key`, from the saved pieces of that same block (ZeRO-1
         flat pieces, or the whole block) that overlap them alone: a ZeRO-1 checkpoint loaded under another
-        data-parallel size, whose shards cut the same blocks elsewhere. None where a piece is of another
-        block (another TP / EP layout) or the pieces do not cover the elements."""
+        data-parallel size, whose shards cut the same blocks elsewhere. None where the pieces of that block
+        do not cover the elements (another TP / EP layout)."""
         pieces = self.index.get(key, [])
         if not pieces:
             return None
@@ -543,8 +543,8 @@ class CheckpointFolder:
         out = torch.empty(b - a, dtype=DTYPE_NAMES[pieces[0][1]["dtype"]])
         covered = torch.zeros(b - a, dtype=torch.bool)
         for rf, desc in pieces:
-            if desc["ranges"] != ranges:
-                return None
+            if desc["ranges"] != ranges:     # another block (another expert-parallel rank's experts, ...)
+                continue
             lo, hi = desc["flat"] if desc["flat"] is not None else (0, math.prod(ranges_shape(ranges)))
             first, stop = max(a, lo), min(b, hi)
             if first >= stop:

@@ -73,3 +73,17 @@ def test_a_block_of_rows_reads_only_the_pieces_it_overlaps():
     flat = [([[[0, 6]], [[0, 4]]], [0, 10], full.reshape(-1)[:10]), ([[[0, 6]], [[0, 4]]], [10, 24],
                                                                        full.reshape(-1)[10:])]
     assert torch.equal(_folder(flat).piece("w", [[[2, 4]], [[0, 4]]], None), full[2:4])
+
+
+def test_a_flat_piece_reads_only_the_saved_flat_pieces_it_overlaps():
+    """ZeRO-1 under another data-parallel size: the same block (rows 0-3), cut into flat pieces elsewhere."""
+    full = torch.arange(24, dtype=torch.float32).view(6, 4)
+    block, flat_block = [[[0, 4]], [[0, 4]]], full[:4].reshape(-1)
+    saved = [(block, [a, b], flat_block[a:b]) for a, b in ((0, 5), (5, 11), (11, 16))]
+    saved.append(([[[4, 6]], [[0, 4]]], None, full[4:6]))          # another block (rows 4-5): never read
+    folder = _folder(saved)
+    assert torch.equal(folder.piece("w", block, [3, 8]), flat_block[3:8])
+    assert torch.equal(folder.piece("w", block, [11, 16]), flat_block[11:16])
+    assert [getattr(rf, "reads", 0) for rf, _ in folder.index["w"]] == [1, 1, 1, 0]
+    with pytest.raises(CheckpointError, match="incomplete"):          # a gap: the whole-tensor assembly names it
+        _folder(saved[:1] + saved[2:]).piece("w", block, [3, 8])
