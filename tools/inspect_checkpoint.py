@@ -3,6 +3,7 @@
     python tools/inspect_checkpoint.py CKPT            # human-readable report
     python tools/inspect_checkpoint.py CKPT --json     # the same as JSON
     python tools/inspect_checkpoint.py CKPT --tensors  # also list every tensor
+    python tools/inspect_checkpoint.py CKPT --all      # every rank and file of a checkpoint of many ranks
 
 CKPT is a Hugging Face ZAYA folder (config.json + model.safetensors, or a sharded
 model.safetensors.index.json) or a megatron-zaya checkpoint (an iter_NNNNNNN folder or the --save
@@ -183,7 +184,10 @@ def human_bytes(n) -> str:
     return f"{n} B"
 
 
-def print_report(report: dict, show_tensors: bool) -> None:
+LIST_AT_MOST = 16       # ranks and files listed one per line up to this many (more: a summary, --all)
+
+
+def print_report(report: dict, show_tensors: bool, all_lines: bool = False) -> None:
     print(f"checkpoint:  {report.get('folder')}  [{report.get('format')}]")
     print(f"status:      {'OK' if report.get('ok') else 'PROBLEMS FOUND'}")
     for key in ("iteration", "consumed_samples", "tokens_seen", "saved_at", "format_version", "complete"):
@@ -201,10 +205,20 @@ def print_report(report: dict, show_tensors: bool) -> None:
     if "parameters" in report:
         print(f"parameters:  {report['parameters']:,}")
     print(f"total size:  {human_bytes(report.get('total_bytes'))}")
-    for rank in report.get("ranks", []):
-        print(f"  rank {rank['rank']}: {human_bytes(rank['bytes'])}")
-    print("files:")
-    for name, status in sorted(report.get("files", {}).items()):
+    ranks = report.get("ranks", [])
+    if len(ranks) > LIST_AT_MOST and not all_lines:      # a cluster's checkpoint: how even the ranks are
+        sizes = sorted(ranks, key=lambda r: r["bytes"] if r["bytes"] is not None else -1)
+        if sizes:
+            print(f"  {len(ranks):,} ranks: smallest {human_bytes(sizes[0]['bytes'])} (rank {sizes[0]['rank']}), "
+                  f"largest {human_bytes(sizes[-1]['bytes'])} (rank {sizes[-1]['rank']})")
+    else:
+        for rank in ranks:
+            print(f"  rank {rank['rank']}: {human_bytes(rank['bytes'])}")
+    files = sorted(report.get("files", {}).items())
+    shown = files if len(files) <= LIST_AT_MOST or all_lines else [(n, s) for n, s in files if s != "ok"]
+    print("files:" + ("" if shown is files else f" {len(files) - len(shown):,} of {len(files):,} ok"
+                      + (", the others:" if shown else "")))
+    for name, status in shown:
         print(f"  {name:<40} {status}")
     if show_tensors and report.get("tensors"):
         print("tensors:")
@@ -222,6 +236,9 @@ def main(argv=None) -> int:
     parser.add_argument("path", help="checkpoint folder")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--tensors", action="store_true", help="list every tensor (name, shape, dtype, bytes)")
+    parser.add_argument("--all", action="store_true",
+                        help=f"list every rank and file even when there are more than {LIST_AT_MOST} "
+                             f"(otherwise: the smallest and largest rank, and the files not ok)")
     args = parser.parse_args(argv)
     try:
         report = inspect_any(args.path)
@@ -231,7 +248,7 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
-        print_report(report, args.tensors)
+        print_report(report, args.tensors, args.all)
     return 0 if report.get("ok") else 1
 
 

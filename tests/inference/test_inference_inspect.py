@@ -96,3 +96,18 @@ def test_sharded_folder_and_index_consistency(tiny_model, tmp_path):
 def test_not_a_checkpoint_is_a_clear_error(tmp_path, capsys):
     assert TOOL.main([str(tmp_path / "missing")]) == 2
     assert "missing" in capsys.readouterr().err
+
+
+def test_a_checkpoint_of_many_ranks_is_summarised_unless_all(capsys):
+    """1,024 ranks would print 3,000 lines: the smallest and largest rank, and the files not ok; --all lists all."""
+    report = {"folder": "ckpt/iter_0000010", "format": "megatron-zaya", "ok": False, "total_bytes": 40 << 20,
+              "ranks": [{"rank": r, "bytes": (1 << 20) + 1000 * ((r * 7) % 40)} for r in range(40)],
+              "files": {**{f"rank_{r:05d}.json": "ok" for r in range(40)}, "rank_00003.safetensors": "corrupt"}}
+    TOOL.print_report(report, False)
+    out = capsys.readouterr().out
+    assert "40 ranks: smallest 1.00 MiB (rank 0), largest 1.04 MiB (rank 17)" in out
+    assert "files: 40 of 41 ok, the others:" in out and "rank_00003.safetensors" in out
+    assert "rank_00001.json" not in out and "rank 5:" not in out
+    TOOL.print_report(report, False, all_lines=True)
+    out = capsys.readouterr().out
+    assert "rank 5: " in out and "rank_00001.json" in out and out.count("\n  rank_") == 41
