@@ -26,6 +26,7 @@ Nothing is ever unpickled: tensors are read with safetensors, everything else is
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -201,9 +202,19 @@ def narrow_ranges(ranges: Ranges, rows: tuple[int, int] | None) -> Ranges:
     return [runs] + ranges[1:]
 
 
-def _rectangle(ranges: Ranges) -> list[tuple[int, int]] | None:
-    """[(start, end)] per dimension when every dimension is one run, else None."""
-    return [tuple(runs[0]) for runs in ranges] if all(len(runs) == 1 for runs in ranges) else None
+def _run_overlaps(target_runs, saved_runs) -> list[tuple[int, int, int]]:
+    """(offset in the target block, offset in the saved block, length) of every stretch of global indices
+    that a run of the target and a run of the saved block share, along one dimension."""
+    out, t_offset = [], 0
+    for t_start, t_end in target_runs:
+        s_offset = 0
+        for s_start, s_end in saved_runs:
+            lo, hi = max(t_start, s_start), min(t_end, s_end)
+            if lo < hi:
+                out.append((t_offset + lo - t_start, s_offset + lo - s_start, hi - lo))
+            s_offset += s_end - s_start
+        t_offset += t_end - t_start
+    return out
 
 
 def _run_index(runs) -> torch.Tensor:
@@ -505,30 +516,26 @@ class CheckpointFolder:
         return full
 
     def _overlapping(self, key: str, ranges: Ranges) -> torch.Tensor | None:
-        """The rectangular block `ranges` of `key`, from the saved rectangular pieces that overlap it alone
-        (a replicated tensor saved in row shares, read in other shares: replica_owners); None where a piece
-        is of another kind (ZeRO-1 flat, several runs) or the pieces do not cover the block."""
-        target = _rectangle(ranges)
+        """The block `ranges` of `key`, from the saved (non-flat) pieces that overlap it alone: a replicated
+        tensor saved in row shares and read in others (replica_owners), a TP / EP slice of another layout.
+        None where a piece is a ZeRO-1 flat one or the pieces do not cover the block."""
         pieces = self.index.get(key, [])
-        if target is None or not pieces:
+        if not pieces or any(desc["flat"] is not None for _, desc in pieces):
             return None
-        out = torch.empty([b - a for a, b in target], dtype=DTYPE_NAMES[pieces[0][1]["dtype"]])
+        out = torch.empty(ranges_shape(ranges), dtype=DTYPE_NAMES[pieces[0][1]["dtype"]])
         covered = torch.zeros(out.shape, dtype=torch.bool)
         for rf, desc in pieces:
-            saved = _rectangle(desc["ranges"])
-            if desc["flat"] is not None or saved is None:
-                return None
-            common = [(max(a, c), min(b, d)) for (a, b), (c, d) in zip(target, saved)]
-            if any(lo >= hi for lo, hi in common):
+            per_dim = [_run_overlaps(t, s) for t, s in zip(ranges, desc["ranges"])]
+            if not all(per_dim):
                 continue
-            data = rf.get(key).view([d - c for c, d in saved])
-            into, source, seen = out, data, covered
-            for dim, (lo, hi) in enumerate(common):
-                into = into.narrow(dim, lo - target[dim][0], hi - lo)
-                seen = seen.narrow(dim, lo - target[dim][0], hi - lo)
-                source = source.narrow(dim, lo - saved[dim][0], hi - lo)
-            into.copy_(source)
-            seen.fill_(True)
+            data = rf.get(key).view(ranges_shape(desc["ranges"]))
+            for stretches in itertools.product(*per_dim):      # one box of shared indices per combination
+                into, seen, source = out, covered, data
+                for dim, (t_offset, s_offset, length) in enumerate(stretches):
+                    into, seen = into.narrow(dim, t_offset, length), seen.narrow(dim, t_offset, length)
+                    source = source.narrow(dim, s_offset, length)
+                into.copy_(source)
+                seen.fill_(True)
         return out if bool(covered.all()) else None
 
     def _flat_overlapping(self, key: str, ranges: Ranges, flat: list[int]) -> torch.Tensor | None:
@@ -556,8 +563,8 @@ class CheckpointFolder:
     def piece(self, key: str, ranges: Ranges, flat: list[int] | None, cache: dict | None = None) -> torch.Tensor:
         """The block `ranges` (flattened piece `flat` of it) of tensor `key`, for any target layout.
         Uses a saved entry with exactly that slicing when there is one (same layout: no assembly), else
-        the saved pieces that overlap a rectangular block (or the flat piece of a block saved in flat
-        pieces), else the whole tensor, assembled (kept in `cache` for the next block of it)."""
+        the saved pieces that overlap the block (or the flat piece of a block saved in flat pieces), else
+        the whole tensor, assembled (kept in `cache` for the next block of it)."""
         for rf, desc in self.index.get(key, []):
             if desc["ranges"] == ranges and desc["flat"] == flat:
                 return rf.get(key).view(ranges_shape(ranges) if flat is None else [flat[1] - flat[0]]).clone()

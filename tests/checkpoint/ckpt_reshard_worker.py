@@ -72,6 +72,7 @@ _get = RankFile.get
 
 
 OPTIM_ELEMENTS = [0]             # the optimizer-state elements this rank read from rank files in the last load
+MODEL_ELEMENTS = [0]             # the model elements this rank read from rank files in the last load
 
 
 def _counted_get(self, key, *args, **kwargs):
@@ -79,8 +80,9 @@ def _counted_get(self, key, *args, **kwargs):
         raise CheckpointError(f"injected failure reading {key}")
     FILE_READS.add(self.rank)
     tensor = _get(self, key, *args, **kwargs)
-    if key.startswith("optim/"):
-        OPTIM_ELEMENTS[0] += tensor.numel()
+    for prefix, count in (("optim/", OPTIM_ELEMENTS), ("model/", MODEL_ELEMENTS)):
+        if key.startswith(prefix):
+            count[0] += tensor.numel()
     return tensor
 
 
@@ -262,7 +264,7 @@ def main() -> int:
             OPTIM_READS.clear()
             JSON_READS.clear()
             FILE_READS.clear()
-            OPTIM_ELEMENTS[0] = 0
+            OPTIM_ELEMENTS[0] = MODEL_ELEMENTS[0] = 0
             ck.load(s)
             assert s.state.iteration == SAVE_AT, s.state
         for step in range(s.state.iteration, TOTAL):
@@ -275,6 +277,7 @@ def main() -> int:
                         "optim_reads": per_rank(world, len(OPTIM_READS)) if mode == "load" else None,
                         "files_read": per_rank(world, len(FILE_READS)) if mode == "load" else None,
                         "optim_elements": per_rank(world, OPTIM_ELEMENTS[0]) if mode == "load" else None,
+                        "model_file_elements": per_rank(world, MODEL_ELEMENTS[0]) if mode == "load" else None,
                         "model_tensors": len(s.model.state_dict()),
                         "model_elements": sum(t.numel() for t in s.model.state_dict().values())})
     if runtime.is_main:

@@ -87,3 +87,13 @@ def test_a_flat_piece_reads_only_the_saved_flat_pieces_it_overlaps():
     assert [getattr(rf, "reads", 0) for rf, _ in folder.index["w"]] == [1, 1, 1, 0]
     with pytest.raises(CheckpointError, match="incomplete"):          # a gap: the whole-tensor assembly names it
         _folder(saved[:1] + saved[2:]).piece("w", block, [3, 8])
+
+
+def test_a_block_of_several_runs_reads_only_the_pieces_it_overlaps():
+    """TP slices of a fused weight (two runs of rows each) read under another TP size: pieces, not the tensor."""
+    full = torch.arange(24, dtype=torch.float32).view(6, 4)
+    quarters = [[[0, 1], [3, 4]], [[1, 2], [4, 5]], [[2, 3], [5, 6]]]        # saved: three slices of two runs
+    folder = _folder([([rows, [[0, 4]]], None, _block(full, rows)) for rows in quarters])
+    wanted = [[0, 2], [3, 5]]                                                # read: rows 0-1 and 3-4
+    assert torch.equal(folder.piece("w", [wanted, [[0, 4]]], None), _block(full, wanted))
+    assert [getattr(rf, "reads", 0) for rf, _ in folder.index["w"]] == [1, 1, 0]

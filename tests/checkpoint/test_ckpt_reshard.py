@@ -64,6 +64,10 @@ def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
     # all, an expert piece once per expert-parallel rank, so fewer than twice what one process reads.
     assert 0 < sum(cp2ep2["optim_reads"]) < 2 * single["optim_reads"][0]
     assert dp4["json_reads"] == [1, 1, 1, 1] and single["json_reads"] == [4]    # each rank JSON read once
+    # Another TP layout: each rank reads the saved pieces that overlap its blocks (several runs per dimension:
+    # the fused gate/up weight, KV-head replicas), not whole tensors: TP4 -> TP2 x EP2 under 2x the model.
+    tp4_to_tp2 = results["load:tp2-ep2-zero:c"]["model_file_elements"]
+    assert sum(tp4_to_tp2) < 2 * single["model_elements"], (tp4_to_tp2, single["model_elements"])
     # ZeRO-1 under half the data-parallel ranks: each rank reads the saved flat pieces that overlap its shards,
     # about half of the optimizer state (the DP4 ranks read a quarter each), not every piece of its parameters.
     state = sum(results["load:dp-zero:e"]["optim_elements"])
