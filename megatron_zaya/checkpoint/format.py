@@ -288,7 +288,7 @@ class RankFile:
                                   f"crc32 {want['crc32']:08x})")
         self.verified = True
 
-    def get(self, key: str, verify: bool = True) -> torch.Tensor:
+    def _open(self, verify: bool):
         if verify:
             self.verify()
         if self._handle is None:
@@ -297,8 +297,26 @@ class RankFile:
                 self._handle = safe_open(self.tensor_path, framework="pt", device="cpu")
             except Exception as err:
                 raise CheckpointError(f"{self.tensor_path}: unreadable safetensors file ({err})") from err
+        return self._handle
+
+    def get(self, key: str, verify: bool = True) -> torch.Tensor:
+        handle = self._open(verify)
         try:
-            return self._handle.get_tensor(key)
+            return handle.get_tensor(key)
+        except Exception as err:
+            raise CheckpointError(f"{self.tensor_path}: cannot read tensor {key!r} ({err})") from err
+
+    def get_box(self, key: str, box: list[tuple[int, int]], shape: list[int]) -> torch.Tensor:
+        """The part [start, stop) per dimension of tensor `key` (a block of `shape`), reading only its
+        bytes (rows of a large piece that a rank needs a few of: a replicated tensor saved whole, read in
+        row shares)."""
+        index = tuple(slice(a, b) for a, b in box)
+        handle = self._open(True)
+        try:
+            part = handle.get_slice(key)
+            if list(part.get_shape()) == list(shape):
+                return part[index]
+            return handle.get_tensor(key).view(shape)[index]     # stored in another shape: read whole
         except Exception as err:
             raise CheckpointError(f"{self.tensor_path}: cannot read tensor {key!r} ({err})") from err
 
@@ -528,12 +546,14 @@ class CheckpointFolder:
             per_dim = [_run_overlaps(t, s) for t, s in zip(ranges, desc["ranges"])]
             if not all(per_dim):
                 continue
-            data = rf.get(key).view(ranges_shape(desc["ranges"]))
+            # the piece's part this block needs, alone read: per dimension, from its first to its last index
+            box = [(min(s for _, s, _ in d), max(s + n for _, s, n in d)) for d in per_dim]
+            data = rf.get_box(key, box, ranges_shape(desc["ranges"]))
             for stretches in itertools.product(*per_dim):      # one box of shared indices per combination
                 into, seen, source = out, covered, data
                 for dim, (t_offset, s_offset, length) in enumerate(stretches):
                     into, seen = into.narrow(dim, t_offset, length), seen.narrow(dim, t_offset, length)
-                    source = source.narrow(dim, s_offset, length)
+                    source = source.narrow(dim, s_offset - box[dim][0], length)
                 into.copy_(source)
                 seen.fill_(True)
         return out if bool(covered.all()) else None

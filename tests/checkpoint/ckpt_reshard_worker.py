@@ -9,7 +9,8 @@ A third field names the checkpoint folder under DIR (default "ckpt"): save:cp2-e
 Layout syntax as tests/parallel: tp2, cp2, ep2, dp, zero joined by '-'; "single" = no parallel
 package at all. Every result is appended to DIR/losses.json (rank 0), with how many model elements,
 rank JSONs and rank tensor files each rank read at a load (and optimizer-state pieces). CKPT_TEST_MIN_SHARE_BYTES sets
-replica_owners.MIN_SHARE_BYTES (0: every tensor over its group's fair share is saved in row shares). Under torchrun, `loadfail:LAYOUT` loads while rank 1's model reads
+replica_owners.MIN_SHARE_BYTES (0: every tensor over its group's fair share is saved in row shares);
+a task with a fourth field `whole` (save:dp-zero:w:whole) keeps the library's. Under torchrun, `loadfail:LAYOUT` loads while rank 1's model reads
 fail (`loadfailstep`: its reads of optimizer step counts) and `loadbadjson:LAYOUT:X` loads X after damaging rank_00002.json: each rank writes the error it
 raised to DIR/<task kind>_<rank>.txt.
 """
@@ -87,8 +88,21 @@ def _counted_get(self, key, *args, **kwargs):
 
 
 RankFile.get = _counted_get
-if "CKPT_TEST_MIN_SHARE_BYTES" in os.environ:
-    replica_owners.MIN_SHARE_BYTES = int(os.environ["CKPT_TEST_MIN_SHARE_BYTES"])
+_get_box = RankFile.get_box
+
+
+def _counted_get_box(self, key, *args, **kwargs):
+    FILE_READS.add(self.rank)
+    part = _get_box(self, key, *args, **kwargs)
+    for prefix, count in (("optim/", OPTIM_ELEMENTS), ("model/", MODEL_ELEMENTS)):
+        if key.startswith(prefix):
+            count[0] += part.numel()
+    return part
+
+
+RankFile.get_box = _counted_get_box
+LIBRARY_MIN_SHARE_BYTES = replica_owners.MIN_SHARE_BYTES
+MIN_SHARE_BYTES = int(os.environ.get("CKPT_TEST_MIN_SHARE_BYTES", LIBRARY_MIN_SHARE_BYTES))
 JSON_READS: list[int] = []       # the rank JSONs this rank read in the last load
 _read_rank_meta = checkpoint_training.read_rank_meta
 
@@ -233,6 +247,8 @@ def main() -> int:
     results = []
     for task in tasks:
         mode, spec, *sub = task.split(":")
+        # a fourth field "whole": this task keeps the library's 16 MiB floor (tiny tensors whole)
+        replica_owners.MIN_SHARE_BYTES = LIBRARY_MIN_SHARE_BYTES if sub[1:] == ["whole"] else MIN_SHARE_BYTES
         s = Setup(spec, world)
         ck = checkpointer(os.path.join(directory, sub[0] if sub else "ckpt"), runtime, spec, load=mode != "save")
         losses = {}

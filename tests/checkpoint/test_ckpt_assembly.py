@@ -15,6 +15,11 @@ class _RankFile:
         self.reads = getattr(self, "reads", 0) + 1
         return self.tensors[key]
 
+    def get_box(self, key, box, shape):
+        self.reads = getattr(self, "reads", 0) + 1
+        self.boxes = getattr(self, "boxes", []) + [box]
+        return self.tensors[key].view(shape)[tuple(slice(a, b) for a, b in box)]
+
 
 def _folder(pieces):
     """A CheckpointFolder over in-memory pieces [(ranges, flat, data)] of one (6, 4) tensor 'w'."""
@@ -97,3 +102,12 @@ def test_a_block_of_several_runs_reads_only_the_pieces_it_overlaps():
     wanted = [[0, 2], [3, 5]]                                                # read: rows 0-1 and 3-4
     assert torch.equal(folder.piece("w", [wanted, [[0, 4]]], None), _block(full, wanted))
     assert [getattr(rf, "reads", 0) for rf, _ in folder.index["w"]] == [1, 1, 0]
+
+
+def test_rows_of_a_tensor_saved_whole_read_only_those_rows():
+    """A checkpoint whose replicated tensor was saved whole (by one owner, or before row shares), read by the
+    owner of rows 2-3 alone: the bytes of those rows, not the tensor."""
+    full = torch.arange(24, dtype=torch.float32).view(6, 4)
+    folder = _folder([([[[0, 6]], [[0, 4]]], None, full)])
+    assert torch.equal(folder.piece("w", [[[2, 4]], [[0, 4]]], None), full[2:4])
+    assert folder.index["w"][0][0].boxes == [[(2, 4), (0, 4)]]

@@ -36,7 +36,7 @@ def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
           "--master-port", str(_free_port()), WORKER, d,
           "save:tp2-ep2-zero", "load:cp2-ep2", "load:dp-zero", "save:cp2-ep2:b", "load:tp2-ep2-zero:b",
           "save:tp4-zero:c", "load:tp2-ep2-zero:c", "loadfail:dp-zero", "loadfailstep:dp-zero", "save:dp-zero:e",
-          "load:dp-zero:e", "loadbadjson:dp-zero:e", "save:dp-zero:f"],
+          "load:dp-zero:e", "loadbadjson:dp-zero:e", "save:dp-zero:f", "save:dp-zero:w:whole", "load:dp-zero:w"],
          CKPT_TEST_MIN_SHARE_BYTES="0")     # tensors over a fair share: row shares
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
           "--master-port", str(_free_port()), WORKER, d, "load:dp-zero:f"])
@@ -46,7 +46,8 @@ def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
                            ("save:cp2-ep2:b", ["load:tp2-ep2-zero:b", "load:single:b"]),
                            # TP4 > 2 KV heads: each KV head is replicated on two ranks, and both write it.
                            ("save:tp4-zero:c", ["load:tp2-ep2-zero:c", "load:single:c"]),
-                           ("save:dp-zero:f", ["load:dp-zero:f"])):
+                           ("save:dp-zero:f", ["load:dp-zero:f"]),
+                           ("save:dp-zero:w:whole", ["load:dp-zero:w"])):
         want = results[saver]["losses"]
         for loader in loaders:
             got = results[loader]["losses"]
@@ -68,6 +69,13 @@ def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
     # the fused gate/up weight, KV-head replicas), not whole tensors: TP4 -> TP2 x EP2 under 2x the model.
     tp4_to_tp2 = results["load:tp2-ep2-zero:c"]["model_file_elements"]
     assert sum(tp4_to_tp2) < 2 * single["model_elements"], (tp4_to_tp2, single["model_elements"])
+    # Tensors saved whole (before row shares, or under a larger group) read in row shares: each owner reads the
+    # bytes of its rows alone (RankFile.get_box), each element once in all.
+    whole = [json.load(open(os.path.join(d, "w", "iter_0000002", f"rank_{rank:05d}.json")))["entries"]
+             for rank in range(4)]
+    assert all(e["ranges"][0] == [[0, e["shape"][0]]] for entries in whole for k, e in entries.items()
+               if k.startswith("model/") and e["shape"])           # saved whole (the library's 16 MiB floor)
+    assert sum(results["load:dp-zero:w"]["model_file_elements"]) == dp4["model_elements"]
     # ZeRO-1 under half the data-parallel ranks: each rank reads the saved flat pieces that overlap its shards,
     # about half of the optimizer state (the DP4 ranks read a quarter each), not every piece of its parameters.
     state = sum(results["load:dp-zero:e"]["optim_elements"])
