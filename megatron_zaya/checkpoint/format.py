@@ -576,7 +576,7 @@ class CheckpointFolder:
             first, stop = max(a, lo), min(b, hi)
             if first >= stop:
                 continue
-            out[first - a:stop - a] = rf.get(key).view(-1)[first - lo:stop - lo]
+            out[first - a:stop - a] = rf.get_box(key, [(first - lo, stop - lo)], [hi - lo])   # its overlap alone
             covered[first - a:stop - a] = True
         return out if bool(covered.all()) else None
 

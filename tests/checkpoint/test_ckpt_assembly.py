@@ -90,6 +90,7 @@ def test_a_flat_piece_reads_only_the_saved_flat_pieces_it_overlaps():
     assert torch.equal(folder.piece("w", block, [3, 8]), flat_block[3:8])
     assert torch.equal(folder.piece("w", block, [11, 16]), flat_block[11:16])
     assert [getattr(rf, "reads", 0) for rf, _ in folder.index["w"]] == [1, 1, 1, 0]
+    assert [rf.boxes for rf, _ in folder.index["w"][:2]] == [[[(3, 5)]], [[(0, 3)]]]     # the overlaps alone
     with pytest.raises(CheckpointError, match="incomplete"):          # a gap: the whole-tensor assembly names it
         _folder(saved[:1] + saved[2:]).piece("w", block, [3, 8])
 
