@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check of this repository in one run, sized for a 15-minute GPU lease (each step under its
-# own time limit, about 9.5 minutes in all): the device, the SDPA kernel the attention gets, the whole
-# model with Triton kernels against the PyTorch reference (fp32 and bf16), the kernel benchmark
+# own time limit, about 10.5 minutes in all): the device, the SDPA kernel the attention gets, a stopped
+# and resumed run, the whole model with Triton kernels against the PyTorch reference (fp32 and bf16), the kernel benchmark
 # (issue 7), and training throughput
 # and MFU of zaya1-base-4l (issue 9). Logs and JSON go to $OUT (default bench_gpu_session/), with
 # one line per step and its exit code in $OUT/summary.txt. A failing step does not stop the others.
@@ -35,6 +35,8 @@ step() {   # step NAME SECONDS COMMAND...: run it under a time limit, log it, re
   date -u +"%Y-%m-%d %H:%M UTC"; } | tee "$OUT/device.txt"
 
 step sdpa_backends 30 "${PYTHON:-python3}" bench/sdpa_backends.py --seq-length "$SEQ"
+# A run stopped and resumed on the GPU: the restart's model built on the meta device, allocated on the GPU.
+step resume_check 60 "${PYTHON:-python3}" bench/gpu_resume_check.py --out "$OUT/resume_check"
 step kernels 130 "${PYTHON:-python3}" bench/kernels.py --reps 50 --json "$OUT/kernels.json"
 # Global batch 16 sequences: the optimizer step (Muon) is amortised over 8 (then 4) micro-batches, as
 # in real runs (ZAYA1: thousands of sequences per step); global = micro made Muon half of each step.
