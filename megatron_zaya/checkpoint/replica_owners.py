@@ -5,9 +5,9 @@ The ranks of a data-parallel (x context-parallel) group hold the same dense weig
 expert-data-parallel group the same expert weights. Saves had the group's first rank write all of them
 (ZAYA1-base: 33 GiB in fp32 from rank 0, against ~100 MB of optimizer state from every other rank), and
 loads had every rank read all of them (at 1,024 data-parallel ranks, 1,024 reads of the whole model from
-the same few files at every restart). `assign_owners` splits each tensor larger than the group's fair
+the same few files at every restart). `assign_owners` splits each tensor larger than the group's even
 share (its bytes over its ranks, at least MIN_SHARE_BYTES) into row shares and gives each share one owner,
-spreading the bytes evenly (ZAYA1-base's 2 GiB embedding would otherwise be one rank's, 60 times the fair
+spreading the bytes evenly (ZAYA1-base's 2 GiB embedding would otherwise be one rank's, 62 times the even
 share at 1,024 ranks): the owner alone writes its rows (state.model_entries), and at a load it reads them
 and a broadcast over the group hands them to the others (`SharedReads`, in state.load_model, and
 state.load_optimizer for optimizer state that is replicated without ZeRO-1). Every rank of a group assigns
@@ -56,7 +56,7 @@ def row_shares(t: torch.Tensor, share_bytes: int) -> list[tuple[int, int] | None
 
 def assign_owners(tensors: dict[str, torch.Tensor], pstate, is_expert) -> dict[str, list[Share] | None]:
     """name -> the Shares of a replicated tensor (in row order), None for one this rank holds alone. A
-    tensor over its group's fair share is split in row shares; the shares, largest first, each go to the
+    tensor over its group's even share is split in row shares; the shares, largest first, each go to the
     member of the group with the fewest bytes so far (the first on a tie)."""
     groups = {name: replica_group(t, pstate, is_expert(t)) for name, t in tensors.items()}
     keys = {name: tuple(found[1]) for name, found in groups.items() if found is not None}

@@ -37,7 +37,7 @@ def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
           "save:tp2-ep2-zero", "load:cp2-ep2", "load:dp-zero", "save:cp2-ep2:b", "load:tp2-ep2-zero:b",
           "save:tp4-zero:c", "load:tp2-ep2-zero:c", "loadfail:dp-zero", "loadfailstep:dp-zero", "save:dp-zero:e",
           "load:dp-zero:e", "loadbadjson:dp-zero:e", "save:dp-zero:f", "save:dp-zero:w:whole", "load:dp-zero:w"],
-         CKPT_TEST_MIN_SHARE_BYTES="0")     # tensors over a fair share: row shares
+         CKPT_TEST_MIN_SHARE_BYTES="0")     # tensors over an even share: row shares
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
           "--master-port", str(_free_port()), WORKER, d, "load:dp-zero:f"])
     _run([sys.executable, WORKER, d, "load:single", "load:single:b", "load:single:c"])
@@ -55,7 +55,7 @@ def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
             for step in got:
                 assert abs(got[step] / want[step] - 1) < 1e-5, (saver, loader, step, got[step], want[step])
     # Replicated model tensors are read by their owners in their group, in row shares for those over the group's
-    # fair share, and broadcast (replica_owners): under DP4 each element is read once in all, spread evenly over
+    # even share, and broadcast (replica_owners): under DP4 each element is read once in all, spread evenly over
     # the ranks (27% at most, 25% even); under CP2 x EP2 fewer than every rank reading all.
     dp4, cp2ep2, single = results["load:dp-zero"], results["load:cp2-ep2"], results["load:single"]
     assert sum(dp4["model_reads"]) == dp4["model_elements"] and max(dp4["model_reads"]) < dp4["model_elements"] * 0.3

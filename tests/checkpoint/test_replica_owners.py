@@ -1,4 +1,4 @@
-"""replica_owners.assign_owners: a replicated tensor over its group's fair share is split in row shares,
+"""replica_owners.assign_owners: a replicated tensor over its group's even share is split in row shares,
 the shares cover its rows once, every rank of the group assigns alike, and the bytes per rank come out
 near the even share (ZAYA1-base at 1,024 data-parallel ranks: its 2 GiB embedding is no longer one
 rank's). The saves and loads that use them: test_ckpt_reshard.py."""
