@@ -217,6 +217,26 @@ def _run_overlaps(target_runs, saved_runs) -> list[tuple[int, int, int]]:
     return out
 
 
+def _flat_boxes(shape: list[int], first: int, stop: int, runs: Ranges) -> list[tuple[int, list, list[int]]]:
+    """Elements first..stop of a block of `shape` (row-major), whose global indices per dimension are
+    `runs`, as boxes each contiguous in that order: (position of its first element counted from `first`,
+    its global runs per dimension, its size per dimension). At most two per dimension."""
+    strides = [math.prod(shape[k + 1:]) for k in range(len(shape))]
+    out, position = [], first
+    while position < stop:
+        index = [(position // strides[k]) % shape[k] for k in range(len(shape))]
+        for k in range(len(shape)):     # the outermost dimension whose whole steps start here and fit
+            count = min((stop - position) // strides[k], shape[k] - index[k]) if position % strides[k] == 0 else 0
+            if count:
+                break
+        sizes = [1] * k + [count] + shape[k + 1:]
+        starts = index[:k + 1] + [0] * (len(shape) - k - 1)
+        box_runs = [narrow_ranges([dim_runs], (a, a + n))[0] for dim_runs, a, n in zip(runs, starts, sizes)]
+        out.append((position - first, box_runs, sizes))
+        position += count * strides[k]
+    return out
+
+
 def _run_index(runs) -> torch.Tensor:
     return torch.cat([torch.arange(a, b) for a, b in runs]) if runs else torch.zeros(0, dtype=torch.long)
 
@@ -580,6 +600,41 @@ class CheckpointFolder:
             covered[first - a:stop - a] = True
         return out if bool(covered.all()) else None
 
+    def _flat_across_blocks(self, key: str, ranges: Ranges, flat: list[int]) -> torch.Tensor | None:
+        """Elements flat[0]..flat[1] of block `ranges` of `key` from saved pieces of other blocks (ZeRO-1
+        under another TP / EP layout): both flat ranges cut into boxes (_flat_boxes), the boxes that share
+        global indices copied. Only the saved pieces that overlap are read. None where they do not cover."""
+        pieces = self.index.get(key, [])
+        if not pieces or not ranges:
+            return None
+        a, b = flat
+        out = torch.empty(b - a, dtype=DTYPE_NAMES[pieces[0][1]["dtype"]])
+        covered = torch.zeros(b - a, dtype=torch.bool)
+        wanted = _flat_boxes(ranges_shape(ranges), a, b, ranges)
+        for rf, desc in pieces:
+            saved_shape = ranges_shape(desc["ranges"])
+            lo, hi = desc["flat"] if desc["flat"] is not None else (0, math.prod(saved_shape))
+            pairs = [(s_offset, s_sizes, t_offset, t_sizes, per_dim)
+                     for s_offset, s_runs, s_sizes in _flat_boxes(saved_shape, lo, hi, desc["ranges"])
+                     for t_offset, t_runs, t_sizes in wanted
+                     for per_dim in [[_run_overlaps(t, s) for t, s in zip(t_runs, s_runs)]] if all(per_dim)]
+            if not pairs:
+                continue
+            first = min(p[0] for p in pairs)                 # the stretch of the piece its boxes lie in: read alone
+            data = rf.get_box(key, [(first, max(p[0] + math.prod(p[1]) for p in pairs))], [hi - lo])
+            for s_offset, s_sizes, t_offset, t_sizes, per_dim in pairs:
+                source = data[s_offset - first:s_offset - first + math.prod(s_sizes)].view(s_sizes)
+                into = out[t_offset:t_offset + math.prod(t_sizes)].view(t_sizes)
+                seen = covered[t_offset:t_offset + math.prod(t_sizes)].view(t_sizes)
+                for stretches in itertools.product(*per_dim):
+                    i, c, src = into, seen, source
+                    for dim, (t_at, s_at, length) in enumerate(stretches):
+                        i, c = i.narrow(dim, t_at, length), c.narrow(dim, t_at, length)
+                        src = src.narrow(dim, s_at, length)
+                    i.copy_(src)
+                    c.fill_(True)
+        return out if bool(covered.all()) else None
+
     def piece(self, key: str, ranges: Ranges, flat: list[int] | None, cache: dict | None = None) -> torch.Tensor:
         """The block `ranges` (flattened piece `flat` of it) of tensor `key`, for any target layout.
         Uses a saved entry with exactly that slicing when there is one (same layout: no assembly), else
@@ -592,6 +647,8 @@ class CheckpointFolder:
             block = self._overlapping(key, ranges) if ranges else None
         else:
             block = self._flat_overlapping(key, ranges, flat)
+            if block is None:
+                block = self._flat_across_blocks(key, ranges, flat)
         if block is not None:
             return block
         if cache is not None and key in cache:

@@ -112,3 +112,20 @@ def test_rows_of_a_tensor_saved_whole_read_only_those_rows():
     folder = _folder([([[[0, 6]], [[0, 4]]], None, full)])
     assert torch.equal(folder.piece("w", [[[2, 4]], [[0, 4]]], None), full[2:4])
     assert folder.index["w"][0][0].boxes == [[(2, 4), (0, 4)]]
+
+
+def test_a_flat_piece_of_another_block_layout_reads_the_overlapping_pieces():
+    """ZeRO-1 under another TP layout: saved as flat pieces of two row blocks (TP2 over rows), read as a flat
+    piece of a column block (another split): assembled from the saved pieces that hold its elements."""
+    full = torch.arange(24, dtype=torch.float32).view(6, 4)
+    top, bottom = [[[0, 3]], [[0, 4]]], [[[3, 6]], [[0, 4]]]
+    saved = [(top, [0, 7], full[:3].reshape(-1)[:7]), (top, [7, 12], full[:3].reshape(-1)[7:]),
+             (bottom, [0, 12], full[3:].reshape(-1))]
+    folder = _folder(saved)
+    columns = [[[0, 6]], [[1, 3]]]                     # columns 1-2 of every row: 12 elements
+    wanted = full[:, 1:3].reshape(-1)
+    assert torch.equal(folder.piece("w", columns, [1, 5]), wanted[1:5])       # rows 0-2: the top pieces
+    assert [getattr(rf, "reads", 0) for rf, _ in folder.index["w"]] == [1, 1, 0]
+    assert torch.equal(folder.piece("w", columns, [0, 12]), wanted)
+    with pytest.raises(CheckpointError, match="incomplete"):                 # a gap: named by the assembly
+        _folder(saved[:2]).piece("w", columns, [4, 10])
