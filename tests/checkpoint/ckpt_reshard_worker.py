@@ -69,38 +69,27 @@ def _counted_piece(self, key, *args, **kwargs):
 
 CheckpointFolder.piece = _counted_piece
 FILE_READS: set[int] = set()     # the rank files this rank read tensors from in the last load
-_get = RankFile.get
 
 
 OPTIM_ELEMENTS = [0]             # the optimizer-state elements this rank read from rank files in the last load
 MODEL_ELEMENTS = [0]             # the model elements this rank read from rank files in the last load
 
 
-def _counted_get(self, key, *args, **kwargs):
-    if key.endswith("/step") and _failing(key):
-        raise CheckpointError(f"injected failure reading {key}")
-    FILE_READS.add(self.rank)
-    tensor = _get(self, key, *args, **kwargs)
-    for prefix, count in (("optim/", OPTIM_ELEMENTS), ("model/", MODEL_ELEMENTS)):
-        if key.startswith(prefix):
-            count[0] += tensor.numel()
-    return tensor
+def _counted(read):
+    """RankFile.get / get_box, counting the file and the elements read (and failing on loadfailstep)."""
+    def counted(self, key, *args, **kwargs):
+        if key.endswith("/step") and _failing(key):
+            raise CheckpointError(f"injected failure reading {key}")
+        FILE_READS.add(self.rank)
+        tensor = read(self, key, *args, **kwargs)
+        for prefix, count in (("optim/", OPTIM_ELEMENTS), ("model/", MODEL_ELEMENTS)):
+            if key.startswith(prefix):
+                count[0] += tensor.numel()
+        return tensor
+    return counted
 
 
-RankFile.get = _counted_get
-_get_box = RankFile.get_box
-
-
-def _counted_get_box(self, key, *args, **kwargs):
-    FILE_READS.add(self.rank)
-    part = _get_box(self, key, *args, **kwargs)
-    for prefix, count in (("optim/", OPTIM_ELEMENTS), ("model/", MODEL_ELEMENTS)):
-        if key.startswith(prefix):
-            count[0] += part.numel()
-    return part
-
-
-RankFile.get_box = _counted_get_box
+RankFile.get, RankFile.get_box = _counted(RankFile.get), _counted(RankFile.get_box)
 LIBRARY_MIN_SHARE_BYTES = replica_owners.MIN_SHARE_BYTES
 MIN_SHARE_BYTES = int(os.environ.get("CKPT_TEST_MIN_SHARE_BYTES", LIBRARY_MIN_SHARE_BYTES))
 JSON_READS: list[int] = []       # the rank JSONs this rank read in the last load
