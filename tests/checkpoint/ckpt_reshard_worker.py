@@ -8,11 +8,12 @@ same steps: the losses must agree (fp32; 1e-5 relative across layouts, whose red
 A third field names the checkpoint folder under DIR (default "ckpt"): save:cp2-ep2:b load:single:b.
 Layout syntax as tests/parallel: tp2, cp2, ep2, dp, zero joined by '-'; "single" = no parallel
 package at all. Every result is appended to DIR/losses.json (rank 0), with how many model elements,
-rank JSONs and rank tensor files each rank read at a load (and optimizer-state pieces). CKPT_TEST_MIN_SHARE_BYTES sets
-replica_owners.MIN_SHARE_BYTES (0: every tensor over its group's even share is saved in row shares);
-a task with a fourth field `whole` (save:dp-zero:w:whole) keeps the library's. Under torchrun, `loadfail:LAYOUT` loads while rank 1's model reads
-fail (`loadfailstep`: its reads of optimizer step counts) and `loadbadjson:LAYOUT:X` loads X after damaging rank_00002.json: each rank writes the error it
-raised to DIR/<task kind>_<rank>.txt.
+rank JSONs and rank tensor files each rank read at a load, and the elements read from those files
+(model and optimizer state). CKPT_TEST_MIN_SHARE_BYTES sets replica_owners.MIN_SHARE_BYTES (0: every
+tensor over its group's even share is saved in row shares); a task with a fourth field `whole`
+(save:dp-zero:w:whole) keeps the library's. Under torchrun, `loadfail:LAYOUT` loads while rank 1's model
+reads fail (`loadfailstep`: its reads of optimizer step counts) and `loadbadjson:LAYOUT:X` loads X after
+damaging rank_00002.json: each rank writes the error it raised to DIR/<task kind>_<rank>.txt.
 """
 from __future__ import annotations
 

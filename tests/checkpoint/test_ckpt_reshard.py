@@ -1,8 +1,8 @@
 """Resharding: a checkpoint saved under a 4-process layout (TP2 x EP2 with ZeRO-1, and CP2 x EP2
-without) loads under other 4-process layouts, under 2 (ZeRO-1 DP4 -> DP2) and under 1 process, and training continues with the
-same losses (fp32, 1e-5 relative: different layouts reduce in different orders); the replicas of a
-model tensor read it once between them (in row shares, which differ between layouts), and each rank
-JSON is read by one rank."""
+without) loads under other 4-process layouts, under 2 (ZeRO-1 DP4 -> DP2) and under 1 process, and
+training continues with the same losses (fp32, 1e-5 relative: different layouts reduce in different
+orders); the replicas of a model tensor read it once between them (in row shares, which differ between
+layouts), each rank JSON is read by one rank, and each rank reads about its share of the files."""
 import json
 import os
 import subprocess
@@ -77,7 +77,8 @@ def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
                if k.startswith("model/") and e["shape"])           # saved whole (the library's 16 MiB floor)
     assert sum(results["load:dp-zero:w"]["model_file_elements"]) == dp4["model_elements"]
     # ZeRO-1 state under another TP / EP layout (TP2 x EP2 -> DP4): each rank's flat pieces from the overlapping
-    # boxes of the saved ones, about half the state per rank (its quarter, plus whole saved pieces), not all.
+    # boxes of the saved ones, about half the state per rank (its quarter, plus the rest of the saved boxes
+    # it overlaps), where it read all of it.
     total_state = single["optim_elements"][0]
     assert max(dp4["optim_elements"]) < 0.55 * total_state, (dp4["optim_elements"], total_state)
     # ZeRO-1 under half the data-parallel ranks: each rank reads the saved flat pieces that overlap its shards,
