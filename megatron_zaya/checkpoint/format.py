@@ -16,7 +16,7 @@ A tensor entry describes where its data sits in the GLOBAL (single-device) tenso
 per dimension, the list of [start, end) runs of global indices that make up the local block (a TP
 split of the gate/up experts weight is two runs), and `flat` = [a, b] says the entry holds only
 elements a..b of the block's row-major flattening (ZeRO-1 pieces); null means the whole block.
-Any layout can therefore be assembled from any other. Replicated tensors are written by one rank.
+Any layout can therefore be assembled from any other (blocks.py). Replicated tensors are written by their owners.
 
 Files are written to a temporary name, fsynced, then renamed; a rank's JSON is written after its
 tensor file (its appearance means "this rank is done"); rank 0 writes metadata.json, COMPLETE,
@@ -26,9 +26,7 @@ Nothing is ever unpickled: tensors are read with safetensors, everything else is
 """
 from __future__ import annotations
 
-import itertools
 import json
-import math
 import os
 import re
 import struct
@@ -36,6 +34,9 @@ import zlib
 from dataclasses import dataclass, field
 
 import torch
+
+from megatron_zaya.checkpoint.blocks import (Ranges, block_from_pieces, flat_part_from_pieces, ranges_shape,
+                                             read_block, write_block)
 
 FORMAT_VERSION = 1
 LATEST_FILE = "latest_checkpointed_iteration.txt"
@@ -164,106 +165,6 @@ def write_safetensors(path: str, tensors: dict[str, torch.Tensor], metadata: dic
         raise
     fsync_dir(os.path.dirname(os.path.abspath(path)))
     return {"bytes": len(prefix) + offset, "crc32": crc}
-
-
-# -- slicing descriptions ---------------------------------------------------------------------------
-Ranges = list  # per dimension: [[start, end], ...]
-
-
-def full_ranges(shape) -> Ranges:
-    return [[[0, int(n)]] for n in shape]
-
-
-def index_runs(index: torch.Tensor) -> list[list[int]]:
-    """Compress a 1-D index tensor into [start, end) runs."""
-    n = index.numel()
-    if n == 0:
-        return []
-    breaks = (torch.nonzero(index[1:] - index[:-1] != 1).flatten() + 1).tolist()
-    starts, ends = [0] + breaks, breaks + [n]
-    return [[int(index[a]), int(index[b - 1]) + 1] for a, b in zip(starts, ends)]
-
-
-def ranges_shape(ranges: Ranges) -> list[int]:
-    return [sum(b - a for a, b in runs) for runs in ranges]
-
-
-def narrow_ranges(ranges: Ranges, rows: tuple[int, int] | None) -> Ranges:
-    """`ranges` of a block, narrowed to its local rows a..b (positions along dimension 0; None: all)."""
-    if rows is None:
-        return ranges
-    a, b = rows
-    runs, seen = [], 0
-    for start, end in ranges[0]:
-        lo, hi = max(a - seen, 0), min(b - seen, end - start)
-        if lo < hi:
-            runs.append([start + lo, start + hi])
-        seen += end - start
-    return [runs] + ranges[1:]
-
-
-def _run_overlaps(target_runs, saved_runs) -> list[tuple[int, int, int]]:
-    """(offset in the target block, offset in the saved block, length) of every stretch of global indices
-    that a run of the target and a run of the saved block share, along one dimension."""
-    out, t_offset = [], 0
-    for t_start, t_end in target_runs:
-        s_offset = 0
-        for s_start, s_end in saved_runs:
-            lo, hi = max(t_start, s_start), min(t_end, s_end)
-            if lo < hi:
-                out.append((t_offset + lo - t_start, s_offset + lo - s_start, hi - lo))
-            s_offset += s_end - s_start
-        t_offset += t_end - t_start
-    return out
-
-
-def _flat_boxes(shape: list[int], first: int, stop: int, runs: Ranges) -> list[tuple[int, list, list[int]]]:
-    """Elements first..stop of a block of `shape` (row-major), whose global indices per dimension are
-    `runs`, as boxes each contiguous in that order: (position of its first element counted from `first`,
-    its global runs per dimension, its size per dimension). At most two per dimension."""
-    strides = [math.prod(shape[k + 1:]) for k in range(len(shape))]
-    out, position = [], first
-    while position < stop:
-        index = [(position // strides[k]) % shape[k] for k in range(len(shape))]
-        for k in range(len(shape)):     # the outermost dimension whose whole steps start here and fit
-            count = min((stop - position) // strides[k], shape[k] - index[k]) if position % strides[k] == 0 else 0
-            if count:
-                break
-        sizes = [1] * k + [count] + shape[k + 1:]
-        starts = index[:k + 1] + [0] * (len(shape) - k - 1)
-        box_runs = [narrow_ranges([dim_runs], (a, a + n))[0] for dim_runs, a, n in zip(runs, starts, sizes)]
-        out.append((position - first, box_runs, sizes))
-        position += count * strides[k]
-    return out
-
-
-def _run_index(runs) -> torch.Tensor:
-    return torch.cat([torch.arange(a, b) for a, b in runs]) if runs else torch.zeros(0, dtype=torch.long)
-
-
-def read_block(full: torch.Tensor, ranges: Ranges) -> torch.Tensor:
-    """The block of `full` described by `ranges` (a copy)."""
-    out = full
-    for dim, runs in enumerate(ranges):
-        if len(runs) == 1:
-            a, b = runs[0]
-            out = out.narrow(dim, a, b - a)
-        else:
-            out = out.index_select(dim, _run_index(runs))
-    return out.clone()
-
-
-def write_block(full: torch.Tensor, ranges: Ranges, block: torch.Tensor) -> None:
-    """full[ranges] = block (in place)."""
-    if all(len(runs) == 1 for runs in ranges):
-        view = full
-        for dim, ((a, b),) in enumerate(ranges):
-            view = view.narrow(dim, a, b - a)
-        view.copy_(block)
-        return
-    index = [_run_index(runs) for runs in ranges]
-    grids = torch.meshgrid(*index, indexing="ij") if index else ()
-    full[tuple(grids)] = block
 
 
 @dataclass
@@ -553,102 +454,20 @@ class CheckpointFolder:
                                   f"{full.numel()} elements in {sorted({rf.tensor_path for rf, _ in pieces})})")
         return full
 
-    def _overlapping(self, key: str, ranges: Ranges) -> torch.Tensor | None:
-        """The block `ranges` of `key`, from the saved (non-flat) pieces that overlap it alone: a replicated
-        tensor saved in row shares and read in others (replica_owners), a TP / EP slice of another layout.
-        None where a piece is a ZeRO-1 flat one or the pieces do not cover the block."""
-        pieces = self.index.get(key, [])
-        if not pieces or any(desc["flat"] is not None for _, desc in pieces):
-            return None
-        out = torch.empty(ranges_shape(ranges), dtype=DTYPE_NAMES[pieces[0][1]["dtype"]])
-        covered = torch.zeros(out.shape, dtype=torch.bool)
-        for rf, desc in pieces:
-            per_dim = [_run_overlaps(t, s) for t, s in zip(ranges, desc["ranges"])]
-            if not all(per_dim):
-                continue
-            # the piece's part this block needs, alone read: per dimension, from its first to its last index
-            box = [(min(s for _, s, _ in d), max(s + n for _, s, n in d)) for d in per_dim]
-            data = rf.get_box(key, box, ranges_shape(desc["ranges"]))
-            for stretches in itertools.product(*per_dim):      # one box of shared indices per combination
-                into, seen, source = out, covered, data
-                for dim, (t_offset, s_offset, length) in enumerate(stretches):
-                    into, seen = into.narrow(dim, t_offset, length), seen.narrow(dim, t_offset, length)
-                    source = source.narrow(dim, s_offset - box[dim][0], length)
-                into.copy_(source)
-                seen.fill_(True)
-        return out if bool(covered.all()) else None
-
-    def _flat_overlapping(self, key: str, ranges: Ranges, flat: list[int]) -> torch.Tensor | None:
-        """Elements flat[0]..flat[1] of block `ranges` of `key`, from the saved pieces of that same block (ZeRO-1
-        flat pieces, or the whole block) that overlap them alone: a ZeRO-1 checkpoint loaded under another
-        data-parallel size, whose shards cut the same blocks elsewhere. None where the pieces of that block
-        do not cover the elements (another TP / EP layout)."""
-        pieces = self.index.get(key, [])
-        if not pieces:
-            return None
-        a, b = flat
-        out = torch.empty(b - a, dtype=DTYPE_NAMES[pieces[0][1]["dtype"]])
-        covered = torch.zeros(b - a, dtype=torch.bool)
-        for rf, desc in pieces:
-            if desc["ranges"] != ranges:     # another block (another expert-parallel rank's experts, ...)
-                continue
-            lo, hi = desc["flat"] if desc["flat"] is not None else (0, math.prod(ranges_shape(ranges)))
-            first, stop = max(a, lo), min(b, hi)
-            if first >= stop:
-                continue
-            out[first - a:stop - a] = rf.get_box(key, [(first - lo, stop - lo)], [hi - lo])   # its overlap alone
-            covered[first - a:stop - a] = True
-        return out if bool(covered.all()) else None
-
-    def _flat_across_blocks(self, key: str, ranges: Ranges, flat: list[int]) -> torch.Tensor | None:
-        """Elements flat[0]..flat[1] of block `ranges` of `key` from saved pieces of other blocks (ZeRO-1
-        under another TP / EP layout): both flat ranges cut into boxes (_flat_boxes), the boxes that share
-        global indices copied. Only the saved pieces that overlap are read. None where they do not cover."""
-        pieces = self.index.get(key, [])
-        if not pieces or not ranges:
-            return None
-        a, b = flat
-        out = torch.empty(b - a, dtype=DTYPE_NAMES[pieces[0][1]["dtype"]])
-        covered = torch.zeros(b - a, dtype=torch.bool)
-        wanted = _flat_boxes(ranges_shape(ranges), a, b, ranges)
-        for rf, desc in pieces:
-            saved_shape = ranges_shape(desc["ranges"])
-            lo, hi = desc["flat"] if desc["flat"] is not None else (0, math.prod(saved_shape))
-            pairs = [(s_offset, s_sizes, t_offset, t_sizes, per_dim)
-                     for s_offset, s_runs, s_sizes in _flat_boxes(saved_shape, lo, hi, desc["ranges"])
-                     for t_offset, t_runs, t_sizes in wanted
-                     for per_dim in [[_run_overlaps(t, s) for t, s in zip(t_runs, s_runs)]] if all(per_dim)]
-            if not pairs:
-                continue
-            first = min(p[0] for p in pairs)                 # the stretch of the piece its boxes lie in: read alone
-            data = rf.get_box(key, [(first, max(p[0] + math.prod(p[1]) for p in pairs))], [hi - lo])
-            for s_offset, s_sizes, t_offset, t_sizes, per_dim in pairs:
-                source = data[s_offset - first:s_offset - first + math.prod(s_sizes)].view(s_sizes)
-                into = out[t_offset:t_offset + math.prod(t_sizes)].view(t_sizes)
-                seen = covered[t_offset:t_offset + math.prod(t_sizes)].view(t_sizes)
-                for stretches in itertools.product(*per_dim):
-                    i, c, src = into, seen, source
-                    for dim, (t_at, s_at, length) in enumerate(stretches):
-                        i, c = i.narrow(dim, t_at, length), c.narrow(dim, t_at, length)
-                        src = src.narrow(dim, s_at, length)
-                    i.copy_(src)
-                    c.fill_(True)
-        return out if bool(covered.all()) else None
-
     def piece(self, key: str, ranges: Ranges, flat: list[int] | None, cache: dict | None = None) -> torch.Tensor:
         """The block `ranges` (flattened piece `flat` of it) of tensor `key`, for any target layout.
         Uses a saved entry with exactly that slicing when there is one (same layout: no assembly), else
         the saved pieces that overlap the block (or the flat piece of a block saved in flat pieces), else
         the whole tensor, assembled (kept in `cache` for the next block of it)."""
-        for rf, desc in self.index.get(key, []):
+        pieces = self.index.get(key, [])
+        dtype = DTYPE_NAMES[pieces[0][1]["dtype"]] if pieces else None
+        for rf, desc in pieces:
             if desc["ranges"] == ranges and desc["flat"] == flat:
                 return rf.get(key).view(ranges_shape(ranges) if flat is None else [flat[1] - flat[0]]).clone()
         if flat is None:
-            block = self._overlapping(key, ranges) if ranges else None
+            block = block_from_pieces(key, pieces, ranges, dtype) if ranges else None
         else:
-            block = self._flat_overlapping(key, ranges, flat)
-            if block is None:
-                block = self._flat_across_blocks(key, ranges, flat)
+            block = flat_part_from_pieces(key, pieces, ranges, flat, dtype)
         if block is not None:
             return block
         if cache is not None and key in cache:

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from megatron_zaya.checkpoint.format import DTYPE_NAMES, CheckpointError, narrow_ranges, ranges_shape
+from megatron_zaya.checkpoint.blocks import narrow_ranges, ranges_shape
+from megatron_zaya.checkpoint.format import DTYPE_NAMES, CheckpointError
 
 MIN_SHARE_BYTES = 16 << 20     # smaller tensors stay whole: fewer entries and broadcasts for small models
 

@@ -18,7 +18,8 @@ import random
 import numpy as np
 import torch
 
-from megatron_zaya.checkpoint.format import CheckpointError, CheckpointFolder, Entry, index_runs, narrow_ranges
+from megatron_zaya.checkpoint.blocks import index_runs, narrow_ranges
+from megatron_zaya.checkpoint.format import CheckpointError, CheckpointFolder, Entry
 from megatron_zaya.checkpoint.replica_owners import SharedReads, assign_owners, rows_of, select_rows
 
 

@@ -4,7 +4,8 @@
 import pytest
 import torch
 
-from megatron_zaya.checkpoint.format import CheckpointError, CheckpointFolder, narrow_ranges
+from megatron_zaya.checkpoint.blocks import narrow_ranges
+from megatron_zaya.checkpoint.format import CheckpointError, CheckpointFolder
 
 
 class _RankFile:

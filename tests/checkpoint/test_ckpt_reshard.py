@@ -77,10 +77,9 @@ def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
                if k.startswith("model/") and e["shape"])           # saved whole (the library's 16 MiB floor)
     assert sum(results["load:dp-zero:w"]["model_file_elements"]) == dp4["model_elements"]
     # ZeRO-1 state under another TP / EP layout (TP2 x EP2 -> DP4): each rank's flat pieces from the overlapping
-    # boxes of the saved ones, about half the state per rank (its quarter, plus the rest of the saved boxes
-    # it overlaps), where it read all of it.
+    # parts of the saved ones (blocks.flat_part_from_pieces), its quarter of the state, where it read all of it.
     total_state = single["optim_elements"][0]
-    assert max(dp4["optim_elements"]) < 0.55 * total_state, (dp4["optim_elements"], total_state)
+    assert max(dp4["optim_elements"]) < 0.26 * total_state, (dp4["optim_elements"], total_state)
     # ZeRO-1 under half the data-parallel ranks: each rank reads the saved flat pieces that overlap its shards,
     # about half of the optimizer state (the DP4 ranks read a quarter each), not every piece of its parameters.
     state = sum(results["load:dp-zero:e"]["optim_elements"])
