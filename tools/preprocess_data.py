@@ -18,7 +18,8 @@ the file and line. Existing outputs are refused unless --overwrite is given; a r
 swapped in only once every output is complete.
 Reasoning trimming: --trim-max-length 4096 --reasoning-markers '<think>' '</think>'.
 Exit status: 0 on success, 1 when nothing could be written, 2 on bad flags or inputs, 3 when a
-worker process failed or died, 130 when interrupted (SIGTERM, Ctrl-C); no output is left on failure.
+worker process failed or died, 130 when interrupted (SIGTERM or Ctrl-C stops the run after the chunk in
+progress, a second one at once); no output is left on failure.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -90,35 +92,57 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _interrupt_on_sigterm():
-    """Turn SIGTERM into KeyboardInterrupt (so temporary files are removed); returns a restore function."""
-    import signal
-    import threading
+class _StopOnSignal:
+    """SIGTERM and Ctrl-C ask the run to stop at its next chunk; a second one stops it at once.
 
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    previous = signal.getsignal(signal.SIGTERM)
-    main_pid = os.getpid()
+    The first signal only sets a flag that `run` checks between chunks: an exception raised from a
+    handler lands wherever the main thread happens to be (starting a worker process, inside an
+    import), where Python can swallow it or leave a half-built object behind. The second raises
+    KeyboardInterrupt straight away, for a run stuck on one chunk. Forked workers inherit these
+    handlers: SIGTERM ends a worker, Ctrl-C (sent to the whole process group) leaves it to the parent.
+    """
 
-    def handler(signum, frame):
-        if os.getpid() != main_pid:   # a forked pool worker that inherited this handler: leave quietly
-            os._exit(128 + signum)
-        raise KeyboardInterrupt
+    def __init__(self):
+        import signal
 
-    signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        self.received: str | None = None
+        self._main_pid = os.getpid()
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():   # handlers only install from there
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._previous[signum] = signal.signal(signum, self._handle)
+
+    def _handle(self, signum, frame):
+        import signal
+
+        if os.getpid() != self._main_pid:
+            if signum == signal.SIGTERM:
+                os._exit(128 + signum)
+            return
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+
+    def pending(self) -> bool:
+        return self.received is not None
+
+    def restore(self) -> None:
+        import signal
+
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    restore = _interrupt_on_sigterm()  # a killed run (SIGTERM) cleans its temporary files too
+    stop = _StopOnSignal()   # a killed run (SIGTERM) cleans its temporary files too
     try:
-        return _main(args)
+        return _main(args, stop)
     finally:
-        restore()  # callers that import main() (tests) keep their own SIGTERM handling
+        stop.restore()  # callers that import main() (tests) keep their own signal handling
 
 
-def _main(args) -> int:
+def _main(args, stop: _StopOnSignal) -> int:
     cfg = PreprocessConfig(
         input=args.input,
         output_prefix=args.output_prefix,
@@ -141,7 +165,7 @@ def _main(args) -> int:
         overwrite=args.overwrite,
     )
     try:
-        summary = run(cfg)
+        summary = run(cfg, should_stop=stop.pending)
     except EmptyInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -152,7 +176,7 @@ def _main(args) -> int:
         print(f"error: {e}\nno output written", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
-        print("interrupted: no output written", file=sys.stderr)
+        print(f"interrupted{f' ({stop.received})' if stop.received else ''}: no output written", file=sys.stderr)
         return 130
     print(format_summary(summary))
     return 0

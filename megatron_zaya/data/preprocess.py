@@ -17,6 +17,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -361,11 +362,14 @@ class Progress:
             self.bar.close()
 
 
-def run(cfg: PreprocessConfig) -> dict:
+def run(cfg: PreprocessConfig, should_stop: Callable[[], bool] = lambda: False) -> dict:
     """Tokenize `cfg.input` into `{output_prefix}_{key}_document.{bin,idx}`; returns a summary dict.
 
     Raises ValueError/FileNotFoundError (bad flags or inputs) and `EmptyInputError` (no documents);
-    on any failure no output file is left behind.
+    on any failure no output file is left behind. `should_stop` is asked after every chunk and once
+    before the outputs are swapped in: True stops the run there with KeyboardInterrupt (a signal
+    handler that only sets a flag, rather than raising wherever the main thread happens to be, as in
+    the middle of starting a worker process).
     """
     check_config(cfg)
     paths = expand_inputs(cfg.input)
@@ -394,6 +398,8 @@ def run(cfg: PreprocessConfig) -> dict:
                 writers[k].add_documents(tokens, lens, per_doc)
             stats.merge(st)
             progress.update(stats, st.bytes)
+            if should_stop():
+                raise KeyboardInterrupt
 
         if cfg.workers == 1:
             for chunk in chunks:
@@ -413,6 +419,8 @@ def run(cfg: PreprocessConfig) -> dict:
         # tokenizer record goes first and the new one comes last: an interruption between them leaves a
         # dataset without a record (not checked), never one with another dataset's.
         record = tokenizer_record(main_encoder.tokenizer, recorded_flags(cfg))
+        if should_stop():   # the last point at which nothing has been replaced
+            raise KeyboardInterrupt
         for w in writers.values():
             w.prepare()
         for w in writers.values():

@@ -201,6 +201,40 @@ def test_interrupted_run_leaves_no_output(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
 
 
+def test_sigterm_stops_at_the_next_chunk_and_restores_the_handler(tmp_path, monkeypatch, capsys):
+    import signal
+
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"text": f"{i} {i}"}) + "\n" for i in range(200)))
+    calls = {"n": 0}
+    real = pre.Encoder.encode_chunk
+
+    def signalled(self, records):   # the signal lands inside a chunk: that chunk finishes, no later one starts
+        calls["n"] += 1
+        if calls["n"] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(self, records)
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(pre.Encoder, "encode_chunk", signalled)
+    assert run_tool("--input", path, "--output-prefix", tmp_path / "o", "--tokenizer-type", "NullTokenizer",
+                    "--tokenizer-model", 1000, "--chunk-bytes", 200) == 130
+    assert calls["n"] == 2 and "interrupted (SIGTERM): no output written" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_stop_request_after_the_last_chunk_still_replaces_nothing(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"text": f"{i} {i}"}) + "\n" for i in range(20)))
+    cfg = pre.PreprocessConfig(input=[str(path)], output_prefix=str(tmp_path / "o"), tokenizer_type="NullTokenizer",
+                               tokenizer_model="100", progress=False)
+    asked = []
+    with pytest.raises(KeyboardInterrupt):   # one chunk: asked after it, then once more before the swap
+        pre.run(cfg, should_stop=lambda: asked.append(1) is None and len(asked) == 2)
+    assert len(asked) == 2 and sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+
+
 def test_a_failing_worker_is_exit_3_and_leaves_no_output(tmp_path, monkeypatch, capsys):
     path = tmp_path / "in.jsonl"
     path.write_text("".join(json.dumps({"text": f"{i} {i}"}) + "\n" for i in range(200)))
