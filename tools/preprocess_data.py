@@ -133,6 +133,11 @@ class _StopOnSignal:
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
+def _interrupted(stop: _StopOnSignal) -> int:
+    print(f"interrupted{f' ({stop.received})' if stop.received else ''}: no output written", file=sys.stderr)
+    return 130
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     stop = _StopOnSignal()   # a killed run (SIGTERM) cleans its temporary files too
@@ -173,11 +178,12 @@ def _main(args, stop: _StopOnSignal) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except WorkerError as e:
+        if stop.received:   # the workers got the signal too (scancel, kill of the process group) and ended
+            return _interrupted(stop)
         print(f"error: {e}\nno output written", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
-        print(f"interrupted{f' ({stop.received})' if stop.received else ''}: no output written", file=sys.stderr)
-        return 130
+        return _interrupted(stop)
     print(format_summary(summary))
     return 0
 

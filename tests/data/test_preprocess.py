@@ -224,6 +224,23 @@ def test_sigterm_stops_at_the_next_chunk_and_restores_the_handler(tmp_path, monk
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+def test_sigterm_to_the_whole_process_group_is_an_interruption_not_a_worker_failure(tmp_path, monkeypatch, capsys):
+    import signal
+
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"text": f"{i} {i}"}) + "\n" for i in range(200)))
+
+    def scancel(self, records):   # as Slurm's scancel: the parent gets SIGTERM, and so does the worker, which ends
+        os.kill(os.getppid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(pre.Encoder, "encode_chunk", scancel)
+    assert run_tool("--input", path, "--output-prefix", tmp_path / "o", "--tokenizer-type", "NullTokenizer",
+                    "--tokenizer-model", 1000, "--chunk-bytes", 200, "--workers", 2) == 130
+    assert "interrupted (SIGTERM): no output written" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+
+
 def test_a_stop_request_after_the_last_chunk_still_replaces_nothing(tmp_path):
     path = tmp_path / "in.jsonl"
     path.write_text("".join(json.dumps({"text": f"{i} {i}"}) + "\n" for i in range(20)))
