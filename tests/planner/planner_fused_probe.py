@@ -20,19 +20,19 @@ def main():
     config = model_config_from_preset("zaya1-tiny", num_layers=1, vocab_size=256)
     model = bf16_model(config)
     gen = torch.Generator().manual_seed(3)
-    tokens = torch.randint(0, config.vocab_size, (2, 32), generator=gen)
-    labels = torch.randint(0, config.vocab_size, (2, 32), generator=gen)
+    tokens = torch.randint(0, config.vocab_size, (2, 16), generator=gen)
+    labels = torch.randint(0, config.vocab_size, (2, 16), generator=gen)
     policy = StoragePolicy(attention="math", kv_repeated=True, loss="fused", kernels="fused")
     result = {}
     forward = model.forward
-    documents = (torch.arange(32) // 12).expand(2, 32)      # packed documents: three per sequence
+    documents = (torch.arange(16) // 6).expand(2, 16)      # packed documents: three per sequence
     for packed in (False, True):
         model.forward = (lambda tokens, labels=None: forward(tokens, labels=labels, document_ids=documents)) if packed \
             else forward
         for recompute in ("none", "selective"):
             model.set_recompute(None if recompute == "none" else recompute)
             measured, routed, padded = measured_saved_bytes(model, tokens, labels, backend=SDPBackend.MATH)
-            predicted = activation_memory(config, 32, 2, recompute, policy=policy, routed_fraction=routed,
+            predicted = activation_memory(config, 16, 2, recompute, policy=policy, routed_fraction=routed,
                                           padded_fraction=padded, packed_documents=packed).stored
             result[("packed " if packed else "") + recompute] = {"measured": measured, "predicted": predicted,
                                                                  "routed": routed}
