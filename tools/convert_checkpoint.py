@@ -31,7 +31,8 @@ to-hf and average need a new or empty output folder (average checks it before re
 and that every checkpoint holds the same model config), from-hf and reshard one without checkpoints (and without a
 latest_checkpointed_iteration.txt). Sharded outputs hold model weights only (no optimizer state).
 Progress lines (weights read, ranks written) go to stderr unless --no-progress.
-Exit status 0 on success, 1 on a checkpoint problem (the message names the file), 2 on usage errors.
+Exit status 0 on success, 1 on a checkpoint problem (the message names the file), 2 on usage errors, 130 when
+interrupted (Ctrl-C or SIGTERM: the temporary folder is removed).
 """
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ from megatron_zaya.checkpoint.recorded_tokenizer import adopt_recorded_tokenizer
 from megatron_zaya.data.tokenizer import (  # noqa: E402
     add_tiktoken_arguments, build_tokenizer, tiktoken_options, tokenizer_flags)
 from megatron_zaya.errors import UserInputError  # noqa: E402
+from megatron_zaya.interrupts import interrupt_on_sigterm  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SIZE_UNITS = {"": 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30}
@@ -125,6 +127,10 @@ def check_source_kind(parser: argparse.ArgumentParser, args: argparse.Namespace)
 
 
 def main(argv=None) -> int:
+    return interrupt_on_sigterm(_main, argv, "convert_checkpoint.py")   # a killed job removes its temporary files too
+
+
+def _main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     to_hf = sub.add_parser("to-hf", help="sharded checkpoint -> Hugging Face folder")

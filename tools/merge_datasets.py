@@ -9,6 +9,8 @@ is bounded; the output appears only when complete. An existing output is refused
 --overwrite is given, and the output may never be one of the inputs (compared after stripping
 .bin/.idx and resolving links). Inputs preprocessed with different tokenizers (their PREFIX.tokenizer.json,
 megatron_zaya/data/dataset_tokenizer.py) are refused; the output gets their record when every input has one.
+Exit status: 0 merged, 2 on a bad input or output, 130 when interrupted (Ctrl-C or SIGTERM: no output is
+left, temporary files removed).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from megatron_zaya.data.indexed import (  # noqa: E402
     idx_path,
 )
 from megatron_zaya.errors import UserInputError  # noqa: E402
+from megatron_zaya.interrupts import interrupt_on_sigterm  # noqa: E402
 
 
 def collect_prefixes(inputs: list[str]) -> list[str]:
@@ -112,6 +115,10 @@ def merged_tokenizer_record(prefixes: list[str], log=None) -> dict | None:
 
 
 def main(argv=None) -> int:
+    return interrupt_on_sigterm(_main, argv, "merge_datasets.py")   # a killed job removes its temporary files too
+
+
+def _main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True, help="dataset prefixes or directories")
     p.add_argument("--output-prefix", required=True)

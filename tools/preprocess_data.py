@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -40,6 +39,7 @@ from megatron_zaya.data.preprocess import (  # noqa: E402
 from megatron_zaya.data.sources import InputError  # noqa: E402
 from megatron_zaya.data.workers import WorkerError  # noqa: E402
 from megatron_zaya.data.tokenizer import TOKENIZER_TYPES, add_tiktoken_arguments, tiktoken_options  # noqa: E402
+from megatron_zaya.interrupts import StopOnSignal  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -92,62 +92,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-class _StopOnSignal:
-    """SIGTERM and Ctrl-C ask the run to stop at its next chunk; a second one stops it at once.
-
-    The first signal only sets a flag that `run` checks between chunks: an exception raised from a
-    handler lands wherever the main thread happens to be (starting a worker process, inside an
-    import), where Python can swallow it or leave a half-built object behind. The second raises
-    KeyboardInterrupt straight away, for a run stuck on one chunk. Forked workers inherit these
-    handlers: SIGTERM ends a worker, Ctrl-C (sent to the whole process group) leaves it to the parent.
-    """
-
-    def __init__(self):
-        import signal
-
-        self.received: str | None = None
-        self._main_pid = os.getpid()
-        self._previous = {}
-        if threading.current_thread() is threading.main_thread():   # handlers only install from there
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                self._previous[signum] = signal.signal(signum, self._handle)
-
-    def _handle(self, signum, frame):
-        import signal
-
-        if os.getpid() != self._main_pid:
-            if signum == signal.SIGTERM:
-                os._exit(128 + signum)
-            return
-        if self.received is not None:
-            raise KeyboardInterrupt
-        self.received = signal.Signals(signum).name
-
-    def pending(self) -> bool:
-        return self.received is not None
-
-    def restore(self) -> None:
-        import signal
-
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-
-
-def _interrupted(stop: _StopOnSignal) -> int:
+def _interrupted(stop: StopOnSignal) -> int:
     print(f"interrupted{f' ({stop.received})' if stop.received else ''}: no output written", file=sys.stderr)
     return 130
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    stop = _StopOnSignal()   # a killed run (SIGTERM) cleans its temporary files too
+    stop = StopOnSignal()   # a killed run (SIGTERM) cleans its temporary files too
     try:
         return _main(args, stop)
     finally:
         stop.restore()  # callers that import main() (tests) keep their own signal handling
 
 
-def _main(args, stop: _StopOnSignal) -> int:
+def _main(args, stop: StopOnSignal) -> int:
     cfg = PreprocessConfig(
         input=args.input,
         output_prefix=args.output_prefix,

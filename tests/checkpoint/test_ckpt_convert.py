@@ -111,6 +111,34 @@ def test_failed_hf_write_leaves_no_temporary_folder(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
+def test_sigterm_during_a_conversion_leaves_nothing_behind(tmp_path, monkeypatch, capsys):
+    """A job's end (SIGTERM) in the middle of writing a sharded checkpoint removes the partial folder, as
+    Ctrl-C does (without a handler the process would die with it in place); exit 130, handler restored."""
+    import signal
+    from megatron_zaya.checkpoint import convert, hf_format
+    from megatron_zaya.config import model_config_from_preset
+    from megatron_zaya.model import ZayaModel
+    config = model_config_from_preset("zaya1-tiny", num_layers=1, hidden_size=32, num_attention_heads=2,
+                                      num_query_groups=2, kv_channels=16, vocab_size=128, num_experts=2,
+                                      moe_ffn_hidden_size=32, router_hidden_size=8, seq_length=16)
+    hf_format.save_hf_folder(ZayaModel(config).state_dict(), config, tmp_path / "hf")
+    real, ranks = convert._sharded_model, []
+
+    def killed_on_the_second_rank(*args):
+        ranks.append(args[-1])
+        if len(ranks) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args)
+
+    monkeypatch.setattr(convert, "_sharded_model", killed_on_the_second_rank)
+    before = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "out"
+    assert _tool().main(["from-hf", str(tmp_path / "hf"), str(out), "--world-size", "2", "--no-progress"]) == 130
+    assert ranks == [0, 1] and "interrupted: no output written" in capsys.readouterr().err
+    assert [f for _, _, files in os.walk(out) for f in files] == [] and sorted(os.listdir(tmp_path)) == ["hf", "out"]
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_average_of_checkpoints_is_their_weighted_mean(ckpt_corpus, ckpt_cache, tmp_path, capsys):
     """`average`: the newest checkpoints of a --save folder (--last) or those given (--weights), as an
     HF folder holding the weighted mean of their weights, computed here independently in float64;

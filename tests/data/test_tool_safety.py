@@ -135,6 +135,25 @@ def test_merge_refuses_existing_output_unless_overwrite(tmp_path, capsys):
     assert "[1/1] merged" in capsys.readouterr().err
 
 
+def test_merge_ended_by_sigterm_leaves_no_output(tmp_path, monkeypatch, capsys):
+    import signal
+    parts = [str(tmp_path / f"p{i}") for i in range(3)]
+    for i, part in enumerate(parts):
+        write_dataset(part, [[i, i + 1]])
+    real, added = indexed.IndexedDatasetWriter.add_index, []
+
+    def killed_at_the_second_input(self, prefix):
+        added.append(prefix)
+        if len(added) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)   # as scancel or a time limit would
+        return real(self, prefix)
+
+    monkeypatch.setattr(indexed.IndexedDatasetWriter, "add_index", killed_at_the_second_input)
+    assert MERGE.main(["--input", *parts, "--output-prefix", str(tmp_path / "m")]) == 130
+    assert "merge_datasets.py: interrupted" in capsys.readouterr().err and len(added) == 2
+    assert not [f for f in os.listdir(tmp_path) if f.startswith("m")]
+
+
 def _train(inp, prefix, *extra):
     return TRAIN.main(["--input", str(inp), "--vocab-size", "300", "--output-prefix", str(prefix),
                        "--num-threads", "1", *extra])

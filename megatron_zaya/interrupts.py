@@ -1,0 +1,75 @@
+"""SIGTERM in the command-line tools: a job's end (scancel, a time limit, a kill) cleans up as Ctrl-C does.
+
+Without a handler SIGTERM ends a Python process at once: no `finally` or `except BaseException` runs, so a
+tool writing under a temporary name (a converted checkpoint's hidden folder, a dataset's `.tmp` files)
+leaves that behind. Two ways to turn it into the KeyboardInterrupt the cleanup already handles:
+
+- `interrupt_on_sigterm(main, argv, tool)`: SIGTERM raises KeyboardInterrupt wherever the main thread is,
+  for tools that run in one process (convert_checkpoint, merge_datasets); the tool then exits 130.
+- `StopOnSignal`: SIGTERM and Ctrl-C only set a flag the tool checks between units of work, for tools
+  with worker processes (preprocess_data), where an exception raised in the middle of starting a worker
+  (inside multiprocessing's bookkeeping, or an import lock's callback) can be lost or leave a half-built
+  object behind. A second signal raises at once.
+
+Training (pretrain_zaya.py) has its own handling: a checkpoint, then a clean exit (training/signals.py).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from typing import Callable
+
+
+class StopOnSignal:
+    """SIGTERM and Ctrl-C ask for a stop (`pending()`); a second one raises KeyboardInterrupt at once.
+
+    Forked workers inherit the handlers: SIGTERM ends a worker, Ctrl-C (sent to the whole process
+    group) is left to the parent, which stops the workers itself. `restore()` puts the previous
+    handlers back (a caller importing the tool's main(), as the tests do)."""
+
+    def __init__(self):
+        self.received: str | None = None
+        self._main_pid = os.getpid()
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():   # handlers only install from there
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._previous[signum] = signal.signal(signum, self._handle)
+
+    def _handle(self, signum, frame):
+        if os.getpid() != self._main_pid:
+            if signum == signal.SIGTERM:
+                os._exit(128 + signum)
+            return
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+
+    def pending(self) -> bool:
+        return self.received is not None
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._previous = {}
+
+
+def interrupt_on_sigterm(main: Callable[[list | None], int], argv: list | None, tool: str) -> int:
+    """main(argv) with SIGTERM raising KeyboardInterrupt; an interruption (either signal) prints one line
+    naming `tool` and gives exit status 130. The previous SIGTERM handler comes back afterwards."""
+    installed = threading.current_thread() is threading.main_thread()   # handlers only install from there
+    if installed:
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        print(f"{tool}: interrupted: no output written (temporary files removed)", file=sys.stderr)
+        return 130
+    finally:
+        if installed:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
