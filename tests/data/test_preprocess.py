@@ -201,9 +201,11 @@ def test_interrupted_run_leaves_no_output(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
 
 
-def test_sigterm_stops_at_the_next_chunk_and_restores_the_handler(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_signal_stops_at_the_next_chunk_and_restores_the_handler(tmp_path, monkeypatch, capsys, signame):
     import signal
 
+    signum = getattr(signal, signame)
     path = tmp_path / "in.jsonl"
     path.write_text("".join(json.dumps({"text": f"{i} {i}"}) + "\n" for i in range(200)))
     calls = {"n": 0}
@@ -212,16 +214,16 @@ def test_sigterm_stops_at_the_next_chunk_and_restores_the_handler(tmp_path, monk
     def signalled(self, records):   # the signal lands inside a chunk: that chunk finishes, no later one starts
         calls["n"] += 1
         if calls["n"] == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signum)
         return real(self, records)
 
-    before = signal.getsignal(signal.SIGTERM)
+    before = signal.getsignal(signum)
     monkeypatch.setattr(pre.Encoder, "encode_chunk", signalled)
     assert run_tool("--input", path, "--output-prefix", tmp_path / "o", "--tokenizer-type", "NullTokenizer",
                     "--tokenizer-model", 1000, "--chunk-bytes", 200) == 130
-    assert calls["n"] == 2 and "interrupted (SIGTERM): no output written" in capsys.readouterr().err
+    assert calls["n"] == 2 and f"interrupted ({signame}): no output written" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
-    assert signal.getsignal(signal.SIGTERM) is before
+    assert signal.getsignal(signum) is before
 
 
 def test_sigterm_to_the_whole_process_group_is_an_interruption_not_a_worker_failure(tmp_path, monkeypatch, capsys):
