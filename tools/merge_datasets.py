@@ -32,6 +32,7 @@ from megatron_zaya.data.indexed import (  # noqa: E402
     existing_outputs,
     idx_path,
 )
+from megatron_zaya.data.leftovers import remove_leftover_temporaries  # noqa: E402
 from megatron_zaya.errors import UserInputError  # noqa: E402
 from megatron_zaya.interrupts import interrupt_on_sigterm  # noqa: E402
 
@@ -78,6 +79,7 @@ def merge(prefixes: list[str], output_prefix: str, overwrite: bool = False, log=
         detail = ", ".join(f"{d.path_prefix}: {d.dtype.name}" for d in datasets)
         raise IndexedDatasetError(f"inputs have different dtypes ({detail}); re-tokenize with the same tokenizer")
     record = merged_tokenizer_record(prefixes, log)
+    remove_leftover_temporaries(output_prefix, log)   # a killed earlier merge's temporary files
     writer = IndexedDatasetWriter(output_prefix, datasets[0].dtype)
     try:
         for i, (p, d) in enumerate(zip(prefixes, datasets), 1):

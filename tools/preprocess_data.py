@@ -19,7 +19,8 @@ swapped in only once every output is complete.
 Reasoning trimming: --trim-max-length 4096 --reasoning-markers '<think>' '</think>'.
 Exit status: 0 on success, 1 when nothing could be written, 2 on bad flags or inputs, 3 when a
 worker process failed or died, 130 when interrupted (SIGTERM or Ctrl-C stops the run after the chunk in
-progress, a second one at once); no output is left on failure.
+progress, a second one at once); no output is left on failure (after a SIGKILL, the next run of the same
+output removes the killed run's temporary files).
 """
 
 from __future__ import annotations
