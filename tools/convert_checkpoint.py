@@ -32,7 +32,8 @@ and that every checkpoint holds the same model config), from-hf and reshard one 
 latest_checkpointed_iteration.txt). Sharded outputs hold model weights only (no optimizer state).
 Progress lines (weights read, ranks written) go to stderr unless --no-progress.
 Exit status 0 on success, 1 on a checkpoint problem (the message names the file), 2 on usage errors, 130 when
-interrupted (Ctrl-C or SIGTERM: the temporary folder is removed).
+interrupted (Ctrl-C or SIGTERM: the temporary folder is removed; after a SIGKILL, e.g. the OOM killer, the next
+conversion to the same output removes it).
 """
 from __future__ import annotations
 

@@ -31,8 +31,8 @@ from megatron_zaya.data.indexed import (  # noqa: E402
     bin_path,
     existing_outputs,
     idx_path,
+    remove_leftover_temporaries,
 )
-from megatron_zaya.data.leftovers import remove_leftover_temporaries  # noqa: E402
 from megatron_zaya.errors import UserInputError  # noqa: E402
 from megatron_zaya.interrupts import interrupt_on_sigterm  # noqa: E402
 

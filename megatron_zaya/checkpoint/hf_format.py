@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -20,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from megatron_zaya.checkpoint.format import CheckpointError
 from megatron_zaya.config import ModelConfig
 from megatron_zaya.errors import hub_name_hint
+from megatron_zaya.leftovers import remove_leftovers
 
 HF_WEIGHTS = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
@@ -141,7 +143,10 @@ def _atomic_folder_write(output_dir: Path, write) -> None:
     if output_dir.exists() and any(output_dir.iterdir()):
         raise FileExistsError(f"{output_dir}: exists and is not empty; refusing to overwrite")
     output_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.tmp", dir=output_dir.parent))
+    # The process id in the name lets the next write find what a SIGKILLed one left (megatron_zaya.leftovers).
+    remove_leftovers(str(output_dir.parent), re.compile(re.escape(f".{output_dir.name}.tmp") + r"(?P<pid>\d+)-\w+"),
+                     str(output_dir))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.tmp{os.getpid()}-", dir=output_dir.parent))
     try:
         write(tmp)
         if output_dir.exists():

@@ -15,12 +15,14 @@ interrupted run never leaves a valid-looking half dataset.
 from __future__ import annotations
 
 import os
+import re
 import struct
 from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 
 from megatron_zaya.errors import UserInputError
+from megatron_zaya.leftovers import remove_leftovers
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -531,6 +533,16 @@ def temporary_paths(path_prefix: str) -> list[str]:
     prefix = _normalize_prefix(str(path_prefix))
     suffix = f".tmp{os.getpid()}"
     return [p + suffix for p in (bin_path(prefix), prefix + ".lengths", prefix + ".docs", idx_path(prefix))]
+
+
+def remove_leftover_temporaries(path_prefix: str, log=None) -> int:
+    """Remove the temporary files a writer of `path_prefix` killed by SIGKILL left (megatron_zaya.leftovers:
+    only those of a process gone from this machine, unchanged for 10 minutes); returns the bytes freed."""
+    own = temporary_paths(path_prefix)
+    suffix = f".tmp{os.getpid()}"
+    names = "|".join(re.escape(os.path.basename(p[:-len(suffix)])) for p in own)
+    pattern = re.compile(f"(?:{names})\\.tmp(?P<pid>\\d+)")
+    return remove_leftovers(os.path.dirname(own[0]) or ".", pattern, _normalize_prefix(str(path_prefix)), log)
 
 
 def existing_outputs(path_prefix: str) -> list[str]:

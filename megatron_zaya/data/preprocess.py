@@ -22,8 +22,8 @@ from typing import Callable
 import numpy as np
 
 from .dataset_tokenizer import remove_record, tokenizer_record, write_record
-from .indexed import IndexedDatasetWriter, existing_outputs, optimal_dtype, remove_temporaries
-from .leftovers import remove_leftover_temporaries
+from .indexed import (IndexedDatasetWriter, existing_outputs, optimal_dtype, remove_leftover_temporaries,
+                      remove_temporaries)
 from .sources import (Record, check_parquet_columns, expand_inputs, holds_json_records, input_size, is_parquet,
                       iter_records)
 from .tokenizer import build_tokenizer, check_tokenizer_flags, tokenizer_flags

@@ -139,6 +139,51 @@ def test_sigterm_during_a_conversion_leaves_nothing_behind(tmp_path, monkeypatch
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+def test_the_next_write_removes_the_folder_a_sigkilled_hf_write_left(tmp_path, capsys):
+    """A Hugging Face write killed by SIGKILL (here: inside the weights' save) leaves its hidden folder; the
+    next write of that output removes it once it has been quiet for 10 minutes (aged here), not before."""
+    import shutil
+    import subprocess
+    import sys
+    import time
+    from megatron_zaya.checkpoint import hf_format
+    from megatron_zaya.config import model_config_from_preset
+    from megatron_zaya.model import ZayaModel
+    script = f"""
+import os, signal, sys
+sys.path.insert(0, {ROOT!r})
+from megatron_zaya.checkpoint import hf_format
+from megatron_zaya.config import model_config_from_preset
+from megatron_zaya.model import ZayaModel
+config = model_config_from_preset("zaya1-tiny", num_layers=1, hidden_size=32, num_attention_heads=2, num_query_groups=2,
+                                  kv_channels=16, vocab_size=128, num_experts=2, moe_ffn_hidden_size=32,
+                                  router_hidden_size=8, seq_length=16)
+def killed(tensors, path, metadata=None):
+    open(path, "wb").write(bytes(1000))
+    os.kill(os.getpid(), signal.SIGKILL)
+hf_format.save_file = killed
+hf_format.save_hf_folder(ZayaModel(config).state_dict(), config, {str(tmp_path / "hf")!r})
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == -9, err[-3000:]
+    left = [n for n in os.listdir(tmp_path) if n.startswith(".hf.tmp")]
+    assert len(left) == 1 and left[0].startswith(f".hf.tmp{proc.pid}-"), os.listdir(tmp_path)
+    config = model_config_from_preset("zaya1-tiny", num_layers=1, hidden_size=32, num_attention_heads=2,
+                                      num_query_groups=2, kv_channels=16, vocab_size=128, num_experts=2,
+                                      moe_ffn_hidden_size=32, router_hidden_size=8, seq_length=16)
+    state = ZayaModel(config).state_dict()
+    hf_format.save_hf_folder(state, config, tmp_path / "hf")     # just killed: left in place, and said so
+    assert "left 1 temporary file(s)" in capsys.readouterr().err and left[0] in os.listdir(tmp_path)
+    shutil.rmtree(tmp_path / "hf")
+    folder = tmp_path / left[0]
+    for path in [folder, *folder.iterdir()]:
+        os.utime(path, (time.time() - 3600, time.time() - 3600))
+    hf_format.save_hf_folder(state, config, tmp_path / "hf")
+    assert "removed 1 temporary file(s)" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["hf"]
+
+
 def test_average_of_checkpoints_is_their_weighted_mean(ckpt_corpus, ckpt_cache, tmp_path, capsys):
     """`average`: the newest checkpoints of a --save folder (--last) or those given (--weights), as an
     HF folder holding the weighted mean of their weights, computed here independently in float64;

@@ -9,7 +9,7 @@ import sys
 import time
 
 from data_test_utils import ROOT, load_tool
-from megatron_zaya.data import leftovers
+from megatron_zaya.data.indexed import remove_leftover_temporaries
 from megatron_zaya.data.indexed import IndexedDataset, write_dataset
 
 PRE = load_tool("preprocess_data")
@@ -64,10 +64,10 @@ def test_recent_or_live_temporaries_are_left_in_place(tmp_path):
         p.write_bytes(b"partial")
     _age([old_live], 3600)
     logged = []
-    assert leftovers.remove_leftover_temporaries(prefix, logged.append) == 0
+    assert remove_leftover_temporaries(prefix, logged.append) == 0
     assert recent.exists() and live.exists() and old_live.exists()
     assert len(logged) == 1 and "left 1 temporary file(s)" in logged[0] and str(recent) in logged[0]
-    assert leftovers.remove_leftover_temporaries(str(tmp_path / "new" / "m"), logged.append) == 0   # no folder yet
+    assert remove_leftover_temporaries(str(tmp_path / "new" / "m"), logged.append) == 0   # no folder yet
 
 
 def test_merge_removes_a_killed_merges_temporaries(tmp_path, capsys):

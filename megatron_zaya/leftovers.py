@@ -1,0 +1,104 @@
+"""Temporary files and folders that a killed writer left behind, found and removed by the next run.
+
+Writers here work under temporary names that carry their process id (a dataset's `PREFIX.bin.tmpPID`
+beside `.lengths`, `.docs` and `.idx`; a Hugging Face folder's hidden `.NAME.tmpPID-XXXX`) and remove
+them on any error or interrupt. A SIGKILL (the OOM killer, a job past its time limit, a lost node)
+gives them no chance, and what stays is as large as what was written. The next writer of the same
+output removes the leftovers of a process that no longer exists on this machine and whose files have
+not changed for `QUIET_SECONDS` (a run on another machine sharing the folder may be writing them: its
+process is not visible from here, but its files keep changing). Other outputs' files, and a live
+process's, are never touched.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import time
+from typing import Callable
+
+QUIET_SECONDS = 600
+
+
+def find_leftovers(folder: str, pattern: re.Pattern) -> tuple[list[str], list[str]]:
+    """(removable, recent): the entries of `folder` whose whole name matches `pattern` (its group "pid":
+    the writer's process id), of processes other than this one that no longer exist here; `recent`
+    are those of a process whose files changed in the last QUIET_SECONDS."""
+    by_process: dict[int, list[str]] = {}
+    if not os.path.isdir(folder):   # a new output folder: nothing was left in it
+        return [], []
+    for entry in os.scandir(folder):
+        match = pattern.fullmatch(entry.name)
+        if match and int(match.group("pid")) != os.getpid():
+            by_process.setdefault(int(match.group("pid")), []).append(entry.path)
+    removable, recent = [], []
+    now = time.time()
+    for pid, paths in sorted(by_process.items()):
+        if _running(pid):
+            continue
+        changed = max(_newest_change(p) for p in paths)
+        (recent if now - changed < QUIET_SECONDS else removable).extend(sorted(paths))
+    return removable, recent
+
+
+def remove_leftovers(folder: str, pattern: re.Pattern, output: str,
+                     log: Callable[[str], None] | None = None) -> int:
+    """Remove what `find_leftovers` finds removable, one log line for it and one for the recent
+    entries it leaves (`output` names what they were written for); returns the bytes freed."""
+    log = log or (lambda line: print(line, file=sys.stderr))
+    removable, recent = find_leftovers(folder, pattern)
+    freed = 0
+    for path in removable:
+        size = _size(path)
+        try:
+            shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+            freed += size
+        except FileNotFoundError:   # another writer of the output got there first
+            pass
+    if removable:
+        log(f"removed {len(removable)} temporary file(s) of {output} left by a killed earlier run "
+            f"({freed / 2**20:,.1f} MiB): {', '.join(os.path.basename(p) for p in removable)}")
+    if recent:
+        log(f"left {len(recent)} temporary file(s) of {output} in place: their process is not running here "
+            f"but they changed in the last {QUIET_SECONDS // 60} minutes (a run on another machine?); remove them "
+            f"once no run writes {output}: {', '.join(recent)}")
+    return freed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:   # exists as another user's (PermissionError), or no such check here: assume it runs
+        return True
+    return True
+
+
+def _walk(path: str):
+    """`path` and, for a folder, every file under it."""
+    yield path
+    if os.path.isdir(path) and not os.path.islink(path):
+        for root, _, files in os.walk(path):
+            yield from (os.path.join(root, f) for f in files)
+
+
+def _newest_change(path: str) -> float:
+    times = [0.0]
+    for p in _walk(path):
+        try:
+            times.append(os.lstat(p).st_mtime)
+        except FileNotFoundError:
+            pass
+    return max(times)
+
+
+def _size(path: str) -> int:
+    total = 0
+    for p in _walk(path):
+        try:
+            total += os.lstat(p).st_size if not os.path.isdir(p) else 0
+        except FileNotFoundError:
+            pass
+    return total
