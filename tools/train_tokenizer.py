@@ -20,7 +20,8 @@ Inputs are read as in preprocess_data.py (JSONL by suffix or by a first line tha
 files). Bad records (malformed
 JSON, missing keys, not UTF-8) are skipped and counted. Existing outputs are refused unless
 --overwrite is given; training writes to a temporary prefix and renames into place (.vocab, then
-.model; or the .json), so a failed run leaves any old tokenizer untouched.
+.model; or the .json), so a failed run leaves any old tokenizer untouched (the hidden temporary folder of a
+run killed by SIGKILL is removed by the next run for the same output, megatron_zaya/leftovers.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import argparse
 import itertools
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -37,6 +39,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_zaya.data.sources import InputError, check_parquet_columns, expand_inputs, iter_records  # noqa: E402
+from megatron_zaya.leftovers import remove_leftovers  # noqa: E402
 
 
 def iter_lines(paths, json_keys, text_mode, counts):
@@ -200,7 +203,9 @@ def main(argv=None) -> int:
     if hasattr(spm, "set_random_generator_seed"):
         spm.set_random_generator_seed(args.seed)  # deterministic sentence sampling
     parent = os.path.dirname(os.path.abspath(args.output_prefix))
-    tmp_dir = tempfile.mkdtemp(dir=parent, prefix=".train_tokenizer.")
+    hidden = f".{os.path.basename(args.output_prefix)}.train_tokenizer.tmp"   # + process id: found if SIGKILLed
+    remove_leftovers(parent, re.compile(re.escape(hidden) + r"(?P<pid>\d+)-\w+"), args.output_prefix)
+    tmp_dir = tempfile.mkdtemp(dir=parent, prefix=f"{hidden}{os.getpid()}-")
     tmp_prefix = os.path.join(tmp_dir, "sp")
     if args.model_type == "tiktoken":
         try:

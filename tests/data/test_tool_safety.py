@@ -177,6 +177,23 @@ def test_train_tokenizer_refuses_existing_and_replaces_via_rename(tmp_path, tok_
     assert sorted(os.listdir(tmp_path)) == ["sp.model", "sp.vocab"]   # no temporary left
 
 
+def test_train_tokenizer_removes_a_killed_runs_hidden_folder(tmp_path, tok_corpus, capsys):
+    import subprocess
+    import sys
+    import time
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    other = tmp_path / f".sp2.train_tokenizer.tmp{dead.pid}-x2"      # another output's
+    for folder in (tmp_path / f".sp.train_tokenizer.tmp{dead.pid}-x1", other):
+        folder.mkdir()
+        (folder / "sp.vocab").write_text("partial")
+        for path in (folder / "sp.vocab", folder):
+            os.utime(path, (time.time() - 3600, time.time() - 3600))
+    assert _train(tok_corpus, tmp_path / "sp") == 0
+    assert "removed 1 temporary file(s)" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == [other.name, "sp.model", "sp.vocab"]   # another output's: kept
+
+
 # 7. several outputs are swapped in only once all are complete ------------------------------------
 
 def test_failure_before_commit_leaves_every_existing_output(tmp_path, monkeypatch):
