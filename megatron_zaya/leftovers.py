@@ -1,8 +1,8 @@
 """Temporary files and folders that a killed writer left behind, found and removed by the next run.
 
 Writers here work under temporary names that carry their process id (a dataset's `PREFIX.bin.tmpPID`
-beside `.lengths`, `.docs` and `.idx`; a Hugging Face folder's hidden `.NAME.tmpPID-XXXX`) and remove
-them on any error or interrupt. A SIGKILL (the OOM killer, a job past its time limit, a lost node)
+beside `.lengths`, `.docs` and `.idx`; a Hugging Face folder's hidden `.NAME.tmpPID-XXXX`; train_tokenizer's
+`.NAME.train_tokenizer.tmpPID-XXXX`) and remove them on any error or interrupt. A SIGKILL (the OOM killer, a job past its time limit, a lost node)
 gives them no chance, and what stays is as large as what was written. The next writer of the same
 output removes the leftovers of a process that no longer exists on this machine and whose files have
 not changed for `QUIET_SECONDS` (a run on another machine sharing the folder may be writing them: its
@@ -44,21 +44,31 @@ def find_leftovers(folder: str, pattern: re.Pattern) -> tuple[list[str], list[st
 
 def remove_leftovers(folder: str, pattern: re.Pattern, output: str,
                      log: Callable[[str], None] | None = None) -> int:
-    """Remove what `find_leftovers` finds removable, one log line for it and one for the recent
-    entries it leaves (`output` names what they were written for); returns the bytes freed."""
+    """Remove what `find_leftovers` finds removable; one log line for what was removed, one for what could
+    not be (the run goes on) and one for the recent entries left (`output` names what they were written
+    for). Returns the bytes freed."""
     log = log or (lambda line: print(line, file=sys.stderr))
     removable, recent = find_leftovers(folder, pattern)
-    freed = 0
+    freed, removed, failed = 0, [], []
     for path in removable:
         size = _size(path)
         try:
-            shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
-            freed += size
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
         except FileNotFoundError:   # another writer of the output got there first
-            pass
-    if removable:
-        log(f"removed {len(removable)} temporary file(s) of {output} left by a killed earlier run "
-            f"({freed / 2**20:,.1f} MiB): {', '.join(os.path.basename(p) for p in removable)}")
+            continue
+        except OSError as err:      # not a reason to fail this run: said, and left
+            failed.append(f"{path} ({err.strerror or err})")
+            continue
+        freed += size
+        removed.append(os.path.basename(path))
+    if removed:
+        log(f"removed {len(removed)} temporary file(s) of {output} left by a killed earlier run "
+            f"({freed / 2**20:,.1f} MiB): {', '.join(removed)}")
+    if failed:
+        log(f"could not remove temporary file(s) of {output} left by a killed earlier run: {', '.join(failed)}")
     if recent:
         log(f"left {len(recent)} temporary file(s) of {output} in place: their process is not running here "
             f"but they changed in the last {QUIET_SECONDS // 60} minutes (a run on another machine?); remove them "

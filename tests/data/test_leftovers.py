@@ -80,3 +80,25 @@ def test_merge_removes_a_killed_merges_temporaries(tmp_path, capsys):
     assert MERGE.main(["--input", part, "--output-prefix", str(tmp_path / "m")]) == 0
     assert "removed 2 temporary file(s)" in capsys.readouterr().err
     assert not any(p.exists() for p in stale) and IndexedDataset(str(tmp_path / "m")).num_documents == 2
+
+
+def test_a_leftover_that_cannot_be_removed_is_reported_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(json.dumps({"text": "1 2 3"}) + "\n")
+    stuck, gone = (tmp_path / f"o_text_document.{ext}.tmp{_dead_pid()}" for ext in ("bin", "idx"))
+    for p in (stuck, gone):
+        p.write_bytes(b"partial")
+    _age([stuck, gone], 3600)
+    real_remove = os.remove
+
+    def remove(path):
+        if str(path) == str(stuck):
+            raise PermissionError(13, "Permission denied", str(path))
+        real_remove(path)
+
+    monkeypatch.setattr(os, "remove", remove)
+    assert PRE.main(_preprocess_args(inp, tmp_path / "o")) == 0
+    err = capsys.readouterr().err
+    assert "removed 1 temporary file(s)" in err and gone.name in err
+    assert f"could not remove temporary file(s) of {tmp_path / 'o_text_document'}" in err and "Permission denied" in err
+    assert stuck.exists() and not gone.exists()
