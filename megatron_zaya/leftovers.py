@@ -18,6 +18,8 @@ import sys
 import time
 from typing import Callable
 
+from megatron_zaya.units import human_bytes
+
 QUIET_SECONDS = 600
 
 
@@ -66,7 +68,7 @@ def remove_leftovers(folder: str, pattern: re.Pattern, output: str,
         removed.append(os.path.basename(path))
     if removed:
         log(f"removed {len(removed)} temporary file(s) of {output} left by a killed earlier run "
-            f"({freed / 2**20:,.1f} MiB): {', '.join(removed)}")
+            f"({human_bytes(freed)}): {', '.join(removed)}")
     if failed:
         log(f"could not remove temporary file(s) of {output} left by a killed earlier run: {', '.join(failed)}")
     if recent:

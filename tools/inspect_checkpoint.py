@@ -26,6 +26,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from megatron_zaya.units import human_bytes  # noqa: E402  (torch-free, as this tool's top level)
+
 SAFETENSORS_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
                            "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 HF_WEIGHTS, HF_INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -173,15 +175,6 @@ def inspect_any(path: str) -> dict:
     report = dict(inspect_checkpoint(path))
     report.setdefault("format", "megatron-zaya")
     return report
-
-
-def human_bytes(n) -> str:
-    if n is None:
-        return "?"
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
 
 
 LIST_AT_MOST = 16       # ranks and files listed one per line up to this many (more: a summary, --all)

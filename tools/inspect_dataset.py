@@ -27,6 +27,7 @@ from megatron_zaya.data.inspection import dataset_report  # noqa: E402
 from megatron_zaya.data.tokenizer import tokenizer_from_flags_dict  # noqa: E402
 from megatron_zaya.errors import UserInputError  # noqa: E402
 from megatron_zaya.inference.cli_checks import add_tokenizer_arguments, tokenizer_from_flags  # noqa: E402
+from megatron_zaya.units import human_bytes  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,13 +53,6 @@ def report_tokenizer(args, prefix: str):
         return tokenizer_from_flags_dict(record["tokenizer_flags"]), "the dataset's tokenizer record"
     except (UserInputError, OSError) as err:
         return None, f"none: the recorded tokenizer cannot be built here ({err}); give the tokenizer flags"
-
-
-def human_bytes(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
 
 
 def print_report(report: dict, tokenizer_source: str) -> None:
