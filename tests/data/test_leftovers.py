@@ -1,5 +1,5 @@
 """The temporary files of a dataset writer killed with SIGKILL are removed by the next run of the same
-output (megatron_zaya/data/leftovers.py); a live process's, a recently changed one's and another
+output (megatron_zaya/leftovers.py); a live process's, a recently changed one's and another
 prefix's are left alone."""
 import json
 import os
@@ -9,8 +9,7 @@ import sys
 import time
 
 from data_test_utils import ROOT, load_tool
-from megatron_zaya.data.indexed import remove_leftover_temporaries
-from megatron_zaya.data.indexed import IndexedDataset, write_dataset
+from megatron_zaya.data.indexed import IndexedDataset, remove_leftover_temporaries, write_dataset
 
 PRE = load_tool("preprocess_data")
 MERGE = load_tool("merge_datasets")
