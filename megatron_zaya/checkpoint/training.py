@@ -1,7 +1,7 @@
 """The training loop's checkpointing and fault-tolerance hooks (see docs/CHECKPOINTING.md).
 
 `TrainingCheckpointer(run, runtime)` is always constructed: besides --save / --load it owns the
-SIGTERM / SIGUSR1 handlers (save, then a clean exit) and the per-rank watchdog.
+SIGTERM / SIGUSR1 / SIGINT handlers (save, then a clean exit) and the per-rank watchdog.
 
     load(trainer)        before the data loaders: model, optimizer, RNG, TrainState, balancing biases
     after_step(trainer)  heartbeat; --save-interval (else --non-persistent-save-interval); a signal on
@@ -37,7 +37,7 @@ from megatron_zaya.training.progress_log import ProgressLog
 from megatron_zaya.training.signals import SignalMonitor
 from megatron_zaya.training.watchdog import Watchdog
 
-SIGNAL_CODES = {"SIGTERM": 1, "SIGUSR1": 2}
+SIGNAL_CODES = {"SIGTERM": 1, "SIGUSR1": 2, "SIGINT": 3}
 
 
 def _jsonable(value):
@@ -400,7 +400,7 @@ class TrainingCheckpointer:
     def after_step(self, trainer) -> None:
         self.watchdog.beat()
         writing = self.writer is not None and self.writer.in_flight
-        code, writing = self._max(SIGNAL_CODES.get(self.signals.received, 3) if self.signals.pending else 0, writing)
+        code, writing = self._max(SIGNAL_CODES.get(self.signals.received, 4) if self.signals.pending else 0, writing)
         if self.writer is not None and self.writer._thread is not None and not writing:
             self.writer.wait(agree=self.agree)      # done on every rank: all agree on the outcome
         self._report_async()

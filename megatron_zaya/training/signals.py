@@ -1,19 +1,24 @@
 """Preemption signals: SIGTERM / SIGUSR1 (Slurm's warning before a time limit or preemption, and
-what torchrun forwards on shutdown) only set a flag here; the training loop notices it at the end of
-the iteration (every rank agrees with one all-reduce), saves a checkpoint and exits cleanly.
+what torchrun forwards on shutdown) and Ctrl-C (SIGINT; torchrun and srun pass it on to every rank)
+only set a flag here; the training loop notices it at the end of the iteration (every rank agrees
+with one all-reduce), saves a checkpoint and exits cleanly, so a run stopped by hand loses nothing
+since its last checkpoint either.
 
-A second signal of the same kind while the first is still being handled is logged and ignored: the
-save in progress must not be cut short by an impatient resend. SIGKILL cannot be caught - the
-atomic checkpoint protocol (megatron_zaya.checkpoint.format) covers it.
+A second SIGTERM or SIGUSR1 while the first is still being handled is logged and ignored: the save in
+progress must not be cut short by an impatient resend. A second Ctrl-C is a person asking to stop at
+once: it raises KeyboardInterrupt as Python would (a save cut short leaves the previous checkpoint;
+the atomic checkpoint protocol of megatron_zaya.checkpoint.format covers it, as it covers SIGKILL,
+which cannot be caught).
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
 import time
 
-DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")
+DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
 
 
 class SignalMonitor:
@@ -22,6 +27,7 @@ class SignalMonitor:
         self.received: str | None = None
         self.received_at: float | None = None
         self._previous = {}
+        self._pid = os.getpid()
         if threading.current_thread() is not threading.main_thread():
             return          # signal handlers can only be installed from the main thread
         for name in names:
@@ -31,11 +37,16 @@ class SignalMonitor:
             self._previous[signum] = signal.signal(signum, self._handle)
 
     def _handle(self, signum, frame) -> None:
+        if os.getpid() != self._pid:   # a forked DataLoader worker (a signal to the whole process group):
+            return                     # the rank stops it once saved; ending now would break that save
         name = signal.Signals(signum).name
         if self.received is None:
             self.received, self.received_at = name, time.time()
+            again = " (Ctrl-C again to stop at once, without it)" if name == "SIGINT" else ""
             sys.stderr.write(f"[rank {self.rank}] {name} received: a checkpoint will be saved at the end of this "
-                             f"iteration, then the run exits\n")
+                             f"iteration, then the run exits{again}\n")
+        elif name == "SIGINT":
+            raise KeyboardInterrupt
         else:
             sys.stderr.write(f"[rank {self.rank}] {name} received again while handling {self.received}: ignored\n")
         sys.stderr.flush()

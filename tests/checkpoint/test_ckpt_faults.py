@@ -197,6 +197,54 @@ def test_sigterm_mid_iteration_saves_and_stops(ckpt_corpus, ckpt_cache, tmp_path
     assert resumed.losses == {4: straight.losses[4], 5: straight.losses[5]}
 
 
+def test_ctrl_c_saves_and_stops_and_a_second_stops_at_once(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch, capsys):
+    """Ctrl-C (SIGINT, which torchrun passes on to every rank) mid-iteration 3: the iteration completes, a
+    checkpoint is saved, the loop stops. Ctrl-C twice: KeyboardInterrupt at once, the last checkpoint
+    (iteration 2) kept. The handler is restored either way."""
+    from megatron_zaya.training import loop
+    original = loop.Trainer.train_step
+    presses = {"n": 1}
+
+    def train_step(trainer, micro_batches):
+        if trainer.state.iteration + 1 == 3:
+            for _ in range(presses["n"]):
+                os.kill(os.getpid(), signal.SIGINT)
+        return original(trainer, micro_batches)
+
+    monkeypatch.setattr(loop.Trainer, "train_step", train_step)
+    previous = signal.getsignal(signal.SIGINT)
+    save = str(tmp_path / "once")
+    rec = train(flags(ckpt_corpus, 10, "--save", save, cache=ckpt_cache))
+    assert sorted(rec.losses) == [1, 2, 3] and rec.trainer.stop_requested == "SIGINT received"
+    assert read_latest(save) == 3 and "Ctrl-C again to stop at once" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is previous
+    presses["n"], save = 2, str(tmp_path / "twice")
+    with pytest.raises(KeyboardInterrupt):
+        train(flags(ckpt_corpus, 10, "--save", save, "--save-interval", "2", cache=ckpt_cache))
+    assert read_latest(save) == 2 and list_complete(save) == [2]
+    assert signal.getsignal(signal.SIGINT) is previous
+
+
+def test_a_forked_dataloader_worker_leaves_the_signal_to_its_rank():
+    """torchrun and Slurm signal a rank's whole process group, its DataLoader workers (forks that inherit
+    the handler) too: a worker neither takes the flag nor ends (its rank still reads from it until the
+    save), and prints nothing; the rank itself takes the flag."""
+    from megatron_zaya.training.signals import SignalMonitor
+    monitor = SignalMonitor(rank=0)
+    try:
+        pid = os.fork()
+        if pid == 0:   # the worker: both signals, then its own verdict as the exit status
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGTERM)
+            os._exit(0 if monitor.received is None else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0 and monitor.received is None
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert monitor.received == "SIGTERM"
+    finally:
+        monitor.restore()
+
+
 def test_signal_skips_the_final_evaluation_and_the_save_completes_first(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch,
                                                                         capsys):
     """A preemption signal: the asynchronous checkpoint is waited for at once, and the final
