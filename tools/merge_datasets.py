@@ -31,7 +31,6 @@ from megatron_zaya.data.indexed import (  # noqa: E402
     bin_path,
     existing_outputs,
     idx_path,
-    remove_leftover_temporaries,
 )
 from megatron_zaya.errors import UserInputError  # noqa: E402
 from megatron_zaya.interrupts import interrupt_on_sigterm  # noqa: E402
@@ -79,8 +78,7 @@ def merge(prefixes: list[str], output_prefix: str, overwrite: bool = False, log=
         detail = ", ".join(f"{d.path_prefix}: {d.dtype.name}" for d in datasets)
         raise IndexedDatasetError(f"inputs have different dtypes ({detail}); re-tokenize with the same tokenizer")
     record = merged_tokenizer_record(prefixes, log)
-    remove_leftover_temporaries(output_prefix, log)   # a killed earlier merge's temporary files
-    writer = IndexedDatasetWriter(output_prefix, datasets[0].dtype)
+    writer = IndexedDatasetWriter(output_prefix, datasets[0].dtype, log)   # (removes a killed merge's leftovers)
     try:
         for i, (p, d) in enumerate(zip(prefixes, datasets), 1):
             writer.add_index(p)

@@ -327,18 +327,20 @@ class IndexedDatasetWriter:
     Tokens go straight to a temporary `.bin`; sequence lengths and document boundaries are spilled
     to temporary side files, and `finalize()` assembles the `.idx` from them in chunks, so memory
     does not grow with the dataset. `finalize()` renames into place; `abort()` (or an exception
-    inside a `with` block) deletes everything.
+    inside a `with` block) deletes everything. Starting, it removes what a writer of the same prefix
+    killed by SIGKILL left (`remove_leftover_temporaries`; `log` gets the line saying so, else stderr).
     """
 
     _SPILL = 1 << 20  # entries buffered before spilling to the side files
 
-    def __init__(self, path_prefix: str, dtype=np.int32):
+    def __init__(self, path_prefix: str, dtype=np.int32, log=None):
         self.path_prefix = _normalize_prefix(str(path_prefix))
         self.dtype = np.dtype(dtype)
         if self.dtype not in CODE_OF_DTYPE:
             raise ValueError(f"unsupported dtype {self.dtype} for an indexed dataset (use one of {sorted(str(np.dtype(t)) for t in DTYPE_CODES.values())})")
         parent = os.path.dirname(os.path.abspath(self.path_prefix))
         os.makedirs(parent, exist_ok=True)
+        remove_leftover_temporaries(self.path_prefix, log)   # a killed earlier writer's (as large as it wrote)
         self._bin_tmp, self._len_tmp, self._doc_tmp, self._idx_tmp = temporary_paths(self.path_prefix)
         opened = []
         try:   # an interrupt between the opens must not leave a temporary file behind
@@ -528,21 +530,24 @@ class IndexedDatasetWriter:
         return False
 
 
+def _temporary_bases(prefix: str) -> list[str]:
+    """The files a writer of `prefix` works in, before the `.tmpPID` that makes them its own."""
+    return [bin_path(prefix), prefix + ".lengths", prefix + ".docs", idx_path(prefix)]
+
+
 def temporary_paths(path_prefix: str) -> list[str]:
     """The temporary files an `IndexedDatasetWriter` of this process uses for `path_prefix`."""
-    prefix = _normalize_prefix(str(path_prefix))
-    suffix = f".tmp{os.getpid()}"
-    return [p + suffix for p in (bin_path(prefix), prefix + ".lengths", prefix + ".docs", idx_path(prefix))]
+    return [p + f".tmp{os.getpid()}" for p in _temporary_bases(_normalize_prefix(str(path_prefix)))]
 
 
 def remove_leftover_temporaries(path_prefix: str, log=None) -> int:
     """Remove the temporary files a writer of `path_prefix` killed by SIGKILL left (megatron_zaya.leftovers:
-    only those of a process gone from this machine, unchanged for 10 minutes); returns the bytes freed."""
-    own = temporary_paths(path_prefix)
-    suffix = f".tmp{os.getpid()}"
-    names = "|".join(re.escape(os.path.basename(p[:-len(suffix)])) for p in own)
+    only those of a process gone from this machine, unchanged for 10 minutes); returns the bytes freed.
+    Every `IndexedDatasetWriter` does this as it starts."""
+    prefix = _normalize_prefix(str(path_prefix))
+    names = "|".join(re.escape(os.path.basename(p)) for p in _temporary_bases(prefix))
     pattern = re.compile(f"(?:{names})\\.tmp(?P<pid>\\d+)")
-    return remove_leftovers(os.path.dirname(own[0]) or ".", pattern, _normalize_prefix(str(path_prefix)), log)
+    return remove_leftovers(os.path.dirname(prefix) or ".", pattern, prefix, log)
 
 
 def existing_outputs(path_prefix: str) -> list[str]:

@@ -22,8 +22,7 @@ from typing import Callable
 import numpy as np
 
 from .dataset_tokenizer import remove_record, tokenizer_record, write_record
-from .indexed import (IndexedDatasetWriter, existing_outputs, optimal_dtype, remove_leftover_temporaries,
-                      remove_temporaries)
+from .indexed import IndexedDatasetWriter, existing_outputs, optimal_dtype, remove_temporaries
 from .sources import (Record, check_parquet_columns, expand_inputs, holds_json_records, input_size, is_parquet,
                       iter_records)
 from .tokenizer import build_tokenizer, check_tokenizer_flags, tokenizer_flags
@@ -385,8 +384,6 @@ def run(cfg: PreprocessConfig, should_stop: Callable[[], bool] = lambda: False) 
     progress = Progress(None if compressed else input_size(paths), cfg.progress, cfg.log_interval)
     writers: dict[str, IndexedDatasetWriter] = {}
     stats = Stats()
-    for k in cfg.json_keys:   # a killed earlier run's temporary files (as large as what it had written)
-        remove_leftover_temporaries(output_prefix_for(cfg.output_prefix, k))
     t0 = time.time()
     try:
         for k in cfg.json_keys:   # inside the try: an interrupt here still removes the writers' files

@@ -14,6 +14,17 @@ def load_tool(name):
     return mod
 
 
+def run_preprocess(preprocess_tool, *args) -> int:
+    """preprocess_data's main() on `args` (made strings, --no-progress added); checks that the tool gave the
+    caller's SIGTERM handler back."""
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    rc = preprocess_tool.main([*map(str, args), "--no-progress"])
+    assert signal.getsignal(signal.SIGTERM) is before
+    return rc
+
+
 def write_gpt2_bpe_files(texts, folder, vocab_size):
     """Train a byte-level BPE on `texts` (plus a few non-ASCII lines) and write it as GPT-2 does:
     folder/vocab.json + folder/merges.txt (with the '#version' header), <|endoftext|> = id 0."""
