@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron_zaya import kernels
+from megatron_zaya.kernels import cpu_attention
 from megatron_zaya.config import ModelConfig
 from megatron_zaya.model import recompute
 from megatron_zaya.model.documents import PackedDocuments
@@ -209,7 +210,10 @@ class CompressedConvAttention(nn.Module):
 
         # Selective recomputation: SDPA's math path keeps the S x S probabilities; the core then runs again
         # in the backward from q, k, v. Flash and memory-efficient kernels keep no scores: run once.
-        if recompute.selective(self) and math:
+        # bf16 training on CPU: the flash forward with a faster backward (kernels/cpu_attention.py).
+        if cpu_attention.applies(q, k, v, attention_mask):
+            out = cpu_attention.causal_attention(q, k, v)
+        elif recompute.selective(self) and math:
             out = recompute.keep_inputs_only(core, q, k, v)
         else:
             out = core(q, k, v)

@@ -133,6 +133,12 @@ def test_sdpa_backends_bench_runs(capsys):
     assert "| causal |" in out and "| packed documents (bias) |" in out and "lower-right" in out
 
 
+def test_cpu_attention_bench_runs(capsys, keep_threads):
+    assert load_script("cpu_attention").main(["--shape", "1,4,2,40,16", "--block-rows", "32", "64", "--iters", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "SDPA flash" in out and "blocked backward (32 rows)" in out and "blocked backward (64 rows)" in out
+
+
 def test_train_throughput_two_processes_expert_parallel(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", MEGATRON_ZAYA_KERNELS="torch")
     cmd = ["torchrun", "--standalone", "--nproc-per-node", "2", "bench/train_throughput.py", *TINY,
