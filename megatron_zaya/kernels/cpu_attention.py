@@ -1,22 +1,24 @@
 """Causal attention for bf16 training on CPU: torch's flash forward, a blocked backward of bf16 matmuls.
 
 torch's CPU flash-attention forward runs its bf16 products through oneDNN's small-matrix kernels
-(AMX or AVX512-BF16), but its backward is several times slower than the forward: on a 2-core Xeon
-with AMX, 13-15 ms against 1.5 ms at zaya1-tiny's shape and ~40 ms against 6 ms at zaya1-100m's
-(`bench/cpu_attention.py`). This backward recomputes the probabilities a block of query rows at a time
-and does the five products as batched bf16 matmuls (fp32 accumulation), at the machine's bf16
-matmul rate. Grouped K/V heads need no repeat: the query heads of one K/V head are stacked as rows of
+(AMX or AVX512-BF16), but its backward is 6-10x slower than the forward: on a 2-core Xeon with AMX,
+9-15 ms against 1.3 ms at zaya1-tiny's shape and ~41 ms against 4-6 ms at zaya1-100m's; this backward
+takes 8 ms and 17 ms there (`bench/cpu_attention.py`). It recomputes the probabilities a block of
+query rows at a time and does the five products as batched bf16 matmuls (fp32 accumulation), at the
+machine's bf16 matmul rate. Grouped K/V heads need no repeat: the query heads of one K/V head are stacked as rows of
 one matmul ((B * HKV, G * rows, dh) against (B * HKV, dh, keys)), and causality limits each block's
 keys to those up to its last row.
 
-Rounding, per block, with lse = the forward's fp32 log-sum-exp per row:
-  * exp(s * scale - lse) is computed as exp(s * scale - bf16(lse)) * c, c = exp(bf16(lse) - lse), with
-    the bf16 bias folded into the score matmul (baddbmm: one rounding of the result) and the per-row
-    factor c moved onto the small (rows, dh) operands and results. Rounding lse itself would put up to
-    2^-9 * |lse| on every exponent of a row.
+Rounding, with lse = the forward's fp32 log-sum-exp per row:
+  * s * scale - lse comes out of one matmul, [q * scale, -bf16(lse)] . [k, 1] (one rounding of the result;
+    q * scale is rounded too where scale is not a power of two), and exp of it is P / c per row, with
+    c = exp(bf16(lse) - lse) moved onto the small (rows, dh) operands and results. Rounding lse
+    without c would put up to 2^-9 * |lse| on every exponent of a row.
+  * dP - delta likewise from [dO, -delta] . [v, 1] (delta = rowsum(dO * O), in bf16).
   * P, dP - delta and dS are rounded to bf16 once each, as operands of bf16 matmuls.
-The gradients' relative error against float64 is 1.0-1.7x the flash backward's own in bf16 (6-9e-3 against
-4-8e-3; tests/kernels/test_cpu_attention.py allows 2x); in fp32 the same code matches float64 to ~2e-7.
+The gradients' relative error against float64 is 0.9-1.7x the flash backward's own in bf16 (5.5-7.9e-3
+against 4.3-8e-3; tests/kernels/test_cpu_attention.py allows 2x); in fp32 the same code matches float64
+to ~2e-7.
 """
 from __future__ import annotations
 
@@ -56,6 +58,12 @@ class _CausalAttention(torch.autograd.Function):
         return (*causal_attention_backward(grad_out, *ctx.saved_tensors, ctx.block_rows), None)
 
 
+def future_bias(size: int, dtype, device) -> torch.Tensor:
+    """(size, size): -inf above the diagonal (a later key), 0 elsewhere."""
+    future = torch.ones(size, size, dtype=torch.bool, device=device).triu_(1)
+    return torch.zeros(size, size, dtype=dtype, device=device).masked_fill_(future, float("-inf"))
+
+
 def causal_attention_backward(grad_out, q, k, v, out, lse, block_rows: int = BLOCK_ROWS):
     """(dq, dk, dv) of causal softmax attention with grouped K/V heads; lse: (B, H, S) fp32 from the
     forward. The module docstring gives the blocking and the rounding."""
@@ -64,33 +72,39 @@ def causal_attention_backward(grad_out, q, k, v, out, lse, block_rows: int = BLO
     groups, n = heads // kv_heads, batch * kv_heads
     scale = head_dim ** -0.5
     dtype = q.dtype
-    q_rows, g_rows = q.reshape(n, groups, seq, head_dim), grad_out.reshape(n, groups, seq, head_dim)
-    keys, values = k.reshape(n, seq, head_dim), v.reshape(n, seq, head_dim)
     lse_low = lse.to(dtype)
     row_factor = torch.exp(lse_low.float() - lse).reshape(n, groups, seq, 1)
-    neg_lse = lse_low.neg_().reshape(n, groups, seq, 1)
-    # delta = rowsum(dO * O) = rowsum(P * dP), subtracted from dP inside the dP matmul.
-    neg_delta = (grad_out.float() * out.float()).sum(-1).neg_().to(dtype).reshape(n, groups, seq, 1)
+    ones = torch.ones(n, seq, 1, dtype=dtype, device=q.device)
+    # Scores less lse and dP less delta as single matmuls: [q * scale, -lse] . [k, 1] and [dO, -delta] . [v, 1],
+    # with delta = rowsum(dO * O) = rowsum(P * dP).
+    q_rows = q.reshape(n, groups, seq, head_dim)
+    g_rows = grad_out.reshape(n, groups, seq, head_dim)
+    q_lse = torch.cat((q_rows * scale, lse_low.neg_().reshape(n, groups, seq, 1)), dim=-1)
+    g_delta = torch.cat((g_rows, torch.linalg.vecdot(grad_out, out).neg_().reshape(n, groups, seq, 1)), dim=-1)
+    k_one = torch.cat((k.reshape(n, seq, head_dim), ones), dim=-1)
+    v_one = torch.cat((v.reshape(n, seq, head_dim), ones), dim=-1)
+    # The rows' factor c moved onto the (rows, dh) operands of dV and dK once for all blocks.
+    q_c, g_c = (q_rows * row_factor).to(dtype), (g_rows * row_factor).to(dtype)
     dq = torch.empty(n, groups, seq, head_dim, dtype=dtype, device=q.device)
     dk = torch.zeros(n, seq, head_dim, dtype=torch.float32, device=q.device)
     dv = torch.zeros_like(dk)
     block = max(1, block_rows // groups)
     for start in range(0, seq, block):
         stop = min(seq, start + block)
-        rows = groups * (stop - start)
-        qb = q_rows[:, :, start:stop].reshape(n, rows, head_dim)
-        gb = g_rows[:, :, start:stop].reshape(n, rows, head_dim)
-        c = row_factor[:, :, start:stop].reshape(n, rows, 1)
-        kb, vb = keys[:, :stop], values[:, :stop]
-        # p = exp(s * scale - lse) / c, over keys 0 .. stop - 1, the future of each row masked.
-        p = torch.baddbmm(neg_lse[:, :, start:stop].reshape(n, rows, 1), qb, kb.transpose(1, 2), alpha=scale)
-        future = torch.ones(stop - start, stop - start, dtype=torch.bool, device=q.device).triu_(1)
-        p.view(n, groups, stop - start, stop)[..., start:].masked_fill_(future, float("-inf"))
+        m = stop - start
+
+        def rows(t):
+            return t[:, :, start:stop].reshape(n, groups * m, t.shape[-1])
+
+        kb = k_one[:, :stop, :head_dim]
+        # p = exp(s * scale - lse) / c over keys 0 .. stop - 1; the future of each row gets an added -inf
+        # (4x faster than masked_fill_ with a broadcast mask on CPU).
+        p = torch.bmm(rows(q_lse), k_one[:, :stop].transpose(1, 2))
+        p.view(n, groups, m, stop)[..., start:].add_(future_bias(m, dtype, q.device))
         p.exp_()
-        dv[:, :stop] += torch.bmm(p.transpose(1, 2), (gb * c).to(dtype))
-        # ds = (dP - delta) * p = dS / c
-        ds = torch.baddbmm(neg_delta[:, :, start:stop].reshape(n, rows, 1), gb, vb.transpose(1, 2)).mul_(p)
-        dq[:, :, start:stop] = (torch.bmm(ds, kb) * (c * scale)).to(dtype).view(n, groups, stop - start, head_dim)
-        dk[:, :stop] += torch.bmm(ds.transpose(1, 2), (qb * c).to(dtype))
+        dv[:, :stop] += torch.bmm(p.transpose(1, 2), rows(g_c))
+        ds = torch.bmm(rows(g_delta), v_one[:, :stop].transpose(1, 2)).mul_(p)     # (dP - delta) * p = dS / c
+        dq[:, :, start:stop] = (torch.bmm(ds, kb) * (rows(row_factor) * scale)).to(dtype).view(n, groups, m, head_dim)
+        dk[:, :stop] += torch.bmm(ds.transpose(1, 2), rows(q_c))
     return (dq.view(batch, heads, seq, head_dim), dk.mul_(scale).to(dtype).view(batch, kv_heads, seq, head_dim),
             dv.to(dtype).view(batch, kv_heads, seq, head_dim))
