@@ -6,7 +6,9 @@
     python bench/cpu_attention.py --block-rows 128 256 512 1024     # the blocking of ours
 
 q and k are scaled to norm sqrt(dh) per head, as CCA's QK-norm leaves them (key temperature 1). Times are
-medians of --iters calls after a warm-up; errors are ||grad - grad_float64|| / ||grad_float64|| for dq, dk, dv.
+medians of --iters calls after a warm-up, with freed memory kept in the process as training on CPU keeps it
+(training/cpu_allocator.py; else every large tensor is fresh pages); errors are
+||grad - grad_float64|| / ||grad_float64|| for dq, dk, dv.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from bench.timing import median_seconds  # noqa: E402
 from megatron_zaya.kernels import cpu_attention  # noqa: E402
+from megatron_zaya.training.cpu_allocator import keep_freed_memory  # noqa: E402
 
 SHAPES = ("8,4,2,256,32", "4,8,2,512,64")   # zaya1-tiny 8 x 256, zaya1-100m 4 x 512
 
@@ -76,7 +79,9 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every CPU)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+    kept = keep_freed_memory()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, malloc: "
+          f"{'freed memory kept' if kept else 'glibc defaults'}, "
           f"CPU capability {torch.backends.cpu.get_cpu_capability()}")
     print(f"{'shape B,H,HKV,S,dh':<22}{'kernel':<26}{'fwd ms':>9}{'bwd ms':>9}   error dq / dk / dv vs float64")
     for spec in args.shape:

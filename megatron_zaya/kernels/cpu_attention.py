@@ -1,13 +1,13 @@
 """Causal attention for bf16 training on CPU: torch's flash forward, a blocked backward of bf16 matmuls.
 
 torch's CPU flash-attention forward runs its bf16 products through oneDNN's small-matrix kernels
-(AMX or AVX512-BF16), but its backward is 6-10x slower than the forward: on a 2-core Xeon with AMX,
-9-15 ms against 1.3 ms at zaya1-tiny's shape and ~41 ms against 4-6 ms at zaya1-100m's; this backward
-takes 8 ms and 17 ms there (`bench/cpu_attention.py`). It recomputes the probabilities a block of
-query rows at a time and does the five products as batched bf16 matmuls (fp32 accumulation), at the
-machine's bf16 matmul rate. Grouped K/V heads need no repeat: the query heads of one K/V head are stacked as rows of
-one matmul ((B * HKV, G * rows, dh) against (B * HKV, dh, keys)), and causality limits each block's
-keys to those up to its last row.
+(AMX or AVX512-BF16), but its backward is 6-9x slower than the forward. On a 2-core Xeon with AMX, freed
+memory kept in the process as training does (`bench/cpu_attention.py`): 8.0-8.5 ms against 0.9-1.2 ms
+at zaya1-tiny's shape, 24-33 ms against 4-5 ms at zaya1-100m's; this backward takes 4.4-4.9 and 16-20 ms.
+It recomputes the probabilities a block of query rows at a time and does the five products as batched
+bf16 matmuls (fp32 accumulation), at the machine's bf16 matmul rate. Grouped K/V heads need no repeat:
+the query heads of one K/V head are stacked as rows of one matmul ((B * HKV, G * rows, dh) against
+(B * HKV, dh, keys)), and causality limits each block's keys to those up to its last row.
 
 Rounding, with lse = the forward's fp32 log-sum-exp per row:
   * s * scale - lse comes out of one matmul, [q * scale, -bf16(lse)] . [k, 1] (one rounding of the result;
