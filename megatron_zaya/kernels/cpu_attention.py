@@ -3,21 +3,20 @@
 torch's CPU flash-attention forward runs its bf16 products through oneDNN's small-matrix kernels
 (AMX or AVX512-BF16), but its backward is 6-9x slower than the forward. On a 2-core Xeon with AMX, freed
 memory kept in the process as training does (`bench/cpu_attention.py`): 8.0-8.5 ms against 0.9-1.2 ms
-at zaya1-tiny's shape, 24-33 ms against 4-5 ms at zaya1-100m's; this backward takes 4.4-4.9 and 16-20 ms.
+at zaya1-tiny's shape, 24-33 ms against 4-6 ms at zaya1-100m's; this backward takes 4.5 and 13 ms.
 It recomputes the probabilities a block of query rows at a time and does the five products as batched
 bf16 matmuls (fp32 accumulation), at the machine's bf16 matmul rate. Grouped K/V heads need no repeat:
 the query heads of one K/V head are stacked as rows of one matmul ((B * HKV, G * rows, dh) against
 (B * HKV, dh, keys)), and causality limits each block's keys to those up to its last row.
 
-Rounding, with lse = the forward's fp32 log-sum-exp per row:
-  * s * scale - lse comes out of one matmul, [q * scale, -bf16(lse)] . [k, 1] (one rounding of the result;
-    q * scale is rounded too where scale is not a power of two), and exp of it is P / c per row, with
-    c = exp(bf16(lse) - lse) moved onto the small (rows, dh) operands and results. Rounding lse
-    without c would put up to 2^-9 * |lse| on every exponent of a row.
-  * dP - delta likewise from [dO, -delta] . [v, 1] (delta = rowsum(dO * O), in bf16).
+Rounding, with lse = the forward's fp32 log-sum-exp per row and delta = rowsum(dO * O):
+  * s * scale - lse and dP - delta come out of single matmuls, [q * scale, -lse_hi, -lse_lo] . [k, 1, 1] and
+    [dO, -delta_hi, -delta_lo] . [v, 1, 1], lse_hi + lse_lo = lse in bf16 to ~2^-16 (rounding lse to bf16
+    would put up to 2^-9 * |lse| on every exponent of a row), accumulated in fp32 and rounded once;
+    q * scale and k * scale are rounded to bf16 where scale is not a power of two.
   * P, dP - delta and dS are rounded to bf16 once each, as operands of bf16 matmuls.
-The gradients' relative error against float64 is 0.9-1.7x the flash backward's own in bf16 (5.5-7.9e-3
-against 4.3-8e-3; tests/kernels/test_cpu_attention.py allows 2x); in fp32 the same code matches float64
+The gradients' relative error against float64 is 0.9-1.7x the flash backward's own in bf16 (5.8-7.6e-3
+against 4.4-8e-3; tests/kernels/test_cpu_attention.py allows 2x); in fp32 the same code matches float64
 to ~2e-7.
 """
 from __future__ import annotations
@@ -64,6 +63,22 @@ def future_bias(size: int, dtype, device) -> torch.Tensor:
     return torch.zeros(size, size, dtype=dtype, device=device).masked_fill_(future, float("-inf"))
 
 
+def with_split_column(x: torch.Tensor, column: torch.Tensor | None, multiplier: float = 1.0) -> torch.Tensor:
+    """(..., dh) x -> (..., dh + 2) in x's dtype: [x * multiplier, -hi, -lo] with hi + lo = column (an fp32
+    (...,) tensor) to ~2^-16 relative, or [x * multiplier, 1, 1] for column None: a matmul of two such
+    tensors adds -column to x . y in its fp32 accumulator. (dh + 2 keeps the width even, as the bf16
+    matmul kernels' pairs of K want: an odd width took 3x as long.)"""
+    out = torch.empty(*x.shape[:-1], x.shape[-1] + 2, dtype=x.dtype, device=x.device)
+    torch.mul(x, multiplier, out=out[..., :-2])
+    if column is None:
+        out[..., -2:] = 1
+    else:
+        high = column.to(x.dtype)
+        out[..., -2] = high.neg()
+        out[..., -1] = (high.float() - column).to(x.dtype)
+    return out
+
+
 def causal_attention_backward(grad_out, q, k, v, out, lse, block_rows: int = BLOCK_ROWS):
     """(dq, dk, dv) of causal softmax attention with grouped K/V heads; lse: (B, H, S) fp32 from the
     forward. The module docstring gives the blocking and the rounding."""
@@ -71,40 +86,32 @@ def causal_attention_backward(grad_out, q, k, v, out, lse, block_rows: int = BLO
     kv_heads = k.shape[1]
     groups, n = heads // kv_heads, batch * kv_heads
     scale = head_dim ** -0.5
-    dtype = q.dtype
-    lse_low = lse.to(dtype)
-    row_factor = torch.exp(lse_low.float() - lse).reshape(n, groups, seq, 1)
-    ones = torch.ones(n, seq, 1, dtype=dtype, device=q.device)
-    # Scores less lse and dP less delta as single matmuls: [q * scale, -lse] . [k, 1] and [dO, -delta] . [v, 1],
-    # with delta = rowsum(dO * O) = rowsum(P * dP).
-    q_rows = q.reshape(n, groups, seq, head_dim)
-    g_rows = grad_out.reshape(n, groups, seq, head_dim)
-    q_lse = torch.cat((q_rows * scale, lse_low.neg_().reshape(n, groups, seq, 1)), dim=-1)
-    g_delta = torch.cat((g_rows, torch.linalg.vecdot(grad_out, out).neg_().reshape(n, groups, seq, 1)), dim=-1)
-    k_one = torch.cat((k.reshape(n, seq, head_dim), ones), dim=-1)
-    v_one = torch.cat((v.reshape(n, seq, head_dim), ones), dim=-1)
-    # The rows' factor c moved onto the (rows, dh) operands of dV and dK once for all blocks.
-    q_c, g_c = (q_rows * row_factor).to(dtype), (g_rows * row_factor).to(dtype)
-    dq = torch.empty(n, groups, seq, head_dim, dtype=dtype, device=q.device)
+    width = head_dim + 2
+    # s * scale - lse and dP - delta straight out of the matmuls: [q * scale, -lse] . [k, 1] and
+    # [dO, -delta] . [v, 1], with delta = rowsum(dO * O) = rowsum(P * dP).
+    delta = torch.linalg.vecdot(grad_out.float(), out.float())
+    q_lse = with_split_column(q, lse, scale).view(n, groups, seq, width)
+    g_delta = with_split_column(grad_out, delta).view(n, groups, seq, width)
+    k_one = with_split_column(k, None).view(n, seq, width)
+    v_one = with_split_column(v, None).view(n, seq, width)
+    k_scaled = (k * scale).reshape(n, seq, head_dim)
+    dq = torch.empty(n, groups, seq, head_dim, dtype=q.dtype, device=q.device)
     dk = torch.zeros(n, seq, head_dim, dtype=torch.float32, device=q.device)
     dv = torch.zeros_like(dk)
     block = max(1, block_rows // groups)
     for start in range(0, seq, block):
         stop = min(seq, start + block)
         m = stop - start
-
-        def rows(t):
-            return t[:, :, start:stop].reshape(n, groups * m, t.shape[-1])
-
-        kb = k_one[:, :stop, :head_dim]
-        # p = exp(s * scale - lse) / c over keys 0 .. stop - 1; the future of each row gets an added -inf
-        # (4x faster than masked_fill_ with a broadcast mask on CPU).
-        p = torch.bmm(rows(q_lse), k_one[:, :stop].transpose(1, 2))
-        p.view(n, groups, m, stop)[..., start:].add_(future_bias(m, dtype, q.device))
+        qb = q_lse[:, :, start:stop].reshape(n, groups * m, width)
+        gb = g_delta[:, :, start:stop].reshape(n, groups * m, width)
+        # P over keys 0 .. stop - 1; the future of each row gets an added -inf (4x faster than
+        # masked_fill_ with a broadcast mask on CPU).
+        p = torch.bmm(qb, k_one[:, :stop].transpose(1, 2))
+        p.view(n, groups, m, stop)[..., start:].add_(future_bias(m, q.dtype, q.device))
         p.exp_()
-        dv[:, :stop] += torch.bmm(p.transpose(1, 2), rows(g_c))
-        ds = torch.bmm(rows(g_delta), v_one[:, :stop].transpose(1, 2)).mul_(p)     # (dP - delta) * p = dS / c
-        dq[:, :, start:stop] = (torch.bmm(ds, kb) * (rows(row_factor) * scale)).to(dtype).view(n, groups, m, head_dim)
-        dk[:, :stop] += torch.bmm(ds.transpose(1, 2), rows(q_c))
-    return (dq.view(batch, heads, seq, head_dim), dk.mul_(scale).to(dtype).view(batch, kv_heads, seq, head_dim),
-            dv.to(dtype).view(batch, kv_heads, seq, head_dim))
+        dv[:, :stop] += torch.bmm(p.transpose(1, 2), gb[..., :head_dim])
+        ds = torch.bmm(gb, v_one[:, :stop].transpose(1, 2)).mul_(p)     # dS = (dP - delta) * P
+        dq[:, :, start:stop] = torch.bmm(ds, k_scaled[:, :stop]).view(n, groups, m, head_dim)
+        dk[:, :stop] += torch.bmm(ds.transpose(1, 2), qb[..., :head_dim])     # qb holds q * scale
+    return (dq.view(batch, heads, seq, head_dim), dk.to(q.dtype).view(batch, kv_heads, seq, head_dim),
+            dv.to(q.dtype).view(batch, kv_heads, seq, head_dim))
