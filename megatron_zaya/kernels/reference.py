@@ -5,6 +5,8 @@ must match them (forward and backward) and the CPU path runs them directly. Keep
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -74,6 +76,41 @@ def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
     x_rot, x_pass = x.split((rotary_dim, x.shape[-1] - rotary_dim), dim=-1)
     x_rot = x_rot * cos + rotate_half(x_rot) * sin
     return torch.cat((x_rot, x_pass), dim=-1)
+
+
+def qk_norm(x: torch.Tensor, temperature: torch.Tensor | None = None) -> torch.Tensor:
+    """CCA's QK-norm: each head vector of (B, S, H, dh) x scaled to length sqrt(dh) (its norm floored at
+    x's dtype eps), times a per-head temperature (H,) when given (the keys' linear temperature).
+    = x * (sqrt(dh) / ||x||.clamp_min(eps) * T), with the backward written out (_QKNorm)."""
+    return _QKNorm.apply(x, temperature)
+
+
+class _QKNorm(torch.autograd.Function):
+    """With f = sqrt(dh) / max(||x||, eps) * T per row and g the output's gradient:
+    dx = f * (g - (g . x) / ||x||^2 * x) (no projection where the norm is floored) and
+    dT = sum over the head's rows of sqrt(dh) / max(||x||, eps) * (g . x): three full-size passes
+    where autograd through the composed ops takes about seven. The norm and f are fp32 (x's dtype if wider)."""
+
+    @staticmethod
+    def forward(ctx, x, temperature):
+        eps, precise = torch.finfo(x.dtype).eps, torch.promote_types(x.dtype, torch.float32)
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=precise)
+        base = math.sqrt(x.shape[-1]) / norm.clamp_min(eps)
+        factor = base if temperature is None else base * temperature.to(precise)[:, None]
+        ctx.save_for_backward(x, norm, base, factor)
+        ctx.eps, ctx.has_temperature = eps, temperature is not None
+        return x * factor.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, norm, base, factor = ctx.saved_tensors
+        g_dot_x = torch.linalg.vecdot(grad, x).to(norm.dtype).unsqueeze(-1)
+        projection = (g_dot_x / norm.square()).masked_fill_(norm <= ctx.eps, 0.0)
+        grad_x = torch.addcmul(grad, x, projection.to(x.dtype), value=-1).mul_(factor.to(x.dtype))
+        grad_temperature = None
+        if ctx.has_temperature and ctx.needs_input_grad[1]:
+            grad_temperature = (base * g_dot_x).sum(dim=(0, 1, 3))
+        return grad_x, grad_temperature
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, overwrite_logits: bool = False) -> torch.Tensor:

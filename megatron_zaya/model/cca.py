@@ -10,7 +10,6 @@ token's delayed value projection. At the start of a sequence both are zeros, as 
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 import torch
@@ -188,11 +187,8 @@ class CompressedConvAttention(nn.Module):
         return self._normalize_and_rotate(q, k, cos, sin)
 
     def _normalize_and_rotate(self, q, k, cos, sin):
-        eps = torch.finfo(q.dtype).eps
-        scale = math.sqrt(self.head_dim)
-        q = q * (scale / q.norm(dim=-1, keepdim=True).clamp_min(eps))
-        # The key temperature folds into the per-row factor: one full-size multiply instead of two.
-        k = k * (scale / k.norm(dim=-1, keepdim=True).clamp_min(eps) * self.key_temperature.to(k.dtype)[:, None])
+        # Length sqrt(dh) per head; the key temperature folds into the keys' per-row factor.
+        q, k = kernels.reference.qk_norm(q), kernels.reference.qk_norm(k, self.key_temperature)
         return kernels.apply_partial_rope(q, cos, sin), kernels.apply_partial_rope(k, cos, sin)
 
     def attend(self, q, k, v, attention_mask: torch.Tensor | None = None):

@@ -139,6 +139,11 @@ def test_cpu_attention_bench_runs(capsys, keep_threads):
     assert "SDPA flash" in out and "blocked backward (32 rows)" in out and "blocked backward (64 rows)" in out
 
 
+def test_qk_norm_bench_runs(capsys, keep_threads):
+    assert load_script("qk_norm").main(["--shape", "1,8,4,2,16", "--iters", "1"]) == 0
+    assert "1,8,4,2,16" in capsys.readouterr().out
+
+
 def test_train_throughput_two_processes_expert_parallel(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", MEGATRON_ZAYA_KERNELS="torch")
     cmd = ["torchrun", "--standalone", "--nproc-per-node", "2", "bench/train_throughput.py", *TINY,
