@@ -22,6 +22,7 @@ to ~2e-7.
 from __future__ import annotations
 
 import torch
+from torch.nn.attention import SDPBackend
 
 # Rows (query heads of a K/V head x query positions) per block: 512 measured best of 128..2048 at
 # zaya1-tiny's and zaya1-100m's shapes (bench/cpu_attention.py --block-rows); the block's scores,
@@ -31,11 +32,15 @@ BLOCK_ROWS = 512
 
 def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask) -> bool:
     """Whether causal_attention replaces SDPA for (B, H, S, dh) q and (B, HKV, S, dh) k, v: bf16 on CPU,
-    causal without a mask, equal query and key lengths, gradients wanted."""
+    causal without a mask, equal query and key lengths, gradients wanted, and SDPA itself would take its
+    flash kernel (the one whose forward this reuses; not where a caller forces another backend with
+    torch.nn.attention.sdpa_kernel or the strides rule flash out)."""
     return (attention_mask is None and q.device.type == "cpu"
             and q.dtype == k.dtype == v.dtype == torch.bfloat16
             and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-            and q.shape[-2] == k.shape[-2] and q.shape[1] % k.shape[1] == 0)
+            and q.shape[-2] == k.shape[-2] and q.shape[1] % k.shape[1] == 0
+            and torch._fused_sdp_choice(q, k, v, None, 0.0, True, enable_gqa=q.shape[1] != k.shape[1])
+            == SDPBackend.FLASH_ATTENTION.value)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_rows: int = BLOCK_ROWS):

@@ -89,28 +89,30 @@ class _QKNorm(torch.autograd.Function):
     """With f = sqrt(dh) / max(||x||, eps) * T per row and g the output's gradient:
     dx = f * (g - (g . x) / ||x||^2 * x) (no projection where the norm is floored) and
     dT = sum over the head's rows of sqrt(dh) / max(||x||, eps) * (g . x): three full-size passes
-    where autograd through the composed ops takes about seven. The norm and f are fp32 (x's dtype if wider)."""
+    where autograd through the composed ops takes about seven. Keeps x and the fp32 norm (x's dtype if
+    wider); the factors are recomputed from them."""
 
     @staticmethod
     def forward(ctx, x, temperature):
-        eps, precise = torch.finfo(x.dtype).eps, torch.promote_types(x.dtype, torch.float32)
-        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=precise)
-        base = math.sqrt(x.shape[-1]) / norm.clamp_min(eps)
-        factor = base if temperature is None else base * temperature.to(precise)[:, None]
-        ctx.save_for_backward(x, norm, base, factor)
-        ctx.eps, ctx.has_temperature = eps, temperature is not None
-        return x * factor.to(x.dtype)
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.promote_types(x.dtype, torch.float32))
+        ctx.save_for_backward(x, norm, temperature)
+        return x * _qk_norm_factors(x, norm, temperature)[1].to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        x, norm, base, factor = ctx.saved_tensors
+        x, norm, temperature = ctx.saved_tensors
+        base, factor = _qk_norm_factors(x, norm, temperature)
         g_dot_x = torch.linalg.vecdot(grad, x).to(norm.dtype).unsqueeze(-1)
-        projection = (g_dot_x / norm.square()).masked_fill_(norm <= ctx.eps, 0.0)
+        projection = (g_dot_x / norm.square()).masked_fill_(norm <= torch.finfo(x.dtype).eps, 0.0)
         grad_x = torch.addcmul(grad, x, projection.to(x.dtype), value=-1).mul_(factor.to(x.dtype))
-        grad_temperature = None
-        if ctx.has_temperature and ctx.needs_input_grad[1]:
-            grad_temperature = (base * g_dot_x).sum(dim=(0, 1, 3))
+        grad_temperature = (base * g_dot_x).sum(dim=(0, 1, 3)) if ctx.needs_input_grad[1] else None
         return grad_x, grad_temperature
+
+
+def _qk_norm_factors(x, norm, temperature):
+    """(sqrt(dh) / max(norm, eps), the same times the per-head temperature) in norm's dtype."""
+    base = math.sqrt(x.shape[-1]) / norm.clamp_min(torch.finfo(x.dtype).eps)
+    return base, base if temperature is None else base * temperature.to(norm.dtype)[:, None]
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, overwrite_logits: bool = False) -> torch.Tensor:

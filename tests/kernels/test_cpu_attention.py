@@ -7,6 +7,7 @@ agree with those of SDPA's flash backward."""
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from megatron_zaya.config import model_config_from_preset
 from megatron_zaya.kernels import cpu_attention
@@ -76,6 +77,8 @@ def test_applies_only_to_bf16_causal_training_on_cpu():
     assert not cpu_attention.applies(q.float(), k.float(), v.float(), None)                 # fp32
     assert not cpu_attention.applies(q.detach(), k, v, None)                                # no gradient
     assert not cpu_attention.applies(q[:, :, :4], k, v, None)                               # decoding
+    with sdpa_kernel(SDPBackend.MATH):                      # the caller asked for another kernel
+        assert not cpu_attention.applies(q, k, v, None)
     with torch.no_grad():
         assert not cpu_attention.applies(q, k, v, None)
 
