@@ -19,6 +19,7 @@ import os
 import warnings
 
 import torch
+import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from megatron_zaya.kernels import reference
@@ -220,6 +221,20 @@ def cross_entropy_grad(logits, labels, lse, grad_loss, vocab_start: int = 0,
     return _ce_ops(logits, labels).cross_entropy_grad(logits, labels, lse, grad_loss, vocab_start, ignore_index, inplace)
 
 
+def lm_head_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-token fp32 cross-entropy (no reduction) of the LM head's logits F.linear(hidden, weight), (N, D)
+    and (V, D), under autocast as F.linear would run. The Triton path: the logits, then cross_entropy;
+    the PyTorch path: reference.lm_head_cross_entropy (the loss gradient's scale on the small operands)."""
+    device = hidden.device.type
+    if _ce_ops(hidden, weight, labels) is not reference or _compile_reference:
+        return cross_entropy(F.linear(hidden, weight), labels, overwrite_logits=True)
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
+    with torch.autocast(device, enabled=False):
+        return reference.lm_head_cross_entropy(hidden, weight.to(hidden.dtype), labels)
+
+
 def linear_cross_entropy(
     hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, reduction: str = "mean",
     ignore_index: int = reference.IGNORE_INDEX, vocab_start: int = 0, group=None, chunk_rows: int | None = None,
@@ -269,7 +284,7 @@ __all__ = [
     "rms_norm", "scaled_residual_add", "scaled_residual_add_rms_norm", "swiglu",
     "apply_partial_rope", "apply_partial_rope_", "apply_partial_rope_qk_", "rotate_half", "cross_entropy",
     "vocab_parallel_cross_entropy", "cross_entropy_partials", "combine_cross_entropy_partials",
-    "cross_entropy_grad", "linear_cross_entropy", "moe_permute", "moe_unpermute",
+    "cross_entropy_grad", "linear_cross_entropy", "lm_head_cross_entropy", "moe_permute", "moe_unpermute",
     "newton_schulz", "newton_schulz_many", "NS_COEFFICIENTS",
 ]
 

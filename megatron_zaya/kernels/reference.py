@@ -188,6 +188,38 @@ class _BlockedCrossEntropy(torch.autograd.Function):
         return grad, None, None
 
 
+def lm_head_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-token fp32 cross-entropy of the logits hidden @ weight.T (hidden (N, D), weight (V, D), one
+    dtype), as cross_entropy(hidden @ weight.T, labels) computes it. With autograd, the logits' gradient
+    softmax - onehot is built in their memory in the forward and the loss gradient's per-row scale is
+    applied in the backward to the small operands, (N, D) and (N, D), instead of to the (N, V)
+    gradient: dh = scale * (G @ W), dW = G.T @ (scale * h). The gradient is left as it is, so a second
+    backward through the graph (retain_graph) is exact too."""
+    if not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)):
+        return _blocked_cross_entropy(hidden @ weight.t(), labels, None)
+    return _LMHeadCrossEntropy.apply(hidden, weight, labels)
+
+
+class _LMHeadCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, labels):
+        logits = hidden @ weight.t()
+        loss = _blocked_cross_entropy(logits, labels, logits)      # logits now hold softmax - onehot
+        ctx.save_for_backward(logits, hidden, weight, labels != IGNORE_INDEX)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad, hidden, weight, valid = ctx.saved_tensors
+        scale = grad_loss.float().masked_fill(~valid, 0.0).unsqueeze(1)
+        grad_hidden = grad_weight = None
+        if ctx.needs_input_grad[0]:
+            grad_hidden = (grad @ weight).float().mul_(scale).to(hidden.dtype)
+        if ctx.needs_input_grad[1]:
+            grad_weight = grad.t() @ (hidden.float() * scale).to(hidden.dtype)
+        return grad_hidden, grad_weight, None
+
+
 def moe_permute(
     x: torch.Tensor, expert_index: torch.Tensor, num_experts: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -191,11 +191,10 @@ class ZayaModel(nn.Module):
     def head_and_loss(self, hidden: torch.Tensor, labels: torch.Tensor | None):
         """LM head and per-token loss: (logits, None) without labels, (None, losses (B, S)) with them.
         Tensor parallelism replaces this with its vocab-parallel form."""
-        logits = F.linear(hidden, self.output_weight())
         if labels is None:
-            return logits, None
+            return F.linear(hidden, self.output_weight()), None
         b, s = labels.shape
-        losses = kernels.cross_entropy(logits.reshape(b * s, -1), labels.reshape(b * s), overwrite_logits=True)
+        losses = kernels.lm_head_cross_entropy(hidden.reshape(b * s, -1), self.output_weight(), labels.reshape(b * s))
         return None, losses.view(b, s)
 
 

@@ -1,0 +1,91 @@
+"""reference.lm_head_cross_entropy (the LM head matmul and the blocked cross-entropy as one autograd function,
+the loss gradient's row scale applied to the small operands) against a float64 F.cross_entropy(h @ W.T):
+losses, d(hidden) and d(weight), with ignored labels and a per-row loss gradient (a masked mean's
+1/count, and a random one); kernels.lm_head_cross_entropy under bf16 autocast against F.linear + the
+reference cross_entropy.
+
+Tolerances: fp32 loss 1e-5 absolute, gradients 1e-5 relative to their largest entry; bf16 inputs:
+gradients 2^-6 relative to the largest entry (the logits' gradient rounded to bf16, then bf16 matmuls)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from megatron_zaya import kernels
+from megatron_zaya.kernels import reference as R
+
+
+def inputs(dtype, n=300, d=48, v=1100, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, d, generator=gen).to(dtype)
+    weight = (torch.randn(v, d, generator=gen) / 3).to(dtype)
+    labels = torch.randint(0, v, (n,), generator=gen)
+    labels[::7] = R.IGNORE_INDEX
+    return hidden, weight, labels
+
+
+def losses_and_grads(fn, hidden, weight, labels, grad_loss):
+    h, w = hidden.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+    loss = fn(h, w, labels)
+    (loss * grad_loss.to(loss.dtype)).sum().backward()
+    return loss.detach(), h.grad, w.grad
+
+
+def float64_reference(h, w, labels):
+    return F.cross_entropy(h.double() @ w.double().t(), labels, reduction="none", ignore_index=R.IGNORE_INDEX)
+
+
+def max_relative(got, want):
+    return ((got.double() - want.double()).abs().max() / want.double().abs().max()).item()
+
+
+@pytest.mark.parametrize("dtype, loss_atol, grad_rtol", [(torch.float32, 1e-5, 1e-5), (torch.bfloat16, 1e-4, 2 ** -6)],
+                         ids=["fp32", "bf16"])
+@pytest.mark.parametrize("scale", ["masked-mean", "random"])
+def test_matches_float64(dtype, loss_atol, grad_rtol, scale):
+    hidden, weight, labels = inputs(dtype)
+    valid = labels != R.IGNORE_INDEX
+    grad_loss = valid.float() / valid.sum() if scale == "masked-mean" else torch.rand(labels.shape[0])
+    got = losses_and_grads(R.lm_head_cross_entropy, hidden, weight, labels, grad_loss)
+    want = losses_and_grads(float64_reference, hidden, weight, labels, grad_loss)
+    # bf16: the loss is fp32 from the bf16 logits the matmul rounded; compare with float64 of those logits
+    want_loss = want[0] if dtype == torch.float32 else F.cross_entropy(
+        (hidden @ weight.t()).double(), labels, reduction="none", ignore_index=R.IGNORE_INDEX)
+    assert (got[0].double() - want_loss).abs().max().item() < loss_atol
+    assert (got[0][~valid] == 0).all()
+    for g, w in zip(got[1:], want[1:]):
+        assert g.dtype == dtype and max_relative(g, w) < grad_rtol
+
+
+def test_second_backward_through_the_graph_is_exact():
+    hidden, weight, labels = inputs(torch.float32)
+    h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    loss = R.lm_head_cross_entropy(h, w, labels).mean()
+    first = torch.autograd.grad(loss, (h, w), retain_graph=True)
+    second = torch.autograd.grad(loss, (h, w))
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+def test_without_grad_gives_the_losses():
+    hidden, weight, labels = inputs(torch.float32)
+    with torch.no_grad():
+        got = R.lm_head_cross_entropy(hidden, weight, labels)
+    assert torch.allclose(got, R.cross_entropy(hidden @ weight.t(), labels), rtol=0, atol=1e-6)
+
+
+def test_kernels_entry_under_bf16_autocast_matches_linear_then_cross_entropy():
+    """fp32 hidden and weight (a parameter) under CPU bf16 autocast, as the model calls it: the same
+    losses as F.linear + cross_entropy, and gradients (fp32, as autocast's casts return them) within bf16
+    rounding."""
+    hidden, weight, labels = inputs(torch.float32)
+    grad_loss = torch.rand(labels.shape[0])
+
+    def linear_then_ce(h, w, labels):
+        return kernels.cross_entropy(F.linear(h, w), labels)
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = losses_and_grads(kernels.lm_head_cross_entropy, hidden, weight, labels, grad_loss)
+        want = losses_and_grads(linear_then_ce, hidden, weight, labels, grad_loss)
+    assert torch.equal(got[0], want[0])
+    for g, w in zip(got[1:], want[1:]):
+        assert g.dtype == torch.float32 and max_relative(g, w) < 2 ** -7
