@@ -9,7 +9,9 @@ models, as training does: the routing, hence the experts' row counts, changes fr
 CPU, bf16 matmuls compile a oneDNN kernel per new shape, which a model must cope with);
 `--batches repeated` feeds one batch again and again (every shape seen in the warm-up).
 Timing: `--warmup` untimed iterations of each, then `--iters` timed iterations of each, INTERLEAVED
-(ours, reference, ours, ...) so that a change of machine load hits both alike; the median is reported.
+(ours, reference, ours, ...) so that a change of machine load hits both alike; the medians are reported, and
+the median of the iterations' ratios (each reference call over the call of ours before it), which a
+machine whose speed drifts within a run moves less.
 The load average is printed before and after: on a shared machine, only trust runs with a low one.
 """
 from __future__ import annotations
@@ -31,8 +33,8 @@ from megatron_zaya.kernels.capability import slow_bf16_warning  # noqa: E402
 from megatron_zaya.model import ZayaModel  # noqa: E402
 
 
-def time_interleaved(steps, warmup: int, iters: int) -> list[float]:
-    """Median seconds per call of each step function, their timed calls alternating."""
+def time_interleaved(steps, warmup: int, iters: int) -> list[list[float]]:
+    """Seconds of each timed call of each step function, their timed calls alternating."""
     for _ in range(warmup):
         for step in steps:
             step()
@@ -42,7 +44,7 @@ def time_interleaved(steps, warmup: int, iters: int) -> list[float]:
             start = time.perf_counter()
             step()
             record.append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
+    return times
 
 
 class BatchStream:
@@ -130,7 +132,10 @@ def main(argv=None) -> int:
 
     n_tokens = args.micro_batch_size * args.seq_length
     ours.train()
-    t_ours, t_ref = time_interleaved([ours_step, reference_step], args.warmup, args.iters)
+    ours_times, ref_times = time_interleaved([ours_step, reference_step], args.warmup, args.iters)
+    t_ours, t_ref = statistics.median(ours_times), statistics.median(ref_times)
+    # Each reference call over the call of ours just before it: the two saw about the same machine.
+    paired = statistics.median(r / o for o, r in zip(ours_times, ref_times))
     print(f"config {args.preset}: batch {args.micro_batch_size}x{args.seq_length} ({args.batches}), {args.dtype}, "
           f"threads {torch.get_num_threads()}{' | ours: compiled reference ops' if args.compile else ''} | "
           f"malloc: {'freed memory kept' if kept else 'glibc defaults'} | {time.strftime('%Y-%m-%d %H:%M %Z')} | "
@@ -138,7 +143,7 @@ def main(argv=None) -> int:
     print(f"{'model':<28}{'s/iter':>10}{'tokens/s':>12}")
     print(f"{'megatron-zaya':<28}{t_ours:>10.3f}{n_tokens / t_ours:>12.0f}")
     print(f"{'transformers ZayaForCausalLM':<28}{t_ref:>10.3f}{n_tokens / t_ref:>12.0f}")
-    print(f"speed-up: {t_ref / t_ours:.2f}x")
+    print(f"speed-up: {t_ref / t_ours:.2f}x (median of the {args.iters} paired iterations' ratios: {paired:.2f}x)")
     if args.profile:
         profile_ours(ours_step, args.profile)
     return 0
