@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from megatron_zaya.kernels import reference
-from megatron_zaya.kernels.reference import NS_COEFFICIENTS, rotate_half  # noqa: F401
+from megatron_zaya.kernels.reference import NS_COEFFICIENTS, qk_norm, rotate_half  # noqa: F401
 
 _BACKENDS = ("auto", "triton", "torch")
 _backend = "auto"
@@ -282,7 +282,7 @@ __all__ = [
     "set_kernel_backend", "kernel_backend", "triton_available", "reference", "set_reference_compile",
     "reference_compiled",
     "rms_norm", "scaled_residual_add", "scaled_residual_add_rms_norm", "swiglu",
-    "apply_partial_rope", "apply_partial_rope_", "apply_partial_rope_qk_", "rotate_half", "cross_entropy",
+    "apply_partial_rope", "apply_partial_rope_", "apply_partial_rope_qk_", "rotate_half", "qk_norm", "cross_entropy",
     "vocab_parallel_cross_entropy", "cross_entropy_partials", "combine_cross_entropy_partials",
     "cross_entropy_grad", "linear_cross_entropy", "lm_head_cross_entropy", "moe_permute", "moe_unpermute",
     "newton_schulz", "newton_schulz_many", "NS_COEFFICIENTS",

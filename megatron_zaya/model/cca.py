@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron_zaya import kernels
-from megatron_zaya.kernels import cpu_attention
 from megatron_zaya.config import ModelConfig
+from megatron_zaya.kernels import cpu_attention
 from megatron_zaya.model import recompute
 from megatron_zaya.model.documents import PackedDocuments
 
@@ -188,7 +188,7 @@ class CompressedConvAttention(nn.Module):
 
     def _normalize_and_rotate(self, q, k, cos, sin):
         # Length sqrt(dh) per head; the key temperature folds into the keys' per-row factor.
-        q, k = kernels.reference.qk_norm(q), kernels.reference.qk_norm(k, self.key_temperature)
+        q, k = kernels.qk_norm(q), kernels.qk_norm(k, self.key_temperature)
         return kernels.apply_partial_rope(q, cos, sin), kernels.apply_partial_rope(k, cos, sin)
 
     def attend(self, q, k, v, attention_mask: torch.Tensor | None = None):

@@ -136,7 +136,7 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
                      Term("attention: conv inputs (depthwise + grouped, bf16)", 2 * 2 * c))
     terms += [
         Term("attention: q, k before QK-norm (bf16)", 2 * hq * dh + 2 * hkv * dh),
-        # kernels.reference.qk_norm keeps each head's fp32 norm (the factors are recomputed from it).
+        # kernels.qk_norm keeps each head's fp32 norm (the factors are recomputed from it).
         Term("attention: QK-norm's fp32 norms", 4 * hq + 4 * hkv, "core_attn"),
     ]
     if not fused:   # the fused RoPE keeps the fp32 cos/sin tables, shared by every layer (see outer_terms)
