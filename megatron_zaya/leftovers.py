@@ -18,6 +18,8 @@ import sys
 import time
 from typing import Callable
 
+from megatron_zaya.processes import process_running
+
 from megatron_zaya.units import human_bytes
 
 QUIET_SECONDS = 600
@@ -37,7 +39,7 @@ def find_leftovers(folder: str, pattern: re.Pattern) -> tuple[list[str], list[st
     removable, recent = [], []
     now = time.time()
     for pid, paths in sorted(by_process.items()):
-        if _running(pid):
+        if process_running(pid):
             continue
         changed = max(_newest_change(p) for p in paths)
         (recent if now - changed < QUIET_SECONDS else removable).extend(sorted(paths))
@@ -76,16 +78,6 @@ def remove_leftovers(folder: str, pattern: re.Pattern, output: str,
             f"but they changed in the last {QUIET_SECONDS // 60} minutes (a run on another machine?); remove them "
             f"once no run writes {output}: {', '.join(recent)}")
     return freed
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:   # exists as another user's (PermissionError), or no such check here: assume it runs
-        return True
-    return True
 
 
 def _walk(path: str):

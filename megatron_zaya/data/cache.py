@@ -21,6 +21,8 @@ from typing import Callable
 
 import numpy as np
 
+from megatron_zaya.processes import process_running
+
 FORMAT_VERSION = 1
 WAIT_NOTICE_S = 30.0      # a process waiting this long for another's build says so (once)
 MAX_POLL_S = 2.0          # a waiter looks for the finished files at most this often at the end of its backoff
@@ -80,12 +82,7 @@ def _lock_is_stale(lock_path: str) -> bool:
     try:
         with open(lock_path) as f:
             host, pid = f.read().strip().rsplit(":", 1)
-        if host != socket.gethostname():
-            return False
-        os.kill(int(pid), 0)
-        return False
-    except ProcessLookupError:
-        return True
+        return host == socket.gethostname() and not process_running(int(pid))
     except (OSError, ValueError):
         return False
 

@@ -29,6 +29,8 @@ import subprocess
 import sys
 import time
 
+from megatron_zaya.processes import process_running
+
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 BINARIES = ["slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol", "scancel", "srun", "munged", "mungekey"]
 
@@ -89,12 +91,8 @@ def _free_ports(n: int) -> list[int]:
 
 
 def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not process_running(pid):
         return False
-    except PermissionError:
-        return True
     # A zombie child of ours still "exists"; reap it if it is ours.
     try:
         done, _ = os.waitpid(pid, os.WNOHANG)
