@@ -116,13 +116,13 @@ def _keep_inputs_only(fn, *args):
     return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, recompute: bool = False) -> torch.Tensor:
-    """recompute: the reference keeps only x for the backward (not its fp32 normalised copy and rsqrt) and
-    runs again then; the Triton kernel keeps x and the per-row rstd in any case."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The Triton kernel and the reference's autograd function both keep only x and the per-row rstd:
+    nothing worth recomputing (--recompute-modules layernorm)."""
     mod = _triton("rmsnorm", x, weight)
     if mod:
         return mod.rms_norm(x, weight, eps)
-    return _keep_inputs_only(_ref("rms_norm"), x, weight, eps) if recompute else _ref("rms_norm")(x, weight, eps)
+    return _ref("rms_norm")(x, weight, eps)
 
 
 def scaled_residual_add(out, residual, out_scale, out_bias, res_scale, res_bias) -> torch.Tensor:
@@ -131,23 +131,13 @@ def scaled_residual_add(out, residual, out_scale, out_bias, res_scale, res_bias)
     return mod.scaled_residual_add(*args) if mod else _ref("scaled_residual_add")(*args)
 
 
-def scaled_residual_add_rms_norm(
-    out, residual, out_scale, out_bias, res_scale, res_bias, norm_weight, eps, norm_dtype=None, recompute=False
-):
-    """recompute: as rms_norm's, for the norm (the reference merge keeps what it keeps)."""
+def scaled_residual_add_rms_norm(out, residual, out_scale, out_bias, res_scale, res_bias, norm_weight, eps,
+                                 norm_dtype=None):
     args = (out, residual, out_scale, out_bias, res_scale, res_bias, norm_weight)
     mod = _triton("rmsnorm", *args)
     if mod:
         return mod.scaled_residual_add_rms_norm(*args, eps, norm_dtype)
-    if not recompute:
-        return _ref("scaled_residual_add_rms_norm")(*args, eps, norm_dtype)
-    if _compile_reference:
-        # Compiled, merge and norm are one graph (split, they would round differently): recomputed whole.
-        return _keep_inputs_only(_ref("scaled_residual_add_rms_norm"), *args, eps, norm_dtype)
-    # reference.scaled_residual_add_rms_norm in its two steps, the norm's internals recomputed.
-    new_residual = _ref("scaled_residual_add")(*args[:6])
-    normed = _keep_inputs_only(_ref("rms_norm"), new_residual, norm_weight, eps)
-    return new_residual, normed if norm_dtype is None else normed.to(norm_dtype)
+    return _ref("scaled_residual_add_rms_norm")(*args, eps, norm_dtype)
 
 
 # --------------------------------------------------------------------------- SwiGLU / RoPE

@@ -12,10 +12,41 @@ import torch.nn.functional as F
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """weight * x / rms(x), computed in fp32 and returned in x's dtype (times weight's dtype)."""
-    x32 = x.float()
-    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * normed.to(x.dtype)
+    """weight * x / rms(x), rms(x) = sqrt(mean(x^2) + eps) over the last dimension, computed in fp32
+    (x's dtype if wider); x / rms(x) is rounded to x's dtype before the weight (result: their promoted
+    dtype). Backward written out (_RMSNorm)."""
+    return _RMSNorm.apply(x, weight, eps)
+
+
+class _RMSNorm(torch.autograd.Function):
+    """With r = 1 / rms(x) per row, y = w * x r and g the output's gradient:
+    dx = r (g w) - x r^3 (sum_j g_j w_j x_j) / D and dw = sum over rows of g x r. Keeps x and r only
+    (the Triton kernel's choice too); about nine full-size passes where autograd through the composed
+    ops takes about twenty, and none of the composed ops' fp32 copies is kept."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        x_c = x.to(_compute_dtype(x))
+        rstd = torch.linalg.vector_norm(x_c, dim=-1, keepdim=True).square_().div_(x.shape[-1]).add_(eps).rsqrt_()
+        ctx.save_for_backward(x, weight, rstd)
+        return (x_c * rstd).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, rstd = ctx.saved_tensors
+        d = x.shape[-1]
+        x_c, g, r = x.to(rstd.dtype).reshape(-1, d), grad.to(rstd.dtype).reshape(-1, d), rstd.reshape(-1, 1)
+        w = weight.to(rstd.dtype)
+        g_x = g * x_c
+        # Row sums and column sums of g x as matrix-vector products: one read each.
+        coefficient = (g_x @ w).unsqueeze(-1).mul_(r.pow(3)).div_(d)
+        grad_x = torch.mul(g, w).mul_(r).addcmul_(x_c, coefficient, value=-1)
+        grad_weight = (r.view(1, -1) @ g_x).view(d).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        return grad_x.view(x.shape).to(x.dtype), grad_weight, None
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.float32)
 
 
 def scaled_residual_add(
@@ -28,9 +59,36 @@ def scaled_residual_add(
 ) -> torch.Tensor:
     """ZAYA1 learned residual scaling: (out + out_bias) * out_scale + (residual + res_bias) * res_scale.
 
-    The residual stream stays fp32: the result has residual's dtype."""
-    merged = (out.to(residual.dtype) + out_bias) * out_scale + (residual + res_bias) * res_scale
-    return merged.to(residual.dtype)
+    The residual stream stays fp32: the result has residual's dtype, and so has the arithmetic.
+    Backward written out (_ScaledResidualAdd)."""
+    return _ScaledResidualAdd.apply(out, residual, out_scale, out_bias, res_scale, res_bias)
+
+
+class _ScaledResidualAdd(torch.autograd.Function):
+    """Computed as residual * res_scale + out * out_scale + (out_bias * out_scale + res_bias * res_scale):
+    two full-size passes. With g the gradient: d out = g out_scale, d residual = g res_scale,
+    d out_scale = sum over rows of g (out + out_bias), d out_bias = out_scale sum(g), and likewise for
+    the residual's pair. Keeps out and residual (not the composed ops' two fp32 sums)."""
+
+    @staticmethod
+    def forward(ctx, out, residual, out_scale, out_bias, res_scale, res_bias):
+        ctx.save_for_backward(out, residual, out_scale, out_bias, res_scale, res_bias)
+        os, ob, rs, rb = (t.to(residual.dtype) for t in (out_scale, out_bias, res_scale, res_bias))
+        return torch.addcmul(ob * os + rb * rs, residual, rs).addcmul_(out, os)
+
+    @staticmethod
+    def backward(ctx, grad):
+        out, residual, *params = ctx.saved_tensors
+        os, ob, rs, rb = (t.to(residual.dtype) for t in params)
+        d = residual.shape[-1]
+        g = grad.to(residual.dtype).reshape(-1, d)
+        column_sum = g.sum(0)
+        grad_out = torch.mul(grad, os).to(out.dtype)
+        grad_residual = torch.mul(grad, rs).to(residual.dtype)
+        grad_os = (g * out.reshape(-1, d)).sum(0).add_(ob * column_sum)
+        grad_rs = (g * residual.reshape(-1, d)).sum(0).add_(rb * column_sum)
+        grads = (grad_out, grad_residual, grad_os, column_sum * os, grad_rs, column_sum * rs)
+        return tuple(t.to(p.dtype) for t, p in zip(grads, (out, residual, *params)))
 
 
 def scaled_residual_add_rms_norm(

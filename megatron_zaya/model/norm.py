@@ -5,12 +5,11 @@ import torch
 from torch import nn
 
 from megatron_zaya import kernels
-from megatron_zaya.model import recompute
 
 
 class RMSNorm(nn.Module):
-    recompute_module = "layernorm"
-    recompute_selective = False     # memory policy (ZayaModel.set_recompute): the internals recomputed
+    """Keeps only its input and the per-row rstd for the backward (both kernel paths), so
+    --recompute-modules layernorm has nothing to recompute here."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -18,16 +17,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return kernels.rms_norm(x, self.weight, self.eps, recompute=recompute.selective(self))
+        return kernels.rms_norm(x, self.weight, self.eps)
 
 
 class ResidualScaling(nn.Module):
     """merged = (out + out_bias) * out_scale + (residual + res_bias) * res_scale (per-channel pairs).
 
     Used on every residual merge; the merged stream keeps the residual's dtype (fp32)."""
-
-    recompute_module = "layernorm"
-    recompute_selective = False     # memory policy (ZayaModel.set_recompute): the fused norm's internals recomputed
 
     def __init__(self, dim: int):
         super().__init__()
@@ -42,8 +38,7 @@ class ResidualScaling(nn.Module):
     def forward_and_norm(self, out: torch.Tensor, residual: torch.Tensor, norm: RMSNorm):
         """The merge fused with the RMSNorm that follows it: returns (new residual, normed)."""
         return kernels.scaled_residual_add_rms_norm(out, residual, self.out_scale, self.out_bias, self.res_scale,
-                                                    self.res_bias, norm.weight, norm.eps,
-                                                    recompute=recompute.selective(self))
+                                                    self.res_bias, norm.weight, norm.eps)
 
 
 def at_least_fp32(x: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,8 @@ only where SDPA takes its math path (which keeps the S x S probabilities); the "
 whole MoE sublayers. What goes, and what is kept instead (the planner,
 planner/activations.py, counts the same terms by `Term.recomputed_by` / `Term.kept_by`):
 
-* RMSNorm internals (the normalised fp32 copy and rsqrt) on the reference kernels: the norm runs again
-  from its input, which is kept anyway. The Triton norms keep only their input and rstd: left alone.
+* Nothing for the RMSNorms and residual merges ("layernorm"): on both kernel paths they keep only their
+  inputs and a per-row rstd (kernels/reference.py's autograd functions, the Triton kernels).
 * CCA's QK-norm factors and RoPE's casts of cos/sin: `normalize_and_rotate` runs again from q and k
   (and the fp32 cos/sin tables every layer shares).
 * The attention core's S x S probabilities and its fp32 copies of q, k, v, where SDPA takes its math
@@ -27,7 +27,7 @@ None of these pieces holds a collective or draws random numbers, so where they r
 matter to CP, TP or EP. Selective and full recomputation are not combined (Megatron's rule too).
 
 Megatron-LM's --recompute-modules chooses among the pieces by its module names (`MODULES`):
-"layernorm" (every RMSNorm's internals, the fused merge+norm's too), "core_attn" (QK-norm + RoPE, a
+"layernorm" (accepted; nothing to recompute, see above), "core_attn" (QK-norm + RoPE, a
 math-path attention core and a segmented convolution), "moe_act" (the router's GELU and the experts' SwiGLU outputs) and "moe": the
 whole MoE sublayer (router, dispatch, experts, combine) keeps only its inputs and runs again in the
 backward, its collectives (EP all-to-all, TP reductions) included, on every rank in the same order.

@@ -31,11 +31,11 @@ cross-entropy scales its saved gradient in place: no transient.
 
 Recomputation: "selective" is what `pretrain_zaya.py --recompute-granularity selective` does
 (model/recompute.py): it recomputes the cheap elementwise pieces and runs no matmul or conv twice. Dropped
-(`Term.recomputed_by`, the --recompute-modules piece that drops it): the reference RMSNorms' internals
-(layernorm; the Triton norms keep only input and rstd anyway), the QK-norm factors and RoPE's cos/sin casts,
+(`Term.recomputed_by`, the --recompute-modules piece that drops it): the QK-norm factors and RoPE's cos/sin casts,
 the math-path attention core's fp32 q/k/v and S x S probabilities (core_attn), the router's GELU outputs
 and the experts' SwiGLU output (the inputs of fc2/out_proj and of the down projection, recomputed from the
 activations' inputs before those matmuls' backward) and the reference SwiGLU's SiLU output (moe_act).
+"layernorm" drops nothing: every RMSNorm, Triton or reference, keeps only its input and rstd.
 Kept instead (`Term.kept_by`): the recomputed attention core's bf16 q, k, v and, on the reference path,
 the fp32 cos/sin tables the recomputed RoPE reads. The "moe" piece keeps of each MoE sublayer (`Term.moe`)
 only its inputs and reruns one at a time. "full" keeps only each block's inputs (fp32 residual, fp32
@@ -103,21 +103,14 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
     # Expert rows per token after the CPU path's bucket padding (about rho * 17/16; a group pads to >= 16 rows).
     rows = rho if padded_fraction is None else padded_fraction
     fused = pol.kernels == "fused"
-    if fused:
-        # Triton: each RMSNorm keeps its fp32 input and rstd; the attention merge+norm keeps the sublayer
-        # output (bf16) and the residual (the same tensor the input norm kept), the MoE merge keeps the
-        # MoE output (bf16) and the merged fp32 residual.
-        terms = [
-            Term("block input residual (fp32) + rstd", 4 * d + 4),
-            Term("attention merge: sublayer output (bf16) + rstd", 2 * d + 4),
-            Term("MoE merge: merged residual (fp32) + MoE output (bf16)", 4 * d + 2 * d),
-        ]
-    else:
-        terms = [
-            Term("norms: fp32 inputs (2 RMSNorms)", 2 * 4 * d),
-            Term("norms: rsqrt + normalised fp32 (2 RMSNorms)", 2 * (4 * d + 4), "layernorm"),
-            Term("residual merges (2 fp32 sums each, 2 merges)", 2 * 2 * 4 * d),
-        ]
+    # Both the Triton norms and the reference's autograd functions (kernels/reference.py): each RMSNorm
+    # keeps its fp32 input and rstd, each residual merge its sublayer output (bf16) and its fp32 residual
+    # input, which is also the input a norm keeps (the block's input norm, the merge's following norm).
+    terms = [
+        Term("block input residual (fp32) + rstd", 4 * d + 4),
+        Term("attention merge: sublayer output (bf16) + rstd", 2 * d + 4),
+        Term("MoE merge: merged residual (fp32) + MoE output (bf16)", 4 * d + 2 * d),
+    ]
     terms.append(Term("attention: bf16 input cast of the stacked projection (q, k, v_current, v_previous)", 2 * d))
     if packed_documents:
         # The segmented conv keeps its input, a view that keeps the whole stacked projection output alive,
@@ -156,7 +149,7 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
     # The MoE sublayer. Its input, the normed hidden (fp32), is the router's fp32 input (one storage).
     moe = [
         Term("router: fp32 input + norm input", 4 * d + 4 * r),
-        Term("router: norm internals", 4 if fused else 4 * r + 4, None if fused else "layernorm"),
+        Term("router: norm rstd", 4),
         Term("router: MLP (fc1 in, GELU ins, softmax, index, mask)", 3 * 4 * r + 4 * k + 8 + 1),
         Term("router: GELU outputs", 2 * 4 * r, "moe_act"),
     ]
@@ -189,7 +182,7 @@ def outer_terms(config: ModelConfig, policy: str = "gpu", packed_documents: bool
     terms = [
         Term("embedding indices + input scaling (bf16)", 8 + 2 * d),
         Term("final norm: fp32 input", 4 * d),
-        Term("final norm: internals", 4 if fused else 4 * d + 4, None if fused else "layernorm"),
+        Term("final norm: rstd", 4),
         Term("LM head input (bf16)", 2 * d),
         loss,
     ]

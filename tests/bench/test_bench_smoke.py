@@ -144,6 +144,19 @@ def test_qk_norm_bench_runs(capsys, keep_threads):
     assert "1,8,4,2,16" in capsys.readouterr().out
 
 
+def test_norms_bench_runs_and_restores_the_written_out_ops(capsys, keep_threads):
+    from megatron_zaya.kernels import reference
+
+    written = (reference.rms_norm, reference.scaled_residual_add)
+    norms = load_script("norms")
+    assert norms.main(["--shape", "1,8,16", "--iters", "1"]) == 0
+    assert norms.main(["--model", "zaya1-tiny", "--micro-batch-size", "1", "--seq-length", "16", "--iters", "1",
+                       "--warmup", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "1,8,16" in out and "paired ratio" in out
+    assert (reference.rms_norm, reference.scaled_residual_add) == written
+
+
 def test_train_throughput_two_processes_expert_parallel(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", MEGATRON_ZAYA_KERNELS="torch")
     cmd = ["torchrun", "--standalone", "--nproc-per-node", "2", "bench/train_throughput.py", *TINY,

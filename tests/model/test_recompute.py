@@ -84,14 +84,15 @@ def test_no_recomputation_outside_training(setup):
 
 
 # Kept bytes of the 3-layer fixture, fp32 / bf16 autocast, none -> selective (measured): SDPA math path
-# 5.74 -> 4.83 MB / 8.53 -> 6.82 MB (S x S probabilities included), flash 5.55 -> 4.83 MB / 8.23 -> 6.82 MB;
-# full: 2.35 / 3.38 MB. tests/planner/test_planner_activations.py checks the selective bytes term by term.
+# 5.28 -> 4.64 MB / 7.97 -> 6.53 MB (S x S probabilities included), flash 5.09 -> 4.64 MB / 7.68 -> 6.53 MB;
+# full: 2.32 / 3.35 MB (the norms keep only their inputs and rstd: "layernorm" drops nothing).
+# tests/planner/test_planner_activations.py checks the selective bytes term by term.
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-autocast"])
 @pytest.mark.parametrize("backend", [SDPBackend.MATH, SDPBackend.FLASH_ATTENTION], ids=["sdpa-math", "sdpa-flash"])
 def test_selective_recomputation_gives_the_same_gradients_and_keeps_less(setup, backend, bf16):
-    """Selective recomputation (norm internals, QK-norm + RoPE, router GELU and expert SwiGLU outputs, and
-    the attention core where SDPA's math path keeps the S x S probabilities): bit-identical losses and
-    gradients, at least a tenth fewer bytes kept, and more than full recomputation keeps."""
+    """Selective recomputation (QK-norm + RoPE, router GELU and expert SwiGLU outputs, and the attention
+    core where SDPA's math path keeps the S x S probabilities): bit-identical losses and gradients, at least
+    a twentieth fewer bytes kept, and more than full recomputation keeps."""
     model, tokens, labels = setup
     with sdpa_kernel(backend):
         model.set_recompute(None)
@@ -105,7 +106,7 @@ def test_selective_recomputation_gives_the_same_gradients_and_keeps_less(setup, 
         finally:
             model.set_recompute(None)
     assert_identical(plain, selective)
-    assert full[2] < selective[2] < 0.9 * plain[2], (full[2], selective[2], plain[2])
+    assert full[2] < selective[2] < 0.95 * plain[2], (full[2], selective[2], plain[2])
 
 
 def test_selective_recomputation_policy(setup):
@@ -117,7 +118,7 @@ def test_selective_recomputation_policy(setup):
     model.set_recompute("selective")
     try:
         flagged = {type(m).__name__ for m in model.modules() if getattr(m, "recompute_selective", False)}
-        assert flagged == {"RMSNorm", "ResidualScaling", "CompressedConvAttention", "ZayaRouter", "GroupedExperts"}
+        assert flagged == {"CompressedConvAttention", "ZayaRouter", "GroupedExperts"}   # the norms: nothing to drop
         assert model.recompute_modules == ("layernorm", "core_attn", "moe_act")
         model.set_recompute("selective", modules=["moe", "core_attn"])
         flagged = {type(m).__name__ for m in model.modules() if getattr(m, "recompute_selective", False)}
@@ -137,8 +138,8 @@ def test_selective_recomputation_policy(setup):
     assert not any(getattr(m, "recompute_selective", False) for m in model.modules())
 
 
-# Kept bytes of the 3-layer fixture, fp32, SDPA math path (measured): none 5.74 MB, the three cheap modules 4.83 MB;
-# moe 4.59, core_attn 5.53, layernorm + moe_act 5.04, moe + layernorm + core_attn 4.15 MB.
+# Kept bytes of the 3-layer fixture, fp32, SDPA math path (measured): none 5.28 MB, the three cheap modules 4.64 MB;
+# moe 4.16, core_attn 5.08, layernorm + moe_act 4.84, moe + layernorm + core_attn 3.96 MB.
 @pytest.mark.parametrize("modules", [["moe"], ["core_attn"], ["layernorm", "moe_act"], ["moe", "layernorm", "core_attn"]])
 def test_recompute_modules_give_the_same_gradients(setup, modules):
     """--recompute-modules (Megatron's names) chooses the pieces: any choice leaves losses and gradients

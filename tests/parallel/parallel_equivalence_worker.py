@@ -243,10 +243,16 @@ def run_layout(spec: str, world: int) -> list[str]:
                 if r > GRAD_RTOL:
                     errors.append(f"step {step}: grad {n} rel {r:.2e}")
         ref_zeros = sum(int((p.grad == 0).sum()) for p in ref.parameters() if p.grad is not None)
+        # Elements that cancel to within rounding (|g| <= 1e-6 of the tensor's largest) may come out exactly
+        # zero in one summation order and not the other; the structural zeros (unseen vocab rows, idle
+        # experts) must match.
+        near_zero = sum(int(((p.grad != 0) & (p.grad.abs() <= 1e-6 * p.grad.abs().max())).sum())
+                        for p in ref.parameters() if p.grad is not None)
         zeros = count_zero_grads(model.parameters(), ps, torch.device("cpu"))
         worst["zeros"] = max(worst["zeros"], ref_zeros)
-        if zeros != ref_zeros:   # exact zeros are structural (unseen vocab rows, idle experts): equal counts
-            errors.append(f"step {step}: {zeros} zero gradient elements, single process {ref_zeros}")
+        if abs(zeros - ref_zeros) > near_zero:
+            errors.append(f"step {step}: {zeros} zero gradient elements, single process {ref_zeros} "
+                          f"(and {near_zero} within rounding of zero)")
         ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), CLIP)
         norm = clip_grad_norm(model.parameters(), CLIP, ps)
         worst["norm"] = max(worst["norm"], abs(float(norm / ref_norm) - 1))
