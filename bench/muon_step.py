@@ -3,18 +3,24 @@
     python bench/muon_step.py --preset zaya1-100m
     python bench/muon_step.py --preset zaya1-tiny --iters 9
     python bench/muon_step.py --preset zaya1-tiny --ns-dtype bf16   # force a Newton-Schulz dtype
+    python bench/muon_step.py --preset zaya1-100m --cpu-chunk-bytes 0 6291456   # whole stacks vs 6 MiB chunks
 
 The matrices are the ones `optim.builder` gives Muon (attention and router linears, the stacked
 expert weights), with random gradients. Prints the median seconds of a step, the Newton-Schulz
 FLOPs (planner.time.newton_schulz_flops per matrix: 5 steps of 4 m^2 n + 2 m^3, m <= n) and their
 rate, and the time of each shape group. Newton-Schulz runs in Muon's default dtype for this machine
 (bf16 where bf16 matmuls are native, fp32 elsewhere: kernels/capability.py) unless --ns-dtype says.
+--cpu-chunk-bytes V1 V2 ...: Muon.step with each value of reference.NEWTON_SCHULZ_CPU_CHUNK_BYTES (how
+much of a stack Newton-Schulz takes per batched call on CPU; 0: the whole stack), the values alternating
+step by step; the per-shape times then use the first value.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -43,6 +49,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every CPU)")
     parser.add_argument("--ns-dtype", choices=["auto", "bf16", "fp32"], default="auto",
                         help="Newton-Schulz dtype (auto: Muon's default on this machine)")
+    parser.add_argument("--cpu-chunk-bytes", type=int, nargs="+", default=None, metavar="BYTES",
+                        help="values of reference.NEWTON_SCHULZ_CPU_CHUNK_BYTES to compare (0: whole stacks)")
     args = parser.parse_args(argv)
     ns_dtype = {"auto": newton_schulz_dtype("cpu"), "bf16": torch.bfloat16, "fp32": torch.float32}[args.ns_dtype]
     keep_freed_memory()
@@ -54,21 +62,46 @@ def main(argv=None) -> int:
         p.grad = torch.randn_like(p)
     optimizer = Muon(matrices, lr=1e-4, ns_dtype=ns_dtype)
     flops = sum(matrix_flops(p.shape) for p in matrices)
-    step = median_seconds(optimizer.step, args.iters)
     print(f"{args.preset}: {len(matrices)} Muon matrices, {sum(p.numel() for p in matrices) / 1e6:.1f}M parameters, "
           f"{torch.get_num_threads()} threads, Newton-Schulz in {str(ns_dtype).removeprefix('torch.')}, "
           f"median of {args.iters}")
-    print(f"Muon.step {step:.3f} s | Newton-Schulz {flops / 1e9:.0f} GFLOP, {flops / step / 1e12:.3f} TFLOP/s "
-          f"over the whole step")
+    chunk_values = args.cpu_chunk_bytes or [reference.NEWTON_SCHULZ_CPU_CHUNK_BYTES]
+    default = reference.NEWTON_SCHULZ_CPU_CHUNK_BYTES
+    try:
+        time_steps_and_shapes(optimizer, matrices, chunk_values, flops, ns_dtype, args.iters)
+    finally:
+        reference.NEWTON_SCHULZ_CPU_CHUNK_BYTES = default
+    return 0
+
+
+def time_steps_and_shapes(optimizer, matrices, chunk_values: list[int], flops: float, ns_dtype, iters: int) -> None:
+    """Muon.step under each chunk value (interleaved), then each shape group's Newton-Schulz under the first."""
+    for chunk_bytes, step in zip(chunk_values, interleaved_steps(optimizer.step, chunk_values, iters)):
+        chunks = f"CPU chunks of {chunk_bytes / 2 ** 20:g} MiB" if chunk_bytes else "whole stacks"
+        print(f"Muon.step {step:.3f} s | Newton-Schulz {flops / 1e9:.0f} GFLOP, {flops / step / 1e12:.3f} TFLOP/s "
+              f"over the whole step | {chunks}")
+    reference.NEWTON_SCHULZ_CPU_CHUNK_BYTES = chunk_values[0]
     by_shape: dict[tuple, list[torch.Tensor]] = {}
     for p in matrices:
         by_shape.setdefault(tuple(p.shape), []).append(p.grad)
     for shape, grads in by_shape.items():
         stacked = torch.stack(grads)
-        seconds = median_seconds(lambda: reference.newton_schulz(stacked, dtype=ns_dtype), args.iters)
+        seconds = median_seconds(lambda: reference.newton_schulz(stacked, dtype=ns_dtype), iters)
         print(f"  newton_schulz {len(grads):3d} x {str(shape):18s} {1e3 * seconds:8.1f} ms "
               f"{matrix_flops(stacked.shape) / seconds / 1e12:.3f} TFLOP/s")
-    return 0
+
+
+def interleaved_steps(step, chunk_values: list[int], iters: int) -> list[float]:
+    """Median seconds of `step` under each NEWTON_SCHULZ_CPU_CHUNK_BYTES value, the values alternating."""
+    times: list[list[float]] = [[] for _ in chunk_values]
+    for i in range(iters + 1):
+        for value, record in zip(chunk_values, times):
+            reference.NEWTON_SCHULZ_CPU_CHUNK_BYTES = value
+            start = time.perf_counter()
+            step()
+            if i:
+                record.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 if __name__ == "__main__":

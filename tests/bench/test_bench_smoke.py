@@ -89,6 +89,13 @@ def test_muon_step_and_lm_head_layouts_run(capsys, keep_threads):
     assert f"Newton-Schulz in {str(newton_schulz_dtype('cpu')).removeprefix('torch.')}" in out
     assert load_script("muon_step").main(["--preset", "zaya1-tiny", "--iters", "1", "--ns-dtype", "fp32"]) == 0
     assert "Newton-Schulz in float32" in capsys.readouterr().out
+    from megatron_zaya.kernels import reference
+    default = reference.NEWTON_SCHULZ_CPU_CHUNK_BYTES
+    assert load_script("muon_step").main(["--preset", "zaya1-tiny", "--iters", "1", "--cpu-chunk-bytes", "0",
+                                          str(1 << 20)]) == 0
+    out = capsys.readouterr().out
+    assert "whole stacks" in out and "CPU chunks of 1 MiB" in out
+    assert reference.NEWTON_SCHULZ_CPU_CHUNK_BYTES == default
     assert load_script("lm_head_layouts").main(["--tokens", "64", "--hidden", "32", "--vocab", "256",
                                                 "--iters", "1"]) == 0
     out = capsys.readouterr().out

@@ -130,3 +130,23 @@ def test_muon_scale_flags_reach_the_optimizer_and_bad_values_are_refused(tmp_pat
     with pytest.raises(SystemExit):
         parse_args(["--mock-data", "--tokenizer-type", "NullTokenizer", "--tokenizer-model", "100",
                     "--train-iters", "1", "--muon-extra-scale-factor", "0"])
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["wide", "tall"])
+def test_cpu_chunked_newton_schulz_equals_the_whole_stack(monkeypatch, transposed):
+    """On CPU a stack runs NEWTON_SCHULZ_CPU_CHUNK_BYTES of X at a time: 7 matrices in chunks of 2 (the last
+    one alone) give each matrix's float64 result (fp32: 1e-5) and the whole stack's within fp32 rounding."""
+    from megatron_zaya.kernels import reference
+
+    torch.manual_seed(3)
+    grads = torch.randn(7, 12, 20)
+    if transposed:
+        grads = grads.transpose(-2, -1).contiguous()
+    monkeypatch.setattr(reference, "NEWTON_SCHULZ_CPU_CHUNK_BYTES", 0)
+    whole = reference.newton_schulz(grads, dtype=torch.float32)
+    monkeypatch.setattr(reference, "NEWTON_SCHULZ_CPU_CHUNK_BYTES", 2 * 12 * 20 * 4)
+    chunked = reference.newton_schulz(grads, dtype=torch.float32)
+    assert chunked.shape == grads.shape and chunked.dtype == torch.float32
+    ref = torch.stack([reference_newton_schulz(g) for g in grads])
+    assert (chunked.double() - ref).abs().max() < 1e-5
+    torch.testing.assert_close(chunked, whole, rtol=1e-6, atol=1e-6)
