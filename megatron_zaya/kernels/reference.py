@@ -364,7 +364,7 @@ def newton_schulz(grad: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype=t
     if transposed:
         x = x.transpose(-2, -1)
     shape = x.shape
-    x = x.reshape(-1, shape[-2], shape[-1])          # (batch, m, n), m <= n; contiguous
+    x = x.reshape(-1, shape[-2], shape[-1])          # (batch, m, n), m <= n; tall ones stay a transposed view
     per_chunk = len(x)
     if x.device.type == "cpu" and NEWTON_SCHULZ_CPU_CHUNK_BYTES:
         per_chunk = max(1, NEWTON_SCHULZ_CPU_CHUNK_BYTES // (shape[-2] * shape[-1] * x.element_size()))
