@@ -48,8 +48,8 @@ class MuonScale:
 
 
 def momentum_direction(grad: torch.Tensor, buffer: torch.Tensor, momentum: float, nesterov: bool) -> torch.Tensor:
-    """Updates `buffer` in place (buffer = momentum * buffer + grad) and returns the direction."""
-    buffer.mul_(momentum).add_(grad)
+    """Updates `buffer` in place (buffer = momentum * buffer + grad, one pass) and returns the direction."""
+    torch.add(grad, buffer, alpha=momentum, out=buffer)
     return grad.add(buffer, alpha=momentum) if nesterov else buffer.clone()
 
 
@@ -66,9 +66,11 @@ def orthogonalized_updates(directions: list[torch.Tensor], ns_steps: int, ns_dty
             for i in indices:
                 results[i] = torch.zeros_like(directions[i])
             continue
-        stacked = torch.stack([directions[i] for i in indices])
-        dtype = ns_dtype or newton_schulz_dtype(stacked.device)
-        ortho = kernels.newton_schulz(stacked, steps=ns_steps, dtype=dtype) * scale(torch.Size(shape))
+        dtype = ns_dtype or newton_schulz_dtype(directions[indices[0]].device)
+        stacked = torch.empty((len(indices), *shape), dtype=dtype, device=directions[indices[0]].device)
+        for j, i in enumerate(indices):       # stacked and cast to Newton-Schulz's dtype in one pass
+            stacked[j].copy_(directions[i])
+        ortho = kernels.newton_schulz(stacked, steps=ns_steps, dtype=dtype).mul_(scale(torch.Size(shape)))
         for j, i in enumerate(indices):
             results[i] = ortho[j]
     return results
@@ -148,4 +150,4 @@ class Muon(torch.optim.Optimizer):
 def apply_update(param: torch.Tensor, update: torch.Tensor, lr: float, weight_decay: float) -> None:
     if weight_decay:
         param.mul_(1 - lr * weight_decay)
-    param.add_(update.to(param.dtype), alpha=-lr)
+    param.add_(update, alpha=-lr)      # a bf16 update is added in param's dtype, without a converted copy
