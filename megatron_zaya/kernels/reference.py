@@ -83,12 +83,11 @@ class _ScaledResidualAdd(torch.autograd.Function):
         d = residual.shape[-1]
         g = grad.to(residual.dtype).reshape(-1, d)
         column_sum = g.sum(0)
-        grad_out = torch.mul(grad, os).to(out.dtype)
-        grad_residual = torch.mul(grad, rs).to(residual.dtype)
+        grad_out, grad_residual = torch.mul(grad, os), torch.mul(grad, rs)
         grad_os = (g * out.reshape(-1, d)).sum(0).add_(ob * column_sum)
         grad_rs = (g * residual.reshape(-1, d)).sum(0).add_(rb * column_sum)
         grads = (grad_out, grad_residual, grad_os, column_sum * os, grad_rs, column_sum * rs)
-        return tuple(t.to(p.dtype) for t, p in zip(grads, (out, residual, *params)))
+        return tuple(t.to(p.dtype) for t, p in zip(grads, (out, residual, *params)))   # each input's dtype
 
 
 def scaled_residual_add_rms_norm(
@@ -152,7 +151,7 @@ class _QKNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, temperature):
-        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.promote_types(x.dtype, torch.float32))
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=_compute_dtype(x))
         ctx.save_for_backward(x, norm, temperature)
         return x * _qk_norm_factors(x, norm, temperature)[1].to(x.dtype)
 
@@ -358,7 +357,8 @@ def newton_schulz(grad: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype=t
     the error against float64 of separate matmuls, scalings and adds, and Muon's step ~20% faster
     (bench/muon_step.py; one shape group slower, see BENCHMARKS.md). On CPU a large batch runs a few
     matrices at a time (NEWTON_SCHULZ_CPU_CHUNK_BYTES of X), all steps on each chunk while it is in cache:
-    the same arithmetic, 10-20% faster for the expert stacks (bench/muon_step.py --cpu-chunk-bytes)."""
+    the same arithmetic; Muon's step 8-11% faster at zaya1-100m (bench/muon_step.py --cpu-chunk-bytes 0
+    6291456)."""
     x = grad.to(dtype)
     transposed = x.shape[-2] > x.shape[-1]
     if transposed:

@@ -66,8 +66,9 @@ def orthogonalized_updates(directions: list[torch.Tensor], ns_steps: int, ns_dty
             for i in indices:
                 results[i] = torch.zeros_like(directions[i])
             continue
-        dtype = ns_dtype or newton_schulz_dtype(directions[indices[0]].device)
-        stacked = torch.empty((len(indices), *shape), dtype=dtype, device=directions[indices[0]].device)
+        device = directions[indices[0]].device
+        dtype = ns_dtype or newton_schulz_dtype(device)
+        stacked = torch.empty((len(indices), *shape), dtype=dtype, device=device)
         for j, i in enumerate(indices):       # stacked and cast to Newton-Schulz's dtype in one pass
             stacked[j].copy_(directions[i])
         ortho = kernels.newton_schulz(stacked, steps=ns_steps, dtype=dtype).mul_(scale(torch.Size(shape)))
