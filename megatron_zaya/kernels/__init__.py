@@ -257,9 +257,14 @@ def moe_unpermute(expert_out: torch.Tensor, order: torch.Tensor, gate: torch.Ten
 # --------------------------------------------------------------------------- Newton-Schulz
 
 
-def newton_schulz(grad: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype=torch.bfloat16) -> torch.Tensor:
+def newton_schulz(grad: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype=torch.bfloat16,
+                  scale: float = 1.0) -> torch.Tensor:
+    """scale x the orthogonalised (..., m, n) matrices of grad, in `dtype` (see reference.newton_schulz)."""
     mod = _triton("newton_schulz", grad)
-    return mod.newton_schulz(grad, steps, eps, dtype) if mod else reference.newton_schulz(grad, steps, eps, dtype)
+    if mod:
+        out = mod.newton_schulz(grad, steps, eps, dtype)
+        return out.mul_(scale) if scale != 1.0 else out
+    return reference.newton_schulz(grad, steps, eps, dtype, scale)
 
 
 def newton_schulz_many(grads: list, steps: int = 5, eps: float = 1e-7, dtype=torch.bfloat16) -> list:

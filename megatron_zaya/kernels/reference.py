@@ -348,44 +348,47 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NEWTON_SCHULZ_CPU_CHUNK_BYTES = 6 << 20   # matrices per batched call on CPU: about this much of X
 
 
-def newton_schulz(grad: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype=torch.bfloat16) -> torch.Tensor:
-    """Approximate U V^T of each matrix in grad (..., m, n) with the quintic Newton-Schulz iteration.
+def newton_schulz(grad: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype=torch.bfloat16,
+                  scale: float = 1.0) -> torch.Tensor:
+    """Approximate U V^T of each matrix in grad (..., m, n) with the quintic Newton-Schulz iteration,
+    times `scale` (Muon's update factor, folded into the last step).
 
-    Runs in `dtype` (bf16 on accelerators, as in Muon) and returns that dtype. Each step is
-    gram = X X^T, poly = b gram + c gram^2, X = a X + poly X, the last two as one baddbmm each (one
-    rounding per product-and-sum instead of three). At zaya1-100m's shapes in bf16 on CPU: about half
-    the error against float64 of separate matmuls, scalings and adds, and Muon's step ~20% faster
-    (bench/muon_step.py; one shape group slower, see BENCHMARKS.md). On CPU a large batch runs a few
-    matrices at a time (NEWTON_SCHULZ_CPU_CHUNK_BYTES of X), all steps on each chunk while it is in cache:
-    the same arithmetic; Muon's step 8-11% faster at zaya1-100m (bench/muon_step.py --cpu-chunk-bytes 0
-    6291456)."""
+    Runs in `dtype` (bf16 on accelerators, as in Muon) and returns that dtype, contiguous. Each step
+    is gram = X X^T, poly = b gram + c gram^2, X = a X + poly X, the last two as one baddbmm each (one
+    rounding per product-and-sum instead of three). A tall matrix (m > n) takes the same polynomial
+    from the right, gram = X^T X (n x n) and X = a X + X poly (p(X X^T) X = X p(X^T X)), so it is
+    never transposed: the caller's update is read in its own layout. At zaya1-100m's shapes in bf16 on
+    CPU: about half the error against float64 of separate matmuls, scalings and adds, and Muon's step
+    ~20% faster (bench/muon_step.py; one shape group slower, see BENCHMARKS.md). On CPU a large batch
+    runs a few matrices at a time (NEWTON_SCHULZ_CPU_CHUNK_BYTES of X), all steps on each chunk while
+    it is in cache, the last step writing straight into its rows of the result: the same arithmetic;
+    Muon's step 8-11% faster at zaya1-100m (bench/muon_step.py --cpu-chunk-bytes 0 6291456)."""
     x = grad.to(dtype)
-    transposed = x.shape[-2] > x.shape[-1]
-    if transposed:
-        x = x.transpose(-2, -1)
     shape = x.shape
-    x = x.reshape(-1, shape[-2], shape[-1])          # (batch, m, n), m <= n; tall ones stay a transposed view
-    per_chunk = len(x)
+    x = x.reshape(-1, shape[-2], shape[-1])
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    per_chunk = max(len(x), 1)
     if x.device.type == "cpu" and NEWTON_SCHULZ_CPU_CHUNK_BYTES:
-        per_chunk = max(1, NEWTON_SCHULZ_CPU_CHUNK_BYTES // (shape[-2] * shape[-1] * x.element_size()))
-    if per_chunk >= len(x):
-        x = _newton_schulz_steps(x, steps, eps)
-    else:
-        x = torch.cat([_newton_schulz_steps(chunk, steps, eps) for chunk in x.split(per_chunk)])
-    x = x.view(shape)
-    if transposed:
-        x = x.transpose(-2, -1)
-    return x
+        per_chunk = max(1, NEWTON_SCHULZ_CPU_CHUNK_BYTES // max(1, shape[-2] * shape[-1] * x.element_size()))
+    for lo in range(0, len(x), per_chunk):
+        _newton_schulz_steps(x[lo:lo + per_chunk], steps, eps, scale, out[lo:lo + per_chunk])
+    return out.view(shape)
 
 
-def _newton_schulz_steps(x: torch.Tensor, steps: int, eps: float) -> torch.Tensor:
+def _newton_schulz_steps(x: torch.Tensor, steps: int, eps: float, scale: float, out: torch.Tensor) -> None:
+    """The iteration on a (batch, m, n) stack, scale times the result written into `out`."""
     a, b, c = NS_COEFFICIENTS
+    tall = x.shape[-2] > x.shape[-1]
     x = x / (x.norm(dim=(-2, -1), keepdim=True) + eps)
-    for _ in range(steps):
-        gram = torch.bmm(x, x.transpose(-2, -1))
+    if steps == 0:
+        torch.mul(x, scale, out=out)
+    for step in range(steps):
+        last = step == steps - 1
+        gram = torch.bmm(x.transpose(-2, -1), x) if tall else torch.bmm(x, x.transpose(-2, -1))
         poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
-        x = torch.baddbmm(x, poly, x, beta=a)
-    return x
+        alpha, beta = (scale, a * scale) if last else (1.0, a)
+        left, right = (x, poly) if tall else (poly, x)
+        x = torch.baddbmm(x, left, right, beta=beta, alpha=alpha, out=out if last else None)
 
 
 # --------------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ def orthogonalized_updates(directions: list[torch.Tensor], ns_steps: int, ns_dty
         stacked = torch.empty((len(indices), *shape), dtype=dtype, device=device)
         for j, i in enumerate(indices):       # stacked and cast to Newton-Schulz's dtype in one pass
             stacked[j].copy_(directions[i])
-        ortho = kernels.newton_schulz(stacked, steps=ns_steps, dtype=dtype).mul_(scale(torch.Size(shape)))
+        ortho = kernels.newton_schulz(stacked, steps=ns_steps, dtype=dtype, scale=scale(torch.Size(shape)))
         for j, i in enumerate(indices):
             results[i] = ortho[j]
     return results
