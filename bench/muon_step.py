@@ -13,6 +13,11 @@ rate, and the time of each shape group. Newton-Schulz runs in Muon's default dty
 --cpu-chunk-bytes V1 V2 ...: Muon.step with each value of reference.NEWTON_SCHULZ_CPU_CHUNK_BYTES (how
 much of a stack Newton-Schulz takes per batched call on CPU; 0: the whole stack), the values alternating
 step by step; the per-shape times then use the first value.
+--baseline-tree PATH: also time the Muon of another checkout (e.g. `git worktree add /tmp/base REV`) on a
+copy of the same matrices and gradients, its steps alternating with this tree's; prints both medians and
+the median of the per-pair ratios (this machine's speed drifts too much for runs one after the other).
+
+    git worktree add /tmp/base HEAD~1 && python bench/muon_step.py --preset zaya1-100m --baseline-tree /tmp/base
 """
 from __future__ import annotations
 
@@ -51,6 +56,8 @@ def main(argv=None) -> int:
                         help="Newton-Schulz dtype (auto: Muon's default on this machine)")
     parser.add_argument("--cpu-chunk-bytes", type=int, nargs="+", default=None, metavar="BYTES",
                         help="values of reference.NEWTON_SCHULZ_CPU_CHUNK_BYTES to compare (0: whole stacks)")
+    parser.add_argument("--baseline-tree", default=None, metavar="PATH",
+                        help="another checkout of this repository whose Muon.step to time against this one's")
     args = parser.parse_args(argv)
     ns_dtype = {"auto": newton_schulz_dtype("cpu"), "bf16": torch.bfloat16, "fp32": torch.float32}[args.ns_dtype]
     keep_freed_memory()
@@ -60,6 +67,8 @@ def main(argv=None) -> int:
     matrices = [p for _, p in split_parameters(model, use_muon=True)[0]]
     for p in matrices:
         p.grad = torch.randn_like(p)
+    if args.baseline_tree:
+        return compare_with_baseline(args.baseline_tree, matrices, ns_dtype, args.iters)
     optimizer = Muon(matrices, lr=1e-4, ns_dtype=ns_dtype)
     flops = sum(matrix_flops(p.shape) for p in matrices)
     print(f"{args.preset}: {len(matrices)} Muon matrices, {sum(p.numel() for p in matrices) / 1e6:.1f}M parameters, "
@@ -71,6 +80,58 @@ def main(argv=None) -> int:
         time_steps_and_shapes(optimizer, matrices, chunk_values, flops, ns_dtype, args.iters)
     finally:
         reference.NEWTON_SCHULZ_CPU_CHUNK_BYTES = default
+    return 0
+
+
+def baseline_muon_class(tree: str):
+    """The Muon class of another checkout, imported under the same module names and then set aside
+    (its functions keep their own modules), so both trees' optimizers live in one process."""
+    root = os.path.abspath(tree)
+    if not os.path.isfile(os.path.join(root, "megatron_zaya", "optim", "muon.py")):
+        raise SystemExit(f"--baseline-tree {tree}: no megatron_zaya/optim/muon.py there")
+
+    def ours() -> dict:
+        return {k: m for k, m in sys.modules.items() if k == "megatron_zaya" or k.startswith("megatron_zaya.")}
+
+    saved = ours()
+    for name in saved:
+        del sys.modules[name]
+    sys.path.insert(0, root)
+    try:
+        import megatron_zaya.optim.muon as baseline
+    finally:
+        sys.path.remove(root)
+        for name in ours():
+            del sys.modules[name]
+        sys.modules.update(saved)
+    if not os.path.abspath(baseline.__file__).startswith(root + os.sep):
+        raise SystemExit(f"--baseline-tree {tree}: imported {baseline.__file__} instead")
+    return baseline.Muon
+
+
+@torch.no_grad()
+def compare_with_baseline(tree: str, matrices: list, ns_dtype, iters: int) -> int:
+    """This tree's Muon.step against the baseline tree's, on copies of the same matrices and gradients,
+    steps alternating (the first pair untimed)."""
+    optimizers = []
+    for cls in (baseline_muon_class(tree), Muon):
+        params = [torch.nn.Parameter(p.detach().clone()) for p in matrices]
+        for param, p in zip(params, matrices):
+            param.grad = p.grad
+        optimizers.append((cls(params, lr=1e-4, ns_dtype=ns_dtype), params))
+    times: list[list[float]] = [[], []]
+    for i in range(iters + 1):
+        for (optimizer, _), record in zip(optimizers, times):
+            start = time.perf_counter()
+            optimizer.step()
+            if i:
+                record.append(time.perf_counter() - start)
+    ratios = [b / t for b, t in zip(*times)]
+    drift = max(float((a - b).abs().max()) for a, b in zip(optimizers[0][1], optimizers[1][1]))
+    print(f"Muon.step baseline ({tree}) {statistics.median(times[0]):.3f} s | this tree "
+          f"{statistics.median(times[1]):.3f} s | per-pair speed-up median {statistics.median(ratios):.3f}x "
+          f"(min {min(ratios):.3f}, max {max(ratios):.3f}) | largest parameter difference after "
+          f"{iters + 1} steps {drift:.2e}")
     return 0
 
 

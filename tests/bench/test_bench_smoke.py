@@ -102,6 +102,23 @@ def test_muon_step_and_lm_head_layouts_run(capsys, keep_threads):
     assert "rows dW^T" in out and "cols dX" in out
 
 
+def test_muon_step_against_a_baseline_tree(capsys, keep_threads, tmp_path):
+    """--baseline-tree imports another checkout's Muon beside this one's: a copy of this package gives the
+    same parameters to the last bit, and this tree's modules are the ones left imported afterwards."""
+    import megatron_zaya.optim.muon as muon
+
+    shutil.copytree(Path(muon.__file__).parents[1], tmp_path / "megatron_zaya",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    assert load_script("muon_step").main(["--preset", "zaya1-tiny", "--iters", "1", "--threads", "1",
+                                          "--baseline-tree", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"baseline ({tmp_path})" in out and "largest parameter difference after 2 steps 0.00e+00" in out
+    import megatron_zaya.optim.muon as after
+    assert after is muon
+    with pytest.raises(SystemExit, match="no megatron_zaya/optim/muon.py"):
+        load_script("muon_step").main(["--preset", "zaya1-tiny", "--baseline-tree", str(tmp_path / "none")])
+
+
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not installed")
 def test_packed_documents_bench_runs(capsys):
     assert load_script("packed_documents").main(["--preset", "zaya1-tiny", "--micro-batch-size", "1",
