@@ -510,11 +510,17 @@ def cca_causal_conv(
     acts on the padded steps). Returns (B, S, C)."""
     channels = packed.shape[-1]
     context = dw_weight.shape[-1] - 1 + g_weight.shape[-1] - 1
-    x = packed.transpose(1, 2)
-    x = F.pad(x, (context, 0)) if left is None else torch.cat((left.to(x.dtype), x), dim=-1)
-    y = F.conv1d(x, dw_weight, dw_bias, groups=channels)
-    y = F.conv1d(y, g_weight, g_bias, groups=channels // g_weight.shape[1])
-    return y.transpose(1, 2)
+    x = F.pad(packed, (0, 0, context, 0)) if left is None else torch.cat((left.transpose(1, 2).to(packed.dtype),
+                                                                          packed), dim=1)
+    # (B, S', C) seen as (B, C, 1, S') in channels-last memory: the same bytes, which oneDNN's (and cuDNN's)
+    # convolutions take as they are. Conv1d on (B, C, S') copied its input, output and gradients between
+    # the two layouts: 2.25x slower forward+backward at zaya1-100m's shape in bf16 on CPU, the same
+    # arithmetic (bench/cca_conv.py).
+    x = x.transpose(1, 2).unsqueeze(2)
+    y = F.conv2d(x, dw_weight.unsqueeze(2), dw_bias, groups=channels)
+    y = F.conv2d(y.contiguous(memory_format=torch.channels_last), g_weight.unsqueeze(2), g_bias,
+                 groups=channels // g_weight.shape[1])
+    return y.squeeze(2).transpose(1, 2)
 
 
 def cca_causal_conv_segmented(

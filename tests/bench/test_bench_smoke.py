@@ -102,6 +102,15 @@ def test_muon_step_and_lm_head_layouts_run(capsys, keep_threads):
     assert "rows dW^T" in out and "cols dX" in out
 
 
+def test_cca_conv_bench_runs(capsys, keep_threads):
+    assert load_script("cca_conv").main(["--preset", "zaya1-tiny", "--micro-batch-size", "1", "--seq-length", "16",
+                                         "--iters", "1", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "channels-last Conv2d" in out and "Conv1d on (B, C, S)" in out and "per-pair speed-up" in out
+    errors = [float(line.split()[-1]) for line in out.splitlines() if "relative error" in line]
+    assert len(errors) == 2 and max(errors) < 2e-2      # both pairs agree with float64 to bf16 rounding
+
+
 def test_muon_step_against_a_baseline_tree(capsys, keep_threads, tmp_path):
     """--baseline-tree imports another checkout's Muon beside this one's: a copy of this package gives the
     same parameters to the last bit, and this tree's modules are the ones left imported afterwards."""
