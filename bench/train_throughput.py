@@ -290,8 +290,28 @@ def run_ours(args, run, runtime, peaks) -> dict:
                peak_memory_bytes=peak_memory(runtime.device), losses=losses, tokens_per_step=result.num_tokens)
     if args.profile and runtime.is_main:
         profile_steps(step, args.profile, args.profile_steps)
-    out["step"] = step
+    out["step"], out["trainer"] = step, trainer
     return out
+
+
+def compare_weight_casts(trainer, step, iters: int) -> dict:
+    """Steps alternating with the per-step bf16 weight copies (model/weight_casts.py) on and off: the
+    trainer's WeightCasts is the model's (on) or a detached one the model never sees (off)."""
+    from megatron_zaya.model.weight_casts import WeightCasts
+
+    shared, detached = trainer.weight_casts, WeightCasts()
+    times: dict[str, list[float]] = {"on": [], "off": []}
+    for i in range(iters + 1):
+        for name, casts in (("on", shared), ("off", detached)):
+            trainer.weight_casts = casts
+            start = time.perf_counter()
+            step()
+            if i:
+                times[name].append(time.perf_counter() - start)
+    trainer.weight_casts = shared
+    ratios = [off / on for on, off in zip(times["on"], times["off"])]
+    return dict(on_s=statistics.median(times["on"]), off_s=statistics.median(times["off"]),
+                pair_speedup=statistics.median(ratios))
 
 
 def profile_steps(step, path: str, steps: int) -> None:
@@ -423,6 +443,9 @@ def main(argv=None) -> int:
                         help="reference (CPU) kernels through torch.compile (kernels.set_reference_compile)")
     parser.add_argument("--compare-reference", action="store_true",
                         help="also train transformers' ZayaForCausalLM on the same batches (1 process only)")
+    parser.add_argument("--weight-casts-ab", action="store_true",
+                        help="after timing, --iters more steps of each, alternating: the micro-batches sharing one "
+                             "bf16 copy of the weights per step (the trainer's default on CPU) and casting anew")
     parser.add_argument("--profile", default=None, help="after timing, profile --profile-steps steps into this dir")
     parser.add_argument("--profile-steps", type=int, default=2)
     parser.add_argument("--json", default=None, help="also write the results as JSON here")
@@ -465,6 +488,12 @@ def main(argv=None) -> int:
     torch.set_num_threads(threads)
 
     result = run_ours(args, run, runtime, peaks)
+    trainer = result.pop("trainer")
+    if args.weight_casts_ab:
+        ab = compare_weight_casts(trainer, result["step"], args.iters)
+        if runtime.is_main:
+            print(f"per-step weight copies, steps alternating: on {ab['on_s']:.3f} s/step, off {ab['off_s']:.3f} "
+                  f"s/step, per-pair speed-up median {ab['pair_speedup']:.3f}x", flush=True)
     reference = compare_reference(args, run, device, result.pop("step")) if args.compare_reference else None
     result.pop("step", None)
     load_after = load_average()

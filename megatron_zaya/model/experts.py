@@ -14,6 +14,7 @@ from torch import nn
 from megatron_zaya import kernels
 from megatron_zaya.kernels.reference import GatherRows, inverse_rows
 from megatron_zaya.model import recompute
+from megatron_zaya.model.weight_casts import WeightCasts
 
 _HAS_GROUPED_MM = hasattr(torch, "_grouped_mm")
 _GROUPED_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -26,15 +27,15 @@ def _contiguous_grad(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor,
+                   cast: WeightCasts | None = None) -> torch.Tensor:
     """Rows of x (sorted by group) times weight[g].T for their group g.
 
-    x: (K, in); weight: (G, out, in); counts: (G,) rows per group, summing to K. Returns (K, out)."""
+    x: (K, in); weight: (G, out, in); counts: (G,) rows per group, summing to K. Returns (K, out).
+    Under autocast both run in its dtype, the weight cast by `cast` (a step's kept copy) when given."""
     if torch.is_autocast_enabled(x.device.type):
-        dtype = torch.get_autocast_dtype(x.device.type)
-        x, weight = x.to(dtype), weight.to(dtype)
-    else:
-        weight = weight.to(x.dtype)
+        x = x.to(torch.get_autocast_dtype(x.device.type))
+    weight = cast(weight, x.dtype) if cast is not None else weight.to(x.dtype)
     if _HAS_GROUPED_MM and x.dtype in _GROUPED_MM_DTYPES and x.shape[0] > 0:
         offsets = torch.cumsum(counts, 0).to(torch.int32)
         return _contiguous_grad(torch._grouped_mm(x, weight.transpose(-2, -1), offs=offsets))
@@ -77,6 +78,7 @@ def padded_group_layout(counts: torch.Tensor):
 class GroupedExperts(nn.Module):
     recompute_module = "moe_act"
     recompute_selective = False     # memory policy (ZayaModel.set_recompute): the SwiGLU output recomputed
+    weight_casts: WeightCasts | None = None     # the model's (ZayaModel sets it): per-step bf16 copies
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int):
         super().__init__()
@@ -100,6 +102,6 @@ class GroupedExperts(nn.Module):
         matmul keeps for its backward, is recomputed from gate_up instead (and the reference SwiGLU keeps
         only gate_up)."""
         drop = recompute.selective(self)
-        gate_up = grouped_matmul(tokens, self.gate_up_weight, counts)
-        return recompute.feed(lambda hidden: grouped_matmul(hidden, self.down_weight, counts),
+        gate_up = grouped_matmul(tokens, self.gate_up_weight, counts, self.weight_casts)
+        return recompute.feed(lambda hidden: grouped_matmul(hidden, self.down_weight, counts, self.weight_casts),
                               lambda x: kernels.swiglu(x, recompute=drop), gate_up, drop)

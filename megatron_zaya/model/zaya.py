@@ -38,6 +38,7 @@ from megatron_zaya.model.documents import PackedDocuments
 from megatron_zaya.model.norm import InputScaling, RMSNorm
 from megatron_zaya.model.rope import rope_cos_sin
 from megatron_zaya.model.router import Routing
+from megatron_zaya.model.weight_casts import WeightCasts
 
 
 @dataclass
@@ -60,6 +61,9 @@ class ZayaModel(nn.Module):
         self.recompute_granularity: str | None = None   # set_recompute
         self.recompute_units: list[range] = []      # runs of blocks recomputed in the backward (full)
         self.recompute_modules: tuple[str, ...] = ()  # the pieces recomputed (selective; recompute.MODULES)
+        self.weight_casts = WeightCasts()   # bf16 copies of the experts' and LM head's weights (weight_casts.py)
+        for block in self.layers:
+            block.moe.experts.weight_casts = self.weight_casts
         self.reset_parameters()
 
     def set_force_load_balancing(self, enabled: bool) -> None:
@@ -194,7 +198,10 @@ class ZayaModel(nn.Module):
         if labels is None:
             return F.linear(hidden, self.output_weight()), None
         b, s = labels.shape
-        losses = kernels.lm_head_cross_entropy(hidden.reshape(b * s, -1), self.output_weight(), labels.reshape(b * s))
+        weight = self.output_weight()
+        if torch.is_autocast_enabled(hidden.device.type):
+            weight = self.weight_casts(weight, torch.get_autocast_dtype(hidden.device.type))
+        losses = kernels.lm_head_cross_entropy(hidden.reshape(b * s, -1), weight, labels.reshape(b * s))
         return None, losses.view(b, s)
 
 

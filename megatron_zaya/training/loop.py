@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from megatron_zaya.model.weight_casts import WeightCasts
 from megatron_zaya.optim.balancing import BalancingBiasUpdater
 from megatron_zaya.optim.schedules import (SCHEDULE_FLAGS, decoupled_lr_schedule, lr_schedule_from_flags,
                                            weight_decay_schedule_from_flags)
@@ -104,6 +105,7 @@ class Trainer:
                                              self.cfg.moe_router_bias_beta2)
         self.autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16) if self.cfg.bf16
                          else contextlib.nullcontext())
+        self.weight_casts = getattr(model, "weight_casts", None) or WeightCasts()
         from megatron_zaya.model.accounting import training_flops_per_token
         self.flops_per_token = training_flops_per_token(run.model, run.model.seq_length)
         if self.cfg.peak_tflops:
@@ -132,16 +134,21 @@ class Trainer:
         counts = None
         if self.stragglers is not None:
             self.stragglers.start()
-        for index, batch in enumerate(micro_batches):
-            # Backward inside no_sync too: gradient hooks decide there whether buckets communicate.
-            with parallel.no_sync(index < len(micro_batches) - 1):
-                with self.autocast:
-                    out = model(**model_inputs(batch))
-                masked = (out.token_losses * batch["loss_mask"]).sum()
-                (masked * loss_scale).backward()
-            loss_sum += masked.detach().double()
-            step_counts = torch.stack([r.counts for r in out.routing])
-            counts = step_counts if counts is None else counts + step_counts
+        # On CPU the micro-batches share one bf16 copy of the experts' and LM head's weights (weight_casts.py),
+        # except under full recomputation, where the copies would outlive the blocks that hold them.
+        share_casts = (self.device.type == "cpu" and len(micro_batches) > 1
+                       and getattr(model, "recompute_granularity", None) != "full")
+        with self.weight_casts.caching(share_casts):
+            for index, batch in enumerate(micro_batches):
+                # Backward inside no_sync too: gradient hooks decide there whether buckets communicate.
+                with parallel.no_sync(index < len(micro_batches) - 1):
+                    with self.autocast:
+                        out = model(**model_inputs(batch))
+                    masked = (out.token_losses * batch["loss_mask"]).sum()
+                    (masked * loss_scale).backward()
+                loss_sum += masked.detach().double()
+                step_counts = torch.stack([r.counts for r in out.routing])
+                counts = step_counts if counts is None else counts + step_counts
         if self.stragglers is not None:
             self.stragglers.stop()
         parallel.finish_gradient_reduction()

@@ -50,6 +50,16 @@ def test_train_throughput_one_process_reports_everything(tmp_path, capsys, keep_
         assert abs(report["reference"]["losses"][0] - report["losses"][0]) < 1e-2
 
 
+def test_train_throughput_weight_casts_ab(capsys, keep_threads):
+    """--weight-casts-ab alternates steps with the model's per-step weight copies and without (a detached
+    WeightCasts), and reports both."""
+    bench = load_script("train_throughput")
+    assert bench.main(TINY + ["--global-batch-size", "4", "--warmup", "0", "--iters", "1", "--bf16",
+                              "--weight-casts-ab"]) == 0
+    out = capsys.readouterr().out
+    assert "per-step weight copies, steps alternating: on" in out and "per-pair speed-up" in out
+
+
 def test_train_throughput_with_forced_balanced_routing_and_moe_recompute(capsys, keep_threads):
     """--moe-router-force-load-balancing and --recompute-granularity / --recompute-modules reach the
     benchmark's model: every router of the run is forced, every MoE sublayer recomputed."""
