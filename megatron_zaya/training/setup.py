@@ -40,10 +40,13 @@ def resolve_vocab(run, tokenizer) -> None:
 
 
 def build_runtime(run):
-    """SingleProcess for one process, else DistributedRuntime. On CPU, freed memory is then kept in
-    the process (cpu_allocator), so each step does not fault its tensors' pages in again, and --bf16
-    on a CPU without native bf16 matmuls is warned about (once, by the main rank)."""
-    if run.parallel.world_size == 1:
+    """SingleProcess for one process, else DistributedRuntime; also for one process with
+    --use-distributed-optimizer (Megatron's distributed optimizer at DP 1, on a one-rank group: with
+    --bf16 the weights are bf16 and their fp32 masters live in the optimizer, as on more ranks). On
+    CPU, freed memory is then kept in the process (cpu_allocator), so each step does not fault its
+    tensors' pages in again, and --bf16 on a CPU without native bf16 matmuls is warned about (once, by
+    the main rank)."""
+    if run.parallel.world_size == 1 and not run.parallel.use_distributed_optimizer:
         runtime = SingleProcess()
     else:
         from megatron_zaya.training.distributed_runtime import DistributedRuntime

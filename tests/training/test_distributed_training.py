@@ -70,20 +70,29 @@ def test_two_processes_match_one(tiny_corpus, tmp_path, reference_losses, name, 
     assert got == pytest.approx(reference_losses, rel=1e-3), (got, reference_losses)
 
 
-@pytest.mark.parametrize("layout", [
-    [],
+def test_one_process_zero1_runs_the_distributed_optimizer(tiny_corpus, tmp_path, reference_losses):
+    """--use-distributed-optimizer on one process is Megatron's distributed optimizer at DP 1 (its memory
+    report is logged: train() checks), not silently the plain one; the same losses."""
+    got = train(tiny_corpus, tmp_path, "zero1-one-process", 1, "--use-distributed-optimizer")
+    assert got[:2] == pytest.approx(reference_losses[:2], rel=1e-5), (got, reference_losses)
+    assert got == pytest.approx(reference_losses, rel=1e-3), (got, reference_losses)
+
+
+@pytest.mark.parametrize("nproc, layout", [
+    (2, []),
     # sequence-parallel parameters are sharded over TP x DP: every TP rank writes its pieces; bf16
     # weights (TP slices) with fp32 masters, and fp32 routers reduced over the world group
-    ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--optimizer", "adamw", "--bf16"],
-    ["--bf16"],     # bf16 weights: the fp32 masters (AdamW pieces, Muon matrices) must come back
-], ids=["dp2", "tp2-sp-adamw-bf16", "dp2-bf16"])
-def test_zero1_stop_and_resume_is_exact(tiny_corpus, tmp_path, layout):
+    (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--optimizer", "adamw", "--bf16"]),
+    (2, ["--bf16"]),     # bf16 weights: the fp32 masters (AdamW pieces, Muon matrices) must come back
+    (1, ["--bf16"]),     # the same on one process (DP 1)
+], ids=["dp2", "tp2-sp-adamw-bf16", "dp2-bf16", "dp1-bf16"])
+def test_zero1_stop_and_resume_is_exact(tiny_corpus, tmp_path, nproc, layout):
     """Under ZeRO-1 (sharded AdamW masters + distributed Muon momentum), stopping after 2 steps and
-    resuming from the checkpoint gives bit-identical losses to the uninterrupted 2-process run."""
-    straight = train(tiny_corpus, tmp_path, "straight", 2, "--use-distributed-optimizer", *layout)
+    resuming from the checkpoint gives bit-identical losses to the uninterrupted run."""
+    straight = train(tiny_corpus, tmp_path, "straight", nproc, "--use-distributed-optimizer", *layout)
     save = ["--use-distributed-optimizer", *layout, "--save", str(tmp_path / "ckpt"), "--load", str(tmp_path / "ckpt")]
-    first = train(tiny_corpus, tmp_path, "first", 2, *save, "--exit-interval", "2")
-    second = train(tiny_corpus, tmp_path, "second", 2, *save)
+    first = train(tiny_corpus, tmp_path, "first", nproc, *save, "--exit-interval", "2")
+    second = train(tiny_corpus, tmp_path, "second", nproc, *save)
     assert len(first) == 2 and len(second) == 2
     assert first + second == straight
     if "--bf16" in layout:
