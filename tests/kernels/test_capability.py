@@ -51,7 +51,8 @@ def test_muon_default_newton_schulz_dtype_is_the_devices(monkeypatch):
 
 def test_build_runtime_warns_about_bf16_only_where_it_is_slow(monkeypatch):
     def build(bf16):
-        run = SimpleNamespace(parallel=SimpleNamespace(world_size=1), train=SimpleNamespace(bf16=bf16))
+        run = SimpleNamespace(parallel=SimpleNamespace(world_size=1, use_distributed_optimizer=False),
+                              train=SimpleNamespace(bf16=bf16))
         err = io.StringIO()
         with redirect_stderr(err):
             setup.build_runtime(run)

@@ -18,7 +18,8 @@ assert keep_freed_memory() == kept          # applied once per process, the same
 BUILD_RUNTIME = """
 from types import SimpleNamespace
 from megatron_zaya.training.setup import build_runtime
-run = SimpleNamespace(parallel=SimpleNamespace(world_size=1), train=SimpleNamespace(bf16=False))
+run = SimpleNamespace(parallel=SimpleNamespace(world_size=1, use_distributed_optimizer=False),
+                      train=SimpleNamespace(bf16=False))
 assert build_runtime(run).device.type == "cpu"
 kept = 1
 """
