@@ -514,8 +514,8 @@ def cca_causal_conv(
                                                                           packed), dim=1)
     # (B, S', C) seen as (B, C, 1, S') in channels-last memory: the same bytes, which oneDNN's (and cuDNN's)
     # convolutions take as they are. Conv1d on (B, C, S') copied its input, output and gradients between
-    # the two layouts: 2.25x slower forward+backward at zaya1-100m's shape in bf16 on CPU, the same
-    # arithmetic (bench/cca_conv.py).
+    # the two layouts: 2.1-3.0x slower forward+backward in bf16 on CPU at zaya1-tiny's and zaya1-100m's
+    # shapes, the same arithmetic (bench/cca_conv.py, BENCHMARKS.md).
     x = x.transpose(1, 2).unsqueeze(2)
     y = F.conv2d(x, dw_weight.unsqueeze(2), dw_bias, groups=channels)
     y = F.conv2d(y.contiguous(memory_format=torch.channels_last), g_weight.unsqueeze(2), g_bias,
