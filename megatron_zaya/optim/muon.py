@@ -151,4 +151,4 @@ class Muon(torch.optim.Optimizer):
 def apply_update(param: torch.Tensor, update: torch.Tensor, lr: float, weight_decay: float) -> None:
     if weight_decay:
         param.mul_(1 - lr * weight_decay)
-    param.add_(update, alpha=-lr)      # a bf16 update is added in param's dtype, without a converted copy
+    param.add_(update, alpha=-lr)      # a bf16 update: PyTorch converts it on the way (one temporary)
