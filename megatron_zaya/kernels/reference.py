@@ -502,7 +502,7 @@ def cca_causal_conv(
     g_bias: torch.Tensor,
     left: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """CCA's causal convolution pair over time: a depthwise Conv1d then a grouped Conv1d.
+    """CCA's causal convolution pair over time: a depthwise then a grouped convolution (Conv1d weights).
 
     packed: (B, S, C) channel-last (concat of q0 and k0); dw_weight (C, 1, K1), dw_bias (C,);
     g_weight (C, C // groups, K2), g_bias (C,); left: (B, C, K1 - 1 + K2 - 1) inputs of the

@@ -161,8 +161,8 @@ class CompressedConvAttention(nn.Module):
     def causal_conv(self, packed: torch.Tensor, left: LeftContext | None = None,
                     visible: torch.Tensor | None = None) -> torch.Tensor:
         """Causal depthwise then grouped convolution over time on packed q0/k0 (B, S, C) -> (B, S, C),
-        through kernels.cca_causal_conv (fused Triton on a GPU; two Conv1d on the module's weights
-        otherwise). Left of the first step: `left`'s inputs, or zeros. With `visible` the
+        through kernels.cca_causal_conv (fused Triton on a GPU; otherwise two convolutions on the module's
+        Conv1d weights, run channels-last). Left of the first step: `left`'s inputs, or zeros. With `visible` the
         convolution restarts where it says (kernels.cca_causal_conv_segmented)."""
         weights = (self.conv_depthwise.weight, self.conv_depthwise.bias, self.conv_grouped.weight,
                    self.conv_grouped.bias)

@@ -205,7 +205,7 @@ def projection_weight_bytes(config: ModelConfig) -> int:
 
 def conv_padding_bytes_per_sequence(config: ModelConfig, policy="gpu", packed_documents: bool = False) -> int:
     """The conv inputs carry the causal left padding: (ctx + ctx - 1) extra steps of C bf16 channels
-    (the two Conv1d of the reference path; not the fused kernel's, nor the segmented conv's)."""
+    (the two convolutions of the reference path; not the fused kernel's, nor the segmented conv's)."""
     if storage_policy(policy).kernels == "fused" or packed_documents:
         return 0
     c = (config.num_attention_heads + config.num_query_groups) * config.kv_channels
