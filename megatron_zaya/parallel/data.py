@@ -244,7 +244,24 @@ def _replicated_part(param, g) -> torch.Tensor | None:
 
 def _replicated_square(param, g) -> torch.Tensor | float:
     part = _replicated_part(param, g)
-    return 0.0 if part is None else part.float().pow(2).sum()
+    return 0.0 if part is None else sum_of_squares(part)
+
+
+SQUARES_ROW = 4096
+
+
+def sum_of_squares(t: torch.Tensor) -> torch.Tensor:
+    """Sum of t's squared elements (fp32), accurate at any size: rows of SQUARES_ROW elements reduced
+    by vector_norm in fp32, their squares summed in fp64. vector_norm over a whole large tensor
+    accumulates naively on CPU: 0.4% off for zaya1-100m's 50M-element expert gradients, against 1e-8
+    this way (and 3x faster than squaring into a temporary, which sums accurately)."""
+    flat = t.reshape(-1)
+    whole = flat.numel() // SQUARES_ROW * SQUARES_ROW
+    total = flat[whole:].double().square().sum()
+    if whole:
+        rows = torch.linalg.vector_norm(flat[:whole].view(-1, SQUARES_ROW), dim=1, dtype=torch.float32)
+        total = total + rows.double().square().sum()
+    return total.float()
 
 
 def count_zero_grads(params, pstate, device: torch.device) -> int:
@@ -279,7 +296,7 @@ def clip_grad_norm(params, max_norm: float | None, pstate) -> torch.Tensor:
         if square is None:
             square = torch.zeros((), dtype=torch.float32, device=g.device)
         if counted:
-            square += g.float().pow(2).sum() - _replicated_square(p, g)
+            square += sum_of_squares(g) - _replicated_square(p, g)
     if square is None:
         square = torch.zeros((), dtype=torch.float32)
     if pstate.world_size > 1:

@@ -73,10 +73,16 @@ class SingleProcess:
         pass
 
     def clip_grad_norm(self, max_norm: float) -> float:
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads)
+        """The global gradient norm (sum_of_squares: torch's norm drifts on large CPU tensors), and the
+        gradients scaled to max_norm when above it (clip_grads_with_norm_ takes the parameters and scales
+        their .grad; handed the gradient tensors themselves, it scales nothing)."""
+        from megatron_zaya.parallel.data import sum_of_squares
+
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = (torch.stack([sum_of_squares(p.grad) for p in params]).sum().sqrt() if params
+                else torch.zeros((), device=self.device))
         if max_norm and max_norm > 0 and torch.isfinite(norm):   # non-finite: leave grads for the diagnosis
-            torch.nn.utils.clip_grads_with_norm_(grads, max_norm, norm)
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
         return norm.item()
 
     def count_zero_grads(self) -> int:
