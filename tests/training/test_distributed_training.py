@@ -20,10 +20,10 @@ from tests.training.helpers import tiny_run_flags
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def losses(logdir) -> list[float]:
+def losses(logdir, tag: str = "lm loss") -> list[float]:
     acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
     acc.Reload()
-    return [e.value for e in acc.Scalars("lm loss")]
+    return [e.value for e in acc.Scalars(tag)]
 
 
 def train(corpus, tmp_path, name, nproc, *extra) -> list[float]:
@@ -49,8 +49,15 @@ def train(corpus, tmp_path, name, nproc, *extra) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def reference_losses(tiny_corpus, tmp_path_factory):
-    return train(tiny_corpus, tmp_path_factory.mktemp("single"), "single", 1)
+def reference_run(tiny_corpus, tmp_path_factory):
+    """The single-process run: (its losses, its TensorBoard folder)."""
+    folder = tmp_path_factory.mktemp("single")
+    return train(tiny_corpus, folder, "single", 1), folder / "single"
+
+
+@pytest.fixture(scope="module")
+def reference_losses(reference_run):
+    return reference_run[0]
 
 
 @pytest.mark.parametrize("name, extra", [
@@ -70,12 +77,19 @@ def test_two_processes_match_one(tiny_corpus, tmp_path, reference_losses, name, 
     assert got == pytest.approx(reference_losses, rel=1e-3), (got, reference_losses)
 
 
-def test_one_process_zero1_runs_the_distributed_optimizer(tiny_corpus, tmp_path, reference_losses):
+def test_one_process_zero1_runs_the_distributed_optimizer(tiny_corpus, tmp_path, reference_run):
     """--use-distributed-optimizer on one process is Megatron's distributed optimizer at DP 1 (its memory
-    report is logged: train() checks), not silently the plain one; the same losses."""
+    report is logged: train() checks), not silently the plain one; the same losses, and the same gradient
+    norm at every step (the distributed runtime's clip and the single-process one's: both clip, at the
+    default --clip-grad 1.0, these norms being above it)."""
+    reference_losses, reference_folder = reference_run
     got = train(tiny_corpus, tmp_path, "zero1-one-process", 1, "--use-distributed-optimizer")
     assert got[:2] == pytest.approx(reference_losses[:2], rel=1e-5), (got, reference_losses)
     assert got == pytest.approx(reference_losses, rel=1e-3), (got, reference_losses)
+    norms, reference_norms = losses(tmp_path / "zero1-one-process", "grad-norm"), losses(reference_folder, "grad-norm")
+    assert len(norms) == 4 and norms[0] > 1.0
+    assert norms[:2] == pytest.approx(reference_norms[:2], rel=1e-5), (norms, reference_norms)
+    assert norms == pytest.approx(reference_norms, rel=1e-3), (norms, reference_norms)
 
 
 @pytest.mark.parametrize("nproc, layout", [
