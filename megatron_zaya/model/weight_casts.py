@@ -53,7 +53,7 @@ class WeightCasts:
     @contextlib.contextmanager
     def caching(self, enabled: bool = True):
         """Keep the copies made inside this context and reuse them; drop them at its end."""
-        if not enabled or self._copies is not None:
+        if not enabled or self.caching_now:       # nested: the outer context owns the copies
             yield
             return
         self._copies = {}

@@ -9,6 +9,8 @@ import math
 
 import torch
 
+from megatron_zaya.parallel.data import sum_of_squares
+
 
 def place_on(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """`model` on `device`: moved there, or, built on the meta device (its weights to be loaded from a
@@ -76,8 +78,6 @@ class SingleProcess:
         """The global gradient norm (sum_of_squares: torch's norm drifts on large CPU tensors), and the
         gradients scaled to max_norm when above it (clip_grads_with_norm_ takes the parameters and scales
         their .grad; handed the gradient tensors themselves, it scales nothing)."""
-        from megatron_zaya.parallel.data import sum_of_squares
-
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = (torch.stack([sum_of_squares(p.grad) for p in params]).sum().sqrt() if params
                 else torch.zeros((), device=self.device))
