@@ -21,6 +21,7 @@ bucket) and, when the dtypes agree, `param.grad` on the same memory; under ZeRO-
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Callable
 
 import torch
@@ -285,7 +286,8 @@ def count_zero_grads(params, pstate, device: torch.device) -> int:
 def clip_grad_norm(params, max_norm: float | None, pstate) -> torch.Tensor:
     """Global L2 norm of the reduced gradients across TP / EP / DP / CP shards (replicas counted once,
     ZeRO-1 shards once), and in-place scaling by max_norm / norm when it is exceeded. Call after
-    `GradientReducer.finish()`. max_norm None or <= 0: only the norm. Returns the norm (fp32 tensor)."""
+    `GradientReducer.finish()`. max_norm None or <= 0: only the norm; a non-finite norm scales nothing.
+    Returns the norm (fp32 tensor)."""
     pieces = []
     square = None
     for p in params:
@@ -302,8 +304,8 @@ def clip_grad_norm(params, max_norm: float | None, pstate) -> torch.Tensor:
     if pstate.world_size > 1:
         dist.all_reduce(square, group=pstate.world_group)
     norm = square.sqrt()
-    if max_norm is not None and max_norm > 0:
-        coef = max_norm / (norm.item() + 1e-6)
+    if max_norm is not None and max_norm > 0 and math.isfinite(norm_value := norm.item()):
+        coef = max_norm / (norm_value + 1e-6)   # non-finite: the gradients stay as they are, to be diagnosed
         if coef < 1.0:
             for g, _ in pieces:
                 g.mul_(coef)

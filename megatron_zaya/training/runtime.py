@@ -9,7 +9,8 @@ import math
 
 import torch
 
-from megatron_zaya.parallel.data import sum_of_squares
+from megatron_zaya.parallel import data as data_parallel
+from megatron_zaya.parallel.state import ParallelState
 
 
 def place_on(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
@@ -41,6 +42,7 @@ class SingleProcess:
     def __init__(self, device: torch.device | None = None):
         self.model = None
         self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.layout = ParallelState(world_size=1, rank=0)   # for the gradient helpers shared with many ranks
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         self.model = place_on(model, self.device)
@@ -75,19 +77,12 @@ class SingleProcess:
         pass
 
     def clip_grad_norm(self, max_norm: float) -> float:
-        """The global gradient norm (sum_of_squares: torch's norm drifts on large CPU tensors), and the
-        gradients scaled to max_norm when above it (clip_grads_with_norm_ takes the parameters and scales
-        their .grad; handed the gradient tensors themselves, it scales nothing)."""
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = (torch.stack([sum_of_squares(p.grad) for p in params]).sum().sqrt() if params
-                else torch.zeros((), device=self.device))
-        if max_norm and max_norm > 0 and torch.isfinite(norm):   # non-finite: leave grads for the diagnosis
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
-        return norm.item()
+        """The gradient norm, and the gradients scaled to max_norm when above it: parallel.data's clip over
+        a one-rank layout, the same code as on many ranks."""
+        return data_parallel.clip_grad_norm(list(self.model.parameters()), max_norm, self.layout).item()
 
     def count_zero_grads(self) -> int:
-        zeros = [(p.grad == 0).sum() for p in self.model.parameters() if p.grad is not None]
-        return int(torch.stack(zeros).sum().item()) if zeros else 0
+        return data_parallel.count_zero_grads(self.model.parameters(), self.layout, self.device)
 
     def params_norm(self) -> float:
         squares = torch.stack([p.detach().double().pow(2).sum() for p in self.model.parameters()])

@@ -42,3 +42,21 @@ def test_single_process_clip_uses_the_accurate_norm():
     after = torch.cat([p.grad.double().view(-1) for p in model.parameters()])
     assert float(after.norm()) == pytest.approx(1.0, rel=1e-5)
     torch.testing.assert_close(after, torch.cat([g.double().view(-1) for g in before]) / want, rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_clip_leaves_non_finite_gradients_for_the_diagnosis(bad):
+    """A non-finite norm scales nothing (the step is skipped and the non-finite gradients named); an
+    infinite norm used to multiply every gradient by 0, turning the infinities into NaN."""
+    model = torch.nn.Module()
+    model.a = torch.nn.Parameter(torch.zeros(3))
+    model.b = torch.nn.Parameter(torch.zeros(2))
+    model.a.grad = torch.tensor([1.0, bad, 2.0])
+    model.b.grad = torch.tensor([3.0, 4.0])
+    runtime = SingleProcess(torch.device("cpu"))
+    runtime.model = model
+    norm = runtime.clip_grad_norm(1.0)
+    assert not torch.isfinite(torch.tensor(norm))
+    torch.testing.assert_close(model.a.grad, torch.tensor([1.0, bad, 2.0]), equal_nan=True)
+    torch.testing.assert_close(model.b.grad, torch.tensor([3.0, 4.0]))
+    assert runtime.count_zero_grads() == 0
