@@ -39,7 +39,8 @@ from megatron_zaya.data.preprocess import (  # noqa: E402
 )
 from megatron_zaya.data.sources import InputError  # noqa: E402
 from megatron_zaya.data.workers import WorkerError  # noqa: E402
-from megatron_zaya.data.tokenizer import TOKENIZER_TYPES, add_tiktoken_arguments, tiktoken_options  # noqa: E402
+from megatron_zaya.data.tokenizer import (  # noqa: E402
+    TOKENIZER_TYPES, add_tiktoken_arguments, null_tokenizer_size_from_vocab_size, tiktoken_options)
 from megatron_zaya.interrupts import StopOnSignal  # noqa: E402
 
 
@@ -85,6 +86,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="accepted: the text is tokenized as it is, newlines included")
     g.add_argument("--lang", default=None, help="accepted: only used by --split-sentences")
     args = p.parse_args(argv)
+    null_tokenizer_size_from_vocab_size(args)
     if args.split_sentences:
         p.error("--split-sentences is not supported: documents are tokenized whole (sentence splitting with nltk "
                 "punkt serves BERT-style sentence pairs; GPT pretraining does not use it); drop the flag")

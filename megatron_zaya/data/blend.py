@@ -165,8 +165,9 @@ def plan_phases(phase_weights: list[list[float]], sizes: list[int], surplus: flo
     """Greedy blending indices per phase and the number of samples each component must provide.
 
     A phase given as a single path without a weight takes its samples directly (no surplus), as
-    Megatron does for an unblended dataset; otherwise (including `--data-path 1.0 path`) each
-    component is requested ceil(ceil(size * w) * (1+surplus)).
+    Megatron does for an unblended dataset (the caller also marks a per-split `--train-data-path 1.0 path`
+    so); otherwise (including `--data-path 1.0 path`) each component is requested
+    ceil(ceil(size * w) * (1+surplus)). Weights that already sum to 1 are used as they are.
     """
     if weighted is None:
         weighted = [True] * len(phase_weights)
@@ -178,7 +179,9 @@ def plan_phases(phase_weights: list[list[float]], sizes: list[int], surplus: flo
         active = [d for d in range(n) if w[d] > 0]
         if not active:
             raise ValueError("a phase has no dataset with a positive weight")
-        local_w = normalize([w[d] for d in active])
+        local_w = [w[d] for d in active]
+        if abs(sum(local_w) - 1.0) > 1e-9:    # normalised once, as Megatron does: again would move ties by an ulp
+            local_w = normalize(local_w)
         if len(active) == 1:      # every sample from one dataset, in order: no index arrays
             di, dsi = np.broadcast_to(np.int16(active[0]), (size,)), Positions(size)
         else:

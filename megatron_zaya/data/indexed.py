@@ -360,6 +360,8 @@ class IndexedDatasetWriter:
         self._num_tokens = 0
         self._closed = False
         self._prepared = False
+        self.multimodal: bool | None = None     # decided by the first content: add_index of a multimodal dataset
+        self._mode_sources: list[str] = []      # the datasets whose sequence modes the index ends with
         self._max_value = np.iinfo(self.dtype).max if self.dtype.kind in "iu" else None
         self._min_value = np.iinfo(self.dtype).min if self.dtype.kind in "iu" else None
 
@@ -422,14 +424,27 @@ class IndexedDatasetWriter:
             raise ValueError("sequences_per_document does not sum to the number of sequences")
         if int(lens.sum()) != np.asarray(tokens).size:
             raise ValueError("sequence lengths do not sum to the number of tokens")
+        self._content(multimodal=False, what="documents without sequence modes")
         self._write_tokens(tokens)
         self._record(lens, self._num_sequences + np.cumsum(spd))
+
+    def _content(self, multimodal: bool, what: str) -> None:
+        """Multimodal datasets (with sequence modes) merge only with each other: Megatron's index holds a mode
+        for every sequence or for none."""
+        if self.multimodal is None:
+            self.multimodal = multimodal
+        elif self.multimodal != multimodal:
+            kind = "multimodal (with sequence modes)" if self.multimodal else "without sequence modes"
+            raise IndexedDatasetError(f"{self.path_prefix}: cannot add {what} to an output {kind}")
 
     def add_index(self, other_prefix: str) -> None:
         """Append all documents of another indexed dataset (same dtype), copying its files in chunks."""
         other = IndexedDataset(other_prefix)
         if other.dtype != self.dtype:
             raise ValueError(f"{other.path_prefix}: dtype {other.dtype.name} differs from the output's {self.dtype.name}")
+        self._content(other.multimodal, f"{other.path_prefix} ({'multimodal' if other.multimodal else 'no modes'})")
+        if other.multimodal:
+            self._mode_sources.append(other.path_prefix)     # copied into the index by prepare()
         with open(bin_path(other.path_prefix), "rb") as f:
             while True:
                 chunk = f.read(1 << 24)
@@ -490,6 +505,10 @@ class IndexedDatasetWriter:
             with open(self._doc_tmp, "rb") as df:
                 while chunk := df.read(8 * step):
                     f.write(chunk)
+            for source in self._mode_sources:     # int8 per sequence, as the inputs hold them
+                modes = IndexedDataset(source, validate=False).sequence_modes
+                for a in range(0, len(modes), step):
+                    f.write(np.asarray(modes[a:a + step], dtype=np.int8).tobytes())
         for p in (self._len_tmp, self._doc_tmp):
             os.remove(p)
         self._prepared = True

@@ -83,8 +83,11 @@ def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: li
                                lambda: dict(zip(("dataset_index", "dataset_sample_index"), build_blending_indices(w, size))))
         return arrays["dataset_index"], arrays["dataset_sample_index"]
 
-    weighted = [parse_data_path(b)[0] is not None for b in blends]
-    plan = plan_phases(weights, sizes, cfg.mid_level_dataset_surplus, blending, weighted)
+    def weighted(blend):     # Megatron reads a per-split blend of one path (`--train-data-path 1.0 P`) as the path
+        given, paths = parse_data_path(blend)
+        return given is not None and not (cfg.separate_splits and len(paths) == 1)
+
+    plan = plan_phases(weights, sizes, cfg.mid_level_dataset_surplus, blending, [weighted(b) for b in blends])
     split_name = SPLIT_NAMES[split_id]
     ids = {}
     for d, prefix in enumerate(prefixes):

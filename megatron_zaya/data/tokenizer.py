@@ -49,7 +49,8 @@ from .tokenizer_tiktoken import TikTokenizer, check_tiktoken_settings
 
 __all__ = ["BaseTokenizer", "pad_vocab_size", "HuggingFaceTokenizer", "GPT2BPETokenizer", "GPTSentencePieceTokenizer",
            "SentencePieceTokenizer", "Llama2Tokenizer", "NullTokenizer", "TikTokenizer", "TOKENIZER_TYPES",
-           "check_tokenizer_flags", "build_tokenizer", "add_tiktoken_arguments", "tiktoken_options"]
+           "check_tokenizer_flags", "build_tokenizer", "add_tiktoken_arguments", "tiktoken_options",
+           "null_tokenizer_size_from_vocab_size"]
 
 
 class NullTokenizer(BaseTokenizer):
@@ -104,7 +105,17 @@ def add_tiktoken_arguments(group, vocab_size_flag: bool = True) -> None:
                             "--tiktoken-special-tokens is Megatron-LM's older name)")
     if vocab_size_flag:
         group.add_argument("--vocab-size", dest="tokenizer_vocab_size", type=int, default=None,
-                           help="TikTokenizer: its vocabulary size, special tokens included (default 131072)")
+                           help="TikTokenizer: its vocabulary size, special tokens included (default 131072); "
+                                "NullTokenizer without --tokenizer-model: its size, as in Megatron-LM")
+
+
+def null_tokenizer_size_from_vocab_size(args) -> None:
+    """Megatron-LM's `--tokenizer-type NullTokenizer --vocab-size N` (no --tokenizer-model) rewritten into
+    this project's form, --tokenizer-model N, in a tool's parsed flags (add_tiktoken_arguments' --vocab-size
+    is the tokenizer's size there)."""
+    if (args.tokenizer_type == "NullTokenizer" and args.tokenizer_model is None
+            and getattr(args, "tokenizer_vocab_size", None) is not None):
+        args.tokenizer_model, args.tokenizer_vocab_size = str(args.tokenizer_vocab_size), None
 
 
 TOKENIZER_DESTS = ("tokenizer_type", "tokenizer_model", "vocab_file", "merge_file") + TIKTOKEN_SETTINGS + (

@@ -42,7 +42,9 @@ def tokenizer_from_flags(args):
     Without tokenizer flags, the --load checkpoint's own, said on stderr and set into args: a Hugging
     Face folder's tokenizer.json (as HuggingFaceTokenizer), or the tokenizer flags the training run that
     saved it recorded (checkpoint/recorded_tokenizer.py); else None."""
-    from megatron_zaya.data.tokenizer import build_tokenizer, tiktoken_options, tokenizer_flags
+    from megatron_zaya.data.tokenizer import (build_tokenizer, null_tokenizer_size_from_vocab_size,
+                                              tiktoken_options, tokenizer_flags)
+    null_tokenizer_size_from_vocab_size(args)
     given = [flag for flag in tokenizer_flags(args) if flag != "--tokenizer-type"]
     if not (args.tokenizer_type or given):
         if not getattr(args, "load", None) or not tokenizer_of_checkpoint(args):

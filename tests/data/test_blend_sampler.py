@@ -57,6 +57,18 @@ def test_the_compiled_blending_loop_gives_the_python_loops_indices(monkeypatch):
         native_blending.native_blending.cache_clear()
 
 
+def test_blend_weights_are_normalised_once_as_in_megatron():
+    """`--data-path 64 A 51 B 27 C 31 D 5 E`: weights divided by their sum once (Megatron's normalize), and
+    the interleave is the reference loop's on those; normalising a second time moved some weights by an ulp,
+    which flipped ties: 6 of these 1000 samples came from another dataset."""
+    from megatron_zaya.data.blend import plan_phases
+    raw = [64, 51, 27, 31, 5]
+    weights, _ = parse_data_path([x for w in raw for x in (str(w), f"p{w}")])
+    plan = plan_phases([weights], [1000])
+    once = (np.asarray(raw, dtype=np.float64) / sum(raw)).tolist()
+    assert np.asarray(plan.dataset_index[0]).tolist() == ref.blending(once, 1000)[0]
+
+
 def test_a_one_dataset_phase_holds_no_index_arrays():
     """plan_phases: a phase drawn from one dataset maps sample i to that dataset's sample i with a broadcast
     constant and Positions (no 10 bytes per sample), and BlendedDataset counts it without a copy."""
@@ -234,6 +246,21 @@ def test_single_path_matches_reference(tmp_path, weighted):
     expected = ref.gpt_samples(sa, list(range(40)), seq, request, 3)
     assert len(train) == n
     assert [train[i]["tokens"].tolist() for i in range(n)] == [e[:-1] for e in expected[:n]]
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_a_per_split_blend_of_one_path_is_that_path(tmp_path, weighted):
+    """`--train-data-path P` and `--train-data-path 1.0 P` both read P directly, with no 0.5% surplus
+    (Megatron's per-split builder takes a one-path blend as the path; `--data-path 1.0 P` keeps the
+    surplus, above): one epoch of samples here, in the reference's order for exactly n samples."""
+    a, sa = corpus(tmp_path, "a", 0, n_docs=40, seed=9)
+    cfg = DataConfig(train_data_path=(["1.0", a] if weighted else [a]), num_workers=0,
+                     data_cache_path=str(tmp_path / "cache"), seed=3)
+    seq = 8
+    n = (sum(len(s) for s in sa) - 1) // seq
+    train, _, _ = build_train_valid_test_datasets(cfg, seq, [n, 0, 0], build_tokenizer("NullTokenizer", EOD))
+    expected = ref.gpt_samples(sa, list(range(40)), seq, n, 3)
+    assert [train[i]["tokens"].tolist() for i in range(n)] == [e[:-1] for e in expected]
 
 
 def test_one_blend_per_split_uses_every_document_of_its_datasets(tmp_path):

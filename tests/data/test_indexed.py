@@ -236,6 +236,32 @@ def test_spilling_and_merge_via_add_index(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == sorted(["a.bin", "a.idx", "b.bin", "b.idx", "o.bin", "o.idx"])
 
 
+def test_merge_keeps_sequence_modes_and_refuses_mixing(tmp_path):
+    """add_index of multimodal datasets (an int8 mode per sequence after the document indices) ends the merged
+    index with their modes in order (they were dropped); adding a dataset without modes to such an output, or
+    the other way round, is an error naming the output, and the with block leaves nothing behind."""
+    a, b, plain = (str(tmp_path / x) for x in ("a", "b", "plain"))
+    write_dataset(a, [[1, 2, 3], [4, 5]], dtype=np.uint16)
+    write_dataset(b, [[6], [7, 8], [9]], dtype=np.uint16)
+    write_dataset(plain, [[10]], dtype=np.uint16)
+    for prefix, modes in ((a, [0, 1]), (b, [2, 0, 1])):
+        with open(prefix + ".idx", "ab") as f:
+            f.write(np.array(modes, np.int8).tobytes())
+    out = str(tmp_path / "out")
+    with IndexedDatasetWriter(out, np.uint16) as w:
+        w.add_index(a)
+        w.add_index(b)
+    merged = IndexedDataset(out)
+    assert merged.multimodal and merged.sequence_modes.tolist() == [0, 1, 2, 0, 1]
+    assert [merged[i].tolist() for i in range(5)] == [[1, 2, 3], [4, 5], [6], [7, 8], [9]]
+    for first, second in ((a, plain), (plain, a)):
+        with pytest.raises(IndexedDatasetError, match="mixed"):
+            with IndexedDatasetWriter(str(tmp_path / "mixed"), np.uint16) as w:
+                w.add_index(first)
+                w.add_index(second)
+    assert not any(name.startswith("mixed") for name in os.listdir(tmp_path))
+
+
 def test_positional_reads_match_the_memory_map(tmp_path):
     """IndexedDataset(prefix, mmap_bin=False) (--no-mmap-bin-files) reads the same tokens as the memory
     map, also after pickling (a spawned loader worker reopens the file); a .bin shorter than its .idx

@@ -99,6 +99,15 @@ def test_plain_text_modes(tmp_path):
     assert docs_of(str(tmp_path / "p_text_document")) == [[1, 2, 3, 4], [5, 6], [7, 8]]
 
 
+def test_null_tokenizer_takes_megatrons_vocab_size_flag(tmp_path):
+    """Megatron-LM's `--tokenizer-type NullTokenizer --vocab-size V`: the same output as --tokenizer-model V
+    (it was refused as a TikTokenizer-only flag)."""
+    (tmp_path / "a.txt").write_text("1 2 3\n")
+    assert run_tool("--input", tmp_path / "a.txt", "--output-prefix", tmp_path / "v", "--tokenizer-type",
+                    "NullTokenizer", "--vocab-size", 100, "--append-eod") == 0
+    assert docs_of(str(tmp_path / "v_text_document")) == [[1, 2, 3, 100]]
+
+
 def test_several_keys_and_sentence_lists(tmp_path):
     path = tmp_path / "in.jsonl"
     path.write_text(json.dumps({"q": "1 2", "a": ["3", "4 5"]}) + "\n" + json.dumps({"q": "6", "a": "7"}) + "\n")

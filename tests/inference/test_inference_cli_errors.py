@@ -208,3 +208,15 @@ def test_server_needs_a_tokenizer_flag_or_a_folder_that_holds_one(hf_checkpoint,
     code, line = error_line(load_tool("run_text_generation_server"), ["--load", str(hf_checkpoint), "--port", "0"],
                             capsys, monkeypatch)
     assert code == 2 and "--tokenizer-type is required" in line and "tokenizer.json" in line, line
+
+
+def test_null_tokenizer_takes_megatrons_vocab_size_flag():
+    """The inference tools' tokenizer flags read `--tokenizer-type NullTokenizer --vocab-size V` as Megatron-LM
+    does: V ids and an end-of-document token V (as with --tokenizer-model V)."""
+    import argparse
+
+    from megatron_zaya.inference.cli_checks import add_tokenizer_arguments, tokenizer_from_flags
+    parser = argparse.ArgumentParser()
+    add_tokenizer_arguments(parser)
+    tokenizer = tokenizer_from_flags(parser.parse_args(["--tokenizer-type", "NullTokenizer", "--vocab-size", "50"]))
+    assert (tokenizer.vocab_size, tokenizer.eod) == (51, 50)
