@@ -118,19 +118,40 @@ def hf_config_dict(config: ModelConfig, dtype: torch.dtype = torch.float32) -> d
     }
 
 
+# transformers' ZayaConfig for a config.json without rope_parameters.
+HF_DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 5_000_000.0, "partial_rotary_factor": 0.5}
+
+
+def rope_from_hf(hf: dict) -> tuple[float, float]:
+    """(rotary_base, rotary_percent) as transformers' Zaya model reads them: rope_parameters["hybrid"] (or
+    the dict itself when not nested), ZayaConfig's defaults when the config has none, and a partial
+    rotary factor of 1.0 when a given entry leaves it out. ValueError for what our model cannot run."""
+    params = hf.get("rope_parameters") or {"hybrid": HF_DEFAULT_ROPE}
+    rope = params.get("hybrid", params)
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"rope_type {rope['rope_type']!r}: only the default (unscaled) RoPE is supported")
+    if "rope_theta" not in rope:
+        raise ValueError("rope_parameters: no rope_theta for the 'hybrid' layers")
+    return float(rope["rope_theta"]), float(rope.get("partial_rotary_factor", 1.0))
+
+
 def model_config_from_hf(hf: dict) -> ModelConfig:
-    rope = hf.get("rope_parameters") or {}
-    rope = rope.get("hybrid", rope)
     if hf.get("num_experts_per_tok", 1) != 1:
-        raise ValueError("config.json: num_experts_per_tok must be 1 for ZAYA1")
+        raise ValueError("num_experts_per_tok must be 1 for ZAYA1")
+    other_layers = sorted(set(hf.get("layer_types") or ["hybrid"]) - {"hybrid"})
+    if other_layers:
+        raise ValueError(f"layer_types {other_layers}: only 'hybrid' layers (full causal attention) are supported, "
+                         f"not sliding-window ones")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act {hf['hidden_act']!r}: the experts are SwiGLU (silu)")
+    rotary_base, rotary_percent = rope_from_hf(hf)
     return ModelConfig(
         num_layers=hf["num_hidden_layers"], hidden_size=hf["hidden_size"],
         num_attention_heads=hf["num_attention_heads"], num_query_groups=hf["num_key_value_heads"],
         kv_channels=hf["head_dim"], vocab_size=hf["vocab_size"], moe_ffn_hidden_size=hf["moe_intermediate_size"],
         num_experts=hf["num_experts"], router_hidden_size=hf["router_hidden_size"], norm_epsilon=hf["rms_norm_eps"],
         cca_depthwise_kernel=hf.get("cca_time0", 2), cca_grouped_kernel=hf.get("cca_time1", 2),
-        max_position_embeddings=hf["max_position_embeddings"], rotary_base=float(rope.get("rope_theta", 10000.0)),
-        rotary_percent=float(rope.get("partial_rotary_factor", 0.5)),
+        max_position_embeddings=hf["max_position_embeddings"], rotary_base=rotary_base, rotary_percent=rotary_percent,
         untie_embeddings_and_output_weights=not hf.get("tie_word_embeddings", True),
         init_method_std=hf.get("initializer_range", 0.02),
         make_vocab_size_divisible_by=1, seq_length=min(4096, hf["max_position_embeddings"]),

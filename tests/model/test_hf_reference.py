@@ -1,6 +1,8 @@
 """Our ZAYA1 model against the transformers reference (ZayaForCausalLM, transformers 5.24.0).
 
 Tolerance: fp32 logits must agree to max |diff| <= 1e-4 (observed ~1e-6: only op ordering differs)."""
+import json
+
 import pytest
 import torch
 
@@ -40,6 +42,9 @@ def randomized_model(overrides: dict, seed: int) -> ZayaModel:
                     torch.nn.init.normal_(linear.bias, 0.0, 0.02)
         for block in model.layers:
             block.moe.router.balancing_bias.add_(0.05 * torch.randn(config.num_router_classes))
+            # transformers sets the skip class's bias to its initial -1 when it loads a checkpoint (training
+            # never moves it): perturbed, the two models would differ wherever a token is near skipping.
+            block.moe.router.balancing_bias[-1] = config.skip_class_bias_init
     return model
 
 
@@ -76,6 +81,55 @@ def test_export_import_is_bit_identical(name, tmp_path):
     tokens = torch.randint(0, config.vocab_size, (1, 11))
     with torch.no_grad():
         assert torch.equal(rebuilt(tokens).logits, model(tokens).logits)
+
+
+def _edited_export(tmp_path, edit) -> tuple[ZayaModel, object]:
+    """A random model exported, its config.json changed by `edit` (a function of the dict)."""
+    model = randomized_model(CONFIGS["hq8-hkv2-even"], seed=3).eval()
+    save_hf_folder(model.state_dict(), model.config, tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+    return model, path
+
+
+ROPE_EDITS = {
+    "as exported": lambda hf: hf,
+    # transformers' ZayaConfig then uses rope_theta 5e6 and partial_rotary_factor 0.5
+    "no rope_parameters": lambda hf: {k: v for k, v in hf.items() if k != "rope_parameters"},
+    # ... and its model rotates every channel (factor 1.0) when the hybrid entry names no factor
+    "no partial_rotary_factor": lambda hf: {**hf, "rope_parameters": {"hybrid": {"rope_type": "default",
+                                                                                "rope_theta": 1e4}}},
+}
+
+
+@pytest.mark.parametrize("edit", sorted(ROPE_EDITS))
+def test_imported_config_reads_rope_as_transformers_does(edit, tmp_path):
+    """A config.json written elsewhere may leave RoPE fields out: the imported model gives transformers'
+    logits (to 1e-4) on the same folder (the defaults were 1e4 and 0.5, logits off by 0.04-0.15)."""
+    _, path = _edited_export(tmp_path, ROPE_EDITS[edit])
+    state, config = load_hf_folder(path.parent)
+    ours = ZayaModel(config).eval()
+    ours.load_state_dict(state)
+    reference = transformers.ZayaForCausalLM.from_pretrained(path.parent, attn_implementation="eager").eval()
+    tokens = torch.randint(0, config.vocab_size, (2, 23), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert (ours(tokens).logits - reference(tokens).logits).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("layer_types", ["hybrid_sliding", "hybrid"], "sliding-window"),
+    ("hidden_act", "gelu", "hidden_act 'gelu'"),
+    ("rope_parameters", {"hybrid": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "rope_type 'yarn'"),
+    ("rope_parameters", {"hybrid": {"rope_type": "default"}}, "no rope_theta"),
+])
+def test_imported_config_refuses_what_the_model_cannot_run(field, value, message, tmp_path):
+    """Settings transformers' Zaya model has and ours does not are refused naming config.json (a
+    sliding-window layer imported silently as a full-attention one)."""
+    from megatron_zaya.checkpoint.format import CheckpointError
+
+    _, path = _edited_export(tmp_path, lambda hf: {**hf, field: value, "sliding_window": 8})
+    with pytest.raises(CheckpointError, match=f"config.json: .*{message}"):
+        load_hf_folder(path.parent)
 
 
 def test_export_refuses_to_overwrite(tmp_path):
