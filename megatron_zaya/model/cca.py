@@ -43,7 +43,8 @@ def lag_visibility(attention_mask: torch.Tensor | None, lags: int) -> torch.Tens
     columns = []
     for lag in range(1, lags + 1):
         diagonal = torch.diagonal(mask, offset=-lag, dim1=-2, dim2=-1)          # (B, S - lag): t >= lag
-        columns.append(torch.cat((diagonal.new_zeros(diagonal.shape[:-1] + (lag,)), diagonal), dim=-1))
+        before = min(lag, mask.shape[-1])                                       # steps with no t - lag
+        columns.append(torch.cat((diagonal.new_zeros(diagonal.shape[:-1] + (before,)), diagonal), dim=-1))
     return torch.stack(columns, dim=-1)
 
 
@@ -103,6 +104,9 @@ class CompressedConvAttention(nn.Module):
         self.conv_grouped = nn.Conv1d(channels, channels, config.cca_grouped_kernel,
                                       groups=self.num_heads + self.num_kv_heads)
         self.conv_context = config.cca_depthwise_kernel - 1 + config.cca_grouped_kernel - 1
+        # Steps left of a token that it reads: the convolutions' context, and at least the value shift's one
+        # step (kernels of 1 and 1 convolve nothing back). A mask's lags and a CP halo's width.
+        self.lookback = max(self.conv_context, 1)
         # Learned per-KV-head key temperature, used linearly (logits bounded by sqrt(dh) * |T|).
         self.key_temperature = nn.Parameter(torch.full((self.num_kv_heads,), config.key_temperature_init))
         self.linear_proj = nn.Linear(q_width, d, bias=False)
@@ -219,6 +223,6 @@ class CompressedConvAttention(nn.Module):
     def forward(self, x, cos, sin, attention_mask=None):
         """attention_mask (B, 1, S, S) bool, True = attend, PackedDocuments, or None (causal): where it
         hides a step, the convolutions and the value shift do not read it either (packed documents)."""
-        q, k, v, _, _ = self.project(x, visible=visibility_of(attention_mask, self.conv_context))
+        q, k, v, _, _ = self.project(x, visible=visibility_of(attention_mask, self.lookback))
         q, k = self.normalize_and_rotate(q, k, cos, sin)
         return self.linear_proj(self.attend(q, k, v, sdpa_mask(attention_mask, q.dtype)))

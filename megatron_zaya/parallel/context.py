@@ -90,10 +90,13 @@ def gathered_sequence_order(seq_len: int, cp_size: int, device: torch.device) ->
     return torch.argsort(held).to(device)
 
 
-def left_context_from_hidden(attn, x_left: torch.Tensor) -> LeftContext:
-    """Project the neighbour's last hidden rows with this rank's weights (same as the neighbour's)."""
+def left_context_from_hidden(attn, x_left: torch.Tensor, visible: torch.Tensor | None = None) -> LeftContext:
+    """The LeftContext of the neighbour's last `attn.lookback` hidden rows, projected with this rank's weights
+    (the same as the neighbour's): the convolutions' last conv_context steps (none with kernels of 1 and 1)
+    and the value shift's last step; `visible`: those rows' lag visibility."""
     packed, _, v_delayed = attn.input_projections(x_left)       # the module's own (possibly TP-local) projections
-    return LeftContext(packed.transpose(1, 2), v_delayed[:, -1:])
+    drop = x_left.shape[1] - attn.conv_context
+    return LeftContext(packed[:, drop:].transpose(1, 2), v_delayed[:, -1:], None if visible is None else visible[:, drop:])
 
 
 def whole_sequence_documents(documents: PackedDocuments, pstate) -> torch.Tensor:
@@ -137,7 +140,7 @@ def context_parallel_attention(attn, x, cos, sin, pstate, documents: PackedDocum
     attention output before linear_proj, (B, S_local, HQ*dh). With `documents` every document of a
     packed sequence is kept apart, as in one process."""
     b, s_local, _ = x.shape
-    width = attn.conv_context
+    width = attn.lookback
     if s_local % 2 or s_local // 2 < width:
         raise ValueError(f"context parallel: local sequence {s_local} must be two chunks of >= {width} tokens")
     half = s_local // 2
@@ -146,9 +149,7 @@ def context_parallel_attention(attn, x, cos, sin, pstate, documents: PackedDocum
     if documents is not None:
         visible, halo_visible = chunk_visibility(documents, pstate, chunks, half, width)
     left0, left1 = exchange_halo(x, width, pstate)
-    ctx0, ctx1 = left_context_from_hidden(attn, left0), left_context_from_hidden(attn, left1)
-    left = LeftContext(torch.cat((ctx0.conv_inputs, ctx1.conv_inputs)), torch.cat((ctx0.delayed_value, ctx1.delayed_value)),
-                       halo_visible)
+    left = left_context_from_hidden(attn, torch.cat((left0, left1)), halo_visible)    # both chunks' at once
     # Both chunks through `project` at once, stacked on the batch dimension.
     q, k, v, _, _ = attn.project(torch.cat((x[:, :half], x[:, half:])), left, visible)
     q, k, v = (torch.cat((t[:b], t[b:]), dim=1) for t in (q, k, v))

@@ -192,7 +192,7 @@ class ParallelCCA(CompressedConvAttention):
                                           "go as document ids: PackedDocuments)")
             out = context_parallel_attention(self, x, cos, sin, ps, attention_mask)
         else:
-            q, k, v, _, _ = self.project(x, visible=visibility_of(attention_mask, self.conv_context))
+            q, k, v, _, _ = self.project(x, visible=visibility_of(attention_mask, self.lookback))
             q, k = self.normalize_and_rotate(q, k, cos, sin)
             k, v = self.replicated_kv(k, v)
             out = self.attend(q, k, v, sdpa_mask(attention_mask, q.dtype))

@@ -46,11 +46,13 @@ def test_segmented_convolution_restarts_at_every_document(kernels):
         torch.testing.assert_close(out[:, rows], alone, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("heads", [(4, 2), (4, 1)])
-def test_each_packed_document_gets_what_it_gets_alone(heads):
+@pytest.mark.parametrize("heads, kernels", [((4, 2), (2, 2)), ((4, 1), (2, 2)), ((4, 2), (1, 1)), ((4, 2), (1, 3))])
+def test_each_packed_document_gets_what_it_gets_alone(heads, kernels):
+    """Kernels of 1 and 1: no convolution reads back, the value shift still does (that mask had no lags)."""
     torch.manual_seed(0)
     config = model_config_from_preset("zaya1-tiny", vocab_size=256, num_layers=3, num_attention_heads=heads[0],
-                                      num_query_groups=heads[1])
+                                      num_query_groups=heads[1], cca_depthwise_kernel=kernels[0],
+                                      cca_grouped_kernel=kernels[1])
     model = ZayaModel(config).double()
     documents = [torch.randint(1, 256, (n,)) for n in (6, 1, 9)]
     tokens, positions, ids = packed_inputs(documents)
@@ -91,29 +93,34 @@ def test_document_ids_give_the_masks_visibility():
     per forward and shared by the layers (PackedDocuments' cache)."""
     ids = torch.tensor([[0, 0, 0, 1, 2, 2, 2, 2], [0, 1, 1, 1, 1, 1, 3, 3]])
     docs = PackedDocuments(ids)
-    for lags in (1, 2, 4):
+    for lags in (1, 2, 4, 9):       # more lags than steps: those columns are all False
         assert torch.equal(docs.visibility(lags), lag_visibility(document_attention_mask(ids, ids), lags))
+    one = torch.ones(2, 1, 1, 1, dtype=torch.bool)                           # a one-step sequence's mask
+    assert torch.equal(lag_visibility(one, 2), torch.zeros(2, 1, 2, dtype=torch.bool))
     assert docs.attention_mask() is docs.attention_mask()
     with pytest.raises(ValueError, match="document_ids must be"):
         PackedDocuments(ids.float())
 
 
-@pytest.mark.parametrize("start", [3, 5, 8])
-def test_a_left_context_with_documents_continues_the_convolution(start):
-    """What context parallelism does at a chunk boundary: the steps after `start`, given the `conv_context`
-    steps before it as a LeftContext with their visibility, get what the whole packed sequence gives them
-    (convolutions and value shift), whether or not a document starts near the boundary."""
+@pytest.mark.parametrize("start, kernels", [(3, (2, 2)), (5, (2, 2)), (8, (2, 2)), (4, (1, 1)), (5, (1, 1)),
+                                            (5, (3, 1))])
+def test_a_left_context_with_documents_continues_the_convolution(start, kernels):
+    """What context parallelism does at a chunk boundary: the steps after `start`, given the `lookback`
+    steps before it as a LeftContext with their visibility (left_context_from_hidden, as the CP halo makes
+    it), get what the whole packed sequence gives them (convolutions and value shift), whether or not a
+    document starts near the boundary; with kernels of 1 and 1 the value shift's one step."""
+    from megatron_zaya.parallel.context import left_context_from_hidden
+
     torch.manual_seed(0)
     config = model_config_from_preset("zaya1-tiny", num_attention_heads=4, num_query_groups=2, kv_channels=16,
-                                      hidden_size=64)
+                                      hidden_size=64, cca_depthwise_kernel=kernels[0], cca_grouped_kernel=kernels[1])
     attn = CompressedConvAttention(config).double()
     ids = torch.tensor([[0, 0, 0, 0, 1, 1, 2, 2, 2, 2, 2, 3]])
     x = torch.randn(1, ids.shape[1], 64, dtype=torch.float64)
-    width = attn.conv_context
+    width = attn.lookback
     visible = lag_visibility_of_ids(ids, width)
     q, k, v, _, _ = attn.project(x, visible=visible)
-    packed, _, v_delayed = attn.input_projections(x[:, start - width:start])
-    left = LeftContext(packed.transpose(1, 2), v_delayed[:, -1:], visible[:, start - width:start])
+    left = left_context_from_hidden(attn, x[:, start - width:start], visible[:, start - width:start])
     q2, k2, v2, _, _ = attn.project(x[:, start:], left, visible[:, start:])
     for whole, part in ((q, q2), (k, k2), (v, v2)):
         torch.testing.assert_close(part, whole[:, start:], rtol=0, atol=1e-12)

@@ -26,7 +26,7 @@ def _check(result, layouts):
 
 
 def test_two_process_layouts_torchrun():
-    layouts = ["dp", "dp-zero", "cp2", "ep2", "tp2", "tp2-sp", "tp2-kv1"]
+    layouts = ["dp", "dp-zero", "cp2", "cp2-k11", "ep2", "tp2", "tp2-sp", "tp2-kv1"]
     _check(run_torchrun(2, WORKER, *layouts), layouts)
 
 
