@@ -31,7 +31,8 @@ from megatron_zaya.model import recompute
 from megatron_zaya.optim.builder import OptimizerConfig
 from megatron_zaya.parallel.data import DEFAULT_BUCKET_SIZE
 from megatron_zaya.parallel.state import LayoutError, check_layout
-from megatron_zaya.optim.schedules import lr_schedule_from_flags, weight_decay_schedule_from_flags
+from megatron_zaya.optim.schedules import (decoupled_lr_schedule, lr_schedule_from_flags,
+                                          weight_decay_schedule_from_flags)
 from megatron_zaya.training.batch_schedule import BatchSizeSchedule
 from megatron_zaya.training.config import TrainConfig
 from megatron_zaya.training.profiling import check_profile_flags
@@ -476,11 +477,12 @@ def validate(args: argparse.Namespace) -> RunConfig:
             raise UserInputError(f"--train-samples={args.train_samples} is less than one global batch: "
                                  f"no iteration to run")
     for n in args.iterations_to_skip or ():
-        if n < 1:
-            raise UserInputError(f"--iterations-to-skip {n}: iterations are numbered from 1 (as logged)")
-        if n > total_iters:
+        if n < 0:
+            raise UserInputError(f"--iterations-to-skip {n}: a number of completed iterations, >= 0 (as Megatron-LM "
+                                 f"counts: N skips the step logged as iteration N + 1)")
+        if n >= total_iters:
             warnings.append(f"--iterations-to-skip {n}: the run ends at iteration {total_iters}, never reaching it")
-    lr_schedule_from_flags(args.lr, args, total_iters)
+    decoupled_lr_schedule(lr_schedule_from_flags(args.lr, args, total_iters), args)
     weight_decay_schedule_from_flags(args, total_iters)
 
     from megatron_zaya.data import DataConfig

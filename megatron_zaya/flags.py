@@ -243,8 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("logging and exits")
     g.add_argument("--log-interval", type=int, default=10)
     g.add_argument("--iterations-to-skip", nargs="+", type=int, default=None, metavar="N",
-                   help="iterations (numbered as logged, from 1) whose global batch is read and dropped: no "
-                        "forward, backward or update, e.g. the batches of a loss spike (as in Megatron-LM)")
+                   help="the steps after N completed iterations (Megatron-LM's numbering: N skips the step logged "
+                        "as iteration N + 1; 0 the first) whose global batch is read and dropped: no forward, "
+                        "backward or update, e.g. the batches of a loss spike")
     g.add_argument("--eval-interval", type=int, default=1000)
     g.add_argument("--eval-iters", type=int, default=10)
     g.add_argument("--full-validation", action="store_true",

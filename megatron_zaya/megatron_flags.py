@@ -229,7 +229,7 @@ FIXED_VALUES = {
                                "a load always stops on a missing or unexpected tensor, naming it"),
     "--rerun-mode": ("rerun_mode", ("disabled",),
                      "no re-run state machine: a non-finite step is skipped, diagnosed by rank and layer, and "
-                     "--max-consecutive-nonfinite of them stop the run"),
+                     "three in a row stop the run"),
     "--fp8-format": ("fp8_format", (), "no FP8 here: train with --bf16 (ZAYA1 trained in bf16)"),
     "--fp8-recipe": ("fp8_recipe", (), "no FP8 here: train with --bf16 (ZAYA1 trained in bf16)"),
     "--exit-signal": ("exit_signal", ("SIGTERM", "SIGUSR1", "signal.SIGTERM", "signal.SIGUSR1"),

@@ -27,7 +27,7 @@ from megatron_zaya.data.indexed import (  # noqa: E402
     IndexedDataset,
     IndexedDatasetError,
     IndexedDatasetWriter,
-    _normalize_prefix,
+    strip_suffix,
     bin_path,
     existing_outputs,
     idx_path,
@@ -51,7 +51,7 @@ def collect_prefixes(inputs: list[str]) -> list[str]:
 
 def _identity(prefix: str) -> set[str]:
     """Real paths naming the dataset at `prefix`: the prefix itself and its .bin/.idx files."""
-    prefix = _normalize_prefix(prefix)
+    prefix = strip_suffix(prefix)
     return {os.path.realpath(prefix), os.path.realpath(bin_path(prefix)), os.path.realpath(idx_path(prefix))}
 
 

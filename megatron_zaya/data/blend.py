@@ -25,7 +25,7 @@ from megatron_zaya.errors import UserInputError
 from . import index_builders as ib
 
 
-def _is_number(x: str) -> bool:
+def is_number(x: str) -> bool:
     try:
         float(x)
         return True
@@ -44,15 +44,15 @@ def parse_data_path(data_path: list[str] | str, flag: str = "--data-path") -> tu
         raise UserInputError(f"{flag} is empty")
     if len(items) == 1:
         return None, items
-    if not _is_number(items[0]):
-        if any(_is_number(x) for x in items):
+    if not is_number(items[0]):
+        if any(is_number(x) for x in items):
             raise UserInputError(f"{flag} {' '.join(items)}: mix of weights and paths; use W1 P1 W2 P2 ...")
         return None, items
     if len(items) % 2:
         raise UserInputError(f"{flag} {' '.join(items)}: expected weight/path pairs (W1 P1 W2 P2 ...)")
     weights, prefixes = [], []
     for w, p in zip(items[0::2], items[1::2]):
-        if not _is_number(w):
+        if not is_number(w):
             raise UserInputError(f"{flag}: {w!r} is not a weight (expected W1 P1 W2 P2 ...)")
         if not (math.isfinite(float(w)) and float(w) >= 0):
             raise UserInputError(f"{flag}: weight {w} for {p} must be a finite number >= 0")

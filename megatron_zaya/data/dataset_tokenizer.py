@@ -22,6 +22,7 @@ import os
 
 import numpy as np
 
+from megatron_zaya.data.indexed import strip_suffix
 from megatron_zaya.data.tokenizer import flags_text
 from megatron_zaya.errors import UserInputError
 
@@ -37,7 +38,8 @@ PROBE_TEXT = (
 
 
 def record_path(prefix: str) -> str:
-    return prefix + SUFFIX
+    """PREFIX.tokenizer.json of a dataset prefix (also given as its .bin or .idx, which the reader accepts)."""
+    return strip_suffix(prefix) + SUFFIX
 
 
 def tokenizer_identity(tokenizer) -> dict:

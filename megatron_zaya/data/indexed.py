@@ -61,7 +61,7 @@ def bin_path(prefix: str) -> str:
     return prefix + ".bin"
 
 
-def _normalize_prefix(path_prefix: str) -> str:
+def strip_suffix(path_prefix: str) -> str:
     for ext in (".idx", ".bin"):
         if path_prefix.endswith(ext):
             return path_prefix[: -len(ext)]
@@ -82,7 +82,7 @@ class IndexHeader(NamedTuple):
 def read_header(path_prefix: str) -> IndexHeader:
     """Read and check the `.idx` header of a `.bin`/`.idx` pair: both files exist, magic, version,
     dtype code, and an index size consistent with the counts. O(1): reads 34 bytes."""
-    prefix = _normalize_prefix(str(path_prefix))
+    prefix = strip_suffix(str(path_prefix))
     ipath, bpath = idx_path(prefix), bin_path(prefix)
     for p in (ipath, bpath):
         if not os.path.isfile(p):
@@ -334,7 +334,7 @@ class IndexedDatasetWriter:
     _SPILL = 1 << 20  # entries buffered before spilling to the side files
 
     def __init__(self, path_prefix: str, dtype=np.int32, log=None):
-        self.path_prefix = _normalize_prefix(str(path_prefix))
+        self.path_prefix = strip_suffix(str(path_prefix))
         self.dtype = np.dtype(dtype)
         if self.dtype not in CODE_OF_DTYPE:
             raise ValueError(f"unsupported dtype {self.dtype} for an indexed dataset (use one of {sorted(str(np.dtype(t)) for t in DTYPE_CODES.values())})")
@@ -556,14 +556,14 @@ def _temporary_bases(prefix: str) -> list[str]:
 
 def temporary_paths(path_prefix: str) -> list[str]:
     """The temporary files an `IndexedDatasetWriter` of this process uses for `path_prefix`."""
-    return [p + f".tmp{os.getpid()}" for p in _temporary_bases(_normalize_prefix(str(path_prefix)))]
+    return [p + f".tmp{os.getpid()}" for p in _temporary_bases(strip_suffix(str(path_prefix)))]
 
 
 def remove_leftover_temporaries(path_prefix: str, log=None) -> int:
     """Remove the temporary files a writer of `path_prefix` killed by SIGKILL left (megatron_zaya.leftovers:
     only those of a process gone from this machine, unchanged for 10 minutes); returns the bytes freed.
     Every `IndexedDatasetWriter` does this as it starts."""
-    prefix = _normalize_prefix(str(path_prefix))
+    prefix = strip_suffix(str(path_prefix))
     names = "|".join(re.escape(os.path.basename(p)) for p in _temporary_bases(prefix))
     pattern = re.compile(f"(?:{names})\\.tmp(?P<pid>\\d+)")
     return remove_leftovers(os.path.dirname(prefix) or ".", pattern, prefix, log)
@@ -571,7 +571,7 @@ def remove_leftover_temporaries(path_prefix: str, log=None) -> int:
 
 def existing_outputs(path_prefix: str) -> list[str]:
     """The files of the `.bin`/`.idx` pair at `path_prefix` that already exist."""
-    prefix = _normalize_prefix(str(path_prefix))
+    prefix = strip_suffix(str(path_prefix))
     return [p for p in (bin_path(prefix), idx_path(prefix)) if os.path.lexists(p)]
 
 

@@ -173,7 +173,7 @@ def _qk_norm_factors(x, norm, temperature):
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, overwrite_logits: bool = False) -> torch.Tensor:
-    """Per-token cross-entropy in fp32 (no reduction); label IGNORE_INDEX (-100) gives 0.
+    """Per-token cross-entropy in fp32 (fp64 for fp64 logits; no reduction); label IGNORE_INDEX (-100) gives 0.
     logits: (N, V), labels: (N,). = F.cross_entropy(logits.float(), labels, reduction="none"):
     the loss bit for bit (-log_softmax in fp32 at the label, row by row), its gradient
     (softmax - onehot(label)) * grad_loss up to rounding (the unscaled part is rounded to logits'
@@ -197,9 +197,10 @@ def _blocked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, grad: tor
     """Per-row fp32 losses, block by block; with `grad` (logits' shape and dtype, possibly logits
     themselves) also softmax - onehot(label) written into it."""
     target = labels.clamp_min(0).unsqueeze(1)
-    loss = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    compute = _compute_dtype(logits)        # fp32, or fp64 for a float64 model (its reference checks)
+    loss = torch.empty(logits.shape[0], dtype=compute, device=logits.device)
     for start, stop in _row_blocks(logits):
-        log_probs = F.log_softmax(logits[start:stop].float(), dim=-1)
+        log_probs = F.log_softmax(logits[start:stop].to(compute), dim=-1)
         loss[start:stop] = -log_probs.gather(1, target[start:stop]).squeeze(1)
         if grad is not None:
             probs = log_probs.exp_()
@@ -233,15 +234,15 @@ class _BlockedCrossEntropy(torch.autograd.Function):
                                "supported: its saved gradient was scaled in place by the first")
         ctx.backward_done = True
         grad, valid = ctx.saved_tensors
-        scale = grad_loss.float().masked_fill(~valid, 0.0).unsqueeze(1)
+        scale = grad_loss.to(_compute_dtype(grad)).masked_fill(~valid, 0.0).unsqueeze(1)
         low_precision_scale = scale.to(grad.dtype)
-        if torch.equal(low_precision_scale.float(), scale):
+        if torch.equal(low_precision_scale.to(scale.dtype), scale):
             # Exact in logits' dtype (e.g. 1 / 2^k from a mean, or 0): one multiply in that dtype,
             # the same rounding as the fp32 product (a mixed-dtype in-place multiply is 4x slower on CPU).
             return grad.mul_(low_precision_scale), None, None
         for start, stop in _row_blocks(grad):
             block = grad[start:stop]
-            block.copy_(block.float().mul_(scale[start:stop]))
+            block.copy_(block.to(scale.dtype).mul_(scale[start:stop]))
         return grad, None, None
 
 
@@ -268,12 +269,12 @@ class _LMHeadCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         grad, hidden, weight, valid = ctx.saved_tensors
-        scale = grad_loss.float().masked_fill(~valid, 0.0).unsqueeze(1)
+        scale = grad_loss.to(_compute_dtype(grad)).masked_fill(~valid, 0.0).unsqueeze(1)
         grad_hidden = grad_weight = None
         if ctx.needs_input_grad[0]:
-            grad_hidden = (grad @ weight).float().mul_(scale).to(hidden.dtype)
+            grad_hidden = (grad @ weight).to(scale.dtype).mul_(scale).to(hidden.dtype)
         if ctx.needs_input_grad[1]:
-            grad_weight = grad.t() @ (hidden.float() * scale).to(hidden.dtype)
+            grad_weight = grad.t() @ (hidden.to(scale.dtype) * scale).to(hidden.dtype)
         return grad_hidden, grad_weight, None
 
 

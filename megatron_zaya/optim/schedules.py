@@ -119,7 +119,15 @@ def decoupled_lr_schedule(schedule: LRSchedule, flags) -> LRSchedule | None:
     if decoupled is None:
         return None
     floor = getattr(flags, "decoupled_min_lr", None)
-    return dataclasses.replace(schedule, lr=decoupled, min_lr=schedule.min_lr if floor is None else floor)
+    floor_flag = "--min-lr" if floor is None else "--decoupled-min-lr"
+    floor = schedule.min_lr if floor is None else floor
+    if floor > decoupled:
+        raise ValueError(f"{floor_flag}={floor} is above --decoupled-lr={decoupled}"
+                         + (" (give --decoupled-min-lr)" if floor_flag == "--min-lr" else ""))
+    if schedule.warmup_init > decoupled:
+        raise ValueError(f"--lr-warmup-init={schedule.warmup_init} is above --decoupled-lr={decoupled} (the "
+                         f"decoupled schedule warms up from it too)")
+    return dataclasses.replace(schedule, lr=decoupled, min_lr=floor)
 
 
 def _wsd_coefficient(ratio: float, style: str) -> float:

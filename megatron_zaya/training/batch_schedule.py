@@ -32,7 +32,8 @@ class BatchSizeSchedule:
         if self.rampup is None:
             return self.global_batch_size
         start, increment, samples_per_increment = self.rampup
-        size = start + int(consumed_samples // samples_per_increment) * increment
+        size = start + int(consumed_samples / samples_per_increment) * increment   # Megatron's rounding (// on the
+        # float step was one increment behind where the quotient is a whole number, e.g. 50 / (100 / 6))
         return min(size, self.global_batch_size)
 
     def num_micro_batches(self, consumed_samples: int) -> int:

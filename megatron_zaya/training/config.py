@@ -80,7 +80,7 @@ class TrainConfig:
     exit_on_missing_checkpoint: bool = False
     skip_train: bool = False                  # evaluate the loaded model only (Megatron-LM's --skip-train)
     dry_run: bool = False                     # every check and the start-up summary, then exit (no model)
-    iterations_to_skip: list[int] | None = None   # --iterations-to-skip: 1-based iteration numbers
+    iterations_to_skip: list[int] | None = None   # --iterations-to-skip: completed-iteration counts (Megatron's)
     deterministic_mode: bool = False          # --deterministic-mode: torch's deterministic algorithms
     moe_router_force_load_balancing: bool = False   # benchmarks: balanced routing (ZayaModel.set_force_load_balancing)
     pretrained_checkpoint: str | None = None   # fine-tuned from when --load holds no checkpoint (Megatron-LM)

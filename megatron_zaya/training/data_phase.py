@@ -20,6 +20,21 @@ Megatron-LM has no flag for this, so there is none here either.
 from __future__ import annotations
 
 import json
+import os
+
+from megatron_zaya.data.blend import is_number
+from megatron_zaya.data.indexed import strip_suffix
+
+PATH_FIELDS = ("data_path", "train_data_path", "valid_data_path", "test_data_path")
+
+
+def resolved_paths(items) -> list[str]:
+    """A --data-path list with each dataset prefix as its real path (weights as given): the same files
+    spelled another way (relative, ./, through a symlinked folder, with a .bin/.idx suffix) are the same
+    data, and a resume from another working directory keeps its position."""
+    items = [str(x) for x in items]
+    weighted = len(items) > 1 and is_number(items[0])
+    return [x if weighted and i % 2 == 0 else os.path.realpath(strip_suffix(x)) for i, x in enumerate(items)]
 
 
 def data_signature(run) -> str:
@@ -27,20 +42,28 @@ def data_signature(run) -> str:
     data = run.data
     if data is None:
         return ""
-    separate = {name: list(getattr(data, name)) for name in ("train_data_path", "valid_data_path", "test_data_path")
-                if getattr(data, name)}
+    separate = {name: list(getattr(data, name)) for name in PATH_FIELDS[1:] if getattr(data, name)}
     if data.mock_data:
         separate["mock_data"] = True
-    return json.dumps({"data_path": list(data.data_path), **separate,
-                       "phases": [[list(p.data_path), p.train_samples] for p in data.phases],
-                       "split": data.split, "seq_length": run.model.seq_length}, sort_keys=True)
+    return json.dumps(_resolved({"data_path": list(data.data_path), **separate,
+                                 "phases": [[list(p.data_path), p.train_samples] for p in data.phases],
+                                 "split": data.split, "seq_length": run.model.seq_length}), sort_keys=True)
+
+
+def _resolved(fields: dict) -> dict:
+    resolved = {k: resolved_paths(v) if k in PATH_FIELDS else v for k, v in fields.items()}
+    if "phases" in fields:
+        resolved["phases"] = [[resolved_paths(paths), samples] for paths, samples in fields["phases"]]
+    return resolved
 
 
 def _signature_fields(signature: str) -> dict:
-    """The compared fields of a signature (older checkpoints also stored the global batch size)."""
+    """The compared fields of a signature, paths resolved (checkpoints written before paths were stored
+    resolved hold them as typed; they resolve against this run's working directory). Older checkpoints
+    also stored the global batch size, which is not compared."""
     fields = json.loads(signature)
     fields.pop("global_batch_size", None)
-    return fields
+    return _resolved(fields)
 
 
 def data_changed(previous: str, current: str) -> bool:

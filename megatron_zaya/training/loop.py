@@ -114,8 +114,12 @@ class Trainer:
             self.peak_tflops, self.peak_source = device_peak_tflops(
                 self.device, torch.bfloat16 if self.cfg.bf16 else torch.float32)
         self.consecutive_nonfinite = 0
-        self.iterations_to_skip = frozenset(self.cfg.iterations_to_skip or ())   # 1-based, as logged
+        self.iterations_to_skip = frozenset(self.cfg.iterations_to_skip or ())   # completed counts, as Megatron-LM
         self.stop_requested: str | None = None
+        self.exit_reason: str | None = None   # why the loop stopped before --train-iters (a signal, an exit flag)
+        # --exit-duration-in-mins counts from here; setup moves it to its own start (Megatron-LM counts from
+        # the process's: loading a checkpoint and building indices spend the job's time too).
+        self.run_started = time.time()
         self.last_validation: dict[str, float] | None = None
         self.interval = IntervalMeter()
         self.stragglers = (StragglerMeter(self.device, self.cfg.straggler_minmax_count) if self.cfg.log_straggler
@@ -364,14 +368,14 @@ class Trainer:
             f"routing entropy {entropy:.3f} | skip {skip:.3f} | mem {peak_memory_bytes(self.device) / 2 ** 30:.2f} GB | "
             f"ETA {format_duration(eta)}" + (f" | skipped iterations {m.skipped}" if m.skipped else ""))
 
-    def should_exit(self, started: float) -> str | None:
+    def should_exit(self) -> str | None:
         it = self.state.iteration
         if self.stop_requested:
             return self.stop_requested
         if self.cfg.exit_interval and it % self.cfg.exit_interval == 0:
             return f"--exit-interval {self.cfg.exit_interval} reached"
         if self.cfg.exit_duration_in_mins:
-            elapsed = torch.tensor(float(time.time() - started > self.cfg.exit_duration_in_mins * 60))
+            elapsed = torch.tensor(float(time.time() - self.run_started > self.cfg.exit_duration_in_mins * 60))
             if self.parallel.max_over_all_ranks(elapsed).item() > 0:
                 return f"--exit-duration-in-mins {self.cfg.exit_duration_in_mins} reached"
         return None
@@ -414,7 +418,7 @@ class Trainer:
         gc_interval = self.cfg.manual_gc_interval if self.cfg.manual_gc else 0
         while self.state.iteration < self.total_iters:
             batch_size = self.batch_schedule.batch_size(self.state.consumed_samples)
-            if self.state.iteration + 1 in self.iterations_to_skip:
+            if self.state.iteration in self.iterations_to_skip:
                 self.skip_iteration(batch_size)
             else:
                 self.run_iteration(profiler, batch_size, gc_interval, started)
@@ -422,7 +426,7 @@ class Trainer:
                 self.run_evaluation()
             if self.checkpointer is not None:
                 self.checkpointer.after_step(self)
-            reason = self.should_exit(started)
+            reason = self.exit_reason = self.should_exit()
             if reason:
                 self.logger.print(f"exiting: {reason}")
                 if self.checkpointer is not None:

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 
 import torch
 
@@ -119,6 +120,7 @@ def build_and_train(run) -> int:
 
 
 def _build_and_train(run) -> int:
+    started = time.time()        # --exit-duration-in-mins counts the start-up too, as Megatron-LM's does
     if getattr(run.args, "logging_level", None) is not None:      # --logging-level
         logging.getLogger().setLevel(run.args.logging_level)
     if getattr(run.args, "disable_bf16_reduced_precision_matmul", False):
@@ -146,6 +148,7 @@ def _build_and_train(run) -> int:
     checkpointer = TrainingCheckpointer(run, runtime)
 
     trainer = Trainer(run, model, optimizer, runtime, None, None, None, checkpointer, state)
+    trainer.run_started = started
     if run.train.load or run.train.pretrained_checkpoint:
         checkpointer.load(trainer, required=loads_weights)
 
@@ -177,8 +180,8 @@ def _build_and_train(run) -> int:
             trainer.run_test_evaluation()
         else:
             trainer.train()
-            if trainer.stop_requested:   # preemption: the checkpoint first, and no evaluation to wait for
-                logger.print(f"skipping the final evaluation ({trainer.stop_requested})")
+            if trainer.exit_reason:   # preemption or an exit flag: the checkpoint, and no evaluation to wait for
+                logger.print(f"skipping the final evaluation ({trainer.exit_reason})")   # (Megatron-LM exits too)
             else:
                 final_evaluation(run, trainer, logger)
                 trainer.run_test_evaluation()

@@ -89,3 +89,25 @@ def test_kernels_entry_under_bf16_autocast_matches_linear_then_cross_entropy():
     assert torch.equal(got[0], want[0])
     for g, w in zip(got[1:], want[1:]):
         assert g.dtype == torch.float32 and max_relative(g, w) < 2 ** -7
+
+
+def test_float64_inputs_stay_float64():
+    """A float64 model (the whole-model reference check) gets float64 losses and gradients from both
+    cross-entropies: gradcheck passes (cross_entropy, which allows one backward per graph: its gradient
+    equals autograd's through F.cross_entropy), and the losses equal F.cross_entropy in float64 (they were
+    rounded to fp32, 4e-7 off)."""
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(6, 5, dtype=torch.float64, generator=gen, requires_grad=True)
+    weight = torch.randn(11, 5, dtype=torch.float64, generator=gen, requires_grad=True)
+    labels = torch.tensor([0, 3, R.IGNORE_INDEX, 10, 7, 1])
+    assert torch.autograd.gradcheck(lambda h, w: R.lm_head_cross_entropy(h, w, labels), (hidden, weight))
+    logits = (hidden @ weight.t()).detach().requires_grad_()
+    upstream = torch.randn(6, dtype=torch.float64, generator=gen)
+    ours, = torch.autograd.grad(R.cross_entropy(logits.clone(), labels), logits, upstream)
+    theirs, = torch.autograd.grad(F.cross_entropy(logits, labels, reduction="none"), logits, upstream)
+    assert ours.dtype == torch.float64
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-15)
+    want = F.cross_entropy(logits, labels, reduction="none")
+    for got in (R.lm_head_cross_entropy(hidden, weight, labels), R.cross_entropy(logits, labels)):
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-15)

@@ -59,6 +59,11 @@ def error_of(argv, capsys) -> str:
     ({"--dist-ckpt-strictness": "log_all"}, "--dist-ckpt-strictness=log_all is not supported"),
     ({"--disable-straggler-on-startup": ""}, "--disable-straggler-on-startup is not supported"),
     ({"--decoupled-min-lr": "1e-4"}, "--decoupled-min-lr needs --decoupled-lr"),
+    # the decoupled schedule is checked with the flags too (it failed after the model was built, naming --lr)
+    ({"--decoupled-lr": "1e-5", "--min-lr": "3e-5"}, "--min-lr=3e-05 is above --decoupled-lr=1e-05 (give "),
+    ({"--decoupled-lr": "1e-5", "--decoupled-min-lr": "2e-5"}, "--decoupled-min-lr=2e-05 is above --decoupled-lr"),
+    ({"--decoupled-lr": "1e-5", "--lr-warmup-init": "2e-5", "--lr-warmup-iters": "2"},
+     "--lr-warmup-init=2e-05 is above --decoupled-lr=1e-05"),
     ({"--batch-size": "8"}, "--batch-size=8 is not supported: drop the flag (Megatron-LM's old name: use "
                             "--micro-batch-size)"),
     ({"--checkpoint-activations": ""}, "--checkpoint-activations is not supported: it is Megatron-LM's old name"),

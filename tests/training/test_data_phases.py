@@ -48,3 +48,32 @@ def test_phase_change_starts_its_data_at_zero_and_resumes_exactly(tiny_corpus, t
     assert out.count("a new data phase starts") == 1              # the mid-phase resume keeps the phase
     assert sorted(straight) == [4, 5, 6, 7, 8]
     assert {**first, **second} == straight
+
+
+def test_the_same_files_spelled_another_way_are_the_same_data(tmp_path, monkeypatch):
+    """The signature holds each dataset prefix as its real path: a resume that names the same files
+    relatively, with ./ or a .bin suffix, through a symlinked folder, or from another working directory,
+    continues the data (it started a new phase from sample 0, re-reading what was trained on); a
+    checkpoint written before (paths as typed) compares the same way. Other files or weights still differ."""
+    from types import SimpleNamespace
+
+    from megatron_zaya.data.config import DataConfig
+    from megatron_zaya.training.data_phase import data_changed, data_signature
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+
+    def signature(*data_path):
+        return data_signature(SimpleNamespace(data=DataConfig(data_path=list(data_path)),
+                                              model=SimpleNamespace(seq_length=64)))
+    saved = signature("0.3", "data/a", "0.7", "data/b")
+    assert json.loads(saved)["data_path"] == ["0.3", str(tmp_path / "data" / "a"), "0.7", str(tmp_path / "data" / "b")]
+    for same in (("0.3", str(tmp_path / "data" / "a"), "0.7", "./data/b"), ("0.3", "link/a.bin", "0.7", "data/b.idx")):
+        assert not data_changed(saved, signature(*same))
+    typed = json.dumps({**json.loads(saved), "data_path": ["0.3", "data/a", "0.7", "data/b"]})   # an older checkpoint
+    assert not data_changed(typed, saved)
+    monkeypatch.chdir(tmp_path / "data")
+    assert not data_changed(saved, signature("0.3", "a", "0.7", "b"))
+    assert data_changed(saved, signature("0.3", "a", "0.7", "c"))
+    assert data_changed(saved, signature("0.4", "a", "0.6", "b"))

@@ -1,6 +1,7 @@
-"""--iterations-to-skip (Megatron-LM's): the listed iterations' global batches are read and dropped,
-with no update, and every other iteration sees the batch it would have seen; compared with a run
-without skips, and across a checkpoint saved at the skipped iteration."""
+"""--iterations-to-skip (Megatron-LM's): the steps after the listed numbers of completed iterations (N: the
+step logged as iteration N + 1) read and drop their global batches, with no update, and every other
+iteration sees the batch it would have seen; compared with a run without skips, and across a checkpoint
+saved at the skipped iteration."""
 import pytest
 
 from megatron_zaya.arguments import parse_args
@@ -30,7 +31,7 @@ def run(tiny_corpus, tmp_path, name, monkeypatch, **extra):
 
 def test_a_skipped_iteration_drops_its_batch_and_makes_no_update(tiny_corpus, tmp_path, monkeypatch, capsys):
     plain_batches, plain = run(tiny_corpus, tmp_path, "plain", monkeypatch)
-    batches, skipped = run(tiny_corpus, tmp_path, "skip", monkeypatch, **{"--iterations-to-skip": 3})
+    batches, skipped = run(tiny_corpus, tmp_path, "skip", monkeypatch, **{"--iterations-to-skip": 2})
     assert "iteration       3/5 | SKIPPED (--iterations-to-skip): its 4 samples dropped" in capsys.readouterr().out
     assert batches == plain_batches[:2] + plain_batches[3:]          # batch 3 read and dropped, order kept
     assert sorted(skipped["lm loss"]) == [1, 2, 4, 5]
@@ -43,9 +44,9 @@ def test_a_skipped_iteration_drops_its_batch_and_makes_no_update(tiny_corpus, tm
 
 
 def test_a_checkpoint_at_a_skipped_iteration_resumes_exactly(tiny_corpus, tmp_path, monkeypatch):
-    _, straight = run(tiny_corpus, tmp_path, "straight", monkeypatch, **{"--iterations-to-skip": [3, 4]})
+    _, straight = run(tiny_corpus, tmp_path, "straight", monkeypatch, **{"--iterations-to-skip": [2, 3]})
     save = tmp_path / "ckpt"
-    skip = {"--iterations-to-skip": [3, 4], "--save": save, "--save-interval": 3}
+    skip = {"--iterations-to-skip": [2, 3], "--save": save, "--save-interval": 3}
     run(tiny_corpus, tmp_path, "first", monkeypatch, **{**skip, "--exit-interval": 3})
     assert (save / "iter_0000003").is_dir()
     _, resumed = run(tiny_corpus, tmp_path, "resumed", monkeypatch, **{**skip, "--load": save})
@@ -54,9 +55,14 @@ def test_a_checkpoint_at_a_skipped_iteration_resumes_exactly(tiny_corpus, tmp_pa
     assert resumed["skipped-train-samples"] == {4: 8}
 
 
-def test_iterations_are_numbered_from_one(tiny_corpus, tmp_path, capsys):
+def test_zero_skips_the_first_step_and_negatives_are_refused(tiny_corpus, tmp_path, monkeypatch, capsys):
+    """0 is the first step (no iteration completed), as in Megatron-LM; the run ends at 5 completed iterations,
+    so 5 is never reached."""
+    plain_batches, _ = run(tiny_corpus, tmp_path, "plain", monkeypatch)
+    batches, _ = run(tiny_corpus, tmp_path, "first", monkeypatch, **{"--iterations-to-skip": 0})
+    assert "iteration       1/5 | SKIPPED" in capsys.readouterr().out and batches == plain_batches[1:]
     with pytest.raises(SystemExit):
-        parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--iterations-to-skip": 0}))
-    assert "--iterations-to-skip 0: iterations are numbered from 1" in capsys.readouterr().err
-    run_config = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--iterations-to-skip": 9}))
+        parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--iterations-to-skip": -1}))
+    assert "--iterations-to-skip -1: a number of completed iterations, >= 0" in capsys.readouterr().err
+    run_config = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": 5, "--iterations-to-skip": 5}))
     assert any("never reaching it" in w for w in run_config.warnings)

@@ -1,5 +1,6 @@
 """Monitoring details: the MFU peak table, the progress bar, --exit-duration-in-mins."""
 import re
+import time
 
 import pytest
 import torch
@@ -33,14 +34,26 @@ def test_progress_bar_line(tiny_corpus, tmp_path, capsys):
     assert "iteration       3/3" in captured.out + captured.err      # console lines go through the bar
 
 
-def test_exit_duration_exits_and_saves(tiny_corpus, tmp_path, capsys):
+def test_exit_duration_exits_and_saves(tiny_corpus, tmp_path, capsys, monkeypatch):
+    """The time counts from the start of build_and_train, start-up included (Megatron-LM counts from the
+    process's start), and the run exits as Megatron's does: a checkpoint, no final or test evaluation (a job
+    sized to its time limit overran it by those)."""
+    from megatron_zaya.training import setup
+
     save = tmp_path / "ckpt"
-    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--eval-iters": 0, "--save": save,
-                                                               "--exit-duration-in-mins": 1e-6}))
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--save": save, "--exit-duration-in-mins": 0.02}))
+    real_build = setup.build_model
+
+    def slow_build(*args, **kwargs):    # a start-up longer than the 1.2 s budget: the first step is the last
+        time.sleep(1.5)
+        return real_build(*args, **kwargs)
+    monkeypatch.setattr(setup, "build_model", slow_build)
     assert build_and_train(run) == 0
     out = capsys.readouterr().out
-    assert "exiting: --exit-duration-in-mins 1e-06 reached" in out
+    assert "exiting: --exit-duration-in-mins 0.02 reached" in out
     assert "iteration       1/6" in out and "iteration       2/6" not in out
+    assert "skipping the final evaluation (--exit-duration-in-mins 0.02 reached)" in out
+    assert "validation" not in out and "test loss" not in out
     assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
 
 

@@ -16,6 +16,13 @@ def test_iterations_for_samples_drop_the_partial_batch():
     assert ramp.samples_consumed(0, 4) == 12 and ramp.samples_consumed(4, 2) == 8
 
 
+@pytest.mark.parametrize("gbs, rampup, consumed, size", [(7, [1, 1, 100], 50, 4), (6, [1, 1, 12345678], 12345678, 6)])
+def test_rampup_rounds_the_step_count_as_megatron(gbs, rampup, consumed, size):
+    """int(consumed / samples per increment), as Megatron-LM: where the quotient is a whole number (50 / (100 / 6)
+    = 3, 12345678 / (12345678 / 5) = 5) the float floor division was one increment behind."""
+    assert BatchSizeSchedule(gbs, 1, 1, rampup).batch_size(consumed) == size
+
+
 @pytest.mark.parametrize("samples, rampup, iterations", [(10, [], 2), (14, ["2", "2", "4"], 4)])
 def test_train_samples_not_a_multiple_of_the_batch(tiny_corpus, tmp_path, capsys, samples, rampup, iterations):
     argv = tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": None, "--train-samples": samples,
