@@ -194,6 +194,16 @@ def shard_files(tensors: dict, max_shard_bytes: int) -> dict[str, list[str]]:
     return {f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors": names for i, names in enumerate(groups)}
 
 
+def bulk_dtype(tensors: dict) -> torch.dtype:
+    """The floating dtype holding most of the elements (config.json's torch_dtype for weights written as they
+    are: a --bf16 run's bf16 matrices beside its fp32 norms read as bf16); fp32 when there are none."""
+    elements: dict[torch.dtype, int] = {}
+    for t in tensors.values():
+        if t.is_floating_point():
+            elements[t.dtype] = elements.get(t.dtype, 0) + t.numel()
+    return max(elements, key=elements.get) if elements else torch.float32
+
+
 def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: torch.dtype | None = None,
                    tokenizer=None, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
                    extra_files: dict[str, str] | None = None) -> None:
@@ -208,7 +218,7 @@ def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: tor
         if dtype is not None and t.is_floating_point() and not name.endswith("balancing_bias"):
             t = t.to(dtype)
         tensors[ours_to_hf_name(name)] = t
-    config_dict = hf_config_dict(config, dtype or torch.float32)
+    config_dict = hf_config_dict(config, dtype or bulk_dtype(tensors))
     tokenizer_files = {}
     if tokenizer is not None:       # built before anything is written: a refusal leaves no folder
         from megatron_zaya.checkpoint.hf_tokenizer import hf_token_ids, hf_tokenizer_files

@@ -101,14 +101,16 @@ def check_save_folder(save: str | None, load: str | None, finetune: bool) -> Non
         f"checkpoints away first")
 
 
-def first_candidate_metadata(load: str) -> tuple[str, dict] | None:
+def first_candidate_metadata(load: str, damaged: list | None = None) -> tuple[str, dict] | None:
     """(folder, metadata.json) of the checkpoint --load would try first that has readable metadata;
-    None when there is none (TrainingCheckpointer.load reports what it finds)."""
+    None when there is none (TrainingCheckpointer.load reports what it finds). `damaged` collects the
+    errors naming the candidates' unreadable metadata files."""
     for folder in checkpoint_candidates(load):
         try:
             return folder, read_json(os.path.join(folder, METADATA_FILE))
-        except CheckpointError:
-            continue
+        except CheckpointError as err:
+            if damaged is not None:
+                damaged.append(err)
     return None
 
 
@@ -161,14 +163,16 @@ def check_weights_only(meta: dict, train_cfg, where: str) -> None:
 def check_before_build(run) -> bool:
     """Every check of --save and --load that needs no model (see the module docstring). True when the
     run will start from a checkpoint's weights (--load or --pretrained-checkpoint holds one)."""
-    cfg, found = run.train, None
+    cfg, found, damaged = run.train, None, []
     for path, source_cfg in start_sources(cfg):      # what TrainingCheckpointer.load will start from
-        found = first_candidate_metadata(path)
+        found = first_candidate_metadata(path, damaged)
         if found is not None:
             cfg = source_cfg
             break
     check_save_folder(cfg.save, cfg.load, cfg.finetune)
     if found is None:
+        if damaged and (cfg.pretrained_checkpoint or (cfg.load and requires_checkpoint(cfg))):
+            raise damaged[0]        # a checkpoint is there, unreadable: name its file, not "no checkpoint"
         if cfg.pretrained_checkpoint:
             raise CheckpointError(no_pretrained_checkpoint_message(cfg))
         if cfg.load and requires_checkpoint(cfg):

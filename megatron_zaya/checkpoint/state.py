@@ -339,6 +339,35 @@ def load_optimizer(optimizer, model, folder: CheckpointFolder, saved_classes: di
     reads.finish(next(iter(named_tensors(model).values())).device)
 
 
+def load_saved_masters(optimizer, model, folder: CheckpointFolder) -> int:
+    """For a load that starts the optimizer afresh (--finetune, --no-load-optim), after load_model: the fp32
+    masters a --bf16 ZeRO-1 run saved for its bf16 weights, so that this run starts from the trained values,
+    as load_optimizer and load_full_model_state do, not from their bf16 rounding. An fp32 weight takes its
+    master; a bf16 weight's ZeRO-1 master piece (or, DistributedMuon, its owner's master, with fresh momentum)
+    takes the saved one. Returns how many parameters took a saved master."""
+    pstate = model_pstate(model)
+    cache, taken = {}, 0
+    for slot in optimizer_slots(optimizer, model):
+        for name, p, flat, master, _key in slot.items:
+            key = f"optim/{name}/master"
+            if not folder.has(key):
+                continue
+            shape, ranges = tensor_slicing(p, pstate)
+            if folder.global_shape(key) != shape:
+                raise CheckpointError(f"{folder.folder}: {key} has shape {folder.global_shape(key)}, the parameter "
+                                      f"{shape}")
+            with torch.no_grad():
+                if p.dtype == torch.float32:
+                    p.copy_(folder.piece(key, ranges, None, cache).to(p.device).view_as(p))
+                if master is not None:
+                    master.copy_(folder.piece(key, ranges, flat, cache).to(master.device).view_as(master))
+                elif slot.kind == "owner" and p.dtype != torch.float32:
+                    slot.container.state[p] = {"momentum_buffer": torch.zeros_like(p, dtype=torch.float32),
+                                               "master": folder.piece(key, ranges, None, cache).to(p.device).float()}
+            taken += 1
+    return taken
+
+
 # -- RNG -------------------------------------------------------------------------------------------------
 def rng_entries_and_objects() -> tuple[list[Entry], dict]:
     entries = [Entry("rng/torch_cpu", torch.get_rng_state(), [], [], local=True)]

@@ -29,7 +29,7 @@ from megatron_zaya.checkpoint.preflight import (HUB_LOAD_STEPS, WEIGHTS_ONLY_ADV
                                                 no_pretrained_checkpoint_message, requires_checkpoint, start_sources)
 from megatron_zaya.checkpoint.saver import CheckpointWriter, recover_replaced
 from megatron_zaya.checkpoint.state import (balancer_entries, load_balancer, load_model, load_optimizer, load_rng,
-                                            model_entries, optimizer_entries, optimizer_slots,
+                                            load_saved_masters, model_entries, optimizer_entries, optimizer_slots,
                                             rng_entries_and_objects, unwrap)
 from megatron_zaya.errors import hub_name_hint
 from megatron_zaya.training.data_phase import data_signature, enter_data_phase
@@ -239,6 +239,7 @@ class TrainingCheckpointer:
                 notes.append("no balancing-bias optimizer state in the checkpoint: it starts afresh")
         else:
             sync_masters_from_model(trainer.optimizer, trainer.model)
+            load_saved_masters(trainer.optimizer, trainer.model, folder)   # a bf16 run's fp32 values, where saved
         if not (cfg.no_load_rng or cfg.finetune):
             rng_loaded = load_rng(folder, self.rank)
             if not rng_loaded:
@@ -265,6 +266,8 @@ class TrainingCheckpointer:
         same_dir = cfg.save and os.path.abspath(os.path.dirname(folder.folder)) == os.path.abspath(cfg.save)
         if same_dir and not cfg.finetune:
             self.last_saved = trainer.state.iteration      # nothing new to save before the next step
+            # a non-persistent one stays marked so: kept as persistent if the run ends here (end of training)
+            self.last_saved_non_persistent = bool(meta.get("non_persistent"))
         layout = meta["layout"]
         self.loaded = {"folder": folder.folder, "iteration": folder.iteration, "optimizer": optimizer_loaded,
                        "rng": rng_loaded, "balancer": balancer_loaded, "layout": layout}

@@ -210,6 +210,21 @@ def test_exit_on_missing_checkpoint_stops_before_the_model(ckpt_corpus, ckpt_cac
     assert sorted(train(flags(ckpt_corpus, 1, "--load", missing, cache=ckpt_cache)).losses) == [1]
 
 
+def test_a_checkpoint_with_damaged_metadata_is_named_not_called_missing(ckpt_corpus, ckpt_cache, tmp_path,
+                                                                       monkeypatch):
+    """--finetune / --exit-on-missing-checkpoint / --skip-train and a --load whose only checkpoint has an
+    unreadable metadata.json: the error names that file (it said the folder held no checkpoint)."""
+    save = str(tmp_path / "ckpt")
+    train(flags(ckpt_corpus, 1, "--save", save, cache=ckpt_cache))
+    metadata = os.path.join(save, "iter_0000001", METADATA_FILE)
+    with open(metadata, "w") as f:
+        f.write('{"format_version": 1')
+    monkeypatch.setattr("megatron_zaya.training.setup.build_runtime", no_build)
+    for extra in (["--finetune"], ["--exit-on-missing-checkpoint"], ["--skip-train", "--eval-iters", "1"]):
+        with pytest.raises(CheckpointError, match=rf"{metadata}: corrupt JSON"):
+            train(flags(ckpt_corpus, 1, "--load", save, *extra, cache=ckpt_cache))
+
+
 def test_pretrained_checkpoint_starts_a_fine_tune_until_load_has_one(ckpt_corpus, ckpt_cache, tmp_path, capsys):
     """Megatron-LM's --pretrained-checkpoint: while --load holds no checkpoint the run starts from it as
     --finetune does (its weights, iteration 0); once the run has saved into --load, a restart resumes

@@ -56,6 +56,22 @@ def test_a_crashed_run_resumes_from_its_newest_non_persistent_checkpoint(ckpt_co
     assert list_complete(save) == [4, 6]
 
 
+def test_a_run_that_died_before_keeping_its_last_checkpoint_keeps_it_when_run_again(ckpt_corpus, ckpt_cache,
+                                                                                    tmp_path):
+    """Killed after its non-persistent save at the last iteration but before the end of training kept it: run
+    again, there is nothing to train, and the end of training keeps it as persistent (it stayed marked
+    non-persistent and the next continuation removed it as superseded)."""
+    save = str(tmp_path / "ckpt")
+    again = flags(ckpt_corpus, 4, "--load", save, "--save", save, "--non-persistent-save-interval", "2",
+                  cache=ckpt_cache)
+    train(again)
+    meta_path = os.path.join(save, "iter_0000004", METADATA_FILE)
+    json.dump(dict(json.load(open(meta_path)), non_persistent=True), open(meta_path, "w"))   # as the kill left it
+    assert not train(again).losses and not non_persistent(save, 4)
+    train(flags(ckpt_corpus, 6, *again[again.index("--load"):], cache=ckpt_cache))
+    assert list_complete(save) == [4, 6]
+
+
 @pytest.mark.parametrize("extra, expected", [
     (["--non-persistent-ckpt-type", "local"], "--non-persistent-ckpt-type local is not supported"),
     (["--non-persistent-global-ckpt-dir", "/tmp/elsewhere"], "non-persistent checkpoints are kept in --save here"),

@@ -177,3 +177,40 @@ def test_a_signature_saved_with_the_global_batch_size_is_the_same_data():
     assert data_changed(old, new.replace("32", "64"))
     state = TrainState(iteration=3, consumed_samples=12, data_signature=old)
     assert enter_data_phase(state, new) is None and state.data_start_iteration == 0
+
+
+def test_a_fresh_optimizer_starts_from_the_saved_fp32_masters(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch):
+    """A --bf16 ZeRO-1 checkpoint keeps fp32 masters of its bf16 weights. --no-load-optim / --finetune start
+    from them as a full load does: an fp32 run takes them as its weights (--no-load-optim's first loss equals
+    the full load's), and a bf16 ZeRO-1 run as its masters (both were the bf16 weights, made fp32 again)."""
+    from megatron_zaya.checkpoint.inspection import load_full_model_state
+    from megatron_zaya.checkpoint.state import optimizer_slots
+
+    save = str(tmp_path / "zero1")
+    zero1 = ("--use-distributed-optimizer", "--bf16")
+    train(flags(ckpt_corpus, 3, "--save", save, "--save-interval", "3", *zero1, cache=ckpt_cache))
+    src = os.path.join(save, "iter_0000003")
+    full = train(flags(ckpt_corpus, 4, "--load", src, cache=ckpt_cache))
+    assert train(flags(ckpt_corpus, 4, "--load", src, "--no-load-optim", cache=ckpt_cache)).losses[4] == full.losses[4]
+    trained, _, info = load_full_model_state(src)          # the masters where saved
+    assert info["masters"] > 10
+    seen = {}
+
+    def capture(trainer):
+        seen["weights"] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        seen["masters"] = {}
+        for slot in optimizer_slots(trainer.optimizer, trainer.model):
+            for name, p, flat, master, _ in slot.items:
+                kept = master if master is not None else slot.container.state.get(p, {}).get("master")
+                if kept is not None:
+                    seen["masters"][name] = (flat, kept.detach().clone())
+        return trainer.state
+    monkeypatch.setattr(setup.Trainer, "train", capture)
+    for fresh in ("--no-load-optim", "--finetune"):
+        train(flags(ckpt_corpus, 4, "--load", src, fresh, cache=ckpt_cache))
+        assert all(torch.equal(w, trained[n]) for n, w in seen["weights"].items()), fresh
+    train(flags(ckpt_corpus, 4, "--load", src, "--no-load-optim", *zero1, cache=ckpt_cache))
+    assert len(seen["masters"]) >= info["masters"]      # (and the pieces of weights kept in fp32)
+    for name, (flat, kept) in seen["masters"].items():
+        want = trained[name].reshape(-1)
+        assert torch.equal(kept.reshape(-1), want if flat is None else want[flat[0]:flat[1]]), name

@@ -132,6 +132,16 @@ def test_imported_config_refuses_what_the_model_cannot_run(field, value, message
         load_hf_folder(path.parent)
 
 
+def test_config_names_the_dtype_most_weights_were_written_in(tmp_path):
+    """Without a dtype the weights are written as they are; config.json's torch_dtype says the dtype of the
+    bulk of them (a --bf16 run's bf16 matrices beside fp32 norms: bfloat16, where it said float32)."""
+    model = randomized_model(CONFIGS["hq4-hkv1-mqa"], seed=0)
+    mixed = {k: v.to(torch.bfloat16) if v.ndim > 1 else v for k, v in model.state_dict().items()}
+    for name, state, want in (("mixed", mixed, "bfloat16"), ("fp32", model.state_dict(), "float32")):
+        save_hf_folder(state, model.config, tmp_path / name)
+        assert json.loads((tmp_path / name / "config.json").read_text())["torch_dtype"] == want
+
+
 def test_export_refuses_to_overwrite(tmp_path):
     model = randomized_model(CONFIGS["hq4-hkv1-mqa"], seed=0)
     target = tmp_path / "hf"
