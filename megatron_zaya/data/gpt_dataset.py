@@ -33,7 +33,8 @@ class SampleOptions:
 
 
 def default_cache_dir(path_prefix: str) -> str:
-    """Megatron's default: a `cache/GPTDataset_indices` folder beside the data."""
+    """A `cache/GPTDataset_indices` folder beside the data (Megatron-LM's default puts that folder inside a
+    directory named as the prefix itself, `PREFIX/cache/GPTDataset_indices`, next to PREFIX.bin)."""
     return os.path.join(os.path.dirname(os.path.abspath(path_prefix)), "cache", "GPTDataset_indices")
 
 

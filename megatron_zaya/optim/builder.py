@@ -3,7 +3,8 @@
 Muon takes the hidden matrices (attention and router linears, every expert matrix); AdamW takes the
 embedding / output layer and every vector or small tensor (norms, biases, residual scales, EDA gamma,
 key temperatures, the CCA convolution kernels). `--optimizer adamw` puts everything on AdamW.
-Weight decay applies to matrices (Muon and embedding), not to vectors, nor to the input embedding
+Weight decay applies to every tensor of two or more dimensions (Muon's matrices, the embedding, the
+CCA convolution kernels: Megatron-LM's rule), not to vectors or biases, nor to the input embedding
 when --embedding-init-method-std gives it its own initial scale (as in Megatron-LM: decay would shrink
 it back towards zero).
 """
