@@ -33,7 +33,8 @@ import torch  # noqa: E402
 from megatron_zaya.config import ConfigError  # noqa: E402
 from megatron_zaya.data.blend import parse_data_path  # noqa: E402
 from megatron_zaya.data.dataset_tokenizer import check_dataset_tokenizers  # noqa: E402
-from megatron_zaya.data.tokenizer import flags_text, tiktoken_options, tokenizer_flags  # noqa: E402
+from megatron_zaya.data.tokenizer import (  # noqa: E402
+    flags_text, null_tokenizer_size_from_vocab_size, tiktoken_options, tokenizer_flags)
 from megatron_zaya.errors import UserInputError  # noqa: E402
 from megatron_zaya.inference.cli_checks import (  # noqa: E402
     OWN_TOKENIZER, add_tokenizer_arguments, check_device, check_threads, check_tokenizer_fits, check_writable_output,
@@ -90,6 +91,7 @@ def check_eval_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     try:
         check_data_path(args.data_path)
         shares = parse_split(args.split)
+        null_tokenizer_size_from_vocab_size(args)       # Megatron's NullTokenizer --vocab-size N
         if not (tokenizer_flags(args) or tokenizer_of_checkpoint(args)):
             raise UserInputError(f"--tokenizer-type is required (the data's tokenizer), unless {OWN_TOKENIZER}")
         check_tokenizer_flags(args.tokenizer_type, args.tokenizer_model, args.vocab_file, args.merge_file,

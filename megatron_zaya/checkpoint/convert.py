@@ -17,6 +17,7 @@ from megatron_zaya.checkpoint.preflight import held_iterations
 from megatron_zaya.checkpoint.saver import CheckpointWriter
 from megatron_zaya.checkpoint.state import model_entries
 from megatron_zaya.config import ModelConfig
+from megatron_zaya.parallel.state import LayoutError, check_layout
 
 
 def checkpoint_to_hf(path: str, output_dir: str, dtype: torch.dtype | None = None, tokenizer=None,
@@ -76,7 +77,12 @@ def save_model_as_checkpoint(state: dict, config: ModelConfig, save_dir: str, tp
     world_size ranks (default tp x cp: data parallel 1), atomically like a training save, into a
     folder without checkpoints. `train_state` (default: fresh at `iteration`) is what a
     --no-load-optim resume continues from. Returns the folder."""
-    world = world_size or tp * cp
+    if world_size is not None and world_size < 1:
+        raise LayoutError(f"--world-size={world_size}: must be >= 1")
+    world = tp * cp if world_size is None else world_size
+    check_layout(world, tp, cp, ep, config)         # before anything is written (one rank splits nothing itself)
+    if iteration < 0:
+        raise CheckpointError(f"--iteration={iteration}: must be >= 0")
     check_output_folder(save_dir)
     train_state = dict(train_state or fresh_train_state(iteration), iteration=iteration)
     os.makedirs(save_dir, exist_ok=True)

@@ -96,7 +96,8 @@ def left_context_from_hidden(attn, x_left: torch.Tensor, visible: torch.Tensor |
     and the value shift's last step; `visible`: those rows' lag visibility."""
     packed, _, v_delayed = attn.input_projections(x_left)       # the module's own (possibly TP-local) projections
     drop = x_left.shape[1] - attn.conv_context
-    return LeftContext(packed[:, drop:].transpose(1, 2), v_delayed[:, -1:], None if visible is None else visible[:, drop:])
+    return LeftContext(packed[:, drop:].transpose(1, 2), v_delayed[:, -1:],
+                       None if visible is None else visible[:, drop:])
 
 
 def whole_sequence_documents(documents: PackedDocuments, pstate) -> torch.Tensor:

@@ -91,6 +91,28 @@ def test_bad_source_is_a_clear_error(tmp_path, capsys):
     assert "nothing" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("layout, message", [
+    (["--expert-model-parallel-size", "8"], "--expert-model-parallel-size=8 must divide data-parallel"),
+    (["--expert-model-parallel-size", "3", "--world-size", "3"], "--expert-model-parallel-size=3 must divide "
+                                                                 "--num-experts=4"),
+    (["--tensor-model-parallel-size", "0"], "--tensor-model-parallel-size=0: must be >= 1"),
+    (["--world-size", "0"], "--world-size=0: must be >= 1"),
+    (["--iteration", "-5"], "--iteration=-5: must be >= 0"),
+])
+def test_an_impossible_output_layout_is_refused_before_anything_is_written(tmp_path, capsys, layout, message):
+    """One rank splits nothing itself, so EP 8 on a world of 1 was written (and recorded) as if split; TP 0
+    crashed after creating the output folder; a negative iteration was written as iter_-000005."""
+    from megatron_zaya.checkpoint.hf_format import save_hf_folder
+    from megatron_zaya.config import model_config_from_preset
+    from megatron_zaya.model import ZayaModel
+
+    model = ZayaModel(model_config_from_preset("zaya1-tiny", num_layers=1, vocab_size=256))
+    save_hf_folder(model.state_dict(), model.config, tmp_path / "hf")
+    assert _tool().main(["from-hf", str(tmp_path / "hf"), str(tmp_path / "out"), "--no-progress", *layout]) == 1
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_failed_hf_write_leaves_no_temporary_folder(tmp_path, monkeypatch):
     """A write that fails half-way (here: the weights file) removes its hidden temporary folder."""
     import errno

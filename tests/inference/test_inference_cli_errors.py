@@ -210,6 +210,19 @@ def test_server_needs_a_tokenizer_flag_or_a_folder_that_holds_one(hf_checkpoint,
     assert code == 2 and "--tokenizer-type is required" in line and "tokenizer.json" in line, line
 
 
+def test_evaluate_takes_megatrons_null_tokenizer_vocab_size(tmp_path, hf_checkpoint, capsys):   # noqa: F811
+    """tools/evaluate.py: `--tokenizer-type NullTokenizer --vocab-size V` (it refused --vocab-size as TikTokenizer's)."""
+    prefix = str(tmp_path / "ids")
+    with IndexedDatasetWriter(prefix, np.int32) as writer:
+        for start in range(0, 400, 40):
+            writer.add_document(np.arange(start, start + 40) % 200)
+    tool = load_tool("evaluate")
+    argv = ["--load", str(hf_checkpoint), "--data-path", prefix, "--tokenizer-type", "NullTokenizer", "--vocab-size",
+            "200", "--seq-length", "16", "--eval-iters", "1", "--micro-batch-size", "2", "--split", "0,100,0"]
+    assert tool.main(argv) in (0, None)
+    assert "loss" in capsys.readouterr().out
+
+
 def test_null_tokenizer_takes_megatrons_vocab_size_flag():
     """The inference tools' tokenizer flags read `--tokenizer-type NullTokenizer --vocab-size V` as Megatron-LM
     does: V ids and an end-of-document token V (as with --tokenizer-model V)."""
