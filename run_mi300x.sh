@@ -60,8 +60,8 @@ die() { echo "run_mi300x.sh: error: $*" >&2; exit 2; }
 # --------------------------------------------------------------------------------------------
 # Per-task mode: srun starts `bash run_mi300x.sh --task ATTEMPT_DIR -- CMD...` once per GPU.
 # It sets the torch.distributed variables from Slurm's, logs this rank's output to
-# ATTEMPT_DIR/rank-<r>.log (rank 0 also to the job output), forwards SIGUSR1/SIGTERM/SIGINT to
-# the trainer, and records "<node> <rank> <exit code>" in ATTEMPT_DIR/exit/rank-<r> so the
+# ATTEMPT_DIR/rank-<r>.log (rank 0 also to the job output), forwards SIGUSR1/SIGTERM to the trainer
+# (Slurm's SIGINT reaches it directly), and records "<node> <rank> <exit code>" in ATTEMPT_DIR/exit/rank-<r> so the
 # launcher can tell which nodes failed ("<node> <rank> <exit code> <signal received or none> <time>").
 # The signal field can say none although the trainer died of srun's SIGTERM (exit code 143): Slurm
 # signals every process of the step, and the trainer may die before this shell's trap has run. The
@@ -74,8 +74,10 @@ task_main() {
     export NODE_RANK=${SLURM_NODEID:-0} LOCAL_WORLD_SIZE=${TASKS_PER_NODE_RESOLVED:-1}
     local node=${SLURMD_NODENAME:-$(hostname)} log="$dir/rank-$SLURM_PROCID.log" child rc
     if [[ -n ${TRAIN_ENV_SETUP:-} ]]; then
+        set +u     # a setup file written for a plain shell may read unset variables (PATH=...:$LD_LIBRARY_PATH)
         # shellcheck disable=SC1090
         source "$TRAIN_ENV_SETUP" || { echo "$node $RANK 97 none $(date +%s)" > "$dir/exit/rank-$RANK"; exit 97; }
+        set -u
     fi
     mkdir -p ${TRITON_CACHE_DIR:+"$TRITON_CACHE_DIR"} ${MIOPEN_USER_DB_PATH:+"$MIOPEN_USER_DB_PATH"} \
         ${MIOPEN_CUSTOM_CACHE_DIR:+"$MIOPEN_CUSTOM_CACHE_DIR"} 2>/dev/null || true      # on this node's disk
@@ -84,7 +86,9 @@ task_main() {
     # own handler cannot kill it; the launcher repeats the signal until the trainer exits.
     trap '' USR1
     trap 'signalled=TERM; kill -s TERM $child 2>/dev/null' TERM
-    trap 'signalled=INT; kill -s INT $child 2>/dev/null' INT
+    # Not passed on: Slurm delivers SIGINT to the trainer too, and a second one means "stop at once"
+    # (training/signals.py), which would cut its checkpoint short (a repeated SIGTERM is ignored there).
+    trap 'signalled=INT' INT
     if [[ $RANK == 0 ]]; then
         # tee ignores the signals Slurm sends to the whole step, so rank 0 never writes to a dead pipe.
         "$@" > >(trap '' TERM INT USR1 HUP; exec tee -a "$log") 2>&1 &

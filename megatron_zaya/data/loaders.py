@@ -266,6 +266,16 @@ def collate(samples: list[dict]) -> dict:
     return out
 
 
+def leave_stop_signals_to_the_trainer(_worker_id: int) -> None:
+    """A loader worker ignores SIGTERM, SIGUSR1 and SIGINT: Slurm (scancel, a time limit, preemption) signals
+    every process of a step, and torch's worker handler exits on a SIGTERM its parent did not send, which
+    the training process then reports as a crashed worker instead of saving its checkpoint. The training
+    process handles the signal and stops its workers itself (training/signals.py)."""
+    import signal
+    for name in ("SIGTERM", "SIGUSR1", "SIGINT"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+
 def make_loader(dataset, consumed_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int,
                 cfg: DataConfig, drop_last: bool = True):
     import torch
@@ -281,6 +291,7 @@ def make_loader(dataset, consumed_samples: int, micro_batch_size: int, dp_rank: 
         pin_memory=bool(cfg.pin_memory and torch.cuda.is_available()),
         prefetch_factor=cfg.prefetch_factor if workers > 0 else None,
         persistent_workers=workers > 0,
+        worker_init_fn=leave_stop_signals_to_the_trainer if workers > 0 else None,
     )
 
 

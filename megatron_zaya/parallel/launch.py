@@ -291,4 +291,7 @@ def exit_process(code: int):
             stream.flush()
         except (OSError, ValueError):    # closed or broken pipe: nothing more can be written anyway
             pass
+    mpi = sys.modules.get("mpi4py.MPI")   # imported to agree on the rendezvous (_agree_with_mpi)
+    if code == 0 and mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()     # every rank is here: Open MPI's mpirun counts a rank leaving without it as failed
     os._exit(code)

@@ -186,6 +186,29 @@ def test_sampler_partial_last_batch():
     assert list(PretrainingBatchSampler(11, 4, 2, 0, 2, drop_last=False)) == [[4, 5], [8, 9]]
 
 
+def test_a_stop_signal_to_a_loader_worker_leaves_the_loading_to_the_trainer(tmp_path):
+    """Slurm (scancel, a time limit) sends SIGTERM / SIGUSR1 / SIGINT to every process of a step, workers
+    included: they ignore them and go on loading (torch's worker exited on a SIGTERM its parent did not send,
+    and the trainer died of "DataLoader worker is killed" instead of saving its checkpoint)."""
+    import os
+    import signal
+    import time
+
+    a, _ = corpus(tmp_path, "a", 0, seed=5)
+    cfg = DataConfig(data_path=[a], split="100,0,0", data_cache_path=str(tmp_path / "cache"), num_workers=1)
+    train, _, _ = build_train_valid_test_loaders(cfg, 4, 2, 16, 0, 1, 0, train_samples=32,
+                                                 tokenizer=build_tokenizer("NullTokenizer", EOD))
+    it = iter(train)
+    first = next(it)
+    for name in ("SIGTERM", "SIGUSR1", "SIGINT"):
+        for worker in it._workers:
+            os.kill(worker.pid, getattr(signal, name))
+    time.sleep(0.5)
+    assert all(w.is_alive() for w in it._workers)
+    batches = [next(it) for _ in range(6)]
+    assert first["tokens"].shape == batches[-1]["tokens"].shape == (2, 16)
+
+
 def test_loaders_resume_with_workers(tmp_path):
     a, _ = corpus(tmp_path, "a", 0, seed=5)
     cfg = DataConfig(data_path=[a], split="98,2,0", data_cache_path=str(tmp_path / "cache"), num_workers=2,

@@ -173,6 +173,19 @@ exit_process(int(sys.argv[2]))
 """
 
 
+def test_an_mpirun_job_that_agreed_over_mpi4py_exits_with_status_0(tmp_path):
+    """Without MASTER_ADDR/MASTER_PORT the ranks agree on them over mpi4py, which initialises MPI; exit_process
+    finalises it, or Open MPI's mpirun reports the ranks as leaving improperly (exit status 1)."""
+    from parallel_launcher import mpirun_available, run_mpirun
+    if not mpirun_available():
+        pytest.skip("no mpirun")
+    script = tmp_path / "mpi_exit_worker.py"
+    script.write_text(SCRIPT + "from megatron_zaya.parallel.launch import exit_process\nexit_process(0)\n")
+    result = run_mpirun(2, str(script), timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "rank 1/2" in result.stdout and "sum 3" in result.stdout
+
+
 @pytest.mark.parametrize("world_size", ["1", "2"])
 def test_exit_process_skips_teardown_only_in_a_multi_process_job(world_size):
     """A rank of a multi-process job (here WORLD_SIZE=2) leaves by os._exit: its status and flushed
