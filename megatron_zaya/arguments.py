@@ -65,10 +65,14 @@ class RunConfig:
 
 
 def world_size_from_env() -> int:
-    for var in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"):
-        if os.environ.get(var):
-            return int(os.environ[var])
-    return 1
+    """The world size the launcher will give this process (parallel.launch.detect_launcher): an sbatch script
+    or salloc shell with SLURM_NTASKS=8 runs ONE process (detect_launcher warns about it at start-up)."""
+    import warnings
+
+    from megatron_zaya.parallel.launch import detect_launcher
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return detect_launcher().world_size
 
 
 def parse_args(argv=None) -> RunConfig:

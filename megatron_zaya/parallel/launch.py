@@ -58,16 +58,21 @@ class LaunchInfo:
 
 
 def expand_slurm_nodelist(nodelist: str) -> list[str]:
-    """'gpu[001-003,7],login1' -> ['gpu001', 'gpu002', 'gpu003', 'gpu7', 'login1'] (zero padding kept)."""
+    """'gpu[001-003,7],login1' -> ['gpu001', 'gpu002', 'gpu003', 'gpu7', 'login1'] (zero padding kept), in
+    `scontrol show hostnames` order, also with several ranges in a name ('rack[1-2]-n[01-02]' -> rack1-n01,
+    rack1-n02, rack2-n01, rack2-n02) and text after a range ('node[1-2]-ib')."""
     hosts = []
-    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", nodelist):
-        if plain:
-            hosts.append(plain)
-            continue
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            for i in range(int(lo), int(hi or lo) + 1):
-                hosts.append(f"{prefix}{str(i).zfill(len(lo))}")
+    for expression in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", nodelist):     # split at commas outside brackets
+        names = [""]
+        for literal, ranges in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", expression):
+            names = [name + literal for name in names]
+            if ranges:
+                values = []
+                for part in ranges.split(","):
+                    lo, _, hi = part.partition("-")
+                    values += [str(i).zfill(len(lo)) for i in range(int(lo), int(hi or lo) + 1)]
+                names = [name + value for name in names for value in values]
+        hosts += names
     return hosts
 
 
@@ -117,8 +122,8 @@ def detect_launcher(env=None) -> LaunchInfo:
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
         if addr is None and nodelist:
             addr = expand_slurm_nodelist(nodelist)[0]
-        if port is None and env.get("SLURM_JOB_ID"):
-            port = 15000 + int(env["SLURM_JOB_ID"]) % 20000   # same on every task of the job
+        if port is None and env.get("SLURM_JOB_ID"):   # the same on every task of the step, another per step
+            port = 15000 + (int(env["SLURM_JOB_ID"]) + 1009 * _env_int(env, "SLURM_STEP_ID", default=0)) % 20000
         return LaunchInfo("slurm", int(env["SLURM_PROCID"]),
                           _env_int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS", default=1),
                           _env_int(env, "SLURM_LOCALID", default=0), addr, port)
@@ -249,7 +254,7 @@ def init_distributed(backend: str | None = None, timeout_minutes: float = DEFAUL
         return DistEnv(dist.get_rank(), dist.get_world_size(), info.local_rank, device, dist.get_backend(),
                        info.launcher, info.master_addr, info.master_port)
     timeout = timedelta(minutes=timeout_minutes)
-    if info.world_size == 1 and info.master_addr is None:
+    if info.world_size == 1:      # one process: no rendezvous (nor a port another job's step may hold)
         store = dist.HashStore()
         dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
         return DistEnv(0, 1, info.local_rank, device, backend, info.launcher)

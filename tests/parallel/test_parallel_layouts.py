@@ -60,6 +60,32 @@ def test_launcher_detection():
 def test_slurm_nodelist():
     assert expand_slurm_nodelist("gpu[001-003,7],login1") == ["gpu001", "gpu002", "gpu003", "gpu7", "login1"]
     assert expand_slurm_nodelist("n5") == ["n5"]
+    # several ranges in a name, text after a range: scontrol show hostnames' order (the first host was "rack1")
+    assert expand_slurm_nodelist("rack[1-2]-n[01-02],x") == ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02", "x"]
+    assert expand_slurm_nodelist("node[1-2]-ib") == ["node1-ib", "node2-ib"]
+
+
+def test_concurrent_srun_steps_of_a_job_rendezvous_on_different_ports():
+    """The port derived from the job id alone was the same for two steps running at once (EADDRINUSE)."""
+    step = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_LOCALID": "0",
+            "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": "4242"}
+    ports = {detect_launcher({**step, "SLURM_STEP_ID": s}).master_port for s in ("0", "1", "2")}
+    assert len(ports) == 3 and all(15000 <= p < 35000 for p in ports)
+
+
+def test_flags_count_the_processes_the_launcher_will_start(monkeypatch):
+    """An sbatch script or salloc shell has SLURM_NTASKS of the job but runs one process: the batch arithmetic
+    (data-parallel size) counts 1, as detect_launcher does (it counted SLURM_NTASKS)."""
+    from megatron_zaya.arguments import world_size_from_env
+
+    for name in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_STEP_ID", "4294967291")      # the batch script
+    assert world_size_from_env() == 1
+    monkeypatch.setenv("SLURM_STEP_ID", "0")                # a task of an srun step
+    assert world_size_from_env() == 4
 
 
 def test_cp_split_is_load_balanced_and_complete():
