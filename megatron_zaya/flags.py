@@ -347,12 +347,17 @@ def _yaml_words(parser, path: str, key, action: argparse.Action, value) -> list[
     return [str(x) for x in items]
 
 
-def _yaml_value(parser: argparse.ArgumentParser, path: str, key, action: argparse.Action, value):
+def _yaml_value(parser: argparse.ArgumentParser, path: str, key, action: argparse.Action, value,
+                names_setting: bool = False):
     """A YAML value converted exactly as argparse converts the same flag on the command line;
-    anything argparse would reject stops with one line naming the file, the key and the value."""
+    anything argparse would reject stops with one line naming the file, the key and the value.
+    `names_setting`: the key is the flag's dest, not the flag (`mmap-bin-files: false` for the flag
+    --no-mmap-bin-files): an on/off value is the setting itself."""
     if isinstance(action, argparse._StoreConstAction):        # store_true / store_false
         if not isinstance(value, bool):
             _yaml_error(parser, path, key, f"is an on/off flag: give true or false, not {value!r}")
+        if names_setting and isinstance(action.const, bool):
+            return value
         return action.const if value else action.default
     if value is None:
         if action.default is not None:
@@ -400,12 +405,13 @@ def apply_yaml_defaults(parser: argparse.ArgumentParser, path: str, ignore=froze
     defaults, skipped = {}, {}
     for key, value in values.items():
         dest = str(key).lstrip("-").replace("-", "_")
-        action = by_flag.get("--" + dest.replace("_", "-")) or actions.get(dest)
+        flag = by_flag.get("--" + dest.replace("_", "-"))
+        action = flag or actions.get(dest)
         if action is None and dest in ignore:
             skipped[str(key)] = value
             continue
         if action is None or action.dest == "config":
             parser.error(f"--config {path}: unknown key {key!r}")
-        defaults[action.dest] = _yaml_value(parser, path, key, action, value)
+        defaults[action.dest] = _yaml_value(parser, path, key, action, value, names_setting=flag is None)
     parser.set_defaults(**defaults)
     return skipped

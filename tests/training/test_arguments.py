@@ -333,6 +333,17 @@ def test_yaml_values_are_converted_like_command_line_words(tiny_corpus, tmp_path
     assert run.data.data_path == ["30", prefix, "70", prefix]
 
 
+def test_a_yaml_key_naming_a_setting_sets_it(tiny_corpus, tmp_path):
+    """A key may name the setting a --no-... flag turns off: `mmap-bin-files: false` is that setting off, as
+    --no-mmap-bin-files (it turned it on); the flag's own name keeps the flag's meaning."""
+    cfg = tmp_path / "run.yaml"
+    for text, mmap in (("mmap-bin-files: false\n", False), ("mmap-bin-files: true\n", True),
+                       ("no-mmap-bin-files: true\n", False), ("no-mmap-bin-files: false\n", True)):
+        cfg.write_text(text)
+        run = parse_args(tiny_run_flags(tiny_corpus, tmp_path) + ["--config", str(cfg)])
+        assert run.data.mmap_bin_files is mmap, text
+
+
 @pytest.mark.parametrize("text, expected", [
     ('bf16: "no"\n', "key 'bf16' is an on/off flag"),
     ("sequence-parallel: false_\n", "key 'sequence-parallel' is an on/off flag"),
