@@ -19,7 +19,7 @@ import torch
 
 from megatron_zaya import kernels
 from megatron_zaya.kernels.capability import newton_schulz_dtype
-from megatron_zaya.optim.muon_tp import local_slices, whole_directions, whole_numel
+from megatron_zaya.optim.muon_tp import local_slices, tp_partition, whole_directions, whole_numel
 
 
 MUON_SCALE_MODES = ("spectral", "unit_rms_norm", "shape_scaling")
@@ -83,16 +83,26 @@ TP_GATHER_ELEMENTS = 1 << 27      # whole matrices gathered at a time under TP (
 def tp_orthogonalized_updates(params: list, directions: list[torch.Tensor], tp_group, ns_steps: int,
                               ns_dtype: torch.dtype | None, scale: MuonScale = MuonScale()) -> list[torch.Tensor]:
     """orthogonalized_updates of the whole TP-split matrices (gathered over `tp_group`; None: of the
-    local tensors as they are), cut back to this rank's slices. Gathered in chunks of at most
-    TP_GATHER_ELEMENTS whole elements (the same chunks on every TP rank: same matrices, same order),
-    so the whole matrices never all exist at once."""
+    local tensors as they are), cut back to this rank's slices; the matrices TP does not split are
+    orthogonalized where they are. The split ones are gathered in chunks of at most TP_GATHER_ELEMENTS
+    whole elements, so the whole matrices never all exist at once; every rank of a TP group holds the
+    same split matrices in the same order and cuts the same chunks (its unsplit ones may differ: under
+    ZeRO-1 with sequence parallelism the routers' owners are counted over the whole world)."""
     if tp_group is None:
         return orthogonalized_updates(directions, ns_steps, ns_dtype, scale)
-    updates: list[torch.Tensor] = []
-    for lo, hi in _chunks([whole_numel(p) for p in params], TP_GATHER_ELEMENTS):
-        whole = orthogonalized_updates(whole_directions(params[lo:hi], directions[lo:hi], tp_group), ns_steps,
+    updates: list[torch.Tensor | None] = [None] * len(params)
+    split = [i for i, p in enumerate(params) if tp_partition(p) is not None]
+    unsplit = [i for i, p in enumerate(params) if tp_partition(p) is None]
+    for i, update in zip(unsplit, orthogonalized_updates([directions[i] for i in unsplit], ns_steps, ns_dtype,
+                                                         scale)):
+        updates[i] = update
+    for lo, hi in _chunks([whole_numel(params[i]) for i in split], TP_GATHER_ELEMENTS):
+        chunk = split[lo:hi]
+        mine = [params[i] for i in chunk]
+        whole = orthogonalized_updates(whole_directions(mine, [directions[i] for i in chunk], tp_group), ns_steps,
                                        ns_dtype, scale)
-        updates += local_slices(params[lo:hi], whole, tp_group)
+        for i, update in zip(chunk, local_slices(mine, whole, tp_group)):
+            updates[i] = update
     return updates
 
 

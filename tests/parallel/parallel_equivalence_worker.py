@@ -204,6 +204,8 @@ def run_layout(spec: str, world: int) -> list[str]:
     sizes = {k: int(v) for k, v in re.findall(r"(tp|cp|ep)(\d+)", spec)}
     global KV_HEADS, CCA_KERNELS
     flags = spec.split("-")
+    gather = re.search(r"gather(\d+)", spec)     # gatherN: Muon's TP gather chunks of N elements
+    muon_module.TP_GATHER_ELEMENTS = int(gather.group(1)) if gather else 100_000
     KV_HEADS = 1 if "kv1" in flags else 2      # kv1: one KV head, replicated over TP ranks
     CCA_KERNELS = (1, 1) if "k11" in flags else (2, 2)   # k11: no convolution reads back; the CP halo's one
                                                           # step is the value shift's
