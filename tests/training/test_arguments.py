@@ -101,6 +101,11 @@ def test_cp_needs_sequence_divisible_by_twice_cp(tiny_corpus, tmp_path, capsys, 
     argv = tiny_run_flags(tiny_corpus, tmp_path, **{"--context-parallel-size": "4", "--seq-length": "36",
                                                      "--global-batch-size": "4"})
     assert "--seq-length=36" in error_of(argv, capsys)
+    # chunks shorter than the steps CCA's convolutions read back (2 here) failed in the first forward
+    argv = tiny_run_flags(tiny_corpus, tmp_path, **{"--context-parallel-size": "2", "--seq-length": "4",
+                                                     "--global-batch-size": "4"})
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert "must hold at least the 2 steps CCA's convolutions read back" in error_of(argv, capsys)
 
 
 def test_yaml_config_and_flag_override(tiny_corpus, tmp_path, capsys):
