@@ -180,12 +180,14 @@ def _build_and_train(run) -> int:
             trainer.run_test_evaluation()
         else:
             trainer.train()
-            if trainer.exit_reason:   # preemption or an exit flag: the checkpoint, and no evaluation to wait for
+            # The last checkpoint first, as Megatron-LM saves it: a signal or time limit during a long final
+            # evaluation costs no training.
+            checkpointer.finalize(trainer)
+            if trainer.exit_reason:   # preemption or an exit flag: no evaluation to wait for
                 logger.print(f"skipping the final evaluation ({trainer.exit_reason})")   # (Megatron-LM exits too)
             else:
                 final_evaluation(run, trainer, logger)
                 trainer.run_test_evaluation()
-            checkpointer.finalize(trainer)
         runtime.barrier()     # every rank done with its collectives before any tears its groups down
     finally:
         checkpointer.close()
