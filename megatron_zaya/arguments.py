@@ -68,10 +68,9 @@ def world_size_from_env() -> int:
     """WORLD_SIZE when set (torchrun's, or given to plan a cluster's run: `WORLD_SIZE=1024 ... --dry-run`),
     else the world size the launcher gives this process (parallel.launch.detect_launcher): an sbatch script
     or salloc shell with SLURM_NTASKS=8 runs ONE process (detect_launcher warns about it at start-up)."""
-    import warnings
-
     if os.environ.get("WORLD_SIZE"):
         return int(os.environ["WORLD_SIZE"])
+    import warnings
 
     from megatron_zaya.parallel.launch import detect_launcher
     with warnings.catch_warnings():

@@ -543,8 +543,10 @@ def cca_causal_conv_segmented(
     def back(t: torch.Tensor, lag: int) -> torch.Tensor:       # row t - lag at row t; zeros before the start
         return t if lag == 0 else F.pad(t, (0, 0, lag, 0))[:, :s]
 
-    def seen(lag: int) -> torch.Tensor:                         # (B, S, 1): may row t use row t - lag
-        return visible[..., lag - 1:lag].to(packed.dtype)
+    steps = torch.arange(s, device=packed.device)[:, None]
+
+    def seen(lag: int) -> torch.Tensor:       # (B, S, 1): may row t use row t - lag (none before the start)
+        return (visible[..., lag - 1:lag] & (steps >= lag)).to(packed.dtype)
 
     w1 = dw_weight[:, 0, :]                                     # (C, K1): tap j reads lag K1 - 1 - j
     y = dw_bias + packed * w1[:, k1 - 1]

@@ -99,7 +99,8 @@ def cross_entropy_grad(
         # benchmark launches would corrupt.
         block_v = 64 if INTERPRET else 4096
         _grad_kernel[(n, triton.cdiv(v, block_v))](
-            logits, labels.contiguous(), lse.contiguous(), grad_loss.float().contiguous(), dlogits,
+            logits, labels.contiguous(), lse.contiguous(),
+            torch.broadcast_to(grad_loss.float(), (n,)).contiguous(), dlogits,   # a scalar: every row's
             v, logits.stride(0), dlogits.stride(0), int(vocab_start), int(ignore_index),
             BLOCK_V=block_v, num_warps=1 if INTERPRET else 8,
         )

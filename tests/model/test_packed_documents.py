@@ -37,6 +37,11 @@ def test_segmented_convolution_restarts_at_every_document(kernels):
     causal = torch.tril(torch.ones(s, s, dtype=torch.bool))
     whole = cca_causal_conv_segmented(x, dw, db, gw, gb, lag_visibility(causal[None, None], lags).expand(b, s, lags))
     torch.testing.assert_close(whole, cca_causal_conv(x, dw, db, gw, gb), rtol=0, atol=1e-12)
+    # every lag marked visible, even before the start: still the plain conv (steps before the start are the
+    # zero padding's depthwise bias; the grouped taps read 0 there)
+    every = torch.ones(b, s, lags, dtype=torch.bool)
+    torch.testing.assert_close(cca_causal_conv_segmented(x, dw, db, gw, gb, every), cca_causal_conv(x, dw, db, gw, gb),
+                               rtol=0, atol=1e-12)
     doc = torch.tensor([0] * 4 + [1] * 1 + [2] * 8)          # a one-step document included
     mask = causal & (doc[:, None] == doc[None, :])
     out = cca_causal_conv_segmented(x, dw, db, gw, gb, lag_visibility(mask[None, None], lags).expand(b, s, lags))

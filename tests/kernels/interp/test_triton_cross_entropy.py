@@ -93,6 +93,16 @@ def test_grad_in_place_writes_into_logits():
     torch.testing.assert_close(buf, want, **TOL)
 
 
+def test_grad_of_a_scalar_loss_gradient_scales_every_row():
+    """grad_loss given as one value (a mean's 1/N) scales every row, as the reference broadcasts it (the kernel
+    read element `row` of it: rows after the first got whatever lay past its end)."""
+    logits, labels, _ = _problem(4, 70, 5)
+    _, lse = R.combine_cross_entropy_partials(*T.cross_entropy_partials(logits, labels), labels)
+    for grad in (torch.tensor(0.25), torch.tensor([0.25])):
+        torch.testing.assert_close(T.cross_entropy_grad(logits, labels, lse, grad),
+                                   R.cross_entropy_grad(logits, labels, lse, grad), **TOL)
+
+
 @pytest.mark.parametrize("reduction,chunk_rows", [("mean", 4), ("sum", 64)])
 def test_linear_cross_entropy(reduction, chunk_rows, triton_backend):
     gen = torch.Generator().manual_seed(21)
