@@ -28,10 +28,12 @@ MODEL_FLAGS = {  # flag -> type; None means "keep the preset's value"
 }
 
 
-# Megatron-LM switches for metrics this trainer always logs (console and TensorBoard): accepted, so
-# that existing launch scripts run unchanged, and otherwise ignored.
+# Megatron-LM switches for metrics this trainer always writes to TensorBoard under Megatron's names
+# (`throughput`, the timers' `forward-backward-time`, `optimizer-time`, `batch-generator-time`, the
+# `mem-*-bytes` tags, `lm loss validation ppl`, `learning-rate`, per-layer MoE statistics, `world-size`):
+# accepted, so that existing launch scripts run unchanged, and otherwise ignored.
 ALWAYS_LOGGED = ("--log-throughput", "--log-timers-to-tensorboard", "--log-validation-ppl-to-tensorboard",
-                 "--log-memory-to-tensorboard", "--log-params-norm", "--log-learning-rate-to-tensorboard",
+                 "--log-memory-to-tensorboard", "--log-learning-rate-to-tensorboard",
                  "--moe-per-layer-logging", "--log-world-size-to-tensorboard")
 
 
@@ -270,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TensorBoard events buffered before a write to disk")
     for flag in ALWAYS_LOGGED:
         g.add_argument(flag, action="store_true", help="accepted for Megatron-LM scripts: always logged here")
+    g.add_argument("--log-params-norm", action="store_true",
+                   help="the parameters' norm on the console line too (TensorBoard's 'params-norm' is always written)")
     g.add_argument("--progress-bar", action="store_true", help="tqdm progress bar (short local runs)")
     g.add_argument("--log-num-zeros-in-grad", action="store_true",
                    help="count the exactly-zero elements of the reduced gradient every step (console and "

@@ -207,7 +207,8 @@ FIXED_VALUES = {
     "--cp-comm-type": ("cp_comm_type", ("p2p", "all_gather", "a2a", "a2a+p2p"),
                        "context parallelism all-gathers K/V whatever the type"),
     "--timing-log-level": ("timing_log_level", ("0", "1", "2"),
-                           "the console line always has the time per iteration and its split"),
+                           "the console line has the time per iteration; TensorBoard always gets its split "
+                           "(batch-generator-time, forward-backward-time, optimizer-time)"),
     "--softmax-type": ("softmax_type", ("vanilla",), "attention uses the plain softmax"),
     "--rope-type": ("rope_type", ("rope",), "ZAYA1 uses (partial) RoPE"),
     "--window-size": ("window_size", (), "CCA attends to the whole causal context"),

@@ -9,6 +9,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -32,6 +33,7 @@ class _RMSNorm(torch.autograd.Function):
         return (x_c * rstd).to(x.dtype) * weight
 
     @staticmethod
+    @once_differentiable     # its backward is not differentiable again: an error, not wrong numbers
     def backward(ctx, grad):
         x, weight, rstd = ctx.saved_tensors
         d = x.shape[-1]
@@ -156,6 +158,7 @@ class _QKNorm(torch.autograd.Function):
         return x * _qk_norm_factors(x, norm, temperature)[1].to(x.dtype)
 
     @staticmethod
+    @once_differentiable     # its backward is not differentiable again: an error, not wrong numbers
     def backward(ctx, grad):
         x, norm, temperature = ctx.saved_tensors
         base, factor = _qk_norm_factors(x, norm, temperature)
@@ -228,6 +231,7 @@ class _BlockedCrossEntropy(torch.autograd.Function):
         return loss
 
     @staticmethod
+    @once_differentiable     # its backward is not differentiable again: an error, not wrong numbers
     def backward(ctx, grad_loss):
         if ctx.backward_done:
             raise RuntimeError("cross_entropy: a second backward through the same graph (retain_graph) is not "
@@ -267,6 +271,7 @@ class _LMHeadCrossEntropy(torch.autograd.Function):
         return loss
 
     @staticmethod
+    @once_differentiable     # its backward is not differentiable again: an error, not wrong numbers
     def backward(ctx, grad_loss):
         grad, hidden, weight, valid = ctx.saved_tensors
         scale = grad_loss.to(_compute_dtype(grad)).masked_fill(~valid, 0.0).unsqueeze(1)

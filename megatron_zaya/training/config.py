@@ -46,6 +46,7 @@ class TrainConfig:
     tensorboard_queue_size: int = 1000
     progress_bar: bool = False
     log_num_zeros_in_grad: bool = False
+    log_params_norm: bool = False                  # also on the console line (TensorBoard always has it)
     peak_tflops: float | None = None
     log_straggler: bool = False                    # training/stragglers.py
     log_progress: bool = False                     # training/progress_log.py: --save/progress.txt

@@ -15,7 +15,7 @@ import copy
 import gc
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,7 +26,8 @@ from megatron_zaya.optim.schedules import (SCHEDULE_FLAGS, decoupled_lr_schedule
 from megatron_zaya.training.batch_schedule import run_length
 from megatron_zaya.training.logger import TrainingLogger
 from megatron_zaya.training.metrics import (IntervalMeter, device_peak_tflops, empty_unused_memory, format_duration,
-                                           peak_memory_bytes, routing_statistics, synchronize)
+                                           megatron_memory_scalars, peak_memory_bytes, routing_statistics,
+                                           synchronize)
 from megatron_zaya.training.nonfinite import diagnose
 from megatron_zaya.training.profiling import StepProfiler
 from megatron_zaya.training.stragglers import StragglerMeter
@@ -63,6 +64,7 @@ class StepResult:
     skipped: bool
     diagnosis: str = ""             # when skipped: which rank(s) and layer produced the non-finite values
     num_zeros: int | None = None    # --log-num-zeros-in-grad: exact zeros in the reduced gradient
+    seconds: dict[str, float] = field(default_factory=dict)   # Megatron's timers: forward-backward, optimizer
 
 
 class NonFiniteLossError(RuntimeError):
@@ -128,6 +130,7 @@ class Trainer:
     # ---------------------------------------------------------------------------------------------
     def train_step(self, micro_batches: list[dict]) -> StepResult:
         model, parallel = self.model, self.parallel
+        started = time.time()
         self.optimizer.zero_grad()
         parallel.zero_grad()
         micro_batches = [parallel.local_batch(batch_to_device(mb, self.device)) for mb in micro_batches]
@@ -156,6 +159,8 @@ class Trainer:
         if self.stragglers is not None:
             self.stragglers.stop()
         parallel.finish_gradient_reduction()
+        synchronize(self.device)           # the forward-backward timer holds its device work
+        forward_backward = time.time()
         empty_unused_memory(self.device, self.cfg.empty_unused_memory_level, 1)
         loss = parallel.sum_over_data_ranks(loss_sum).item() / max(global_tokens, 1.0)
         counts = parallel.sum_routing_counts(counts)
@@ -179,7 +184,9 @@ class Trainer:
             empty_unused_memory(self.device, self.cfg.empty_unused_memory_level, 2)
             if self.cfg.moe_router_bias_update:
                 self.balancer.update(counts)
-        return StepResult(loss, grad_norm, int(global_tokens), counts, skipped, diagnosis, num_zeros)
+        synchronize(self.device)
+        seconds = {"forward-backward": forward_backward - started, "optimizer": time.time() - forward_backward}
+        return StepResult(loss, grad_norm, int(global_tokens), counts, skipped, diagnosis, num_zeros, seconds)
 
     def take_schedules_from(self, saved_flags: dict) -> list[str]:
         """--use-checkpoint-opt_param-scheduler: the LR and weight-decay schedules of the run that saved
@@ -306,7 +313,9 @@ class Trainer:
         if self.cfg.tensorboard_dir and (it % self.cfg.tensorboard_log_interval == 0 or it == self.total_iters):
             self.write_scalars(result, step_seconds, tokens, batch_size)
         if it % self.cfg.log_interval == 0 or it == self.total_iters:
-            self.print_interval(result, started)
+            # --log-params-norm: on the console line too (a collective: every rank takes part)
+            params_norm = self.parallel.params_norm() if self.cfg.log_params_norm else None
+            self.print_interval(result, started, params_norm)
             self.interval = IntervalMeter()
             if self.stragglers is not None:      # every rank: the report gathers from all of them
                 report = self.stragglers.report(self.parallel)
@@ -334,6 +343,9 @@ class Trainer:
                    "throughput/tokens-per-sec-per-device": tokens_per_device,
                    "throughput/tflops-per-device": tflops, "throughput/mfu": mfu,
                    "memory/peak-gb": peak_memory_bytes(self.device) / 2 ** 30, "world-size": self.parallel.world_size}
+        # Megatron-LM's names for the same: its timers (seconds), `throughput` and the memory tags.
+        scalars.update({f"{name}-time": seconds for name, seconds in result.seconds.items()})
+        scalars.update({"throughput": tflops, **megatron_memory_scalars(self.device)})
         if result.num_zeros is not None:
             scalars["num-zeros"] = result.num_zeros
         if self.decoupled_schedule is not None:
@@ -348,7 +360,7 @@ class Trainer:
                 scalars[f"moe/layer{layer:02d}/eda-gamma-norm"] = router.eda_gamma.detach().norm().item()
         self.logger.scalars(scalars, it, self.state.consumed_samples)
 
-    def print_interval(self, result: StepResult, started: float) -> None:
+    def print_interval(self, result: StepResult, started: float, params_norm: float | None = None) -> None:
         """The console line: loss, time per iteration and throughput averaged over the interval; lr, grad
         norm and routing of this iteration; the ETA from the whole run's pace since it started."""
         if not self.logger.is_main:
@@ -363,7 +375,8 @@ class Trainer:
             f"iteration {it:>7}/{self.total_iters} | consumed samples {self.state.consumed_samples:>9} | "
             f"tokens {self.state.consumed_tokens:>11} | time/iteration {1000 * m.seconds_per_iteration:.1f} ms | "
             f"lm loss {m.mean_loss:.4f} | lr {self.last_lr:.3e} | grad norm {result.grad_norm:.3f} | "
-            + (f"num zeros {result.num_zeros} | " if result.num_zeros is not None else "") +
+            + (f"num zeros {result.num_zeros} | " if result.num_zeros is not None else "")
+            + (f"params norm {params_norm:.3f} | " if params_norm is not None else "") +
             f"tokens/s/device {tokens_per_device:,.0f} | TFLOP/s/device {tflops:.3f} | MFU {100 * mfu:.1f}% | "
             f"routing entropy {entropy:.3f} | skip {skip:.3f} | mem {peak_memory_bytes(self.device) / 2 ** 30:.2f} GB | "
             f"ETA {format_duration(eta)}" + (f" | skipped iterations {m.skipped}" if m.skipped else ""))
@@ -438,8 +451,11 @@ class Trainer:
         """One training step of `batch_size` samples, with its bookkeeping and logging."""
         profiler.before_step(self.state.iteration)
         step_start = time.time()
-        result = self.train_step(self.next_micro_batches())
+        micro_batches = self.next_micro_batches()
+        fetched = time.time()
+        result = self.train_step(micro_batches)
         synchronize(self.device)           # the step's queued device work belongs to its time
+        result.seconds["batch-generator"] = fetched - step_start
         self.state.iteration += 1
         profiler.after_step(self.state.iteration)
         self.state.consumed_samples += batch_size

@@ -84,6 +84,18 @@ def peak_memory_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux reports KiB
 
 
+def megatron_memory_scalars(device: torch.device) -> dict[str, float]:
+    """Megatron-LM's memory tags: on a GPU torch's allocator statistics; on CPU the process's peak resident
+    set as the maximum (the allocator's other figures have no CPU counterpart)."""
+    if device.type != "cuda":
+        return {"mem-max-allocated-bytes": float(peak_memory_bytes(device))}
+    stats = torch.cuda.memory_stats(device)
+    return {"mem-reserved-bytes": float(stats["reserved_bytes.all.current"]),
+            "mem-allocated-bytes": float(stats["allocated_bytes.all.current"]),
+            "mem-max-allocated-bytes": float(stats["allocated_bytes.all.peak"]),
+            "mem-allocated-count": float(stats["allocation.all.current"])}
+
+
 def routing_statistics(counts: torch.Tensor) -> dict[str, float]:
     """counts (E + 1,) tokens per class with the skip class last -> load statistics over the experts."""
     experts = counts[:-1].double()

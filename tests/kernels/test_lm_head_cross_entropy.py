@@ -111,3 +111,19 @@ def test_float64_inputs_stay_float64():
     for got in (R.lm_head_cross_entropy(hidden, weight, labels), R.cross_entropy(logits, labels)):
         assert got.dtype == torch.float64
         torch.testing.assert_close(got, want, rtol=0, atol=1e-15)
+
+
+def test_a_second_derivative_through_the_written_out_backwards_is_refused():
+    """RMSNorm, QK-norm and both cross-entropies write their backward out from values saved in the forward,
+    which a second differentiation would take as constants: it is an error, not silently wrong (the
+    Hessian-vector products were off by the size of the result)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 8, dtype=torch.float64, generator=gen, requires_grad=True)
+    weight = torch.randn(5, 8, dtype=torch.float64, generator=gen)
+    labels = torch.tensor([0, 4, 2])
+    for name, f in (("rms_norm", lambda: R.rms_norm(x, weight[0], 1e-6)), ("qk_norm", lambda: R.qk_norm(x)),
+                    ("cross_entropy", lambda: R.cross_entropy(x[:, :5] * 1.0, labels)),
+                    ("lm_head_cross_entropy", lambda: R.lm_head_cross_entropy(x, weight, labels))):
+        first, = torch.autograd.grad(f().sum(), x, create_graph=True)
+        with pytest.raises(RuntimeError):
+            torch.autograd.grad((first * first).sum(), x)

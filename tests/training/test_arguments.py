@@ -494,7 +494,7 @@ def test_mock_data_trains_without_files(tmp_path, capsys):
             "--train-iters", "3", "--eval-interval", "3", "--eval-iters", "1", "--num-workers", "0",
             "--log-interval", "1"]
     assert build_and_train(parse_args(argv + ["--log-num-zeros-in-grad", "--untie-embeddings-and-output-weights",
-                                              "--wandb-project", "zaya"])) == 0
+                                              "--wandb-project", "zaya", "--log-params-norm"])) == 0
     out, err = capsys.readouterr()
     assert "WARNING --wandb-project: Weights & Biases logging is not implemented" in err
     assert "iteration       3/3" in out and "validation at iteration 3" in out
@@ -502,6 +502,7 @@ def test_mock_data_trains_without_files(tmp_path, capsys):
     # their gradients are exact zeros (zaya1-tiny: hidden size 128)
     zeros = [int(n) for n in re.findall(r"\| num zeros (\d+) \|", out)]
     assert len(zeros) == 3 and all(n >= 384 * 128 for n in zeros), zeros
+    assert len(re.findall(r"\| params norm \d+\.\d{3} \|", out)) == 3     # --log-params-norm: on the console line
     assert "--mock-data and --data-path exclude each other" in error_of(argv + ["--data-path", "x"], capsys)
 
 

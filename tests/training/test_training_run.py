@@ -28,8 +28,13 @@ def test_tensorboard_scalars_written(tiny_corpus, tmp_path, capsys):
     for tag in ("lm loss", "lm loss validation", "lm loss validation ppl", "learning-rate", "grad-norm",
                 "params-norm", "batch-size", "iteration-time", "skipped-iterations", "consumed-samples",
                 "consumed-tokens", "throughput/tokens-per-sec-per-device", "throughput/tflops-per-device",
-                "throughput/mfu", "memory/peak-gb"):
+                "throughput/mfu", "memory/peak-gb",
+                # Megatron-LM's names (its timers, --log-throughput, --log-memory-to-tensorboard)
+                "forward-backward-time", "optimizer-time", "batch-generator-time", "throughput",
+                "mem-max-allocated-bytes"):
         assert tag in values, tag
+    assert all(v > 0 for tag in ("forward-backward-time", "optimizer-time") for _, v in values[tag])
+    assert values["throughput"] == values["throughput/tflops-per-device"]
     assert [s for s, _ in values["lm loss"]] == [1, 2, 3, 4, 5, 6]
     # Ramp-up 2 -> 4 in steps of 2 over 8 samples: 2, 2, 2, 2 (8 samples consumed), then 4.
     assert [v for _, v in values["batch-size"]] == [2, 2, 2, 2, 4, 4]
