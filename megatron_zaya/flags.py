@@ -243,13 +243,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the LR and weight-decay schedules from the flags of the run that saved --load's "
                         "checkpoint, not from this run's (as in Megatron-LM)")
     g = p.add_argument_group("logging and exits")
-    g.add_argument("--log-interval", type=int, default=10)
+    g.add_argument("--log-interval", type=int, default=100,
+                   help="iterations per console line (Megatron-LM's default, 100)")
     g.add_argument("--iterations-to-skip", nargs="+", type=int, default=None, metavar="N",
                    help="the steps after N completed iterations (Megatron-LM's numbering: N skips the step logged "
                         "as iteration N + 1; 0 the first) whose global batch is read and dropped: no forward, "
                         "backward or update, e.g. the batches of a loss spike")
     g.add_argument("--eval-interval", type=int, default=1000)
-    g.add_argument("--eval-iters", type=int, default=10)
+    g.add_argument("--eval-iters", type=int, default=100,
+                   help="validation iterations (global batches) per evaluation (Megatron-LM's default, 100)")
     g.add_argument("--full-validation", action="store_true",
                    help="each evaluation reads its validation set(s) whole, every sample once, instead of "
                         "--eval-iters global batches (as in Megatron-LM)")

@@ -38,9 +38,9 @@ class TrainConfig:
     moe_router_bias_beta1: float = 0.9
     moe_router_bias_beta2: float = 0.999
     # evaluation and logging
-    log_interval: int = 10
+    log_interval: int = 100
     eval_interval: int = 1000
-    eval_iters: int = 10
+    eval_iters: int = 100
     tensorboard_dir: str | None = None
     tensorboard_log_interval: int = 1
     tensorboard_queue_size: int = 1000
