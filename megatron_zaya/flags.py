@@ -53,6 +53,11 @@ class NodeLeaderParser(argparse.ArgumentParser):
         if local_rank == 0:
             super()._print_message(message, file)
 
+    def error(self, message):
+        """One line naming the flag and exit status 2 (argparse prints the whole usage, hundreds of lines of
+        flags, before it; `--help` has them)."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = NodeLeaderParser(prog="pretrain_zaya.py", description="Pretrain a ZAYA1-style MoE model.",
