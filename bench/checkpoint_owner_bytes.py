@@ -29,6 +29,9 @@ def bytes_per_rank(tensors: dict, dp: int) -> list[int]:
     loads = [0] * dp
     for name, found in owners.items():
         t = tensors[name]
+        if found is None:            # held by this rank alone (one rank: no replicas to share the reads)
+            loads[0] += t.numel() * t.element_size()
+            continue
         for share in found if isinstance(found, list) else [found]:     # (an older tree: one (group, owner))
             rows = getattr(share, "rows", None)
             owner = share.owner if hasattr(share, "owner") else share[1]

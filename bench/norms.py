@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from megatron_zaya.kernels import reference  # noqa: E402
 from megatron_zaya.training.cpu_allocator import keep_freed_memory  # noqa: E402
 
-SHAPES = ("8,256,256", "4,512,512")   # zaya1-tiny 8 x 256, zaya1-100m 4 x 512
+SHAPES = ("8,256,128", "4,512,512")   # (B, S, D): zaya1-tiny 8 x 256 of 128, zaya1-100m 4 x 512 of 512
 WRITTEN = (reference.rms_norm, reference.scaled_residual_add)
 
 

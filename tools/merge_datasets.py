@@ -99,16 +99,16 @@ def merged_tokenizer_record(prefixes: list[str], log=None) -> dict | None:
     """The tokenizer record (PREFIX.tokenizer.json, data/dataset_tokenizer.py) the merged dataset gets: the
     inputs' when every input has one; IndexedDatasetError when two inputs were written by different
     tokenizers; None (said to `log`) when some input has none."""
-    records = {p: read_record(p) for p in prefixes}
+    records = {p: read_record(p) for p in prefixes}       # (an input given twice is read once)
     known = [(p, r) for p, r in records.items() if r is not None]
     for p, r in known[1:]:
         differ = differences(r, known[0][1], (f"{p}'s", f"{known[0][0]}'s"))
         if differ:
             raise IndexedDatasetError(f"--input {p} and {known[0][0]} were preprocessed with different tokenizers "
                                       f"({describe(r)}; {describe(known[0][1])}): {'; '.join(differ)}")
-    if len(known) < len(prefixes):
+    if len(known) < len(records):
         if known and log is not None:
-            log(f"{len(prefixes) - len(known)} of the {len(prefixes)} inputs have no {SUFFIX} (preprocessed "
+            log(f"{len(records) - len(known)} of the {len(records)} inputs have no {SUFFIX} (preprocessed "
                 f"elsewhere): the merged dataset gets none, and its tokenizer is not checked by training")
         return None
     return known[0][1]

@@ -100,8 +100,13 @@ def _triton(name: str, *tensors):
     """The Triton module to use for this call, or None for the reference."""
     if _backend == "torch":
         return None
-    if _backend == "auto" and not all(t.is_cuda for t in tensors if isinstance(t, torch.Tensor)):
+    on_gpu = all(t.is_cuda for t in tensors if isinstance(t, torch.Tensor))
+    if _backend == "auto" and not on_gpu:
         return None
+    interpreted = os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "no")
+    if not (on_gpu or interpreted):
+        raise RuntimeError(f"MEGATRON_ZAYA_KERNELS=triton (--kernels triton) with CPU tensors ({name}): Triton "
+                           f"compiles for GPUs; on CPU its kernels run only in the interpreter (TRITON_INTERPRET=1)")
     mod = _module(name)
     if mod is None and _backend == "triton":
         raise RuntimeError(f"MEGATRON_ZAYA_KERNELS=triton but the Triton {name} kernels cannot be imported") from _import_errors.get(name)

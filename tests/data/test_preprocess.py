@@ -220,6 +220,11 @@ def test_merge_datasets(tmp_path):
     assert MERGE.main(["--input", parts[0] + ".idx", parts[2], "--output-prefix", str(tmp_path / "m2")]) == 0
     assert docs_of(str(tmp_path / "m2")) == docs_of(parts[0]) + docs_of(parts[2])
     assert MERGE.main(["--input", str(tmp_path / "nothing"), "--output-prefix", str(tmp_path / "m3")]) == 2
+    # the same input twice: its documents twice, and its tokenizer record kept (a repeated input was counted
+    # as an input without a record, and the merged dataset got none)
+    assert MERGE.main(["--input", parts[1], parts[1], "--output-prefix", str(tmp_path / "twice")]) == 0
+    assert docs_of(str(tmp_path / "twice")) == docs_of(parts[1]) * 2
+    assert (tmp_path / "twice.tokenizer.json").exists()
 
 
 def test_vectorized_and_list_paths_agree(tmp_path, sp_model, corpus_dir):

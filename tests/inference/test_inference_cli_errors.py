@@ -211,7 +211,8 @@ def test_server_needs_a_tokenizer_flag_or_a_folder_that_holds_one(hf_checkpoint,
 
 
 def test_evaluate_takes_megatrons_null_tokenizer_vocab_size(tmp_path, hf_checkpoint, capsys):   # noqa: F811
-    """tools/evaluate.py: `--tokenizer-type NullTokenizer --vocab-size V` (it refused --vocab-size as TikTokenizer's)."""
+    """tools/evaluate.py: `--tokenizer-type NullTokenizer --vocab-size V` (it refused --vocab-size as
+    TikTokenizer's)."""
     prefix = str(tmp_path / "ids")
     with IndexedDatasetWriter(prefix, np.int32) as writer:
         for start in range(0, 400, 40):

@@ -127,3 +127,16 @@ def test_a_second_derivative_through_the_written_out_backwards_is_refused():
         first, = torch.autograd.grad(f().sum(), x, create_graph=True)
         with pytest.raises(RuntimeError):
             torch.autograd.grad((first * first).sum(), x)
+
+
+def test_triton_forced_on_cpu_tensors_outside_the_interpreter_is_a_clear_error(monkeypatch):
+    """--kernels triton / MEGATRON_ZAYA_KERNELS=triton with CPU tensors: Triton runs them only in its
+    interpreter; without TRITON_INTERPRET=1 the first op says so (it died deep in Triton: '0 active drivers')."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    previous = kernels.kernel_backend()
+    kernels.set_kernel_backend("triton")
+    try:
+        with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+            kernels.rms_norm(torch.randn(2, 8), torch.ones(8), 1e-6)
+    finally:
+        kernels.set_kernel_backend(previous)
