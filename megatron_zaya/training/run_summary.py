@@ -16,7 +16,8 @@ def startup_lines(run, tokenizer_vocab_size: int, datasets: dict, run_samples: i
     (`datasets`: loaders.open_datasets) that its `run_samples` training samples make."""
     model, train, p = run.model, run.train, run.parallel
     counts = count_parameters(model)
-    active = counts.active_non_embedding(model.num_experts) + counts.embedding
+    active_non_embedding = counts.active_non_embedding(model.num_experts)   # ZAYA1's published 760M
+    active = active_non_embedding + counts.embedding
     dp = p.data_parallel_size
     accumulation = train.global_batch_size // (train.micro_batch_size * dp)
     layout = (f"DP {dp} x TP {p.tensor_model_parallel_size} x CP {p.context_parallel_size}, "
@@ -28,7 +29,8 @@ def startup_lines(run, tokenizer_vocab_size: int, datasets: dict, run_samples: i
     run_tokens = run_samples * model.seq_length
     return [
         f"model: {model.num_layers} layers, hidden {model.hidden_size}, {model.num_experts} experts + skip "
-        f"(FFN {model.moe_ffn_hidden_size}); {_count(counts.total)} parameters, {_count(active)} active per token; "
+        f"(FFN {model.moe_ffn_hidden_size}); {_count(counts.total)} parameters, {_count(active)} active per token "
+        f"({_count(active_non_embedding)} without the embedding); "
         f"vocabulary {model.vocab_size:,} (tokenizer {tokenizer_vocab_size:,})",
         f"layout: {p.world_size} process{'es' * (p.world_size > 1)}: {layout}{''.join(', ' + e for e in extras)}; "
         f"{'bf16' if train.bf16 else 'fp32'}, {run.optim.optimizer}{recompute}",

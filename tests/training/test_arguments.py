@@ -503,6 +503,11 @@ def test_mock_data_trains_without_files(tmp_path, capsys):
     zeros = [int(n) for n in re.findall(r"\| num zeros (\d+) \|", out)]
     assert len(zeros) == 3 and all(n >= 384 * 128 for n in zeros), zeros
     assert len(re.findall(r"\| params norm \d+\.\d{3} \|", out)) == 3     # --log-params-norm: on the console line
+    # the start-up line gives the active count with and without the embedding (ZAYA1 publishes the latter)
+    from megatron_zaya.model.accounting import count_parameters
+    config = parse_args(argv).model
+    without = count_parameters(config).active_non_embedding(config.num_experts)
+    assert f"({without / 1e6:.2f}M without the embedding)" in out
     assert "--mock-data and --data-path exclude each other" in error_of(argv + ["--data-path", "x"], capsys)
 
 

@@ -13,7 +13,7 @@ from tests.training.helpers import tiny_run_flags
 
 def test_mfu_peak_from_the_device_table(monkeypatch):
     names = iter(["NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H100 NVL",
-                  "AMD Instinct MI300X", "Some Future GPU"])
+                  "NVIDIA H200 NVL", "AMD Instinct MI300X", "Some Future GPU"])
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: next(names))
     monkeypatch.setattr(metrics, "measure_matmul_tflops", lambda *a, **k: 42.0)
     cuda = torch.device("cuda")
@@ -21,6 +21,7 @@ def test_mfu_peak_from_the_device_table(monkeypatch):
     assert metrics.device_peak_tflops(cuda) == (989.0, "table (H100)")
     assert metrics.device_peak_tflops(cuda) == (756.0, "table (H100PCIE)")
     assert metrics.device_peak_tflops(cuda) == (835.0, "table (H100NVL)")
+    assert metrics.device_peak_tflops(cuda) == (835.0, "table (H200NVL)")     # (it read the SXM part's 989)
     assert metrics.device_peak_tflops(cuda) == (1307.0, "table (MI300X)")
     assert metrics.device_peak_tflops(cuda) == (42.0, "measured matmul (Some Future GPU)")
 
