@@ -196,10 +196,9 @@ def _check_sequence_splits(args: argparse.Namespace, model: ModelConfig) -> None
     tp, cp = args.tensor_model_parallel_size, args.context_parallel_size
     if cp > 1 and model.seq_length % (2 * cp):
         raise UserInputError(f"--seq-length={model.seq_length} must be divisible by 2 x --context-parallel-size={cp}")
-    lookback = max(model.cca_depthwise_kernel - 1 + model.cca_grouped_kernel - 1, 1)   # CCA's halo (model/cca.py)
-    if cp > 1 and model.seq_length // (2 * cp) < lookback:
+    if cp > 1 and model.seq_length // (2 * cp) < model.cca_lookback:
         raise UserInputError(f"--seq-length={model.seq_length}: each of the 2 x --context-parallel-size={cp} chunks "
-                             f"must hold at least the {lookback} steps CCA's convolutions read back")
+                             f"must hold at least the {model.cca_lookback} steps CCA's convolutions read back")
     if args.sequence_parallel and tp == 1:
         raise UserInputError("--sequence-parallel needs --tensor-model-parallel-size > 1")
     if args.sequence_parallel and (model.seq_length // cp) % tp:

@@ -54,6 +54,17 @@ class ModelConfig:
         return int(self.kv_channels * self.rotary_percent)
 
     @property
+    def cca_conv_context(self) -> int:
+        """Steps before a token that CCA's depthwise-then-grouped convolution pair reads."""
+        return self.cca_depthwise_kernel - 1 + self.cca_grouped_kernel - 1
+
+    @property
+    def cca_lookback(self) -> int:
+        """Steps before a token that CCA reads at all: the convolutions' context, and at least the value
+        shift's one step (kernels of 1 and 1 convolve nothing back). A mask's lags, a CP halo's width."""
+        return max(self.cca_conv_context, 1)
+
+    @property
     def num_router_classes(self) -> int:
         """Experts plus the skip class."""
         return self.num_experts + 1

@@ -44,7 +44,7 @@ class InferenceCache:
         self.dtype = dtype
         hkv, dh = config.num_query_groups, config.kv_channels
         channels = (config.num_attention_heads + hkv) * dh
-        context = config.cca_depthwise_kernel - 1 + config.cca_grouped_kernel - 1
+        context = config.cca_conv_context
         self.layers = [
             LayerCache(
                 keys=torch.zeros(batch_size, max_length, hkv, dh, device=device, dtype=dtype),

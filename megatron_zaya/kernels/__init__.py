@@ -24,6 +24,7 @@ import torch.utils.checkpoint
 
 from megatron_zaya.kernels import reference
 from megatron_zaya.kernels.reference import NS_COEFFICIENTS, qk_norm, rotate_half  # noqa: F401
+from megatron_zaya.kernels.capability import triton_interpreted
 
 _BACKENDS = ("auto", "triton", "torch")
 _backend = "auto"
@@ -103,8 +104,7 @@ def _triton(name: str, *tensors):
     on_gpu = all(t.is_cuda for t in tensors if isinstance(t, torch.Tensor))
     if _backend == "auto" and not on_gpu:
         return None
-    interpreted = os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "no")
-    if not (on_gpu or interpreted):
+    if not (on_gpu or triton_interpreted()):
         raise RuntimeError(f"MEGATRON_ZAYA_KERNELS=triton (--kernels triton) with CPU tensors ({name}): Triton "
                            f"compiles for GPUs; on CPU its kernels run only in the interpreter (TRITON_INTERPRET=1)")
     mod = _module(name)

@@ -2,15 +2,16 @@
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from megatron_zaya.kernels.capability import triton_interpreted
+
 # Read once, when a kernel module is imported: that is also when @triton.jit decides between the
 # compiler and the interpreter, so the two always agree.
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "no")
+INTERPRET = triton_interpreted()
 _DOT_IN_FP32 = tl.constexpr(INTERPRET)
 
 

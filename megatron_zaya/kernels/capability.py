@@ -9,11 +9,17 @@ bf16 matmul took 97 s (0.18 GFLOP/s) against 0.21 s in fp32 (82 GFLOP/s).
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
 
 @functools.lru_cache(maxsize=None)
+def triton_interpreted() -> bool:
+    """Whether TRITON_INTERPRET asks Triton to run its kernels in the interpreter (on CPU)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "no")
+
+
 def _cpu_bf16_is_native() -> bool:
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())

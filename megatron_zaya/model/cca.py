@@ -103,10 +103,7 @@ class CompressedConvAttention(nn.Module):
         self.conv_depthwise = nn.Conv1d(channels, channels, config.cca_depthwise_kernel, groups=channels)
         self.conv_grouped = nn.Conv1d(channels, channels, config.cca_grouped_kernel,
                                       groups=self.num_heads + self.num_kv_heads)
-        self.conv_context = config.cca_depthwise_kernel - 1 + config.cca_grouped_kernel - 1
-        # Steps left of a token that it reads: the convolutions' context, and at least the value shift's one
-        # step (kernels of 1 and 1 convolve nothing back). A mask's lags and a CP halo's width.
-        self.lookback = max(self.conv_context, 1)
+        self.conv_context, self.lookback = config.cca_conv_context, config.cca_lookback
         # Learned per-KV-head key temperature, used linearly (logits bounded by sqrt(dh) * |T|).
         self.key_temperature = nn.Parameter(torch.full((self.num_kv_heads,), config.key_temperature_init))
         self.linear_proj = nn.Linear(q_width, d, bias=False)

@@ -184,7 +184,7 @@ class Trainer:
             empty_unused_memory(self.device, self.cfg.empty_unused_memory_level, 2)
             if self.cfg.moe_router_bias_update:
                 self.balancer.update(counts)
-        synchronize(self.device)
+        synchronize(self.device)           # the optimizer timer, and the step's time, hold its device work
         seconds = {"forward-backward": forward_backward - started, "optimizer": time.time() - forward_backward}
         return StepResult(loss, grad_norm, int(global_tokens), counts, skipped, diagnosis, num_zeros, seconds)
 
@@ -453,8 +453,7 @@ class Trainer:
         step_start = time.time()
         micro_batches = self.next_micro_batches()
         fetched = time.time()
-        result = self.train_step(micro_batches)
-        synchronize(self.device)           # the step's queued device work belongs to its time
+        result = self.train_step(micro_batches)     # (it waits for its device work: the step's time holds it)
         result.seconds["batch-generator"] = fetched - step_start
         self.state.iteration += 1
         profiler.after_step(self.state.iteration)

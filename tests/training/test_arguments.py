@@ -108,19 +108,6 @@ def test_cp_needs_sequence_divisible_by_twice_cp(tiny_corpus, tmp_path, capsys, 
     assert "must hold at least the 2 steps CCA's convolutions read back" in error_of(argv, capsys)
 
 
-def test_yaml_config_and_flag_override(tiny_corpus, tmp_path, capsys):
-    cfg = tmp_path / "run.yaml"
-    cfg.write_text("lr: 0.01\nhidden-size: 64\nnum_attention_heads: 2\ntrain-iters: 9\n")
-    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path) + ["--config", str(cfg), "--lr", "0.02"])
-    assert run.optim.lr == 0.02                      # flag beats file
-    assert run.model.hidden_size == 64 and run.model.num_attention_heads == 2   # file beats preset
-    assert run.train.train_iters == 6                # the flag list sets --train-iters explicitly
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("learning_rate: 0.1\n")
-    assert "unknown key 'learning_rate'" in error_of(tiny_run_flags(tiny_corpus, tmp_path) + ["--config", str(bad)],
-                                                      capsys)
-
-
 def _flags_with(tiny_corpus, tmp_path, extra):
     """tiny_run_flags plus `extra`; a list value is several words, None drops a default flag."""
     multi = {k: v for k, v in extra.items() if isinstance(v, list)}
@@ -323,47 +310,6 @@ def test_own_checkpoint_folder_and_missing_load_pass(tiny_corpus, tmp_path):
     (ours.parent / "latest_checkpointed_iteration.txt").write_text("100\n")
     assert parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--load": ours.parent})).train.load
     assert parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--load": tmp_path / "none"})).train.load
-
-
-def test_yaml_values_are_converted_like_command_line_words(tiny_corpus, tmp_path, capsys):
-    prefix = tiny_corpus[0]
-    cfg = tmp_path / "run.yaml"
-    cfg.write_text(f"data-path: {prefix}\nbf16: true\nrampup-batch-size: 2 2 8\nsave: null\nlr: 1e-3\n")
-    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--data-path": None, "--lr": None})
-                     + ["--config", str(cfg)])
-    assert run.data.data_path == [prefix] and run.train.bf16 is True and run.optim.lr == 1e-3
-    assert run.train.rampup_batch_size == [2, 2, 8]
-    cfg.write_text(f"data-path: 30 {prefix} 70 {prefix}\n")
-    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--data-path": None}) + ["--config", str(cfg)])
-    assert run.data.data_path == ["30", prefix, "70", prefix]
-
-
-def test_a_yaml_key_naming_a_setting_sets_it(tiny_corpus, tmp_path):
-    """A key may name the setting a --no-... flag turns off: `mmap-bin-files: false` is that setting off, as
-    --no-mmap-bin-files (it turned it on); the flag's own name keeps the flag's meaning."""
-    cfg = tmp_path / "run.yaml"
-    for text, mmap in (("mmap-bin-files: false\n", False), ("mmap-bin-files: true\n", True),
-                       ("no-mmap-bin-files: true\n", False), ("no-mmap-bin-files: false\n", True)):
-        cfg.write_text(text)
-        run = parse_args(tiny_run_flags(tiny_corpus, tmp_path) + ["--config", str(cfg)])
-        assert run.data.mmap_bin_files is mmap, text
-
-
-@pytest.mark.parametrize("text, expected", [
-    ('bf16: "no"\n', "key 'bf16' is an on/off flag"),
-    ("sequence-parallel: false_\n", "key 'sequence-parallel' is an on/off flag"),
-    ("micro-batch-size: 2.5\n", "key 'micro-batch-size' has an invalid int value '2.5'"),
-    ("lr: fast\n", "key 'lr' has an invalid float value 'fast'"),
-    ("optimizer: sgd\n", "key 'optimizer' has value 'sgd'"),
-    ("rampup-batch-size: [2, 2]\n", "key 'rampup-batch-size' expects 3 values"),
-    ("split: [98, 2, 0]\n", "key 'split' expects a single value"),
-    ("lr: null\n", "key 'lr' has no value"),
-])
-def test_bad_yaml_values_name_key_and_file(tiny_corpus, tmp_path, capsys, text, expected):
-    cfg = tmp_path / "bad.yaml"
-    cfg.write_text(text)
-    line = error_of(tiny_run_flags(tiny_corpus, tmp_path) + ["--config", str(cfg)], capsys)
-    assert f"--config {cfg}: {expected}" in line, line
 
 
 def test_main_turns_late_user_errors_into_one_line(tiny_corpus, tmp_path, capsys, monkeypatch):
