@@ -246,3 +246,31 @@ def test_data_startup_bench_runs(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "20,000 sequences: first start" in out and "restart" in out
     assert any(name.endswith("-IndexCheck-description.json") for name in os.listdir(tmp_path / "cache"))
+
+
+def test_matmul_ceiling_records_the_models_matmuls(capsys, keep_threads):
+    """bench/matmul_ceiling.py's recorder sees every matmul of a bf16 forward+backward: their FLOPs cover the
+    linear layers' 6 x multiply-adds per token (attention projections, router, the active expert, LM head;
+    its backward's attention bmms and the experts' padded rows add a little), and the script reports."""
+    bench = load_script("matmul_ceiling")
+    from megatron_zaya.config import model_config_from_preset
+    from megatron_zaya.model import ZayaModel
+    from megatron_zaya.model.accounting import matmul_macs_per_token, training_flops_per_token
+
+    config = model_config_from_preset("zaya1-tiny", num_layers=2, seq_length=64)
+    model = ZayaModel(config).train()
+    tokens, labels = (torch.randint(0, config.vocab_size, (4, 64)) for _ in range(2))
+    recorder = bench.RecordComputeOps()
+    with recorder:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(tokens, labels=labels).token_losses.mean()
+        loss.backward()
+    recorded = sum(call["flops"] * call["count"] for call in recorder.calls.values())
+    macs = matmul_macs_per_token(config)
+    linear = 6 * (sum(macs.values()) - macs["cca_convolutions"]) * tokens.numel()
+    assert linear <= recorded <= 1.3 * training_flops_per_token(config, 64) * tokens.numel()
+    assert {call["kind"] for call in recorder.calls.values()} >= {"matmul", "matmul (grouped experts)", "convolution"}
+
+    assert bench.main(TINY + ["--iters", "1", "--repeats", "1", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "ceiling MFU" in out and "matmul (grouped experts)" in out
