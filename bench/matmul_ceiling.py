@@ -7,24 +7,26 @@ One bf16-autocast forward+backward of our model runs under a dispatch mode that 
 the compute-bound operators (matmuls: mm, addmm, bmm, baddbmm, _grouped_mm; attention: torch's flash
 kernels for CPU; convolutions) with copies of their operands (same shapes, strides, dtypes, and for
 _grouped_mm the same expert offsets). Each distinct call is then replayed alone, its operands hot in
-cache, and timed (median of `--repeats`), times the number of calls it stood for.
+cache, and timed (the fastest of `--repeats`: a ceiling takes each call at its best), times the number of
+calls it stood for.
 
 Printed: the model FLOPs of the micro-batch (`accounting.training_flops_per_token`, what the trainer's
-MFU counts), the real forward+backward time (median of `--iters`, interleaved with the replay so a
+MFU counts), the real forward+backward time (the fastest of `--iters`, interleaved with the replay so a
 drifting machine moves both alike), the replayed time of each operator class, and
 
     ceiling MFU = model FLOPs / (replayed time of every recorded call) / measured bf16 peak
 
 the MFU the forward+backward would reach if every other operator (norms, casts, softmax, routing,
-permutes) took no time and no optimizer step followed. A training MFU target above this ceiling
-cannot be met by this model on this machine; the peak is `training.metrics.measure_matmul_tflops`'s
-(the best of square 1024 and 2048 matmuls), as in bench/train_throughput.py.
+permutes) took no time and no optimizer step followed; and, per `--global-batch-size`, the same for a
+whole training step: its micro-batches' calls plus the recorded calls of one Muon + AdamW step (Muon's
+Newton-Schulz matmuls on every matrix: optimizer work, not model FLOPs, so it lowers the step's MFU).
+A training MFU target above this ceiling cannot be met by this model on this machine; the peak is `training.metrics.measure_matmul_tflops`'s
+(the best of square 1024 and 2048 matmuls), as in bench/train_throughput.py, here the best of the passes.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from collections import defaultdict
@@ -37,6 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from megatron_zaya.config import model_config_from_preset  # noqa: E402
 from megatron_zaya.model import ZayaModel  # noqa: E402
 from megatron_zaya.model.accounting import training_flops_per_token  # noqa: E402
+from megatron_zaya.optim.builder import OptimizerConfig, build_optimizer  # noqa: E402
 from megatron_zaya.training.metrics import measure_matmul_tflops  # noqa: E402
 
 aten = torch.ops.aten
@@ -110,7 +113,7 @@ def replay_seconds(call: dict, repeats: int) -> float:
         start = time.perf_counter()
         func(*args, **kwargs)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return min(times)
 
 
 def describe(call: dict) -> str:
@@ -127,6 +130,9 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every CPU)")
     parser.add_argument("--iters", type=int, default=3, help="real forward+backward passes timed (and replays)")
     parser.add_argument("--repeats", type=int, default=5, help="timed replays of each distinct call per pass")
+    parser.add_argument("--global-batch-size", type=int, nargs="*", default=[8, 32],
+                        help="also the ceiling of whole training steps of these global batches: the micro-batches' "
+                             "recorded calls plus those of one Muon + AdamW step (its Newton-Schulz matmuls)")
     parser.add_argument("--top", type=int, default=8, help="the distinct calls with the most replayed time printed")
     args = parser.parse_args(argv)
     from megatron_zaya.training.cpu_allocator import keep_freed_memory
@@ -141,17 +147,25 @@ def main(argv=None) -> int:
     shape = (args.micro_batch_size, args.seq_length)
     tokens, labels = (torch.randint(0, config.vocab_size, shape, generator=gen) for _ in range(2))
 
-    def forward_backward():
+    def forward_backward(keep_gradients=False):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = model(tokens, labels=labels).token_losses.mean()
         loss.backward()
-        model.zero_grad(set_to_none=True)
+        if not keep_gradients:
+            model.zero_grad(set_to_none=True)
 
     forward_backward()                                   # warm-up
     recorder = RecordComputeOps()
     with recorder:
         forward_backward()
     calls = list(recorder.calls.values())
+    optimizer = build_optimizer(model, OptimizerConfig())
+    forward_backward(keep_gradients=True)
+    optimizer_recorder = RecordComputeOps()
+    with optimizer_recorder:
+        optimizer.step()
+    optimizer_calls = list(optimizer_recorder.calls.values())
+    model.zero_grad(set_to_none=True)
 
     peaks, real, replayed = [], [], defaultdict(list)
     for _ in range(args.iters):
@@ -159,10 +173,11 @@ def main(argv=None) -> int:
         start = time.perf_counter()
         forward_backward()
         real.append(time.perf_counter() - start)
-        for index, call in enumerate(calls):
+        for index, call in enumerate(calls + optimizer_calls):
             replayed[index].append(replay_seconds(call, args.repeats) * call["count"])
-    seconds = {index: statistics.median(times) for index, times in replayed.items()}
-    peak, real_s = statistics.median(peaks), statistics.median(real)
+    seconds = {index: min(times) for index, times in replayed.items()}
+    optimizer_s = sum(seconds.pop(index) for index in range(len(calls), len(calls) + len(optimizer_calls)))
+    peak, real_s = max(peaks), min(real)      # each at the machine's best, as the replays
     model_flops = training_flops_per_token(config, args.seq_length) * tokens.numel()
 
     by_class: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
@@ -185,6 +200,14 @@ def main(argv=None) -> int:
           f"{100 * replay_total / real_s:>14.1f}%")
     print(f"ceiling MFU (only these calls, no optimizer): {100 * model_flops / replay_total / (peak * 1e12):.1f}% "
           f"of the measured bf16 peak")
+    optimizer_flops = sum(call["flops"] * call["count"] for call in optimizer_calls)
+    print(f"one optimizer step (Muon + AdamW): {sum(c['count'] for c in optimizer_calls)} recorded calls, "
+          f"{optimizer_flops / 1e12:.4f} TFLOP (not model FLOPs), replayed {optimizer_s:.3f} s")
+    for global_batch in args.global_batch_size:
+        micro_batches = max(1, global_batch // args.micro_batch_size)
+        ceiling = micro_batches * model_flops / (micro_batches * replay_total + optimizer_s) / (peak * 1e12)
+        print(f"ceiling MFU of a training step at global batch {global_batch} ({micro_batches} micro-batches, "
+              f"these calls and the optimizer's only): {100 * ceiling:.1f}%")
     print(f"the {args.top} distinct calls with the most replayed time:")
     for index in sorted(seconds, key=lambda i: -seconds[i])[:args.top]:
         call = calls[index]
