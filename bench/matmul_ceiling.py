@@ -21,7 +21,8 @@ permutes) took no time and no optimizer step followed; and, per `--global-batch-
 whole training step: its micro-batches' calls plus the recorded calls of one Muon + AdamW step (Muon's
 Newton-Schulz matmuls on every matrix: optimizer work, not model FLOPs, so it lowers the step's MFU).
 A training MFU target above this ceiling cannot be met by this model on this machine; the peak is
-`training.metrics.measure_matmul_tflops`'s (the best of square 1024 and 2048 matmuls), as in bench/train_throughput.py, here the best of the passes.
+`training.metrics.measure_matmul_tflops`'s (the best of square 1024 and 2048 matmuls), as in
+bench/train_throughput.py, here the best of the passes.
 """
 from __future__ import annotations
 
