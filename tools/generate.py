@@ -32,7 +32,7 @@ from megatron_zaya.inference.cli_checks import (  # noqa: E402
     check_writable_output, peek_model_config, tokenizer_from_flags)
 from megatron_zaya.inference.decode import generate  # noqa: E402
 from megatron_zaya.inference.loading import DTYPES, load_model_for_inference, parse_dtype  # noqa: E402
-from megatron_zaya.inference.sampling import SamplingParams  # noqa: E402
+from megatron_zaya.inference.sampling import SamplingParams, check_seed  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +70,10 @@ def check_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error(f"--prefill-chunk={args.prefill_chunk} must be >= 1 (omit it to prefill whole prompts)")
     if args.eod_id is not None and args.eod_id < 0:
         parser.error(f"--eod-id={args.eod_id} must be >= 0")
+    try:
+        check_seed(args.seed)
+    except ValueError as err:
+        parser.error(str(err))
     try:
         check_threads(args.threads)
         check_device(args.device)
@@ -125,7 +129,8 @@ def check_against_config(parser, args, config, prompts, tokenizer, eod) -> None:
     """Tokenizer vocabulary, prompt ids, the stop token and the length against the checkpoint's config."""
     try:
         check_tokenizer_fits(tokenizer, config, args)
-        check_prompts_fit(config, prompts, args.max_new_tokens, eod)
+        check_prompts_fit(config, prompts, args.max_new_tokens, eod,
+                          tokenizer.vocab_size if tokenizer is not None else None)
     except UserInputError as err:
         parser.error(str(err))
 

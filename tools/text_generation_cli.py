@@ -70,6 +70,11 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.tokens_to_generate is not None and args.tokens_to_generate < 1:
         build_parser().error(f"--tokens-to-generate={args.tokens_to_generate}: must be >= 1")
+    # What the server refuses in every request (server.parse_request), said once before any prompt is read
+    if args.temperature is not None and not 0 < args.temperature <= 100:
+        build_parser().error(f"--temperature={args.temperature}: the server takes (0, 100]")
+    if args.top_k and args.top_p:
+        build_parser().error("--top-k and --top-p: the server takes one of them, not both")
     url, interactive = api_url(args.address), sys.stdin.isatty()
     options = {key: value for key, value in (("temperature", args.temperature), ("top_k", args.top_k),
                                              ("top_p", args.top_p), ("random_seed", args.random_seed))

@@ -153,16 +153,22 @@ def peek_model_config(path) -> ModelConfig | None:
 
 
 def check_prompts_fit(config: ModelConfig, prompts: list[list[int]], max_new_tokens: int,
-                      eod_id: int | None) -> None:
-    """Prompt ids and --eod-id inside the checkpoint's vocabulary; prompt + --max-new-tokens within
+                      eod_id: int | None, tokenizer_vocab: int | None = None) -> None:
+    """Every prompt has a token; its ids and --eod-id are inside the checkpoint's vocabulary (and the
+    tokenizer's, when there is one: its padded rows are no tokens); prompt + --max-new-tokens within
     its max_position_embeddings."""
     vocab = config.vocab_size
     if eod_id is not None and not 0 <= eod_id < vocab:
         raise UserInputError(f"--eod-id={eod_id} is outside the checkpoint's vocabulary [0, {vocab})")
+    limit, whose = (vocab, "the checkpoint's vocabulary")
+    if tokenizer_vocab is not None and tokenizer_vocab < vocab:
+        limit, whose = tokenizer_vocab, "the tokenizer's vocabulary"
     for i, prompt in enumerate(prompts):
-        bad = [t for t in prompt if not 0 <= t < vocab]
+        if not prompt:
+            raise UserInputError(f"prompt {i} is empty: give at least one token (e.g. --add-bos)")
+        bad = [t for t in prompt if not 0 <= t < limit]
         if bad:
-            raise UserInputError(f"prompt {i}: token ids {bad[:5]} outside the checkpoint's vocabulary [0, {vocab})")
+            raise UserInputError(f"prompt {i}: token ids {bad[:5]} outside {whose} [0, {limit})")
         if len(prompt) + max_new_tokens > config.max_position_embeddings:
             raise UserInputError(f"prompt {i}: {len(prompt)} tokens + --max-new-tokens={max_new_tokens} exceeds the "
                                  f"checkpoint's max_position_embeddings {config.max_position_embeddings}")

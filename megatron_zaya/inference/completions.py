@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass
 
 from megatron_zaya.inference.decode import TokenScores, generate
-from megatron_zaya.inference.sampling import SamplingParams
+from megatron_zaya.inference.sampling import SEED_LIMIT, SamplingParams
 from megatron_zaya.inference.server import (RequestError, apply_checked_fields, check_length, is_int, is_number,
                                             request_seed)
 from megatron_zaya.inference.text_offsets import prefix_text_lengths
@@ -87,7 +87,8 @@ def parse_completion_request(body) -> CompletionRequest:
                      f"null or an integer in [0, {MAX_TOP_LOGPROBS}]"),
         "echo": (lambda v: isinstance(v, bool), "a boolean"),
         "stream": (lambda v: isinstance(v, bool), "a boolean"),
-        "seed": (lambda v: v is None or (is_int(v) and v >= 0), "null or an integer >= 0"),
+        "seed": (lambda v: v is None or (is_int(v) and 0 <= v < SEED_LIMIT),
+                 "null or an integer in [0, 2**64)"),
         "n": (lambda v: is_int(v) and 1 <= v <= MAX_CHOICES, f"an integer in [1, {MAX_CHOICES}]"),
         "best_of": (lambda v: v is None or (is_int(v) and 1 <= v <= MAX_CHOICES), f"null or an integer in [1, {MAX_CHOICES}]"),
     }

@@ -4,10 +4,13 @@ Order of operations (as in most samplers): restrict to the real vocabulary (`voc
 padded embedding rows past the tokenizer's vocabulary are never sampled), divide by the
 temperature, keep the top-k logits, keep the smallest set of tokens whose probability reaches
 top-p (always at least the most likely one), sample from the renormalised distribution.
-Greedy (temperature 0 or `greedy=True`) takes the argmax; ties go to the lowest id.
+Greedy (temperature 0, top-k 1 or `greedy=True`) takes the argmax; ties go to the lowest id. The
+temperature divides the logits after their row maximum is subtracted (the same distribution), so a
+tiny temperature concentrates on the top tokens instead of overflowing.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -21,16 +24,26 @@ class SamplingParams:
     top_p: float = 1.0        # 1.0: off
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"--temperature={self.temperature} must be >= 0 (0 = greedy)")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"--temperature={self.temperature} must be a finite number >= 0 (0 = greedy)")
         if self.top_k < 0:
             raise ValueError(f"--top-k={self.top_k} must be >= 0 (0 = off)")
-        if not 0 < self.top_p <= 1:
+        if not 0 < self.top_p <= 1:           # NaN fails this too
             raise ValueError(f"--top-p={self.top_p} must be in (0, 1]")
 
     @property
     def is_greedy(self) -> bool:
-        return self.greedy or self.temperature == 0
+        return self.greedy or self.temperature == 0 or self.top_k == 1
+
+
+SEED_LIMIT = 2 ** 64       # torch.Generator.manual_seed takes 0 <= seed < 2**64
+
+
+def check_seed(seed, name: str = "--seed") -> int:
+    """The seed as an int, or ValueError naming `name` when torch's generator cannot take it."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"{name}={seed!r} must be an integer in [0, 2**64)")
+    return seed
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
@@ -43,7 +56,10 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams, vocab_limit: int
     if vocab_limit is not None and vocab_limit < logits.shape[-1]:
         logits[:, vocab_limit:] = float("-inf")
     if params.temperature not in (0, 1):
-        logits = logits / params.temperature
+        top = logits.amax(dim=-1, keepdim=True)
+        # <= 0, 0 at the top token: nothing overflows; in float64, where a temperature below float32's
+        # smallest number is not 0 (a very negative quotient becomes -inf in float32, as it should).
+        logits = ((logits - top).double() / params.temperature).float()
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

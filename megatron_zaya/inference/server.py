@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from megatron_zaya.inference.decode import generate
-from megatron_zaya.inference.sampling import SamplingParams
+from megatron_zaya.inference.sampling import SEED_LIMIT, SamplingParams
 
 MAX_PROMPTS = 128                # as Megatron-LM
 MAX_BODY_BYTES = 64 << 20
@@ -118,7 +118,8 @@ def parse_request(body) -> GenerationRequest:
         "top_k": (lambda v: is_int(v) and 0 <= v <= 1000, "an integer in [0, 1000]"),
         "top_p": (lambda v: is_number(v) and 0.0 <= v <= 1.0, "a number in [0, 1]"),
         "add_BOS": (lambda v: isinstance(v, bool), "a boolean"),
-        "random_seed": (lambda v: is_int(v) and v >= -1, "an integer >= 0 (or -1: a fresh seed)"),
+        "random_seed": (lambda v: is_int(v) and -1 <= v < SEED_LIMIT,
+                        "an integer in [0, 2**64) (or -1: a fresh seed)"),
         "no_log": (lambda v: isinstance(v, bool), "a boolean"),
         "stop_token": (is_int, "an integer"),
         "length_penalty": (is_number, "a number"),
@@ -150,6 +151,8 @@ class TextGenerationService:
                 if self.tokenizer.bos is None:
                     raise RequestError("add_BOS: the tokenizer has no BOS token")
                 ids = [self.tokenizer.bos] + ids
+            if not ids:
+                raise RequestError(f"prompts[{i}] has no tokens (its text encodes to none); add_BOS=true gives it one")
             check_length(config, i, ids, request.tokens_to_generate, "tokens_to_generate")
             prompts.append(ids)
         return prompts
@@ -197,7 +200,10 @@ def make_server(service: TextGenerationService, host: str, port: int) -> Threadi
             endpoint = endpoints.get(self.path.split("?")[0].rstrip("/"))
             if endpoint is None:
                 return self.reply(404, f"no endpoint {self.path}: use PUT /api or POST /v1/completions")
-            size = int(self.headers.get("Content-Length") or 0)
+            length = (self.headers.get("Content-Length") or "0").strip()
+            if not length.isdigit():      # a negative length would read until the client closes
+                return self.reply(400, f"Content-Length {length!r} is not a byte count")
+            size = int(length)
             if size > MAX_BODY_BYTES:
                 return self.reply(413, f"the body has {size} bytes, more than {MAX_BODY_BYTES}")
             try:

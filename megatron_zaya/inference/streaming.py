@@ -59,15 +59,22 @@ class ChoiceStream:
         return [self.chunk(text[self.sent_chars:], reason)]
 
     def chunk(self, delta: str, finish_reason: str | None = None) -> dict:
+        """The chunk of `delta`, with the log-probabilities of the pending tokens whose text has begun in
+        the text sent so far (all of them in the last chunk): a token whose text is still held back, as
+        the possible start of a stop string, waits, since the stop may yet drop it."""
+        released_end = self.sent_chars + len(delta)
+        first = len(self.starts) - len(self.pending)
+        count = len(self.pending) if finish_reason is not None else \
+            sum(1 for start in self.starts[first:] if start < released_end)
         logprobs = None
         if self.logprobs is not None:
-            first = len(self.starts) - len(self.pending)
-            logprobs = logprobs_object(self.completer.decode, [t for t, _, _ in self.pending],
-                                       [lp for _, lp, _ in self.pending],
-                                       [top for _, _, top in self.pending] if self.logprobs else None,
-                                       [self.prompt_chars + start for start in self.starts[first:]])
-        self.pending = []
-        self.sent_chars += len(delta)
+            released = self.pending[:count]
+            logprobs = logprobs_object(self.completer.decode, [t for t, _, _ in released],
+                                       [lp for _, lp, _ in released],
+                                       [top for _, _, top in released] if self.logprobs else None,
+                                       [self.prompt_chars + start for start in self.starts[first:first + count]])
+        self.pending = self.pending[count:]
+        self.sent_chars = released_end
         return {"index": self.index, "text": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
 

@@ -50,6 +50,11 @@ def bad_utf8_file(tmp_path_factory):
     (["--prefill-chunk", "0"], "--prefill-chunk=0"),
     (["--prompt-ids", "999999"], "token ids [999999]"),
     (["--max-new-tokens", "100000"], "--max-new-tokens=100000"),
+    (["--seed", str(2 ** 64)], "--seed=18446744073709551616 must be an integer in [0, 2**64)"),
+    (["--temperature", "nan"], "--temperature=nan"),
+    (["--prompt-ids", ""], "prompt 1 is empty"),
+    (["--prompt-ids", "3 600", "--tokenizer-type", "NullTokenizer", "--tokenizer-model", "500"],
+     "prompt 1: token ids [600] outside the tokenizer's vocabulary [0, 501)"),
 ])
 def test_generate_flags_are_checked_before_loading(hf_checkpoint, capsys, monkeypatch, extra, expected):
     code, line = error_line(load_tool("generate"), ["--load", str(hf_checkpoint), "--prompt-ids", "1 2"] + extra,

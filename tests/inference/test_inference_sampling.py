@@ -63,7 +63,35 @@ def test_seeded_sampling_is_reproducible():
 
 
 @pytest.mark.parametrize("kwargs,flag", [(dict(temperature=-1), "--temperature"), (dict(top_k=-2), "--top-k"),
-                                         (dict(top_p=0.0), "--top-p"), (dict(top_p=1.5), "--top-p")])
+                                         (dict(top_p=0.0), "--top-p"), (dict(top_p=1.5), "--top-p"),
+                                         (dict(temperature=float("nan")), "--temperature"),
+                                         (dict(temperature=float("inf")), "--temperature"),
+                                         (dict(top_p=float("nan")), "--top-p")])
 def test_invalid_parameters_name_the_flag(kwargs, flag):
     with pytest.raises(ValueError, match=flag):
         SamplingParams(**kwargs)
+
+
+def test_top_k_1_is_greedy_and_ties_go_to_the_lowest_id():
+    """top-k 1 is greedy, as the docs say: tied top logits (common in bf16) do not make it random."""
+    logits = torch.tensor([[0.0, 5.0, 1.0, 5.0]])
+    assert SamplingParams(top_k=1).is_greedy
+    assert {int(sample_next_token(logits, SamplingParams(top_k=1), make_generator(s))) for s in range(20)} == {1}
+
+
+@pytest.mark.parametrize("temperature", [1e-6, 1e-45, 1e-300])
+def test_a_tiny_temperature_samples_the_top_tokens_without_overflow(temperature):
+    """(logits - max) / T in float64: no inf - inf or 0 / 0 however small T is (float32's smallest number
+    is 1.4e-45); only the tied top tokens stay possible, and the padded rows never."""
+    logits = torch.tensor([[1.0, 5.0, 5.0, -2.0, 9.0]])
+    drawn = {int(sample_next_token(logits, SamplingParams(temperature=temperature), make_generator(s), vocab_limit=4))
+             for s in range(40)}
+    assert drawn == {1, 2}
+
+
+def test_seeds_outside_the_generators_range_are_refused_by_name():
+    from megatron_zaya.inference.sampling import check_seed
+    assert check_seed(2 ** 64 - 1) == 2 ** 64 - 1
+    for bad in (2 ** 64, -1, 1.5, True):
+        with pytest.raises(ValueError, match="--seed"):
+            check_seed(bad)

@@ -94,6 +94,8 @@ def test_sampling_is_reproducible_with_a_seed(server_url):
     ({"prompts": ["a"], "max_len": 5}, 400, "max_len is no longer used: replace it with tokens_to_generate"),
     ({"prompts": ["a"], "temprature": 0.5}, 400, "unknown field(s) temprature"),
     ({"prompts": [""]}, 400, "Empty prompts require add_BOS=true"),
+    ({"prompts": ["a", " \n"]}, 400, "prompts[1] has no tokens"),
+    ({"prompts": ["a"], "random_seed": 2 ** 64}, 400, "random_seed must be an integer in [0, 2**64)"),
     ({"prompts": ["a"], "tokens_to_generate": 5000}, 400, "exceeds the model's max_position_embeddings"),
     (b"{not json", 400, "the body is not JSON"),
 ])
@@ -115,6 +117,19 @@ def test_other_methods_and_paths(server_url):
             assert key in json.loads(reply.read())
     with urllib.request.urlopen(server_url + "/v1/models", timeout=30) as reply:
         assert json.loads(reply.read())["data"][0]["object"] == "model"
+
+
+@pytest.mark.parametrize("length", ["abc", "-1"])
+def test_a_content_length_that_is_no_byte_count_gets_400(server_url, length):
+    """Not a dropped connection (abc) or a read that waits for the client to close (-1)."""
+    host, port = server_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(f"PUT /api HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n{{}}".encode())
+        answer = b""
+        while chunk := conn.recv(4096):             # the server closes the connection after its answer
+            answer += chunk
+    answer = answer.decode()
+    assert answer.startswith("HTTP/1.0 400") and f"Content-Length '{length}' is not a byte count" in answer, answer
 
 
 def test_flags_are_checked_before_the_checkpoint_loads(hf_checkpoint, sp_model, tmp_path, capsys):
@@ -320,6 +335,8 @@ def test_streamed_completions_join_to_the_unstreamed_answer(server_url, sp_model
     ({"prompt": "a", "stop": ["x"] * 17}, "stop must be a non-empty string or a list of up to 16"),
     ({"prompt": "a", "stop": [""]}, "stop must be a non-empty string"),
     ({"prompt": "a", "best_of": 0}, "best_of must be null or an integer in [1, 16]"),
+    ({"prompt": "a", "seed": 2 ** 70}, "seed must be null or an integer in [0, 2**64)"),
+    ({"prompt": "a", "seed": 2 ** 70, "stream": True}, "seed must be null or an integer in [0, 2**64)"),
 ])
 def test_bad_completion_requests_get_400(server_url, body, message):
     status, answer = call(server_url, body, method="POST", path="/v1/completions")
@@ -361,10 +378,15 @@ def test_the_command_line_client_prints_the_servers_answers(server_url, capsys, 
     assert cli.main([server_url, "--tokens-to-generate", "6", "--top-k", "1"]) == 0
     assert capsys.readouterr().out == expected["text"][0] + "\n"
     monkeypatch.setattr("sys.stdin", io.StringIO("The king\n6\nThe king\nmany\nThe king\n6\n"))
-    assert cli.main([server_url, "--top-k", "1", "--temperature", "-1"]) == 0
+    assert cli.main([server_url, "--top-k", "1", "--random-seed", str(2 ** 64)]) == 0
     captured = capsys.readouterr()
-    assert captured.out == "" and captured.err.count("error 400") == 2 and "temperature" in captured.err
+    assert captured.out == "" and captured.err.count("error 400") == 2 and "random_seed" in captured.err
     assert "not a number of tokens: 'many'" in captured.err
+    for flags, message in ((["--temperature", "-1"], "--temperature=-1.0: the server takes (0, 100]"),
+                           (["--top-k", "2", "--top-p", "0.5"], "--top-k and --top-p")):
+        with pytest.raises(SystemExit) as stopped:        # refused before any prompt is read
+            cli.main([server_url] + flags)
+        assert stopped.value.code == 2 and message in capsys.readouterr().err
     monkeypatch.setattr("sys.stdin", io.StringIO("The king\n"))
     assert cli.main(["127.0.0.1:1", "--tokens-to-generate", "4"]) == 1
     assert "cannot reach http://127.0.0.1:1/api" in capsys.readouterr().err

@@ -32,3 +32,20 @@ def test_text_that_may_begin_a_stop_string_waits_and_the_stop_cuts_it():
     # EOD ends the choice with what it has
     chunks = sent(ChoiceStream(BYTES, list(b"> "), 0, (), None), list(b"ab") + [0] + list(b"cd"), eod=0)
     assert "".join(c["text"] for c in chunks) == "ab" and chunks[-1]["finish_reason"] == "stop"
+
+
+def test_a_token_held_back_as_a_possible_stop_sends_its_logprob_only_once_kept():
+    """The log-probabilities of a token whose text is held back (it may begin a stop string) wait with it:
+    the stop "p " then drops "p", and the chunks' tokens are those the unstreamed answer keeps ("a")."""
+    choice = ChoiceStream(BYTES, list(b"> "), 0, ("p ",), 0)
+    chunks = []
+    for token in b"ap ":
+        chunks += choice.add(token, None, -0.5, None)
+    assert choice.finish_reason == "stop" and "".join(c["text"] for c in chunks) == "a"
+    assert [t for c in chunks for t in c["logprobs"]["tokens"]] == ["a"]
+    assert [o for c in chunks for o in c["logprobs"]["text_offset"]] == [2]
+    # without a stop, every token's log-probability is sent, each once, in order
+    choice = ChoiceStream(BYTES, list(b"> "), 0, ("p ",), 0)
+    chunks = [c for token in b"apex" for c in choice.add(token, None, -0.5, None)] + choice.finish("length")
+    assert [t for c in chunks for t in c["logprobs"]["tokens"]] == list("apex")
+    assert [o for c in chunks for o in c["logprobs"]["text_offset"]] == [2, 3, 4, 5]
