@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Sequence
 
 from megatron_zaya.errors import UserInputError
 
 
 def pad_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int = 128, tensor_parallel_size: int = 1) -> int:
-    """Round `vocab_size` up to a multiple of `make_vocab_size_divisible_by * tensor_parallel_size`
-    (Megatron's rule; 262,145 -> 262,272 = 2049 x 128 for ZAYA1's Gemma-3 vocabulary)."""
-    multiple = int(make_vocab_size_divisible_by) * int(tensor_parallel_size)
-    if multiple <= 0:
-        raise ValueError(f"make_vocab_size_divisible_by * tensor_parallel_size must be positive, got {multiple}")
+    """Round `vocab_size` up to a multiple of `make_vocab_size_divisible_by` that the tensor-parallel size
+    divides (262,145 -> 262,272 = 2049 x 128 for ZAYA1's Gemma-3 vocabulary, at TP 1, 2, 4 or 8).
+    Megatron-LM pads to a multiple of their product instead (262,400 at TP 2); the least common multiple
+    keeps a checkpoint's vocabulary when only TP changes, so it loads resharded."""
+    if int(make_vocab_size_divisible_by) <= 0 or int(tensor_parallel_size) <= 0:
+        raise ValueError(f"make_vocab_size_divisible_by={make_vocab_size_divisible_by} and tensor_parallel_size="
+                         f"{tensor_parallel_size} must be positive")
+    multiple = math.lcm(int(make_vocab_size_divisible_by), int(tensor_parallel_size))
     return ((int(vocab_size) + multiple - 1) // multiple) * multiple
 
 

@@ -31,7 +31,8 @@ from megatron_zaya.training.run_summary import startup_lines
 
 
 def resolve_vocab(run, tokenizer) -> None:
-    """The model's vocabulary is the tokenizer's, padded to --make-vocab-size-divisible-by."""
+    """The model's vocabulary is the tokenizer's, padded to a multiple of --make-vocab-size-divisible-by that
+    --tensor-model-parallel-size divides (tokenizer_base.pad_vocab_size)."""
     padded = tokenizer.padded_vocab_size
     if run.args.vocab_size is None:
         run.model = run.model.replace(vocab_size=padded)
@@ -126,7 +127,8 @@ def _build_and_train(run) -> int:
     if getattr(run.args, "disable_bf16_reduced_precision_matmul", False):
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     tokenizer = build_tokenizer(run.data.tokenizer_type, run.data.tokenizer_model,
-                                run.model.make_vocab_size_divisible_by, **run.data.tokenizer_kwargs())
+                                run.model.make_vocab_size_divisible_by, run.parallel.tensor_model_parallel_size,
+                                **run.data.tokenizer_kwargs())
     resolve_vocab(run, tokenizer)
     datasets = open_datasets(run.data)
     check_dataset_tokenizers(datasets, tokenizer, flags_text(tokenizer_flags(run.data)))   # its record says another

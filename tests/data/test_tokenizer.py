@@ -50,7 +50,9 @@ def test_pad_vocab_size():
     assert pad_vocab_size(262145) == 262272 == 2049 * 128
     assert pad_vocab_size(32000) == 32000
     assert pad_vocab_size(32001) == 32128
-    assert pad_vocab_size(32001, 128, tensor_parallel_size=2) == 32256
+    assert pad_vocab_size(32001, 128, tensor_parallel_size=2) == 32128     # 128 is split by TP 2 already
+    assert pad_vocab_size(32001, 128, tensor_parallel_size=3) == 32256 == 84 * 384
+    assert pad_vocab_size(1001, 1, tensor_parallel_size=2) == 1002
     assert pad_vocab_size(1, 64) == 64
 
 

@@ -301,3 +301,16 @@ def test_a_dry_run_checks_and_summarises_without_a_model(tiny_corpus, tmp_path, 
     assert main(tiny_run_flags(tiny_corpus, tmp_path, **{"--split": "999,1,0", "--global-batch-size": 8,
                                                          "--dry-run": ""})) == 2       # 400 documents: none is valid
     assert "--split 999,1,0: the valid split of" in capsys.readouterr().err
+
+
+
+def test_the_padded_vocabulary_is_one_tensor_parallelism_splits(capsys, monkeypatch):
+    """Megatron-LM's NullTokenizer flags at TP 2 with --make-vocab-size-divisible-by 1: the 1,001 ids pad to
+    1,002 rows (TP 2 splits them), not 1,001, on which the parallel model would stop at its start."""
+    from pretrain_zaya import main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["--preset", "zaya1-tiny", "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000",
+                 "--train-iters", "3", "--tensor-model-parallel-size", "2", "--make-vocab-size-divisible-by", "1",
+                 "--global-batch-size", "4", "--dry-run"]) == 0
+    assert "vocabulary 1,002 (tokenizer 1,001)" in capsys.readouterr().out
