@@ -475,6 +475,8 @@ def validate(args: argparse.Namespace) -> RunConfig:
     if (args.train_iters is None) == (args.train_samples is None):
         raise UserInputError("give exactly one of --train-iters and --train-samples")
     check_number_domains(args)
+    if args.global_batch_size is None:          # Megatron-LM's default: one micro-batch per data-parallel rank
+        args.global_batch_size = args.micro_batch_size * parallel.data_parallel_size
     if args.decrease_batch_size_if_needed:
         _decrease_batch_size(args, parallel.data_parallel_size, warnings)
     schedule = BatchSizeSchedule(args.global_batch_size, args.micro_batch_size, parallel.data_parallel_size,

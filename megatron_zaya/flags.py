@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how long a collective may wait before the process group gives up")
     g = p.add_argument_group("batch and schedule")
     g.add_argument("--micro-batch-size", type=int, default=4)
-    g.add_argument("--global-batch-size", type=int, default=16)
+    g.add_argument("--global-batch-size", type=int, default=None,
+                   help="sequences per iteration (default: --micro-batch-size x data-parallel size, as in Megatron-LM)")
     g.add_argument("--rampup-batch-size", type=int, nargs=3, default=None, metavar=("START", "INCR", "SAMPLES"))
     g.add_argument("--decrease-batch-size-if-needed", action="store_true",
                    help="when --micro-batch-size x data-parallel size does not divide --global-batch-size (fewer "

@@ -251,6 +251,14 @@ def test_decrease_batch_size_if_needed(tiny_corpus, tmp_path, capsys, monkeypatc
     assert "does not combine with --rampup-batch-size" in error_of(ramp, capsys)
 
 
+def test_without_global_batch_size_each_data_parallel_rank_takes_one_micro_batch(tiny_corpus, tmp_path, monkeypatch):
+    """Megatron-LM's default: --global-batch-size = --micro-batch-size x data-parallel size."""
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    for extra, expected in (({}, 16), ({"--tensor-model-parallel-size": "2"}, 8)):
+        run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--global-batch-size": None}, **extra))
+        assert run.train.global_batch_size == expected
+
+
 def test_folders_to_create_are_checked(tiny_corpus, tmp_path, capsys):
     nested = tmp_path / "runs" / "x" / "y" / "z"
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--save": nested, "--tensorboard-dir": nested / "tb"}))
