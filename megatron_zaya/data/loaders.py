@@ -270,10 +270,32 @@ def leave_stop_signals_to_the_trainer(_worker_id: int) -> None:
     """A loader worker ignores SIGTERM, SIGUSR1 and SIGINT: Slurm (scancel, a time limit, preemption) signals
     every process of a step, and torch's worker handler exits on a SIGTERM its parent did not send, which
     the training process then reports as a crashed worker instead of saving its checkpoint. The training
-    process handles the signal and stops its workers itself (training/signals.py)."""
+    process handles the signal and stops its workers itself (training/signals.py); a process that leaves
+    without stopping them (an unhandled error) kills them at exit (`kill_abandoned_loader_workers`)."""
     import signal
     for name in ("SIGTERM", "SIGUSR1", "SIGINT"):
         signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+
+def kill_abandoned_loader_workers() -> None:
+    """At interpreter exit, before multiprocessing's own exit function (atexit runs the later registration
+    first): SIGKILL every daemonic child still alive, which in a process that built a loader with workers
+    are its workers (multiprocessing would terminate them too, with a SIGTERM). A process leaving on an
+    unhandled error keeps its loader iterator in the traceback, so nothing stopped the workers; they ignore
+    SIGTERM (leave_stop_signals_to_the_trainer), and multiprocessing would wait for them for ever."""
+    import multiprocessing
+    import signal
+    import threading
+
+    children = [child for child in multiprocessing.active_children() if child.daemon]
+    if children and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)   # torch's handler would report each kill as a crash
+    for child in children:
+        child.kill()
+        child.join()
+
+
+_KILL_AT_EXIT_REGISTERED = []
 
 
 def make_loader(dataset, consumed_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int,
@@ -283,6 +305,10 @@ def make_loader(dataset, consumed_samples: int, micro_batch_size: int, dp_rank: 
 
     sampler = PretrainingBatchSampler(len(dataset), consumed_samples, micro_batch_size, dp_rank, dp_size, drop_last)
     workers = cfg.num_workers
+    if workers > 0 and not _KILL_AT_EXIT_REGISTERED:
+        import atexit
+        atexit.register(kill_abandoned_loader_workers)
+        _KILL_AT_EXIT_REGISTERED.append(True)
     return DataLoader(
         dataset,
         batch_sampler=sampler,

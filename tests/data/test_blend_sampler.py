@@ -209,6 +209,32 @@ def test_a_stop_signal_to_a_loader_worker_leaves_the_loading_to_the_trainer(tmp_
     assert first["tokens"].shape == batches[-1]["tokens"].shape == (2, 16)
 
 
+def test_a_process_that_dies_of_an_error_does_not_wait_for_its_loader_workers(tmp_path):
+    """An unhandled error leaves the loader iterator alive in the traceback; at exit multiprocessing SIGTERMs
+    its workers, which ignore SIGTERM, and joins them: the process hung for ever. The workers are killed
+    first (loaders.kill_abandoned_loader_workers): the process ends with the error's status."""
+    import subprocess
+    import sys
+    import textwrap
+
+    a, _ = corpus(tmp_path, "a", 0, seed=5)
+    script = textwrap.dedent(f"""
+        from megatron_zaya.data.config import DataConfig
+        from megatron_zaya.data.loaders import build_train_valid_test_loaders
+        from megatron_zaya.data.tokenizer import build_tokenizer
+        cfg = DataConfig(data_path=[{a!r}], split="100,0,0", data_cache_path={str(tmp_path / "cache")!r},
+                         num_workers=2)
+        train, _, _ = build_train_valid_test_loaders(cfg, 4, 2, 16, 0, 1, 0, train_samples=32,
+                                                     tokenizer=build_tokenizer("NullTokenizer", {EOD!r}))
+        it = iter(train)
+        next(it)
+        raise RuntimeError("an error in the training step")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "an error in the training step" in done.stderr, done.stderr[-2000:]
+    assert "killed by signal" not in done.stderr, done.stderr[-2000:]      # not reported as a worker crash
+
+
 def test_loaders_resume_with_workers(tmp_path):
     a, _ = corpus(tmp_path, "a", 0, seed=5)
     cfg = DataConfig(data_path=[a], split="98,2,0", data_cache_path=str(tmp_path / "cache"), num_workers=2,
