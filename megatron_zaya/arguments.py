@@ -199,8 +199,6 @@ def _check_sequence_splits(args: argparse.Namespace, model: ModelConfig) -> None
     if cp > 1 and model.seq_length // (2 * cp) < model.cca_lookback:
         raise UserInputError(f"--seq-length={model.seq_length}: each of the 2 x --context-parallel-size={cp} chunks "
                              f"must hold at least the {model.cca_lookback} steps CCA's convolutions read back")
-    if args.sequence_parallel and tp == 1:
-        raise UserInputError("--sequence-parallel needs --tensor-model-parallel-size > 1")
     if args.sequence_parallel and (model.seq_length // cp) % tp:
         raise UserInputError(f"--sequence-parallel: the sequence each rank holds ({model.seq_length} / "
                              f"--context-parallel-size={cp} = {model.seq_length // cp}) must be divisible by "
@@ -455,6 +453,10 @@ def validate(args: argparse.Namespace) -> RunConfig:
             warnings.append(f"--use-mp-args-from-checkpoint-args: --tensor-model-parallel-size {tp}, the checkpoint's "
                             f"(instead of {args.tensor_model_parallel_size})")
         args.tensor_model_parallel_size = tp
+    if args.sequence_parallel and args.tensor_model_parallel_size == 1:     # Megatron-LM's rule, and its warning
+        warnings.append("--sequence-parallel is off: it splits sequences over tensor-parallel ranks, and "
+                        "--tensor-model-parallel-size is 1")
+        args.sequence_parallel = False
     parallel = ParallelSizes(world_size_from_env(), args.tensor_model_parallel_size, args.context_parallel_size,
                              args.expert_model_parallel_size, args.sequence_parallel, args.use_distributed_optimizer,
                              args.ddp_bucket_size or DEFAULT_BUCKET_SIZE, args.ddp_num_buckets)

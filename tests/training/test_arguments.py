@@ -189,7 +189,6 @@ def test_null_tokenizer_in_megatron_form_takes_its_size_from_vocab_size(tiny_cor
 
 
 @pytest.mark.parametrize("world, extra, expected", [
-    ("2", {"--sequence-parallel": ""}, "--sequence-parallel needs --tensor-model-parallel-size > 1"),
     ("2", {"--tensor-model-parallel-size": "2", "--sequence-parallel": "", "--seq-length": "33"},
      "must be divisible by --tensor-model-parallel-size=2"),
     ("8", {"--tensor-model-parallel-size": "4", "--context-parallel-size": "2", "--sequence-parallel": "",
@@ -203,6 +202,15 @@ def test_layout_rules_that_used_to_fail_after_the_process_groups(tiny_corpus, tm
     monkeypatch.setenv("WORLD_SIZE", world)
     line = error_of(tiny_run_flags(tiny_corpus, tmp_path, **extra), capsys)
     assert line.startswith("pretrain_zaya.py: error:") and expected in line, line
+
+
+def test_sequence_parallel_without_tensor_parallelism_is_switched_off_with_a_warning(tiny_corpus, tmp_path,
+                                                                                    monkeypatch):
+    """As Megatron-LM does: MoE launch scripts pass --sequence-parallel whatever TP is."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--sequence-parallel": ""}))
+    assert not run.parallel.sequence_parallel
+    assert any(w.startswith("--sequence-parallel is off") for w in run.warnings)
 
 
 def test_ddp_bucket_size_reaches_the_layout(tiny_corpus, tmp_path):
