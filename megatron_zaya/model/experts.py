@@ -27,6 +27,13 @@ def _contiguous_grad(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _rows_aligned(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """torch._grouped_mm needs rows of a multiple of 16 bytes in its operands and results, forward and
+    backward: the input and output widths (e.g. --hidden-size 130, or an expert FFN width / TP of 132 in
+    bf16, are not)."""
+    return all(width * x.element_size() % 16 == 0 for width in (x.shape[-1], weight.shape[-2]))
+
+
 def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor,
                    cast: WeightCasts | None = None) -> torch.Tensor:
     """Rows of x (sorted by group) times weight[g].T for their group g.
@@ -36,10 +43,10 @@ def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor,
     if torch.is_autocast_enabled(x.device.type):
         x = x.to(torch.get_autocast_dtype(x.device.type))
     weight = cast(weight, x.dtype) if cast is not None else weight.to(x.dtype)
-    if _HAS_GROUPED_MM and x.dtype in _GROUPED_MM_DTYPES and x.shape[0] > 0:
+    if _HAS_GROUPED_MM and x.dtype in _GROUPED_MM_DTYPES and x.shape[0] > 0 and _rows_aligned(x, weight):
         offsets = torch.cumsum(counts, 0).to(torch.int32)
         return _contiguous_grad(torch._grouped_mm(x, weight.transpose(-2, -1), offs=offsets))
-    # Fallback for builds without grouped GEMM (or float64 checks): correct, slower.
+    # Fallback for builds without grouped GEMM, float64 checks and unaligned widths: correct, slower.
     outputs = [chunk @ w.T for chunk, w in zip(torch.split(x, counts.tolist()), weight)]
     return torch.cat(outputs) if outputs else x.new_zeros(0, weight.shape[1])
 
