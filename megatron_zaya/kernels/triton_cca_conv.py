@@ -177,8 +177,9 @@ def grouped_row_products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     splits = row_splits(rows)
     chunk = rows // splits
     a_chunks = a.reshape(splits, chunk, groups, m).permute(2, 0, 3, 1).reshape(groups * splits, m, chunk)
-    b_chunks = b.reshape(splits, chunk, groups, b.shape[-1]).permute(2, 0, 1, 3).reshape(groups * splits, chunk, -1)
-    return torch.bmm(a_chunks, b_chunks).reshape(groups, splits, m, -1).sum(1)
+    n = b.shape[-1]         # sizes written out: a -1 cannot be inferred when there are no rows
+    b_chunks = b.reshape(splits, chunk, groups, n).permute(2, 0, 1, 3).reshape(groups * splits, chunk, n)
+    return torch.bmm(a_chunks, b_chunks).reshape(groups, splits, m, n).sum(1)
 
 
 def _unit_channels(t: torch.Tensor) -> torch.Tensor:

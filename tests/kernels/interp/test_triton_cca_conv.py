@@ -96,7 +96,7 @@ def test_cca_causal_conv_bf16_as_the_model_calls_it():
         torch.testing.assert_close(got, want, atol=3e-2 * want.abs().max().item(), rtol=3e-2)
 
 
-@pytest.mark.parametrize("rows, splits", [(4096, 16), (1280, 4), (4095, 1), (8, 1)])
+@pytest.mark.parametrize("rows, splits", [(4096, 16), (1280, 4), (4095, 1), (8, 1), (0, 1)])
 def test_grouped_row_products_split_the_rows(rows, splits):
     """The conv weight gradient's reduction over B * S rows, cut into `splits` chunks (one batch of
     G * P products, then a sum): equal to the float64 einsum over all rows. fp32: rtol 1e-5."""
@@ -105,8 +105,20 @@ def test_grouped_row_products_split_the_rows(rows, splits):
     expected = torch.einsum("rgm,rgn->gmn", a.double(), b.double())
     got = T.grouped_row_products(a, b)
     assert got.shape == (3, 8, 5)
-    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5 * rows ** 0.5)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5 * max(rows, 1) ** 0.5)
     assert T.row_splits(rows) == splits
+
+
+def test_an_empty_batch_has_zero_weight_gradients():
+    """No rows (an empty micro-batch): the forward is empty and the backward gives zero gradients, as the
+    reference does (the weight gradient's reduction raised on a reshape of 0 elements)."""
+    gen = torch.Generator().manual_seed(0)
+    packed = torch.randn(0, 3, 12, generator=gen).requires_grad_(True)
+    params = _params(12, 4, 2, 2, gen)
+    out = T.cca_causal_conv(packed, *params)
+    assert out.shape == (0, 3, 12)
+    out.sum().backward()
+    assert all(p.grad is not None and not p.grad.any() for p in params)
 
 
 @pytest.mark.parametrize("b,s,groups,dh,k1,k2,boundaries", [
