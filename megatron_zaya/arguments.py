@@ -461,7 +461,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
                              args.expert_model_parallel_size, args.sequence_parallel, args.use_distributed_optimizer,
                              args.ddp_bucket_size or DEFAULT_BUCKET_SIZE, args.ddp_num_buckets)
     check_layout(parallel.world_size, parallel.tensor_model_parallel_size, parallel.context_parallel_size,
-                 parallel.expert_model_parallel_size, model)
+                 parallel.expert_model_parallel_size, model, check_vocab=args.vocab_size is not None)
     _check_sequence_splits(args, model)
     _check_recompute(args, model)
     _check_scheduler_source(args)

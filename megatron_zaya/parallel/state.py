@@ -30,8 +30,10 @@ class LayoutError(UserInputError):
     """A parallel layout that cannot be built; the message names the flag and the sizes."""
 
 
-def check_layout(world_size: int, tp: int, cp: int, ep: int, model_config=None) -> int:
-    """Validate sizes (against the model too when given); returns the data-parallel size."""
+def check_layout(world_size: int, tp: int, cp: int, ep: int, model_config=None, check_vocab: bool = True) -> int:
+    """Validate sizes (against the model too when given; its vocabulary unless `check_vocab` is False: a
+    training run's comes later, from the tokenizer, padded to a size TP splits); returns the data-parallel
+    size."""
     for name, size in (("tensor-model-parallel-size", tp), ("context-parallel-size", cp),
                        ("expert-model-parallel-size", ep)):
         if size < 1:
@@ -52,7 +54,7 @@ def check_layout(world_size: int, tp: int, cp: int, ep: int, model_config=None) 
             raise LayoutError(f"--tensor-model-parallel-size={tp} must divide or be a multiple of "
                               f"--num-query-groups={c.num_query_groups} (KV heads are split, or replicated "
                               f"when TP > HKV)")
-        if c.vocab_size % tp:
+        if check_vocab and c.vocab_size % tp:
             raise LayoutError(f"--tensor-model-parallel-size={tp} must divide the padded vocab {c.vocab_size}")
         if c.moe_ffn_hidden_size % tp:
             raise LayoutError(f"--tensor-model-parallel-size={tp} must divide --moe-ffn-hidden-size="

@@ -314,3 +314,10 @@ def test_the_padded_vocabulary_is_one_tensor_parallelism_splits(capsys, monkeypa
                  "--train-iters", "3", "--tensor-model-parallel-size", "2", "--make-vocab-size-divisible-by", "1",
                  "--global-batch-size", "4", "--dry-run"]) == 0
     assert "vocabulary 1,002 (tokenizer 1,001)" in capsys.readouterr().out
+    # TP 3 with the preset's 8,192 rows (which 3 does not divide): the run's vocabulary is the tokenizer's
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert main(["--preset", "zaya1-tiny", "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000",
+                 "--train-iters", "3", "--tensor-model-parallel-size", "3", "--num-attention-heads", "6",
+                 "--num-query-groups", "3", "--moe-ffn-hidden-size", "192", "--global-batch-size", "4",
+                 "--micro-batch-size", "4", "--dry-run"]) == 0
+    assert "vocabulary 1,152 (tokenizer 1,001)" in capsys.readouterr().out      # 3 x 384 = lcm(128, 3)
