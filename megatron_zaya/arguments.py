@@ -476,6 +476,10 @@ def validate(args: argparse.Namespace) -> RunConfig:
 
     if (args.train_iters is None) == (args.train_samples is None):
         raise UserInputError("give exactly one of --train-iters and --train-samples")
+    if args.rampup_batch_size and args.train_iters is not None:     # Megatron-LM refuses it too
+        raise UserInputError("--rampup-batch-size needs --train-samples instead of --train-iters (as in Megatron-LM): "
+                             "the ramp-up's iterations hold fewer samples, so an LR decay measured in iterations "
+                             "would not reach --min-lr by the last one")
     check_number_domains(args)
     if args.global_batch_size is None:          # Megatron-LM's default: one micro-batch per data-parallel rank
         args.global_batch_size = args.micro_batch_size * parallel.data_parallel_size

@@ -24,6 +24,7 @@ def error_of(argv, capsys) -> str:
     ({"--context-parallel-size": "1", "--seq-length": "30", "--num-attention-heads": "3"}, "--num-attention-heads=3"),
     ({"--lr-decay-style": "WSD", "--lr-wsd-decay-iters": "0"}, "--lr-wsd-decay-iters"),
     ({"--rampup-batch-size": ["2", "3", "100"]}, "--rampup-batch-size"),
+    ({"--rampup-batch-size": ["2", "2", "100"]}, "--rampup-batch-size needs --train-samples instead of --train-iters"),
     ({"--expert-model-parallel-size": "3"}, "--expert-model-parallel-size=3"),
     ({"--muon-num-ns-steps": "0"}, "--muon-num-ns-steps"),
     ({"--lr-warmup-samples": "8"}, "--lr-warmup-samples does not go with --train-iters"),
@@ -255,7 +256,9 @@ def test_decrease_batch_size_if_needed(tiny_corpus, tmp_path, capsys, monkeypatc
     assert fits.train.global_batch_size == 18 and not any("global batch" in w for w in fits.warnings)
     small = tiny_run_flags(tiny_corpus, tmp_path, **{"--global-batch-size": "4"}) + ["--decrease-batch-size-if-needed"]
     assert "is less than one micro-batch per data-parallel rank" in error_of(small, capsys)
-    ramp = flags + ["--decrease-batch-size-if-needed", "--rampup-batch-size", "6", "6", "100"]
+    ramp = tiny_run_flags(tiny_corpus, tmp_path, **{"--global-batch-size": "16", "--train-iters": None,
+                                                    "--train-samples": "64"}) + [
+        "--decrease-batch-size-if-needed", "--rampup-batch-size", "6", "6", "100"]
     assert "does not combine with --rampup-batch-size" in error_of(ramp, capsys)
 
 

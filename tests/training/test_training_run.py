@@ -21,8 +21,9 @@ def scalars(logdir) -> dict[str, list[tuple[int, float]]]:
 
 def test_tensorboard_scalars_written(tiny_corpus, tmp_path, capsys):
     tb = tmp_path / "tb"
-    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--tensorboard-dir": tb, "--train-iters": 6,
-                                                               "--rampup-batch-size": ""}) + ["2", "2", "8"])
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--tensorboard-dir": tb, "--train-iters": None,
+                                                               "--train-samples": 16, "--rampup-batch-size": ""})
+                     + ["2", "2", "8"])
     assert build_and_train(run) == 0
     values = scalars(tb)
     for tag in ("lm loss", "lm loss validation", "lm loss validation ppl", "learning-rate", "grad-norm",

@@ -25,8 +25,8 @@ def test_yaml_values_are_converted_like_command_line_words(tiny_corpus, tmp_path
     prefix = tiny_corpus[0]
     cfg = tmp_path / "run.yaml"
     cfg.write_text(f"data-path: {prefix}\nbf16: true\nrampup-batch-size: 2 2 8\nsave: null\nlr: 1e-3\n")
-    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--data-path": None, "--lr": None})
-                     + ["--config", str(cfg)])
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--data-path": None, "--lr": None, "--train-iters": None,
+                                                               "--train-samples": 16}) + ["--config", str(cfg)])
     assert run.data.data_path == [prefix] and run.train.bf16 is True and run.optim.lr == 1e-3
     assert run.train.rampup_batch_size == [2, 2, 8]
     cfg.write_text(f"data-path: 30 {prefix} 70 {prefix}\n")
