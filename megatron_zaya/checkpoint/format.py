@@ -321,18 +321,42 @@ def is_iteration_folder(path: str) -> bool:
         os.path.isfile(os.path.join(path, METADATA_FILE))
 
 
+def interrupted_publication(save_dir: str) -> int | None:
+    """The iteration of a complete checkpoint newer than the one latest_checkpointed_iteration.txt names and
+    completed after that file was last written: a save interrupted between publishing its folder and
+    updating the file (saver.CheckpointWriter.finalize), which is the run's latest. None otherwise: a file
+    written after that checkpoint was edited on purpose (going back), which preflight.check_save_folder
+    refuses to overwrite the newer checkpoint for."""
+    latest = read_latest(save_dir)
+    newer = [it for it in list_complete(save_dir) if latest is not None and it > latest]
+    if not newer:
+        return None
+    try:
+        named_at = os.stat(os.path.join(save_dir, LATEST_FILE)).st_mtime_ns
+        completed_at = os.stat(os.path.join(save_dir, iter_dir_name(max(newer)), COMPLETE_MARKER)).st_mtime_ns
+    except OSError:
+        return None
+    return max(newer) if completed_at >= named_at else None
+
+
+def named_latest(save_dir: str) -> int | None:
+    """The iteration a --load of save_dir continues from: the one latest_checkpointed_iteration.txt names, or
+    a newer one whose publication was interrupted (interrupted_publication)."""
+    interrupted = interrupted_publication(save_dir)
+    return interrupted if interrupted is not None else read_latest(save_dir)
+
+
 def checkpoint_candidates(path: str) -> list[str]:
-    """Folders to try for --load PATH, best first: the one latest_checkpointed_iteration.txt names,
-    then every other complete one, newest first. PATH may also be one iter_NNNNNNN folder."""
+    """Folders to try for --load PATH, best first: the latest one (named_latest), then every other complete
+    one before it, newest first. PATH may also be one iter_NNNNNNN folder."""
     path = os.path.abspath(path)
     if is_iteration_folder(path):
         return [path]
-    latest = read_latest(path)
+    latest = named_latest(path)
     complete = list_complete(path)
     order = []
     if latest is not None:
         order.append(os.path.join(path, iter_dir_name(latest)))
-        complete = [it for it in complete if it > latest] + [it for it in complete if it < latest]
     order += [os.path.join(path, iter_dir_name(it)) for it in sorted(complete, reverse=True)
               if latest is None or it < latest]
     return order

@@ -28,7 +28,7 @@ import os
 
 from megatron_zaya.checkpoint.format import (COMPLETE_MARKER, ITER_RE, LATEST_FILE, METADATA_FILE, CheckpointError,
                                              checkpoint_candidates, is_iteration_folder, iter_dir_name, list_complete,
-                                             list_replaced_complete, read_json)
+                                             list_replaced_complete, named_latest, read_json)
 from megatron_zaya.checkpoint.hf_format import is_hf_folder
 from megatron_zaya.checkpoint.recorded_tokenizer import recorded_tokenizer
 from megatron_zaya.config import ModelConfig
@@ -75,6 +75,11 @@ def _why_not_continuing(save: str, load: str | None, finetune: bool, newest: int
     if finetune:
         return f"--finetune restarts the iteration count at 0 (--load {load})"
     if _same_path(load, save):
+        named = named_latest(save)
+        if named is not None and named < newest:     # the file edited to go back: newest would be overwritten
+            return (f"its {LATEST_FILE} names iteration {named}, so --load {load} starts there, but the complete "
+                    f"iteration {newest} is newer (to go back to {named}, move the later iter_ folders out of "
+                    f"{save} first; to continue from {newest}, write {newest} into {LATEST_FILE})")
         return None
     match = ITER_RE.match(os.path.basename(os.path.normpath(load)))
     if match and _same_path(os.path.dirname(os.path.normpath(load)), save):

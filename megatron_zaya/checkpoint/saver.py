@@ -27,9 +27,10 @@ import traceback
 
 import torch
 
-from megatron_zaya.checkpoint.format import (COMPLETE_MARKER, DELETING_RE, FORMAT_VERSION, METADATA_FILE, PARTIAL_RE,
-                                             REPLACED_RE, CheckpointError, Entry, atomic_write_bytes,
-                                             atomic_write_json, file_crc32, fsync_dir, iter_dir_name, list_complete,
+from megatron_zaya.checkpoint.format import (COMPLETE_MARKER, DELETING_RE, FORMAT_VERSION, LATEST_FILE, METADATA_FILE,
+                                             PARTIAL_RE, REPLACED_RE, CheckpointError, Entry, atomic_write_bytes,
+                                             atomic_write_json, file_crc32, fsync_dir, interrupted_publication,
+                                             iter_dir_name, list_complete,
                                              list_replaced_complete, rank_stem, read_json, read_latest, write_latest,
                                              write_safetensors)
 
@@ -41,6 +42,18 @@ class CheckpointSaveError(RuntimeError):
 def _default_log(msg: str) -> None:
     sys.stderr.write(msg + "\n")
     sys.stderr.flush()
+
+
+def publish_interrupted(save_dir: str, log=_default_log) -> int | None:
+    """Point latest_checkpointed_iteration.txt at a complete checkpoint whose save was interrupted after
+    its folder was published and before the file was updated (format.interrupted_publication, which a load
+    follows anyway); returns its iteration. One process only (rank 0), at start-up."""
+    iteration = interrupted_publication(save_dir)
+    if iteration is not None:
+        write_latest(save_dir, iteration)
+        log(f"{os.path.join(save_dir, LATEST_FILE)} now names iteration {iteration}: its save completed, and "
+            f"was interrupted before it updated the file")
+    return iteration
 
 
 def recover_replaced(save_dir: str, log=_default_log) -> list[int]:

@@ -27,7 +27,7 @@ from megatron_zaya.checkpoint.format import (CheckpointError, CheckpointFolder, 
 from megatron_zaya.checkpoint.preflight import (HUB_LOAD_STEPS, WEIGHTS_ONLY_ADVICE, check_model_config,
                                                 check_weights_only, loads_optimizer, missing_checkpoint_message,
                                                 no_pretrained_checkpoint_message, requires_checkpoint, start_sources)
-from megatron_zaya.checkpoint.saver import CheckpointWriter, recover_replaced
+from megatron_zaya.checkpoint.saver import CheckpointWriter, publish_interrupted, recover_replaced
 from megatron_zaya.checkpoint.state import (balancer_entries, load_balancer, load_model, load_optimizer, load_rng,
                                             load_saved_masters, model_entries, optimizer_entries, optimizer_slots,
                                             rng_entries_and_objects, unwrap)
@@ -95,6 +95,7 @@ class TrainingCheckpointer:
         self.watchdog = Watchdog(self.cfg.watchdog_timeout_factor, self.cfg.watchdog_min_seconds, self.rank)
         if self.cfg.save and self.is_main:
             recover_replaced(self.cfg.save, self._log_error)   # before any rank looks for checkpoints:
+            publish_interrupted(self.cfg.save, self._log_error)
         self.run_id = self._agree_run_id()                     # the run id's all-reduce orders it
         self.writer = None
         if self.cfg.save:

@@ -88,6 +88,41 @@ def test_a_checkpoint_left_only_as_an_interrupted_replacement_counts(tmp_path):
         check_save_folder(save, None, False)
 
 
+def _name_latest(save, iteration, before_or_after_iteration):
+    """Write latest_checkpointed_iteration.txt = iteration, dated 10 s before or after the newest complete
+    checkpoint's marker."""
+    path = os.path.join(save, LATEST_FILE)
+    open(path, "w").write(f"{iteration}\n")
+    marker = os.stat(os.path.join(save, f"iter_{max(list_complete(save)):07d}", COMPLETE_MARKER)).st_mtime
+    shift = -10 if before_or_after_iteration == "before" else 10
+    os.utime(path, (marker + shift, marker + shift))
+
+
+def test_a_save_interrupted_before_it_named_itself_latest_is_the_latest(ckpt_corpus, ckpt_cache, tmp_path):
+    """A crash (SIGKILL) between publishing iter_8 and updating the latest file, which still names 4 and is
+    older than iter_8: a resume loads 8, the file is brought forward, nothing is trained twice (the resume
+    loaded 4, retrained 5-8 and replaced the complete iter_8). The same state with the file written after
+    iter_8 is an edit going back to 4: refused, since the run would overwrite iter_8; nothing changes."""
+    from megatron_zaya.checkpoint.format import checkpoint_candidates, interrupted_publication
+
+    save = str(tmp_path / "S")
+    train(flags(ckpt_corpus, 8, "--save", save, "--save-interval", "4", cache=ckpt_cache))
+    assert list_complete(save) == [4, 8]
+    _name_latest(save, 4, "after")                  # edited to go back: the newer checkpoint is not taken
+    assert interrupted_publication(save) is None and checkpoint_candidates(save)[0].endswith("iter_0000004")
+    before = snapshot(save)
+    with pytest.raises(CheckpointError, match="names iteration 4, so --load .* starts there, but the complete "
+                                              "iteration 8 is newer"):
+        train(flags(ckpt_corpus, 12, "--save", save, "--load", save, "--save-interval", "4", cache=ckpt_cache))
+    assert snapshot(save) == before
+    _name_latest(save, 4, "before")                 # the crash window
+    assert interrupted_publication(save) == 8 and checkpoint_candidates(save)[0].endswith("iter_0000008")
+    resumed = train(flags(ckpt_corpus, 12, "--save", save, "--load", save, "--save-interval", "4",
+                          cache=ckpt_cache))
+    assert resumed.trainer.checkpointer.loaded["iteration"] == 8 and sorted(resumed.losses) == [9, 10, 11, 12]
+    assert read_latest(save) == 12 and list_complete(save) == [4, 8, 12]
+
+
 def test_latest_never_moves_backwards_past_a_complete_checkpoint(tmp_path):
     save = str(tmp_path)
     fake_checkpoint(save, 4)
