@@ -14,6 +14,7 @@ import time
 import torch
 
 from megatron_zaya.checkpoint.preflight import check_before_build
+from megatron_zaya.checkpoint.save_lock import SaveFolderLock
 from megatron_zaya.data import build_tokenizer, build_train_valid_test_loaders
 from megatron_zaya.data.dataset_tokenizer import check_dataset_tokenizers
 from megatron_zaya.data.loaders import check_token_ids, missing_eod_warnings, open_datasets
@@ -134,11 +135,20 @@ def _build_and_train(run) -> int:
     check_dataset_tokenizers(datasets, tokenizer, flags_text(tokenizer_flags(run.data)))   # its record says another
     check_token_ids(run.data, tokenizer.vocab_size, datasets=datasets)   # a dataset of another tokenizer
     run.warnings += missing_eod_warnings(run.data, tokenizer.eod, datasets=datasets)   # printed by the main rank
-    loads_weights = check_before_build(run)     # --save / --load problems: before process groups and the model
-    if run.train.dry_run:
-        from megatron_zaya.parallel.launch import detect_launcher
-        main = detect_launcher().rank == 0
-        return dry_run(run, tokenizer, datasets, lambda line: main and print(line, flush=True))
+    from megatron_zaya.parallel.launch import detect_launcher
+    first_process = detect_launcher().rank == 0
+    # Another run saving into --save: stop now (a dry run only looks)
+    save_lock = SaveFolderLock.hold(run.train.save, first_process, create=not run.train.dry_run)
+    try:
+        loads_weights = check_before_build(run)   # --save / --load problems: before process groups and the model
+        if run.train.dry_run:
+            return dry_run(run, tokenizer, datasets, lambda line: first_process and print(line, flush=True))
+        return _train(run, tokenizer, datasets, loads_weights, started)
+    finally:
+        save_lock.release()
+
+
+def _train(run, tokenizer, datasets, loads_weights: bool, started: float) -> int:
     runtime = build_runtime(run)
     model = build_model(run, initialize=not loads_weights)
     model = runtime.prepare_model(model)

@@ -15,6 +15,7 @@ from megatron_zaya.checkpoint import CheckpointError, inspect_checkpoint, load_f
 from megatron_zaya.checkpoint.format import CheckpointFolder, list_complete, read_latest
 from megatron_zaya.training.loop import NonFiniteLossError
 from megatron_zaya.training.watchdog import WATCHDOG_EXIT_CODE, Watchdog
+from megatron_zaya.checkpoint.save_lock import LOCK_FILE
 
 
 def _wait_for(predicate, timeout, what, proc=None):
@@ -77,7 +78,7 @@ def test_disk_full_during_save_keeps_previous_checkpoint(ckpt_corpus, ckpt_cache
         train(flags(ckpt_corpus, 6, "--save", save, "--save-interval", "3", *extra, cache=ckpt_cache))
     assert len(calls) == 2
     assert read_latest(save) == 3 and list_complete(save) == [3]
-    assert sorted(os.listdir(save)) == ["iter_0000003", "latest_checkpointed_iteration.txt"]   # no debris
+    assert sorted(os.listdir(save)) == [LOCK_FILE, "iter_0000003", "latest_checkpointed_iteration.txt"]   # no debris
     monkeypatch.undo()
     assert inspect_checkpoint(save)["ok"]
     resumed = train(flags(ckpt_corpus, 6, "--save", save, "--load", save, cache=ckpt_cache))

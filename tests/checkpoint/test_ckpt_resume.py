@@ -10,6 +10,7 @@ from ckpt_harness import flags, train
 from megatron_zaya.checkpoint import inspect_checkpoint
 from megatron_zaya.checkpoint.format import CheckpointError, CheckpointFolder, list_complete, read_latest
 from megatron_zaya.model import ZayaModel
+from megatron_zaya.checkpoint.save_lock import LOCK_FILE
 
 
 def folder_tensors(path):
@@ -59,7 +60,8 @@ def test_keep_last_n_and_latest(ckpt_corpus, ckpt_cache, tmp_path):
     save = str(tmp_path / "keep")
     rec = train(flags(ckpt_corpus, 5, "--save", save, "--save-interval", "1", "--ckpt-keep", "2", cache=ckpt_cache))
     assert list_complete(save) == [4, 5] and read_latest(save) == 5
-    assert sorted(os.listdir(save)) == ["iter_0000004", "iter_0000005", "latest_checkpointed_iteration.txt"]
+    assert sorted(os.listdir(save)) == [LOCK_FILE, "iter_0000004", "iter_0000005",
+                                         "latest_checkpointed_iteration.txt"]
     assert [e["iteration"] for e in rec.trainer.checkpointer.save_log] == [1, 2, 3, 4, 5]
 
 

@@ -13,6 +13,7 @@ from megatron_zaya.checkpoint import CheckpointError, saver
 from megatron_zaya.checkpoint.format import (COMPLETE_MARKER, LATEST_FILE, Entry, list_complete, read_latest,
                                              write_latest)
 from megatron_zaya.checkpoint.preflight import check_save_folder
+from megatron_zaya.checkpoint.save_lock import LOCK_FILE
 
 RUN_ID = "0123456789"
 
@@ -27,10 +28,12 @@ def fake_checkpoint(save, iteration, name=None, complete=True):
 
 
 def snapshot(save):
-    """Every file under `save` with its size and modification time."""
+    """Every file under `save` with its size and modification time (but the run lock's record of its holder)."""
     out = {}
     for dirpath, _, names in os.walk(save):
         for n in names:
+            if n == LOCK_FILE:
+                continue
             path = os.path.join(dirpath, n)
             out[os.path.relpath(path, save)] = (os.path.getsize(path), os.stat(path).st_mtime_ns)
     return out
@@ -123,6 +126,26 @@ def test_a_save_interrupted_before_it_named_itself_latest_is_the_latest(ckpt_cor
     assert read_latest(save) == 12 and list_complete(save) == [4, 8, 12]
 
 
+def test_a_save_folder_another_run_is_using_is_refused_before_any_build(ckpt_corpus, ckpt_cache, tmp_path,
+                                                                       monkeypatch):
+    """Two runs saving into one folder replaced each other's checkpoints and deleted each other's unfinished
+    saves, both exiting 0. The first process of a run holds SAVE/.run.lock while it runs: a second run stops
+    with an error naming the holder, before it builds anything; once the first ends, the folder is free."""
+    from megatron_zaya.checkpoint.save_lock import SaveFolderLock
+
+    save = str(tmp_path / "S")
+    other_run = SaveFolderLock.hold(save, is_first_process=True)
+    monkeypatch.setattr("megatron_zaya.training.setup.build_runtime", no_build)
+    with pytest.raises(CheckpointError, match=rf"--save {save} is in use by another training run \(pid {os.getpid()} "):
+        train(flags(ckpt_corpus, 2, "--save", save, cache=ckpt_cache))
+    assert os.listdir(save) == [LOCK_FILE]
+    other_run.release()
+    monkeypatch.undo()
+    train(flags(ckpt_corpus, 2, "--save", save, cache=ckpt_cache))
+    assert list_complete(save) == [2]
+    SaveFolderLock.hold(save, is_first_process=True).release()     # the finished run let go of it
+
+
 def test_latest_never_moves_backwards_past_a_complete_checkpoint(tmp_path):
     save = str(tmp_path)
     fake_checkpoint(save, 4)
@@ -198,4 +221,4 @@ def test_interrupted_replacement_is_restored_at_start_up_and_resumed(ckpt_corpus
     os.rename(os.path.join(save, "iter_0000002"), os.path.join(save, f"iter_0000002.replaced-{RUN_ID}"))
     resumed = train(flags(ckpt_corpus, 3, "--save", save, "--load", save, cache=ckpt_cache))
     assert resumed.trainer.checkpointer.loaded["iteration"] == 2 and sorted(resumed.losses) == [3]
-    assert sorted(os.listdir(save)) == ["iter_0000002", "iter_0000003", LATEST_FILE]
+    assert sorted(os.listdir(save)) == [LOCK_FILE, "iter_0000002", "iter_0000003", LATEST_FILE]

@@ -1,0 +1,69 @@
+"""One training run at a time per --save folder.
+
+Two runs saving into one folder (a job submitted twice, a second launch while the first still runs)
+replace each other's checkpoints and remove each other's unfinished saves, and each reports success.
+The first process of a run (rank 0) therefore holds an exclusive lock (flock) on SAVE/.run.lock from
+before the --save checks until the run ends; a run that finds it held stops with an error naming the
+holder (pid, host, start time), before anything is built. The operating system drops the lock when
+its process dies, however it dies. On a filesystem without flock (Lustre mounted without it) nothing
+is locked and the run goes on, as before.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import time
+
+from megatron_zaya.checkpoint.format import CheckpointError
+
+LOCK_FILE = ".run.lock"
+_NO_LOCKS = (errno.ENOLCK, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
+
+
+class SaveFolderLock:
+    """Held by rank 0 of a training run with --save (`hold`), released by `release` (idempotent)."""
+
+    def __init__(self):
+        self._file = None
+
+    @classmethod
+    def hold(cls, save_dir: str | None, is_first_process: bool, create: bool = True) -> "SaveFolderLock":
+        """The lock of `save_dir` for the first process of a run (nothing for the others or without
+        --save); CheckpointError naming the holder when another run holds it. With create=False (a dry
+        run) a folder that is not there is not made: no run can be using it."""
+        lock = cls()
+        if save_dir and is_first_process and (create or os.path.isdir(save_dir)):
+            lock._acquire(save_dir)
+        return lock
+
+    def _acquire(self, save_dir: str) -> None:
+        import fcntl
+
+        os.makedirs(save_dir, exist_ok=True)
+        path = os.path.join(save_dir, LOCK_FILE)
+        handle = open(path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise CheckpointError(f"--save {save_dir} is in use by another training run ({holder}; {path} is "
+                                  f"locked): two runs saving into one folder would overwrite each other's "
+                                  f"checkpoints. Wait for it to end, or choose another --save") from None
+        except OSError as err:
+            handle.close()
+            if err.errno in _NO_LOCKS:
+                return               # no flock on this filesystem: nothing to hold
+            raise
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        handle.flush()
+        self._file = handle
+
+    def release(self) -> None:
+        if self._file is not None:
+            self._file.close()       # closing the file drops the flock
+            self._file = None
