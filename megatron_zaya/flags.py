@@ -398,6 +398,17 @@ def apply_training_config(parser: argparse.ArgumentParser, argv, unused: str) ->
     return skipped
 
 
+class _WordLoader(yaml.SafeLoader):
+    """YAML whose plain numbers (and dates) stay the words they are written as, for argparse to convert
+    as it converts them on a command line: YAML 1.1 reads `0777` as 511 and `1:30` as 90."""
+
+
+_WordLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers
+            if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:timestamp")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
+
 def apply_yaml_defaults(parser: argparse.ArgumentParser, path: str, ignore=frozenset()) -> dict:
     """Make the keys of the YAML file `path` the parser's defaults (so command-line flags win). A key
     names a flag (dashes or underscores, without the leading --) or its dest; keys whose dest is in
@@ -407,7 +418,7 @@ def apply_yaml_defaults(parser: argparse.ArgumentParser, path: str, ignore=froze
         parser.error(f"--config {path}: file not found")
     try:
         with open(path) as f:
-            values = yaml.safe_load(f) or {}
+            values = yaml.load(f, Loader=_WordLoader) or {}
     except yaml.YAMLError as err:
         parser.error(f"--config {path}: not valid YAML ({err})")
     if not isinstance(values, dict):

@@ -29,6 +29,11 @@ def test_yaml_values_are_converted_like_command_line_words(tiny_corpus, tmp_path
                                                                "--train-samples": 16}) + ["--config", str(cfg)])
     assert run.data.data_path == [prefix] and run.train.bf16 is True and run.optim.lr == 1e-3
     assert run.train.rampup_batch_size == [2, 2, 8]
+    # plain numbers are words, as on a command line (YAML 1.1 read 0777 as octal 511)
+    cfg.write_text(f"data-path: {prefix}\nseed: 0777\nlr: 3.0e-4\n")
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--data-path": None, "--lr": None})
+                     + ["--config", str(cfg)])
+    assert run.train.seed == 777 and run.optim.lr == 3e-4
     cfg.write_text(f"data-path: 30 {prefix} 70 {prefix}\n")
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--data-path": None}) + ["--config", str(cfg)])
     assert run.data.data_path == ["30", prefix, "70", prefix]
@@ -54,6 +59,7 @@ def test_a_yaml_key_naming_a_setting_sets_it(tiny_corpus, tmp_path):
     ("rampup-batch-size: [2, 2]\n", "key 'rampup-batch-size' expects 3 values"),
     ("split: [98, 2, 0]\n", "key 'split' expects a single value"),
     ("lr: null\n", "key 'lr' has no value"),
+    ("exit-duration-in-mins: 1:30\n", "key 'exit-duration-in-mins' has an invalid float value '1:30'"),
 ])
 def test_bad_yaml_values_name_key_and_file(tiny_corpus, tmp_path, capsys, text, expected):
     cfg = tmp_path / "bad.yaml"
