@@ -110,13 +110,15 @@ def export_tokenizer(parser: argparse.ArgumentParser, args: argparse.Namespace):
 
 
 def check_source_kind(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """A Hugging Face folder where a training checkpoint is read, or the other way round: a usage error
-    naming the subcommand that converts what was given."""
+    """A Hugging Face folder where a training checkpoint is read, or the other way round, or an output that
+    is a file: a usage error naming the subcommand that converts what was given, or the file."""
     sources = [args.checkpoint] if args.command == "to-hf" else args.sources if args.command == "average" else []
     for source in sources:
         if is_hf_folder(source):
             parser.error(f"{source}: already a Hugging Face folder ({args.command} reads training checkpoints; "
                          f"from-hf converts a Hugging Face folder into one)")
+    if os.path.exists(args.output) and not os.path.isdir(args.output):
+        parser.error(f"{args.output}: a file, not a folder ({args.command} writes a new or empty folder)")
     if args.command in ("from-hf", "reshard"):
         hf = is_hf_folder(args.source)
         if args.command == "from-hf" and not hf and os.path.isdir(args.source) and latest_iteration_folder(args.source):

@@ -91,6 +91,17 @@ def test_bad_source_is_a_clear_error(tmp_path, capsys):
     assert "nothing" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["to-hf", "average", "from-hf", "reshard"])
+def test_an_output_that_is_a_file_is_a_usage_error_and_the_file_stays(tmp_path, capsys, command):
+    (tmp_path / "src").mkdir()
+    out = tmp_path / "notes.txt"
+    out.write_text("mine")
+    with pytest.raises(SystemExit) as stopped:
+        _tool().main([command, str(tmp_path / "src"), str(out)])
+    assert stopped.value.code == 2 and f"{out}: a file, not a folder" in capsys.readouterr().err
+    assert out.read_text() == "mine"
+
+
 @pytest.mark.parametrize("layout, message", [
     (["--expert-model-parallel-size", "8"], "--expert-model-parallel-size=8 must divide data-parallel"),
     (["--expert-model-parallel-size", "3", "--world-size", "3"], "--expert-model-parallel-size=3 must divide "
