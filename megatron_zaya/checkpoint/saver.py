@@ -91,6 +91,7 @@ class CheckpointWriter:
             os.environ.get("MEGATRON_ZAYA_CKPT_FINALIZE_TIMEOUT", "1800"))
         self._buffers: dict[str, torch.Tensor] = {}
         self._thread: threading.Thread | None = None
+        self._done = threading.Event()    # set when the save in flight has ended (its outcome in _pending)
         self._pending: tuple[int, bool] | None = None     # (iteration, succeeded) of the async save
         self.completed: list[tuple[int, bool]] = []        # (iteration, succeeded) of finished saves
         self.fault_hook = None                             # tests: called between this rank's writes
@@ -344,6 +345,7 @@ class CheckpointWriter:
         self.wait(agree=agree)
         copies = self.snapshot(entries)
         self._pending = (iteration, False)
+        self._done = threading.Event()
         self._thread = threading.Thread(target=self._background, args=(iteration, copies, objects, global_meta),
                                         name=f"checkpoint-save-{iteration}", daemon=True)
         self._thread.start()
@@ -361,10 +363,12 @@ class CheckpointWriter:
             self._note_failure(folder, err)
             if self.rank == 0:
                 self._cleanup(folder)
+        finally:
+            self._done.set()
 
     @property
     def in_flight(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread is not None and not self._done.is_set()
 
     def wait(self, timeout: float | None = None, agree=None) -> tuple[int, bool] | None:
         """Wait for the save in flight; returns its (iteration, succeeded) or None if there was none
@@ -375,8 +379,9 @@ class CheckpointWriter:
         records the same outcome. Without it (close() on an error path) the outcome is this rank's."""
         if self._thread is None:
             return None
-        self._thread.join(timeout)
-        if self._thread.is_alive():
+        # An event, not Thread.join: a KeyboardInterrupt (a second Ctrl-C) in join marks the thread as ended
+        # while it still writes (CPython 3.11), and a later wait (close) then abandoned a good save.
+        if not self._done.wait(timeout):
             self.log(f"[rank {self.rank}] warning: the background checkpoint save did not finish within {timeout:.0f} s; "
                      f"abandoning it (the previous checkpoint stays the latest)")
             return None

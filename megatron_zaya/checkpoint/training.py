@@ -441,6 +441,8 @@ class TrainingCheckpointer:
         """Idempotent: wait for a save in flight (its state is complete and worth keeping), stop the
         watchdog, restore the signal handlers."""
         if self.writer is not None and self.writer._thread is not None:
+            if self.writer.in_flight:
+                self.log("waiting for the background checkpoint save to finish (Ctrl-C again abandons it)")
             self.writer.wait(timeout=float(os.environ.get("MEGATRON_ZAYA_CKPT_CLOSE_TIMEOUT", "300")))
             self._report_async()
         self.watchdog.stop()

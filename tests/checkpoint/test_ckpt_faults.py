@@ -127,6 +127,27 @@ def test_async_outcome_is_the_same_on_every_rank(tmp_path):
     assert not os.listdir(str(tmp_path))                   # rank 0 removed the failed save's folder
 
 
+def test_a_ctrl_c_while_waiting_for_a_background_save_does_not_abandon_it(tmp_path):
+    """A second Ctrl-C raises KeyboardInterrupt wherever the main thread is, here in the wait for the async
+    save. Thread.join interrupted that way marks the thread as ended while it still writes (CPython 3.11),
+    so close()'s wait returned at once: the save was reported failed and its process exit cut it short.
+    The wait is on an event the save sets: after the interrupt, waiting again gets the complete save."""
+    import threading
+    from megatron_zaya.checkpoint.format import Entry
+
+    writer = saver.CheckpointWriter(str(tmp_path), 0, 1, "run", finalize_timeout=30)
+    writer.fault_hook = lambda stage, path: time.sleep(1.0) if stage == "before_marker" else None
+    writer.save_async(5, [Entry("model/w", torch.ones(4), [4], [[[0, 4]]])], {}, {})
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        writer.wait(timeout=30)
+    timer.join()
+    assert writer.in_flight                                 # still writing
+    assert writer.wait(timeout=30) == (5, True)
+    assert list_complete(str(tmp_path)) == [5] and read_latest(str(tmp_path)) == 5
+
+
 def test_kill9_during_save_leaves_previous_latest(ckpt_corpus, ckpt_cache, tmp_path):
     save = str(tmp_path / "killed")
     losses = str(tmp_path / "losses.json")
