@@ -25,7 +25,7 @@ from megatron_zaya.data.index_builders import parse_split
 from megatron_zaya.data.indexed import IndexedDatasetError, check_indexed_dataset
 from megatron_zaya.data.tokenizer import check_tokenizer_flags, tiktoken_options
 from megatron_zaya.errors import UserInputError
-from megatron_zaya.flags import DEFAULT_PRESET, MODEL_FLAGS, apply_yaml_defaults, build_parser
+from megatron_zaya.flags import DEFAULT_PRESET, MODEL_FLAGS, apply_yaml_defaults, build_parser, let_the_command_line_win
 from megatron_zaya.megatron_flags import check_megatron_flags, resolve_aliases
 from megatron_zaya.model import recompute
 from megatron_zaya.optim.builder import OptimizerConfig
@@ -84,6 +84,8 @@ def parse_args(argv=None) -> RunConfig:
     if pre.config:
         apply_yaml_defaults(parser, pre.config)
     args = parser.parse_args(argv)
+    if pre.config:
+        let_the_command_line_win(args, argv)
     try:
         return validate(args)
     except (ConfigError, LayoutError, ValueError) as err:

@@ -436,5 +436,35 @@ def apply_yaml_defaults(parser: argparse.ArgumentParser, path: str, ignore=froze
         if action is None or action.dest == "config":
             parser.error(f"--config {path}: unknown key {key!r}")
         defaults[action.dest] = _yaml_value(parser, path, key, action, value, names_setting=flag is None)
+        if isinstance(action, argparse._StoreTrueAction) and defaults[action.dest] is True:
+            _add_off_switch(parser, action)
     parser.set_defaults(**defaults)
     return skipped
+
+
+def _add_off_switch(parser: argparse.ArgumentParser, action: argparse.Action) -> None:
+    """--no-FLAG for an on/off flag the --config file turned on, so that the command line can turn it off
+    again (`bf16: true` in the file, --no-bf16 for one run), unless the parser has that name already."""
+    name = "--no-" + action.option_strings[0].lstrip("-")
+    if name not in parser._option_string_actions:
+        parser.add_argument(name, dest=action.dest, action="store_false",
+                            help=f"turn {action.option_strings[0]} off (set by --config)")
+
+
+# Settings that are alternatives of each other: the command line choosing one (--train-samples) sets
+# aside a --config file's other (train-iters), as a file's value gives way to the command line's.
+ALTERNATIVES = (("train_iters", "train_samples"), ("lr_warmup_iters", "lr_warmup_samples", "lr_warmup_fraction"),
+                ("lr_decay_iters", "lr_decay_samples"), ("lr_wsd_decay_iters", "lr_wsd_decay_samples"),
+                ("ddp_bucket_size", "ddp_num_buckets"))
+
+
+def let_the_command_line_win(args: argparse.Namespace, argv) -> None:
+    """After a parse with --config defaults: for each group of ALTERNATIVES of which the command line sets
+    one, the others go back to their plain defaults (the file's values set aside)."""
+    plain = build_parser()
+    defaults = {a.dest: a.default for a in plain._actions}
+    given = {dest for dest, value in vars(plain.parse_known_args(argv)[0]).items() if value != defaults.get(dest)}
+    for group in ALTERNATIVES:
+        if given & set(group):
+            for dest in set(group) - given:
+                setattr(args, dest, defaults[dest])

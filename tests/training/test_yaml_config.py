@@ -21,6 +21,21 @@ def test_yaml_config_and_flag_override(tiny_corpus, tmp_path, capsys):
                                                       capsys)
 
 
+def test_the_command_line_overrides_every_kind_of_yaml_key(tiny_corpus, tmp_path):
+    """An on/off key the file turns on is turned off by --no-FLAG; the command line choosing an alternative
+    (--train-samples, --lr-warmup-fraction) sets the file's other one aside instead of stopping the run."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("bf16: true\nuse-distributed-optimizer: true\ntrain-iters: 9\nlr-warmup-iters: 2\n")
+    flags = tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": None}) + ["--config", str(cfg)]
+    run = parse_args(flags)
+    assert run.train.bf16 and run.parallel.use_distributed_optimizer and run.train.train_iters == 9
+    run = parse_args(flags + ["--no-bf16", "--no-use-distributed-optimizer", "--train-samples", "40",
+                              "--lr-warmup-fraction", "0.1"])
+    assert not run.train.bf16 and not run.parallel.use_distributed_optimizer
+    assert run.train.train_iters is None and run.train.train_samples == 40
+    assert run.train.lr_warmup_iters == 0 and run.train.lr_warmup_fraction == 0.1
+
+
 def test_yaml_values_are_converted_like_command_line_words(tiny_corpus, tmp_path, capsys):
     prefix = tiny_corpus[0]
     cfg = tmp_path / "run.yaml"
