@@ -292,7 +292,6 @@ def test_streamed_completions_join_to_the_unstreamed_answer(server_url, sp_model
     """stream: true sends server-sent events as tokens are sampled; per choice, the chunks' texts, tokens and
     log-probabilities joined equal the unstreamed answer to the same request (seeded sampling, n 2, a stop
     string or none, logprobs 1), and the last chunk of each choice carries its finish_reason."""
-    tok = build_tokenizer("GPTSentencePieceTokenizer", sp_model)
     # sampled with a seed (the tiny random model's greedy text repeats one token); the text has characters
     # split over tokens (U+FFFD until complete), which the stream holds back
     plain = {"prompt": ["the", "a quick"], "max_tokens": 12, "temperature": 0.8, "seed": 3, "logprobs": 1, "n": 2}
