@@ -15,6 +15,7 @@ validation set (data/validation.py), empty without validation.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -295,7 +296,11 @@ def kill_abandoned_loader_workers() -> None:
         child.join()
 
 
-_KILL_AT_EXIT_REGISTERED = []
+@functools.cache
+def _kill_abandoned_workers_at_exit() -> None:
+    """Registers kill_abandoned_loader_workers once per process (the first loader with workers)."""
+    import atexit
+    atexit.register(kill_abandoned_loader_workers)
 
 
 def make_loader(dataset, consumed_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int,
@@ -305,10 +310,8 @@ def make_loader(dataset, consumed_samples: int, micro_batch_size: int, dp_rank: 
 
     sampler = PretrainingBatchSampler(len(dataset), consumed_samples, micro_batch_size, dp_rank, dp_size, drop_last)
     workers = cfg.num_workers
-    if workers > 0 and not _KILL_AT_EXIT_REGISTERED:
-        import atexit
-        atexit.register(kill_abandoned_loader_workers)
-        _KILL_AT_EXIT_REGISTERED.append(True)
+    if workers > 0:
+        _kill_abandoned_workers_at_exit()
     return DataLoader(
         dataset,
         batch_sampler=sampler,
