@@ -78,6 +78,7 @@ def _drive_wrappers():
     perm, order, _ = triton_moe_permute.moe_permute(x, torch.randint(0, 17, (16,)), 16)
     backward(triton_moe_permute.moe_unpermute(perm, order, torch.rand(16, requires_grad=True), 16))
     triton_newton_schulz.newton_schulz(torch.randn(2, 256, 512), steps=1)
+    triton_newton_schulz.newton_schulz(torch.randn(2, 256, 512), steps=1, dtype=f32)   # Muon(ns_dtype=fp32)
     conv = [leaf(1280, 1, 2), leaf(1280), leaf(1280, 128, 2), leaf(1280)]
     backward(triton_cca_conv.cca_causal_conv(leaf(1, 8, 1280), *conv))
     backward(triton_cca_conv.cca_causal_conv(leaf(1, 8, 1280), *conv, leaf(1, 1280, 2)))
@@ -135,6 +136,18 @@ def ptxas_usage(ptx: str, arch: int) -> str:
     return f"regs {regs.group(1) if regs else '?'} spill {spill.group(1) if spill else '?'}B"
 
 
+# Shared memory one program may use (bytes): MI300X's 64 KiB LDS per workgroup; H100/H200's 227 KiB and A100's
+# 163 KiB of opt-in shared memory per block. A config above it compiles but cannot launch.
+SHARED_MEMORY_LIMITS = {("hip", "gfx942"): 65536, ("hip", "gfx90a"): 65536, ("cuda", 90): 232448,
+                        ("cuda", 80): 166912}
+
+
+def shared_memory_fits(kernel, target) -> bool | None:
+    """Whether the compiled kernel's shared memory fits the target (None: no limit known for it)."""
+    limit = SHARED_MEMORY_LIMITS.get((target.backend, target.arch))
+    return None if limit is None else kernel.metadata.shared <= limit
+
+
 def parse_targets(spec: str):
     from triton.backends.compiler import GPUTarget
 
@@ -167,6 +180,7 @@ def main(argv=None) -> int:
     records = _record_launches()
     _drive_wrappers()
     seen, failures, count, spills = set(), 0, 0, []
+    launchable: dict[tuple, bool] = {}     # (launch, target) -> whether any config compiled fits its memory
     for fn, args, kwargs, configs in records:
         for config in configs if a.all_configs else configs[:1]:
             sig, constexprs, options = _signature(fn, args, kwargs, config)
@@ -182,9 +196,13 @@ def main(argv=None) -> int:
             consts += f" warps={options.get('num_warps', 4)}"
             for target in targets:
                 start = time.time()
+                launch = (id(args), label, str(target))
                 try:
                     kernel = triton.compile(ASTSource(fn, sig, constexprs), target=target, options=options)
                     status = "ok " + "/".join(k for k in kernel.asm if k in ("cubin", "hsaco"))
+                    fits = shared_memory_fits(kernel, target)
+                    status += f" smem {kernel.metadata.shared}B" + (" EXCEEDS the target's limit" if fits is False else "")
+                    launchable[launch] = launchable.get(launch, False) or fits is not False
                     if target.backend == "cuda":
                         usage = ptxas_usage(kernel.asm["ptx"], target.arch)
                         status += " " + usage
@@ -195,6 +213,11 @@ def main(argv=None) -> int:
                     status = "FAIL " + repr(exc).splitlines()[-1][:300]
                 count += 1
                 print(f"{label:<42} {target.backend}:{target.arch!s:<7} {time.time() - start:5.1f}s  {status}  [{consts}]")
+    stuck = sorted({f"{label} {target}" for (_, label, target), fits in launchable.items() if not fits})
+    if stuck:     # every config compiled for this launch needs more shared memory than the target has
+        print("no config that fits the target's shared memory (it cannot launch there; with --all-configs every "
+              "config was tried):\n  " + "\n  ".join(stuck))
+        failures += len(stuck) if a.all_configs else 0
     print(f"compile check: {count - failures}/{count} compiled" + (" - FAIL" if failures else " - PASS"))
     if spills:
         print("register spills (slow, not wrong):\n  " + "\n  ".join(spills))

@@ -19,14 +19,17 @@ from megatron_zaya.kernels.reference import NS_COEFFICIENTS
 _MM_CONFIGS = configs(
     [
         triton.Config({"BM": bm, "BN": bn, "BK": bk}, num_warps=w, num_stages=s)
-        for bm, bn, bk, w, s in ((128, 128, 64, 8, 3), (64, 128, 64, 4, 4), (64, 64, 64, 4, 4))
+        # the last one fits MI300X's 64 KiB of shared memory in fp32 too (3 stages of 64x32 + 32x64 fp32
+        # tiles: 48 KiB); without it an fp32 Newton-Schulz (Muon(ns_dtype=torch.float32)) had no config
+        # that launches there
+        for bm, bn, bk, w, s in ((128, 128, 64, 8, 3), (64, 128, 64, 4, 4), (64, 64, 64, 4, 4), (64, 64, 32, 4, 3))
     ],
     triton.Config({"BM": 16, "BN": 16, "BK": 16}, num_warps=1),
 )
 _SYRK_CONFIGS = configs(
     [
         triton.Config({"BM": bm, "BK": bk}, num_warps=w, num_stages=s)
-        for bm, bk, w, s in ((128, 64, 8, 3), (64, 64, 4, 4))
+        for bm, bk, w, s in ((128, 64, 8, 3), (64, 64, 4, 4), (64, 32, 4, 3))     # the last: fp32 on MI300X
     ],
     triton.Config({"BM": 16, "BK": 16}, num_warps=1),
 )

@@ -26,3 +26,17 @@ def test_row_kernels_compile_for_cuda_and_rocm():
     for name in ["_fwd_kernel", "_bwd_kernel", "_rope_kernel", "_partials_kernel", "_grad_kernel", "_gather_rows", "_unpermute_bwd"]:
         assert name in out, name
     assert "cubin" in out and "hsaco" in out
+
+
+def test_newton_schulz_has_a_config_that_fits_mi300x_in_bf16_and_fp32():
+    """Every autotune config is compiled for gfx942 and its shared memory compared with MI300X's 64 KiB: an fp32
+    Newton-Schulz (Muon(ns_dtype=torch.float32)) had none that fits, so it could not launch there."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_DEFAULT_FP_FUSION="1")
+    env.pop("TRITON_INTERPRET", None)
+    cmd = [sys.executable, "-m", "megatron_zaya.kernels.compile_check", "--targets", "hip:gfx942",
+           "--only", "newton_schulz", "--all-configs"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "- PASS" in out and "no config that fits" not in out, out[-6000:]
+    assert "smem" in out and "EXCEEDS" in out       # the big configs do not fit: the check sees it
