@@ -41,10 +41,11 @@ class BatchSizeSchedule:
 
     def samples_consumed(self, start_consumed: int, iterations: int) -> int:
         """Samples the next `iterations` steps consume, starting at `start_consumed`."""
-        consumed = start_consumed
-        for _ in range(iterations):
+        consumed, left = start_consumed, iterations
+        while left > 0 and self.batch_size(consumed) < self.global_batch_size:     # the ramp-up's steps
             consumed += self.batch_size(consumed)
-        return consumed - start_consumed
+            left -= 1
+        return consumed - start_consumed + max(0, left) * self.global_batch_size   # then full batches
 
     def iterations_for_samples(self, train_samples: int) -> int:
         """--train-samples -> iterations: whole global batches only, a partial last batch is dropped.

@@ -23,7 +23,11 @@ def has_vs_samples(tag: str) -> bool:
 
 class TrainingLogger:
     def __init__(self, is_main: bool, tensorboard_dir: str | None, total_iters: int, start_iter: int,
-                 progress_bar: bool = False, queue_size: int = 1000, start_samples: int = 0):
+                 progress_bar: bool = False, queue_size: int = 1000, start_samples: int = 0,
+                 total_samples: int | None = None, purge: bool = True):
+        """`total_samples` (with --rampup-batch-size): the progress bar counts samples, whose pace gives an
+        ETA when iterations grow; `purge` False for a job that trains nothing (--skip-train, a finished
+        run), which must not drop the points an earlier job wrote past its iteration."""
         self.is_main = is_main
         self.writer = self.samples_writer = None
         self.bar = None
@@ -34,12 +38,16 @@ class TrainingLogger:
             # purge_step: a run resumed from iteration N drops the points past N that an earlier
             # attempt wrote into the same folder, so every step has one point.
             self.writer = SummaryWriter(log_dir=tensorboard_dir, max_queue=queue_size, flush_secs=10,
-                                        purge_step=start_iter + 1)
+                                        purge_step=start_iter + 1 if purge else None)
             self.samples_writer = SummaryWriter(log_dir=os.path.join(tensorboard_dir, "vs_samples"),
-                                                max_queue=queue_size, flush_secs=10, purge_step=start_samples + 1)
+                                                max_queue=queue_size, flush_secs=10,
+                                                purge_step=start_samples + 1 if purge else None)
+        self.bar_counts_samples = total_samples is not None
         if progress_bar:
             from tqdm import tqdm
-            self.bar = tqdm(total=total_iters, initial=start_iter, desc="train", unit="it", dynamic_ncols=True,
+            total, initial, unit = ((total_samples, start_samples, "sample") if self.bar_counts_samples
+                                    else (total_iters, start_iter, "it"))
+            self.bar = tqdm(total=total, initial=initial, desc="train", unit=unit, dynamic_ncols=True,
                             file=sys.stderr)
 
     @property
@@ -68,10 +76,10 @@ class TrainingLogger:
             if samples is not None and has_vs_samples(tag):
                 self.samples_writer.add_scalar(f"{tag} vs samples", value, samples)
 
-    def advance(self, loss: float | None) -> None:
-        """One iteration more on the progress bar (loss None: an iteration without a loss)."""
+    def advance(self, loss: float | None, samples: int) -> None:
+        """One iteration of `samples` more on the progress bar (loss None: an iteration without a loss)."""
         if self.bar is not None:
-            self.bar.update(1)
+            self.bar.update(samples if self.bar_counts_samples else 1)
             if loss is not None:
                 self.bar.set_postfix(loss=f"{loss:.3f}")
 

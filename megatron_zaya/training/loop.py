@@ -362,7 +362,7 @@ class Trainer:
 
     def print_interval(self, result: StepResult, started: float, params_norm: float | None = None) -> None:
         """The console line: loss, time per iteration and throughput averaged over the interval; lr, grad
-        norm and routing of this iteration; the ETA from the whole run's pace since it started."""
+        norm and routing of this iteration; the ETA from the whole run's pace in samples since it started."""
         if not self.logger.is_main:
             return
         it, m = self.state.iteration, self.interval
@@ -370,7 +370,9 @@ class Trainer:
         counts = result.routing_counts
         entropy = sum(routing_statistics(c)["routing_entropy"] for c in counts) / max(1, len(counts))
         skip = counts[:, -1].sum().item() / max(1, counts.sum().item())
-        eta = (self.total_iters - it) * (time.time() - started) / max(1, it - self.start_iteration)
+        # in samples: ramp-up iterations are smaller than the ones left (an ETA in iterations was 3-5x short)
+        remaining = self.batch_schedule.samples_consumed(self.state.consumed_samples, self.total_iters - it)
+        eta = remaining * (time.time() - started) / max(1, self.state.consumed_samples - self.start_samples)
         self.logger.print(
             f"iteration {it:>7}/{self.total_iters} | consumed samples {self.state.consumed_samples:>9} | "
             f"tokens {self.state.consumed_tokens:>11} | time/iteration {1000 * m.seconds_per_iteration:.1f} ms | "
@@ -415,7 +417,7 @@ class Trainer:
     def _train_iterations(self, profiler: StepProfiler) -> TrainState:
         self.model.train()
         started = time.time()
-        self.start_iteration = self.state.iteration
+        self.start_samples = self.state.consumed_samples
         if self.state.iteration >= self.total_iters:
             self.logger.print(f"nothing to train: the run is at iteration {self.state.iteration} of {self.total_iters} "
                               f"(raise --train-iters or --train-samples to train on)")
@@ -471,7 +473,7 @@ class Trainer:
         if hash_interval and self.state.iteration % hash_interval == 0:
             self.parallel.check_replicas_equal()
         self.log_step(result, time.time() - step_start, batch_size, started)
-        self.logger.advance(result.loss)
+        self.logger.advance(result.loss, batch_size)
 
     def skip_iteration(self, batch_size: int) -> None:
         """Megatron-LM's --iterations-to-skip: the iteration's global batch is read and dropped (no
@@ -486,7 +488,7 @@ class Trainer:
                           f"its {batch_size} samples dropped | consumed samples {self.state.consumed_samples:>9}")
         self.logger.scalars({"skipped-train-samples": self.state.skipped_train_samples,
                              "consumed-samples": self.state.consumed_samples}, self.state.iteration)
-        self.logger.advance(None)
+        self.logger.advance(None, batch_size)
 
     @property
     def watchdog(self):

@@ -180,9 +180,13 @@ def _train(run, tokenizer, datasets, loads_weights: bool, started: float) -> int
     # Validation always reads the same samples of each set, so successive values compare.
     trainer.valid_loaders = valid_loaders
     trainer.test_loader = test_loader        # a split with a share in --split (or --test-data-path)
+    ramp_samples = trainer.batch_schedule.samples_consumed(0, trainer.total_iters) if run.train.rampup_batch_size \
+        else None
+    trains = not run.train.skip_train and trainer.state.iteration < trainer.total_iters
     logger = trainer.logger = TrainingLogger(runtime.is_main, run.train.tensorboard_dir, trainer.total_iters,
                                              trainer.state.iteration, run.train.progress_bar,
-                                             run.train.tensorboard_queue_size, trainer.state.consumed_samples)
+                                             run.train.tensorboard_queue_size, trainer.state.consumed_samples,
+                                             total_samples=ramp_samples, purge=trains)
     for line in summary:
         logger.print(line)
     try:

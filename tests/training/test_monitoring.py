@@ -35,6 +35,29 @@ def test_progress_bar_line(tiny_corpus, tmp_path, capsys):
     assert "iteration       3/3" in captured.out + captured.err      # console lines go through the bar
 
 
+def test_with_ramp_up_the_progress_bar_counts_samples(tiny_corpus, tmp_path, capsys):
+    """Ramp-up iterations grow (2, 2, 4, 4, ... samples): the bar counts samples, so its rate and ETA hold."""
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": None, "--train-samples": 16,
+                                                               "--rampup-batch-size": ["2", "2", "8"],
+                                                               "--eval-iters": 0, "--progress-bar": ""}))
+    assert build_and_train(run) == 0
+    assert re.search(r"train: 100%\|.*\| 16/16 \[", capsys.readouterr().err)
+
+
+def test_the_eta_counts_the_samples_left():
+    """BatchSizeSchedule.samples_consumed (the ETA's remaining work, per log line) equals the step-by-step sum,
+    in closed form after the ramp-up: a 700K-iteration run asked it at every log interval."""
+    from megatron_zaya.training.batch_schedule import BatchSizeSchedule
+
+    schedule = BatchSizeSchedule(32, 2, 2, [4, 4, 200])
+    for start, iterations in ((0, 0), (0, 3), (0, 100), (37, 50), (10_000, 7)):
+        consumed = start
+        for _ in range(iterations):
+            consumed += schedule.batch_size(consumed)
+        assert schedule.samples_consumed(start, iterations) == consumed - start
+    assert BatchSizeSchedule(16, 2, 2).samples_consumed(5, 700_000) == 16 * 700_000
+
+
 def test_exit_duration_exits_and_saves(tiny_corpus, tmp_path, capsys, monkeypatch):
     """The time counts from the start of build_and_train, start-up included (Megatron-LM counts from the
     process's start), and the run exits as Megatron's does: a checkpoint, no final or test evaluation (a job

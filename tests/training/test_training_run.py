@@ -59,6 +59,21 @@ def test_tensorboard_scalars_written(tiny_corpus, tmp_path, capsys):
     assert "final validation loss" in out and "MFU" in out and "ETA" in out
 
 
+def test_a_job_that_trains_nothing_keeps_the_runs_tensorboard_curves(tiny_corpus, tmp_path):
+    """--skip-train on an older checkpoint (and a finished run started again) opened its writers with
+    purge_step = its iteration + 1, so TensorBoard dropped every later point of the run in that folder."""
+    tb, save = tmp_path / "tb", tmp_path / "ckpt"
+    flags = tiny_run_flags(tiny_corpus, tmp_path, **{"--tensorboard-dir": tb, "--save": save, "--save-interval": 3})
+    assert build_and_train(parse_args(flags)) == 0
+    before = scalars(tb)["lm loss"]
+    assert [s for s, _ in before] == [1, 2, 3, 4, 5, 6]
+    for extra in (["--load", str(save), "--ckpt-step", "3", "--skip-train"], ["--load", str(save)]):
+        assert build_and_train(parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--tensorboard-dir": tb})
+                                          + extra)) == 0
+        assert scalars(tb)["lm loss"] == before
+        assert [s for s, _ in scalars(tb / "vs_samples")["lm loss vs samples"]] == [4, 8, 12, 16, 20, 24]
+
+
 def test_exit_interval_stops_early(tiny_corpus, tmp_path, capsys):
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--exit-interval": 2, "--eval-iters": 0}))
     assert build_and_train(run) == 0
