@@ -57,12 +57,21 @@ ARGS=(--config examples/cpu_zaya1_tiny.yaml --data-path "${PREFIX}_text_document
 [[ -n ${TRAIN_ITERS:-} ]] && ARGS+=(--train-iters "$TRAIN_ITERS" --lr-warmup-iters $(( TRAIN_ITERS / 10 )))
 [[ -t 2 ]] && ARGS+=(--progress-bar)
 mkdir -p "$OUT"
+# tee -i: Ctrl-C goes to the trainer (which saves, then stops), not to the log's writer, whose end would
+# leave the ranks writing to a broken pipe; -a: a resumed run's log follows the earlier one's.
+set +e
 "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" pretrain_zaya.py "${ARGS[@]}" "$@" \
-    2>&1 | tee "$OUT/train.log"
-
+    2>&1 | tee -ia "$OUT/train.log"
+STATUS=${PIPESTATUS[0]}
+set -e
+LATEST=$(cat "$OUT/ckpt/latest_checkpointed_iteration.txt" 2>/dev/null || echo none)
 echo
-grep -h "final validation loss" "$OUT/train.log" | tail -n1 || true
-echo "checkpoint: $OUT/ckpt (latest iteration $(cat "$OUT/ckpt/latest_checkpointed_iteration.txt" 2>/dev/null || echo none))"
+if (( STATUS != 0 )); then
+    echo "training stopped (exit status $STATUS); the latest checkpoint is iteration $LATEST in $OUT/ckpt:"
+    echo "run the same command again to resume from it"
+    exit "$STATUS"
+fi
+echo "checkpoint: $OUT/ckpt (latest iteration $LATEST)"
 if [[ -f tools/generate.py ]]; then
     step "a sample from the trained model"
     # no tokenizer flags: the checkpoint records the training run's (--tokenizer-model $TOKENIZER.model)

@@ -8,7 +8,9 @@ A second SIGTERM or SIGUSR1 while the first is still being handled is logged and
 progress must not be cut short by an impatient resend. A second Ctrl-C is a person asking to stop at
 once: it raises KeyboardInterrupt as Python would (a save cut short leaves the previous checkpoint;
 the atomic checkpoint protocol of megatron_zaya.checkpoint.format covers it, as it covers SIGKILL,
-which cannot be caught).
+which cannot be caught). So does a SIGTERM after a Ctrl-C: torchrun passes a person's second Ctrl-C
+on to its ranks as SIGTERM. The handler's message never fails the run: a console pipe that is gone
+(`| tee` killed by the same Ctrl-C) loses the line, not the checkpoint.
 """
 from __future__ import annotations
 
@@ -19,6 +21,14 @@ import threading
 import time
 
 DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
+
+
+def _say(message: str) -> None:
+    try:
+        sys.stderr.write(message)
+        sys.stderr.flush()
+    except (OSError, ValueError):     # a closed or broken stderr: the message is lost, the save goes on
+        pass
 
 
 class SignalMonitor:
@@ -43,13 +53,12 @@ class SignalMonitor:
         if self.received is None:
             self.received, self.received_at = name, time.time()
             again = " (Ctrl-C again to stop at once, without it)" if name == "SIGINT" else ""
-            sys.stderr.write(f"[rank {self.rank}] {name} received: a checkpoint will be saved at the end of this "
-                             f"iteration, then the run exits{again}\n")
-        elif name == "SIGINT":
+            _say(f"[rank {self.rank}] {name} received: a checkpoint will be saved at the end of this iteration, "
+                 f"then the run exits{again}\n")
+        elif name == "SIGINT" or self.received == "SIGINT":
             raise KeyboardInterrupt
         else:
-            sys.stderr.write(f"[rank {self.rank}] {name} received again while handling {self.received}: ignored\n")
-        sys.stderr.flush()
+            _say(f"[rank {self.rank}] {name} received again while handling {self.received}: ignored\n")
 
     @property
     def pending(self) -> bool:

@@ -267,6 +267,35 @@ def test_a_forked_dataloader_worker_leaves_the_signal_to_its_rank():
         monitor.restore()
 
 
+def test_which_second_signal_stops_at_once(monkeypatch):
+    """After a Ctrl-C, a second Ctrl-C or a SIGTERM (torchrun turns a person's second Ctrl-C into SIGTERM for
+    its ranks) stops at once; after a SIGTERM (Slurm), another SIGTERM or SIGUSR1 is ignored. A stderr whose
+    pipe is gone (| tee, killed by the same Ctrl-C) does not make the handler fail."""
+    import io
+    from megatron_zaya.training.signals import SignalMonitor
+
+    class GonePipe(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    for first, second, stops in (("SIGINT", "SIGINT", True), ("SIGINT", "SIGTERM", True),
+                                 ("SIGTERM", "SIGTERM", False), ("SIGTERM", "SIGUSR1", False)):
+        monitor = SignalMonitor(rank=0)
+        monkeypatch.setattr("sys.stderr", GonePipe())
+        try:
+            os.kill(os.getpid(), getattr(signal, first))
+            assert monitor.received == first
+            if stops:
+                with pytest.raises(KeyboardInterrupt):
+                    os.kill(os.getpid(), getattr(signal, second))
+            else:
+                os.kill(os.getpid(), getattr(signal, second))
+                assert monitor.received == first
+        finally:
+            monkeypatch.undo()
+            monitor.restore()
+
+
 def test_signal_skips_the_final_evaluation_and_the_save_completes_first(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch,
                                                                         capsys):
     """A preemption signal: the asynchronous checkpoint is waited for at once, and the final

@@ -61,3 +61,37 @@ def test_cpu_quickstart_trains_two_processes(corpus, tmp_path):
     ours = build_tokenizer("GPTSentencePieceTokenizer", str(tmp_path / "data" / "tokenizer" / "c_sp0k.model"))
     text = json.loads(open(corpus).readline())["text"]
     assert transformers.AutoTokenizer.from_pretrained(hf).encode(text) == ours.encode(text)
+
+
+def test_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(corpus, tmp_path):
+    """Ctrl-C reaches the terminal's whole foreground group: the script, torchrun and the log's tee. tee killed
+    with them left the ranks writing to a broken pipe, so they died without saving; and torchrun's non-zero exit
+    stopped the script without a word. Now the trainer saves, and the script names the checkpoint to resume."""
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    env = clean_env(CORPUS=corpus, DATA_DIR=str(tmp_path / "data"), OUT=str(out), TRAIN_ITERS="5000",
+                    VOCAB_SIZE="800", PYTHON=sys.executable)
+    proc = subprocess.Popen(["bash", os.path.join(EX, "quickstart_cpu.sh"), "--eval-iters", "0", "--log-interval", "1",
+                             "--save-interval", "100000", "--seq-length", "64", "--num-workers", "0"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines = []
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if "iteration       3/5000" in line:
+                os.killpg(proc.pid, signal.SIGINT)            # what Ctrl-C in the terminal does
+                break
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = "".join(lines) + rest
+    assert proc.returncode != 0, text[-3000:]
+    saved = int((out / "ckpt" / "latest_checkpointed_iteration.txt").read_text())
+    assert saved >= 3 and "SIGINT received" in text, text[-3000:]
+    assert f"the latest checkpoint is iteration {saved} in {out}/ckpt" in text and "run the same command again" in text
+    assert "SIGINT received" in (out / "train.log").read_text()
