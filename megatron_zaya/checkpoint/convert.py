@@ -17,6 +17,7 @@ from megatron_zaya.checkpoint.preflight import held_iterations
 from megatron_zaya.checkpoint.saver import CheckpointWriter
 from megatron_zaya.checkpoint.state import model_entries
 from megatron_zaya.config import ModelConfig
+from megatron_zaya.data.tokenizer import TOKENIZER_DESTS
 from megatron_zaya.parallel.state import LayoutError, check_layout
 
 
@@ -72,11 +73,13 @@ def fresh_train_state(iteration: int) -> dict:
 
 def save_model_as_checkpoint(state: dict, config: ModelConfig, save_dir: str, tp: int = 1, cp: int = 1, ep: int = 1,
                              world_size: int | None = None, iteration: int = 0, source: str = "",
-                             train_state: dict | None = None, progress=None) -> str:
+                             train_state: dict | None = None, progress=None, tokenizer: dict | None = None) -> str:
     """Write `state` (single-device names and shapes) as a weights-only checkpoint of a layout with
     world_size ranks (default tp x cp: data parallel 1), atomically like a training save, into a
     folder without checkpoints. `train_state` (default: fresh at `iteration`) is what a
-    --no-load-optim resume continues from. Returns the folder."""
+    --no-load-optim resume continues from. `tokenizer`: the tokenizer flags to record ("args", and
+    "working_directory" for their relative paths), which the tools and --use-checkpoint-args take when
+    given none (recorded_tokenizer.py). Returns the folder."""
     if world_size is not None and world_size < 1:
         raise LayoutError(f"--world-size={world_size}: must be >= 1")
     world = tp * cp if world_size is None else world_size
@@ -97,11 +100,14 @@ def save_model_as_checkpoint(state: dict, config: ModelConfig, save_dir: str, tp
                 progress.writing(rank + 1, world)
         meta = {"train_state": train_state, "consumed_samples": train_state["consumed_samples"],
                 "tokens_seen": train_state.get("consumed_tokens", 0), "model_config": config.to_dict(),
-                "optimizer_config": None, "args": {}, "converted_from": source, "weights_only": True,
+                "optimizer_config": None, "args": dict((tokenizer or {}).get("args", {})),
+                "converted_from": source, "weights_only": True,
                 "layout": {"world_size": world, "tensor_model_parallel_size": tp, "context_parallel_size": cp,
                            "expert_model_parallel_size": ep, "data_parallel_size": world // (tp * cp),
                            "use_distributed_optimizer": False, "sequence_parallel": False},
                 "torch_version": torch.__version__}
+        if (tokenizer or {}).get("working_directory"):
+            meta["working_directory"] = tokenizer["working_directory"]
         writers[0].finalize(folder, iteration, meta, timeout=10)
     except BaseException:
         import shutil
@@ -119,16 +125,23 @@ def reshard_checkpoint(source: str, save_dir: str, iteration: int | None = None,
     if iteration is None:
         iteration = info["iteration"]
     kept = info["train_state"] if iteration == info["iteration"] else None
+    meta = read_json(os.path.join(info["folder"], METADATA_FILE))
+    tokenizer = {"args": {dest: value for dest, value in (meta.get("args") or {}).items()
+                          if dest in TOKENIZER_DESTS and value is not None},
+                 "working_directory": meta.get("working_directory")}       # the source's recorded tokenizer
     return save_model_as_checkpoint(state, config, save_dir, iteration=iteration, source=info["folder"],
-                                    train_state=kept, progress=progress, **layout)
+                                    train_state=kept, progress=progress, tokenizer=tokenizer, **layout)
 
 
 def hf_to_checkpoint(hf_dir: str, save_dir: str, progress=None, **layout) -> str:
     if progress is not None:
         progress.note(f"reading {hf_dir}")
     state, config = load_hf_folder(hf_dir)
+    tokenizer = None
+    if os.path.isfile(os.path.join(hf_dir, "tokenizer.json")):     # the folder's own tokenizer, by its path
+        tokenizer = {"args": {"tokenizer_type": "HuggingFaceTokenizer", "tokenizer_model": os.path.abspath(hf_dir)}}
     return save_model_as_checkpoint(state, config, save_dir, source=os.path.abspath(hf_dir), progress=progress,
-                                    **layout)
+                                    tokenizer=tokenizer, **layout)
 
 
 class ConversionProgress:

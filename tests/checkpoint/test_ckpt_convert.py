@@ -68,6 +68,21 @@ def test_sharded_to_hf_and_back_into_any_layout(ckpt_corpus, ckpt_cache, tmp_pat
     assert "[convert" not in capsys.readouterr().err
     assert inspect_checkpoint(relayout)["iteration"] == 7
     _same(original, load_full_model_state(relayout)[0])
+    # The tokenizer goes along: from-hf records the folder's tokenizer.json, reshard its source's record (the
+    # tools and --use-checkpoint-args take it when given no tokenizer flag; both recorded none before)
+    from megatron_zaya.checkpoint.recorded_tokenizer import recorded_tokenizer_of
+    from megatron_zaya.data.tokenizer import build_tokenizer
+    for converted in (sharded, relayout):
+        record = recorded_tokenizer_of(converted)
+        assert record is not None and not record.missing
+        assert record.flags == {"tokenizer_type": "HuggingFaceTokenizer", "tokenizer_model": os.path.abspath(hf)}
+    resharded_src = str(tmp_path / "src-ep2")
+    assert tool.main(["reshard", src, resharded_src, "--expert-model-parallel-size", "2", "--world-size", "2",
+                      "--no-progress"]) == 0
+    assert recorded_tokenizer_of(resharded_src).flags == recorded_tokenizer_of(src).flags
+    text = "the king and the queen"
+    assert build_tokenizer(**recorded_tokenizer_of(sharded).flags).encode(text) == \
+        build_tokenizer(**recorded_tokenizer_of(src).flags).encode(text)
 
     # A source of the other kind names the subcommand that reads it, before anything is read or written.
     for argv, expected in [(["to-hf", hf, str(tmp_path / "o1")], f"{hf}: already a Hugging Face folder"),
