@@ -115,6 +115,8 @@ def hf_config_dict(config: ModelConfig, dtype: torch.dtype = torch.float32) -> d
         "initializer_range": config.init_method_std,
         "hidden_act": "silu",
         "torch_dtype": str(dtype).removeprefix("torch."),
+        # not transformers': the sequence length it was trained at, which our tools (evaluate.py) default to
+        "training_seq_length": config.seq_length,
     }
 
 
@@ -154,7 +156,8 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
         max_position_embeddings=hf["max_position_embeddings"], rotary_base=rotary_base, rotary_percent=rotary_percent,
         untie_embeddings_and_output_weights=not hf.get("tie_word_embeddings", True),
         init_method_std=hf.get("initializer_range", 0.02),
-        make_vocab_size_divisible_by=1, seq_length=min(4096, hf["max_position_embeddings"]),
+        make_vocab_size_divisible_by=1,
+        seq_length=hf.get("training_seq_length") or min(4096, hf["max_position_embeddings"]),
     ).validate()
 
 

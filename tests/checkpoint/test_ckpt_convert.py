@@ -40,6 +40,7 @@ def test_sharded_to_hf_and_back_into_any_layout(ckpt_corpus, ckpt_cache, tmp_pat
     hf_state, hf_config = load_hf_folder(hf)
     _same(original, hf_state)
     assert hf_config.hidden_size == config.hidden_size and hf_config.num_experts == config.num_experts
+    assert hf_config.seq_length == config.seq_length != 4096   # the trained length, evaluate.py's default
     assert tool.main(["to-hf", src, hf]) == 1            # refuses to overwrite
     assert "refusing to overwrite" in capsys.readouterr().err
     # --max-shard-size: shards and their index, read back the same (from-hf below takes either form)
