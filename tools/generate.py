@@ -211,7 +211,7 @@ def main(argv=None) -> int:
               f"{', stopped at EOD' if result.stopped_at_eod[i] else ''})")
         if tokenizer is not None:         # decoded whole: a first generated piece keeps its leading space
             print(tokenizer.decode(prompt + [t for t in new if t != eod]))
-        else:
+        if tokenizer is None or i >= len(texts):    # --prompt-ids: ids in, ids out (the text too, with a tokenizer)
             print("prompt ids:   ", " ".join(map(str, prompt)))
             print("generated ids:", " ".join(map(str, new)))
     generated = sum(len(t) for t in result.tokens)

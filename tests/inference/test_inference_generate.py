@@ -91,5 +91,11 @@ def test_generate_tool_with_ids_and_null_tokenizer(tiny_model, hf_checkpoint, tm
     sample = json.loads(out_json.read_text())["samples"][0]
     assert sample["prompt"] == "5 9 100 7 7 3000" and len(sample["generated_ids"]) <= 5
     assert all(t <= 8000 for t in sample["generated_ids"])     # never a padded-vocabulary row
+    # --prompt-ids with a tokenizer: the ids are printed too (a recorded tokenizer printed only its text)
+    capsys.readouterr()
+    assert tool.main(["--load", str(hf_checkpoint), "--tokenizer-type", "NullTokenizer", "--tokenizer-model", "8000",
+                      "--prompt-ids", "5 9 100", "--greedy", "--max-new-tokens", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "prompt ids:    5 9 100" in out and "generated ids:" in out
     with pytest.raises(SystemExit):
         tool.main(["--load", str(hf_checkpoint), "--prompt", "hello"])   # text without a tokenizer
