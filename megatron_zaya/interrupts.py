@@ -12,6 +12,9 @@ leaves that behind. Two ways to turn it into the KeyboardInterrupt the cleanup a
   object behind. A second signal raises at once.
 
 Training (pretrain_zaya.py) has its own handling: a checkpoint, then a clean exit (training/signals.py).
+
+`quiet_when_the_reader_leaves(main)` runs a tool that prints a report so that `tool | head` ends it
+without a BrokenPipeError traceback, as `head` ends any other command (SIGPIPE's status, 141).
 """
 from __future__ import annotations
 
@@ -73,3 +76,15 @@ def interrupt_on_sigterm(main: Callable[[list | None], int], argv: list | None, 
 
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+def quiet_when_the_reader_leaves(main: Callable[[], int]) -> int:
+    """main()'s exit status; 141 without a traceback when standard output's reader is gone (`| head`). Later
+    writes (the interpreter's flush at exit) go to /dev/null instead of raising again."""
+    try:
+        status = main()
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE

@@ -32,6 +32,7 @@ from megatron_zaya.planner.hardware import CLUSTERS, Efficiency, cluster_from_pr
 from megatron_zaya.planner.layout import RECOMPUTE_CHOICES, LayoutError, ParallelLayout  # noqa: E402
 from megatron_zaya.planner.memory import GRAD_DTYPES, OPTIMIZERS  # noqa: E402
 from megatron_zaya.planner.plan import Plan, PlanOptions, fixes, make_plan  # noqa: E402
+from megatron_zaya.interrupts import quiet_when_the_reader_leaves  # noqa: E402
 
 MODEL_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size",
                "num_experts", "moe_ffn_hidden_size", "router_hidden_size", "make_vocab_size_divisible_by")
@@ -253,4 +254,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(quiet_when_the_reader_leaves(main))

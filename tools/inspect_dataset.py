@@ -28,6 +28,7 @@ from megatron_zaya.data.tokenizer import tokenizer_from_flags_dict  # noqa: E402
 from megatron_zaya.errors import UserInputError  # noqa: E402
 from megatron_zaya.inference.cli_checks import add_tokenizer_arguments, tokenizer_from_flags  # noqa: E402
 from megatron_zaya.units import human_bytes  # noqa: E402
+from megatron_zaya.interrupts import quiet_when_the_reader_leaves  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,4 +104,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(quiet_when_the_reader_leaves(main))

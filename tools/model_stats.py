@@ -20,6 +20,7 @@ from megatron_zaya.flags import MODEL_FLAGS, apply_training_config  # noqa: E402
 from megatron_zaya.model.accounting import (  # noqa: E402
     attention_macs_per_token, count_parameters, decode_state_bytes_per_sequence, forward_flops_per_token,
     kv_cache_bytes_per_token, matmul_macs_per_token)
+from megatron_zaya.interrupts import quiet_when_the_reader_leaves  # noqa: E402
 
 
 def human(n: float) -> str:
@@ -76,4 +77,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(quiet_when_the_reader_leaves(main))

@@ -126,3 +126,19 @@ def test_sigterm_mid_run_leaves_no_output(tmp_path):
         pytest.skip("the run finished before the signal arrived")
     assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err
     assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+
+
+def test_a_report_tool_piped_into_head_ends_quietly():
+    """`tools/inspect_checkpoint.py ... | head`: the reader leaving ended the tools with a BrokenPipeError
+    traceback (exit 1); now as any command does, status 141 (SIGPIPE) and nothing on stderr."""
+    import subprocess
+    import sys
+
+    script = ("import sys\nfrom megatron_zaya.interrupts import quiet_when_the_reader_leaves\n"
+              "def main():\n    for i in range(200000):\n        print('line', i)\n    return 0\n"
+              "sys.exit(quiet_when_the_reader_leaves(main))\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.read(10) == b"line 0\nlin"
+    proc.stdout.close()                                    # what head does after its lines
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 141 and err == b"", err.decode()[-2000:]
