@@ -463,7 +463,9 @@ def let_the_command_line_win(args: argparse.Namespace, argv) -> None:
     one, the others go back to their plain defaults (the file's values set aside)."""
     plain = build_parser()
     defaults = {a.dest: a.default for a in plain._actions}
-    given = {dest for dest, value in vars(plain.parse_known_args(argv)[0]).items() if value != defaults.get(dest)}
+    for action in plain._actions:        # a dest is in the namespace only when its flag is on the command line
+        action.default = argparse.SUPPRESS
+    given = set(vars(plain.parse_known_args(argv)[0]))
     for group in ALTERNATIVES:
         if given & set(group):
             for dest in set(group) - given:

@@ -5,8 +5,10 @@ replace each other's checkpoints and remove each other's unfinished saves, and e
 The first process of a run (rank 0) therefore holds an exclusive lock (flock) on SAVE/.run.lock from
 before the --save checks until the run ends; a run that finds it held stops with an error naming the
 holder (pid, host, start time), before anything is built. The operating system drops the lock when
-its process dies, however it dies. On a filesystem without flock (Lustre mounted without it) nothing
-is locked and the run goes on, as before.
+its process dies, however it dies (forked children let go of their copy). On a filesystem without flock
+(Lustre mounted without it) nothing is locked and the run goes on, as before. Only rank 0 looks: the
+other ranks of a refused run end when their launcher ends the job (torchrun; srun with
+--kill-on-bad-exit, as run_mi300x.sh uses), or at --distributed-timeout-minutes.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ class SaveFolderLock:
     """Held by rank 0 of a training run with --save (`hold`), released by `release` (idempotent)."""
 
     def __init__(self):
-        self._file = None
+        self._fd: int | None = None
 
     @classmethod
     def hold(cls, save_dir: str | None, is_first_process: bool, create: bool = True) -> "SaveFolderLock":
@@ -42,28 +44,34 @@ class SaveFolderLock:
 
         os.makedirs(save_dir, exist_ok=True)
         path = os.path.join(save_dir, LOCK_FILE)
-        handle = open(path, "a+")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            handle.close()
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
             raise CheckpointError(f"--save {save_dir} is in use by another training run ({holder}; {path} is "
                                   f"locked): two runs saving into one folder would overwrite each other's "
                                   f"checkpoints. Wait for it to end, or choose another --save") from None
         except OSError as err:
-            handle.close()
+            os.close(fd)
             if err.errno in _NO_LOCKS:
                 return               # no flock on this filesystem: nothing to hold
             raise
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        handle.flush()
-        self._file = handle
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+                  .encode(), 0)
+        self._fd = fd
+        # A forked child (a DataLoader worker) shares the locked file: it closes its descriptor, so that a
+        # worker outliving a killed rank 0 does not keep the folder locked.
+        os.register_at_fork(after_in_child=self._close_in_child)
+
+    def _close_in_child(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)         # the child's descriptor only; the parent keeps the lock
+            self._fd = None
 
     def release(self) -> None:
-        if self._file is not None:
-            self._file.close()       # closing the file drops the flock
-            self._file = None
+        if self._fd is not None:
+            os.close(self._fd)         # closing the last descriptor drops the flock
+            self._fd = None

@@ -250,14 +250,15 @@ class TrainingCheckpointer:
             trainer.state = type(trainer.state)()
         else:
             trainer.state = restore_train_state(type(trainer.state), meta)
+        run_flags = None if meta.get("converted_from") else meta.get("args")   # a conversion records a tokenizer only
         if cfg.use_checkpoint_opt_param_scheduler:
-            if not meta.get("args"):
+            if not run_flags:
                 raise CheckpointError(f"--use-checkpoint-opt_param-scheduler: {folder.folder} holds no flags of "
                                       f"the run that saved it (converted or written by a tool): give the "
                                       f"schedule flags instead")
-            notes += trainer.take_schedules_from(meta["args"])
-        elif not cfg.finetune and meta.get("args"):
-            changed = trainer.schedule_differences(meta["args"])
+            notes += trainer.take_schedules_from(run_flags)
+        elif not cfg.finetune and run_flags:
+            changed = trainer.schedule_differences(run_flags)
             if changed:
                 notes.append("the LR / weight-decay schedules follow this run's flags, which differ from the "
                              "checkpoint's: " + ", ".join(f"--{n.replace('_', '-')} {now} (checkpoint: {then})"

@@ -201,7 +201,7 @@ def make_server(service: TextGenerationService, host: str, port: int) -> Threadi
             if endpoint is None:
                 return self.reply(404, f"no endpoint {self.path}: use PUT /api or POST /v1/completions")
             length = (self.headers.get("Content-Length") or "0").strip()
-            if not length.isdigit():      # a negative length would read until the client closes
+            if not (length.isascii() and length.isdigit()):      # a negative length would read until the client closes
                 return self.reply(400, f"Content-Length {length!r} is not a byte count")
             size = int(length)
             if size > MAX_BODY_BYTES:

@@ -180,8 +180,9 @@ def _train(run, tokenizer, datasets, loads_weights: bool, started: float) -> int
     # Validation always reads the same samples of each set, so successive values compare.
     trainer.valid_loaders = valid_loaders
     trainer.test_loader = test_loader        # a split with a share in --split (or --test-data-path)
-    ramp_samples = trainer.batch_schedule.samples_consumed(0, trainer.total_iters) if run.train.rampup_batch_size \
-        else None
+    consumed_now = trainer.state.consumed_samples      # the bar's total: these plus the samples still to come
+    ramp_samples = consumed_now + trainer.batch_schedule.samples_consumed(
+        consumed_now, max(0, trainer.total_iters - trainer.state.iteration)) if run.train.rampup_batch_size else None
     trains = not run.train.skip_train and trainer.state.iteration < trainer.total_iters
     logger = trainer.logger = TrainingLogger(runtime.is_main, run.train.tensorboard_dir, trainer.total_iters,
                                              trainer.state.iteration, run.train.progress_bar,

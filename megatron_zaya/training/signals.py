@@ -55,7 +55,7 @@ class SignalMonitor:
             again = " (Ctrl-C again to stop at once, without it)" if name == "SIGINT" else ""
             _say(f"[rank {self.rank}] {name} received: a checkpoint will be saved at the end of this iteration, "
                  f"then the run exits{again}\n")
-        elif name == "SIGINT" or self.received == "SIGINT":
+        elif name == "SIGINT" or (name == "SIGTERM" and self.received == "SIGINT"):
             raise KeyboardInterrupt
         else:
             _say(f"[rank {self.rank}] {name} received again while handling {self.received}: ignored\n")

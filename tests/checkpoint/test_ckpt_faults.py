@@ -279,7 +279,8 @@ def test_which_second_signal_stops_at_once(monkeypatch):
             raise BrokenPipeError(32, "Broken pipe")
 
     for first, second, stops in (("SIGINT", "SIGINT", True), ("SIGINT", "SIGTERM", True),
-                                 ("SIGTERM", "SIGTERM", False), ("SIGTERM", "SIGUSR1", False)):
+                                 ("SIGTERM", "SIGTERM", False), ("SIGTERM", "SIGUSR1", False),
+                                 ("SIGINT", "SIGUSR1", False)):     # Slurm's time-limit warning: the save goes on
         monitor = SignalMonitor(rank=0)
         monkeypatch.setattr("sys.stderr", GonePipe())
         try:

@@ -4,6 +4,7 @@ backwards; pruning touches only the saver's own folders; an interrupted same-ite
 restored, not deleted."""
 import errno
 import os
+import time
 
 import pytest
 import torch
@@ -144,6 +145,28 @@ def test_a_save_folder_another_run_is_using_is_refused_before_any_build(ckpt_cor
     train(flags(ckpt_corpus, 2, "--save", save, cache=ckpt_cache))
     assert list_complete(save) == [2]
     SaveFolderLock.hold(save, is_first_process=True).release()     # the finished run let go of it
+
+
+def test_a_forked_child_does_not_keep_the_save_folder_locked(tmp_path):
+    """A DataLoader worker is a fork of rank 0 and shared its locked file: a worker outliving a killed rank 0
+    kept the folder locked. Children close their copy; the parent's release frees the folder."""
+    from megatron_zaya.checkpoint.save_lock import SaveFolderLock
+
+    lock = SaveFolderLock.hold(str(tmp_path), is_first_process=True)
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                   # the "worker": alive past the parent's release
+        os.write(ready_w, b"1")
+        time.sleep(3)
+        os._exit(0)
+    try:
+        assert os.read(ready_r, 1) == b"1"
+        with pytest.raises(CheckpointError, match="in use by another training run"):
+            SaveFolderLock.hold(str(tmp_path), is_first_process=True)     # the parent still holds it
+        lock.release()
+        SaveFolderLock.hold(str(tmp_path), is_first_process=True).release()   # free while the child lives
+    finally:
+        os.waitpid(pid, 0)
 
 
 def test_latest_never_moves_backwards_past_a_complete_checkpoint(tmp_path):

@@ -119,17 +119,17 @@ def test_other_methods_and_paths(server_url):
         assert json.loads(reply.read())["data"][0]["object"] == "model"
 
 
-@pytest.mark.parametrize("length", ["abc", "-1"])
+@pytest.mark.parametrize("length", ["abc", "-1", "\u00b2"])
 def test_a_content_length_that_is_no_byte_count_gets_400(server_url, length):
     """Not a dropped connection (abc) or a read that waits for the client to close (-1)."""
     host, port = server_url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as conn:
-        conn.sendall(f"PUT /api HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n{{}}".encode())
+        conn.sendall(f"PUT /api HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n{{}}".encode("latin-1"))
         answer = b""
         while chunk := conn.recv(4096):             # the server closes the connection after its answer
             answer += chunk
     answer = answer.decode()
-    assert answer.startswith("HTTP/1.0 400") and f"Content-Length '{length}' is not a byte count" in answer, answer
+    assert answer.startswith("HTTP/1.0 400") and "is not a byte count" in answer, answer
 
 
 def test_flags_are_checked_before_the_checkpoint_loads(hf_checkpoint, sp_model, tmp_path, capsys):

@@ -135,3 +135,24 @@ def test_use_checkpoint_args_takes_the_tokenizer_too(first_run, tiny_corpus, tmp
     with pytest.raises(SystemExit):
         parse_args(flags + ["--no-use-tokenizer-model-from-checkpoint-args"])
     assert "--tokenizer-model" in capsys.readouterr().err
+
+
+def test_a_converted_checkpoint_has_no_schedule_to_keep(first_run, tiny_corpus, tmp_path, capsys):
+    """A resharded checkpoint records its source's tokenizer flags, not the run's: --use-checkpoint-opt_param-
+    scheduler stops naming it (it took the tokenizer record for run flags and went on with a note)."""
+    import importlib.util
+    from pathlib import Path
+
+    from megatron_zaya.checkpoint import CheckpointError
+
+    _, save = first_run
+    spec = importlib.util.spec_from_file_location(
+        "convert_tool", Path(__file__).resolve().parents[2] / "tools" / "convert_checkpoint.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    resharded = tmp_path / "resharded"
+    assert tool.main(["reshard", str(save), str(resharded), "--no-progress"]) == 0
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{**FIRST, "--load": resharded, "--no-load-optim": ""})
+                     + ["--use-checkpoint-opt_param-scheduler"])
+    with pytest.raises(CheckpointError, match="holds no flags of the run that saved it"):
+        build_and_train(run)

@@ -34,6 +34,10 @@ def test_the_command_line_overrides_every_kind_of_yaml_key(tiny_corpus, tmp_path
     assert not run.train.bf16 and not run.parallel.use_distributed_optimizer
     assert run.train.train_iters is None and run.train.train_samples == 40
     assert run.train.lr_warmup_iters == 0 and run.train.lr_warmup_fraction == 0.1
+    # a command-line value equal to the default still counts as the choice (no warm-up over the file's fraction)
+    cfg.write_text("train-iters: 9\nlr-warmup-fraction: 0.1\n")
+    run = parse_args(flags + ["--lr-warmup-iters", "0"])
+    assert run.train.lr_warmup_iters == 0 and run.train.lr_warmup_fraction is None
 
 
 def test_yaml_values_are_converted_like_command_line_words(tiny_corpus, tmp_path, capsys):
