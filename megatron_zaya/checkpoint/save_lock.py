@@ -3,18 +3,21 @@
 Two runs saving into one folder (a job submitted twice, a second launch while the first still runs)
 replace each other's checkpoints and remove each other's unfinished saves, and each reports success.
 The first process of a run (rank 0) therefore holds an exclusive lock (flock) on SAVE/.run.lock from
-before the --save checks until the run ends; a run that finds it held stops with an error naming the
-holder (pid, host, start time), before anything is built. The operating system drops the lock when
-its process dies, however it dies (forked children let go of their copy). On a filesystem without flock
-(Lustre mounted without it) nothing is locked and the run goes on, as before. Only rank 0 looks: the
-other ranks of a refused run end when their launcher ends the job (torchrun; srun with
---kill-on-bad-exit, as run_mi300x.sh uses), or at --distributed-timeout-minutes.
+before the --save checks until the run ends; a run that finds it held waits a few minutes (a job
+restarted after a node failure can find the dead node's lock on a network filesystem until it lapses),
+then stops with an error naming the holder (pid, host, start time), before anything is built. The
+operating system drops the lock when its process dies, however it dies (forked children let go of
+their copy). On a filesystem without flock (Lustre mounted without it) nothing is locked and the run
+goes on, as before. Only rank 0 looks: the other ranks of a refused run end when their launcher ends
+the job (torchrun; srun with --kill-on-bad-exit, as run_mi300x.sh uses), or at
+--distributed-timeout-minutes.
 """
 from __future__ import annotations
 
 import errno
 import os
 import socket
+import sys
 import time
 
 from megatron_zaya.checkpoint.format import CheckpointError
@@ -40,24 +43,17 @@ class SaveFolderLock:
         return lock
 
     def _acquire(self, save_dir: str) -> None:
-        import fcntl
-
         os.makedirs(save_dir, exist_ok=True)
         path = os.path.join(save_dir, LOCK_FILE)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+            locked = _wait_for_lock(fd, path, save_dir)
+        except BaseException:
             os.close(fd)
-            raise CheckpointError(f"--save {save_dir} is in use by another training run ({holder}; {path} is "
-                                  f"locked): two runs saving into one folder would overwrite each other's "
-                                  f"checkpoints. Wait for it to end, or choose another --save") from None
-        except OSError as err:
-            os.close(fd)
-            if err.errno in _NO_LOCKS:
-                return               # no flock on this filesystem: nothing to hold
             raise
+        if not locked:               # no flock on this filesystem: nothing to hold
+            os.close(fd)
+            return
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
                   .encode(), 0)
@@ -75,3 +71,32 @@ class SaveFolderLock:
         if self._fd is not None:
             os.close(self._fd)         # closing the last descriptor drops the flock
             self._fd = None
+
+
+def _wait_for_lock(fd: int, path: str, save_dir: str) -> bool:
+    """flock `fd`, waiting up to MEGATRON_ZAYA_SAVE_LOCK_WAIT seconds (default 300) while another process holds
+    it: a job restarted after a node failure may find the dead node's lock on a network filesystem until it
+    lapses, within minutes. False when the filesystem has no flock; CheckpointError naming the holder when the
+    wait runs out."""
+    import fcntl
+
+    patience = float(os.environ.get("MEGATRON_ZAYA_SAVE_LOCK_WAIT", "300"))
+    deadline, said = time.time() + patience, False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+        except OSError as err:
+            if err.errno in _NO_LOCKS:
+                return False
+            raise
+        if time.time() >= deadline:
+            raise CheckpointError(f"--save {save_dir} is in use by another training run ({holder}; {path} is "
+                                  f"locked, waited {patience:.0f} s): two runs saving into one folder would "
+                                  f"overwrite each other's checkpoints. Wait for it to end, or choose another --save")
+        if not said:
+            print(f"waiting up to {patience:.0f} s for {path} ({holder}) to be released", file=sys.stderr, flush=True)
+            said = True
+        time.sleep(min(5.0, max(0.0, deadline - time.time())))

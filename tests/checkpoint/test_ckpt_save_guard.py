@@ -136,6 +136,7 @@ def test_a_save_folder_another_run_is_using_is_refused_before_any_build(ckpt_cor
 
     save = str(tmp_path / "S")
     other_run = SaveFolderLock.hold(save, is_first_process=True)
+    monkeypatch.setenv("MEGATRON_ZAYA_SAVE_LOCK_WAIT", "0")
     monkeypatch.setattr("megatron_zaya.training.setup.build_runtime", no_build)
     with pytest.raises(CheckpointError, match=rf"--save {save} is in use by another training run \(pid {os.getpid()} "):
         train(flags(ckpt_corpus, 2, "--save", save, cache=ckpt_cache))
@@ -147,12 +148,26 @@ def test_a_save_folder_another_run_is_using_is_refused_before_any_build(ckpt_cor
     SaveFolderLock.hold(save, is_first_process=True).release()     # the finished run let go of it
 
 
-def test_a_forked_child_does_not_keep_the_save_folder_locked(tmp_path):
+def test_a_lock_let_go_within_the_wait_is_taken(tmp_path, monkeypatch, capsys):
+    """A restart after a node failure can find the dead node's lock until the filesystem lets it lapse: the
+    run waits (MEGATRON_ZAYA_SAVE_LOCK_WAIT seconds) and takes the lock once it is free."""
+    import threading
+    from megatron_zaya.checkpoint.save_lock import SaveFolderLock
+
+    held = SaveFolderLock.hold(str(tmp_path), is_first_process=True)
+    threading.Timer(1.0, held.release).start()
+    monkeypatch.setenv("MEGATRON_ZAYA_SAVE_LOCK_WAIT", "60")
+    SaveFolderLock.hold(str(tmp_path), is_first_process=True).release()
+    assert "waiting up to 60 s for" in capsys.readouterr().err
+
+
+def test_a_forked_child_does_not_keep_the_save_folder_locked(tmp_path, monkeypatch):
     """A DataLoader worker is a fork of rank 0 and shared its locked file: a worker outliving a killed rank 0
     kept the folder locked. Children close their copy; the parent's release frees the folder."""
     from megatron_zaya.checkpoint.save_lock import SaveFolderLock
 
     lock = SaveFolderLock.hold(str(tmp_path), is_first_process=True)
+    monkeypatch.setenv("MEGATRON_ZAYA_SAVE_LOCK_WAIT", "0")
     ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid == 0:                                   # the "worker": alive past the parent's release
