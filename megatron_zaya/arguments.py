@@ -475,6 +475,9 @@ def validate(args: argparse.Namespace) -> RunConfig:
     if args.log_progress and not args.save:
         warnings.append("--log-progress without --save: nothing is written (progress.txt goes into the --save folder)")
     warnings += check_profile_flags(args, parallel.world_size, torch.cuda.is_available())
+    if args.distributed_backend == "nccl" and not torch.cuda.is_available() and not args.dry_run:
+        raise UserInputError("--distributed-backend nccl needs GPUs (NCCL/RCCL), and torch sees none here: give "
+                             "gloo, or drop the flag (gloo on CPU, NCCL/RCCL on GPUs)")
 
     if (args.train_iters is None) == (args.train_samples is None):
         raise UserInputError("give exactly one of --train-iters and --train-samples")

@@ -95,7 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(as in Megatron-LM); the next start with a fitting layout uses the full size again")
     g.add_argument("--train-iters", type=int, default=None)
     g.add_argument("--train-samples", type=int, default=None)
-    g.add_argument("--optimizer", choices=["muon", "adamw"], default="muon")
+    g.add_argument("--optimizer", choices=["muon", "adamw", "adam"], default="muon",
+                   help="muon (Muon on hidden matrices, AdamW on the rest) or adamw; Megatron-LM's adam is its "
+                        "AdamW (decoupled weight decay), so adam means adamw here")
     g.add_argument("--lr", type=float, default=3e-4)
     g.add_argument("--min-lr", type=float, default=0.0)
     g.add_argument("--decoupled-lr", type=float, default=None,

@@ -38,6 +38,11 @@ IMPLIED_SWITCHES = {
     "--cross-entropy-loss-fusion": "the cross-entropy is always computed in chunks, or by the Triton kernel",
     "--calculate-per-token-loss": "the loss is always the mean over all loss-mask tokens of the global batch",
     "--moe-grouped-gemm": "experts always run as grouped matmuls",
+    "--lazy-mpu-init": "the process groups are made once, by this code, before the model",
+    "--use-tp-pp-dp-mapping": "the rank grid's order is this code's own (tensor-parallel ranks adjacent)",
+    "--trust-remote-code": "no tokenizer code is downloaded or run: tokenizers are local files",
+    "--use-persistent-ckpt-worker": "an --async-save is written by a background thread of each rank",
+    "--one-logger-async": "no one-logger here: TensorBoard gets the scalars",
     "--moe-router-enable-expert-bias": "ZAYA1's balancing biases are always on (--no-moe-router-bias-update "
                                        "turns their update off)",
     "--swiglu": "the experts are SwiGLU",
@@ -109,6 +114,9 @@ IMPLIED_SWITCHES = {
 # Switches that ask for something this code does not do: each stops the run with what to use instead.
 REFUSED_SWITCHES = {
     "--fp16": "train with --bf16 (ZAYA1 trained in bf16; no loss scaling here)",
+    "--moe-router-padding-for-fp8": "no FP8 here: train with --bf16",
+    "--distribute-saved-activations": "activations are not split over tensor-parallel ranks: use "
+                                      "--sequence-parallel, or --recompute-granularity full",
     "--use-torch-fsdp2": "shard with --use-distributed-optimizer (ZeRO-1), as ZAYA1 did",
     "--tp-comm-overlap": "tensor-parallel communication is not overlapped with compute here; drop the flag",
     "--moe-pad-expert-input-to-capacity": "experts are dropless (no capacity to pad to)",
@@ -259,6 +267,21 @@ FIXED_VALUES = {
                                                  "one timeout for the whole run: --distributed-timeout-minutes"),
     "--tokenizer-metadata": ("tokenizer_metadata", (), "tokenizers are built from --tokenizer-type and "
                                                       "--tokenizer-model (Megatron-LM's legacy tokenizers)"),
+    "--decoder-last-pipeline-num-layers": ("decoder_last_pipeline_num_layers", (), "there is no pipeline parallelism"),
+    "--mtp-loss-scaling-factor": ("mtp_loss_scaling_factor", None, "it only scales --mtp-num-layers' loss (0 here)"),
+    "--vocab-extra-ids": ("vocab_extra_ids", ("0",), "no T5 sentinel tokens in a GPT vocabulary"),
+    "--encoder-seq-length": ("encoder_seq_length", (), "give the sequence length as --seq-length"),
+    "--hierarchical-context-parallel-sizes": ("hierarchical_context_parallel_sizes", (),
+                                              "context parallelism is one group: --context-parallel-size"),
+    "--moe-upcycling-granularity": ("moe_upcycling_granularity", ("1",), "no upcycling of a dense checkpoint"),
+    "--sgd-momentum": ("sgd_momentum", None, "it only tunes --optimizer sgd, which is not offered"),
+    "--nccl-communicator-config-path": ("nccl_communicator_config_path", None,
+                                        "NCCL's communicators take their defaults"),
+    "--straggler-ctrlr-port": ("straggler_ctrlr_port", None, "--log-straggler reports the slowest ranks itself"),
+    "--one-logger-project": ("one_logger_project", None, "no one-logger here: TensorBoard gets the scalars"),
+    "--one-logger-run-name": ("one_logger_run_name", None, "no one-logger here: TensorBoard gets the scalars"),
+    "--app-tag-run-name": ("app_tag_run_name", None, "no one-logger here: TensorBoard gets the scalars"),
+    "--app-tag-run-version": ("app_tag_run_version", None, "no one-logger here: TensorBoard gets the scalars"),
 }
 
 
@@ -268,6 +291,27 @@ WARNED_SWITCHES = {
     "--log-energy": "the GPUs' energy is not read here (no NVML / amdsmi counter); the console line and TensorBoard "
                     "have tokens/s and TFLOP/s per device",
 }
+
+
+def _every_layer(pattern: str, num_layers: int | None) -> bool:
+    """Whether --moe-layer-freq's list form ("[1]*40", "([1]*40)", "[1,1,1]") makes every block MoE (and has
+    --num-layers entries, when that is given)."""
+    import ast
+    import re
+
+    text = pattern.strip()
+    while text.startswith("(") and text.endswith(")"):
+        text = text[1:-1].strip()
+    repeated = re.fullmatch(r"\[\s*1\s*\]\s*\*\s*(\d+)", text)
+    if repeated:
+        ones = [1] * int(repeated.group(1))
+    else:
+        try:
+            ones = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return False
+    return isinstance(ones, list) and len(ones) > 0 and all(v == 1 for v in ones) and \
+        (num_layers is None or len(ones) == num_layers)
 
 
 def _same(word: str, accepted: str) -> bool:
@@ -319,6 +363,8 @@ def resolve_aliases(args: argparse.Namespace) -> list[str]:
         raise ValueError(f"--moe-router-bias-update-rate={rate} and --moe-router-bias-lr={lr} set the same step: "
                          f"give one of them")
     args.moe_router_bias_lr = rate if rate is not None else lr if lr is not None else TrainConfig.moe_router_bias_lr
+    if args.optimizer == "adam":          # Megatron-LM's adam is AdamW (decoupled weight decay)
+        args.optimizer = "adamw"
     warnings = [f"{flag}: {why}" for flag, why in WARNED_SWITCHES.items() if getattr(args, flag[2:].replace("-", "_"))]
     given = [f for f in WANDB_FLAGS if getattr(args, f[2:].replace("-", "_")) is not None]
     if given:
@@ -330,6 +376,8 @@ def resolve_aliases(args: argparse.Namespace) -> list[str]:
 
 def check_megatron_flags(args: argparse.Namespace) -> None:
     """ValueError naming the first flag whose value this code does not do."""
+    if args.moe_layer_freq is not None and _every_layer(args.moe_layer_freq, args.num_layers):
+        args.moe_layer_freq = "1"         # Megatron-LM's pattern form of "every block is MoE"
     for flag, instead in REFUSED_SWITCHES.items():
         if getattr(args, flag[2:].replace("-", "_")):
             raise ValueError(f"{flag} is not supported: {instead}")

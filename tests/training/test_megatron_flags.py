@@ -45,7 +45,12 @@ def test_a_megatron_lm_script_runs_unchanged(tiny_corpus, tmp_path):
                 "--cuda-graph-impl", "none", "--cuda-graph-scope", "full", "--fp8-amax-history-len", "1024",
                 "--fp8-amax-compute-algo", "max", "--fp8-margin", "0", "--fp8-interval", "1",
                 "--num-layers-at-start-in-bf16", "1", "--num-layers-at-end-in-bf16", "1",
-                "--cpu-offloading-num-layers", "0", "--dist-ckpt-format", "torch_dist"]
+                "--cpu-offloading-num-layers", "0", "--dist-ckpt-format", "torch_dist",
+                "--lazy-mpu-init", "--use-tp-pp-dp-mapping", "--trust-remote-code", "--use-persistent-ckpt-worker",
+                "--one-logger-async", "--mtp-loss-scaling-factor", "0.1", "--vocab-extra-ids", "0",
+                "--moe-upcycling-granularity", "1", "--sgd-momentum", "0.9", "--nccl-communicator-config-path", "x.yaml",
+                "--straggler-ctrlr-port", "65535", "--one-logger-project", "p", "--one-logger-run-name", "r",
+                "--app-tag-run-name", "a", "--app-tag-run-version", "1"]
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--lr-warmup-iters": "4"}) + megatron)
     assert run.train.recompute_granularity == "selective"          # Megatron's --recompute-activations
     assert (run.train.manual_gc, run.train.manual_gc_interval, run.train.manual_gc_eval) == (True, 5, False)
@@ -81,3 +86,25 @@ def test_megatron_aliases_take_effect(tiny_corpus, tmp_path, capsys):
     assert "--use-checkpoint-opt_param-scheduler needs --load" in error_of(
         base + ["--use-checkpoint-opt-param-scheduler"], capsys)
     assert parse_args(base + ["--local_rank=1"]).args.local_rank == 1
+
+
+def test_megatron_spellings_of_what_this_code_does(tiny_corpus, tmp_path, capsys):
+    """Megatron-LM's --optimizer adam (its AdamW) is adamw; --moe-layer-freq's list form with every block MoE is
+    1, any 0 in it is refused; --distributed-backend nccl without a GPU stops with one line (it crashed in
+    init_process_group after the data work); flags for what is absent here are refused by name."""
+    base = tiny_run_flags(tiny_corpus, tmp_path)       # 2 layers
+    assert parse_args(base + ["--optimizer", "adam"]).optim.optimizer == "adamw"
+    for pattern in ("[1]*2", "([1]*2)", "[1, 1]"):
+        assert parse_args(base + ["--moe-layer-freq", pattern]).args.moe_layer_freq == "1"
+    for pattern, message in (("[1,0]", "--moe-layer-freq=[1,0] is not supported"),
+                             ("[1]*3", "--moe-layer-freq=[1]*3 is not supported")):
+        assert message in error_of(base + ["--moe-layer-freq", pattern], capsys)
+    import torch
+    if not torch.cuda.is_available():
+        assert "--distributed-backend nccl needs GPUs" in error_of(base + ["--distributed-backend", "nccl"], capsys)
+        parse_args(base + ["--distributed-backend", "nccl", "--dry-run"])      # planned on a login node: fine
+    for flags, message in ((["--distribute-saved-activations"], "--distribute-saved-activations is not supported"),
+                           (["--moe-router-padding-for-fp8"], "--moe-router-padding-for-fp8 is not supported"),
+                           (["--encoder-seq-length", "64"], "give the sequence length as --seq-length"),
+                           (["--decoder-last-pipeline-num-layers", "2"], "there is no pipeline parallelism")):
+        assert message in error_of(base + flags, capsys)
