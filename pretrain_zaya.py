@@ -19,7 +19,7 @@ from megatron_zaya.arguments import parse_args
 from megatron_zaya.checkpoint.format import CheckpointError
 from megatron_zaya.errors import UserInputError
 from megatron_zaya.training.setup import build_and_train
-from megatron_zaya.parallel.launch import detect_launcher, exit_process
+from megatron_zaya.parallel.launch import detect_launcher, end_with_the_launcher, exit_process
 
 PROG = "pretrain_zaya.py"
 
@@ -43,6 +43,7 @@ def main(argv=None) -> int:
     the user's input found later (a corrupt dataset or checkpoint, an unusable path) end the run with
     one `error:` line per rank that met it (naming the rank in a multi-process run) and exit status
     2, like a bad flag."""
+    end_with_the_launcher()       # a SIGKILLed torchrun leaves no rank behind (holding the --save lock)
     run = parse_args(argv)
     torch.manual_seed(run.train.seed)
     try:

@@ -240,6 +240,32 @@ def _agree_with_mpi(info: LaunchInfo) -> LaunchInfo:
     return info
 
 
+def end_with_the_launcher(env=None) -> None:
+    """Under torchrun (which starts each rank in a session of its own), ask Linux to send this process
+    SIGTERM when its launcher dies: a SIGKILLed torchrun otherwise leaves its ranks behind, rank 0 holding
+    the --save folder's lock (checkpoint/save_lock.py) while it retries the dead launcher's store for up to
+    --distributed-timeout-minutes. Before the training's handlers exist SIGTERM ends the process; after,
+    it saves a checkpoint and exits (training/signals.py). No-op elsewhere (srun and mpirun end their
+    tasks themselves) and off Linux."""
+    import ctypes
+    import signal
+    import sys
+
+    env = os.environ if env is None else env
+    if "TORCHELASTIC_RUN_ID" not in env or not sys.platform.startswith("linux"):
+        return
+    launcher = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        if libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != launcher:     # the launcher died before the request: nothing would ever signal
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def init_distributed(backend: str | None = None, timeout_minutes: float = DEFAULT_TIMEOUT_MINUTES) -> DistEnv:
     """Initialise torch.distributed from the launcher's environment; returns this process's DistEnv.
     Idempotent: when a group already exists it only reports it."""

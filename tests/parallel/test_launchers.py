@@ -197,3 +197,39 @@ def test_exit_process_skips_teardown_only_in_a_multi_process_job(world_size):
     assert proc.returncode == 3, proc.stderr
     assert proc.stdout.startswith("unflushed line of rank 0")
     assert ("teardown ran" in proc.stdout) == (world_size == "1")
+
+
+def test_a_rank_ends_when_its_torchrun_is_killed():
+    """torchrun starts each rank in a session of its own: after a SIGKILL of torchrun its ranks lived on, rank 0
+    holding the --save lock while it retried the dead store. A rank asks for SIGTERM when its launcher dies."""
+    import signal
+    import time
+
+    rank = ("from megatron_zaya.parallel.launch import end_with_the_launcher\n"
+            "end_with_the_launcher()\nprint('ready', flush=True)\nimport time\ntime.sleep(120)\n")
+    launcher_code = ("import os, subprocess, sys, time\n"
+                     f"child = subprocess.Popen([sys.executable, '-c', {rank!r}], start_new_session=True,\n"
+                     "                         env=dict(os.environ, TORCHELASTIC_RUN_ID='test'))\n"
+                     "print(child.pid, flush=True)\ntime.sleep(60)\n")
+    launcher = subprocess.Popen([sys.executable, "-c", launcher_code], stdout=subprocess.PIPE, text=True)
+    child = int(launcher.stdout.readline())
+    try:
+        assert launcher.stdout.readline().strip() == "ready"      # the rank has made its request
+        launcher.kill()
+        launcher.wait()
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                with open(f"/proc/{child}/status") as f:
+                    state = f.read().split("State:")[1].split()[0]
+            except FileNotFoundError:
+                state = "gone"
+            if state in ("Z", "gone"):                  # ended (a zombie until its new parent reaps it)
+                break
+            time.sleep(0.2)
+        assert state in ("Z", "gone"), state
+    finally:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
