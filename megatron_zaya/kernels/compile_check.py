@@ -201,7 +201,8 @@ def main(argv=None) -> int:
                     kernel = triton.compile(ASTSource(fn, sig, constexprs), target=target, options=options)
                     status = "ok " + "/".join(k for k in kernel.asm if k in ("cubin", "hsaco"))
                     fits = shared_memory_fits(kernel, target)
-                    status += f" smem {kernel.metadata.shared}B" + (" EXCEEDS the target's limit" if fits is False else "")
+                    status += f" smem {kernel.metadata.shared}B"
+                    status += " EXCEEDS the target's limit" if fits is False else ""
                     launchable[launch] = launchable.get(launch, False) or fits is not False
                     if target.backend == "cuda":
                         usage = ptxas_usage(kernel.asm["ptx"], target.arch)

@@ -2,7 +2,8 @@
 
 Order: tokenizer (and the padded vocabulary) -> the --save folder's lock (checkpoint.save_lock, held to
 the end) -> checks of --save / --load (checkpoint.preflight) -> process layout -> model -> parallel
-form -> optimizer -> checkpoint load -> data loaders -> trainer. Validation of the flags already happened in megatron_zaya.arguments, before any of this."""
+form -> optimizer -> checkpoint load -> data loaders -> trainer. Validation of the flags already happened
+in megatron_zaya.arguments, before any of this."""
 from __future__ import annotations
 
 import contextlib

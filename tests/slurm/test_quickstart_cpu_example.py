@@ -75,7 +75,8 @@ def test_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(corpus, tmp_path):
                     VOCAB_SIZE="800", PYTHON=sys.executable)
     proc = subprocess.Popen(["bash", os.path.join(EX, "quickstart_cpu.sh"), "--eval-iters", "0", "--log-interval", "1",
                              "--save-interval", "100000", "--seq-length", "64", "--num-workers", "0"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     lines = []
     try:
         deadline = time.time() + 240

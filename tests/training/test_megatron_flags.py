@@ -48,7 +48,8 @@ def test_a_megatron_lm_script_runs_unchanged(tiny_corpus, tmp_path):
                 "--cpu-offloading-num-layers", "0", "--dist-ckpt-format", "torch_dist",
                 "--lazy-mpu-init", "--use-tp-pp-dp-mapping", "--trust-remote-code", "--use-persistent-ckpt-worker",
                 "--one-logger-async", "--mtp-loss-scaling-factor", "0.1", "--vocab-extra-ids", "0",
-                "--moe-upcycling-granularity", "1", "--sgd-momentum", "0.9", "--nccl-communicator-config-path", "x.yaml",
+                "--moe-upcycling-granularity", "1", "--sgd-momentum", "0.9",
+                "--nccl-communicator-config-path", "x.yaml",
                 "--straggler-ctrlr-port", "65535", "--one-logger-project", "p", "--one-logger-run-name", "r",
                 "--app-tag-run-name", "a", "--app-tag-run-version", "1"]
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--lr-warmup-iters": "4"}) + megatron)
