@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import sys
 
-import torch
-
 from megatron_zaya.arguments import parse_args
 from megatron_zaya.checkpoint.format import CheckpointError
 from megatron_zaya.errors import UserInputError
-from megatron_zaya.training.setup import build_and_train
+from megatron_zaya.training.setup import build_and_train, seed_everything
 from megatron_zaya.parallel.launch import detect_launcher, end_with_the_launcher, exit_process
 
 PROG = "pretrain_zaya.py"
@@ -45,7 +43,7 @@ def main(argv=None) -> int:
     2, like a bad flag."""
     end_with_the_launcher()       # a SIGKILLed torchrun leaves no rank behind (holding the --save lock)
     run = parse_args(argv)
-    torch.manual_seed(run.train.seed)
+    seed_everything(run.train.seed)
     try:
         return build_and_train(run)
     except (UserInputError, CheckpointError, OSError) as err:

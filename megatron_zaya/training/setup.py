@@ -66,6 +66,17 @@ def build_runtime(run):
     return runtime
 
 
+def seed_everything(seed: int) -> None:
+    """--seed for Python's, numpy's and torch's global generators, as Megatron-LM seeds them (numpy's was left
+    to the OS, so the RNG state a checkpoint saves differed between two identical runs)."""
+    import random
+
+    import numpy as np
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def build_model(run, initialize: bool = True) -> ZayaModel:
     """The single-device model, identical on every rank (seeded), with its memory policy:
     --recompute-granularity full|selective and --recompute-modules (ZayaModel.set_recompute).

@@ -137,3 +137,20 @@ def test_empty_unused_memory_level(monkeypatch, tiny_corpus, tmp_path):
         assert len(calls) == called, (level, where)
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--empty-unused-memory-level": 2}))
     assert run.train.empty_unused_memory_level == 2
+
+
+def test_seed_sets_python_numpy_and_torch_generators():
+    """As Megatron-LM: --seed seeds random, numpy and torch (numpy's was left to the OS, so two identical runs
+    saved different RNG states)."""
+    import random
+
+    import numpy as np
+    from megatron_zaya.training.setup import seed_everything
+
+    draws = []
+    for _ in range(2):
+        seed_everything(1234)
+        draws.append((random.random(), np.random.rand(), torch.rand(1).item()))
+    assert draws[0] == draws[1]
+    seed_everything(1235)
+    assert np.random.rand() != draws[0][1]
