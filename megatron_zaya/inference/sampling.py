@@ -57,9 +57,10 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams, vocab_limit: int
         logits[:, vocab_limit:] = float("-inf")
     if params.temperature not in (0, 1):
         top = logits.amax(dim=-1, keepdim=True)
-        # <= 0, 0 at the top token: nothing overflows; in float64, where a temperature below float32's
-        # smallest number is not 0 (a very negative quotient becomes -inf in float32, as it should).
-        logits = ((logits - top).double() / params.temperature).float()
+        # <= 0, 0 at the top token: nothing overflows (a very negative quotient is -inf, as it should be). A
+        # temperature below float32's smallest normal number divides as that number: 0 / 0 cannot happen, and
+        # every token but the top ones already has probability 0 there.
+        logits = (logits - top) / max(params.temperature, torch.finfo(torch.float32).tiny)
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
