@@ -148,7 +148,9 @@ class DistributedMuon:
         directions = []
         for p in mine:
             bucket, i, _ = self.owner[p]
-            state = self.state.setdefault(p, {"momentum_buffer": torch.zeros_like(p, dtype=torch.float32)})
+            state = self.state.setdefault(p, {})
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
             if p.dtype != torch.float32 and "master" not in state:
                 state["master"] = p.detach().float()
             directions.append(momentum_direction(bucket.view(i).float(), state["momentum_buffer"],

@@ -214,3 +214,17 @@ def test_zero1_with_bf16_weights_trains_like_one_process(tiny_corpus, tmp_path):
                   "--check-weight-hash-across-dp-replicas-interval", "1")
     assert zero1[0] == pytest.approx(single[0], rel=1e-4), (zero1, single)
     assert zero1 == pytest.approx(single, rel=2e-3), (zero1, single)
+
+
+def test_zero1_keeps_the_decoupled_lr_and_the_weight_decay_schedule(tiny_corpus, tmp_path):
+    """ZeRO-1 builds its own parameter groups (AdamW shards, distributed Muon): the output layer's and
+    embedding's --decoupled-lr group and the weight-decay schedule must reach them as they reach the
+    single-process optimizer. Large values so that a group on the wrong lr or decay moves the loss by far
+    more than the tolerance (1e-5 relative on the first two steps, as above; 1e-3 after)."""
+    flags = ["--untie-embeddings-and-output-weights", "--decoupled-lr", "3e-2", "--decoupled-min-lr", "3e-3",
+             "--lr-decay-style", "cosine", "--min-lr", "3e-4", "--start-weight-decay", "0.5",
+             "--end-weight-decay", "2.0", "--weight-decay-incr-style", "linear"]
+    single = train(tiny_corpus, tmp_path, "single-decoupled", 1, *flags)
+    zero1 = train(tiny_corpus, tmp_path, "zero1-decoupled", 2, "--use-distributed-optimizer", *flags)
+    assert zero1[:2] == pytest.approx(single[:2], rel=1e-5), (zero1, single)
+    assert zero1 == pytest.approx(single, rel=1e-3), (zero1, single)
