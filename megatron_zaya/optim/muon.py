@@ -4,7 +4,8 @@ update = NS5(nesterov_momentum(grad)) * 0.2 * sqrt(max(m, n))
 The 0.2 * sqrt(max(m, n)) factor matches the update's RMS to AdamW's typical ~0.2, so Muon shares
 AdamW's learning rate and (decoupled) weight decay. That is Megatron-LM's --muon-scale-mode spectral
 with --muon-extra-scale-factor 0.2; its other modes (MuonScale) are available too. A parameter of shape (..., m, n) holds
-prod(...) separate m x n matrices (each expert of a grouped expert weight is its own matrix).
+prod(...) separate m x n matrices (each expert of a grouped expert weight is its own matrix; an expert's
+gate and up projections are one (2F, D) matrix, orthogonalised together as Megatron-LM's linear_fc1 is).
 Newton-Schulz runs in `ns_dtype`; None (the default) picks bf16 where bf16 matmuls are native and
 fp32 elsewhere (an AVX2-only CPU), per device (kernels.capability.newton_schulz_dtype).
 With `tp_group` (--muon-tp-mode duplicated under TP) TP-split matrices are orthogonalised whole
