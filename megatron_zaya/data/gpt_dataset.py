@@ -64,6 +64,12 @@ def gpt_sample(text: np.ndarray, opts: SampleOptions) -> dict[str, np.ndarray]:
     """The training sample of seq_length + 1 token ids: inputs, shifted labels, masks and positions."""
     tokens, labels = text[:-1], text[1:]
     loss_mask, position_ids, document_ids = ltor_masks_and_position_ids(tokens, opts)
+    if opts.pad is not None and opts.pad >= 0 and opts.pad != opts.eod and (text == opts.pad).any():
+        # as Megatron-LM's GPTDataset: no loss where the label is the pad token, and pad ids read as id 0
+        # (not where pad is the EOD token too, as some Hugging Face tokenizers declare it: every
+        # document's end would go unlearned)
+        loss_mask[labels == opts.pad] = 0.0
+        tokens, labels = np.where(tokens == opts.pad, 0, tokens), np.where(labels == opts.pad, 0, labels)
     sample = {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids}
     if document_ids is not None:
         sample["document_ids"] = document_ids

@@ -132,7 +132,7 @@ class Encoder:
             try:
                 obj = json.loads(text)
             except json.JSONDecodeError as e:
-                self._skip(stats, "malformed JSON", where, f"{e.msg} at column {e.colno}")
+                self._skip(stats, "malformed JSON", where, f"{e.msg.removesuffix(' at')} at column {e.colno}")
                 continue
             except RecursionError:
                 self._skip(stats, "malformed JSON", where, "nested too deeply")
@@ -486,6 +486,11 @@ def check_config(cfg: PreprocessConfig) -> None:
         raise ValueError(f"--trim-max-length must be >= 1 (omit it to turn trimming off), got {cfg.trim_max_length}")
     if cfg.chunk_bytes < 1:
         raise ValueError(f"--chunk-bytes must be >= 1, got {cfg.chunk_bytes}")
+    folder = os.path.dirname(os.path.abspath(cfg.output_prefix))
+    while not os.path.exists(folder) and os.path.dirname(folder) != folder:    # the folder made for the output
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise ValueError(f"--output-prefix {cfg.output_prefix}: {folder} is a file, not a folder")
     if not cfg.overwrite:
         for k in cfg.json_keys:
             existing = existing_outputs(output_prefix_for(cfg.output_prefix, k))

@@ -11,7 +11,8 @@ import torch
 import data_megatron_reference as ref
 from megatron_zaya.data import index_builders as ib
 from megatron_zaya.data.cache import cached_arrays
-from megatron_zaya.data.gpt_dataset import GPTDataset, SampleOptions, ltor_masks_and_position_ids, split_indices
+from megatron_zaya.data.gpt_dataset import (GPTDataset, SampleOptions, gpt_sample, ltor_masks_and_position_ids,
+                                            split_indices)
 from megatron_zaya.data.indexed import IndexedDataset, write_dataset
 from megatron_zaya.errors import UserInputError
 from megatron_zaya.model.documents import document_attention_mask
@@ -112,6 +113,19 @@ def test_masks_and_position_ids():
         assert allowed[q].tolist() == [doc_start <= k <= q for k in range(7)]
     loss, pos, docs = ltor_masks_and_position_ids(tokens, SampleOptions(7, eod=eod))
     assert loss.tolist() == [1] * 7 and pos.tolist() == list(range(7)) and docs is None
+
+
+def test_pad_labels_get_no_loss_and_pad_ids_read_as_zero():
+    """Megatron-LM's GPTDataset: loss mask 0 where the label is the pad token, pad ids mapped to 0 in
+    tokens and labels (after the EOD-based masks and positions); a pad that is also the EOD is left alone."""
+    text = np.array([5, 3, 3, 2, 7, 3], dtype=np.uint16)      # pad 3, eod 2
+    sample = gpt_sample(text, SampleOptions(5, eod=2, pad=3, reset_position_ids=True))
+    assert sample["tokens"].tolist() == [5, 0, 0, 2, 7] and sample["labels"].tolist() == [0, 0, 2, 7, 0]
+    assert sample["loss_mask"].tolist() == [0, 0, 1, 1, 0]
+    assert sample["position_ids"].tolist() == [0, 1, 2, 3, 0] and sample["tokens"].dtype == np.uint16
+    for pad in (None, -1, 2):                                  # no pad, SentencePiece's "none", pad == EOD
+        sample = gpt_sample(text, SampleOptions(5, eod=2, pad=pad))
+        assert sample["tokens"].tolist() == [5, 3, 3, 2, 7] and sample["loss_mask"].tolist() == [1] * 5
 
 
 def test_token_ids_outside_the_vocabulary_are_named(tmp_path):

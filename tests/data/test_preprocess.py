@@ -58,6 +58,17 @@ def test_jsonl_matches_megatron_convention_and_counts_bad_lines(tmp_path, sp_mod
         line = next(l for l in summary.splitlines() if l.strip().startswith(reason))
         assert ": 1" in line and where in line, line
     assert f"documents: {len(good)}" in summary and "skipped:   6" in summary
+    assert "in.jsonl:5 (Invalid control character at column 17)" in summary     # json's "at" said once
+
+
+def test_an_output_prefix_under_a_file_is_refused_naming_the_flag(tmp_path, capsys):
+    (tmp_path / "in.jsonl").write_text('{"text": "1 2"}\n')
+    (tmp_path / "afile").write_text("")
+    out = tmp_path / "afile" / "sub" / "out"
+    assert run_tool("--input", tmp_path / "in.jsonl", "--output-prefix", out, "--tokenizer-type", "NullTokenizer",
+                    "--tokenizer-model", 100) == 2
+    assert f"--output-prefix {out}: {tmp_path / 'afile'} is a file, not a folder" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["afile", "in.jsonl"]
 
 
 def test_workers_and_chunks_give_identical_bytes(tmp_path, sp_model, corpus_dir):
