@@ -109,6 +109,17 @@ def model_entries(model) -> list[Entry]:
     return out
 
 
+def source_of_weight(folder: CheckpointFolder, name: str, t: torch.Tensor) -> str:
+    """The checkpoint key an fp32 tensor is read from: the fp32 master a --bf16 ZeRO-1 run saved beside its
+    bf16 weight, where there is one (on every rank, not only on the owner of the master's shard: the
+    replicas must start equal), else the weight itself."""
+    master = f"optim/{name}/master"
+    if t.dtype == torch.float32 and folder.has(master) and folder.global_shape(master) == folder.global_shape(
+            "model/" + name):
+        return master
+    return "model/" + name
+
+
 @torch.no_grad()
 def load_model(model, folder: CheckpointFolder) -> list[str]:
     """Copy every parameter / buffer from the checkpoint into this rank's slice; one that other ranks hold
@@ -130,7 +141,7 @@ def load_model(model, folder: CheckpointFolder) -> list[str]:
     owners = replica_owners(model)
     reads, cache = SharedReads(folder, pstate), {}
     for name, t in tensors.items():
-        reads.into(t, "model/" + name, ranges[name], cache, owners[name])
+        reads.into(t, source_of_weight(folder, name, t), ranges[name], cache, owners[name])
     reads.finish(next(iter(tensors.values())).device)
     extra = sorted(k[len("model/"):] for k in folder.keys("model/"))
     unknown = [k for k in extra if k not in tensors]
@@ -310,12 +321,8 @@ def load_optimizer(optimizer, model, folder: CheckpointFolder, saved_classes: di
                 else:
                     entry[sk] = folder.piece(key, ranges, flat, cache)
             saved_master = entry.pop("master", None)    # of a bf16 weight under ZeRO-1 (DistributedMuon)
-            if saved_master is not None:
-                if p.dtype == torch.float32:     # this run's weight is its own master: the precise value
-                    with torch.no_grad():
-                        p.copy_(saved_master.to(p.device).view_as(p))
-                elif slot.kind == "owner":
-                    entry["master"] = saved_master
+            if saved_master is not None and p.dtype != torch.float32 and slot.kind == "owner":
+                entry["master"] = saved_master         # (an fp32 weight is its own master: load_model read it)
             if master is not None:
                 if "master" in state_keys.get(name, []):
                     masters[id(master)] = folder.piece(f"optim/{name}/master", ranges, flat, cache).float()
@@ -342,8 +349,7 @@ def load_optimizer(optimizer, model, folder: CheckpointFolder, saved_classes: di
 def load_saved_masters(optimizer, model, folder: CheckpointFolder) -> int:
     """For a load that starts the optimizer afresh (--finetune, --no-load-optim), after load_model: the fp32
     masters a --bf16 ZeRO-1 run saved for its bf16 weights, so that this run starts from the trained values,
-    as load_optimizer and load_full_model_state do, not from their bf16 rounding. An fp32 weight takes its
-    master; a bf16 weight's ZeRO-1 master piece (or, DistributedMuon, its owner's master, with fresh momentum)
+    as load_optimizer and load_full_model_state do, not from their bf16 rounding. A bf16 weight's ZeRO-1 master piece (or, DistributedMuon, its owner's master, with fresh momentum)
     takes the saved one. Returns how many parameters took a saved master."""
     pstate = model_pstate(model)
     cache, taken = {}, 0
@@ -356,9 +362,7 @@ def load_saved_masters(optimizer, model, folder: CheckpointFolder) -> int:
             if folder.global_shape(key) != shape:
                 raise CheckpointError(f"{folder.folder}: {key} has shape {folder.global_shape(key)}, the parameter "
                                       f"{shape}")
-            with torch.no_grad():
-                if p.dtype == torch.float32:
-                    p.copy_(folder.piece(key, ranges, None, cache).to(p.device).view_as(p))
+            with torch.no_grad():      # (an fp32 weight is its own master: load_model read it)
                 if master is not None:
                     master.copy_(folder.piece(key, ranges, flat, cache).to(master.device).view_as(master))
                 elif slot.kind == "owner" and p.dtype != torch.float32:

@@ -228,3 +228,18 @@ def test_zero1_keeps_the_decoupled_lr_and_the_weight_decay_schedule(tiny_corpus,
     zero1 = train(tiny_corpus, tmp_path, "zero1-decoupled", 2, "--use-distributed-optimizer", *flags)
     assert zero1[:2] == pytest.approx(single[:2], rel=1e-5), (zero1, single)
     assert zero1 == pytest.approx(single, rel=1e-3), (zero1, single)
+
+
+def test_fp32_zero1_ranks_all_start_from_a_bf16_checkpoints_masters(tiny_corpus, tmp_path):
+    """A --bf16 ZeRO-1 checkpoint holds bf16 weights and their fp32 masters. An fp32 run takes the masters
+    as its weights on every rank: under ZeRO-1 too, where each rank's optimizer holds only its own shard's
+    masters (a rank kept the bf16 rounding of the others). The first step's loss is a forward of the
+    loaded weights on the same batch: equal, bit for bit, to plain DP2's, with and without the optimizer."""
+    ckpt = str(tmp_path / "bf16-zero1")
+    train(tiny_corpus, tmp_path, "bf16-zero1", 2, "--bf16", "--use-distributed-optimizer", "--save", ckpt,
+          "--train-iters", "3")
+    plain = train(tiny_corpus, tmp_path, "dp2-fresh", 2, "--load", ckpt, "--no-load-optim")
+    fresh = train(tiny_corpus, tmp_path, "zero1-fresh", 2, "--load", ckpt, "--no-load-optim",
+                  "--use-distributed-optimizer")
+    full = train(tiny_corpus, tmp_path, "zero1-full", 2, "--load", ckpt, "--use-distributed-optimizer")
+    assert len(plain) == 1 and fresh == plain and full == plain, (plain, fresh, full)
