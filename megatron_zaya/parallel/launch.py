@@ -34,6 +34,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from megatron_zaya.errors import UserInputError
+
 
 @dataclass
 class DistEnv:
@@ -83,6 +85,18 @@ def _env_int(env, *names, default=None):
     return default
 
 
+def _rank_and_size(env, rank: str, size: str) -> tuple[int, int]:
+    """An MPI launcher's rank and world size variables, which come in pairs: a clear error for an
+    environment that has one without the other (a half-copied job script) or a value that is no number."""
+    if env.get(size, "") == "":
+        raise UserInputError(f"{rank} is set but {size} is not: a process started by mpirun has both (unset "
+                             f"{rank} to run as one process, or start the ranks with mpirun, srun or torchrun)")
+    try:
+        return int(env[rank]), int(env[size])
+    except ValueError:
+        raise UserInputError(f"{rank}={env[rank]!r}, {size}={env[size]!r}: not whole numbers") from None
+
+
 # Slurm's special step ids (slurm.h; 0xfffffffa.. since 20.11, 0xfffffffe/0xffffffff before): the batch
 # script, the extern container, the interactive step, a pending step. A task-launch (srun) step has a
 # small id.
@@ -108,7 +122,7 @@ def detect_launcher(env=None) -> LaunchInfo:
         return LaunchInfo("torchrun", int(env["RANK"]), int(env["WORLD_SIZE"]),
                           _env_int(env, "LOCAL_RANK", default=0), addr, port)
     if "OMPI_COMM_WORLD_RANK" in env:
-        return LaunchInfo("openmpi", int(env["OMPI_COMM_WORLD_RANK"]), int(env["OMPI_COMM_WORLD_SIZE"]),
+        return LaunchInfo("openmpi", *_rank_and_size(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
                           _env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", default=0), addr, port)
     mpich_local_rank = _env_int(env, "MPI_LOCALRANKID", "PMI_LOCAL_RANK")
     # MPICH's / Intel MPI's Hydra sets a local rank; Slurm's own PMI-2 (`srun --mpi=pmi2`) sets
@@ -116,7 +130,7 @@ def detect_launcher(env=None) -> LaunchInfo:
     # (Hydra inside a Slurm job starts its proxies with srun, so its ranks see SLURM_STEP_ID too, but
     # with SLURM_PROCID of the proxy: its local rank variable keeps them on this branch.)
     if "PMI_RANK" in env and (mpich_local_rank is not None or not ("SLURM_PROCID" in env and in_slurm_step(env))):
-        return LaunchInfo("mpich", int(env["PMI_RANK"]), int(env["PMI_SIZE"]),
+        return LaunchInfo("mpich", *_rank_and_size(env, "PMI_RANK", "PMI_SIZE"),
                           mpich_local_rank if mpich_local_rank is not None else 0, addr, port)
     if "SLURM_PROCID" in env and in_slurm_step(env):
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")

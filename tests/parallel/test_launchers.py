@@ -97,6 +97,22 @@ def test_sbatch_script_is_not_a_slurm_rank():
     assert (info.launcher, info.rank, info.world_size, info.master_addr) == ("slurm", 3, 4, "mi300x-002")
 
 
+def test_half_an_mpi_environment_is_a_clear_error():
+    """An MPI rank variable without its world size (a half-copied job script), or a value that is not a
+    number: one line naming the variables (it was a KeyError / ValueError traceback)."""
+    from megatron_zaya.errors import UserInputError
+    for rank, size in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE")):
+        with pytest.raises(UserInputError, match=f"^{rank} is set but {size} is not"):
+            detect_launcher({rank: "0"})
+        with pytest.raises(UserInputError, match=f"{rank}='x', {size}='2': not whole numbers"):
+            detect_launcher({rank: "x", size: "2"})
+    result = subprocess.run([sys.executable, "pretrain_zaya.py", "--mock-data", "--tokenizer-type", "NullTokenizer",
+                             "--vocab-size", "512", "--train-iters", "1"], cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, "OMPI_COMM_WORLD_RANK": "0", "OMP_NUM_THREADS": "1"}, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "error: OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not" in result.stderr
+
+
 def test_mpi4py_of_another_mpi_is_a_clear_error(monkeypatch):
     """mpirun says rank 1 of 2, mpi4py's MPI (e.g. pip's Open MPI under MPICH's mpirun) says a singleton."""
     comm = types.SimpleNamespace(Get_size=lambda: 1, Get_rank=lambda: 0, bcast=lambda *a, **k: None)
