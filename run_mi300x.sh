@@ -27,7 +27,8 @@
 #             CUDA_DEVICE_MAX_CONNECTIONS [1]  NCCL_DEBUG [WARN]  OMP_NUM_THREADS [min(CPUS_PER_TASK, 8)]
 #   recovery  MAX_REQUEUES [50]: SIGUSR1 before the time limit (see --signal below) is forwarded to the
 #             trainer, which saves and exits; the job then requeues itself (scontrol requeue) and resumes.
-#             Never with CKPT_DIR empty: there would be nothing to resume from.
+#             Never with CKPT_DIR empty: there would be nothing to resume from. A job at MAX_REQUEUES with
+#             training unfinished exits 3; a trainer failing by itself after the warning is a failure (below).
 #             MAX_RESTARTS [3]: a failed run is resubmitted (sbatch --dependency=afterany) with the nodes
 #             that failed added to --exclude, and resumes from the latest checkpoint. Only a trainer's own
 #             exit code (1, 2, ...) or crash (139 SIGSEGV, 135 SIGBUS, 132, 136) blames its node: other
@@ -73,6 +74,10 @@ task_main() {
     export RANK=${SLURM_PROCID:?} LOCAL_RANK=${SLURM_LOCALID:?} WORLD_SIZE=${SLURM_NTASKS:?}
     export NODE_RANK=${SLURM_NODEID:-0} LOCAL_WORLD_SIZE=${TASKS_PER_NODE_RESOLVED:-1}
     local node=${SLURMD_NODENAME:-$(hostname)} log="$dir/rank-$SLURM_PROCID.log" child rc
+    # The trainer starts with SIGUSR1 ignored, so a warning that arrives before it has installed its
+    # own handler cannot kill it; the launcher repeats the signal until the trainer exits. Ignored from
+    # here on: one that came during TRAIN_ENV_SETUP (module loads, conda) killed this task.
+    trap '' USR1
     if [[ -n ${TRAIN_ENV_SETUP:-} ]]; then
         set +u     # a setup file written for a plain shell may read unset variables (PATH=...:$LD_LIBRARY_PATH)
         # shellcheck disable=SC1090
@@ -82,9 +87,6 @@ task_main() {
     mkdir -p ${TRITON_CACHE_DIR:+"$TRITON_CACHE_DIR"} ${MIOPEN_USER_DB_PATH:+"$MIOPEN_USER_DB_PATH"} \
         ${MIOPEN_CUSTOM_CACHE_DIR:+"$MIOPEN_CUSTOM_CACHE_DIR"} 2>/dev/null || true      # on this node's disk
     local signalled=none
-    # The trainer starts with SIGUSR1 ignored, so a warning that arrives before it has installed its
-    # own handler cannot kill it; the launcher repeats the signal until the trainer exits.
-    trap '' USR1
     trap 'signalled=TERM; kill -s TERM $child 2>/dev/null' TERM
     # Not passed on: Slurm delivers SIGINT to the trainer too, and a second one means "stop at once"
     # (training/signals.py), which would cut its checkpoint short (a repeated SIGTERM is ignored there).
@@ -359,8 +361,10 @@ requeue() {
         exit "$RC"
     fi
     if (( REQUEUE_COUNT >= ${MAX_REQUEUES:-50} )); then
-        log "not requeueing: MAX_REQUEUES=${MAX_REQUEUES:-50} reached"
-        exit 0
+        # Not a success: Slurm's state (and an afterok dependency) must not take an unfinished run for one.
+        log "not requeueing: MAX_REQUEUES=${MAX_REQUEUES:-50} reached; training is not finished (latest" \
+            "checkpoint: $(latest_iteration))"
+        exit 3
     fi
     log "requeueing job $JOB_ID (requeue $(( REQUEUE_COUNT + 1 ))/${MAX_REQUEUES:-50}) to resume from iteration $(latest_iteration)"
     trap 'exit 0' TERM          # the requeue itself ends this attempt with SIGTERM
@@ -391,7 +395,7 @@ SRUN_PID=""
 USR1_REPEAT=${USR1_REPEAT_SECONDS:-20}
 on_signal() {
     [[ -n $SRUN_PID ]] && kill -0 "$SRUN_PID" 2>/dev/null || return 0
-    GOT_SIGNAL=$1
+    [[ $GOT_SIGNAL == TERM ]] || GOT_SIGNAL=$1      # a repeated SIGUSR1 does not hide a SIGTERM
     if [[ $1 == USR1 ]]; then
         (( SAW_USR1 )) || log "received SIGUSR1 (time limit near): forwarding it to the training processes" \
                               "(they save a checkpoint and exit); repeated every ${USR1_REPEAT}s until they do"
@@ -416,8 +420,14 @@ log "training step ended with exit code $RC after $(( $(date +%s) - START )) s; 
 
 if (( SAW_USR1 )); then       # the time-limit warning came (even if Slurm's SIGTERM followed): requeue
     training_done && finish
-    (( RC == 0 )) || log "warning: the trainer exited $RC after SIGUSR1; resuming from the latest complete checkpoint"
-    requeue
+    # Unless the trainer failed by itself: an error exit with no new checkpoint and no SIGTERM from Slurm
+    # (a short job gets the warning within seconds) goes to the failure analysis below, whose bounds hold.
+    if (( RC == 0 )) || [[ $GOT_SIGNAL == TERM || $(latest_iteration) != "$LATEST_AT_START" ]]; then
+        (( RC == 0 )) || log "warning: the trainer exited $RC after SIGUSR1; resuming from the latest complete" \
+                             "checkpoint"
+        requeue
+    fi
+    log "the trainer exited $RC after SIGUSR1 without a new checkpoint or a SIGTERM: a failure, not the time limit"
 fi
 if [[ $GOT_SIGNAL == TERM ]]; then
     log "stopped by SIGTERM (cancelled or preempted); not restarting"

@@ -10,7 +10,8 @@ task count from SLURM_NTASKS / SLURM_NTASKS_PER_NODE of the job when the command
 The trainer is a bash stand-in (fake_trainer.sh): FAKE_RC holds one exit code per rank (the last
 one for the ranks after it; TERM/KILL/ABRT/SEGV/BUS: the trainer kills itself with that signal, i.e. it
 dies of it before its task wrapper has heard of any signal), FAKE_WRITES_ITER makes rank 0 write
-latest_checkpointed_iteration.txt into --save. Every call of a fake command is recorded in
+latest_checkpointed_iteration.txt into --save, FAKE_USR1 makes rank 0 send the launcher Slurm's SIGUSR1
+(then the ranks exit with their FAKE_RC: the stand-in does not save). Every call of a fake command is recorded in
 calls.jsonl with its arguments and environment.
 """
 from __future__ import annotations
@@ -55,6 +56,7 @@ import json, os, sys
 with open(os.environ["FAKE_CALLS"], "a") as f:
     f.write(json.dumps({"cmd": "srun", "argv": sys.argv[1:], "env": dict(os.environ)}) + "\n")
 PY
+trap ':' USR1     # real srun passes the signal on; here the tasks are not told (and start with its default)
 nodes=${SLURM_JOB_NUM_NODES:-1} npn=${SLURM_NTASKS_PER_NODE:-} ntasks=${SLURM_NTASKS:-}
 while [[ $# -gt 0 && $1 == -* ]]; do
     case $1 in
@@ -75,11 +77,15 @@ for (( r = 0; r < ntasks; r++ )); do
     pids+=($!)
 done
 rc=0
-for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+for p in "${pids[@]}"; do
+    while kill -0 "$p" 2>/dev/null; do wait "$p"; done     # (a trapped signal interrupts a wait)
+    wait "$p" || rc=$?
+done
 exit $rc
 '''
 
-SLEEP = "#!/usr/bin/env bash\nexit 0\n"          # requeue() waits 60 s for Slurm to end the attempt
+# requeue() waits 60 s for Slurm to end the attempt: no wait; other sleeps (the repeated SIGUSR1) are real
+SLEEP = '#!/usr/bin/env bash\n[[ $1 == 60 ]] && exit 0\nPATH=/usr/bin:/bin exec sleep "$@"\n'
 
 TRAINER = r'''#!/usr/bin/env bash
 save= prev=
@@ -87,6 +93,16 @@ for a in "$@"; do [[ $prev == --save ]] && save=$a; prev=$a; done
 echo "fake trainer rank $RANK/$WORLD_SIZE local $LOCAL_RANK on $SLURMD_NODENAME: $*"
 if [[ $RANK == 0 && -n $save && -n ${FAKE_WRITES_ITER:-} ]]; then
     echo "$FAKE_WRITES_ITER" > "$save/latest_checkpointed_iteration.txt"
+fi
+if [[ $RANK == 0 && -n ${FAKE_USR1:-} ]]; then      # Slurm's time-limit warning to the batch script
+    p=$PPID
+    while (( p > 1 )); do
+        cmd=$(tr '\0' ' ' < "/proc/$p/cmdline")
+        if [[ $cmd == *run_mi300x.sh* && $cmd != *--task* ]]; then kill -s USR1 "$p"; break; fi
+        read -r -a stat < "/proc/$p/stat"
+        p=${stat[3]}
+    done
+    sleep 1           # still running when the launcher hears it
 fi
 read -r -a codes <<< "${FAKE_RC:-0}"
 rc=${codes[RANK]:-${codes[-1]}}

@@ -6,6 +6,7 @@ when to requeue, the health check, single-node jobs.
 """
 from __future__ import annotations
 
+import glob
 import os
 import re
 
@@ -187,3 +188,34 @@ def test_single_node_job_says_what_it_does(fake, tmp_path):
     log = fake.launcher_log()
     assert "failed nodes: n1" in log
     assert arg(fake.calls("sbatch")[0]["argv"], "--exclude") == "n1"
+
+
+def test_a_failure_after_the_time_limit_warning_is_not_requeued(fake, tmp_path):
+    # A short job gets SIGUSR1 within seconds. Every rank then fails by itself (exit 2, a bad flag) with no
+    # new checkpoint and no SIGTERM: a failure (given up at once here), not a requeue up to MAX_REQUEUES.
+    write_latest(str(tmp_path / "ckpt"), 5)
+    r = fake.run_launcher(FAKE_USR1="1", FAKE_RC="2", TRAIN_ITERS="10", USR1_REPEAT_SECONDS="1")
+    log = fake.launcher_log()
+    assert "received SIGUSR1" in log and "a failure, not the time limit" in log, log
+    assert "giving up: every node failed before a new checkpoint" in log, log
+    assert not [c for c in fake.calls("scontrol") if c["argv"][:1] == ["requeue"]], log
+    assert r.returncode == 2
+    # The trainer saved and exited after the warning: requeued; at MAX_REQUEUES the unfinished run fails.
+    r = fake.run_launcher(FAKE_USR1="1", FAKE_RC="0", FAKE_WRITES_ITER="6", TRAIN_ITERS="10", USR1_REPEAT_SECONDS="1")
+    assert [c for c in fake.calls("scontrol") if c["argv"][:1] == ["requeue"]], fake.launcher_log()
+    r = fake.run_launcher(FAKE_USR1="1", FAKE_RC="0", FAKE_WRITES_ITER="7", TRAIN_ITERS="10", USR1_REPEAT_SECONDS="1",
+                          MAX_REQUEUES="0")
+    log = fake.launcher_log()
+    assert r.returncode == 3 and "MAX_REQUEUES=0 reached; training is not finished (latest checkpoint: 7)" in log, log
+
+
+def test_a_warning_during_the_environment_setup_does_not_kill_the_task(fake, tmp_path):
+    # SIGUSR1 while a task sources TRAIN_ENV_SETUP (module loads on a busy file system) killed the task
+    # (exit 138, no exit record); it is ignored there, and the launcher repeats it once the trainer runs.
+    setup = tmp_path / "setup.sh"
+    setup.write_text("kill -s USR1 $$\n")
+    r = fake.run_launcher(TRAIN_ENV_SETUP=str(setup), FAKE_RC="0", FAKE_WRITES_ITER="10", TRAIN_ITERS="10")
+    log = fake.launcher_log()
+    assert r.returncode == 0 and "training finished" in log, log
+    records = glob.glob(os.path.join(fake.submit_dir, "logs", "fake-4242", "attempt-0", "exit", "rank-*"))
+    assert len(records) == 4 and all(open(f).read().split()[2] == "0" for f in records), records
