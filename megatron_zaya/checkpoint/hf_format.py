@@ -161,6 +161,29 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
     ).validate()
 
 
+def process_umask() -> int:
+    """This process's umask, read without changing it where Linux says it (os.umask sets one to read it)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def readable_as_umask_allows(folder: Path) -> None:
+    """A folder and its files with the modes a plain mkdir / open would have given them: mkdtemp makes the
+    folder 0700 and safetensors writes 0600, which kept an export from the other users of a cluster."""
+    mask = process_umask()
+    os.chmod(folder, 0o777 & ~mask)
+    for path in folder.iterdir():
+        os.chmod(path, 0o666 & ~mask)
+
+
 def _atomic_folder_write(output_dir: Path, write) -> None:
     """Write into a temporary sibling folder, then rename: never a half-written folder."""
     output_dir = Path(output_dir)
@@ -173,6 +196,7 @@ def _atomic_folder_write(output_dir: Path, write) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.tmp{os.getpid()}-", dir=output_dir.parent))
     try:
         write(tmp)
+        readable_as_umask_allows(tmp)
         if output_dir.exists():
             output_dir.rmdir()
         os.replace(tmp, output_dir)

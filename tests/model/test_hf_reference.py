@@ -2,6 +2,8 @@
 
 Tolerance: fp32 logits must agree to max |diff| <= 1e-4 (observed ~1e-6: only op ordering differs)."""
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -150,6 +152,19 @@ def test_export_refuses_to_overwrite(tmp_path):
     with pytest.raises(FileExistsError, match="not empty"):
         save_hf_folder(model.state_dict(), model.config, target)
     assert (target / "precious.txt").read_text() == "keep me"
+
+
+def test_export_is_readable_as_the_umask_allows(tmp_path):
+    """Not the 0700 folder of mkdtemp and the 0600 files of safetensors: others on a cluster can read it."""
+    model = randomized_model(CONFIGS["hq4-hkv1-mqa"], seed=0)
+    old = os.umask(0o022)
+    try:
+        save_hf_folder(model.state_dict(), model.config, tmp_path / "hf", max_shard_bytes=50_000)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "hf").st_mode) == 0o755
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "hf").iterdir()}
+    assert len(modes) > 3 and set(modes.values()) == {0o644}, modes
 
 
 def test_sharded_export_loads_in_transformers_and_imports_back(tmp_path):
