@@ -55,7 +55,8 @@ def recorded_tokenizer(meta: dict, source: str = METADATA_FILE) -> RecordedToken
     flags = {dest: saved[dest] for dest in TOKENIZER_DESTS if saved.get(dest) is not None}
     missing = []
     for dest in FILE_ARGS:
-        if dest in flags:
+        if dest in flags and not (dest == "tokenizer_model" and flags["tokenizer_type"] == "NullTokenizer"):
+            # (a NullTokenizer's --tokenizer-model is its vocabulary size, no file)
             found = _resolve(str(flags[dest]), meta.get("working_directory"))
             if found is None:
                 missing.append(dest)

@@ -39,6 +39,9 @@ def test_relative_paths_are_found_here_or_from_the_run_directory(tmp_path, monke
     assert gone.missing_message() == "the run that saved it used --tokenizer-model tok.model, which is not found from here"
     assert recorded_tokenizer({"args": {}}) is None and recorded_tokenizer({}) is None
     assert not recorded_tokenizer({"args": {"tokenizer_type": "NullTokenizer", "tokenizer_vocab_size": 512}}).reads_text
+    # A NullTokenizer's --tokenizer-model is its vocabulary size, not a file that could be missing.
+    null = recorded_tokenizer({"args": {"tokenizer_type": "NullTokenizer", "tokenizer_model": "32000"}})
+    assert not null.missing and null.flags["tokenizer_model"] == "32000"
 
 
 @pytest.fixture(scope="module")
