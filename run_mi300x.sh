@@ -180,8 +180,9 @@ WORLD=$(( NNODES * NTASKS_PER_NODE ))
 export MASTER_ADDR=${MASTER_ADDR:-$FIRST_NODE}
 if [[ -z ${MASTER_PORT:-} ]]; then
     if [[ $JOB_ID =~ ^[0-9]+$ ]]; then
-        # Distinct per job, and alternating across requeues so a restart never waits on the old socket.
-        MASTER_PORT=$(( 20000 + (JOB_ID % 10000) * 2 + REQUEUE_COUNT % 2 ))
+        # Distinct per job, and alternating across requeues so a restart never waits on the old socket;
+        # 20000..31999, below Linux's ephemeral ports (32768..), which outgoing connections may hold.
+        MASTER_PORT=$(( 20000 + (JOB_ID % 6000) * 2 + REQUEUE_COUNT % 2 ))
     else
         MASTER_PORT=29500
     fi
@@ -393,8 +394,10 @@ GOT_SIGNAL=""
 SAW_USR1=0
 SRUN_PID=""
 USR1_REPEAT=${USR1_REPEAT_SECONDS:-20}
+PENDING_SIGNAL=""
 on_signal() {
-    [[ -n $SRUN_PID ]] && kill -0 "$SRUN_PID" 2>/dev/null || return 0
+    if [[ -z $SRUN_PID ]]; then PENDING_SIGNAL=$1; return 0; fi     # srun is starting: passed on once it has
+    kill -0 "$SRUN_PID" 2>/dev/null || return 0
     [[ $GOT_SIGNAL == TERM ]] || GOT_SIGNAL=$1      # a repeated SIGUSR1 does not hide a SIGTERM
     if [[ $1 == USR1 ]]; then
         (( SAW_USR1 )) || log "received SIGUSR1 (time limit near): forwarding it to the training processes" \
@@ -413,6 +416,7 @@ START=$(date +%s)
 LATEST_AT_START=$(latest_iteration)
 "${SRUN[@]}" &
 SRUN_PID=$!
+[[ -n $PENDING_SIGNAL ]] && on_signal "$PENDING_SIGNAL"
 while kill -0 "$SRUN_PID" 2>/dev/null; do wait "$SRUN_PID"; done
 wait "$SRUN_PID"; RC=$?
 trap '' USR1

@@ -102,6 +102,9 @@ def _rank_and_size(env, rank: str, size: str) -> tuple[int, int]:
 # small id.
 _SLURM_SPECIAL_STEP = 0xFFFFFFF0
 DEFAULT_TIMEOUT_MINUTES = 30        # --distributed-timeout-minutes
+# A Slurm step's rendezvous port: 15000..31999, below Linux's ephemeral ports (32768..60999), which the
+# node's own outgoing connections may hold.
+SLURM_PORT_BASE, SLURM_PORTS = 15000, 17000
 
 
 def in_slurm_step(env) -> bool:
@@ -137,7 +140,8 @@ def detect_launcher(env=None) -> LaunchInfo:
         if addr is None and nodelist:
             addr = expand_slurm_nodelist(nodelist)[0]
         if port is None and env.get("SLURM_JOB_ID"):   # the same on every task of the step, another per step
-            port = 15000 + (int(env["SLURM_JOB_ID"]) + 1009 * _env_int(env, "SLURM_STEP_ID", default=0)) % 20000
+            port = SLURM_PORT_BASE + (int(env["SLURM_JOB_ID"]) + 1009 * _env_int(env, "SLURM_STEP_ID", default=0)) \
+                % SLURM_PORTS
         return LaunchInfo("slurm", int(env["SLURM_PROCID"]),
                           _env_int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS", default=1),
                           _env_int(env, "SLURM_LOCALID", default=0), addr, port)

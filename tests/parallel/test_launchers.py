@@ -50,19 +50,15 @@ def _run_ranks(per_rank: list[dict]) -> list[str]:
 
 
 def _free_slurm_port() -> int:
-    """A free port of the form 15000 + job id % 20000 (how the launcher derives it under Slurm)."""
-    for _ in range(50):
-        port = free_port()
-        if 15000 <= port < 35000:
-            return port
-    for port in range(34999, 15000, -1):
+    """A free port of the form 15000 + job id % 17000 (how the launcher derives it under Slurm)."""
+    for port in range(31999, 15000, -1):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
                 return port
             except OSError:
                 continue
-    raise RuntimeError("no free port in 15000..34999")
+    raise RuntimeError("no free port in 15000..31999")
 
 
 def test_mpich_environment_end_to_end():

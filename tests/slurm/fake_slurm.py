@@ -102,7 +102,7 @@ if [[ $RANK == 0 && -n ${FAKE_USR1:-} ]]; then      # Slurm's time-limit warning
         read -r -a stat < "/proc/$p/stat"
         p=${stat[3]}
     done
-    sleep 1           # still running when the launcher hears it
+    sleep 2           # still running when the launcher hears it (on a loaded machine too)
 fi
 read -r -a codes <<< "${FAKE_RC:-0}"
 rc=${codes[RANK]:-${codes[-1]}}
