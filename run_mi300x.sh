@@ -134,6 +134,10 @@ done
 
 IN_SLURM=0
 [[ -n ${SLURM_JOB_ID:-} ]] && IN_SLURM=1
+if (( IN_SLURM )) && [[ -z ${SLURM_JOB_NODELIST:-} ]]; then     # a job's variables left in a login shell
+    die "SLURM_JOB_ID=$SLURM_JOB_ID is set but SLURM_JOB_NODELIST is not: this is no job's batch script (a" \
+        "variable left from another job?). Submit with 'sbatch run_mi300x.sh', or unset SLURM_JOB_ID"
+fi
 if (( ! IN_SLURM && ! DRY_RUN )); then
     die "not inside a Slurm job. Submit with 'sbatch run_mi300x.sh', or see the command with 'bash run_mi300x.sh --dry-run'"
 fi

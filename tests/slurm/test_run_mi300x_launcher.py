@@ -113,6 +113,11 @@ def test_outside_slurm_without_dry_run_says_how_to_submit():
     r = subprocess.run(["bash", LAUNCHER], env=clean_env(), capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
     assert "not inside a Slurm job" in r.stderr and "sbatch run_mi300x.sh" in r.stderr
+    # A job id left in a login shell (no node list): said in one line, not "unbound variable".
+    r = subprocess.run(["bash", LAUNCHER], env=clean_env(SLURM_JOB_ID="123"), capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 2 and "unbound" not in r.stderr, r.stderr
+    assert "SLURM_JOB_ID=123 is set but SLURM_JOB_NODELIST is not" in r.stderr
 
 
 # ---------------------------------------------------------------------------------------------
