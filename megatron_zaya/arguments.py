@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from megatron_zaya import kernels
 from megatron_zaya.checkpoint.preflight import (check_load_path, checkpoint_args_source, checkpoint_at_step,
                                                 model_config_from_checkpoint, tensor_parallel_from_checkpoint,
                                                 tokenizer_args_from_checkpoint)
@@ -425,6 +426,8 @@ def _check_data(args: argparse.Namespace) -> list[str]:
 def validate(args: argparse.Namespace) -> RunConfig:
     """All flag checks, cheapest first; raises ValueError (UserInputError) naming the flag."""
     check_megatron_flags(args)
+    if kernels.environment_problem():
+        raise UserInputError(kernels.environment_problem())
     warnings = resolve_aliases(args)
     _megatron_tokenizer_vocab_size(args)
     _read_data_args_files(args)

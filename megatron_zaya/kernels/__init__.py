@@ -45,7 +45,25 @@ def kernel_backend() -> str:
     return _backend
 
 
-set_kernel_backend(os.environ.get("MEGATRON_ZAYA_KERNELS", "auto") or "auto")
+def _backend_from_environment() -> str | None:
+    """MEGATRON_ZAYA_KERNELS, the default switch; a value it cannot be: a warning here, and pretrain_zaya.py
+    stops on it with one line (`environment_problem`) before any work. (Not a traceback at import.)"""
+    try:
+        set_kernel_backend(os.environ.get("MEGATRON_ZAYA_KERNELS", "auto") or "auto")
+        return None
+    except ValueError:
+        problem = (f"MEGATRON_ZAYA_KERNELS={os.environ['MEGATRON_ZAYA_KERNELS']!r}: expected one of "
+                   f"{', '.join(_BACKENDS)}")
+        warnings.warn(f"{problem}; using auto")
+        return problem
+
+
+_environment_problem = _backend_from_environment()
+
+
+def environment_problem() -> str | None:
+    """Why MEGATRON_ZAYA_KERNELS was not taken, or None."""
+    return _environment_problem
 
 
 def _module(name: str):
@@ -105,7 +123,7 @@ def _triton(name: str, *tensors):
     if _backend == "auto" and not on_gpu:
         return None
     if not (on_gpu or triton_interpreted()):
-        raise RuntimeError(f"MEGATRON_ZAYA_KERNELS=triton (--kernels triton) with CPU tensors ({name}): Triton "
+        raise RuntimeError(f"MEGATRON_ZAYA_KERNELS=triton with CPU tensors ({name}): Triton "
                            f"compiles for GPUs; on CPU its kernels run only in the interpreter (TRITON_INTERPRET=1)")
     mod = _module(name)
     if mod is None and _backend == "triton":

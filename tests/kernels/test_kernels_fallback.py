@@ -50,6 +50,14 @@ def test_env_var_selects_backend():
     code = "import megatron_zaya.kernels as K; print(K.kernel_backend())"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "torch", proc.stderr
+    # A value it cannot be: the import warns (a tool runs on auto), and a training run stops with one line
+    # before any work (it was a traceback at import, before even --help).
     env["MEGATRON_ZAYA_KERNELS"] = "bogus"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0 and "unknown kernel backend" in proc.stderr
+    assert proc.returncode == 0 and proc.stdout.strip() == "auto", proc.stderr
+    assert "MEGATRON_ZAYA_KERNELS='bogus': expected one of auto, triton, torch; using auto" in proc.stderr
+    proc = subprocess.run([sys.executable, "pretrain_zaya.py", "--mock-data", "--tokenizer-type", "NullTokenizer",
+                           "--vocab-size", "512", "--train-iters", "1"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "pretrain_zaya.py: error: MEGATRON_ZAYA_KERNELS='bogus': expected one of" in proc.stderr
