@@ -158,11 +158,11 @@ def check_prompts_fit(config: ModelConfig, prompts: list[list[int]], max_new_tok
     tokenizer's, when there is one: its padded rows are no tokens); prompt + --max-new-tokens within
     its max_position_embeddings."""
     vocab = config.vocab_size
-    if eod_id is not None and not 0 <= eod_id < vocab:
-        raise UserInputError(f"--eod-id={eod_id} is outside the checkpoint's vocabulary [0, {vocab})")
     limit, whose = (vocab, "the checkpoint's vocabulary")
     if tokenizer_vocab is not None and tokenizer_vocab < vocab:
         limit, whose = tokenizer_vocab, "the tokenizer's vocabulary"
+    if eod_id is not None and not 0 <= eod_id < limit:      # (generation picks only the tokenizer's ids)
+        raise UserInputError(f"--eod-id={eod_id} is outside {whose} [0, {limit}): generation could never stop there")
     for i, prompt in enumerate(prompts):
         if not prompt:
             raise UserInputError(f"prompt {i} is empty: give at least one token (e.g. --add-bos)")

@@ -55,6 +55,9 @@ def bad_utf8_file(tmp_path_factory):
     (["--prompt-ids", ""], "prompt 1 is empty"),
     (["--prompt-ids", "3 600", "--tokenizer-type", "NullTokenizer", "--tokenizer-model", "500"],
      "prompt 1: token ids [600] outside the tokenizer's vocabulary [0, 501)"),
+    # an EOD the tokenizer cannot give (its padded rows are never picked): generation would never stop there
+    (["--eod-id", "600", "--tokenizer-type", "NullTokenizer", "--tokenizer-model", "500"],
+     "--eod-id=600 is outside the tokenizer's vocabulary [0, 501)"),
 ])
 def test_generate_flags_are_checked_before_loading(hf_checkpoint, capsys, monkeypatch, extra, expected):
     code, line = error_line(load_tool("generate"), ["--load", str(hf_checkpoint), "--prompt-ids", "1 2"] + extra,
