@@ -27,7 +27,7 @@ from dataclasses import dataclass
 PEAK_BF16_TFLOPS: dict[str, float] = {
     "mi300x": 1307.0,
     "mi325x": 1307.0,
-    "mi355x": 2300.0,
+    "mi355x": 2516.6,       # 256 CUs x 2.4 GHz x 4096 bf16 FLOPs per clock (MI350X, 2.2 GHz: 2306.9)
     "h100": 989.0,
     "h200": 989.0,
     "a100": 312.0,

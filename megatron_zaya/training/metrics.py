@@ -19,7 +19,7 @@ from megatron_zaya.kernels.capability import bf16_matmul_is_native
 # Dense bf16 peak TFLOP/s per device (vendor figures, no sparsity).
 # The first key contained in the device name wins, so variants come before their family
 # (H100 PCIe and H100 NVL run at lower clocks than the SXM part).
-PEAK_TFLOPS_BF16 = {"MI355X": 2300.0, "MI325X": 1307.0, "MI300X": 1307.0, "MI250X": 383.0,
+PEAK_TFLOPS_BF16 = {"MI355X": 2516.6, "MI350X": 2306.9, "MI325X": 1307.0, "MI300X": 1307.0, "MI250X": 383.0,
                     "H200NVL": 835.0, "H200": 989.0, "H100PCIE": 756.0, "H100NVL": 835.0, "H100": 989.0, "A100": 312.0}
 
 _cpu_peak_cache: dict[torch.dtype, float] = {}

@@ -66,7 +66,7 @@ def test_ring_costs_and_device_table():
     assert abs(ring_time(8e9, 16, 1, MI300X, eff) - 15 / 16 * 8e9 / 50e9) < 1e-12
     hier = ring_time(8e9, 16, 1, MI300X, eff, hierarchical=True)
     assert abs(hier - (7 / 8 * 8e9 / 448e9 + 1 / 2 * 1e9 / 50e9)) < 1e-12
-    assert PEAK_BF16_TFLOPS == {"mi300x": 1307.0, "mi325x": 1307.0, "mi355x": 2300.0, "h100": 989.0,
+    assert PEAK_BF16_TFLOPS == {"mi300x": 1307.0, "mi325x": 1307.0, "mi355x": 2516.6, "h100": 989.0,
                                 "h200": 989.0, "a100": 312.0}
 
 
