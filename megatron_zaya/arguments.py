@@ -453,7 +453,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
         raise UserInputError(f"--ddp-num-buckets={args.ddp_num_buckets} and --ddp-bucket-size={args.ddp_bucket_size} "
                              "set the same thing: give one of them (as in Megatron-LM)")
     if args.use_mp_args_from_checkpoint_args:
-        tp = tensor_parallel_from_checkpoint(args, source)
+        tp = tensor_parallel_from_checkpoint(source)
         if tp != args.tensor_model_parallel_size:
             warnings.append(f"--use-mp-args-from-checkpoint-args: --tensor-model-parallel-size {tp}, the checkpoint's "
                             f"(instead of {args.tensor_model_parallel_size})")

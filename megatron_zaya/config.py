@@ -5,7 +5,7 @@ Every module of the model receives this object; nothing reads global state.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from megatron_zaya.errors import UserInputError
 
@@ -43,11 +43,6 @@ class ModelConfig:
     init_method_std: float = 0.02
     embedding_init_method_std: float | None = None   # Megatron's: the embedding's own std (and no weight decay on it)
     key_temperature_init: float = 1.0
-
-    @property
-    def head_groups(self) -> int:
-        """G: query heads per KV head."""
-        return self.num_attention_heads // self.num_query_groups
 
     @property
     def rotary_dim(self) -> int:

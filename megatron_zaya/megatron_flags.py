@@ -14,7 +14,7 @@ resolve_aliases: folds in Megatron-LM's names for settings this code spells othe
 WANDB_FLAGS: accepted with a warning; scalars go to TensorBoard, which `wandb sync` can upload.
 WARNED_SWITCHES: accepted with a warning saying what is not measured here (--log-energy).
 The flags that do something here (--recompute-activations, --lr-warmup-init, --manual-gc,
---distributed-timeout-minutes) are ordinary flags of megatron_zaya/arguments.py.
+--distributed-timeout-minutes) are ordinary flags of megatron_zaya/flags.py.
 """
 from __future__ import annotations
 

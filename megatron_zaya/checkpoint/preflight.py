@@ -303,7 +303,7 @@ def tokenizer_args_from_checkpoint(args, source: tuple[str, dict]) -> dict:
     return recorded.flags
 
 
-def tensor_parallel_from_checkpoint(args, source: tuple[str, dict] | None) -> int:
+def tensor_parallel_from_checkpoint(source: tuple[str, dict] | None) -> int:
     """--use-mp-args-from-checkpoint-args (with --use-checkpoint-args, as in Megatron-LM, whose checkpoint
     `source` it reads): the tensor-parallel size of the run that saved the checkpoint (there is no pipeline
     parallelism here)."""

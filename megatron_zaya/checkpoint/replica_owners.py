@@ -36,8 +36,9 @@ class Share:
     owner: int
 
 
-def replica_group(t: torch.Tensor, pstate, is_expert: bool):
-    """(process group, its global ranks) of the ranks holding the same slice of `t`, or None alone."""
+def replica_group(pstate, is_expert: bool):
+    """(process group, its global ranks) of the ranks holding the same slice of a tensor (an expert's or
+    not), or None alone."""
     if pstate is None:
         return None
     kind = "expert_dp" if is_expert else "dp_cp"
@@ -59,7 +60,7 @@ def assign_owners(tensors: dict[str, torch.Tensor], pstate, is_expert) -> dict[s
     """name -> the Shares of a replicated tensor (in row order), None for one this rank holds alone. A
     tensor over its group's even share is split in row shares; the shares, largest first, each go to the
     member of the group with the fewest bytes so far (the first on a tie)."""
-    groups = {name: replica_group(t, pstate, is_expert(t)) for name, t in tensors.items()}
+    groups = {name: replica_group(pstate, is_expert(t)) for name, t in tensors.items()}
     keys = {name: tuple(found[1]) for name, found in groups.items() if found is not None}
     totals: dict[tuple, int] = {}
     for name, key in keys.items():

@@ -126,17 +126,3 @@ class DataConfig:
                              f"weights, but each dataset is evaluated on its own; list the datasets without weights")
         if self.num_workers < 0:
             raise ValueError(f"--num-workers must be >= 0, got {self.num_workers}")
-
-    @classmethod
-    def from_args(cls, args) -> "DataConfig":
-        """From an argparse namespace using Megatron's flag names (missing ones keep defaults)."""
-        kw = {}
-        for name in ("data_path", "split", "data_cache_path", "seed", "num_workers", "reset_position_ids",
-                     "reset_attention_mask", "eod_mask_loss", "tokenizer_type", "tokenizer_model", "vocab_file",
-                     "merge_file", "phases", "train_data_path", "valid_data_path", "test_data_path", "mock_data",
-                     "tiktoken_pattern", "tiktoken_num_special_tokens", "tokenizer_special_tokens",
-                     "tokenizer_vocab_size", "multiple_validation_sets", "full_validation"):
-            v = getattr(args, name, None)
-            if v is not None:
-                kw[name] = v
-        return cls(**kw)

@@ -92,7 +92,3 @@ class InferenceCache:
         return sum((layer.conv_inputs[0].numel() + layer.delayed_value[0].numel()) * layer.conv_inputs.element_size()
                    for layer in self.layers)
 
-    def allocated_bytes(self) -> int:
-        """Everything this cache holds (preallocated for batch_size x max_length)."""
-        return sum(t.numel() * t.element_size() for layer in self.layers
-                   for t in (layer.keys, layer.values, layer.conv_inputs, layer.delayed_value))

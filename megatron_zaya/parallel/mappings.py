@@ -5,7 +5,6 @@ a group of one rank (or no group), so single-process runs take no communication 
     copy_to_group       identity          all-reduce
     reduce_from_group   all-reduce        identity
     gather_along        all-gather(dim)   reduce-scatter(dim)
-    scatter_along       keep own slice    all-gather(dim)
     reduce_scatter_along reduce-scatter   all-gather(dim)
     all_to_all          all_to_all_single all_to_all_single with the splits swapped
     send_recv           send to dst, receive from src   the reverse
@@ -81,17 +80,6 @@ class _GatherAlong(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return _reduce_scatter(grad, ctx.group, ctx.dim), None, None
-
-
-class _ScatterAlong(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group, dim):
-        ctx.group, ctx.dim = group, dim
-        return x.chunk(group_size(group), dim=dim)[dist.get_rank(group)].contiguous()
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_gather(grad, ctx.group, ctx.dim), None, None
 
 
 class _ReduceScatterAlong(torch.autograd.Function):
@@ -181,10 +169,6 @@ def reduce_from_group(x, group):
 
 def gather_along(x, group, dim):
     return x if group_size(group) == 1 else _GatherAlong.apply(x, group, dim)
-
-
-def scatter_along(x, group, dim):
-    return x if group_size(group) == 1 else _ScatterAlong.apply(x, group, dim)
 
 
 def reduce_scatter_along(x, group, dim):

@@ -130,14 +130,6 @@ class ParallelState:
     def token_group(self):
         return self.world_group if self.sequence_parallel else self.dp_cp_group
 
-    @property
-    def dense_grad_group(self):
-        return self.dp_cp_group
-
-    @property
-    def expert_grad_group(self):
-        return self.expert_dp_group
-
     def describe(self) -> str:
         return (f"world {self.world_size} = TP {self.tp_size} x CP {self.cp_size} x DP {self.dp_size}; "
                 f"experts: TP {self.tp_size} x EP {self.ep_size} x expert-DP {self.expert_dp_size}"
