@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from megatron_zaya.kernels import reference
-from megatron_zaya.kernels.reference import NS_COEFFICIENTS, qk_norm, rotate_half  # noqa: F401
+from megatron_zaya.kernels.reference import NS_COEFFICIENTS, embedding, qk_norm, rotate_half  # noqa: F401
 from megatron_zaya.kernels.capability import triton_interpreted
 
 _BACKENDS = ("auto", "triton", "torch")

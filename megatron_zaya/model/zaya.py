@@ -48,11 +48,19 @@ class ModelOutput:
     routing: list[Routing]               # one per MoE layer
 
 
+class TokenEmbedding(nn.Embedding):
+    """nn.Embedding whose weight gradient is summed in fp32 when the weight is stored in bf16 (ZeRO-1;
+    kernels.embedding)."""
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return kernels.embedding(tokens, self.weight)
+
+
 class ZayaModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config.validate()
-        self.embedding = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embedding = TokenEmbedding(config.vocab_size, config.hidden_size)
         self.input_scaling = InputScaling(config.hidden_size)
         self.layers = nn.ModuleList(ZayaBlock(config, i) for i in range(config.num_layers))
         self.final_norm = RMSNorm(config.hidden_size, config.norm_epsilon)
