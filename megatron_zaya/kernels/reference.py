@@ -123,7 +123,8 @@ def embedding(tokens: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """F.embedding; a CPU weight in a low-precision dtype (bf16 under ZeRO-1) gets its gradient summed in
     fp32 and rounded once: CPU's own backward adds every occurrence of a token in the weight's dtype, and
     the rows of frequent tokens came out 5-15% off. (GPU kernels already sum in fp32.)"""
-    if weight.dtype == torch.float32 or weight.is_cuda or not (torch.is_grad_enabled() and weight.requires_grad):
+    if weight.dtype not in (torch.bfloat16, torch.float16) or weight.is_cuda or not (
+            torch.is_grad_enabled() and weight.requires_grad):
         return F.embedding(tokens, weight)
     return _EmbeddingSummedInFp32.apply(tokens, weight)
 

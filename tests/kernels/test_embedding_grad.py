@@ -36,10 +36,12 @@ def test_bf16_table_gradient_is_summed_in_fp32():
     assert row_errors(plain.grad, reference, torch.tensor([0])).item() > 3e-2
 
 
-def test_fp32_tables_and_the_model_module_take_the_plain_path():
+def test_fp32_and_fp64_tables_take_the_plain_path():
     tokens = torch.tensor([[1, 2, 2, 3]])
-    module = TokenEmbedding(5, 4)
-    module(tokens).sum().backward()
-    plain = module.weight.detach().clone().requires_grad_()
-    F.embedding(tokens, plain).sum().backward()
-    assert torch.equal(module.weight.grad, plain.grad)
+    for dtype in (torch.float32, torch.float64):       # (a float64 model's gradients stay float64 sums)
+        module = TokenEmbedding(5, 4).to(dtype)
+        upstream = torch.randn(1, 4, 4, dtype=dtype)
+        module(tokens).backward(upstream)
+        plain = module.weight.detach().clone().requires_grad_()
+        F.embedding(tokens, plain).backward(upstream)
+        assert torch.equal(module.weight.grad, plain.grad)
