@@ -32,12 +32,25 @@ def _load_sentencepiece(model_path: str):
     return sp
 
 
+def _is_bpe(sp) -> bool:
+    """Whether a loaded SentencePiece model is a BPE model (trainer_spec.model_type 2); False when that
+    cannot be read (no protobuf)."""
+    try:
+        from sentencepiece import sentencepiece_model_pb2
+        model = sentencepiece_model_pb2.ModelProto()
+        model.ParseFromString(sp.serialized_model_proto())
+    except Exception:      # protobuf missing or a model it cannot read: no cache, plain SentencePiece
+        return False
+    return model.trainer_spec.model_type == 2
+
+
 class _WordCachedSentencePiece:
     """Exact speed-up for SentencePiece on plain-ASCII text.
 
     When no vocabulary piece contains the whitespace symbol U+2581 except at its start, no piece
-    spans two words; SentencePiece (BPE merges or unigram Viterbi) then encodes an ASCII text as
-    the concatenation of its whitespace-separated words' encodings, each with its leading U+2581.
+    spans two words; SentencePiece's BPE merges then encode an ASCII text as the concatenation of its
+    whitespace-separated words' encodings, each with its leading U+2581. (Not a unigram model: its Viterbi
+    breaks ties between equal-score splits by sums that depend on the text before the word.)
     Words are encoded once and memoized in a numpy table, and a batch is assembled with vectorized
     gathers. Enabled only if the model passes that vocabulary check and a set of whitespace probes
     (the normalizer collapses runs of spaces and maps tab/newline to spaces); a text that is not
@@ -49,7 +62,7 @@ class _WordCachedSentencePiece:
     def _setup_word_cache(self) -> None:
         sp = self.sp
         self._reset_word_cache()
-        ok = all("\u2581" not in sp.IdToPiece(i)[1:] for i in range(sp.GetPieceSize()))
+        ok = _is_bpe(sp) and all("\u2581" not in sp.IdToPiece(i)[1:] for i in range(sp.GetPieceSize()))
         self._word_cache_enabled = ok
         if ok:
             ok = all(self._encode_words(t) == sp.EncodeAsIds(t) for t in _PROBES)

@@ -63,6 +63,19 @@ def test_fast_path_disabled_when_unsound(tmp_path, corpus_dir, option):
     assert tokens.tolist() == [i for t in texts for i in sp.encode_as_ids(t)]
 
 
+def test_no_word_cache_for_a_unigram_model(tmp_path, corpus_dir):
+    """A unigram model's Viterbi breaks ties between equal-score splits by sums over the text before the
+    word: its words are not context-free (a corpus of code gave other ids for "0x000E" after "    # ")."""
+    texts = corpus_texts(corpus_dir)[:200]
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_prefix=str(tmp_path / "u"), vocab_size=600,
+                                   model_type="unigram", minloglevel=2, num_threads=1)
+    model = str(tmp_path / "u.model")
+    tok = build_tokenizer("GPTSentencePieceTokenizer", model)
+    assert not tok._word_cache_enabled
+    sp = spm.SentencePieceProcessor(model_file=model)
+    assert tok.encode_batch(texts[:50]) == [sp.encode_as_ids(t) for t in texts[:50]]
+
+
 def test_word_cache_cap_keeps_results_exact(sp_model, corpus_dir, monkeypatch):
     from megatron_zaya.data.tokenizer import GPTSentencePieceTokenizer
 
