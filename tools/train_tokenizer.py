@@ -14,11 +14,12 @@ corpus runs out of pairs seen twice), split by Megatron-LM's --tiktoken-pattern,
 (Megatron's TikTokenizer file). Use it with `--tokenizer-type TikTokenizer --tokenizer-model P.json
 --tiktoken-pattern v2 --vocab-size R+S`, R the ranks written and S = --tiktoken-num-special-tokens
 (default 1000); the script prints the exact flags.
-Documents are fed line by line; at most --input-sentence-size lines are sampled (bounded memory).
+SentencePiece is fed documents line by line, tiktoken whole documents (its pieces hold newlines); at most
+--input-sentence-size of them are sampled uniformly, with --seed (one pass, memory for the sample only).
 Inputs are read as in preprocess_data.py (JSONL by suffix or by a first line that is a JSON object,
 .parquet with pyarrow, otherwise plain text; directories give their .jsonl/.json/.ndjson/.txt/.parquet
 files). Bad records (malformed
-JSON, missing keys, not UTF-8) are skipped and counted. Existing outputs are refused unless
+JSON, missing keys, not UTF-8, lone surrogates) are skipped and counted. Existing outputs are refused unless
 --overwrite is given; training writes to a temporary prefix and renames into place (.vocab, then
 .model; or the .json), so a failed run leaves any old tokenizer untouched (the hidden temporary folder of a
 run killed by SIGKILL is removed by the next run for the same output, megatron_zaya/leftovers.py).
@@ -30,6 +31,7 @@ import argparse
 import itertools
 import json
 import os
+import random
 import re
 import shutil
 import sys
@@ -42,7 +44,8 @@ from megatron_zaya.data.sources import InputError, check_parquet_columns, expand
 from megatron_zaya.leftovers import remove_leftovers  # noqa: E402
 
 
-def iter_lines(paths, json_keys, text_mode, counts):
+def iter_lines(paths, json_keys, text_mode, counts, whole_documents: bool = False):
+    """The non-blank lines of every document (`whole_documents`: each document's text as it is)."""
     for rec in iter_records(paths, text_mode, list(json_keys)):
         try:
             text = rec.raw.decode("utf-8")
@@ -68,12 +71,40 @@ def iter_lines(paths, json_keys, text_mode, counts):
                 continue
         else:
             texts = [text]
+        try:
+            for t in texts:
+                t.encode("utf-8")
+        except UnicodeEncodeError:        # a lone surrogate escape (\ud83d) in the JSON
+            counts["invalid Unicode"] = counts.get("invalid Unicode", 0) + 1
+            continue
         counts["documents"] = counts.get("documents", 0) + 1
         for t in texts:
+            if whole_documents:
+                if t.strip():
+                    counts["lines"] = counts.get("lines", 0) + 1
+                    yield t
+                continue
             for line in t.splitlines():
                 if line.strip():
                     counts["lines"] = counts.get("lines", 0) + 1
                     yield line
+
+
+def uniform_sample(lines, size: int, seed: int):
+    """At most `size` of `lines`, each kept with the same chance, drawn with `seed` (reservoir sampling:
+    one pass, memory for the sample only); `lines` itself when size is 0. SentencePiece's own sampling
+    ignores its seed, so two runs on one corpus gave different vocabularies."""
+    if not size:
+        return lines
+    rng, sample = random.Random(seed), []
+    for i, line in enumerate(lines):
+        if i < size:
+            sample.append(line)
+        else:
+            j = rng.randrange(i + 1)
+            if j < size:
+                sample[j] = line
+    return sample
 
 
 def vocab_size_hint(message: str) -> str:
@@ -169,7 +200,8 @@ def main(argv=None) -> int:
     p.add_argument("--json-keys", nargs="+", default=["text"])
     p.add_argument("--text-mode", choices=("file", "paragraph", "line"), default="file")
     p.add_argument("--character-coverage", type=float, default=0.9995)
-    p.add_argument("--input-sentence-size", type=int, default=2_000_000, help="lines sampled for training")
+    p.add_argument("--input-sentence-size", type=int, default=2_000_000,
+                   help="lines (tiktoken: documents) sampled for training, uniformly with --seed; 0: all")
     p.add_argument("--max-sentence-length", type=int, default=16384, help="longer lines (bytes) are skipped")
     p.add_argument("--no-byte-fallback", action="store_true")
     p.add_argument("--user-defined-symbols", nargs="*", default=[], help="e.g. <think> </think>")
@@ -190,7 +222,7 @@ def main(argv=None) -> int:
         check_parquet_columns(paths, args.json_keys)
         counts: dict[str, int] = {}
         t0 = time.time()
-        lines = iter_lines(paths, args.json_keys, args.text_mode, counts)
+        lines = iter_lines(paths, args.json_keys, args.text_mode, counts, whole_documents=args.model_type == "tiktoken")
         first = next(lines, None)   # detect "no text" here, not as a SentencePiece internal error
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -201,7 +233,7 @@ def main(argv=None) -> int:
               + (f" ({skipped})" if skipped else " (the input is empty)"), file=sys.stderr)
         return 1
     if hasattr(spm, "set_random_generator_seed"):
-        spm.set_random_generator_seed(args.seed)  # deterministic sentence sampling
+        spm.set_random_generator_seed(args.seed)
     parent = os.path.dirname(os.path.abspath(args.output_prefix))
     hidden = f".{os.path.basename(args.output_prefix)}.train_tokenizer.tmp"   # + process id: found if SIGKILLed
     remove_leftovers(parent, re.compile(re.escape(hidden) + r"(?P<pid>\d+)-\w+"), args.output_prefix)
@@ -209,10 +241,9 @@ def main(argv=None) -> int:
     tmp_prefix = os.path.join(tmp_dir, "sp")
     if args.model_type == "tiktoken":
         try:
-            sample = itertools.chain([first], lines)      # the first --input-sentence-size lines (0: all)
-            if args.input_sentence_size:
-                sample = itertools.islice(sample, args.input_sentence_size)
-            ranks = train_tiktoken(args, _announce_end(sample, counts, t0), tmp_prefix)
+            sample = uniform_sample(_announce_end(itertools.chain([first], lines), counts, t0),
+                                    args.input_sentence_size, args.seed)
+            ranks = train_tiktoken(args, sample, tmp_prefix)
             _install(tmp_prefix, args.output_prefix, extensions)
         except InputError as e:
             print(f"error: {e}", file=sys.stderr)
@@ -228,15 +259,16 @@ def main(argv=None) -> int:
                 f"or --tiktoken-num-special-tokens S with --vocab-size {ranks} + S)")
         return 0
     try:
+        sample = uniform_sample(_announce_end(itertools.chain([first], lines), counts, t0),
+                                args.input_sentence_size, args.seed)
         spm.SentencePieceTrainer.Train(
-            sentence_iterator=_announce_end(itertools.chain([first], lines), counts, t0),
+            sentence_iterator=iter(sample),
             model_prefix=tmp_prefix,
             vocab_size=args.vocab_size,
             model_type=args.model_type,
             byte_fallback=not args.no_byte_fallback,
             character_coverage=args.character_coverage,
-            input_sentence_size=args.input_sentence_size,
-            shuffle_input_sentence=True,
+            input_sentence_size=0,            # the sample above, all of it
             max_sentence_length=args.max_sentence_length,
             unk_id=0, bos_id=1, eos_id=2, pad_id=3,
             user_defined_symbols=args.user_defined_symbols or [],

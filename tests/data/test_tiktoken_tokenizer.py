@@ -158,6 +158,19 @@ def test_tiktoken_settings_are_refused_with_another_tokenizer(tmp_path):
         build_tokenizer("NullTokenizer", "100", tokenizer_vocab_size=300)
 
 
+def test_tiktoken_training_learns_tokens_that_hold_newlines(tmp_path):
+    """Byte-level BPE pieces hold newlines (the patterns' \\s*[\\r\\n]+): documents are fed whole, not cut
+    into lines without their newlines (no learned token had one)."""
+    code = "def f(x):\n    if x:\n        return 1\n\n\n    return 2\n"
+    docs = tmp_path / "code.jsonl"
+    docs.write_text("".join(json.dumps({"text": code.replace("x", name)}) + "\n" for name in ("a", "b", "cc", "dd")))
+    prefix = tmp_path / "tt"
+    assert run_tool("train_tokenizer", ["--input", str(docs), "--vocab-size", "300", "--output-prefix", str(prefix),
+                                        "--model-type", "tiktoken"]) == 0
+    learned = [base64.b64decode(e["token_bytes"]) for e in json.loads((tmp_path / "tt.json").read_text())[256:]]
+    assert any(b"\n" in token for token in learned), learned
+
+
 def test_train_tokenizer_then_preprocess_with_tiktoken(tmp_path):
     """tools/train_tokenizer.py --model-type tiktoken writes P.json; preprocess_data.py encodes with it
     (EOD = </s> appended), giving the tokenizer's own ids."""

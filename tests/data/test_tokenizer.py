@@ -192,6 +192,26 @@ def test_bad_arguments_are_clear(tmp_path):
                                    "tokenizer_config.json --local-dir DIR) and give DIR")
 
 
+def test_train_tokenizer_samples_with_its_seed_and_skips_lone_surrogates(tmp_path, corpus_dir, capsys):
+    """--input-sentence-size below the corpus: the sample (and so the vocabulary) follows --seed (SentencePiece's
+    own sampling did not: two runs differed); a record with a lone surrogate escape is skipped and counted
+    (it stopped SentencePiece's training)."""
+    from data_test_utils import load_tool
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text((corpus_dir / "train.jsonl").read_text() + '{"text": "broken emoji \\ud83d here"}\n')
+
+    def train(name, seed):
+        assert load_tool("train_tokenizer").main(["--input", str(corpus), "--vocab-size", "500", "--num-threads", "1",
+                                                  "--input-sentence-size", "400", "--seed", str(seed),
+                                                  "--output-prefix", str(tmp_path / name)]) == 0
+        return (tmp_path / f"{name}.vocab").read_text()
+
+    first, again, other = train("a", 1), train("b", 1), train("c", 2)
+    assert first == again and first != other
+    assert "1 invalid Unicode" in capsys.readouterr().out
+
+
 def test_train_unigram(tmp_path, corpus_dir):
     from data_test_utils import load_tool
 
