@@ -58,12 +58,17 @@ def _tiktoken_json(tokenizer) -> str:
             if left in ranks and right in ranks:
                 merges.append((token_id, ranks[left], ranks[right], _byte_level(left, symbols), _byte_level(right, symbols)))
     merges.sort()
-    bpe = models.BPE(vocab=vocab, merges=[(a, b) for *_, a, b in merges], ignore_merges=False)
-    hf = Tokenizer(bpe)
-    hf.pre_tokenizer = pre_tokenizers.Sequence([
+    pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(TIKTOKEN_PATTERNS[tokenizer.pattern_name]), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
+    # tiktoken takes a piece that is a token whole, before any merge (a vocabulary trained elsewhere can hold
+    # tokens its pairwise merges never reach): ignore_merges does the same. Not when a special token is a
+    # whole piece itself: its text would then read as the special token.
+    special_pieces = [t for t in tokenizer.special_tokens if len(pre_tokenizer.pre_tokenize_str(t)) == 1]
+    bpe = models.BPE(vocab=vocab, merges=[(a, b) for *_, a, b in merges], ignore_merges=not special_pieces)
+    hf = Tokenizer(bpe)
+    hf.pre_tokenizer = pre_tokenizer
     hf.decoder = decoders.ByteLevel()
     specials = sorted(tokenizer.special_tokens.items(), key=lambda item: item[1])
     hf.add_special_tokens([AddedToken(token, special=True, normalized=False) for token, _ in specials])
@@ -193,7 +198,7 @@ def hf_tokenizer_files(tokenizer) -> dict[str, str]:
     if kind == "HuggingFaceTokenizer":
         folder = os.path.dirname(tokenizer.model_path)
         files = {"tokenizer.json": open(tokenizer.model_path, encoding="utf-8").read()}
-        for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        for name in ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json"):
             path = os.path.join(folder, name)
             if os.path.isfile(path):
                 files[name] = open(path, encoding="utf-8").read()

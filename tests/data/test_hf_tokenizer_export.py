@@ -113,6 +113,35 @@ def test_tiktoken_special_tokens_keep_their_ids(corpus_dir, tmp_path):
     assert theirs.decode([1] + ours.encode("hi") + [2]) == "<s>hi</s>"
 
 
+def test_tiktoken_tokens_no_merge_reaches_are_exported_as_tiktoken_reads_them(tmp_path):
+    """tiktoken takes a piece that is a token whole before merging: a vocabulary trained elsewhere can hold
+    tokens its pairwise merges never reach (b"bcacb": no two ranks make it). The export reads it the same."""
+    from tokenizers import Tokenizer
+
+    from megatron_zaya.checkpoint.hf_tokenizer import hf_tokenizer_files
+
+    pytest.importorskip("tiktoken")
+    path = tmp_path / "synthetic.json"
+    write_tiktoken_vocab([bytes([b]) for b in range(256)] + [b"bc", b"ac", b"bcacb"], str(path))
+    ours = build_tokenizer("TikTokenizer", str(path), tiktoken_pattern="v2", tokenizer_vocab_size=259 + 10,
+                           tiktoken_num_special_tokens=10)
+    assert len(ours.encode("bcacb")) == 1
+    exported = Tokenizer.from_str(hf_tokenizer_files(ours)["tokenizer.json"])
+    for text in ("bcacb", "bcac", "abcacbb bcacb", "acbc"):
+        assert exported.encode(text, add_special_tokens=False).ids == ours.encode(text), text
+
+
+def test_a_hugging_face_tokenizers_chat_template_goes_with_the_export(hf_tokenizer_dir, tmp_path):
+    import shutil
+    folder = tmp_path / "tok"
+    shutil.copytree(hf_tokenizer_dir, folder)
+    template = "{% for m in messages %}<bos>{{ m['content'] }}<eos>{% endfor %}"
+    (folder / "chat_template.jinja").write_text(template)
+    theirs = export(build_tokenizer("HuggingFaceTokenizer", str(folder / "tokenizer.json")), tmp_path / "hf")
+    assert (tmp_path / "hf" / "chat_template.jinja").read_text() == template
+    assert theirs.chat_template == template
+
+
 def test_to_hf_refuses_a_tokenizer_without_an_exact_form_before_reading(sp_model, tmp_path, capsys):
     tool = load_tool("convert_checkpoint")
     out = tmp_path / "hf"
