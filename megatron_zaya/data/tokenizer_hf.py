@@ -72,6 +72,17 @@ class HuggingFaceTokenizer(_TokenizersBackend):
                     content = _token_content(cfg.get(key))
                     if content is not None:
                         declared[key] = content
+                added = cfg.get("added_tokens_decoder")
+                tokens = [(key, declared[key]) for key in ("eos_token", "bos_token", "pad_token") if key in declared]
+                tokens += [("added_tokens_decoder", _token_content(entry))
+                           for entry in (added.values() if isinstance(added, dict) else [])]
+                for key, content in tokens:
+                    if content is not None and self.tok.token_to_id(content) is None:
+                        # transformers would add it as a new token: other ids and vocabulary than Megatron's
+                        raise UserInputError(
+                            f"--tokenizer-model {json_path}: {p} declares the token {content!r} ({key}), which "
+                            f"tokenizer.json does not hold (transformers adds it as id {self._vocab_size} or later; "
+                            f"the ids would differ): add it to tokenizer.json's added_tokens")
                 if cfg.get("split_special_tokens") is True:   # special-token text encoded as text, as transformers does
                     self.tok.encode_special_tokens = True
         self._eod = self._find("eos_token", declared, _EOS_CANDIDATES)

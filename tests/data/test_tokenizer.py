@@ -167,6 +167,22 @@ def test_hf_tokenizer_matches_transformers(tmp_path, byte_level_bpe_json, monkey
     assert ours.encode_batch(TEXTS) == ref(TEXTS).input_ids
 
 
+def test_hf_tokenizer_config_declaring_a_token_tokenizer_json_lacks_is_refused(tmp_path, hf_tokenizer_dir):
+    """transformers adds such a token as a new id (other ids and vocabulary than ours); it fell back to
+    another EOS candidate silently. Refused, naming the file and the token."""
+    import shutil
+    folder = tmp_path / "tok"
+    shutil.copytree(hf_tokenizer_dir, folder)
+    for config in ({"eos_token": "<|im_end|>"},
+                   {"eos_token": "<eos>", "added_tokens_decoder": {"500": {"content": "<think>", "special": True}}}):
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+        with pytest.raises(UserInputError, match="declares the token '(<\\|im_end\\|>|<think>)'.*does not hold"):
+            build_tokenizer("HuggingFaceTokenizer", str(folder))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>"}))
+    assert build_tokenizer("HuggingFaceTokenizer", str(folder)).eod == build_tokenizer(
+        "HuggingFaceTokenizer", str(hf_tokenizer_dir)).tok.token_to_id("<eos>")
+
+
 def test_null_tokenizer():
     tok = build_tokenizer("NullTokenizer", 1000)
     assert tok.vocab_size == 1001 and tok.eod == 1000 and tok.encode("5 7 9") == [5, 7, 9]
