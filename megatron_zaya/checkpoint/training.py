@@ -402,8 +402,8 @@ class TrainingCheckpointer:
         if self.progress is not None:
             self.progress.job_started(trainer.state)
 
-    def after_step(self, trainer) -> None:
-        self.watchdog.beat()
+    def after_step(self, trainer, trained: bool = True) -> None:
+        self.watchdog.beat(trained)
         writing = self.writer is not None and self.writer.in_flight
         code, writing = self._max(SIGNAL_CODES.get(self.signals.received, 4) if self.signals.pending else 0, writing)
         if self.writer is not None and self.writer._thread is not None and not writing:

@@ -28,7 +28,7 @@ from megatron_zaya.training.logger import TrainingLogger
 from megatron_zaya.training.metrics import (IntervalMeter, device_peak_tflops, empty_unused_memory, format_duration,
                                            megatron_memory_scalars, peak_memory_bytes, routing_statistics,
                                            synchronize)
-from megatron_zaya.training.nonfinite import diagnose
+from megatron_zaya.training.nonfinite import diagnose, micro_batch_to_rerun
 from megatron_zaya.training.profiling import StepProfiler
 from megatron_zaya.training.stragglers import StragglerMeter
 from megatron_zaya.training.validation_report import evaluation_line, evaluation_scalars, perplexity
@@ -65,6 +65,7 @@ class StepResult:
     diagnosis: str = ""             # when skipped: which rank(s) and layer produced the non-finite values
     num_zeros: int | None = None    # --log-num-zeros-in-grad: exact zeros in the reduced gradient
     seconds: dict[str, float] = field(default_factory=dict)   # Megatron's timers: forward-backward, optimizer
+    no_loss_tokens: bool = False    # skipped: every loss mask of the global batch was 0
 
 
 class NonFiniteLossError(RuntimeError):
@@ -138,6 +139,7 @@ class Trainer:
         global_tokens = parallel.sum_over_data_ranks(torch.as_tensor(local_tokens, dtype=torch.float64)).item()
         loss_scale = parallel.gradient_average_factor / max(global_tokens, 1.0)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        finite_losses = []          # per micro-batch, on the device (read only for a skipped step)
         counts = None
         if self.stragglers is not None:
             self.stragglers.start()
@@ -154,6 +156,7 @@ class Trainer:
                     masked = (out.token_losses * batch["loss_mask"]).sum()
                     (masked * loss_scale).backward()
                 loss_sum += masked.detach().double()
+                finite_losses.append(torch.isfinite(masked.detach()))
                 step_counts = torch.stack([r.counts for r in out.routing])
                 counts = step_counts if counts is None else counts + step_counts
         if self.stragglers is not None:
@@ -162,14 +165,19 @@ class Trainer:
         synchronize(self.device)           # the forward-backward timer holds its device work
         forward_backward = time.time()
         empty_unused_memory(self.device, self.cfg.empty_unused_memory_level, 1)
-        loss = parallel.sum_over_data_ranks(loss_sum).item() / max(global_tokens, 1.0)
+        no_loss_tokens = global_tokens == 0     # Megatron-LM's 0/0: a NaN loss, the step not applied
+        loss = parallel.sum_over_data_ranks(loss_sum).item() / global_tokens if global_tokens else math.nan
         counts = parallel.sum_routing_counts(counts)
         num_zeros = parallel.count_zero_grads() if self.cfg.log_num_zeros_in_grad else None
         grad_norm = parallel.clip_grad_norm(self.run.optim.clip_grad)
         skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
         diagnosis = ""
-        if skipped:   # every rank: which rank and layer produced it (megatron_zaya/training/nonfinite.py)
-            diagnosis = diagnose(self, micro_batches[-1], loss_scale, loss_sum)
+        if no_loss_tokens:
+            self.optimizer.zero_grad()
+            parallel.zero_grad()
+        elif skipped:   # every rank: which rank and layer produced it (megatron_zaya/training/nonfinite.py)
+            diagnosis = diagnose(self, micro_batches[micro_batch_to_rerun(parallel, finite_losses)], loss_scale,
+                                 loss_sum)
             self.optimizer.zero_grad()
             parallel.zero_grad()
         else:
@@ -186,7 +194,8 @@ class Trainer:
                 self.balancer.update(counts)
         synchronize(self.device)           # the optimizer timer, and the step's time, hold its device work
         seconds = {"forward-backward": forward_backward - started, "optimizer": time.time() - forward_backward}
-        return StepResult(loss, grad_norm, int(global_tokens), counts, skipped, diagnosis, num_zeros, seconds)
+        return StepResult(loss, grad_norm, int(global_tokens), counts, skipped, diagnosis, num_zeros, seconds,
+                          no_loss_tokens)
 
     def take_schedules_from(self, saved_flags: dict) -> list[str]:
         """--use-checkpoint-opt_param-scheduler: the LR and weight-decay schedules of the run that saved
@@ -433,14 +442,15 @@ class Trainer:
         gc_interval = self.cfg.manual_gc_interval if self.cfg.manual_gc else 0
         while self.state.iteration < self.total_iters:
             batch_size = self.batch_schedule.batch_size(self.state.consumed_samples)
-            if self.state.iteration in self.iterations_to_skip:
+            trained = self.state.iteration not in self.iterations_to_skip
+            if not trained:
                 self.skip_iteration(batch_size)
             else:
                 self.run_iteration(profiler, batch_size, gc_interval, started)
             if self.cfg.eval_interval and self.state.iteration % self.cfg.eval_interval == 0:
                 self.run_evaluation()
             if self.checkpointer is not None:
-                self.checkpointer.after_step(self)
+                self.checkpointer.after_step(self, trained)
             reason = self.exit_reason = self.should_exit()
             if reason:
                 self.logger.print(f"exiting: {reason}")
@@ -523,6 +533,10 @@ class Trainer:
             self.consecutive_nonfinite = 0
             return
         self.state.skipped_iterations += 1
+        if result.no_loss_tokens:      # the data's doing, not the model's: not counted towards the stop
+            self.logger.print(f"iteration {self.state.iteration:>7}/{self.total_iters} | SKIPPED: no loss tokens in "
+                              f"the global batch (every loss mask 0); no update")
+            return
         self.consecutive_nonfinite += 1
         self.logger.print(f"iteration {self.state.iteration:>7}/{self.total_iters} | SKIPPED (non-finite) "
                           f"{result.diagnosis}")

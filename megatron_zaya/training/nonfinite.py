@@ -2,8 +2,9 @@
 
 Gradients are summed across ranks before the loop sees them: afterwards every rank holds the same
 NaNs and the first non-finite parameter is just the first in the model's order (the embedding). So
-`diagnose` re-runs the step's last micro-batch on every rank (the forward may hold collectives: all
-ranks take part, as they all skip the step) with a purely local backward (no gradient reduction):
+`diagnose` re-runs one micro-batch of the step on every rank, the same index on all (the first with a
+non-finite loss on any rank, else the last; the forward may hold collectives: all ranks take part, as they
+all skip the step), with a purely local backward (no gradient reduction):
 
   - forward hooks on the embedding, each block and the final norm: the first whose output is not finite;
   - gradient hooks on every parameter, in the order backward reaches them: the first non-finite one;
@@ -76,12 +77,23 @@ def _local_rerun(trainer, batch: dict, loss_scale: float) -> tuple[int, int]:
             grads[first_grad][0] if first_grad >= 0 else -1)
 
 
-def diagnose(trainer, last_batch: dict, loss_scale: float, local_loss: torch.Tensor) -> str:
-    """Called on every rank for a skipped step, before its gradients are cleared."""
+def micro_batch_to_rerun(parallel, finite_losses: list[torch.Tensor]) -> int:
+    """The micro-batch every rank re-runs (the same on all: the forward holds collectives): the first whose
+    loss was non-finite on any rank, else the last (a gradient-only non-finite value). With gradient
+    accumulation a bad sample's NaN is most often in another micro-batch than the last."""
+    count = len(finite_losses)
+    first = next((i for i, finite in enumerate(finite_losses) if not bool(finite)), count)
+    first = -int(parallel.max_over_all_ranks(torch.tensor([-first], dtype=torch.float64)).item())
+    return first if first < count else count - 1
+
+
+def diagnose(trainer, batch: dict, loss_scale: float, local_loss: torch.Tensor) -> str:
+    """Called on every rank for a skipped step, before its gradients are cleared; `batch` the micro-batch
+    re-run here: this rank's first with a non-finite loss, else its last."""
     model, parallel = trainer.model, trainer.parallel
     reduced_bad = nonfinite_gradients(model)
     loss_finite = bool(torch.isfinite(local_loss).item())
-    first_output, first_grad = _local_rerun(trainer, last_batch, loss_scale)
+    first_output, first_grad = _local_rerun(trainer, batch, loss_scale)
     world = parallel.world_size
     mine = torch.full((world, 3), -math.inf, dtype=torch.float64)
     mine[parallel.rank] = torch.tensor([float(loss_finite), first_output, first_grad], dtype=torch.float64)
@@ -101,7 +113,7 @@ def diagnose(trainer, last_batch: dict, loss_scale: float, local_loss: torch.Ten
         if parts:
             reports.append((rank, ", ".join(parts)))
     if not reports:
-        return (f"rank {parallel.rank}: not reproduced by a local re-run of the last micro-batch on any rank; "
+        return (f"rank {parallel.rank}: not reproduced by a local re-run of a micro-batch on any rank; "
                 f"after the gradient reduction non-finite in {reduced_bad[:8]}")
     return (f"non-finite produced on rank(s) {[r for r, _ in reports][:16]}: "
             + "; ".join(f"rank {r}: {text}" for r, text in reports[:8]))

@@ -52,15 +52,19 @@ class Watchdog:
             self.last_beat, self.first_limit = time.monotonic(), float(first_iteration_seconds)
         self._start()
 
-    def beat(self) -> None:
-        """End of an iteration."""
+    def beat(self, trained: bool = True) -> None:
+        """End of an iteration; one that trained nothing (--iterations-to-skip: its batch read and dropped)
+        restarts the clock only: the first training step keeps its allowance, and the median its steps."""
         if not self.enabled:
             return
         now = time.monotonic()
         with self._lock:
-            if self.last_beat is not None and self.paused_depth == 0 and self.first_limit is None:
-                self.durations.append(now - self.last_beat)
-            self.last_beat, self.first_limit = now, None
+            if not trained:
+                self.last_beat = now
+            else:
+                if self.last_beat is not None and self.paused_depth == 0 and self.first_limit is None:
+                    self.durations.append(now - self.last_beat)
+                self.last_beat, self.first_limit = now, None
         self._start()
 
     def _start(self) -> None:

@@ -376,6 +376,28 @@ def test_nan_step_is_skipped_and_repeated_nans_stop(ckpt_corpus, ckpt_cache, tmp
         assert all(torch.isfinite(t).all() for t in state.values())
 
 
+def test_a_global_batch_without_loss_tokens_is_not_applied(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch, capsys):
+    """Every loss mask of step 2 is 0: Megatron-LM's 0/0 is a NaN loss and no update. It logged a loss of 0.0
+    and stepped the optimizer, the schedule and the balancing biases on zero gradients. Skipped, not counted
+    towards the consecutive non-finite stop (steps 2, 3 and 4 all empty: still no stop)."""
+    from megatron_zaya.training import loop
+    original = loop.Trainer.train_step
+
+    def train_step(trainer, micro_batches):
+        if trainer.state.iteration + 1 in (2, 3, 4):
+            micro_batches = [{**mb, "loss_mask": mb["loss_mask"] * 0} for mb in micro_batches]
+        return original(trainer, micro_batches)
+
+    monkeypatch.setattr(loop.Trainer, "train_step", train_step)
+    save = str(tmp_path / "empty")
+    rec = train(flags(ckpt_corpus, 5, "--save", save, "--save-interval", "1", cache=ckpt_cache))
+    assert rec.trainer.state.skipped_iterations == 3 and rec.trainer.state.iteration == 5
+    assert rec.trainer.state.scheduled_samples == 2 * 4                # only steps 1 and 5 moved the schedule
+    assert "SKIPPED: no loss tokens in the global batch" in capsys.readouterr().out
+    w1, w4 = (load_full_model_state(os.path.join(save, f"iter_000000{i}"))[0] for i in (1, 4))
+    assert all(torch.equal(w1[k], w4[k]) for k in w1)                  # (balancing biases included)
+
+
 def test_nan_in_the_forward_of_one_rank_is_traced_to_its_rank_and_layer(ckpt_corpus, ckpt_cache, tmp_path):
     """2 ranks under torchrun; rank 1's layers.1 outputs NaN: after the reduction every rank's gradients
     are NaN, yet the stop names rank 1 and layers.1 (and not rank 0)."""
@@ -411,6 +433,34 @@ def test_nan_loss_with_finite_blocks_is_blamed_on_the_head_or_loss(ckpt_corpus, 
     with pytest.raises(NonFiniteLossError, match=r"rank\(s\) \[0\]: rank 0: loss non-finite, every block's output "
                                                 r"finite \(the head or the loss\)"):
         train(flags(ckpt_corpus, 6, cache=ckpt_cache))
+
+
+def test_nan_in_an_earlier_micro_batch_is_traced_to_its_layer(ckpt_corpus, ckpt_cache, monkeypatch, capsys):
+    """Two micro-batches a step; layers.1 gives NaN on the first micro-batch of step 1 only (keyed by its
+    tokens, so the re-run sees it too). The diagnosis re-runs that micro-batch, not the last (whose re-run
+    was finite: it blamed "the head or the loss")."""
+    from megatron_zaya.model.zaya import ZayaModel
+    original, poisoned = ZayaModel.forward, {}
+
+    def forward(model, tokens, *args, **kwargs):
+        if model.training and "tokens" not in poisoned:
+            poisoned["tokens"] = tokens.clone()
+        hook = None
+        if poisoned["tokens"].shape == tokens.shape and torch.equal(poisoned["tokens"], tokens):
+            # (on its input: the diagnosis's own output hooks, registered first, see the NaN it makes)
+            hook = model.layers[1].register_forward_pre_hook(lambda m, args: (args[0] * float("nan"), *args[1:]))
+        try:
+            return original(model, tokens, *args, **kwargs)
+        finally:
+            if hook is not None:
+                hook.remove()
+
+    monkeypatch.setattr(ZayaModel, "forward", forward)
+    rec = train(flags(ckpt_corpus, 3, cache=ckpt_cache))
+    assert rec.trainer.state.skipped_iterations == 1
+    out = capsys.readouterr().out
+    assert "SKIPPED (non-finite) non-finite produced on rank(s) [0]: rank 0: loss non-finite, first non-finite " \
+           "output: layers.1" in out, out
 
 
 def test_corrupt_or_missing_shard_names_the_file_and_load_falls_back(ckpt_corpus, ckpt_cache, tmp_path):
@@ -470,6 +520,21 @@ def test_watchdog_armed_at_start_allows_a_longer_first_iteration():
     dog.arm(first_iteration_seconds=0.3)
     time.sleep(0.6)                                # a hang in the first iteration is caught too
     assert fired == [WATCHDOG_EXIT_CODE]
+    dog.stop()
+
+
+def test_an_iteration_that_trains_nothing_keeps_the_first_steps_allowance():
+    """--iterations-to-skip's first iteration (its batch read and dropped) used up the startup allowance: the
+    first real step (warm-up, compilation) then had only min_seconds."""
+    fired = []
+    dog = Watchdog(factor=5, min_seconds=0.2, poll_seconds=0.02, exit_fn=fired.append)
+    dog.arm(first_iteration_seconds=2.0)
+    dog.beat(trained=False)
+    assert dog.timeout() == 2.0 and not dog.durations
+    time.sleep(0.5)
+    assert not fired
+    dog.beat()
+    assert dog.timeout() == 0.2 and not dog.durations
     dog.stop()
 
 
