@@ -121,6 +121,10 @@ class TrainingCheckpointer:
             values = self.runtime.max_over_all_ranks(t).tolist()
         return tuple(values) if more else values[0]
 
+    def stop_signal_on_any_rank(self) -> bool:
+        """Whether a stop signal has reached any rank (one all-reduce of a flag): an evaluation stops for it."""
+        return self._max(1.0 if self.signals.pending else 0.0) > 0
+
     def agree(self, flag: bool) -> bool:
         """True when flag is True on every rank."""
         return self._max(0.0 if flag else 1.0) == 0.0

@@ -72,6 +72,11 @@ class NonFiniteLossError(RuntimeError):
     pass
 
 
+class EvaluationInterrupted(Exception):
+    """A stop signal (Ctrl-C, SIGTERM, SIGUSR1) reached a rank during an evaluation: the checkpoint comes
+    first (torchrun gives its ranks 30 s after a Ctrl-C, a long validation used them up)."""
+
+
 def batch_to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
@@ -299,6 +304,9 @@ class Trainer:
         for count, batch in enumerate(loader):
             if micro_batches is not None and count == micro_batches:
                 break
+            if self.checkpointer is not None and self.checkpointer.stop_signal_on_any_rank():   # (agreed)
+                self.model.train()
+                raise EvaluationInterrupted
             if self.logger is not None and time.time() - last_report >= self.EVAL_PROGRESS_SECONDS:
                 last_report = time.time()
                 self.logger.print(f"{label}: {count}/{total} micro-batches of this rank, "
@@ -510,7 +518,12 @@ class Trainer:
         with self.watchdog.paused() if self.watchdog is not None else contextlib.nullcontext():
             if collect:
                 gc.collect()
-            metrics = self.evaluate()
+            try:
+                metrics = self.evaluate()
+            except EvaluationInterrupted:
+                self.logger.print(f"validation at iteration {self.state.iteration} stopped: a stop signal came; "
+                                  f"saving first")
+                metrics = None
             if collect:
                 gc.collect()
         self.last_validation = metrics
@@ -522,7 +535,11 @@ class Trainer:
     def run_test_evaluation(self) -> dict[str, float] | None:
         """The test split's loss at the end of training (TensorBoard 'lm loss test', 'lm loss test ppl')."""
         with self.watchdog.paused() if self.watchdog is not None else contextlib.nullcontext():
-            metrics = self.evaluate("test")
+            try:
+                metrics = self.evaluate("test")
+            except EvaluationInterrupted:
+                self.logger.print("test evaluation stopped: a stop signal came")
+                metrics = None
         if metrics:
             self.logger.scalars(evaluation_scalars(metrics, "test"), self.state.iteration, self.state.consumed_samples)
             self.logger.print(f"test loss at iteration {self.state.iteration} | {evaluation_line(metrics)}")

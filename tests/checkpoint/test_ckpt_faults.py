@@ -247,6 +247,29 @@ def test_ctrl_c_saves_and_stops_and_a_second_stops_at_once(ckpt_corpus, ckpt_cac
     assert signal.getsignal(signal.SIGINT) is previous
 
 
+def test_ctrl_c_during_a_validation_stops_it_and_saves(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch, capsys):
+    """A Ctrl-C during a long periodic validation: the validation stops at its next micro-batch (all ranks
+    agree) and the checkpoint is written. It ran on to its end, and torchrun's 30 s after a Ctrl-C ran out
+    first: the ranks were killed with nothing saved."""
+    from megatron_zaya.model.zaya import ZayaModel
+    original, evaluated = ZayaModel.forward, []
+
+    def forward(model, *args, **kwargs):
+        if not model.training:
+            evaluated.append(1)
+            if len(evaluated) == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+        return original(model, *args, **kwargs)
+
+    monkeypatch.setattr(ZayaModel, "forward", forward)
+    save = str(tmp_path / "ckpt")
+    rec = train(flags(ckpt_corpus, 10, "--save", save, "--eval-interval", "2", "--eval-iters", "50",
+                      cache=ckpt_cache))
+    assert len(evaluated) == 3                          # of the 100 micro-batches the validation would read
+    assert rec.trainer.stop_requested == "SIGINT received" and read_latest(save) == 2
+    assert "validation at iteration 2 stopped: a stop signal came; saving first" in capsys.readouterr().out
+
+
 def test_a_forked_dataloader_worker_leaves_the_signal_to_its_rank():
     """torchrun and Slurm signal a rank's whole process group, its DataLoader workers (forks that inherit
     the handler) too: a worker neither takes the flag nor ends (its rank still reads from it until the
