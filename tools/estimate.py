@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     lay.add_argument("--seq-length", type=int, default=None, help="default: the preset's")
     lay.add_argument("--micro-batch-size", type=int, default=1)
     lay.add_argument("--global-batch-size", type=int, default=None, help="sequences per optimizer step (required)")
-    lay.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    lay.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",
+                     help="default adamw (the published-facts tables); with --config: muon, training's default")
     lay.add_argument("--grad-dtype", choices=GRAD_DTYPES, default="fp32")
     c = p.add_argument_group("cluster (a preset; any field can be overridden)")
     c.add_argument("--cluster", default="mi300x", help=f"one of {sorted(CLUSTERS)}")
@@ -237,12 +238,19 @@ def report(plan: Plan) -> str:
 
 def main(argv=None) -> int:
     parser = build_parser()
+    if parser.parse_known_args(argv)[0].config:
+        parser.set_defaults(optimizer="muon")      # a training config without an optimizer key trains with Muon
     left_out = apply_training_config(parser, argv, "training keys that do not change the plan")
     if left_out is not None and not any(k.lstrip("-") == "bf16" and v is True for k, v in left_out.items()):
         print("--config: the run trains in fp32 (no bf16: true), while the plan assumes --bf16 (bf16 weights, "
               "activations and matmuls; pretrain_zaya.py's default is fp32): expect more memory and time than shown",
               file=sys.stderr)
     args = parser.parse_args(argv)
+    training_keys = {str(k).lstrip("-").replace("-", "_"): v for k, v in (left_out or {}).items()}
+    if training_keys.get("tokenizer_type", "GPTSentencePieceTokenizer") != "NullTokenizer" and \
+            ("tokenizer_model" in training_keys or "vocab_file" in training_keys) and args.vocab_size is None:
+        print("--config: the run's vocabulary is its tokenizer's, which the planner does not read: the plan uses "
+              "the preset's; pass --vocab-size N (pretrain_zaya.py --dry-run prints N)", file=sys.stderr)
     if args.global_batch_size is None:
         parser.error("--global-batch-size is required (on the command line or in --config)")
     try:

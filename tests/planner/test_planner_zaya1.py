@@ -150,6 +150,13 @@ def test_cli_plans_the_training_config(capsys, tmp_path):
     captured = capsys.readouterr()
     assert "recompute=selective" in captured.out
     assert "the run trains in fp32 (no bf16: true), while the plan assumes --bf16" in captured.err
+    assert "optimizer muon" in captured.out            # no optimizer key: training's default, not the planner's
+    assert "the planner does not read" not in captured.err
+    config.write_text(config.read_text() + "tokenizer-model: tok.model\n")     # the vocabulary is the tokenizer's
+    assert cli.main(["--config", str(config), "--gpus", "1024", "--seq-length", "4096"]) == 0
+    assert "the run's vocabulary is its tokenizer's, which the planner does not read" in capsys.readouterr().err
+    assert cli.main(["--config", str(config), "--gpus", "1024", "--seq-length", "4096", "--vocab-size", "1024"]) == 0
+    assert "the planner does not read" not in capsys.readouterr().err
     assert cli.main(["--config", str(config), "--gpus", "1024", "--seq-length", "4096", "--moe-ffn-hidden-size",
                      "1024", "--json"]) == 0
     by_flag = json.loads(capsys.readouterr().out)
