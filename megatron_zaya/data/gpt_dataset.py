@@ -32,6 +32,16 @@ class SampleOptions:
     vocab_size: int | None = None       # token ids must be below it (the tokenizer's vocabulary), if given
 
 
+def loss_masked_pad(tokenizer) -> int | None:
+    """The pad id whose labels get no loss (gpt_sample), as Megatron-LM's datasets decide it: none when the
+    tokenizer has none, or when its pad is also its EOD, BOS or UNK token (a tokenizer declaring <s> as
+    pad would have every document's BOS read as id 0 and never predicted)."""
+    pad = tokenizer.pad
+    if pad is None or pad < 0:
+        return None
+    return None if pad in {tokenizer.eod, tokenizer.bos, getattr(tokenizer, "unk", None)} else pad
+
+
 def default_cache_dir(path_prefix: str) -> str:
     """A `cache/GPTDataset_indices` folder beside the data (Megatron-LM's default puts that folder inside a
     directory named as the prefix itself, `PREFIX/cache/GPTDataset_indices`, next to PREFIX.bin)."""
@@ -66,8 +76,7 @@ def gpt_sample(text: np.ndarray, opts: SampleOptions) -> dict[str, np.ndarray]:
     loss_mask, position_ids, document_ids = ltor_masks_and_position_ids(tokens, opts)
     if opts.pad is not None and opts.pad >= 0 and opts.pad != opts.eod and (text == opts.pad).any():
         # as Megatron-LM's GPTDataset: no loss where the label is the pad token, and pad ids read as id 0
-        # (not where pad is the EOD token too, as some Hugging Face tokenizers declare it: every
-        # document's end would go unlearned)
+        # (opts.pad: loss_masked_pad, none when it is also the EOD, BOS or UNK token)
         loss_mask[labels == opts.pad] = 0.0
         tokens, labels = np.where(tokens == opts.pad, 0, tokens), np.where(labels == opts.pad, 0, labels)
     sample = {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids}

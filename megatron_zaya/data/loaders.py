@@ -26,7 +26,7 @@ from .blend import BlendedDataset, PhasedDataset, parse_data_path, plan_phases
 from .mock import MockGPTDataset
 from .config import DataConfig
 from .cache import build_order, cached_arrays
-from .gpt_dataset import GPTDataset, SampleOptions, default_cache_dir, split_indices, token_id_outside
+from .gpt_dataset import GPTDataset, SampleOptions, default_cache_dir, loss_masked_pad, split_indices, token_id_outside
 from . import index_builders as ib
 from .index_builders import build_blending_indices
 from .index_check import open_checked
@@ -158,7 +158,7 @@ def build_split_datasets(cfg: DataConfig, seq_length: int, train_valid_test_num_
             raise ValueError("DataConfig.tokenizer_type (--tokenizer-type) is required to know the EOD id, "
                              "or pass tokenizer=")
         tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, **cfg.tokenizer_kwargs())
-    opts = SampleOptions(seq_length, tokenizer.eod, tokenizer.pad, cfg.reset_position_ids,
+    opts = SampleOptions(seq_length, tokenizer.eod, loss_masked_pad(tokenizer), cfg.reset_position_ids,
                          cfg.reset_attention_mask, cfg.eod_mask_loss, tokenizer.vocab_size)
     train_n, valid_n, test_n = (int(x) for x in train_valid_test_num_samples)
     if cfg.mock_data:

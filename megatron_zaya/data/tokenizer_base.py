@@ -50,6 +50,10 @@ class BaseTokenizer:
     def pad(self) -> int | None:
         return self._pad
 
+    @property
+    def unk(self) -> int | None:
+        return getattr(self, "_unk", None)
+
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError
 

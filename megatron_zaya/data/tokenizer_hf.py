@@ -68,7 +68,7 @@ class HuggingFaceTokenizer(_TokenizersBackend):
             p = os.path.join(directory, name)
             if os.path.isfile(p):
                 cfg = _load_json_object(p)
-                for key in ("eos_token", "bos_token", "pad_token"):
+                for key in ("eos_token", "bos_token", "pad_token", "unk_token"):
                     content = _token_content(cfg.get(key))
                     if content is not None:
                         declared[key] = content
@@ -88,6 +88,7 @@ class HuggingFaceTokenizer(_TokenizersBackend):
         self._eod = self._find("eos_token", declared, _EOS_CANDIDATES)
         self._bos = self._find("bos_token", declared, _BOS_CANDIDATES)
         self._pad = self._find("pad_token", declared, _PAD_CANDIDATES)
+        self._unk = self._find("unk_token", declared, ("<unk>", "[UNK]"))
         if self._eod is None:
             raise UserInputError(
                 f"--tokenizer-model {json_path}: cannot tell the EOS/EOD token; add a tokenizer_config.json "

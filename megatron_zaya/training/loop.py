@@ -28,7 +28,7 @@ from megatron_zaya.training.logger import TrainingLogger
 from megatron_zaya.training.metrics import (IntervalMeter, device_peak_tflops, empty_unused_memory, format_duration,
                                            megatron_memory_scalars, peak_memory_bytes, routing_statistics,
                                            synchronize)
-from megatron_zaya.training.nonfinite import diagnose, micro_batch_to_rerun
+from megatron_zaya.training.nonfinite import diagnose
 from megatron_zaya.training.profiling import StepProfiler
 from megatron_zaya.training.stragglers import StragglerMeter
 from megatron_zaya.training.validation_report import evaluation_line, evaluation_scalars, perplexity
@@ -181,8 +181,7 @@ class Trainer:
             self.optimizer.zero_grad()
             parallel.zero_grad()
         elif skipped:   # every rank: which rank and layer produced it (megatron_zaya/training/nonfinite.py)
-            diagnosis = diagnose(self, micro_batches[micro_batch_to_rerun(parallel, finite_losses)], loss_scale,
-                                 loss_sum)
+            diagnosis = diagnose(self, micro_batches, loss_scale, loss_sum, finite_losses)
             self.optimizer.zero_grad()
             parallel.zero_grad()
         else:

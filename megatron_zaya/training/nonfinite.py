@@ -77,35 +77,42 @@ def _local_rerun(trainer, batch: dict, loss_scale: float) -> tuple[int, int]:
             grads[first_grad][0] if first_grad >= 0 else -1)
 
 
-def micro_batch_to_rerun(parallel, finite_losses: list[torch.Tensor]) -> int:
-    """The micro-batch every rank re-runs (the same on all: the forward holds collectives): the first whose
-    loss was non-finite on any rank, else the last (a gradient-only non-finite value). With gradient
-    accumulation a bad sample's NaN is most often in another micro-batch than the last."""
+def micro_batch_to_rerun(parallel, finite_losses: list[torch.Tensor]) -> tuple[int, int]:
+    """(the micro-batch every rank re-runs, this rank's first with a non-finite loss or -1). The re-run is
+    the same on all ranks (the forward holds collectives): the first micro-batch whose loss was non-finite
+    on any rank, else the last (a gradient-only non-finite value). With gradient accumulation a bad
+    sample's NaN is most often in another micro-batch than the last."""
     count = len(finite_losses)
-    first = next((i for i, finite in enumerate(finite_losses) if not bool(finite)), count)
-    first = -int(parallel.max_over_all_ranks(torch.tensor([-first], dtype=torch.float64)).item())
-    return first if first < count else count - 1
+    own = next((i for i, finite in enumerate(finite_losses) if not bool(finite)), count)
+    first = -int(parallel.max_over_all_ranks(torch.tensor([-own], dtype=torch.float64)).item())
+    return (first if first < count else count - 1), (own if own < count else -1)
 
 
-def diagnose(trainer, batch: dict, loss_scale: float, local_loss: torch.Tensor) -> str:
-    """Called on every rank for a skipped step, before its gradients are cleared; `batch` the micro-batch
-    re-run here: this rank's first with a non-finite loss, else its last."""
+def diagnose(trainer, micro_batches: list[dict], loss_scale: float, local_loss: torch.Tensor,
+             finite_losses: list[torch.Tensor]) -> str:
+    """Called on every rank for a skipped step, before its gradients are cleared: re-runs the micro-batch
+    micro_batch_to_rerun picks and names, for each rank, where its non-finite values came from."""
     model, parallel = trainer.model, trainer.parallel
+    rerun, own_first = micro_batch_to_rerun(parallel, finite_losses)
     reduced_bad = nonfinite_gradients(model)
     loss_finite = bool(torch.isfinite(local_loss).item())
-    first_output, first_grad = _local_rerun(trainer, batch, loss_scale)
+    first_output, first_grad = _local_rerun(trainer, micro_batches[rerun], loss_scale)
     world = parallel.world_size
-    mine = torch.full((world, 3), -math.inf, dtype=torch.float64)
-    mine[parallel.rank] = torch.tensor([float(loss_finite), first_output, first_grad], dtype=torch.float64)
-    gathered = parallel.max_over_all_ranks(mine).cpu().tolist()   # an all-gather of 3 scalars per rank
+    mine = torch.full((world, 4), -math.inf, dtype=torch.float64)
+    mine[parallel.rank] = torch.tensor([float(loss_finite), first_output, first_grad, own_first],
+                                       dtype=torch.float64)
+    gathered = parallel.max_over_all_ranks(mine).cpu().tolist()   # an all-gather of 4 scalars per rank
 
     module_names = [name for name, _ in _modules(model)]
     param_names = [name for name, _ in model.named_parameters()]
     reports = []
-    for rank, (finite, output, grad) in enumerate(gathered):
+    for rank, (finite, output, grad, own) in enumerate(gathered):
         parts = [] if finite else ["loss non-finite"]
         if output >= 0:
             parts.append(f"first non-finite output: {module_names[int(output)]}")
+        elif not finite and own >= 0 and own != rerun:    # another rank's earlier micro-batch was re-run
+            parts.append(f"in its micro-batch {int(own)} (not re-run: micro-batch {rerun} was, the first non-finite "
+                         f"on any rank)")
         elif not finite:
             parts.append("every block's output finite (the head or the loss)")
         if grad >= 0 and not parts:     # else a consequence of the forward

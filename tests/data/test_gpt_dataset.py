@@ -128,6 +128,18 @@ def test_pad_labels_get_no_loss_and_pad_ids_read_as_zero():
         assert sample["tokens"].tolist() == [5, 3, 3, 2, 7] and sample["loss_mask"].tolist() == [1] * 5
 
 
+def test_a_pad_that_is_another_special_token_masks_nothing():
+    """As Megatron-LM's datasets: a pad declared as EOD, BOS or UNK (a tokenizer_config.json with pad_token
+    "<s>") is not a pad to mask; every document's BOS would read as id 0 and never be predicted."""
+    from types import SimpleNamespace
+
+    from megatron_zaya.data.gpt_dataset import loss_masked_pad
+    tokenizer = SimpleNamespace(eod=2, bos=1, unk=0, pad=3)
+    assert loss_masked_pad(tokenizer) == 3
+    for pad in (None, -1, 0, 1, 2):
+        assert loss_masked_pad(SimpleNamespace(eod=2, bos=1, unk=0, pad=pad)) is None, pad
+
+
 def test_token_ids_outside_the_vocabulary_are_named(tmp_path):
     """A dataset of another tokenizer: ids the tokenizer (and so the embedding) does not have. Read from the
     first tokens before the model is built (loaders.check_token_ids), and from every sample as it is read."""
