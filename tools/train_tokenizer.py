@@ -14,8 +14,9 @@ corpus runs out of pairs seen twice), split by Megatron-LM's --tiktoken-pattern,
 (Megatron's TikTokenizer file). Use it with `--tokenizer-type TikTokenizer --tokenizer-model P.json
 --tiktoken-pattern v2 --vocab-size R+S`, R the ranks written and S = --tiktoken-num-special-tokens
 (default 1000); the script prints the exact flags.
-SentencePiece is fed documents line by line, tiktoken whole documents (its pieces hold newlines); at most
---input-sentence-size of them are sampled uniformly, with --seed (one pass, memory for the sample only).
+SentencePiece is fed documents line by line, at most --input-sentence-size lines sampled uniformly with --seed
+(one pass, memory for the sample only); tiktoken the first --input-sentence-size pieces of documents, whole
+lines with their newlines up to 64K characters a piece (its tokens hold newlines), streamed.
 Inputs are read as in preprocess_data.py (JSONL by suffix or by a first line that is a JSON object,
 .parquet with pyarrow, otherwise plain text; directories give their .jsonl/.json/.ndjson/.txt/.parquet
 files). Bad records (malformed
@@ -44,8 +45,29 @@ from megatron_zaya.data.sources import InputError, check_parquet_columns, expand
 from megatron_zaya.leftovers import remove_leftovers  # noqa: E402
 
 
+CHUNK_CHARS = 1 << 16      # tiktoken training: documents in pieces of whole lines up to this size
+
+
+def text_chunks(text: str, size: int = CHUNK_CHARS):
+    """`text` in pieces of whole lines, newlines kept, each up to `size` characters (a longer line alone):
+    byte-level BPE learns tokens that hold newlines, and the trainer's memory stays bounded (a 50 MB document
+    fed whole took 4 GB)."""
+    if len(text) <= size:
+        yield text
+        return
+    piece, length = [], 0
+    for line in text.splitlines(keepends=True):
+        if piece and length + len(line) > size:
+            yield "".join(piece)
+            piece, length = [], 0
+        piece.append(line)
+        length += len(line)
+    if piece:
+        yield "".join(piece)
+
+
 def iter_lines(paths, json_keys, text_mode, counts, whole_documents: bool = False):
-    """The non-blank lines of every document (`whole_documents`: each document's text as it is)."""
+    """The non-blank lines of every document (`whole_documents`: its text, newlines kept, in text_chunks)."""
     for rec in iter_records(paths, text_mode, list(json_keys)):
         try:
             text = rec.raw.decode("utf-8")
@@ -80,9 +102,10 @@ def iter_lines(paths, json_keys, text_mode, counts, whole_documents: bool = Fals
         counts["documents"] = counts.get("documents", 0) + 1
         for t in texts:
             if whole_documents:
-                if t.strip():
-                    counts["lines"] = counts.get("lines", 0) + 1
-                    yield t
+                for chunk in text_chunks(t):
+                    if chunk.strip():
+                        counts["lines"] = counts.get("lines", 0) + 1
+                        yield chunk
                 continue
             for line in t.splitlines():
                 if line.strip():
@@ -201,7 +224,7 @@ def main(argv=None) -> int:
     p.add_argument("--text-mode", choices=("file", "paragraph", "line"), default="file")
     p.add_argument("--character-coverage", type=float, default=0.9995)
     p.add_argument("--input-sentence-size", type=int, default=2_000_000,
-                   help="lines (tiktoken: documents) sampled for training, uniformly with --seed; 0: all")
+                   help="lines sampled uniformly with --seed (tiktoken: the first document pieces); 0: all")
     p.add_argument("--max-sentence-length", type=int, default=16384, help="longer lines (bytes) are skipped")
     p.add_argument("--no-byte-fallback", action="store_true")
     p.add_argument("--user-defined-symbols", nargs="*", default=[], help="e.g. <think> </think>")
@@ -241,8 +264,9 @@ def main(argv=None) -> int:
     tmp_prefix = os.path.join(tmp_dir, "sp")
     if args.model_type == "tiktoken":
         try:
-            sample = uniform_sample(_announce_end(itertools.chain([first], lines), counts, t0),
-                                    args.input_sentence_size, args.seed)
+            sample = _announce_end(itertools.chain([first], lines), counts, t0)   # streamed: its first pieces
+            if args.input_sentence_size:
+                sample = itertools.islice(sample, args.input_sentence_size)
             ranks = train_tiktoken(args, sample, tmp_prefix)
             _install(tmp_prefix, args.output_prefix, extensions)
         except InputError as e:

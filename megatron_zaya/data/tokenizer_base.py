@@ -22,9 +22,10 @@ def pad_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int = 128, ten
 
 
 class BaseTokenizer:
-    """Common interface; subclasses set `_vocab_size`, `_eod`, `_bos`, `_pad`."""
+    """Common interface; subclasses set `_vocab_size`, `_eod`, `_bos`, `_pad` (and `unk` where they have one)."""
 
     name = "base"
+    unk: int | None = None        # the unknown token's id
 
     def __init__(self, make_vocab_size_divisible_by: int = 128, tensor_parallel_size: int = 1):
         self.make_vocab_size_divisible_by = make_vocab_size_divisible_by
@@ -49,10 +50,6 @@ class BaseTokenizer:
     @property
     def pad(self) -> int | None:
         return self._pad
-
-    @property
-    def unk(self) -> int | None:
-        return getattr(self, "_unk", None)
 
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError

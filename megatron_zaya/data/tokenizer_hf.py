@@ -88,7 +88,7 @@ class HuggingFaceTokenizer(_TokenizersBackend):
         self._eod = self._find("eos_token", declared, _EOS_CANDIDATES)
         self._bos = self._find("bos_token", declared, _BOS_CANDIDATES)
         self._pad = self._find("pad_token", declared, _PAD_CANDIDATES)
-        self._unk = self._find("unk_token", declared, ("<unk>", "[UNK]"))
+        self.unk = self._find("unk_token", declared, ("<unk>", "[UNK]"))
         if self._eod is None:
             raise UserInputError(
                 f"--tokenizer-model {json_path}: cannot tell the EOS/EOD token; add a tokenizer_config.json "

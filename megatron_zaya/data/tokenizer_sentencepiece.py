@@ -196,7 +196,7 @@ class GPTSentencePieceTokenizer(_WordCachedSentencePiece, BaseTokenizer):
         self._eod = self.sp.eos_id()
         self._bos = self.sp.bos_id()
         self._pad = self.sp.pad_id()
-        self._unk = self.sp.unk_id()
+        self.unk = self.sp.unk_id()
         if self._eod < 0:
             raise UserInputError(f"--tokenizer-model {model_path}: the SentencePiece model has no EOS piece, which GPTSentencePieceTokenizer uses as EOD")
         self._setup_word_cache()
