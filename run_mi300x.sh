@@ -420,7 +420,13 @@ START=$(date +%s)
 LATEST_AT_START=$(latest_iteration)
 "${SRUN[@]}" &
 SRUN_PID=$!
-[[ -n $PENDING_SIGNAL ]] && on_signal "$PENDING_SIGNAL"
+if [[ $PENDING_SIGNAL == USR1 ]]; then       # srun has no handler yet: the repeat passes it on, not now
+    SAW_USR1=1 GOT_SIGNAL=USR1
+    log "received SIGUSR1 (time limit near) as srun started: passing it on in ${USR1_REPEAT}s, then every ${USR1_REPEAT}s"
+    ( sleep "$USR1_REPEAT"; kill -s USR1 $$ 2>/dev/null ) &
+elif [[ -n $PENDING_SIGNAL ]]; then
+    on_signal "$PENDING_SIGNAL"
+fi
 while kill -0 "$SRUN_PID" 2>/dev/null; do wait "$SRUN_PID"; done
 wait "$SRUN_PID"; RC=$?
 trap '' USR1
@@ -430,7 +436,8 @@ if (( SAW_USR1 )); then       # the time-limit warning came (even if Slurm's SIG
     training_done && finish
     # Unless the trainer failed by itself: an error exit with no new checkpoint and no SIGTERM from Slurm
     # (a short job gets the warning within seconds) goes to the failure analysis below, whose bounds hold.
-    if (( RC == 0 )) || [[ $GOT_SIGNAL == TERM || $(latest_iteration) != "$LATEST_AT_START" ]]; then
+    # (138: srun itself died of the SIGUSR1 passed on, before it had its handler: the warning's doing)
+    if (( RC == 0 || RC == 138 )) || [[ $GOT_SIGNAL == TERM || $(latest_iteration) != "$LATEST_AT_START" ]]; then
         (( RC == 0 )) || log "warning: the trainer exited $RC after SIGUSR1; resuming from the latest complete" \
                              "checkpoint"
         requeue
