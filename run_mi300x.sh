@@ -422,7 +422,8 @@ LATEST_AT_START=$(latest_iteration)
 SRUN_PID=$!
 if [[ $PENDING_SIGNAL == USR1 ]]; then       # srun has no handler yet: the repeat passes it on, not now
     SAW_USR1=1 GOT_SIGNAL=USR1
-    log "received SIGUSR1 (time limit near) as srun started: passing it on in ${USR1_REPEAT}s, then every ${USR1_REPEAT}s"
+    log "received SIGUSR1 (time limit near) as srun started: passing it on in ${USR1_REPEAT}s, then every" \
+        "${USR1_REPEAT}s"
     ( sleep "$USR1_REPEAT"; kill -s USR1 $$ 2>/dev/null ) &
 elif [[ -n $PENDING_SIGNAL ]]; then
     on_signal "$PENDING_SIGNAL"
