@@ -160,7 +160,9 @@ def test_a_new_global_batch_size_keeps_reading_where_the_run_stopped(ckpt_corpus
     capsys.readouterr()
     second = samples_of(train(flags(ckpt_corpus, 5, "--save", save, "--load", save, "--global-batch-size", "8",
                                     cache=ckpt_cache)))                                             # 2 x 8 more
-    assert "new data phase" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "new data phase" not in out
+    assert "data: 896 training tokens" in out           # 28 samples of 32: 12 before and 16 to come, not 5 x 8
     assert first == straight[:12] and second == straight[12:28]
     state = json.loads(open(os.path.join(save, "iter_0000005", "metadata.json")).read())["train_state"]
     assert (state["consumed_samples"], state["data_start_iteration"], state["data_start_samples"]) == (28, 0, 0)
