@@ -1,7 +1,8 @@
 """kernels.embedding: a bf16 embedding table (ZeRO-1 stores the weights in bf16) gets its gradient summed in
 fp32 and rounded once. CPU's own embedding backward adds each occurrence of a token in bf16, so the rows of
-frequent tokens drift (8192 occurrences of one token: 5.6% off here, the same direction each time: up to 75%). Tolerance: 1e-2 relative per row
-(one bf16 rounding is 2**-8 ~ 4e-3), against a float64 reference of the same table and upstream gradient."""
+frequent tokens drift (8192 occurrences of one token: 5.6% off here, the same direction each time: up to 75%).
+Tolerance: 1e-2 relative per row (one bf16 rounding is 2**-8 ~ 4e-3), against a float64 reference of the same
+table and upstream gradient."""
 import torch
 import torch.nn.functional as F
 
