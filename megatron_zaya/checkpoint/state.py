@@ -350,7 +350,8 @@ def load_saved_masters(optimizer, model, folder: CheckpointFolder) -> int:
     """For a load that starts the optimizer afresh (--finetune, --no-load-optim), after load_model: the fp32
     masters a --bf16 ZeRO-1 run saved for its bf16 weights, so that this run starts from the trained values,
     as load_optimizer and load_full_model_state do, not from their bf16 rounding. A bf16 weight's ZeRO-1
-    master piece (or, DistributedMuon, its owner's master, with fresh momentum) takes the saved one. Returns how many parameters took a saved master."""
+    master piece (or, DistributedMuon, its owner's master, with fresh momentum) takes the saved one. Returns
+    how many parameters took a saved master."""
     pstate = model_pstate(model)
     cache, taken = {}, 0
     for slot in optimizer_slots(optimizer, model):
