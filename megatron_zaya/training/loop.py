@@ -129,6 +129,7 @@ class Trainer:
         # the process's: loading a checkpoint and building indices spend the job's time too).
         self.run_started = time.time()
         self.last_validation: dict[str, float] | None = None
+        self.evaluation_interrupted = False      # a stop signal cut an evaluation short
         self.interval = IntervalMeter()
         self.stragglers = (StragglerMeter(self.device, self.cfg.straggler_minmax_count) if self.cfg.log_straggler
                            else None)
@@ -520,8 +521,8 @@ class Trainer:
             try:
                 metrics = self.evaluate()
             except EvaluationInterrupted:
-                self.logger.print(f"validation at iteration {self.state.iteration} stopped: a stop signal came; "
-                                  f"saving first")
+                self.evaluation_interrupted = True
+                self.logger.print(f"validation at iteration {self.state.iteration} stopped: a stop signal came")
                 metrics = None
             if collect:
                 gc.collect()
@@ -537,6 +538,7 @@ class Trainer:
             try:
                 metrics = self.evaluate("test")
             except EvaluationInterrupted:
+                self.evaluation_interrupted = True
                 self.logger.print("test evaluation stopped: a stop signal came")
                 metrics = None
         if metrics:

@@ -8,9 +8,9 @@ all skip the step), with a purely local backward (no gradient reduction):
 
   - forward hooks on the embedding, each block and the final norm: the first whose output is not finite;
   - gradient hooks on every parameter, in the order backward reaches them: the first non-finite one;
-  - plus the rank's own (pre-reduction) loss of the whole step.
+  - plus the rank's own (pre-reduction) loss of the whole step, and its first micro-batch with a non-finite loss.
 
-Each rank's three numbers are gathered (an all-reduce MAX of world_size x 3 scalars), so every rank
+Each rank's four numbers are gathered (an all-reduce MAX of world_size x 4 scalars), so every rank
 prints the same diagnosis naming the rank(s) and layer(s). The normal step pays nothing for this.
 """
 from __future__ import annotations

@@ -180,11 +180,9 @@ def _train(run, tokenizer, datasets, loads_weights: bool, started: float) -> int
     gbs = run.train.global_batch_size
     # Sized from the schedule (never the raw --train-samples: a partial last batch is not trained on).
     consumed, train_samples = train_data_position(trainer.state, trainer.batch_schedule, trainer.total_iters)
-    # the run's samples: those consumed so far (at the batch sizes of the jobs before) and those to come
-    consumed_now = trainer.state.consumed_samples
-    run_samples = consumed_now + trainer.batch_schedule.samples_consumed(
-        consumed_now, max(0, trainer.total_iters - trainer.state.iteration))
-    summary = startup_lines(run, tokenizer.vocab_size, datasets, run_samples)
+    # the data's samples: those of this data phase read so far (at the batch sizes of the jobs before) and
+    # those to come, as the loader reads them (a resume on new data starts a phase: docs/DATA.md)
+    summary = startup_lines(run, tokenizer.vocab_size, datasets, train_samples)
     valid_samples = run.train.eval_iters * gbs if run.train.eval_iters else 0
     train_loader, valid_loaders, test_loader = build_train_valid_test_loaders(
         run.data, gbs, run.train.micro_batch_size, seq, runtime.dp_rank, runtime.dp_size,
@@ -195,7 +193,9 @@ def _train(run, tokenizer, datasets, loads_weights: bool, started: float) -> int
     # Validation always reads the same samples of each set, so successive values compare.
     trainer.valid_loaders = valid_loaders
     trainer.test_loader = test_loader        # a split with a share in --split (or --test-data-path)
-    ramp_samples = run_samples if run.train.rampup_batch_size else None    # the progress bar's total
+    consumed_now = trainer.state.consumed_samples      # the bar's total: these plus the samples still to come
+    ramp_samples = consumed_now + trainer.batch_schedule.samples_consumed(
+        consumed_now, max(0, trainer.total_iters - trainer.state.iteration)) if run.train.rampup_batch_size else None
     trains = not run.train.skip_train and trainer.state.iteration < trainer.total_iters
     logger = trainer.logger = TrainingLogger(runtime.is_main, run.train.tensorboard_dir, trainer.total_iters,
                                              trainer.state.iteration, run.train.progress_bar,
@@ -208,6 +208,9 @@ def _train(run, tokenizer, datasets, loads_weights: bool, started: float) -> int
             logger.print(f"--skip-train: evaluating the model of iteration {trainer.state.iteration} only")
             final_evaluation(run, trainer, logger, force=True)
             trainer.run_test_evaluation()
+            if trainer.evaluation_interrupted:      # an evaluation-only job cut short did not do its work
+                runtime.barrier()
+                return 130
         else:
             trainer.train()
             # The last checkpoint first, as Megatron-LM saves it: a signal or time limit during a long final

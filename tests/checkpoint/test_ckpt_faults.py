@@ -267,7 +267,15 @@ def test_ctrl_c_during_a_validation_stops_it_and_saves(ckpt_corpus, ckpt_cache, 
                       cache=ckpt_cache))
     assert len(evaluated) == 3                          # of the 100 micro-batches the validation would read
     assert rec.trainer.stop_requested == "SIGINT received" and read_latest(save) == 2
-    assert "validation at iteration 2 stopped: a stop signal came; saving first" in capsys.readouterr().out
+    assert "validation at iteration 2 stopped: a stop signal came" in capsys.readouterr().out
+    # --skip-train (an evaluation-only job): stopped, nothing to save, and not a success (exit 130)
+    from megatron_zaya.arguments import parse_args
+    from megatron_zaya.training.setup import build_and_train
+    evaluated.clear()
+    run = parse_args(flags(ckpt_corpus, 10, "--load", save, "--skip-train", "--eval-iters", "50", cache=ckpt_cache))
+    assert build_and_train(run) == 130 and len(evaluated) == 3
+    out = capsys.readouterr().out
+    assert "validation at iteration 2 stopped" in out and "final validation loss" not in out
 
 
 def test_a_forked_dataloader_worker_leaves_the_signal_to_its_rank():
