@@ -70,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     lay.add_argument("--seq-length", type=int, default=None, help="default: the preset's")
     lay.add_argument("--micro-batch-size", type=int, default=1)
     lay.add_argument("--global-batch-size", type=int, default=None, help="sequences per optimizer step (required)")
-    lay.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",
-                     help="default adamw (the published-facts tables); with --config: muon, training's default")
+    lay.add_argument("--optimizer", choices=[*OPTIMIZERS, "adam"], default="adamw",
+                     help="default adamw (the published-facts tables); with --config: muon, training's default; "
+                          "Megatron-LM's adam is adamw, as in training")
     lay.add_argument("--grad-dtype", choices=GRAD_DTYPES, default="fp32")
     c = p.add_argument_group("cluster (a preset; any field can be overridden)")
     c.add_argument("--cluster", default="mi300x", help=f"one of {sorted(CLUSTERS)}")
@@ -146,7 +147,8 @@ def plan_from_args(args) -> Plan:
                             args.expert_model_parallel_size, args.use_distributed_optimizer, args.recompute,
                             tuple(args.recompute_modules or ()))
     eff = Efficiency(args.compute_efficiency, args.hbm_efficiency, args.intra_node_efficiency, args.inter_node_efficiency)
-    options = PlanOptions(args.optimizer, args.grad_dtype, args.activation_policy, args.memory_reserve_fraction,
+    optimizer = "adamw" if args.optimizer == "adam" else args.optimizer       # as training reads it
+    options = PlanOptions(optimizer, args.grad_dtype, args.activation_policy, args.memory_reserve_fraction,
                           not args.no_overlap, args.hierarchical_collectives, args.routed_fraction,
                           args.reset_attention_mask)
     return make_plan(config, layout, cluster, eff, options)

@@ -167,6 +167,9 @@ def output_extensions(model_type: str) -> tuple[str, ...]:
 
 def check_output(prefix: str, overwrite: bool, extensions=(".model", ".vocab")) -> str | None:
     """Refuse existing outputs (unless `overwrite`) and an unwritable folder, before training."""
+    if not os.path.basename(prefix) or os.path.isdir(prefix):
+        return (f"--output-prefix {prefix}: a folder; give a name in it (e.g. {os.path.join(prefix, 'sp32k')}: the "
+                f"tool writes NAME.model and NAME.vocab, or NAME.json for tiktoken)")
     if not overwrite:
         for ext in extensions:
             if os.path.lexists(prefix + ext):

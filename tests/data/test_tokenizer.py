@@ -226,6 +226,11 @@ def test_train_tokenizer_samples_with_its_seed_and_skips_lone_surrogates(tmp_pat
     first, again, other = train("a", 1), train("b", 1), train("c", 2)
     assert first == again and first != other
     assert "1 invalid Unicode" in capsys.readouterr().out
+    # an --output-prefix that is a folder: refused (it wrote the hidden DIR/.model)
+    for prefix in (str(tmp_path) + "/", str(tmp_path)):
+        assert load_tool("train_tokenizer").main(["--input", str(corpus), "--vocab-size", "500",
+                                                  "--output-prefix", prefix]) == 2
+        assert f"--output-prefix {prefix}: a folder; give a name in it" in capsys.readouterr().err
 
 
 def test_train_unigram(tmp_path, corpus_dir):

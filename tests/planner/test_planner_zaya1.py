@@ -151,6 +151,8 @@ def test_cli_plans_the_training_config(capsys, tmp_path):
     assert "recompute=selective" in captured.out
     assert "the run trains in fp32 (no bf16: true), while the plan assumes --bf16" in captured.err
     assert "optimizer muon" in captured.out            # no optimizer key: training's default, not the planner's
+    assert cli.main(["--config", str(config), "--gpus", "1024", "--seq-length", "4096", "--optimizer", "adam"]) == 0
+    assert "optimizer adamw" in capsys.readouterr().out     # Megatron-LM's adam, accepted by training too
     assert "the planner does not read" not in captured.err
     config.write_text(config.read_text() + "tokenizer-model: tok.model\n")     # the vocabulary is the tokenizer's
     assert cli.main(["--config", str(config), "--gpus", "1024", "--seq-length", "4096"]) == 0
