@@ -68,6 +68,22 @@ die() { echo "run_mi300x.sh: error: $*" >&2; exit 2; }
 # signals every process of the step, and the trainer may die before this shell's trap has run. The
 # launcher therefore reads exit codes 128+N as "died of signal N", never as the node's own failure.
 # --------------------------------------------------------------------------------------------
+# The exit status of background process $1 in WAITED. A trapped signal interrupts `wait` (status 128+N,
+# the process still running): wait again. A `wait` that did reap it reports its status once; asking again
+# gives 127 (or -1 from some bash versions), so the last real status is kept.
+wait_for() {
+    local status
+    WAITED=0
+    while :; do
+        wait "$1"; status=$?
+        if kill -0 "$1" 2>/dev/null; then continue; fi      # interrupted by a trap: still running
+        WAITED=$status
+        wait "$1" 2>/dev/null; status=$?                      # (reaped between the two: its real status)
+        (( status >= 0 && status != 127 )) && WAITED=$status
+        return 0
+    done
+}
+
 task_main() {
     local dir=$1; shift
     [[ ${1:-} == -- ]] && shift
@@ -99,8 +115,7 @@ task_main() {
     fi
     child=$!
     trap 'signalled=USR1; kill -s USR1 $child 2>/dev/null' USR1
-    while kill -0 "$child" 2>/dev/null; do wait "$child"; done
-    wait "$child"; rc=$?
+    wait_for "$child"; rc=$WAITED
     echo "$node $RANK $rc $signalled $(date +%s)" > "$dir/exit/rank-$RANK"
     exit "$rc"
 }
@@ -428,8 +443,7 @@ if [[ $PENDING_SIGNAL == USR1 ]]; then       # srun has no handler yet: the repe
 elif [[ -n $PENDING_SIGNAL ]]; then
     on_signal "$PENDING_SIGNAL"
 fi
-while kill -0 "$SRUN_PID" 2>/dev/null; do wait "$SRUN_PID"; done
-wait "$SRUN_PID"; RC=$?
+wait_for "$SRUN_PID"; RC=$WAITED
 trap '' USR1
 log "training step ended with exit code $RC after $(( $(date +%s) - START )) s; latest checkpoint: $(latest_iteration)"
 
