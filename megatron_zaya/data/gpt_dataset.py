@@ -34,11 +34,11 @@ class SampleOptions:
 
 def loss_masked_pad(tokenizer) -> int | None:
     """The pad id whose labels get no loss (gpt_sample), as Megatron-LM's datasets decide it: none when the
-    tokenizer has none, or when its pad is also its EOD, BOS or UNK token (a tokenizer declaring <s> as
-    pad would have every document's BOS read as id 0 and never predicted)."""
+    tokenizer has none (a Hugging Face tokenizer: none declared), or when its pad is also its EOD, BOS or UNK
+    token (a tokenizer declaring <s> as pad would have every document's BOS read as id 0, never predicted)."""
     pad = tokenizer.pad
-    if pad is None or pad < 0:
-        return None
+    if pad is None or pad < 0 or not getattr(tokenizer, "pad_declared", True):   # (a Hugging Face pad guessed
+        return None                                                                # from its name: not one)
     return None if pad in {tokenizer.eod, tokenizer.bos, getattr(tokenizer, "unk", None)} else pad
 
 

@@ -88,6 +88,8 @@ class HuggingFaceTokenizer(_TokenizersBackend):
         self._eod = self._find("eos_token", declared, _EOS_CANDIDATES)
         self._bos = self._find("bos_token", declared, _BOS_CANDIDATES)
         self._pad = self._find("pad_token", declared, _PAD_CANDIDATES)
+        # transformers' pad_token_id is the declared one only (a name-guessed pad still goes into an export)
+        self.pad_declared = "pad_token" in declared
         self.unk = self._find("unk_token", declared, ("<unk>", "[UNK]"))
         if self._eod is None:
             raise UserInputError(

@@ -138,6 +138,8 @@ def test_a_pad_that_is_another_special_token_masks_nothing():
     assert loss_masked_pad(tokenizer) == 3
     for pad in (None, -1, 0, 1, 2):
         assert loss_masked_pad(SimpleNamespace(eod=2, bos=1, unk=0, pad=pad)) is None, pad
+    # a Hugging Face tokenizer's pad guessed from its name, none declared: transformers' pad_token_id is None
+    assert loss_masked_pad(SimpleNamespace(eod=2, bos=1, unk=0, pad=3, pad_declared=False)) is None
 
 
 def test_token_ids_outside_the_vocabulary_are_named(tmp_path):

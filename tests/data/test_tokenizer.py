@@ -181,6 +181,13 @@ def test_hf_tokenizer_config_declaring_a_token_tokenizer_json_lacks_is_refused(t
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>"}))
     assert build_tokenizer("HuggingFaceTokenizer", str(folder)).eod == build_tokenizer(
         "HuggingFaceTokenizer", str(hf_tokenizer_dir)).tok.token_to_id("<eos>")
+    # its <pad> is found by name (an export writes it) but only a declared pad is loss-masked, as transformers'
+    # pad_token_id (Megatron-LM's) is the declared one
+    from megatron_zaya.data.gpt_dataset import loss_masked_pad
+    guessed = build_tokenizer("HuggingFaceTokenizer", str(folder))
+    assert guessed.pad == guessed.tok.token_to_id("<pad>") and loss_masked_pad(guessed) is None
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>", "pad_token": "<pad>"}))
+    assert loss_masked_pad(build_tokenizer("HuggingFaceTokenizer", str(folder))) == guessed.pad
 
 
 def test_null_tokenizer():
