@@ -243,12 +243,12 @@ def main(argv=None) -> int:
     if parser.parse_known_args(argv)[0].config:
         parser.set_defaults(optimizer="muon")      # a training config without an optimizer key trains with Muon
     left_out = apply_training_config(parser, argv, "training keys that do not change the plan")
-    if left_out is not None and not any(k.lstrip("-") == "bf16" and v is True for k, v in left_out.items()):
+    training_keys = {str(k).lstrip("-").replace("-", "_"): v for k, v in (left_out or {}).items()}
+    if left_out is not None and training_keys.get("bf16") is not True:
         print("--config: the run trains in fp32 (no bf16: true), while the plan assumes --bf16 (bf16 weights, "
               "activations and matmuls; pretrain_zaya.py's default is fp32): expect more memory and time than shown",
               file=sys.stderr)
     args = parser.parse_args(argv)
-    training_keys = {str(k).lstrip("-").replace("-", "_"): v for k, v in (left_out or {}).items()}
     if training_keys.get("tokenizer_type", "GPTSentencePieceTokenizer") != "NullTokenizer" and \
             ("tokenizer_model" in training_keys or "vocab_file" in training_keys) and args.vocab_size is None:
         print("--config: the run's vocabulary is its tokenizer's, which the planner does not read: the plan uses "

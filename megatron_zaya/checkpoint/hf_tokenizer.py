@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 
+from megatron_zaya.data.tokenizer_sentencepiece import SENTENCEPIECE_BPE, sentencepiece_proto
 from megatron_zaya.errors import UserInputError
 
 NO_EXACT_FORM = {
@@ -77,7 +78,6 @@ def _tiktoken_json(tokenizer) -> str:
 
 # SentencePiece piece types (sentencepiece_model.proto)
 _SP_NORMAL, _SP_UNKNOWN, _SP_CONTROL, _SP_USER_DEFINED = 1, 2, 3, 4
-_SP_BPE = 2     # trainer_spec.model_type
 _MANY = 1 << 30
 
 
@@ -89,7 +89,7 @@ _SP_NORMALIZATIONS = (("nmt_nfkc", True), ("identity", False))
 def _sentencepiece_unsupported(model) -> str | None:
     """Why a SentencePiece model has no exact tokenizer.json here (None: it has one)."""
     trainer = model.trainer_spec
-    if trainer.model_type != _SP_BPE:
+    if trainer.model_type != SENTENCEPIECE_BPE:
         return "only BPE models are converted (a unigram model's ties between equally likely splits break differently)"
     if not trainer.byte_fallback:
         return ("it has no byte fallback (SentencePiece decodes an unknown piece as ' \u2047 ', which no Hugging Face "
@@ -157,23 +157,15 @@ def _sentencepiece_json(tokenizer, bos: bool) -> str:
     return hf.to_str()
 
 
-def _sentencepiece_proto(processor):
-    from sentencepiece import sentencepiece_model_pb2
-
-    model = sentencepiece_model_pb2.ModelProto()
-    model.ParseFromString(processor.serialized_model_proto())
-    return model
-
-
 def sentencepiece_export_problem(processor) -> str | None:
     """Why a loaded SentencePiece model (a SentencePieceProcessor) has no exact Hugging Face tokenizer
     here, or None (tools/train_tokenizer.py says so as soon as it has trained one)."""
-    return _sentencepiece_unsupported(_sentencepiece_proto(processor))
+    return _sentencepiece_unsupported(sentencepiece_proto(processor))
 
 
 def _exportable_sentencepiece_model(tokenizer):
     """The tokenizer's SentencePiece ModelProto, or UserInputError naming the file and the reason."""
-    model = _sentencepiece_proto(tokenizer.sp)
+    model = sentencepiece_proto(tokenizer.sp)
     why = _sentencepiece_unsupported(model)
     if why:
         raise UserInputError(f"--tokenizer-model {tokenizer.model_path}: no exact Hugging Face form of this "

@@ -307,7 +307,8 @@ def load_optimizer(optimizer, model, folder: CheckpointFolder, saved_classes: di
                                       f"the optimizer afresh")
             entry = {}
             for sk in state_keys.get(name, []):
-                if sk == "master" and master is not None:     # ZeRO-1 AdamW pieces: below
+                # ZeRO-1 AdamW pieces: below; an fp32 weight is its own master, which load_model read into it
+                if sk == "master" and (master is not None or p.dtype == torch.float32):
                     continue
                 key = f"optim/{name}/{sk}"
                 if folder.global_shape(key) == []:       # read once across the ranks (a failed read: finish raises)
@@ -321,12 +322,12 @@ def load_optimizer(optimizer, model, folder: CheckpointFolder, saved_classes: di
                 else:
                     entry[sk] = folder.piece(key, ranges, flat, cache)
             saved_master = entry.pop("master", None)    # of a bf16 weight under ZeRO-1 (DistributedMuon)
-            if saved_master is not None and p.dtype != torch.float32 and slot.kind == "owner":
-                entry["master"] = saved_master         # (an fp32 weight is its own master: load_model read it)
+            if saved_master is not None and slot.kind == "owner":
+                entry["master"] = saved_master
             if master is not None:
-                if "master" in state_keys.get(name, []):
+                if "master" in state_keys.get(name, []) and p.dtype != torch.float32:
                     masters[id(master)] = folder.piece(f"optim/{name}/master", ranges, flat, cache).float()
-                else:        # saved without ZeRO-1: the master is the parameter itself
+                else:        # saved without ZeRO-1, or an fp32 weight (load_model read its master): the weight
                     masters[id(master)] = p.detach().reshape(-1)[flat[0]:flat[1]].float().cpu().clone()
             if entry:
                 new_state[index] = (key_obj, entry)
@@ -346,31 +347,28 @@ def load_optimizer(optimizer, model, folder: CheckpointFolder, saved_classes: di
     reads.finish(next(iter(named_tensors(model).values())).device)
 
 
-def load_saved_masters(optimizer, model, folder: CheckpointFolder) -> int:
+def load_saved_masters(optimizer, model, folder: CheckpointFolder) -> None:
     """For a load that starts the optimizer afresh (--finetune, --no-load-optim), after load_model: the fp32
     masters a --bf16 ZeRO-1 run saved for its bf16 weights, so that this run starts from the trained values,
     as load_optimizer and load_full_model_state do, not from their bf16 rounding. A bf16 weight's ZeRO-1
-    master piece (or, DistributedMuon, its owner's master, with fresh momentum) takes the saved one. Returns
-    how many parameters took a saved master."""
+    master piece (or, DistributedMuon, its owner's master, with fresh momentum) takes the saved one."""
     pstate = model_pstate(model)
-    cache, taken = {}, 0
+    cache = {}
     for slot in optimizer_slots(optimizer, model):
         for name, p, flat, master, _key in slot.items:
             key = f"optim/{name}/master"
-            if not folder.has(key):
+            if p.dtype == torch.float32 or not folder.has(key):   # an fp32 weight: load_model read its master
                 continue
             shape, ranges = tensor_slicing(p, pstate)
             if folder.global_shape(key) != shape:
                 raise CheckpointError(f"{folder.folder}: {key} has shape {folder.global_shape(key)}, the parameter "
                                       f"{shape}")
-            with torch.no_grad():      # (an fp32 weight is its own master: load_model read it)
+            with torch.no_grad():
                 if master is not None:
                     master.copy_(folder.piece(key, ranges, flat, cache).to(master.device).view_as(master))
-                elif slot.kind == "owner" and p.dtype != torch.float32:
+                elif slot.kind == "owner":
                     slot.container.state[p] = {"momentum_buffer": torch.zeros_like(p, dtype=torch.float32),
                                                "master": folder.piece(key, ranges, None, cache).to(p.device).float()}
-            taken += 1
-    return taken
 
 
 # -- RNG -------------------------------------------------------------------------------------------------

@@ -32,16 +32,24 @@ def _load_sentencepiece(model_path: str):
     return sp
 
 
+SENTENCEPIECE_BPE = 2     # trainer_spec.model_type
+
+
+def sentencepiece_proto(processor):
+    """The ModelProto of a loaded SentencePieceProcessor (needs protobuf)."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(processor.serialized_model_proto())
+    return model
+
+
 def _is_bpe(sp) -> bool:
-    """Whether a loaded SentencePiece model is a BPE model (trainer_spec.model_type 2); False when that
-    cannot be read (no protobuf)."""
+    """Whether a loaded SentencePiece model is a BPE model; False when that cannot be read (no protobuf)."""
     try:
-        from sentencepiece import sentencepiece_model_pb2
-        model = sentencepiece_model_pb2.ModelProto()
-        model.ParseFromString(sp.serialized_model_proto())
+        return sentencepiece_proto(sp).trainer_spec.model_type == SENTENCEPIECE_BPE
     except Exception:      # protobuf missing or a model it cannot read: no cache, plain SentencePiece
         return False
-    return model.trainer_spec.model_type == 2
 
 
 class _WordCachedSentencePiece:
