@@ -168,6 +168,15 @@ fi
 REPO_DIR=${REPO_DIR:-$(dirname "$SCRIPT_PATH")}
 SUBMIT_DIR=${SLURM_SUBMIT_DIR:-$PWD}
 
+# What happens after the training step (finish, requeue, or restart without the failed nodes) is in
+# scripts/run_mi300x_recovery.sh, next to this script in the repository (or in REPO_DIR).
+RECOVERY_SH=$(dirname "$SCRIPT_PATH")/scripts/run_mi300x_recovery.sh
+[[ -f $RECOVERY_SH ]] || RECOVERY_SH=$REPO_DIR/scripts/run_mi300x_recovery.sh
+[[ -f $RECOVERY_SH ]] || die "cannot find scripts/run_mi300x_recovery.sh next to $SCRIPT_PATH or in" \
+    "REPO_DIR=$REPO_DIR: run the launcher from a checkout of megatron-zaya, or set REPO_DIR to one"
+# shellcheck source=scripts/run_mi300x_recovery.sh
+source "$RECOVERY_SH"
+
 JOB_ID=${SLURM_JOB_ID:-DRYRUN}
 JOB_NAME=${SLURM_JOB_NAME:-${JOB_NAME:-zaya1-base}}
 REQUEUE_COUNT=${SLURM_RESTART_COUNT:-0}
@@ -347,59 +356,7 @@ log "master $MASTER_ADDR:$MASTER_PORT; checkpoints $CKPT_DIR (latest: $(latest_i
 [[ $LOAD_DIR != "$CKPT_DIR" ]] && log "no checkpoint in $CKPT_DIR yet: starting from INIT_CKPT_DIR=$INIT_CKPT_DIR"
 log "command: $(printf '%q ' "${SRUN[@]}")"
 
-# Slurm's own variables of this job and its steps: a fresh submission (resubmission, ON_SUCCESS_CMD)
-# must not inherit them (sbatch passes the environment on, and a stale SLURM_RESTART_COUNT,
-# SLURM_CPUS_PER_TASK, SLURM_NTASKS, ... would change the next job). The user's own settings stay:
-# SBATCH_* (SBATCH_ARGS, SBATCH_PARTITION, ...), SRUN_ARGS/SRUN_MPI and the other SRUN_*, SLURM_CONF and
-# any SLURM_* input variable not named here (SLURM_MPI_TYPE, SLURM_HINT, ...).
-SLURM_JOB_VARS='^(SLURM_(JOB_.*|JOBID|STEP_.*|STEPID|PROCID|LOCALID|NODEID|NTASKS.*|NPROCS|NNODES|NODELIST|TASKS_PER_NODE|TASK_PID|CPUS_.*|MEM_PER_.*|GPUS.*|GPU_.*|TRES_PER_TASK|RESTART_COUNT|SUBMIT_.*|CLUSTER_NAME|ARRAY_.*|HET_.*|PACK_.*|TOPOLOGY_ADDR.*|GTIDS|PRIO_PROCESS|EXPORT_ENV|SCRIPT_CONTEXT|SHARDS_ON_NODE|OVERCOMMIT|DISTRIBUTION|THREADS_PER_CORE|OPEN_MODE|NODE_ALIASES|WORKING_CLUSTER|SPANK_.*|CPU_BIND.*|MEM_BIND.*|LAUNCH_NODE_IPADDR|SRUN_COMM_.*|UMASK)|SLURMD_.*|SRUN_CPUS_PER_TASK)$'
-
-# Run a command in the environment of a fresh submission: without Slurm's variables of this job
-# (above) and without the values this script derived for this allocation.
-run_clean() {
-    local clean=() v
-    for v in "${DERIVED[@]}"; do clean+=(-u "$v"); done
-    while read -r v; do
-        clean+=(-u "$v")
-    done < <(compgen -e | grep -E "$SLURM_JOB_VARS")
-    env "${clean[@]}" "$@"
-}
-
-finish() {
-    log "training finished (latest checkpoint: $(latest_iteration))"
-    if [[ -n ${ON_SUCCESS_CMD:-} ]]; then
-        log "running ON_SUCCESS_CMD: $ON_SUCCESS_CMD"
-        run_clean ZAYA_RESTART=0 bash -c "$ON_SUCCESS_CMD" 2>&1 | tee -a "$LAUNCH_LOG"
-    fi
-    exit 0
-}
-
-requeue() {
-    if [[ -z $CKPT_DIR ]]; then
-        log "not requeueing: CKPT_DIR is empty (no --save/--load), so a requeued job would start over from" \
-            "iteration 0 instead of resuming"
-        exit "$RC"
-    fi
-    if (( REQUEUE_COUNT >= ${MAX_REQUEUES:-50} )); then
-        # Not a success: Slurm's state (and an afterok dependency) must not take an unfinished run for one.
-        log "not requeueing: MAX_REQUEUES=${MAX_REQUEUES:-50} reached; training is not finished (latest" \
-            "checkpoint: $(latest_iteration))"
-        exit 3
-    fi
-    log "requeueing job $JOB_ID (requeue $(( REQUEUE_COUNT + 1 ))/${MAX_REQUEUES:-50}) to resume from iteration $(latest_iteration)"
-    trap 'exit 0' TERM          # the requeue itself ends this attempt with SIGTERM
-    scontrol requeue "$JOB_ID" || { log "error: scontrol requeue $JOB_ID failed"; exit 1; }
-    sleep 60   # Slurm ends this attempt now; do not exit first and let the job complete
-    exit 0
-}
-
 END_ITER=${END_ITER:-${TRAIN_ITERS:-}}
-training_done() {          # 2: unknown (no END_ITER, or no CKPT_DIR to read the iteration from)
-    [[ -n $END_ITER && -n $CKPT_DIR ]] || return 2
-    local it; it=$(latest_iteration)
-    [[ $it =~ ^[0-9]+$ ]] && (( it >= END_ITER ))
-}
-
 RC=0
 if training_done; then
     # Do not start the trainer: its --exit-interval check runs after a step (as in Megatron-LM), so a
@@ -447,194 +404,4 @@ wait_for "$SRUN_PID"; RC=$WAITED
 trap '' USR1
 log "training step ended with exit code $RC after $(( $(date +%s) - START )) s; latest checkpoint: $(latest_iteration)"
 
-if (( SAW_USR1 )); then       # the time-limit warning came (even if Slurm's SIGTERM followed): requeue
-    training_done && finish
-    # Unless the trainer failed by itself: an error exit with no new checkpoint and no SIGTERM from Slurm
-    # (a short job gets the warning within seconds) goes to the failure analysis below, whose bounds hold.
-    # (138: srun itself died of the SIGUSR1 passed on, before it had its handler: the warning's doing)
-    if (( RC == 0 || RC == 138 )) || [[ $GOT_SIGNAL == TERM || $(latest_iteration) != "$LATEST_AT_START" ]]; then
-        (( RC == 0 )) || log "warning: the trainer exited $RC after SIGUSR1; resuming from the latest complete" \
-                             "checkpoint"
-        requeue
-    fi
-    log "the trainer exited $RC after SIGUSR1 without a new checkpoint or a SIGTERM: a failure, not the time limit"
-fi
-if [[ $GOT_SIGNAL == TERM ]]; then
-    log "stopped by SIGTERM (cancelled or preempted); not restarting"
-    exit "$RC"
-fi
-if (( RC == 0 )); then
-    training_done
-    case $? in
-        0) finish ;;
-        2) [[ -n $END_ITER ]] && log "CKPT_DIR is empty, so END_ITER=$END_ITER cannot be checked: taking the" \
-                                      "clean exit as the end of training (nothing to resume from)"
-           finish ;;
-        *) log "the trainer exited cleanly before END_ITER=$END_ITER (e.g. --exit-duration-in-mins)"; requeue ;;
-    esac
-fi
-
-# --------------------------------------------------------------------------------------------
-# Failure: find the nodes to blame, then resubmit without them (a bounded number of times).
-# --------------------------------------------------------------------------------------------
-if training_done; then
-    log "warning: exit code $RC, but the last checkpoint is iteration $(latest_iteration) = END_ITER: the run" \
-        "is complete (a rank failed while shutting down; see $ATTEMPT_DIR/exit/)"
-    finish
-fi
-# Each rank's record: "<node> <rank> <exit code> <signal received or none> <time>". Only the trainer's
-# own failures blame its node: its exit codes (1, 2, 97, ...: an exception, a bad flag,
-# TRAIN_ENV_SETUP), and the faults of its own execution, which no peer or srun sends: 139 (SIGSEGV),
-# 135 (SIGBUS: often a memory error), 132 (SIGILL), 136 (SIGFPE), when the task received no signal.
-# Not:
-#  - a signal received by the task, or an exit code 128+N (died of signal N: 143 TERM, 137 KILL,
-#    130 INT, 134 ABRT, ...) or none that makes sense: srun stops every rank once one has failed, and
-#    a trainer can die of the signal before its task wrapper records it; a peer's failure also makes
-#    RCCL/NCCL abort the healthy ranks;
-#  - 124, the trainer's hang watchdog (megatron_zaya/training/watchdog.py): every rank waiting in a hung
-#    collective fires it, the healthy ones included. HEALTH_CHECK_CMD is the tool that finds a bad node.
-SELF_FAULTS="132 135 136 139"
-declare -A BAD=()
-declare -A SEEN=()
-OWN=() STOPPED=() HUNG=()
-for f in "$ATTEMPT_DIR"/exit/rank-*; do
-    [[ -f $f ]] || continue
-    read -r node rank rc sig _ < "$f" || continue
-    SEEN[$rank]=1
-    if [[ $rc == 0 ]]; then
-        continue
-    elif [[ $rc == 124 ]]; then
-        HUNG+=("$rank")
-    elif [[ $sig != none || ! $rc =~ ^[0-9]+$ ]] || { (( rc >= 128 )) && [[ " $SELF_FAULTS " != *" $rc "* ]]; }; then
-        STOPPED+=("$rank")
-    else
-        OWN+=("$rank@$node:$rc")
-        BAD[$node]=1
-    fi
-done
-log "exit records: ${#OWN[@]} rank(s) failed by themselves${OWN:+ (${OWN[*]})}, ${#STOPPED[@]} stopped by a" \
-    "signal, ${#HUNG[@]} stopped by the hang watchdog (124), $(( WORLD - ${#SEEN[@]} )) missing"
-if (( ${#BAD[@]} == 0 )); then
-    # No rank reported its own failure: blame the nodes whose ranks never reported (lost nodes).
-    mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-    for (( r = 0; r < WORLD; r++ )); do
-        [[ -n ${SEEN[$r]:-} ]] || BAD[${NODES[r / NTASKS_PER_NODE]}]=1
-    done
-fi
-if (( RESTART > 0 )) && [[ ${ZAYA_FAILED_AT:-} == "$(latest_iteration)" ]]; then
-    log "giving up: failed again at the same checkpoint ($(latest_iteration)) as before the last restart, so" \
-        "the failure is reproducible (exit code $RC); see $ATTEMPT_DIR/rank-*.log"
-    exit "$RC"
-fi
-if (( ${#BAD[@]} >= NNODES )); then
-    # Every node failed by itself: a software, data or configuration error, not a node fault. (On a
-    # single-node job the same: its only node failing looks like a software error as much as a node
-    # fault; HEALTH_CHECK_CMD can tell them apart.)
-    BAD=()
-    if [[ $(latest_iteration) == "$LATEST_AT_START" ]]; then
-        log "giving up: every node failed before a new checkpoint was written, so a restart would fail the" \
-            "same way (exit code $RC); see $ATTEMPT_DIR/rank-*.log"
-        exit "$RC"
-    fi
-    if (( NNODES == 1 )); then
-        log "the job's only node failed by itself after a new checkpoint: restarting, not excluding it" \
-            "(set HEALTH_CHECK_CMD to exclude it when it is broken)"
-    else
-        log "every node failed by itself after a new checkpoint: restarting, not excluding any node"
-    fi
-fi
-if [[ -n ${HEALTH_CHECK_CMD:-} ]]; then
-    log "health check on every node: $HEALTH_CHECK_CMD"
-    # One task per node: the job's SLURM_NTASKS (inherited by srun) would otherwise run it once per task.
-    ok=$(timeout "${HEALTH_CHECK_TIMEOUT:-120}" srun --nodes="$NNODES" --ntasks="$NNODES" --ntasks-per-node=1 \
-         --kill-on-bad-exit=0 bash -c "( $HEALTH_CHECK_CMD
-) >/dev/null 2>&1 && echo OK:\${SLURMD_NODENAME:-\$(hostname)}" 2>/dev/null)
-    while read -r n; do
-        grep -qx "OK:$n" <<< "$ok" || BAD[$n]=1
-    done < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-fi
-
-EXCLUDE=${ZAYA_EXCLUDE:-${EXCLUDE_NODES:-}}
-for n in "${!BAD[@]}"; do
-    [[ ,$EXCLUDE, == *,$n,* ]] || EXCLUDE=${EXCLUDE:+$EXCLUDE,}$n
-done
-BAD_LIST=$(IFS=,; echo "${!BAD[*]}")
-log "failed nodes: ${BAD_LIST:-none identified}"
-
-if (( RESTART >= ${MAX_RESTARTS:-3} )); then
-    log "giving up: MAX_RESTARTS=${MAX_RESTARTS:-3} restarts already used (exit code $RC)"
-    exit "$RC"
-fi
-
-# The resubmission: this script again (its #SBATCH header applies), same size, after this job, without
-# the failed nodes, with the settings of this job that Slurm reports (scontrol show job, else Slurm's
-# variables): partition, account, QOS, reservation, constraint (Features), GRES per node (or
-# --gpus-per-node), CPUs, memory and GPUs per task / CPU / GPU, mail settings, time limit. SBATCH_ARGS
-# (the submission's own flags, e.g. the recipe's) come first; RESUBMIT_ARGS last, so they win.
-# Anything else: put it in SBATCH_ARGS or RESUBMIT_ARGS.
-JOB_INFO=$(scontrol show job -o "$JOB_ID" 2>/dev/null | head -n1)
-job_field() {
-    local v
-    v=$(tr ' ' '\n' <<< "$JOB_INFO" | sed -n "s/^$1=//p" | head -n1)
-    [[ -n $v && $v != "(null)" && $v != N/A ]] && echo "$v"
-    return 0
-}
-SUB=(sbatch --parsable)
-if [[ -n ${SBATCH_ARGS:-} ]]; then
-    read -r -a sba <<< "$SBATCH_ARGS"
-    SUB+=("${sba[@]}")
-fi
-SUB+=(--dependency=afterany:"$JOB_ID" --job-name="$JOB_NAME" --chdir="$SUBMIT_DIR"
-      --nodes="$NNODES" --ntasks-per-node="$NTASKS_PER_NODE")
-[[ -n $EXCLUDE ]] && SUB+=(--exclude="$EXCLUDE")
-CARRIED=()
-carry() { [[ -n $2 ]] && SUB+=("$1=$2") && CARRIED+=("$1=$2"); return 0; }
-carry --partition "${SLURM_JOB_PARTITION:-$(job_field Partition)}"
-carry --account "${SLURM_JOB_ACCOUNT:-$(job_field Account)}"
-carry --qos "${SLURM_JOB_QOS:-$(job_field QOS)}"
-carry --reservation "${SLURM_JOB_RESERVATION:-$(job_field Reservation)}"
-carry --constraint "$(job_field Features)"
-GRES=()
-IFS=, read -r -a tres <<< "$(job_field TresPerNode)"
-for t in "${tres[@]}"; do                 # gres:gpu:8 or gres/gpu:8 -> gpu:8
-    [[ $t == gres[:/]* ]] || continue
-    t=${t#gres?}
-    [[ -n ${SLURM_GPUS_PER_NODE:-} && $t == gpu[:=]* ]] && continue     # carried as --gpus-per-node
-    GRES+=("${t/=/:}")
-done
-carry --gpus-per-node "${SLURM_GPUS_PER_NODE:-}"
-carry --gres "$(IFS=,; echo "${GRES[*]}")"
-# Requests sbatch exports to the batch script (run_clean drops the variables, so they come back as flags):
-# without --cpus-per-task the resubmitted ranks would get one CPU each for their data workers.
-carry --cpus-per-task "${SLURM_CPUS_PER_TASK:-}"
-carry --mem "${SLURM_MEM_PER_NODE:-}"
-carry --mem-per-cpu "${SLURM_MEM_PER_CPU:-}"
-carry --mem-per-gpu "${SLURM_MEM_PER_GPU:-}"
-carry --gpus "${SLURM_GPUS:-}"
-carry --gpus-per-task "${SLURM_GPUS_PER_TASK:-}"
-carry --cpus-per-gpu "${SLURM_CPUS_PER_GPU:-}"
-MAIL_TYPE=$(job_field MailType)
-if [[ -n $MAIL_TYPE && $MAIL_TYPE != NONE ]]; then
-    carry --mail-type "$MAIL_TYPE"
-    carry --mail-user "$(job_field MailUser)"
-fi
-LIMIT=$(job_field TimeLimit)
-[[ -z $LIMIT ]] && LIMIT=$(squeue -h -j "$JOB_ID" -o %l 2>/dev/null | head -n1)
-[[ $LIMIT != UNLIMITED && $LIMIT != INFINITE ]] && carry --time "$LIMIT"
-if [[ -n ${RESUBMIT_ARGS:-} ]]; then
-    read -r -a ra <<< "$RESUBMIT_ARGS"
-    SUB+=("${ra[@]}")
-fi
-SUB+=("$SCRIPT_PATH" "${TRAINER_EXTRA[@]}")
-log "the resubmission carries: ${CARRIED[*]:-no settings of this job}${SBATCH_ARGS:+; SBATCH_ARGS=$SBATCH_ARGS}"
-NEW=$(run_clean ZAYA_RESTART=$(( RESTART + 1 )) ZAYA_EXCLUDE="$EXCLUDE" ZAYA_FAILED_AT="$(latest_iteration)" \
-      LAUNCHER_PATH="$SCRIPT_PATH" "${SUB[@]}" 2>&1)
-if [[ $? -ne 0 ]]; then
-    log "error: resubmission failed: $NEW"
-    exit "$RC"
-fi
-if [[ -n $CKPT_DIR ]]; then FROM="resuming from iteration $(latest_iteration)"
-else FROM="starting over from iteration 0 (CKPT_DIR is empty: nothing to resume from)"; fi
-log "resubmitted as job ${NEW%%;*} (restart $(( RESTART + 1 ))/${MAX_RESTARTS:-3}, excluding ${EXCLUDE:-no nodes})," \
-    "$FROM: $(printf '%q ' "${SUB[@]}")"
-exit "$RC"
+after_training_step     # finishes, requeues or resubmits; never returns

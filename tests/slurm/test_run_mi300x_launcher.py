@@ -120,6 +120,17 @@ def test_outside_slurm_without_dry_run_says_how_to_submit():
     assert "SLURM_JOB_ID=123 is set but SLURM_JOB_NODELIST is not" in r.stderr
 
 
+def test_a_copy_of_the_launcher_outside_the_repository_needs_repo_dir(tmp_path):
+    """The launcher sources scripts/run_mi300x_recovery.sh: a copy elsewhere says so at once, or uses REPO_DIR."""
+    copy = tmp_path / "my_run.sh"
+    copy.write_text(read(LAUNCHER))
+    r = subprocess.run(["bash", str(copy), "--dry-run"], env=clean_env(), capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "cannot find scripts/run_mi300x_recovery.sh" in r.stderr, r.stderr
+    assert f"next to {copy}" in r.stderr and "set REPO_DIR" in r.stderr
+    r = subprocess.run(["bash", str(copy), "--dry-run"], env=clean_env(REPO_DIR=REPO), capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0 and f"{REPO}/pretrain_zaya.py" in r.stdout, r.stderr
+
 # ---------------------------------------------------------------------------------------------
 # Real sbatch jobs with the stand-in trainer
 # ---------------------------------------------------------------------------------------------
