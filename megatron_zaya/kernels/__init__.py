@@ -76,8 +76,9 @@ def _module(name: str):
         mod = importlib.import_module(f"megatron_zaya.kernels.triton_{name}")
     except Exception as exc:  # triton missing, or broken on this machine: fall back to the reference
         _import_errors[name] = exc
-        if _backend != "torch":
-            warnings.warn(f"megatron_zaya.kernels: Triton {name} unavailable ({exc!r}); using PyTorch")
+        if _backend == "auto" and len(_import_errors) == 1:     # once ("triton" raises instead; "torch" asked)
+            warnings.warn(f"megatron_zaya.kernels: Triton {name} unavailable ({exc!r}); using PyTorch for every "
+                          f"kernel whose Triton module does not import")
         return None
     _modules[name] = mod
     return mod

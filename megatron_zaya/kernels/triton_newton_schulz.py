@@ -98,7 +98,7 @@ def _s(t):
 
 
 def newton_schulz(grad: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype=torch.bfloat16) -> torch.Tensor:
-    """Same contract as reference.newton_schulz: (..., m, n) -> (..., m, n) in `dtype`."""
+    """Same contract as reference.newton_schulz: (..., m, n) -> (..., m, n) in `dtype`, contiguous."""
     a, b, c = NS_COEFFICIENTS
     shape = grad.shape
     x = grad.to(dtype).reshape(-1, shape[-2], shape[-1])
@@ -108,7 +108,7 @@ def newton_schulz(grad: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype=t
     x = (x / (x.norm(dim=(-2, -1), keepdim=True) + eps)).contiguous()
     batch, m, n = x.shape
     if batch * m * n == 0:
-        return x.transpose(-2, -1).reshape(shape) if transposed else x.reshape(shape)
+        return _in_input_layout(x, transposed, shape)
     gram = torch.empty((batch, m, m), dtype=dtype, device=x.device)
     poly = torch.empty_like(gram)
     x_next = torch.empty_like(x)
@@ -119,9 +119,12 @@ def newton_schulz(grad: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype=t
         _syrk[syrk_grid](gram, gram, poly, m, m, c, b, *_s(gram), *_s(gram), *_s(poly), HAS_ADD=True)
         _gemm_axpby[mm_grid](poly, x, x_next, m, n, a, *_s(poly), *_s(x), *_s(x_next))
         x, x_next = x_next, x
-    if transposed:
-        x = x.transpose(-2, -1)
-    return x.reshape(shape)
+    return _in_input_layout(x, transposed, shape)
+
+
+def _in_input_layout(x: torch.Tensor, transposed: bool, shape: torch.Size) -> torch.Tensor:
+    """The result in the input's shape, contiguous like the reference's (a tall input was worked on transposed)."""
+    return (x.transpose(-2, -1).contiguous() if transposed else x).reshape(shape)
 
 
 def newton_schulz_many(grads: list[torch.Tensor], steps: int = 5, eps: float = 1e-7, dtype=torch.bfloat16) -> list[torch.Tensor]:

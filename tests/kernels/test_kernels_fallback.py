@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent(
     """
-    import sys, warnings
+    import os, sys, warnings
     sys.modules["triton"] = None  # any `import triton` now raises ImportError
     import torch
     import megatron_zaya.kernels as K
@@ -20,15 +20,21 @@ SCRIPT = textwrap.dedent(
     assert torch.equal(K.swiglu(x), R.swiglu(x))
     assert torch.equal(K.rms_norm(x, torch.ones(8), 1e-5), R.rms_norm(x, torch.ones(8), 1e-5))
     assert not any(m.startswith("megatron_zaya.kernels.triton_") for m in sys.modules)
+    with warnings.catch_warnings(record=True) as seen:    # auto: one warning for all the kernel modules
+        warnings.simplefilter("always")
+        assert not K.triton_available("rmsnorm") and not K.triton_available("swiglu")
+    assert len(seen) == 1 and "using PyTorch" in str(seen[0].message), [str(w.message) for w in seen]
     K.set_kernel_backend("triton")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    os.environ["TRITON_INTERPRET"] = "1"                  # CPU tensors may go to Triton: its import is tried
+    with warnings.catch_warnings(record=True) as seen:    # triton: an error, not a warning saying "using PyTorch"
+        warnings.simplefilter("always")
         try:
-            K.swiglu(x)
+            K.cross_entropy(x, torch.zeros(3, dtype=torch.long))
         except RuntimeError as exc:
             print("forced triton:", exc)
         else:
             raise AssertionError("forced triton without triton must raise")
+    assert not seen, [str(w.message) for w in seen]
     assert K.triton_available() is False
     K.set_kernel_backend("torch")
     assert torch.equal(K.swiglu(x), R.swiglu(x))

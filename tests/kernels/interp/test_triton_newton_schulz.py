@@ -18,6 +18,7 @@ def test_newton_schulz_fp32(shape):
     got = T.newton_schulz(g, steps=5, dtype=torch.float32)
     want = R.newton_schulz(g, steps=5, dtype=torch.float32)
     assert got.shape == want.shape and got.dtype == torch.float32
+    assert got.is_contiguous(), got.stride()          # as the reference's (a tall input is worked on transposed)
     torch.testing.assert_close(got, want, **TOL)
     # and it does orthogonalise: singular values of the result sit in NS's band around 1
     sv = torch.linalg.svdvals(got.reshape(-1, *shape[-2:]))
