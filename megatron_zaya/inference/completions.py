@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from megatron_zaya.inference.decode import TokenScores, generate
 from megatron_zaya.inference.sampling import SEED_LIMIT, SamplingParams
-from megatron_zaya.inference.server import (RequestError, apply_checked_fields, check_length, is_int, is_number,
-                                            request_seed)
+from megatron_zaya.inference.server import (MAX_PROMPTS, RequestError, apply_checked_fields, check_length,
+                                            check_unicode, is_int, is_number, request_seed)
 from megatron_zaya.inference.text_offsets import prefix_text_lengths
 
 MAX_TOP_LOGPROBS = 20
@@ -79,6 +79,7 @@ def parse_completion_request(body) -> CompletionRequest:
     if "prompt" not in body:
         raise RequestError("prompt is required")
     request = CompletionRequest(_prompts(body["prompt"]))
+    check_unicode(request.prompts, "prompt")
     checks = {
         "max_tokens": (lambda v: is_int(v) and v >= 0, "an integer >= 0"),
         "temperature": (lambda v: is_number(v) and 0 <= v <= 100, "a number in [0, 100]"),
@@ -96,6 +97,10 @@ def parse_completion_request(body) -> CompletionRequest:
     request.best_of = request.n if request.best_of is None else request.best_of
     if request.best_of < request.n:
         raise RequestError(f"best_of={request.best_of} must be >= n={request.n}")
+    rows = len(request.prompts) * request.best_of
+    if rows > MAX_PROMPTS:          # what bounds the decode cache of one request, as /api's prompt count does
+        raise RequestError(f"this request generates {len(request.prompts)} prompt(s) x best_of={request.best_of} = "
+                           f"{rows} sequences; at most {MAX_PROMPTS} per request")
     if request.stream and request.echo:
         raise RequestError("echo is not supported with stream (ask without stream for the prompt's text and scores)")
     if request.stream and request.best_of > request.n:

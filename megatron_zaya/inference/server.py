@@ -110,6 +110,7 @@ def parse_request(body) -> GenerationRequest:
         raise RequestError("prompts is empty")
     if len(prompts) > MAX_PROMPTS:
         raise RequestError(f"Maximum number of prompts is {MAX_PROMPTS}")
+    check_unicode(prompts, "prompts")
     request = GenerationRequest(prompts)
     checks = {
         "tokens_to_generate": (lambda v: is_int(v) and v >= 0, "an integer >= 0"),
@@ -132,6 +133,16 @@ def parse_request(body) -> GenerationRequest:
     if any(p == "" for p in request.prompts) and not request.add_bos:
         raise RequestError("Empty prompts require add_BOS=true")
     return request
+
+
+def check_unicode(texts: list, field: str) -> None:
+    """RequestError for a text JSON can carry but no tokenizer can read: a lone UTF-16 surrogate ("\\ud800")."""
+    for i, text in enumerate(texts):
+        if isinstance(text, str):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise RequestError(f"{field}[{i}] is not valid Unicode: {err.reason} at character {err.start}") from None
 
 
 class TextGenerationService:
@@ -200,6 +211,8 @@ def make_server(service: TextGenerationService, host: str, port: int) -> Threadi
             endpoint = endpoints.get(self.path.split("?")[0].rstrip("/"))
             if endpoint is None:
                 return self.reply(404, f"no endpoint {self.path}: use PUT /api or POST /v1/completions")
+            if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+                return self.reply(411, "send the body with a Content-Length (chunked bodies are not supported)")
             length = (self.headers.get("Content-Length") or "0").strip()
             if not (length.isascii() and length.isdigit()):      # a negative length would read until the client closes
                 return self.reply(400, f"Content-Length {length!r} is not a byte count")
@@ -233,6 +246,9 @@ def make_server(service: TextGenerationService, host: str, port: int) -> Threadi
                 prompts = completer.prompt_ids(request)
             except RequestError as err:
                 return self.reply(400, str(err))
+            except Exception as err:      # as a request without stream: an answer, not a closed connection
+                service.log(f"error: {type(err).__name__}: {err}")
+                return self.reply(500, f"{type(err).__name__}: {err}")
             service.log(json.dumps({"completions": len(prompts), "max_tokens": request.max_tokens, "stream": True}))
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")

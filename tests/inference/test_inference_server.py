@@ -98,6 +98,7 @@ def test_sampling_is_reproducible_with_a_seed(server_url):
     ({"prompts": ["a"], "random_seed": 2 ** 64}, 400, "random_seed must be an integer in [0, 2**64)"),
     ({"prompts": ["a"], "tokens_to_generate": 5000}, 400, "exceeds the model's max_position_embeddings"),
     (b"{not json", 400, "the body is not JSON"),
+    ({"prompts": ["a", "b\ud800"]}, 400, "prompts[1] is not valid Unicode: surrogates not allowed at character 1"),
 ])
 def test_bad_requests_get_400_naming_the_field(server_url, body, status, message):
     got_status, answer = call(server_url, body)
@@ -130,6 +131,40 @@ def test_a_content_length_that_is_no_byte_count_gets_400(server_url, length):
             answer += chunk
     answer = answer.decode()
     assert answer.startswith("HTTP/1.0 400") and "is not a byte count" in answer, answer
+
+
+def test_a_chunked_body_gets_411_not_a_wrong_complaint_about_its_json(server_url):
+    host, port = server_url.removeprefix("http://").split(":")
+    body = json.dumps({"prompts": ["a"], "tokens_to_generate": 1}).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(b"PUT /api HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n")
+        answer = b""
+        while chunk := conn.recv(4096):
+            answer += chunk
+    answer = answer.decode()
+    assert answer.startswith("HTTP/1.0 411") and "Content-Length" in answer, answer
+
+
+def test_a_streamed_request_whose_prompt_fails_to_tokenize_gets_an_answer(tiny_model):
+    """An error before the stream's headers is a 500 like any request's, not a connection closed without one."""
+    from megatron_zaya.inference.server import TextGenerationService, make_server
+
+    class BrokenTokenizer:
+        eod, bos, vocab_size = 0, None, 500
+
+        def encode(self, text):
+            raise RuntimeError("the tokenizer broke")
+    server = make_server(TextGenerationService(tiny_model, BrokenTokenizer()), "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        status, answer = call(f"http://127.0.0.1:{server.server_address[1]}", {"prompt": "a", "stream": True},
+                              method="POST", path="/v1/completions")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert status == 500 and answer == "RuntimeError: the tokenizer broke", (status, answer)
 
 
 def test_flags_are_checked_before_the_checkpoint_loads(hf_checkpoint, sp_model, tmp_path, capsys):
@@ -336,6 +371,10 @@ def test_streamed_completions_join_to_the_unstreamed_answer(server_url, sp_model
     ({"prompt": "a", "best_of": 0}, "best_of must be null or an integer in [1, 16]"),
     ({"prompt": "a", "seed": 2 ** 70}, "seed must be null or an integer in [0, 2**64)"),
     ({"prompt": "a", "seed": 2 ** 70, "stream": True}, "seed must be null or an integer in [0, 2**64)"),
+    ({"prompt": "a\ud800"}, "prompt[0] is not valid Unicode"),
+    ({"prompt": "a\ud800", "stream": True}, "prompt[0] is not valid Unicode"),       # a 400, not a closed connection
+    ({"prompt": ["a"] * 9, "n": 16}, "9 prompt(s) x best_of=16 = 144 sequences; at most 128 per request"),
+    ({"prompt": ["a"] * 129}, "129 prompt(s) x best_of=1 = 129 sequences"),
 ])
 def test_bad_completion_requests_get_400(server_url, body, message):
     status, answer = call(server_url, body, method="POST", path="/v1/completions")
