@@ -47,21 +47,27 @@ class BatchSizeSchedule:
             left -= 1
         return consumed - start_consumed + max(0, left) * self.global_batch_size   # then full batches
 
-    def iterations_for_samples(self, train_samples: int) -> int:
-        """--train-samples -> iterations: whole global batches only, a partial last batch is dropped.
+    def iterations_for_samples(self, train_samples: int, start_consumed: int = 0) -> int:
+        """--train-samples -> iterations from `start_consumed` samples on (a resumed run, whose batch size may
+        differ from its checkpoint's): whole global batches only, a partial last batch is dropped.
 
         Megatron-LM's update_train_iters does the same: train_samples // global_batch_size without
         ramp-up; with it, the ramp-up steps then (train_samples - consumed) // global_batch_size.
         The one difference: Megatron counts every ramp-up step even when --train-samples ends inside
         the ramp-up; here the run never consumes more than --train-samples."""
-        iterations, consumed = 0, 0
+        iterations, consumed = 0, start_consumed
         while consumed + self.batch_size(consumed) <= train_samples:
             consumed += self.batch_size(consumed)
             iterations += 1
         return iterations
 
 
-def run_length(cfg, dp_size: int) -> tuple[BatchSizeSchedule, int]:
-    """The batch-size schedule and the iteration count of a run (TrainConfig `cfg`, `dp_size` replicas)."""
+def run_length(cfg, dp_size: int, iteration: int = 0, consumed_samples: int = 0) -> tuple[BatchSizeSchedule, int]:
+    """The batch-size schedule and the iteration a run ends at (TrainConfig `cfg`, `dp_size` replicas): --train-iters,
+    or under --train-samples where the samples run out, counted from a resumed run's position (`iteration`,
+    `consumed_samples`) at this run's batch sizes: a resume with another --global-batch-size stops at
+    --train-samples too (counted from sample 0 at the new size, it overshot or stopped short)."""
     schedule = BatchSizeSchedule(cfg.global_batch_size, cfg.micro_batch_size, dp_size, cfg.rampup_batch_size)
-    return schedule, cfg.train_iters or schedule.iterations_for_samples(cfg.train_samples)
+    if cfg.train_iters:
+        return schedule, cfg.train_iters
+    return schedule, iteration + schedule.iterations_for_samples(cfg.train_samples, consumed_samples)

@@ -23,6 +23,7 @@ from megatron_zaya.data.tokenizer import flags_text, tokenizer_flags
 from megatron_zaya.errors import UserInputError
 from megatron_zaya.kernels.capability import slow_bf16_warning
 from megatron_zaya.model import ZayaModel
+from megatron_zaya.training.batch_schedule import run_length
 from megatron_zaya.training.cpu_allocator import keep_freed_memory
 from megatron_zaya.training.data_phase import data_signature, train_data_position
 from megatron_zaya.training.dry_run import dry_run
@@ -175,6 +176,8 @@ def _train(run, tokenizer, datasets, loads_weights: bool, started: float) -> int
     trainer.run_started = started
     if run.train.load or run.train.pretrained_checkpoint:
         checkpointer.load(trainer, required=loads_weights)
+        trainer.batch_schedule, trainer.total_iters = run_length(run.train, runtime.dp_size, trainer.state.iteration,
+                                                                 trainer.state.consumed_samples)
 
     seq = run.model.seq_length
     gbs = run.train.global_batch_size

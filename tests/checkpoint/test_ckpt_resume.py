@@ -171,6 +171,30 @@ def test_a_new_global_batch_size_keeps_reading_where_the_run_stopped(ckpt_corpus
     assert state["scheduled_iterations"] == 5 and state["scheduled_samples"] == 28
 
 
+def test_train_samples_end_the_run_whatever_the_global_batch_size_of_its_resume(ckpt_corpus, ckpt_cache, tmp_path):
+    """--train-samples 28: 3 steps of 4, then a resume at --global-batch-size 8 runs 2 steps (iteration 5, 28
+    samples: it ran to iteration 3 and 40 samples, counting 28 / 8 from sample 0); the other way, 1 step of 8, then
+    5 of 4 (iteration 6, not 7 and 32 samples)."""
+    def samples_flags(*extra):
+        argv = flags(ckpt_corpus, 1, *extra, cache=ckpt_cache)
+        at = argv.index("--train-iters")
+        return argv[:at] + ["--train-samples", "28"] + argv[at + 2:]
+
+    def consumed(save, iteration):
+        path = os.path.join(save, f"iter_{iteration:07d}", "metadata.json")
+        return json.loads(open(path).read())["train_state"]["consumed_samples"]
+
+    straight = samples_of(train(samples_flags()))
+    up, down = str(tmp_path / "up"), str(tmp_path / "down")
+    first = samples_of(train(samples_flags("--save", up, "--exit-interval", "3")))
+    second = train(samples_flags("--save", up, "--load", up, "--global-batch-size", "8"))
+    assert sorted(second.losses) == [4, 5] and read_latest(up) == 5 and consumed(up, 5) == 28
+    assert first + samples_of(second) == straight
+    train(samples_flags("--save", down, "--exit-interval", "1", "--global-batch-size", "8"))
+    resumed = train(samples_flags("--save", down, "--load", down))
+    assert sorted(resumed.losses) == [2, 3, 4, 5, 6] and consumed(down, 6) == 28
+
+
 def test_a_signature_saved_with_the_global_batch_size_is_the_same_data():
     """Checkpoints written before the global batch size left the data signature keep their phase."""
     from megatron_zaya.training.data_phase import data_changed, enter_data_phase
