@@ -109,15 +109,19 @@ def model_entries(model) -> list[Entry]:
     return out
 
 
-def source_of_weight(folder: CheckpointFolder, name: str, t: torch.Tensor) -> str:
-    """The checkpoint key an fp32 tensor is read from: the fp32 master a --bf16 ZeRO-1 run saved beside its
-    bf16 weight, where there is one (on every rank, not only on the owner of the master's shard: the
-    replicas must start equal), else the weight itself."""
+def fp32_source(folder: CheckpointFolder, name: str) -> str:
+    """The checkpoint key of weight `name`'s fp32 values: the fp32 master a --bf16 ZeRO-1 run saved beside its
+    bf16 weight, where there is one, else the weight itself (fp32 when saved without ZeRO-1 or by an fp32 run)."""
     master = f"optim/{name}/master"
-    if t.dtype == torch.float32 and folder.has(master) and folder.global_shape(master) == folder.global_shape(
-            "model/" + name):
+    if folder.has(master) and folder.global_shape(master) == folder.global_shape("model/" + name):
         return master
     return "model/" + name
+
+
+def source_of_weight(folder: CheckpointFolder, name: str, t: torch.Tensor) -> str:
+    """The checkpoint key a tensor is read from: an fp32 one from its fp32 source (on every rank, not only on
+    the owner of the master's shard: the replicas must start equal), a bf16 one from the weight."""
+    return fp32_source(folder, name) if t.dtype == torch.float32 else "model/" + name
 
 
 @torch.no_grad()
@@ -321,14 +325,17 @@ def load_optimizer(optimizer, model, folder: CheckpointFolder, saved_classes: di
                     entry[sk] = reads.new(key, ranges, cache, owners[name], p.device)
                 else:
                     entry[sk] = folder.piece(key, ranges, flat, cache)
-            saved_master = entry.pop("master", None)    # of a bf16 weight under ZeRO-1 (DistributedMuon)
-            if saved_master is not None and slot.kind == "owner":
-                entry["master"] = saved_master
+            # A bf16 weight's fp32 master (ZeRO-1): the saved one, else the checkpoint's weight (fp32 when saved
+            # without ZeRO-1 or by an fp32 run), not this run's bf16 rounding of it. An fp32 weight is its own
+            # master (load_model read the saved master into it).
+            saved_master = entry.pop("master", None)
+            if slot.kind == "owner" and p.dtype != torch.float32:         # DistributedMuon: on the matrix's owner
+                entry["master"] = saved_master if saved_master is not None else folder.piece(
+                    fp32_source(folder, name), ranges, None, cache).float()
             if master is not None:
-                if "master" in state_keys.get(name, []) and p.dtype != torch.float32:
-                    masters[id(master)] = folder.piece(f"optim/{name}/master", ranges, flat, cache).float()
-                else:        # saved without ZeRO-1, or an fp32 weight (load_model read its master): the weight
-                    masters[id(master)] = p.detach().reshape(-1)[flat[0]:flat[1]].float().cpu().clone()
+                masters[id(master)] = (p.detach().reshape(-1)[flat[0]:flat[1]].float().cpu().clone()
+                                       if p.dtype == torch.float32 else
+                                       folder.piece(fp32_source(folder, name), ranges, flat, cache).float())
             if entry:
                 new_state[index] = (key_obj, entry)
         if slot.kind == "owner":
@@ -349,15 +356,16 @@ def load_optimizer(optimizer, model, folder: CheckpointFolder, saved_classes: di
 
 def load_saved_masters(optimizer, model, folder: CheckpointFolder) -> None:
     """For a load that starts the optimizer afresh (--finetune, --no-load-optim), after load_model: the fp32
-    masters a --bf16 ZeRO-1 run saved for its bf16 weights, so that this run starts from the trained values,
-    as load_optimizer and load_full_model_state do, not from their bf16 rounding. A bf16 weight's ZeRO-1
-    master piece (or, DistributedMuon, its owner's master, with fresh momentum) takes the saved one."""
+    values of this run's bf16 weights (the masters a --bf16 ZeRO-1 run saved, else the checkpoint's weights,
+    fp32 unless saved in bf16), so that this run starts from the trained values, as load_optimizer and
+    load_full_model_state do, not from their bf16 rounding. A bf16 weight's ZeRO-1 master piece (or,
+    DistributedMuon, its owner's master, with fresh momentum) takes them."""
     pstate = model_pstate(model)
     cache = {}
     for slot in optimizer_slots(optimizer, model):
         for name, p, flat, master, _key in slot.items:
-            key = f"optim/{name}/master"
-            if p.dtype == torch.float32 or not folder.has(key):   # an fp32 weight: load_model read its master
+            key = fp32_source(folder, name)
+            if p.dtype == torch.float32 or (master is None and slot.kind != "owner"):   # its own master
                 continue
             shape, ranges = tensor_slicing(p, pstate)
             if folder.global_shape(key) != shape:

@@ -207,21 +207,9 @@ def test_a_signature_saved_with_the_global_batch_size_is_the_same_data():
     assert enter_data_phase(state, new) is None and state.data_start_iteration == 0
 
 
-def test_a_fresh_optimizer_starts_from_the_saved_fp32_masters(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch):
-    """A --bf16 ZeRO-1 checkpoint keeps fp32 masters of its bf16 weights. --no-load-optim / --finetune start
-    from them as a full load does: an fp32 run takes them as its weights (--no-load-optim's first loss equals
-    the full load's), and a bf16 ZeRO-1 run as its masters (both were the bf16 weights, made fp32 again)."""
-    from megatron_zaya.checkpoint.inspection import load_full_model_state
+def capture_loaded_state(monkeypatch) -> dict:
+    """Trainer.train replaced by a capture of the loaded weights and fp32 masters (name -> (flat range, master))."""
     from megatron_zaya.checkpoint.state import optimizer_slots
-
-    save = str(tmp_path / "zero1")
-    zero1 = ("--use-distributed-optimizer", "--bf16")
-    train(flags(ckpt_corpus, 3, "--save", save, "--save-interval", "3", *zero1, cache=ckpt_cache))
-    src = os.path.join(save, "iter_0000003")
-    full = train(flags(ckpt_corpus, 4, "--load", src, cache=ckpt_cache))
-    assert train(flags(ckpt_corpus, 4, "--load", src, "--no-load-optim", cache=ckpt_cache)).losses[4] == full.losses[4]
-    trained, _, info = load_full_model_state(src)          # the masters where saved
-    assert info["masters"] > 10
     seen = {}
 
     def capture(trainer):
@@ -234,6 +222,45 @@ def test_a_fresh_optimizer_starts_from_the_saved_fp32_masters(ckpt_corpus, ckpt_
                     seen["masters"][name] = (flat, kept.detach().clone())
         return trainer.state
     monkeypatch.setattr(setup.Trainer, "train", capture)
+    return seen
+
+
+def test_bf16_zero1_masters_of_a_checkpoint_with_fp32_weights_are_those_weights(ckpt_corpus, ckpt_cache, tmp_path,
+                                                                                 monkeypatch):
+    """A checkpoint of fp32 weights (a --bf16 run without ZeRO-1 keeps them fp32) resumed with --bf16
+    --use-distributed-optimizer: the masters (ZeRO-1 AdamW pieces and distributed Muon's) are the saved fp32
+    values, with the optimizer loaded or started afresh, not this run's bf16 rounding of them."""
+    from megatron_zaya.checkpoint.inspection import load_full_model_state
+    save = str(tmp_path / "bf16")
+    train(flags(ckpt_corpus, 2, "--save", save, "--bf16", cache=ckpt_cache))
+    trained, _, _ = load_full_model_state(os.path.join(save, "iter_0000002"))
+    assert all(t.dtype == torch.float32 for t in trained.values())
+    seen = capture_loaded_state(monkeypatch)
+    for fresh in ((), ("--no-load-optim",)):
+        train(flags(ckpt_corpus, 4, "--load", save, "--bf16", "--use-distributed-optimizer", *fresh, cache=ckpt_cache))
+        bf16 = [name for name, w in seen["weights"].items() if w.dtype == torch.bfloat16]
+        assert bf16 and set(bf16) <= set(seen["masters"]), fresh
+        for name in bf16:
+            flat, kept = seen["masters"][name]
+            want = trained[name].reshape(-1)
+            assert torch.equal(kept.reshape(-1), want if flat is None else want[flat[0]:flat[1]]), (fresh, name)
+
+
+def test_a_fresh_optimizer_starts_from_the_saved_fp32_masters(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch):
+    """A --bf16 ZeRO-1 checkpoint keeps fp32 masters of its bf16 weights. --no-load-optim / --finetune start
+    from them as a full load does: an fp32 run takes them as its weights (--no-load-optim's first loss equals
+    the full load's), and a bf16 ZeRO-1 run as its masters (both were the bf16 weights, made fp32 again)."""
+    from megatron_zaya.checkpoint.inspection import load_full_model_state
+
+    save = str(tmp_path / "zero1")
+    zero1 = ("--use-distributed-optimizer", "--bf16")
+    train(flags(ckpt_corpus, 3, "--save", save, "--save-interval", "3", *zero1, cache=ckpt_cache))
+    src = os.path.join(save, "iter_0000003")
+    full = train(flags(ckpt_corpus, 4, "--load", src, cache=ckpt_cache))
+    assert train(flags(ckpt_corpus, 4, "--load", src, "--no-load-optim", cache=ckpt_cache)).losses[4] == full.losses[4]
+    trained, _, info = load_full_model_state(src)          # the masters where saved
+    assert info["masters"] > 10
+    seen = capture_loaded_state(monkeypatch)
     for fresh in ("--no-load-optim", "--finetune"):
         train(flags(ckpt_corpus, 4, "--load", src, fresh, cache=ckpt_cache))
         assert all(torch.equal(w, trained[n]) for n, w in seen["weights"].items()), fresh
