@@ -31,8 +31,9 @@ Megatron-LM's --recompute-modules chooses among the pieces by its module names (
 math-path attention core and a segmented convolution), "moe_act" (the router's GELU and the experts' SwiGLU outputs) and "moe": the
 whole MoE sublayer (router, dispatch, experts, combine) keeps only its inputs and runs again in the
 backward, its collectives (EP all-to-all, TP reductions) included, on every rank in the same order.
-"moe" is the one piece whose matmuls run twice. Without --recompute-modules the three cheap ones are
-on (`DEFAULT_MODULES`; Megatron-LM's default is core_attn alone).
+"moe" is the one piece whose matmuls run twice; with it, "moe_act" has nothing left to drop and is off
+(ZayaModel.set_recompute: its hooks would keep what the rerun drops). Without --recompute-modules the three
+cheap ones are on (`DEFAULT_MODULES`; Megatron-LM's default is core_attn alone).
 """
 from __future__ import annotations
 

@@ -118,6 +118,14 @@ class ZayaModel(nn.Module):
         for module in self.modules():
             if hasattr(module, "recompute_module"):
                 module.recompute_selective = module.recompute_module in self.recompute_modules
+        if "moe" in self.recompute_modules:
+            # The rerun MoE sublayer keeps nothing inside it: "moe_act"'s pieces (router GELUs, expert SwiGLU,
+            # inside it) have nothing to drop, and their own saved-tensor hooks (recompute.feed) would take
+            # the tensors from the rerun's checkpoint and keep them alive instead.
+            for block in self.layers:
+                for module in block.moe.modules():
+                    if getattr(module, "recompute_module", None) == "moe_act":
+                        module.recompute_selective = False
 
     def store_weights_in(self, dtype: torch.dtype) -> None:
         """Keep the weights in `dtype` (bf16 under ZeRO-1, whose optimizer holds the fp32 masters),
