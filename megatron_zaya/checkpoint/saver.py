@@ -18,6 +18,7 @@ all-reduce), so a failed finalize on rank 0 is a failed save on every rank.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -195,8 +196,9 @@ class CheckpointWriter:
         except BaseException:
             # Not published: undo the rename, so the failed save leaves no complete folder newer than
             # the latest (pruning counts complete folders) and a replaced one comes back.
-            os.unlink(os.path.join(final, COMPLETE_MARKER))
-            os.replace(final, folder)
+            os.replace(final, folder)      # its partial name first: a crash here leaves debris, never an iter_N
+            with contextlib.suppress(OSError):      # folder without its marker that nothing would ever remove
+                os.unlink(os.path.join(folder, COMPLETE_MARKER))
             if replaced:
                 os.replace(replaced, final)
             fsync_dir(self.save_dir)
@@ -258,10 +260,13 @@ class CheckpointWriter:
         for it, why in sorted(doomed):
             path = self.final_dir(it)
             try:
-                os.unlink(os.path.join(path, COMPLETE_MARKER))    # no longer a checkpoint, from this moment
-                fsync_dir(path)
+                # Renamed first (atomic, as the publication's rename): no longer a checkpoint from this moment,
+                # and a crash before the removal ends leaves a .deleting- folder, which the next prune removes.
+                # (Unlinking its COMPLETE first left, after a crash between the two, a checkpoint-sized iter_N
+                # folder that no prune would remove.)
                 gone = f"{path}.deleting-{self.run_id}"
                 os.replace(path, gone)
+                fsync_dir(self.save_dir)
                 shutil.rmtree(gone, ignore_errors=True)
                 self.log(f"removed old checkpoint {path} ({why})")
             except OSError as err:

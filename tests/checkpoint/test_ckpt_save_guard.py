@@ -216,6 +216,34 @@ def test_prune_touches_only_the_savers_own_folders_and_nothing_newer(tmp_path):
     assert list_complete(save) == [3] and set(user) <= set(os.listdir(save))
 
 
+def test_a_prune_killed_midway_leaves_a_complete_checkpoint_or_debris_never_a_markerless_one(tmp_path, monkeypatch):
+    """Killed while removing an old checkpoint (at the rename, or in the removal): iteration 1 is either still
+    complete or a .deleting- folder, which the next prune removes; never an iter_0000001 without its COMPLETE
+    marker, which no prune would ever remove (a checkpoint-sized leak)."""
+    save = str(tmp_path)
+    for it in (1, 2):
+        fake_checkpoint(save, it)
+    writer = saver.CheckpointWriter(save, 0, 1, RUN_ID, keep=1, log=lambda msg: None)
+    real_replace, real_rmtree = os.replace, saver.shutil.rmtree
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt          # stands for SIGKILL: nothing after it runs
+    monkeypatch.setattr(saver.os, "replace", lambda src, dst: killed() if ".deleting-" in dst else real_replace(src, dst))
+    with pytest.raises(KeyboardInterrupt):
+        writer.prune(just_saved=2)
+    assert list_complete(save) == [1, 2] and sorted(os.listdir(save)) == ["iter_0000001", "iter_0000002"]
+    monkeypatch.setattr(saver.os, "replace", real_replace)
+    monkeypatch.setattr(saver.shutil, "rmtree", lambda path, **kw: killed() if ".deleting-" in path else
+                        real_rmtree(path, **kw))
+    with pytest.raises(KeyboardInterrupt):
+        writer.prune(just_saved=2)
+    assert list_complete(save) == [2] and sorted(os.listdir(save)) == [f"iter_0000001.deleting-{RUN_ID}",
+                                                                      "iter_0000002"]
+    monkeypatch.setattr(saver.shutil, "rmtree", real_rmtree)
+    writer.prune(just_saved=2)
+    assert sorted(os.listdir(save)) == ["iter_0000002"]
+
+
 def _save(writer, iteration, value):
     entry = Entry("model/w", torch.full((4,), float(value)), [4], [[[0, 4]]])
     folder = writer.partial_dir(iteration)
