@@ -14,6 +14,7 @@ from megatron_zaya.checkpoint.hf_format import DEFAULT_MAX_SHARD_BYTES, load_hf_
 from megatron_zaya.checkpoint.inspection import load_full_model_state, resolve_folder
 from megatron_zaya.checkpoint.model_card import model_card
 from megatron_zaya.checkpoint.preflight import held_iterations
+from megatron_zaya.checkpoint.save_lock import SaveFolderLock
 from megatron_zaya.checkpoint.saver import CheckpointWriter
 from megatron_zaya.checkpoint.state import model_entries
 from megatron_zaya.config import ModelConfig
@@ -87,6 +88,10 @@ def save_model_as_checkpoint(state: dict, config: ModelConfig, save_dir: str, tp
     if iteration < 0:
         raise CheckpointError(f"--iteration={iteration}: must be >= 0")
     check_output_folder(save_dir)
+    # A folder a training run is saving into (its first checkpoint not complete yet, so not refused above):
+    # the conversion's pruning would take the run's save in progress for debris, and its checkpoint would
+    # hide the run's later ones.
+    SaveFolderLock.check_free(save_dir, "writing a converted checkpoint")
     train_state = dict(train_state or fresh_train_state(iteration), iteration=iteration)
     os.makedirs(save_dir, exist_ok=True)
     run_id = f"{int.from_bytes(os.urandom(5), 'big'):010x}"

@@ -42,6 +42,28 @@ class SaveFolderLock:
             lock._acquire(save_dir)
         return lock
 
+    @staticmethod
+    def check_free(save_dir: str, what: str) -> None:
+        """CheckpointError when a run holds the lock of `save_dir` (e.g. a training run whose first checkpoint
+        is not complete yet), for a writer that does not take it (a conversion: a folder it made would keep
+        the lock file). Nothing is created; a run that starts saving into the folder later is not seen."""
+        import fcntl
+        path = os.path.join(save_dir, LOCK_FILE)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:                  # no lock file (or not readable): no run has saved here
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+            raise CheckpointError(f"{save_dir} is in use by a training run ({holder}; {path} is locked): {what} "
+                                  f"into it would clash with its checkpoints; choose another output folder") from None
+        except OSError:                  # no flock on this filesystem: nothing to tell
+            pass
+        finally:
+            os.close(fd)
+
     def _acquire(self, save_dir: str) -> None:
         os.makedirs(save_dir, exist_ok=True)
         path = os.path.join(save_dir, LOCK_FILE)

@@ -140,6 +140,32 @@ def test_an_impossible_output_layout_is_refused_before_anything_is_written(tmp_p
     assert not (tmp_path / "out").exists()
 
 
+def test_a_conversion_into_a_folder_a_run_is_saving_into_is_refused(tmp_path, capsys):
+    """The output folder's lock held (a training run before its first complete checkpoint): refused at once,
+    nothing written (the conversion's pruning removed the run's save in progress, and its checkpoint hid the
+    run's later ones); once free, the same conversion goes through."""
+    from megatron_zaya.checkpoint.format import list_complete
+    from megatron_zaya.checkpoint.hf_format import save_hf_folder
+    from megatron_zaya.checkpoint.save_lock import SaveFolderLock
+    from megatron_zaya.config import model_config_from_preset
+    from megatron_zaya.model import ZayaModel
+
+    model = ZayaModel(model_config_from_preset("zaya1-tiny", num_layers=1, vocab_size=256))
+    save_hf_folder(model.state_dict(), model.config, tmp_path / "hf")
+    out = tmp_path / "run"
+    (out / "iter_0000002.partial-0123456789").mkdir(parents=True)     # the run's save in progress
+    running = SaveFolderLock.hold(str(out), is_first_process=True)
+    try:
+        assert _tool().main(["from-hf", str(tmp_path / "hf"), str(out), "--no-progress"]) == 1
+    finally:
+        running.release()
+    assert f"{out} is in use by a training run (pid {os.getpid()}" in capsys.readouterr().err
+    assert (out / "iter_0000002.partial-0123456789").is_dir() and list_complete(str(out)) == []
+    (out / "iter_0000002.partial-0123456789").rmdir()
+    assert _tool().main(["from-hf", str(tmp_path / "hf"), str(out), "--no-progress"]) == 0
+    assert list_complete(str(out)) == [0]
+
+
 def test_failed_hf_write_leaves_no_temporary_folder(tmp_path, monkeypatch):
     """A write that fails half-way (here: the weights file) removes its hidden temporary folder."""
     import errno
