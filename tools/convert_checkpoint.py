@@ -207,6 +207,9 @@ def _main(argv=None) -> int:
     except (CheckpointError, FileNotFoundError, FileExistsError, ValueError) as err:
         print(f"convert_checkpoint.py: error: {err}", file=sys.stderr)
         return 1
+    except OSError as err:           # a full disk, a folder not writable (the partial output is removed)
+        print(f"convert_checkpoint.py: error: {args.output}: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -130,6 +130,9 @@ def _main(argv=None) -> int:
     except UserInputError as e:        # IndexedDatasetError included
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:               # a full disk, a folder not writable: the temporary files are removed
+        print(f"error: {args.output_prefix}: {e}", file=sys.stderr)
+        return 2
     print(f"merged {len(prefixes)} datasets: {w.num_documents:,} documents, {w.num_sequences:,} sequences, "
           f"{w.num_tokens:,} tokens -> {args.output_prefix}.bin/.idx")
     return 0

@@ -14,6 +14,7 @@ interrupted run never leaves a valid-looking half dataset.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import struct
@@ -530,12 +531,16 @@ class IndexedDatasetWriter:
         self._prepared = False
 
     def abort(self) -> None:
-        """Close and delete the temporary files."""
-        if not self._closed:
-            for f in (self._bin, self._len_f, self._doc_f):
-                f.close()
-            self._closed = True
-        remove_temporaries(self.path_prefix)
+        """Close and delete the temporary files (a close whose flush fails, e.g. on a full disk, does not
+        keep them: they are what filled it)."""
+        try:
+            if not self._closed:
+                for f in (self._bin, self._len_f, self._doc_f):
+                    with contextlib.suppress(OSError):
+                        f.close()
+                self._closed = True
+        finally:
+            remove_temporaries(self.path_prefix)
 
     def __enter__(self):
         return self

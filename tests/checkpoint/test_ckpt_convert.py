@@ -166,7 +166,7 @@ def test_a_conversion_into_a_folder_a_run_is_saving_into_is_refused(tmp_path, ca
     assert list_complete(str(out)) == [0]
 
 
-def test_failed_hf_write_leaves_no_temporary_folder(tmp_path, monkeypatch):
+def test_failed_hf_write_leaves_no_temporary_folder(tmp_path, monkeypatch, capsys):
     """A write that fails half-way (here: the weights file) removes its hidden temporary folder."""
     import errno
     from megatron_zaya.checkpoint import hf_format
@@ -184,6 +184,14 @@ def test_failed_hf_write_leaves_no_temporary_folder(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="No space left"):
         hf_format.save_hf_folder(state, config, tmp_path / "hf")
     assert os.listdir(tmp_path) == []
+    # The tool: one error line naming the output (it was a traceback), nothing left either
+    monkeypatch.undo()
+    hf_format.save_hf_folder(state, config, tmp_path / "src")
+    monkeypatch.setattr(hf_format, "save_file", disk_full)
+    assert _tool().main(["from-hf", str(tmp_path / "src"), str(tmp_path / "ckpt"), "--no-progress"]) == 0
+    assert _tool().main(["to-hf", str(tmp_path / "ckpt"), str(tmp_path / "hf"), "--no-progress"]) == 1
+    assert f"convert_checkpoint.py: error: {tmp_path / 'hf'}: [Errno 28] No space left" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["ckpt", "src"]
 
 
 def test_sigterm_during_a_conversion_leaves_nothing_behind(tmp_path, monkeypatch, capsys):

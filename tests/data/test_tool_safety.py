@@ -154,6 +154,35 @@ def test_merge_ended_by_sigterm_leaves_no_output(tmp_path, monkeypatch, capsys):
     assert not [f for f in os.listdir(tmp_path) if f.startswith("m")]
 
 
+def test_merge_on_a_full_disk_removes_its_temporary_files_and_says_so(tmp_path, monkeypatch, capsys):
+    """ENOSPC in a write, and again when the buffered .bin is closed (its flush): the temporary files that
+    filled the disk are removed all the same, and the tool ends with one error line (it was a traceback)."""
+    import errno
+    parts = [str(tmp_path / f"p{i}") for i in range(3)]
+    for i, part in enumerate(parts):
+        write_dataset(part, [[i, i + 1]])
+    real = indexed.IndexedDatasetWriter.add_index
+
+    class FullDisk:
+        def __init__(self, f):
+            self.f = f
+
+        def close(self):
+            self.f.close()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def full_at_the_second_input(self, prefix):
+        if prefix == parts[1]:
+            self._bin = FullDisk(self._bin)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, prefix)
+
+    monkeypatch.setattr(indexed.IndexedDatasetWriter, "add_index", full_at_the_second_input)
+    assert MERGE.main(["--input", *parts, "--output-prefix", str(tmp_path / "m")]) == 2
+    assert f"error: {tmp_path / 'm'}: [Errno 28] No space left on device" in capsys.readouterr().err
+    assert not [f for f in os.listdir(tmp_path) if f.startswith("m")]
+
+
 def _train(inp, prefix, *extra):
     return TRAIN.main(["--input", str(inp), "--vocab-size", "300", "--output-prefix", str(prefix),
                        "--num-threads", "1", *extra])
