@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = p.add_argument_group("cluster (a preset; any field can be overridden)")
     c.add_argument("--cluster", default="mi300x", help=f"one of {sorted(CLUSTERS)}")
     c.add_argument("--gpus-per-node", type=int, default=None)
-    c.add_argument("--gpu-memory-gb", type=float, default=None)
+    c.add_argument("--gpu-memory-gb", type=float, default=None,
+                   help="HBM per GPU as vendors write it (\"192 GB\"), read as GiB (2**30 bytes)")
     c.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak per GPU")
     c.add_argument("--hbm-tbps", type=float, default=None)
     c.add_argument("--intra-node-gbps", type=float, default=None, help="per GPU, one direction, GB/s")
@@ -135,7 +136,7 @@ def plan_from_args(args) -> Plan:
         overrides["untie_embeddings_and_output_weights"] = True
     config = model_config_from_preset(args.preset, **overrides)
     resolve_training_names(args, config.num_layers)
-    seq = args.seq_length or config.seq_length
+    seq = config.seq_length if args.seq_length is None else args.seq_length
     if seq > config.max_position_embeddings:
         config = config.replace(max_position_embeddings=seq)
     cluster = cluster_from_preset(args.cluster, gpus_per_node=args.gpus_per_node, memory_gb=args.gpu_memory_gb,
@@ -193,7 +194,7 @@ def report(plan: Plan) -> str:
     L, c, t, s, a = plan.layout, plan.cluster, plan.time, plan.state, plan.activations
     e = plan.efficiency
     lines = [
-        f"cluster: {c.device} x {L.gpus} ({nodes_text(L.gpus, c.gpus_per_node)}), {c.memory_gb:g} GB, {c.peak_bf16_tflops:g} TFLOP/s bf16, HBM {c.hbm_tbps:g} TB/s, "
+        f"cluster: {c.device} x {L.gpus} ({nodes_text(L.gpus, c.gpus_per_node)}), {c.memory_gb:g} GiB, {c.peak_bf16_tflops:g} TFLOP/s bf16, HBM {c.hbm_tbps:g} TB/s, "
         f"fabric {c.intra_node_gbps:g} GB/s, network {c.inter_node_gbps:g} GB/s per GPU",
         f"layout: TP={L.tensor_parallel} CP={L.context_parallel} EP={L.expert_parallel} DP={L.data_parallel} "
         f"ZeRO-1={'on' if L.zero1 else 'off'} recompute={L.recompute_text}; seq {L.seq_length}, micro batch "
@@ -210,7 +211,7 @@ def report(plan: Plan) -> str:
         f"head and loss {a.outer / 1e9:.3f} GB)",
         row("logits gradient at backward start", gb(a.backward_transient)),
         row("total", gb(plan.memory_total)) + f"   of {plan.memory_usable / 1e9:.1f} GB usable "
-        f"({c.memory_gb:g} GB less {plan.options.reserve_fraction:.0%} reserve)",
+        f"({c.memory_gb:g} GiB = {c.memory_bytes / 1e9:.1f} GB less {plan.options.reserve_fraction:.0%} reserve)",
         f"  -> {'FITS' if plan.fits else 'DOES NOT FIT'}",
     ]
     if not plan.fits:

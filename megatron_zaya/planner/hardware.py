@@ -9,7 +9,7 @@ Sources (public data sheets):
   (both directions) -> 448 GB/s per direction (AMD Instinct MI300X data sheet).
 * MI325X: same compute die as MI300X (1307 TFLOP/s), 256 GB HBM3E at 6.0 TB/s, same fabric
   (AMD Instinct MI325X data sheet).
-* MI355X: 2.3 PFLOP/s dense bf16, 288 GB HBM3E at 8.0 TB/s, Infinity Fabric 1075 GB/s aggregate
+* MI355X: 2.5 PFLOP/s dense bf16 (the MI350X, at a lower clock: 2.3), 288 GB HBM3E at 8.0 TB/s, Infinity Fabric 1075 GB/s aggregate
   (AMD Instinct MI355X data sheet).
 * H100 SXM: 989 TFLOP/s dense bf16, 80 GB HBM3 at 3.35 TB/s, NVLink 4 900 GB/s aggregate.
 * H200 SXM: 989 TFLOP/s dense bf16, 141 GB HBM3E at 4.8 TB/s, NVLink 4 900 GB/s aggregate.
@@ -39,7 +39,7 @@ class ClusterSpec:
     name: str
     device: str
     gpus_per_node: int
-    memory_gb: float              # HBM per GPU, GB (1e9 bytes)
+    memory_gb: float              # HBM per GPU as the vendors write it, "192 GB": binary, GiB (2**30 bytes)
     peak_bf16_tflops: float       # dense bf16 matmul peak per GPU
     hbm_tbps: float               # HBM bandwidth per GPU, TB/s
     intra_node_gbps: float        # GPU-GPU fabric per GPU, one direction, GB/s
@@ -47,7 +47,10 @@ class ClusterSpec:
 
     @property
     def memory_bytes(self) -> float:
-        return self.memory_gb * 1e9
+        """Bytes of HBM: the vendors' "GB" of HBM are GiB (MI300X's 192 GB: 8 stacks of 24 GiB; the device
+        reports 205.8e9 bytes; an H100's 80 GB reports 85.0e9), while the planner prints its estimates in
+        GB of 1e9 bytes."""
+        return self.memory_gb * 2 ** 30
 
     @property
     def peak_flops(self) -> float:
