@@ -95,6 +95,9 @@ def test_cli_reports_and_names_bad_flags(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(base + ["--global-batch-size", "1000"])
     assert exit_info.value.code == 2 and "--global-batch-size=1000" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:     # not the preset's 4096 in its place
+        cli.main(base + ["--global-batch-size", "1024", "--seq-length", "0"])
+    assert exit_info.value.code == 2 and "--seq-length=0: must be >= 1" in capsys.readouterr().err
 
 
 def test_cli_refuses_a_partial_node(capsys):
