@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     lay.add_argument("--recompute-modules", nargs="+", default=None, metavar="MODULE",
                      help="with --recompute selective: the pieces recomputed, by Megatron's names (layernorm, "
                           "core_attn, moe_act, moe: the whole MoE sublayer); default layernorm core_attn moe_act")
+    lay.add_argument("--sequence-parallel", action="store_true",
+                     help="the run uses --sequence-parallel, which the plan's activations assume under TP > 1")
     lay.add_argument("--seq-length", type=int, default=None, help="default: the preset's")
     lay.add_argument("--micro-batch-size", type=int, default=1)
     lay.add_argument("--global-batch-size", type=int, default=None, help="sequences per optimizer step (required)")
@@ -260,6 +262,11 @@ def main(argv=None) -> int:
         plan = plan_from_args(args)
     except (ConfigError, LayoutError, ValueError) as err:
         parser.error(str(err))
+    if args.tensor_model_parallel_size > 1 and not args.sequence_parallel:
+        print(f"--tensor-model-parallel-size {args.tensor_model_parallel_size} without --sequence-parallel: the plan "
+              f"divides every activation by TP, as sequence parallelism does; without it the norms', residuals' and "
+              f"router's activations are whole on each TP rank (1.5x the planned activations measured at TP 2): "
+              f"train with --sequence-parallel, or expect more", file=sys.stderr)
     print(json.dumps(summary(plan), indent=2) if args.json else report(plan))
     return 0 if plan.fits else 1
 

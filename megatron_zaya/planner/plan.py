@@ -111,7 +111,8 @@ def _candidates(layout: ParallelLayout):
         ep *= 2
     tp = layout.tensor_parallel * 2
     while tp <= 8:
-        yield "tp", f"raise TP to {tp} (--tensor-model-parallel-size {tp})", dataclasses.replace(layout, tensor_parallel=tp)
+        yield "tp", f"raise TP to {tp} (--tensor-model-parallel-size {tp} --sequence-parallel)", \
+            dataclasses.replace(layout, tensor_parallel=tp)
         tp *= 2
 
 

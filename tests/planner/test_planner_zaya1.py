@@ -100,6 +100,22 @@ def test_cli_reports_and_names_bad_flags(capsys):
     assert exit_info.value.code == 2 and "--seq-length=0: must be >= 1" in capsys.readouterr().err
 
 
+def test_cli_says_when_tp_runs_without_sequence_parallelism(capsys, tmp_path):
+    """The plan divides every activation by TP, as --sequence-parallel does; without it the planner says so
+    (measured: 1.5x the planned activations at TP 2), and a training config's sequence-parallel key counts."""
+    cli = load_cli()
+    base = ["--preset", "zaya1-tiny", "--gpus", "2", "--global-batch-size", "8", "--tensor-model-parallel-size", "2"]
+    cli.main(base)
+    assert "--tensor-model-parallel-size 2 without --sequence-parallel" in capsys.readouterr().err
+    cli.main(base + ["--sequence-parallel"])
+    assert "without --sequence-parallel" not in capsys.readouterr().err
+    config = tmp_path / "tp2.yaml"
+    config.write_text("tensor-model-parallel-size: 2\nsequence-parallel: true\nbf16: true\n")
+    cli.main(["--preset", "zaya1-tiny", "--gpus", "2", "--global-batch-size", "8", "--config", str(config)])
+    err = capsys.readouterr().err
+    assert "sequence-parallel" not in err, err       # neither "left out" nor the warning
+
+
 def test_cli_refuses_a_partial_node(capsys):
     cli = load_cli()
     base = ["--preset", "zaya1-tiny", "--global-batch-size", "16"]
