@@ -260,7 +260,8 @@ def sum_of_squares(t: torch.Tensor) -> torch.Tensor:
     whole = flat.numel() // SQUARES_ROW * SQUARES_ROW
     total = flat[whole:].double().square().sum()
     if whole:
-        rows = torch.linalg.vector_norm(flat[:whole].view(-1, SQUARES_ROW), dim=1, dtype=torch.float32)
+        rows = torch.linalg.vector_norm(flat[:whole].view(-1, SQUARES_ROW), dim=1,       # (fp64 stays fp64)
+                                        dtype=torch.promote_types(flat.dtype, torch.float32))
         total = total + rows.double().square().sum()
     return total.float()
 
