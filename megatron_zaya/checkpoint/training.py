@@ -231,7 +231,7 @@ class TrainingCheckpointer:
         if loads_optimizer(cfg):
             require_optimizer_state(folder)
         notes = load_model(trainer.model, folder) + config_notes
-        optimizer_loaded = rng_loaded = balancer_loaded = False
+        optimizer_loaded = rng_loaded = rng_everywhere = balancer_loaded = False
         if loads_optimizer(cfg):
             classes = {}
             for rf in folder.ranks:
@@ -247,9 +247,11 @@ class TrainingCheckpointer:
             load_saved_masters(trainer.optimizer, trainer.model, folder)   # a bf16 run's fp32 values, where saved
         if not (cfg.no_load_rng or cfg.finetune):
             rng_loaded = load_rng(folder, self.rank)
-            if not rng_loaded:
-                notes.append(f"rank {self.rank}: no RNG state in the checkpoint for this rank (saved with "
-                             f"{len(folder.ranks)} ranks); RNG not restored")
+            rng_everywhere = self.agree(rng_loaded)      # said by the main rank, which may have its own
+            if not rng_everywhere:
+                notes.append(f"no RNG state in the checkpoint for every rank of this run (saved with "
+                             f"{len(folder.ranks)} ranks, this run has {self.world_size}): a rank without one "
+                             f"keeps its seeded RNG")
         if cfg.finetune:
             trainer.state = type(trainer.state)()
         else:
@@ -284,7 +286,7 @@ class TrainingCheckpointer:
                  f"CP {layout['context_parallel_size']} EP {layout['expert_model_parallel_size']} "
                  f"DP {layout['data_parallel_size']}{' ZeRO-1' if layout['use_distributed_optimizer'] else ''}) in "
                  f"{time.time() - started:.2f} s; optimizer {'loaded' if optimizer_loaded else 'NOT loaded'}, "
-                 f"RNG {'loaded' if rng_loaded else 'NOT loaded'}"
+                 f"RNG {'loaded' if rng_everywhere else 'NOT loaded on every rank'}"
                  + ("; --finetune: iteration and samples reset to 0" if cfg.finetune else ""))
         if data_note:
             self.log(data_note)

@@ -163,6 +163,31 @@ def test_no_save_optim_and_no_save_rng_write_weights_and_train_state_only(ckpt_c
     assert "no RNG state in the checkpoint" in capsys.readouterr().out
 
 
+def test_the_main_rank_says_when_another_rank_has_no_rng_state(ckpt_corpus, ckpt_cache, tmp_path, capsys,
+                                                                monkeypatch):
+    """A checkpoint of 1 rank loaded by 2: rank 1 has no RNG state, and only the main rank prints, which has
+    its own: the ranks agree on it (here the other rank's answer is made "no"), so the note is seen."""
+    import megatron_zaya.checkpoint.training as ckpt_training
+    save = str(tmp_path / "ckpt")
+    train(flags(ckpt_corpus, 2, "--save", save, cache=ckpt_cache))
+    capsys.readouterr()
+    real_agree, real_load_rng = ckpt_training.TrainingCheckpointer.agree, ckpt_training.load_rng
+    asked = []
+
+    def another_rank_without(self, flag):      # the first agreement after the RNG load: the other rank's "no"
+        if asked == ["rng"]:
+            asked.append(flag)
+            return False
+        return real_agree(self, flag)
+    monkeypatch.setattr(ckpt_training, "load_rng", lambda *a: asked.append("rng") or real_load_rng(*a))
+    monkeypatch.setattr(ckpt_training.TrainingCheckpointer, "agree", another_rank_without)
+    rec = train(flags(ckpt_corpus, 3, "--load", save, cache=ckpt_cache))
+    out = capsys.readouterr().out
+    assert asked == ["rng", True] and rec.trainer.checkpointer.loaded["rng"]     # this rank's own was restored
+    assert "no RNG state in the checkpoint for every rank of this run (saved with 1 ranks" in out
+    assert "RNG NOT loaded on every rank" in out
+
+
 def test_ckpt_step_loads_that_iteration(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch):
     """Megatron-LM's --ckpt-step N: iteration N's checkpoint from --load, not the latest."""
     src = str(tmp_path / "src")
