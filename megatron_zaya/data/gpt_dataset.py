@@ -110,6 +110,21 @@ def ltor_masks_and_position_ids(tokens: np.ndarray, opts: SampleOptions):
     return loss_mask, position_ids, document_ids
 
 
+def tokens_in_split(indexed: IndexedDataset, ids) -> int:
+    """The tokens of the sequences `ids` (a range or an array) of `indexed`: one epoch of a split."""
+    if isinstance(ids, range):
+        return indexed.tokens_in(ids.start, ids.stop)
+    return int(np.asarray(indexed.sequence_lengths, dtype=np.int64)[ids].sum())
+
+
+def index_shape(indexed: IndexedDataset, ids, num_samples: int, seq_length: int, add_extra_token: int = 1):
+    """(epochs, separate final epoch) of the GPTDataset index for `num_samples`: its arrays depend on the
+    number of samples only through these two, so two sizes of the same shape build the same index."""
+    tokens = tokens_in_split(indexed, ids)
+    epochs = ib.num_epochs(tokens, seq_length, num_samples, add_extra_token)
+    return epochs, ib.separate_final_epoch(epochs, tokens, seq_length, num_samples, add_extra_token)[0]
+
+
 class GPTDataset:
     """Samples of one split (`indices`: the sequence ids it owns, a range or an array) of an indexed dataset."""
 
@@ -151,11 +166,9 @@ class GPTDataset:
     def _build(self) -> dict[str, np.ndarray]:
         sizes, ids = self.indexed.sequence_lengths, self.indices
         seq = self.opts.seq_length
+        tokens_per_epoch = tokens_in_split(self.indexed, ids)
         if isinstance(ids, range):
-            tokens_per_epoch = self.indexed.tokens_in(ids.start, ids.stop)
             ids = np.arange(ids.start, ids.stop, dtype=ib.sequence_id_dtype(ids.stop))
-        else:
-            tokens_per_epoch = int(np.asarray(sizes, dtype=np.int64)[ids].sum())
         epochs = ib.num_epochs(tokens_per_epoch, seq, self.requested, self.add_extra_token)
         separate, before = ib.separate_final_epoch(epochs, tokens_per_epoch, seq, self.requested, self.add_extra_token)
         ib.check_build_memory(len(ids), epochs, tokens_per_epoch, self.requested, seq)

@@ -15,6 +15,7 @@ validation set (data/validation.py), empty without validation.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -68,6 +69,13 @@ def split_documents(cfg: DataConfig, indexed: IndexedDataset, prefix: str, split
     return split_indices(indexed, cfg.split)[split_id], f"--split {cfg.split}: the {split_name} split of {prefix}"
 
 
+def weighted(cfg: DataConfig, blend: list[str]) -> bool:
+    """Whether `blend` is read as weighted (each dataset asked for a surplus); Megatron reads a per-split blend
+    of one path (`--train-data-path 1.0 P`) as the path itself."""
+    given, paths = parse_data_path(blend)
+    return given is not None and not (cfg.separate_splits and len(paths) == 1)
+
+
 def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: list[list[str]], sizes: list[int],
                  split_id: int, opts: SampleOptions):
     if sum(sizes) == 0 or not any(blends):
@@ -85,11 +93,7 @@ def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: li
                                lambda: dict(zip(("dataset_index", "dataset_sample_index"), build_blending_indices(w, size))))
         return arrays["dataset_index"], arrays["dataset_sample_index"]
 
-    def weighted(blend):     # Megatron reads a per-split blend of one path (`--train-data-path 1.0 P`) as the path
-        given, paths = parse_data_path(blend)
-        return given is not None and not (cfg.separate_splits and len(paths) == 1)
-
-    plan = plan_phases(weights, sizes, cfg.mid_level_dataset_surplus, blending, [weighted(b) for b in blends])
+    plan = plan_phases(weights, sizes, cfg.mid_level_dataset_surplus, blending, [weighted(cfg, b) for b in blends])
     split_name = SPLIT_NAMES[split_id]
     ids = {}
     for d, prefix in enumerate(prefixes):
@@ -326,20 +330,27 @@ def make_loader(dataset, consumed_samples: int, micro_batch_size: int, dp_rank: 
 
 
 def build_train_valid_test_loaders(cfg: DataConfig, global_batch_size: int, micro_batch_size: int, seq_length: int,
-                                   dp_rank: int, dp_size: int, consumed_samples: int = 0, *, train_samples: int,
-                                   valid_samples: int = 0, test_samples: int = 0, tokenizer=None,
-                                   datasets: dict | None = None):
+                                   dp_rank: int, dp_size: int, consumed_samples: int = 0, *,
+                                   train_samples: int | list[int], valid_samples: int = 0, test_samples: int = 0,
+                                   tokenizer=None, datasets: dict | None = None):
     """(train_loader, validation loaders, test_loader) for this data-parallel rank; see the module
     docstring. The validation loaders are a list of (name, loader), one per validation set (empty:
     no validation); each reads its set from the start at every evaluation. Under --full-validation
     a set is padded with masked samples to whole micro-batch groups (data/validation.py). `datasets`: see
-    build_split_datasets."""
+    build_split_datasets. `train_samples` as a list: the sizes of a data phase's blocks (train_blocks.py),
+    one after the other, block k shuffled with --seed + k."""
     if global_batch_size % (micro_batch_size * dp_size):
         raise ValueError(f"--global-batch-size {global_batch_size} is not a multiple of --micro-batch-size "
                          f"{micro_batch_size} x data-parallel size {dp_size}")
-    splits = build_split_datasets(cfg, seq_length, [train_samples, valid_samples, test_samples], tokenizer, datasets)
-    train_loader = make_loader(splits.train, consumed_samples, micro_batch_size, dp_rank, dp_size, cfg) \
-        if splits.train else None
+    blocks = [train_samples] if isinstance(train_samples, int) else list(train_samples)
+    splits = build_split_datasets(cfg, seq_length, [blocks[0], valid_samples, test_samples], tokenizer, datasets)
+    train = splits.train
+    if train is not None and len(blocks) > 1:
+        more = [build_split_datasets(dataclasses.replace(cfg, seed=cfg.seed + k), seq_length, [n, 0, 0], tokenizer,
+                                     datasets).train for k, n in enumerate(blocks[1:], 1)]
+        train = concatenated([train, *more])
+    train_loader = make_loader(train, consumed_samples, micro_batch_size, dp_rank, dp_size, cfg) \
+        if train else None
     valid_loaders = []
     for valid in splits.valid:
         dataset = PaddedToGroups(valid.dataset, micro_batch_size * dp_size) if cfg.full_validation else valid.dataset

@@ -79,6 +79,7 @@ def enter_data_phase(state, signature: str) -> str | None:
     if not previous or not data_changed(previous, signature):
         return None
     state.data_start_iteration, state.data_start_samples = state.iteration, state.consumed_samples
+    state.data_blocks = []
     old = _signature_fields(previous)
     changed = sorted(k for k, v in _signature_fields(signature).items() if old.get(k) != v)
     return (f"data changed since the checkpoint ({', '.join(changed)}): a new data phase starts at iteration "

@@ -53,6 +53,7 @@ class TrainState:
     data_signature: str = ""
     data_start_iteration: int = 0
     data_start_samples: int = 0
+    data_blocks: list = field(default_factory=list)   # its train dataset's sizes across jobs (data/train_blocks.py)
 
 
 @dataclass

@@ -19,6 +19,7 @@ from megatron_zaya.checkpoint.save_lock import SaveFolderLock
 from megatron_zaya.data import build_tokenizer, build_train_valid_test_loaders
 from megatron_zaya.data.dataset_tokenizer import check_dataset_tokenizers
 from megatron_zaya.data.loaders import check_token_ids, missing_eod_warnings, open_datasets
+from megatron_zaya.data.train_blocks import train_blocks
 from megatron_zaya.data.tokenizer import flags_text, tokenizer_flags
 from megatron_zaya.errors import UserInputError
 from megatron_zaya.kernels.capability import slow_bf16_warning
@@ -187,9 +188,12 @@ def _train(run, tokenizer, datasets, loads_weights: bool, started: float) -> int
     # those to come, as the loader reads them (a resume on new data starts a phase: docs/DATA.md)
     summary = startup_lines(run, tokenizer.vocab_size, datasets, train_samples)
     valid_samples = run.train.eval_iters * gbs if run.train.eval_iters else 0
+    # the phase's dataset as the jobs before this one sized it, grown or extended for this one's samples
+    blocks = trainer.state.data_blocks = train_blocks(run.data, seq, trainer.state.data_blocks, train_samples,
+                                                      datasets)
     train_loader, valid_loaders, test_loader = build_train_valid_test_loaders(
         run.data, gbs, run.train.micro_batch_size, seq, runtime.dp_rank, runtime.dp_size,
-        consumed_samples=consumed, train_samples=train_samples,
+        consumed_samples=consumed, train_samples=blocks,
         valid_samples=valid_samples, test_samples=valid_samples, tokenizer=tokenizer, datasets=datasets)
     del datasets
     trainer.train_iterator = iter(train_loader if train_loader is not None else ())   # None: nothing left

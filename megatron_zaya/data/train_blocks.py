@@ -1,0 +1,57 @@
+"""How a data phase's train dataset is sized across the jobs of a run, so that a resumed job reads exactly the
+samples the job before it would have read next.
+
+Each job builds the phase's train split for the samples it needs: those read so far in the phase and those of
+its remaining iterations. A GPTDataset's index depends on that number through its epoch count (and whether its
+final epoch is shuffled apart: `gpt_dataset.index_shape`). A later job that needs more samples (a longer
+--train-iters, a larger --global-batch-size) and rebuilt the split at its own size would, for a dataset read
+more than once, shuffle every epoch anew: samples of the current epoch already trained on would come again and
+others never.
+
+So the train state keeps the phase's sizes (`TrainState.data_blocks`): the first job's, grown in place while
+every dataset's index keeps its shape (the index a run planned that long from the start would have built), else
+one more block after the samples already planned, shuffled with the next seed. A job that needs fewer samples
+keeps the sizes. Mock data (each sample drawn from its own index) and a recipe's phases (--data-path per phase,
+sized by their own train_samples) grow in place as before.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .blend import plan_phases
+from .config import DataConfig
+from .gpt_dataset import index_shape
+from .loaders import blend_weights, dataset_prefixes, split_documents, weighted
+
+
+def train_blocks(cfg: DataConfig, seq_length: int, blocks: list[int], needed: int, datasets: dict) -> list[int]:
+    """The block sizes of the phase's train dataset for a job that needs `needed` samples of it in all, given the
+    sizes the jobs before it used (`blocks`; empty: none recorded). `datasets`: the opened datasets
+    (loaders.open_datasets)."""
+    if not blocks:
+        return [needed]
+    total = sum(blocks)
+    if needed <= total:
+        return list(blocks)
+    grown = blocks[-1] + needed - total
+    if cfg.mock_data or cfg.phases or \
+            index_shapes(cfg, seq_length, blocks[-1], datasets) == index_shapes(cfg, seq_length, grown, datasets):
+        return list(blocks[:-1]) + [grown]
+    return list(blocks) + [needed - total]
+
+
+def index_shapes(cfg: DataConfig, seq_length: int, size: int, datasets: dict) -> list:
+    """The index shape (epochs, separate final epoch) of each dataset of the train blend when the split is sized
+    for `size` samples (the requests loaders._build_split makes of them)."""
+    blend = cfg.split_blends()[0]
+    prefixes = dataset_prefixes(cfg)
+    no_blending_index = lambda w, n: (np.zeros(0, np.int16), None)      # noqa: E731 (one phase: not needed)
+    plan = plan_phases([blend_weights(blend, prefixes)], [size], cfg.mid_level_dataset_surplus, no_blending_index,
+                       [weighted(cfg, blend)])
+    shapes = []
+    for d, prefix in enumerate(prefixes):
+        if plan.requests[d]:
+            ids, _ = split_documents(cfg, datasets[prefix], prefix, 0)
+            shapes.append(None if ids is None or len(ids) == 0 else
+                          index_shape(datasets[prefix], ids, plan.requests[d], seq_length))
+    return shapes
