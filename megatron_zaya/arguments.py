@@ -506,7 +506,8 @@ def validate(args: argparse.Namespace) -> RunConfig:
         if n < 0:
             raise UserInputError(f"--iterations-to-skip {n}: a number of completed iterations, >= 0 (as Megatron-LM "
                                  f"counts: N skips the step logged as iteration N + 1)")
-        if n >= total_iters:
+        # (a --train-samples run that loads a checkpoint ends where the samples run out from its position)
+        if n >= total_iters and not (args.load and args.train_iters is None):
             warnings.append(f"--iterations-to-skip {n}: the run ends at iteration {total_iters}, never reaching it")
     decoupled_lr_schedule(lr_schedule_from_flags(args.lr, args, total_iters), args)
     weight_decay_schedule_from_flags(args, total_iters)

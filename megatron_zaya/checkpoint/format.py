@@ -10,7 +10,7 @@
         COMPLETE                            the marker, written last
       iter_0000100.partial-<run id>/        a save in progress (or interrupted): never loaded
       iter_0000100.replaced-<run id>/       the previous iter_0000100 while a save of the same iteration swaps in
-      iter_0000100.deleting-<run id>/       a pruned checkpoint being removed (COMPLETE already gone)
+      iter_0000100.deleting-<run id>/       a pruned checkpoint being removed (renamed first: never loaded)
 
 A tensor entry describes where its data sits in the GLOBAL (single-device) tensor: `ranges` gives,
 per dimension, the list of [start, end) runs of global indices that make up the local block (a TP
@@ -48,7 +48,7 @@ ITER_RE = re.compile(r"^iter_(\d{7,})$")
 _RUN_ID = r"[0-9a-f]{10}"
 PARTIAL_RE = re.compile(rf"^iter_(\d{{7,}})\.partial-({_RUN_ID})$")       # a save in progress / interrupted
 REPLACED_RE = re.compile(rf"^iter_(\d{{7,}})\.replaced-({_RUN_ID})$")     # a same-iteration save's predecessor
-DELETING_RE = re.compile(rf"^iter_(\d{{7,}})\.deleting-({_RUN_ID})$")     # pruned: COMPLETE already removed
+DELETING_RE = re.compile(rf"^iter_(\d{{7,}})\.deleting-({_RUN_ID})$")     # pruned: renamed, then removed
 
 _DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
            torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",

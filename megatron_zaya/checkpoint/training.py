@@ -245,12 +245,13 @@ class TrainingCheckpointer:
         else:
             sync_masters_from_model(trainer.optimizer, trainer.model)
             load_saved_masters(trainer.optimizer, trainer.model, folder)   # a bf16 run's fp32 values, where saved
-        if not (cfg.no_load_rng or cfg.finetune):
+        rng_asked = not (cfg.no_load_rng or cfg.finetune)
+        if rng_asked:
             rng_loaded = load_rng(folder, self.rank)
             rng_everywhere = self.agree(rng_loaded)      # said by the main rank, which may have its own
             if not rng_everywhere:
                 notes.append(f"no RNG state in the checkpoint for every rank of this run (saved with "
-                             f"{len(folder.ranks)} ranks, this run has {self.world_size}): a rank without one "
+                             f"{len(folder.ranks)} rank(s), this run has {self.world_size}): a rank without one "
                              f"keeps its seeded RNG")
         if cfg.finetune:
             trainer.state = type(trainer.state)()
@@ -286,7 +287,7 @@ class TrainingCheckpointer:
                  f"CP {layout['context_parallel_size']} EP {layout['expert_model_parallel_size']} "
                  f"DP {layout['data_parallel_size']}{' ZeRO-1' if layout['use_distributed_optimizer'] else ''}) in "
                  f"{time.time() - started:.2f} s; optimizer {'loaded' if optimizer_loaded else 'NOT loaded'}, "
-                 f"RNG {'loaded' if rng_everywhere else 'NOT loaded on every rank'}"
+                 f"RNG {'loaded' if rng_everywhere else 'NOT loaded on every rank' if rng_asked else 'not loaded'}"
                  + ("; --finetune: iteration and samples reset to 0" if cfg.finetune else ""))
         if data_note:
             self.log(data_note)

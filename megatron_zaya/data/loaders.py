@@ -348,7 +348,7 @@ def build_train_valid_test_loaders(cfg: DataConfig, global_batch_size: int, micr
     if train is not None and len(blocks) > 1:
         more = [build_split_datasets(dataclasses.replace(cfg, seed=cfg.seed + k), seq_length, [n, 0, 0], tokenizer,
                                      datasets).train for k, n in enumerate(blocks[1:], 1)]
-        train = concatenated([train, *more])
+        train = PhasedDataset([train, *more])          # (by start offsets: no per-sample index)
     train_loader = make_loader(train, consumed_samples, micro_batch_size, dp_rank, dp_size, cfg) \
         if train else None
     valid_loaders = []

@@ -28,7 +28,7 @@ def train_blocks(cfg: DataConfig, seq_length: int, blocks: list[int], needed: in
     """The block sizes of the phase's train dataset for a job that needs `needed` samples of it in all, given the
     sizes the jobs before it used (`blocks`; empty: none recorded). `datasets`: the opened datasets
     (loaders.open_datasets)."""
-    if not blocks:
+    if not blocks or sum(blocks) == 0:     # (a job with nothing to train saved [0]: nothing planned yet)
         return [needed]
     total = sum(blocks)
     if needed <= total:

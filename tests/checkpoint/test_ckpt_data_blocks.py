@@ -5,6 +5,7 @@ import os
 
 from ckpt_harness import flags, train
 from megatron_zaya.data.indexed import IndexedDataset, write_dataset
+from megatron_zaya.data.train_blocks import train_blocks
 
 
 def samples_of(recorder):
@@ -39,3 +40,10 @@ def test_more_samples_of_a_dataset_read_several_times_keep_the_order_already_pla
         assert resumed[:16] == planned[8:24], name
         end = max(int(d[5:]) for d in os.listdir(save) if d.startswith("iter_"))
         assert train_state(save, end)["data_blocks"] == [24, 16], name
+
+
+def test_a_job_that_planned_nothing_leaves_nothing_to_extend():
+    """A job with nothing to train (a new data phase at its end iteration) saves [0]: the next job plans anew
+    (it appended a block after the empty one, and the empty first split left the run without a loader)."""
+    assert train_blocks(None, 32, [0], 8, {}) == [8]
+    assert train_blocks(None, 32, [], 8, {}) == [8] and train_blocks(None, 32, [24, 16], 30, {}) == [24, 16]

@@ -184,8 +184,12 @@ def test_the_main_rank_says_when_another_rank_has_no_rng_state(ckpt_corpus, ckpt
     rec = train(flags(ckpt_corpus, 3, "--load", save, cache=ckpt_cache))
     out = capsys.readouterr().out
     assert asked == ["rng", True] and rec.trainer.checkpointer.loaded["rng"]     # this rank's own was restored
-    assert "no RNG state in the checkpoint for every rank of this run (saved with 1 ranks" in out
+    assert "no RNG state in the checkpoint for every rank of this run (saved with 1 rank(s)" in out
     assert "RNG NOT loaded on every rank" in out
+    monkeypatch.undo()
+    train(flags(ckpt_corpus, 3, "--load", save, "--no-load-rng", cache=ckpt_cache))     # not asked: not a problem
+    out = capsys.readouterr().out
+    assert "RNG not loaded" in out and "every rank" not in out
 
 
 def test_ckpt_step_loads_that_iteration(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch):

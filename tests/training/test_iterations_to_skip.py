@@ -66,3 +66,7 @@ def test_zero_skips_the_first_step_and_negatives_are_refused(tiny_corpus, tmp_pa
     assert "--iterations-to-skip -1: a number of completed iterations, >= 0" in capsys.readouterr().err
     run_config = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": 5, "--iterations-to-skip": 5}))
     assert any("never reaching it" in w for w in run_config.warnings)
+    # --train-samples with --load: the end is counted from the checkpoint's position, known only after the load
+    resumed = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": None, "--train-samples": 8,
+                                                                 "--iterations-to-skip": 3, "--load": tmp_path / "c"}))
+    assert not any("never reaching it" in w for w in resumed.warnings)
