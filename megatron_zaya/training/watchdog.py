@@ -30,6 +30,7 @@ class Watchdog:
         self.last_beat: float | None = None
         self.first_limit: float | None = None      # set by arm() until the first beat
         self.paused_depth = 0
+        self._pause_started = 0.0
         self.fired = False
         self._exit = exit_fn or os._exit
         self._lock = threading.Lock()
@@ -74,16 +75,23 @@ class Watchdog:
 
     @contextlib.contextmanager
     def paused(self):
-        """No timeout inside (evaluation, checkpoint saves); the clock restarts when it ends."""
+        """No timeout inside (evaluation, checkpoint saves), and the pause is not part of the iteration's time:
+        when the outermost one ends the clock moves on by its length (restarting it made the iteration that
+        evaluated look instant, and with frequent evaluations the median, hence the limit, fell to
+        min_seconds); a beat inside restarts it then."""
         with self._lock:
+            if self.paused_depth == 0:
+                self._pause_started = time.monotonic()
             self.paused_depth += 1
         try:
             yield
         finally:
             with self._lock:
                 self.paused_depth -= 1
-                if self.last_beat is not None:
-                    self.last_beat = time.monotonic()
+                if self.paused_depth == 0 and self.last_beat is not None:
+                    now = time.monotonic()
+                    self.last_beat = now if self.last_beat >= self._pause_started else \
+                        self.last_beat + (now - self._pause_started)
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll):

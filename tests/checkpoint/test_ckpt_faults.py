@@ -403,6 +403,28 @@ def test_watchdog_fires_on_a_stall_and_not_while_paused():
     dog.stop()
 
 
+def test_a_pause_is_not_counted_in_the_iteration_nor_makes_it_look_instant(monkeypatch):
+    """The loop evaluates after a step's work and before its beat: the iteration's time is its work (0.3 s),
+    not the evaluation (counted, it would fire needlessly) nor 0 (the clock restarted at the pause's end: with an
+    evaluation every step the median, hence the limit, fell to min_seconds)."""
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    dog = Watchdog(factor=20, min_seconds=0.5, poll_seconds=10.0, exit_fn=lambda code: None)
+    dog.beat()
+    for _ in range(3):
+        clock[0] += 0.3                 # the step
+        with dog.paused():
+            clock[0] += 5.0             # its evaluation
+        dog.beat()
+    assert dog.durations == pytest.approx([0.3, 0.3, 0.3]) and dog.timeout() == pytest.approx(6.0)
+    with dog.paused():                  # a beat inside a pause restarts the clock when the pause ends
+        clock[0] += 1.0
+        dog.beat()
+        clock[0] += 2.0
+    assert dog.last_beat == clock[0]
+    dog.stop()
+
+
 def test_watchdog_armed_at_start_allows_a_longer_first_iteration():
     fired = []
     dog = Watchdog(factor=5, min_seconds=0.2, poll_seconds=0.02, exit_fn=fired.append)
