@@ -412,21 +412,32 @@ class TrainingCheckpointer:
     def after_step(self, trainer, trained: bool = True) -> None:
         self.watchdog.beat(trained)
         writing = self.writer is not None and self.writer.in_flight
-        code, writing = self._max(SIGNAL_CODES.get(self.signals.received, 4) if self.signals.pending else 0, writing)
-        if self.writer is not None and self.writer._thread is not None and not writing:
+        code, writing = self._max(self._signal_code(), writing)
+        waited = self.writer is not None and self.writer._thread is not None and not writing
+        if waited:
             self.writer.wait(agree=self.agree)      # done on every rank: all agree on the outcome
         self._report_async()
-        if code:
-            name = {v: k for k, v in SIGNAL_CODES.items()}.get(int(code), "signal")
-            if self.writer is not None:
-                self.save(trainer, reason=f"{name} received")
-            trainer.stop_requested = f"{name} received"
-            return
-        interval, non_persistent = self.cfg.save_interval, self.cfg.non_persistent_save_interval
-        if interval and trainer.state.iteration % interval == 0:
-            self.save(trainer)
-        elif non_persistent and trainer.state.iteration % non_persistent == 0:
-            self.save(trainer, reason="non-persistent", non_persistent=True)
+        if not code:
+            interval, non_persistent = self.cfg.save_interval, self.cfg.non_persistent_save_interval
+            if interval and trainer.state.iteration % interval == 0:
+                self.save(trainer)
+            elif non_persistent and trainer.state.iteration % non_persistent == 0:
+                self.save(trainer, reason="non-persistent", non_persistent=True)
+            elif not waited:
+                return
+            # A signal that came during that save (or wait) stops the run now: the checkpoint of this iteration
+            # is there (made persistent below if it was not), and another step and save could overrun the
+            # grace period before the time limit's SIGKILL.
+            code = self._max(self._signal_code())
+            if not code:
+                return
+        name = {v: k for k, v in SIGNAL_CODES.items()}.get(int(code), "signal")
+        if self.writer is not None:
+            self.save(trainer, reason=f"{name} received")
+        trainer.stop_requested = f"{name} received"
+
+    def _signal_code(self) -> float:
+        return SIGNAL_CODES.get(self.signals.received, 4) if self.signals.pending else 0
 
     def on_exit(self, trainer) -> None:
         if self.writer is not None:      # (a save at this iteration already: kept, made persistent if it was not)

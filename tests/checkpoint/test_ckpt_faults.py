@@ -218,6 +218,27 @@ def test_sigterm_mid_iteration_saves_and_stops(ckpt_corpus, ckpt_cache, tmp_path
     assert resumed.losses == {4: straight.losses[4], 5: straight.losses[5]}
 
 
+@pytest.mark.parametrize("kind", ["interval", "non-persistent"])
+def test_sigterm_during_a_save_stops_after_it(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch, kind):
+    """SIGTERM while iteration 3's checkpoint is written: the run stops after that save, with no other step and
+    no other save (it trained iteration 4 and saved again, which could overrun the time limit's grace period);
+    a non-persistent one is kept as persistent."""
+    from megatron_zaya.checkpoint.saver import CheckpointWriter
+    original = CheckpointWriter.save_sync
+
+    def save_sync(writer, iteration, *args, **kwargs):
+        if iteration == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(writer, iteration, *args, **kwargs)
+
+    monkeypatch.setattr(CheckpointWriter, "save_sync", save_sync)
+    save = str(tmp_path / kind)
+    interval = "--save-interval" if kind == "interval" else "--non-persistent-save-interval"
+    rec = train(flags(ckpt_corpus, 10, "--save", save, interval, "3", cache=ckpt_cache))
+    assert sorted(rec.losses) == [1, 2, 3] and rec.trainer.stop_requested == "SIGTERM received"
+    assert list_complete(save) == [3] and not rec.trainer.checkpointer.writer.is_non_persistent(3)
+
+
 def test_ctrl_c_saves_and_stops_and_a_second_stops_at_once(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch, capsys):
     """Ctrl-C (SIGINT, which torchrun passes on to every rank) mid-iteration 3: the iteration completes, a
     checkpoint is saved, the loop stops. Ctrl-C twice: KeyboardInterrupt at once, the last checkpoint
