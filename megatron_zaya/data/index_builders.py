@@ -82,6 +82,7 @@ def separate_final_epoch(epochs: int, tokens_per_epoch: int, seq_length: int, nu
 
 BUILD_BYTES_PER_DOCUMENT_PASS = 28   # the document index, its copy, and build_sample_index's int64 lengths and ends
 BUILD_BYTES_PER_SAMPLE = 16          # the sample index and the shuffle index
+BLEND_BYTES_PER_SAMPLE = 10          # a blend's dataset index (int16) and sample index (int64)
 
 
 def physical_memory_bytes() -> int | None:
@@ -171,6 +172,13 @@ def build_blending_indices(weights: list[float], size: int, native: bool = True)
     n = len(w)
     if n == 0 or n > 32767:
         raise ValueError(f"a blend needs 1 to 32767 datasets, got {n}")
+    limit = physical_memory_bytes()
+    if limit is not None and BLEND_BYTES_PER_SAMPLE * size > limit:     # a numpy MemoryError otherwise
+        raise UserInputError(
+            f"the blend's order of {size:,} samples (an int16 and an int64 per sample) needs about "
+            f"{BLEND_BYTES_PER_SAMPLE * size / 2**30:,.1f} GiB, more than this machine's {limit / 2**30:,.1f} GiB: "
+            f"build it where a training rank runs (a compute node), or size the job's data smaller "
+            f"(--exit-interval ends a job, and its data, sooner)")
     if n == 1:
         return np.zeros(size, dtype=np.int16), np.arange(size, dtype=np.int64)
     if native:
