@@ -80,6 +80,9 @@ def test_exit_interval_stops_early(tiny_corpus, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "iteration       2/6" in out and "iteration       3/6" not in out
     assert "--exit-interval 2 reached" in out
+    # the start-up summary says what this job reads (the data line counts the run's 6 iterations)
+    assert "this job stops at iteration 2 (--exit-interval 2) of 6: its 8 samples (256 tokens) start at the " \
+           "phase's sample 0" in out
 
 
 def test_rampup_schedule_boundaries():
