@@ -206,9 +206,9 @@ def main(argv=None) -> int:
     step = args.step if args.step is not None else int(info.get("iteration") or 0)
     if not args.per_dataset:
         result, elapsed = evaluate_data(parser, args, args.data_path, model, config, tokenizer, seq_length)
-        print(f"checkpoint {info.get('path', args.load)} [{info.get('format')}], {args.split_name} split of "
+        say(f"checkpoint {info.get('path', args.load)} [{info.get('format')}], {args.split_name} split of "
               f"{' '.join(args.data_path)}, seq_length {seq_length}, {elapsed:.1f}s")
-        print(format_table(result))
+        say(format_table(result))
         if args.tensorboard_dir:
             write_tensorboard(result, args.tensorboard_dir, step, prefix=args.split_name)
         report = result.as_dict()
@@ -219,21 +219,30 @@ def main(argv=None) -> int:
         for name, prefix in zip(validation_set_names(prefixes), prefixes):
             result, elapsed = evaluate_data(parser, args, [prefix], model, config, tokenizer, seq_length)
             results[name] = result
-            print(f"=== {name}: {args.split_name} split of {prefix}, {result.samples} samples, {elapsed:.1f}s")
-            print(format_table(result))
+            say(f"=== {name}: {args.split_name} split of {prefix}, {result.samples} samples, {elapsed:.1f}s")
+            say(format_table(result))
             if args.tensorboard_dir:
                 write_tensorboard(result, args.tensorboard_dir, step, prefix=f"{args.split_name}/{name}")
         width = max(len(name) for name in results)
-        print(f"checkpoint {info.get('path', args.load)} [{info.get('format')}], seq_length {seq_length}")
-        print(f"{'dataset':<{width}}  {'samples':>8}  {'loss':>8}  {'ppl':>10}")
+        say(f"checkpoint {info.get('path', args.load)} [{info.get('format')}], seq_length {seq_length}")
+        say(f"{'dataset':<{width}}  {'samples':>8}  {'loss':>8}  {'ppl':>10}")
         for name, result in results.items():
-            print(f"{name:<{width}}  {result.samples:>8}  {result.loss:>8.4f}  {result.perplexity:>10.3f}")
+            say(f"{name:<{width}}  {result.samples:>8}  {result.loss:>8.4f}  {result.perplexity:>10.3f}")
         report = {"datasets": {name: result.as_dict() for name, result in results.items()}}
     if args.output_json:
         with open(args.output_json, "w", encoding="utf-8") as f:
             json.dump({"checkpoint": info, "split": args.split_name, "seq_length": seq_length, "step": step,
                        **report}, f, indent=2, default=str)
     return 0
+
+
+def say(text: str) -> None:
+    """print; once standard output's reader has gone (`| head`, a dead tee) the rest goes to /dev/null and the
+    evaluation goes on: its --output-json and --tensorboard-dir are still written (a BrokenPipeError lost them)."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def evaluate_data(parser, args, data_path: list[str], model, config, tokenizer, seq_length: int):
@@ -250,7 +259,10 @@ def evaluate_data(parser, args, data_path: list[str], model, config, tokenizer, 
                              **tiktoken_options(args))
     sizes = [0, 0, 0]
     sizes[split_id] = num_samples
-    dataset = build_train_valid_test_datasets(data_config, seq_length, sizes, tokenizer)[split_id]
+    try:                # (a blend's small member with an empty split: named, before any batch runs)
+        dataset = build_train_valid_test_datasets(data_config, seq_length, sizes, tokenizer)[split_id]
+    except UserInputError as err:
+        parser.error(str(err))
     num_samples = min(num_samples, len(dataset))
     start = time.perf_counter()
     batches = batches_of(dataset, num_samples, args.micro_batch_size)

@@ -158,3 +158,36 @@ def test_evaluate_flags_are_checked_before_loading(dataset_prefix, tmp_path, cap
         load_tool("evaluate").main(argv + extra)
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert exc.value.code == 2 and expected in line and "--load" not in line, line
+
+
+def test_evaluate_whose_reader_left_still_writes_its_results(hf_checkpoint, dataset_prefix, tmp_path):
+    """stdout's reader gone at once (`| head`, a dead tee): the evaluation goes on and --output-json is written,
+    with no traceback (a BrokenPipeError at the first print lost it)."""
+    import os
+    import subprocess
+    import sys
+    out_json = tmp_path / "eval.json"
+    read, write = os.pipe()
+    os.close(read)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, os.path.join(root, "tools", "evaluate.py"), "--load", str(hf_checkpoint),
+                           "--data-path", dataset_prefix, "--split", "60,40,0", "--tokenizer-type", "NullTokenizer",
+                           "--tokenizer-model", "8000", "--seq-length", str(SEQ), "--eval-iters", "1",
+                           "--output-json", str(out_json)], stdout=write, stderr=subprocess.PIPE, text=True,
+                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
+    os.close(write)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert json.loads(out_json.read_text())["samples"] > 0
+
+
+def test_evaluate_names_a_blend_member_whose_split_is_empty(hf_checkpoint, dataset_prefix, tmp_path, capsys):
+    """A small dataset of a blend with nothing in the split: one error line, not a traceback after the load."""
+    small = str(tmp_path / "small_text_document")
+    with IndexedDatasetWriter(small, np.uint16) as writer:
+        writer.add_document([1, 2, 3, 8000])
+    with pytest.raises(SystemExit) as stopped:
+        load_tool("evaluate").main(["--load", str(hf_checkpoint), "--data-path", "0.9", dataset_prefix, "0.1", small,
+                                    "--split", "60,40,0", "--tokenizer-type", "NullTokenizer", "--tokenizer-model",
+                                    "8000", "--seq-length", str(SEQ), "--eval-iters", "2"])
+    assert stopped.value.code == 2
+    assert "small_text_document" in capsys.readouterr().err
