@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 
 
@@ -76,6 +78,13 @@ def main(argv=None) -> int:
     if args.top_k and args.top_p:
         build_parser().error("--top-k and --top-p: the server takes one of them, not both")
     url, interactive = api_url(args.address), sys.stdin.isatty()
+    try:                # a malformed address once, before any prompt ("localhost:abc", "http://[bad")
+        parts = urllib.parse.urlsplit(url)
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError as err:
+        build_parser().error(f"address {args.address!r}: {err}")
+    if not usable:
+        build_parser().error(f"address {args.address!r}: expected host:port or an http(s):// URL")
     options = {key: value for key, value in (("temperature", args.temperature), ("top_k", args.top_k),
                                              ("top_p", args.top_p), ("random_seed", args.random_seed))
                if value is not None}
@@ -106,4 +115,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from megatron_zaya.interrupts import quiet_when_the_reader_leaves
+    sys.exit(quiet_when_the_reader_leaves(main))

@@ -88,7 +88,11 @@ def dataset_report(prefix: str, tokenizer=None, show_documents: int = 2, max_cha
     report["documents_shown"] = []
     for doc in range(min(show_documents, data.num_documents)):
         ids = data.document(doc)
-        text = tokenizer.decode(ids[:4 * max_chars].tolist())      # enough tokens for max_chars characters
+        shown = ids[:4 * max_chars].tolist()                       # enough tokens for max_chars characters
+        try:
+            text = tokenizer.decode(shown)
+        except Exception:   # (ids outside the vocabulary, the "ids" line's finding: not decodable as a whole)
+            text = " ".join(f"<id {t}>" if not 0 <= t < tokenizer.vocab_size else tokenizer.decode([t]) for t in shown)
         report["documents_shown"].append({"document": doc, "tokens": int(ids.size), "text": text[:max_chars],
                                           "cut": len(text) > max_chars or ids.size > 4 * max_chars})
     return report

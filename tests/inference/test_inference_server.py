@@ -425,6 +425,12 @@ def test_the_command_line_client_prints_the_servers_answers(server_url, capsys, 
         with pytest.raises(SystemExit) as stopped:        # refused before any prompt is read
             cli.main([server_url] + flags)
         assert stopped.value.code == 2 and message in capsys.readouterr().err
+    # a malformed address: said once, before any prompt (a traceback, or every prompt "refused" and exit 0)
+    for address, message in (("localhost:abc", "Port could not be cast"), ("http://[bad", "Invalid IPv6 URL"),
+                             ("ftp://host:1", "expected host:port or an http(s):// URL")):
+        with pytest.raises(SystemExit) as stopped:
+            cli.main([address, "--tokens-to-generate", "4"])
+        assert stopped.value.code == 2 and f"address {address!r}: {message}" in capsys.readouterr().err
     monkeypatch.setattr("sys.stdin", io.StringIO("The king\n"))
     assert cli.main(["127.0.0.1:1", "--tokens-to-generate", "4"]) == 1
     assert "cannot reach http://127.0.0.1:1/api" in capsys.readouterr().err

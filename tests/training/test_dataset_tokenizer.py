@@ -106,6 +106,13 @@ def test_inspect_dataset_reports_counts_ids_and_text_with_the_recorded_tokenizer
     out = capsys.readouterr().out
     assert "decoded by:  the tokenizer flags" in out and f"written by:  --tokenizer-type GPTSentencePieceTokenizer " \
                                                          f"--tokenizer-model {model}" in out
+    # ids beyond the tokenizer (the wrong tokenizer: what the tool is for): said, and the text shown around them
+    from megatron_zaya.data.indexed import write_dataset
+    write_dataset(str(tmp_path / "big"), [[5, 600000, 6]])
+    assert run_tool("inspect_dataset", [str(tmp_path / "big"), "--tokenizer-type", "GPTSentencePieceTokenizer",
+                                        "--tokenizer-model", model, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ids"]["max_id"] == 600000 and "<id 600000>" in report["documents_shown"][0]["text"]
     shutil.copy(prefix + ".idx", tmp_path / "cut.idx")
     (tmp_path / "cut.bin").write_bytes(open(prefix + ".bin", "rb").read()[:-2])
     with pytest.raises(SystemExit) as exc:
