@@ -392,14 +392,40 @@ def read_rank_meta(folder: str, rank: int, manifest: dict) -> dict:
     return meta
 
 
+def metadata_problems(meta, path: str) -> list[str]:
+    """What makes a metadata.json unusable (a missing part, wrong JSON types), one line each naming `path`."""
+    if not isinstance(meta, dict):
+        return [f"{path}: expected a JSON object, found {type(meta).__name__}"]
+    problems = []
+    for key in ("layout", "train_state", "files", "model_config"):
+        if not isinstance(meta.get(key), dict):
+            what = "missing" if key not in meta else f"{type(meta[key]).__name__}, expected an object"
+            problems.append(f"{path}: {key!r} is {what}")
+    world_size = meta["layout"].get("world_size") if isinstance(meta.get("layout"), dict) else 1
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        problems.append(f"{path}: layout.world_size is {world_size!r}, expected an integer >= 1")
+    files = meta.get("files")
+    if isinstance(files, dict):
+        for name, entry in files.items():
+            if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int)
+                    and isinstance(entry.get("crc32"), int)):
+                problems.append(f"{path}: files[{name!r}] is {entry!r}, expected {{bytes, crc32}} integers")
+                break
+    return problems
+
+
 def read_folder_metadata(folder: str) -> dict:
-    """metadata.json of a complete checkpoint folder (COMPLETE present, this format version)."""
+    """metadata.json of a complete checkpoint folder (COMPLETE present, this format version, its parts there)."""
     if not os.path.isdir(folder):
         raise CheckpointError(f"{folder}: no such checkpoint folder")
     marker = os.path.join(folder, COMPLETE_MARKER)
     if not os.path.isfile(marker):
         raise CheckpointError(f"{marker}: missing - the save of {folder} did not complete")
-    metadata = read_json(os.path.join(folder, METADATA_FILE))
+    path = os.path.join(folder, METADATA_FILE)
+    metadata = read_json(path)
+    problems = metadata_problems(metadata, path)
+    if problems:
+        raise CheckpointError("; ".join(problems))
     if metadata.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{os.path.join(folder, METADATA_FILE)}: format version "
                               f"{metadata.get('format_version')} (this code reads {FORMAT_VERSION})")

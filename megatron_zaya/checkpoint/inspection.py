@@ -7,7 +7,8 @@ import os
 import torch
 
 from megatron_zaya.checkpoint.format import (COMPLETE_MARKER, METADATA_FILE, CheckpointError, CheckpointFolder,
-                                             file_crc32, list_complete, read_json, read_latest, rank_stem)
+                                             file_crc32, list_complete, metadata_problems, read_json, read_latest,
+                                             rank_stem)
 from megatron_zaya.config import ModelConfig
 
 
@@ -71,27 +72,6 @@ def _check(path: str, want: dict | None) -> str:
     if crc != want["crc32"]:
         return f"corrupt: crc32 {crc:08x}, expected {want['crc32']:08x}"
     return "ok"
-
-
-def metadata_problems(meta, path: str) -> list[str]:
-    """What makes a metadata.json unusable for the report (wrong JSON types), one line each naming `path`."""
-    if not isinstance(meta, dict):
-        return [f"{path}: expected a JSON object, found {type(meta).__name__}"]
-    problems = []
-    for key in ("layout", "train_state", "files", "model_config"):
-        if key in meta and not isinstance(meta[key], dict):
-            problems.append(f"{path}: {key!r} is {type(meta[key]).__name__}, expected an object")
-    world_size = meta.get("layout", {}).get("world_size", 0) if isinstance(meta.get("layout", {}), dict) else 0
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 0:
-        problems.append(f"{path}: layout.world_size is {world_size!r}, expected an integer >= 0")
-    files = meta.get("files", {})
-    if isinstance(files, dict):
-        for name, entry in files.items():
-            if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int)
-                    and isinstance(entry.get("crc32"), int)):
-                problems.append(f"{path}: files[{name!r}] is {entry!r}, expected {{bytes, crc32}} integers")
-                break
-    return problems
 
 
 def _recorded_tokenizer_line(meta: dict) -> str | None:

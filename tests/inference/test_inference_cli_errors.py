@@ -185,14 +185,16 @@ def write_safetensors(path, header: dict, data: bytes):
 
 
 @pytest.mark.parametrize("case", ["string_offsets", "config_list", "metadata_list", "world_size_string",
-                                  "weight_map_list"])
+                                  "weight_map_list", "layout_missing", "world_size_zero"])
 def test_inspect_reports_damaged_checkpoints_as_problems(hf_checkpoint, tmp_path, capsys, case):
     folder = tmp_path / case
-    if case in ("metadata_list", "world_size_string"):
+    if case in ("metadata_list", "world_size_string", "layout_missing", "world_size_zero"):
         folder.mkdir()
-        meta = [] if case == "metadata_list" else {"layout": {"world_size": "2"}}
-        (folder / "metadata.json").write_text(json.dumps(meta))
-        expected = "metadata.json"
+        meta = {"metadata_list": [], "world_size_string": {"layout": {"world_size": "2"}}, "layout_missing": {},
+                "world_size_zero": {"layout": {"world_size": 0}, "files": {}, "model_config": {}, "train_state": {}}}
+        (folder / "metadata.json").write_text(json.dumps(meta[case]))
+        expected = {"layout_missing": "metadata.json: 'layout' is missing",     # (a traceback; a zero world: OK)
+                    "world_size_zero": "layout.world_size is 0, expected an integer >= 1"}.get(case, "metadata.json")
     else:
         shutil.copytree(hf_checkpoint, folder)
         if case == "string_offsets":
@@ -210,6 +212,20 @@ def test_inspect_reports_damaged_checkpoints_as_problems(hf_checkpoint, tmp_path
     assert load_tool("inspect_checkpoint").main([str(folder)]) == 1
     out = capsys.readouterr().out
     assert "PROBLEMS FOUND" in out and expected in out, out
+
+
+def test_a_loader_names_what_a_checkpoints_metadata_lacks(hf_checkpoint, tmp_path):
+    """A complete folder whose metadata.json lacks a part every loader reads: a CheckpointError naming the file
+    and the part (the tools caught it as one line), not a KeyError from deep inside."""
+    from megatron_zaya.checkpoint.format import COMPLETE_MARKER, FORMAT_VERSION, CheckpointError
+    from megatron_zaya.inference.loading import load_model_for_inference
+    folder = tmp_path / "iter_0000001"
+    folder.mkdir()
+    (folder / COMPLETE_MARKER).write_text("1\n")
+    (folder / "metadata.json").write_text(json.dumps({"format_version": FORMAT_VERSION, "layout": {"world_size": 1},
+                                                      "files": {}, "train_state": {}}))
+    with pytest.raises(CheckpointError, match=r"metadata.json: 'model_config' is missing"):
+        load_model_for_inference(str(folder))
 
 
 def test_server_needs_a_tokenizer_flag_or_a_folder_that_holds_one(hf_checkpoint, capsys, monkeypatch):
