@@ -24,9 +24,23 @@ def resolve_folder(path: str) -> str:
     if latest is None:
         done = list_complete(path)
         if not done:
-            raise CheckpointError(f"{path}: no checkpoint (no latest_checkpointed_iteration.txt, no complete iter_* folder)")
+            raise CheckpointError(f"{path}: no checkpoint (no latest_checkpointed_iteration.txt, no complete iter_* "
+                                  f"folder){half_hf_folder(path)}")
         latest = done[-1]
     return os.path.join(path, f"iter_{latest:07d}")
+
+
+def half_hf_folder(path: str) -> str:
+    """What a Hugging Face folder lacks, when `path` holds part of one (an interrupted download or copy): a
+    clause for the "no checkpoint" error, or ""."""
+    names = set(os.listdir(path))
+    weights = {"model.safetensors", "model.safetensors.index.json"} & names or \
+        {n for n in names if n.endswith(".safetensors")}
+    if "config.json" in names and not weights:
+        return "; it holds a Hugging Face config.json but no model.safetensors (or its index): an incomplete copy?"
+    if weights and "config.json" not in names:
+        return f"; it holds {sorted(weights)[0]} but no config.json: an incomplete Hugging Face folder?"
+    return ""
 
 
 def model_config_of(folder: CheckpointFolder) -> ModelConfig:

@@ -228,6 +228,17 @@ def test_a_loader_names_what_a_checkpoints_metadata_lacks(hf_checkpoint, tmp_pat
         load_model_for_inference(str(folder))
 
 
+@pytest.mark.parametrize("present, said", [("config.json", "config.json but no model.safetensors"),
+                                           ("model.safetensors", "model.safetensors but no config.json")])
+def test_half_a_hugging_face_folder_is_named_as_such(tmp_path, present, said):
+    """An interrupted download: not just "no checkpoint (no latest_checkpointed_iteration.txt ...)"."""
+    from megatron_zaya.checkpoint.format import CheckpointError
+    from megatron_zaya.checkpoint.inspection import resolve_folder
+    (tmp_path / present).write_text("{}")
+    with pytest.raises(CheckpointError, match=f"no checkpoint .*; it holds (a Hugging Face )?{said}"):
+        resolve_folder(str(tmp_path))
+
+
 def test_server_needs_a_tokenizer_flag_or_a_folder_that_holds_one(hf_checkpoint, capsys, monkeypatch):
     code, line = error_line(load_tool("run_text_generation_server"), ["--load", str(hf_checkpoint), "--port", "0"],
                             capsys, monkeypatch)
