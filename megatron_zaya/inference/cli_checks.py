@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from megatron_zaya.config import ModelConfig
-from megatron_zaya.errors import UserInputError
+from megatron_zaya.errors import UserInputError, hub_name_hint
 
 
 def add_tokenizer_arguments(parser, required: bool = False) -> None:
@@ -55,10 +55,26 @@ def tokenizer_from_flags(args):
                            merge_file=args.merge_file, **tiktoken_options(args))
 
 
+def check_loadable(path: str) -> None:
+    """UserInputError naming --load's problem, when it is neither a Hugging Face folder nor a complete checkpoint
+    whose metadata reads (no tensor is read)."""
+    from megatron_zaya.checkpoint.format import CheckpointError, read_folder_metadata
+    from megatron_zaya.checkpoint.hf_format import is_hf_folder
+    from megatron_zaya.checkpoint.inspection import resolve_folder
+    if not os.path.exists(path):
+        raise UserInputError(f"--load {path}: no such checkpoint (file or folder)" + hub_name_hint(path))
+    if not is_hf_folder(path):
+        try:
+            read_folder_metadata(resolve_folder(path))
+        except CheckpointError as err:
+            raise UserInputError(f"--load: {err}") from None
+
+
 def tokenizer_of_checkpoint(args) -> bool:
     """Sets the tokenizer flags in args to --load's own tokenizer (saying so on stderr); False when it has
     none (a note on stderr when its training run's tokenizer files are not found)."""
     from megatron_zaya.checkpoint.recorded_tokenizer import adopt_recorded_tokenizer
+    check_loadable(str(args.load))      # its own problem first, not "--tokenizer-type is required"
     beside = os.path.join(str(args.load), "tokenizer.json")
     if os.path.isfile(beside):
         args.tokenizer_type, args.tokenizer_model = "HuggingFaceTokenizer", beside

@@ -239,6 +239,18 @@ def test_half_a_hugging_face_folder_is_named_as_such(tmp_path, present, said):
         resolve_folder(str(tmp_path))
 
 
+@pytest.mark.parametrize("load, said", [("nothing_here", "--load {}: no such checkpoint (file or folder)"),
+                                        ("empty", "--load: {}: no checkpoint (no latest_checkpointed_iteration.txt")])
+def test_evaluate_without_tokenizer_flags_names_the_load_problem(big_ids_prefix, tmp_path, capsys, monkeypatch, load,
+                                                                 said):
+    """With no tokenizer flag, a bad --load was reported as "--tokenizer-type is required (...)"."""
+    (tmp_path / "empty").mkdir()
+    path = str(tmp_path / load)
+    code, line = error_line(load_tool("evaluate"), ["--load", path, "--data-path", big_ids_prefix], capsys,
+                            monkeypatch)
+    assert code == 2 and said.format(path) in line, line
+
+
 def test_server_needs_a_tokenizer_flag_or_a_folder_that_holds_one(hf_checkpoint, capsys, monkeypatch):
     code, line = error_line(load_tool("run_text_generation_server"), ["--load", str(hf_checkpoint), "--port", "0"],
                             capsys, monkeypatch)
