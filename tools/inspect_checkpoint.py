@@ -29,6 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from megatron_zaya.units import human_bytes  # noqa: E402  (torch-free, as this tool's top level)
 from megatron_zaya.interrupts import quiet_when_the_reader_leaves  # noqa: E402
 
+BUFFER_SUFFIXES = ("balancing_bias", "balancing_biases")     # the routers' buffer (ours, HF), not a parameter
+
 SAFETENSORS_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
                            "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 HF_WEIGHTS, HF_INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -144,7 +146,8 @@ def inspect_hf_folder(folder: str) -> dict:
             unknown.append(name)
     if unknown:
         report["problems"].append(f"{folder}: tensors that are not ZAYA parameters: {unknown[:5]}")
-    report["parameters"] = sum(_numel(e["shape"]) for e in report["tensors"].values())
+    report["parameters"] = sum(_numel(e["shape"]) for k, e in report["tensors"].items()
+                               if not k.endswith(BUFFER_SUFFIXES))
     sizes = {shard: os.path.getsize(os.path.join(folder, shard)) for shard in shards
              if os.path.isfile(os.path.join(folder, shard))}
     report["ranks"] = [{"rank": "single (unsharded model)", "bytes": sum(sizes.values()), "files": sizes}]

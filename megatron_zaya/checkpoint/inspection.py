@@ -30,6 +30,9 @@ def resolve_folder(path: str) -> str:
     return os.path.join(path, f"iter_{latest:07d}")
 
 
+BUFFER_SUFFIX = "balancing_bias"     # the one saved tensor of a ZAYA model that is not a parameter (the router's)
+
+
 def half_hf_folder(path: str) -> str:
     """What a Hugging Face folder lacks, when `path` holds part of one (an interrupted download or copy): a
     clause for the "no checkpoint" error, or ""."""
@@ -138,7 +141,8 @@ def inspect_checkpoint(path: str) -> dict:
         try:
             folder = CheckpointFolder(folder_path)
             report["tensors"] = {k: folder.global_shape(k) for k in sorted(folder.keys("model/"))}
-            report["parameters"] = int(sum(torch.Size(s).numel() for s in report["tensors"].values()))
+            report["parameters"] = int(sum(torch.Size(s).numel() for k, s in report["tensors"].items()
+                                           if not k.endswith(BUFFER_SUFFIX)))     # (the model's, as model_stats)
         except CheckpointError as err:
             report["problems"].append(str(err))
     report["ok"] = not report["problems"]

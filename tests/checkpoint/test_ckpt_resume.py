@@ -63,6 +63,8 @@ def test_keep_last_n_and_latest(ckpt_corpus, ckpt_cache, tmp_path):
     assert sorted(os.listdir(save)) == [LOCK_FILE, "iter_0000004", "iter_0000005",
                                          "latest_checkpointed_iteration.txt"]
     assert [e["iteration"] for e in rec.trainer.checkpointer.save_log] == [1, 2, 3, 4, 5]
+    # the model's parameters, as model_stats counts them (not the routers' balancing-bias buffers too)
+    assert inspect_checkpoint(save)["parameters"] == sum(p.numel() for p in rec.trainer.model.parameters())
 
 
 def test_save_retain_interval_keeps_its_multiples_and_the_newest(ckpt_corpus, ckpt_cache, tmp_path):
