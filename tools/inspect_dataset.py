@@ -63,7 +63,9 @@ def print_report(report: dict, tokenizer_source: str) -> None:
     spread = report["document_tokens"]
     if spread:
         empty = f"; {report['empty_documents']:,} empty" if report["empty_documents"] else ""
-        print(f"doc tokens:  min {spread['min']:,}, median {spread['median']:,.0f}, mean {spread['mean']:,.1f}, "
+        median = spread["median"]      # (the middle of an even count can be a half: 238.5, not "238")
+        median = f"{median:,.0f}" if float(median).is_integer() else f"{median:,.1f}"
+        print(f"doc tokens:  min {spread['min']:,}, median {median}, mean {spread['mean']:,.1f}, "
               f"max {spread['max']:,}{empty}")
     record = report["tokenizer_record"]
     print(f"written by:  {record['flags'] + ' (' + record['file'] + ')' if record else '(no tokenizer record)'}")
