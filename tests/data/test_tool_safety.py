@@ -353,3 +353,10 @@ def test_train_tokenizer_says_which_way_to_move_the_vocab_size(tmp_path, tok_cor
     """SentencePiece fails both below the byte-fallback minimum and above what the corpus can fill."""
     assert _train(tok_corpus, tmp_path / "sp", "--vocab-size", str(vocab_size)) == 1
     assert hint in capsys.readouterr().err
+
+
+def test_inspect_dataset_prints_a_median_between_two_lengths(tmp_path, capsys):
+    """Two documents of 3 and 4 tokens: median 3.5 (it printed "4" through :.0f, rounding half to even)."""
+    write_dataset(str(tmp_path / "two"), [[1, 2, 3], [1, 2, 3, 4]])
+    assert load_tool("inspect_dataset").main([str(tmp_path / "two")]) == 0
+    assert "doc tokens:  min 3, median 3.5, mean 3.5, max 4" in capsys.readouterr().out
