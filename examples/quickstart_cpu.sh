@@ -16,9 +16,9 @@
 #      final validation loss, a sample from tools/generate.py, and the latest checkpoint as a Hugging
 #      Face folder with its tokenizer ($OUT/hf_iter_N, tools/convert_checkpoint.py to-hf)
 # Environment: CORPUS, DATA_DIR (data), OUT (runs/quickstart_cpu), NPROC (2), TRAIN_ITERS, VOCAB_SIZE
-# (8000), PYTHON. Extra arguments go to pretrain_zaya.py. Paths you give are relative to the folder you run
-# the script from; the defaults are in the repository. A CORPUS you name must exist (only the default one
-# is downloaded).
+# (8000), PYTHON. Extra arguments go to pretrain_zaya.py, which runs in the repository (their relative paths
+# are read from there). CORPUS, DATA_DIR and OUT are relative to the folder you run the script from; their
+# defaults are in the repository. A CORPUS you name must exist (only the default one is downloaded).
 # Run `bash scripts/install.sh` first on a fresh machine.
 set -euo pipefail
 CALLER=$PWD

@@ -86,5 +86,10 @@ def quiet_when_the_reader_leaves(main: Callable[[], int]) -> int:
         sys.stdout.flush()
         return status
     except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        stdout_to_devnull()
         return 128 + signal.SIGPIPE
+
+
+def stdout_to_devnull() -> None:
+    """Standard output's reader is gone: later writes (and the interpreter's flush at exit) go to /dev/null."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -36,6 +36,7 @@ from megatron_zaya.data.dataset_tokenizer import check_dataset_tokenizers  # noq
 from megatron_zaya.data.tokenizer import (  # noqa: E402
     flags_text, null_tokenizer_size_from_vocab_size, tiktoken_options, tokenizer_flags)
 from megatron_zaya.errors import UserInputError  # noqa: E402
+from megatron_zaya.interrupts import stdout_to_devnull  # noqa: E402
 from megatron_zaya.inference.cli_checks import (  # noqa: E402
     OWN_TOKENIZER, add_tokenizer_arguments, check_device, check_threads, check_tokenizer_fits, check_writable_output,
     peek_model_config, tokenizer_from_flags, tokenizer_of_checkpoint)
@@ -207,7 +208,7 @@ def main(argv=None) -> int:
     if not args.per_dataset:
         result, elapsed = evaluate_data(parser, args, args.data_path, model, config, tokenizer, seq_length)
         say(f"checkpoint {info.get('path', args.load)} [{info.get('format')}], {args.split_name} split of "
-              f"{' '.join(args.data_path)}, seq_length {seq_length}, {elapsed:.1f}s")
+            f"{' '.join(args.data_path)}, seq_length {seq_length}, {elapsed:.1f}s")
         say(format_table(result))
         if args.tensorboard_dir:
             write_tensorboard(result, args.tensorboard_dir, step, prefix=args.split_name)
@@ -242,7 +243,7 @@ def say(text: str) -> None:
     try:
         print(text, flush=True)
     except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        stdout_to_devnull()
 
 
 def evaluate_data(parser, args, data_path: list[str], model, config, tokenizer, seq_length: int):

@@ -151,8 +151,9 @@ def check_args(args) -> str | None:
                 "from --tokenizer-special-tokens when it is used")
     if args.input_sentence_size < 0:
         return f"--input-sentence-size must be >= 0 (0 = use every line), got {args.input_sentence_size}"
-    if args.max_sentence_length < 10:      # SentencePiece's own floor, which it says only after reading the input
-        return f"--max-sentence-length must be >= 10 (SentencePiece's minimum), got {args.max_sentence_length}"
+    if not 10 <= args.max_sentence_length <= 1 << 30:      # SentencePiece's own bounds, said only after the input
+        return (f"--max-sentence-length must be in [10, {1 << 30}] (SentencePiece's bounds), got "
+                f"{args.max_sentence_length}")
     if not 0 < args.character_coverage <= 1:
         return f"--character-coverage must be in (0, 1], got {args.character_coverage}"
     if len(set(args.json_keys)) != len(args.json_keys):

@@ -423,12 +423,12 @@ def read_folder_metadata(folder: str) -> dict:
         raise CheckpointError(f"{marker}: missing - the save of {folder} did not complete")
     path = os.path.join(folder, METADATA_FILE)
     metadata = read_json(path)
+    if isinstance(metadata, dict) and metadata.get("format_version") != FORMAT_VERSION:     # (its parts may differ)
+        raise CheckpointError(f"{path}: format version {metadata.get('format_version')} (this code reads "
+                              f"{FORMAT_VERSION})")
     problems = metadata_problems(metadata, path)
     if problems:
         raise CheckpointError("; ".join(problems))
-    if metadata.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{os.path.join(folder, METADATA_FILE)}: format version "
-                              f"{metadata.get('format_version')} (this code reads {FORMAT_VERSION})")
     return metadata
 
 

@@ -41,6 +41,9 @@ def half_hf_folder(path: str) -> str:
         {n for n in names if n.endswith(".safetensors")}
     if "config.json" in names and not weights:
         return "; it holds a Hugging Face config.json but no model.safetensors (or its index): an incomplete copy?"
+    if "config.json" in names and not weights & {"model.safetensors", "model.safetensors.index.json"}:
+        return (f"; it holds a Hugging Face config.json and {sorted(weights)[0]} but no model.safetensors.index.json "
+                f"(the index of the shards): an incomplete copy?")
     if weights and "config.json" not in names:
         return f"; it holds {sorted(weights)[0]} but no config.json: an incomplete Hugging Face folder?"
     return ""

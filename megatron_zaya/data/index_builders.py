@@ -177,8 +177,8 @@ def build_blending_indices(weights: list[float], size: int, native: bool = True)
         raise UserInputError(
             f"the blend's order of {size:,} samples (an int16 and an int64 per sample) needs about "
             f"{BLEND_BYTES_PER_SAMPLE * size / 2**30:,.1f} GiB, more than this machine's {limit / 2**30:,.1f} GiB: "
-            f"build it where a training rank runs (a compute node), or size the job's data smaller "
-            f"(--exit-interval ends a job, and its data, sooner)")
+            f"build it where a training rank runs (a compute node; --data-cache-path keeps it for the run's "
+            f"later jobs), or train on fewer samples (--train-iters / --train-samples)")
     if n == 1:
         return np.zeros(size, dtype=np.int16), np.arange(size, dtype=np.int64)
     if native:

@@ -189,7 +189,7 @@ def _train(run, tokenizer, datasets, loads_weights: bool, started: float) -> int
     summary = startup_lines(run, tokenizer.vocab_size, datasets, train_samples)
     exit_interval = run.train.exit_interval
     job_end = (trainer.state.iteration // exit_interval + 1) * exit_interval if exit_interval else trainer.total_iters
-    if job_end < trainer.total_iters:       # (the data stays sized for the run: one index for all its jobs)
+    if job_end < trainer.total_iters and not run.train.skip_train:   # (data sized for the run: one index, all jobs)
         job_samples = train_data_position(trainer.state, trainer.batch_schedule, job_end)[1] - consumed
         summary.append(f"this job stops at iteration {job_end:,} (--exit-interval {exit_interval:,}) of "
                        f"{trainer.total_iters:,}: its {job_samples:,} samples ({job_samples * seq:,} tokens) start at "

@@ -364,6 +364,7 @@ def test_indices_beyond_the_machines_memory_are_refused_before_they_are_built(tm
                cache_dir=str(tmp_path / "cache"))      # within the memory: built
     # A blend's order, 10 bytes a sample: ZAYA1's 3.4e9 samples on a login node was a numpy MemoryError
     from megatron_zaya.data.index_builders import build_blending_indices
-    with pytest.raises(UserInputError, match=r"the blend's order of 200,000 samples .* needs about 0.0 GiB, more than"):
+    with pytest.raises(UserInputError, match=r"the blend's order of 200,000 samples .* needs about 0.0 GiB, more than"
+                                             r".* or train on fewer samples \(--train-iters / --train-samples\)"):
         build_blending_indices([0.3, 0.7], 200_000)
     assert len(build_blending_indices([0.3, 0.7], 1000)[0]) == 1000

@@ -277,7 +277,8 @@ def test_train_tokenizer_counts_huge_integer_record(tmp_path, tok_corpus, capsys
     ("", [], "no text found (the input is empty)"),
     ('{"text": "hi"}\n', ["--json-keys", "body"], "no text found (1 no string under --json-keys body)"),
     ('{"text": "hi"}\n', ["--input-sentence-size", "-1"], "--input-sentence-size must be >= 0"),
-    ('{"text": "hi"}\n', ["--max-sentence-length", "5"], "--max-sentence-length must be >= 10 (SentencePiece's"),
+    ('{"text": "hi"}\n', ["--max-sentence-length", "5"], "--max-sentence-length must be in [10, 1073741824]"),
+    ('{"text": "hi"}\n', ["--max-sentence-length", "2000000000"], "--max-sentence-length must be in [10, "),
 ])
 def test_train_tokenizer_clear_errors(tmp_path, capsys, content, extra, message):
     inp = tmp_path / "c.jsonl"

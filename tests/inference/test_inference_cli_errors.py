@@ -226,15 +226,23 @@ def test_a_loader_names_what_a_checkpoints_metadata_lacks(hf_checkpoint, tmp_pat
                                                       "files": {}, "train_state": {}}))
     with pytest.raises(CheckpointError, match=r"metadata.json: 'model_config' is missing"):
         load_model_for_inference(str(folder))
+    # another format version is said as such, whatever parts its metadata has
+    (folder / "metadata.json").write_text(json.dumps({"format_version": FORMAT_VERSION + 1}))
+    with pytest.raises(CheckpointError, match=rf"format version {FORMAT_VERSION + 1} \(this code reads"):
+        load_model_for_inference(str(folder))
 
 
-@pytest.mark.parametrize("present, said", [("config.json", "config.json but no model.safetensors"),
-                                           ("model.safetensors", "model.safetensors but no config.json")])
+@pytest.mark.parametrize("present, said", [
+    (["config.json"], "config.json but no model.safetensors"),
+    (["model.safetensors"], "model.safetensors but no config.json"),
+    (["config.json", "model-00001-of-00002.safetensors"], "config.json and model-00001-of-00002.safetensors but no "
+                                                          "model.safetensors.index.json")])
 def test_half_a_hugging_face_folder_is_named_as_such(tmp_path, present, said):
     """An interrupted download: not just "no checkpoint (no latest_checkpointed_iteration.txt ...)"."""
     from megatron_zaya.checkpoint.format import CheckpointError
     from megatron_zaya.checkpoint.inspection import resolve_folder
-    (tmp_path / present).write_text("{}")
+    for name in present:
+        (tmp_path / name).write_text("{}")
     with pytest.raises(CheckpointError, match=f"no checkpoint .*; it holds (a Hugging Face )?{said}"):
         resolve_folder(str(tmp_path))
 

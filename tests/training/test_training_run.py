@@ -83,6 +83,13 @@ def test_exit_interval_stops_early(tiny_corpus, tmp_path, capsys):
     # the start-up summary says what this job reads (the data line counts the run's 6 iterations)
     assert "this job stops at iteration 2 (--exit-interval 2) of 6: its 8 samples (256 tokens) start at the " \
            "phase's sample 0" in out
+    save = str(tmp_path / "ckpt")       # --skip-train reads no train data: no such line
+    assert build_and_train(parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{
+        "--exit-interval": 2, "--eval-iters": 1, "--save": save, "--train-iters": 2}))) == 0
+    capsys.readouterr()
+    assert build_and_train(parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{
+        "--exit-interval": 2, "--eval-iters": 1, "--load": save, "--skip-train": ""}))) == 0
+    assert "this job stops" not in capsys.readouterr().out
 
 
 def test_rampup_schedule_boundaries():
