@@ -33,6 +33,7 @@ import torch  # noqa: E402
 from megatron_zaya.config import ConfigError  # noqa: E402
 from megatron_zaya.data.blend import parse_data_path  # noqa: E402
 from megatron_zaya.data.dataset_tokenizer import check_dataset_tokenizers  # noqa: E402
+from megatron_zaya.data.indexed import strip_suffix  # noqa: E402
 from megatron_zaya.data.tokenizer import (  # noqa: E402
     flags_text, null_tokenizer_size_from_vocab_size, tiktoken_options, tokenizer_flags)
 from megatron_zaya.errors import UserInputError  # noqa: E402
@@ -162,7 +163,8 @@ def datasets_to_evaluate(args) -> list[list[str]]:
     """The blends evaluated: --data-path as one, or each of its datasets alone (--per-dataset)."""
     if not args.per_dataset:
         return [args.data_path]
-    return [[p] for p in dict.fromkeys(parse_data_path(args.data_path)[1])]
+    # each dataset once, however it is spelled (P, P.bin, ./P: one dataset)
+    return [[p] for p in dict.fromkeys(strip_suffix(p) for p in parse_data_path(args.data_path)[1])]
 
 
 def check_seq_length(parser: argparse.ArgumentParser, args: argparse.Namespace, config) -> int:

@@ -87,7 +87,9 @@ def test_each_validation_set_is_evaluated_and_logged_on_its_own(tiny_corpus, val
     assert f"final validation loss {mean:.4f}" in out
     if full:      # tools/evaluate.py --per-dataset: the same per-set losses in one call
         report = tmp_path / "per_dataset.json"
-        assert run_tool("evaluate", ["--load", str(tmp_path / "ckpt"), "--data-path", *valid_sets, "--split", "0,100,0",
+        # (the first set also spelled with its .bin suffix: one dataset, evaluated once)
+        assert run_tool("evaluate", ["--load", str(tmp_path / "ckpt"), "--data-path", *valid_sets,
+                                     valid_sets[0] + ".bin", "--split", "0,100,0",
                                      "--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", tiny_corpus[1],
                                      "--data-cache-path", str(tmp_path / "evalcache"), "--per-dataset",
                                      "--output-json", str(report), "--log-interval", "0"]) == 0
