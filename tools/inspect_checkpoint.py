@@ -201,6 +201,12 @@ def print_report(report: dict, show_tensors: bool, all_lines: bool = False) -> N
         print(f"tokenizer:   {report['tokenizer']}")
     if "parameters" in report:
         print(f"parameters:  {report['parameters']:,}")
+    holds = report.get("holds")
+    if holds:       # (our format: what a resume finds)
+        parts = ["model weights"] + [name for key, name in (("optimizer", "optimizer state"), ("rng", "RNG state"))
+                                     if holds[key]]
+        origin = f" (converted from {holds['converted_from']})" if holds.get("converted_from") else ""
+        print(f"holds:       {', '.join(parts)}{' only' if len(parts) == 1 else ''}{origin}")
     print(f"total size:  {human_bytes(report.get('total_bytes'))}")
     ranks = report.get("ranks", [])
     if len(ranks) > LIST_AT_MOST and not all_lines:      # a cluster's checkpoint: how even the ranks are

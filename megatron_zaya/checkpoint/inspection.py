@@ -146,6 +146,10 @@ def inspect_checkpoint(path: str) -> dict:
             report["tensors"] = {k: folder.global_shape(k) for k in sorted(folder.keys("model/"))}
             report["parameters"] = int(sum(torch.Size(s).numel() for k, s in report["tensors"].items()
                                            if not k.endswith(BUFFER_SUFFIX)))     # (the model's, as model_stats)
+            # what a resume finds in it (--no-save-optim / --no-save-rng, or written by a conversion)
+            report["holds"] = {"optimizer": bool(folder.keys("optim/")), "rng": bool(folder.keys("rng/")),
+                               "weights_only": bool(meta.get("weights_only")),
+                               "converted_from": meta.get("converted_from")}
         except CheckpointError as err:
             report["problems"].append(str(err))
     report["ok"] = not report["problems"]

@@ -151,6 +151,10 @@ def test_no_save_optim_and_no_save_rng_write_weights_and_train_state_only(ckpt_c
     folder = CheckpointFolder(os.path.join(light, "iter_0000002"))
     assert folder.keys("model/") and not folder.keys("optim/") and not folder.keys("balancer/")
     assert not folder.keys("rng/")
+    from megatron_zaya.checkpoint import inspect_checkpoint           # what a resume would find, said
+    assert inspect_checkpoint(light)["holds"] == {"optimizer": False, "rng": False, "weights_only": False,
+                                                  "converted_from": None}
+    assert inspect_checkpoint(full)["holds"]["optimizer"] and inspect_checkpoint(full)["holds"]["rng"]
 
     def size(root):
         return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(root) for f in files)
