@@ -37,16 +37,17 @@ def half_hf_folder(path: str) -> str:
     """What a Hugging Face folder lacks, when `path` holds part of one (an interrupted download or copy): a
     clause for the "no checkpoint" error, or ""."""
     names = set(os.listdir(path))
-    weights = {"model.safetensors", "model.safetensors.index.json"} & names or \
-        {n for n in names if n.endswith(".safetensors")}
-    if "config.json" in names and not weights:
-        return "; it holds a Hugging Face config.json but no model.safetensors (or its index): an incomplete copy?"
-    if "config.json" in names and not weights & {"model.safetensors", "model.safetensors.index.json"}:
-        return (f"; it holds a Hugging Face config.json and {sorted(weights)[0]} but no model.safetensors.index.json "
-                f"(the index of the shards): an incomplete copy?")
-    if weights and "config.json" not in names:
-        return f"; it holds {sorted(weights)[0]} but no config.json: an incomplete Hugging Face folder?"
-    return ""
+    whole = sorted({"model.safetensors", "model.safetensors.index.json"} & names)
+    shards = sorted(n for n in names if n.endswith(".safetensors"))
+    if "config.json" not in names:
+        weights = whole or shards
+        return f"; it holds {weights[0]} but no config.json: an incomplete Hugging Face folder?" if weights else ""
+    if whole:
+        return ""
+    if shards:
+        return (f"; it holds a Hugging Face config.json and {shards[0]} but no model.safetensors.index.json (the "
+                f"index of the shards): an incomplete copy?")
+    return "; it holds a Hugging Face config.json but no model.safetensors (or its index): an incomplete copy?"
 
 
 def model_config_of(folder: CheckpointFolder) -> ModelConfig:

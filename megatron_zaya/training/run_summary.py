@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from megatron_zaya.data.blend_report import passes_lines, training_passes
 from megatron_zaya.model.accounting import count_parameters
+from megatron_zaya.training.data_phase import train_data_position
 
 
 def _count(n: int) -> str:
@@ -38,3 +39,18 @@ def startup_lines(run, tokenizer_vocab_size: int, datasets: dict, run_samples: i
         f"({train.global_batch_size * model.seq_length:,} tokens) = micro-batch {train.micro_batch_size} x "
         f"{accumulation} accumulation x DP {dp}{rampup}",
     ] + passes_lines(training_passes(run.data, datasets, run_tokens), run_tokens)
+
+
+def job_end_lines(run, state, schedule, total_iters: int) -> list[str]:
+    """Where a job that --exit-interval ends before the run's end stops, and which samples of the data phase it
+    reads (the data line counts the whole run, whose index all its jobs share); none otherwise."""
+    interval = run.train.exit_interval
+    if not interval or run.train.skip_train:
+        return []
+    job_end = (state.iteration // interval + 1) * interval
+    if job_end >= total_iters:
+        return []
+    consumed, upto = train_data_position(state, schedule, job_end)
+    samples = upto - consumed
+    return [f"this job stops at iteration {job_end:,} (--exit-interval {interval:,}) of {total_iters:,}: its "
+            f"{samples:,} samples ({samples * run.model.seq_length:,} tokens) start at the phase's sample {consumed:,}"]

@@ -31,7 +31,7 @@ from megatron_zaya.training.dry_run import dry_run
 from megatron_zaya.training.logger import TrainingLogger
 from megatron_zaya.training.loop import Trainer, TrainState
 from megatron_zaya.training.runtime import SingleProcess
-from megatron_zaya.training.run_summary import startup_lines
+from megatron_zaya.training.run_summary import job_end_lines, startup_lines
 
 
 def resolve_vocab(run, tokenizer) -> None:
@@ -187,13 +187,7 @@ def _train(run, tokenizer, datasets, loads_weights: bool, started: float) -> int
     # the data's samples: those of this data phase read so far (at the batch sizes of the jobs before) and
     # those to come, as the loader reads them (a resume on new data starts a phase: docs/DATA.md)
     summary = startup_lines(run, tokenizer.vocab_size, datasets, train_samples)
-    exit_interval = run.train.exit_interval
-    job_end = (trainer.state.iteration // exit_interval + 1) * exit_interval if exit_interval else trainer.total_iters
-    if job_end < trainer.total_iters and not run.train.skip_train:   # (data sized for the run: one index, all jobs)
-        job_samples = train_data_position(trainer.state, trainer.batch_schedule, job_end)[1] - consumed
-        summary.append(f"this job stops at iteration {job_end:,} (--exit-interval {exit_interval:,}) of "
-                       f"{trainer.total_iters:,}: its {job_samples:,} samples ({job_samples * seq:,} tokens) start at "
-                       f"the phase's sample {consumed:,}")
+    summary += job_end_lines(run, trainer.state, trainer.batch_schedule, trainer.total_iters)
     valid_samples = run.train.eval_iters * gbs if run.train.eval_iters else 0
     # the phase's dataset as the jobs before this one sized it, grown or extended for this one's samples
     blocks = trainer.state.data_blocks = train_blocks(run.data, seq, trainer.state.data_blocks, train_samples,
