@@ -274,3 +274,19 @@ def test_matmul_ceiling_records_the_models_matmuls(capsys, keep_threads):
     assert bench.main(TINY + ["--iters", "1", "--repeats", "1", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "ceiling MFU" in out and "matmul (grouped experts)" in out
+
+
+def test_recompute_memory_measures_what_the_forward_keeps(tmp_path, keep_threads):
+    """The allocator sees what a choice keeps: recomputing the MoE sublayer keeps less than nothing
+    recomputed, and adding moe_act to moe keeps no more than moe alone (it kept 50% more until moe
+    turned moe_act off inside the rerun sublayer)."""
+    bench = load_script("recompute_memory")
+    out = tmp_path / "r.json"
+    assert bench.main(["--num-layers", "2", "--seq-length", "64", "--hidden-size", "128",
+                       "--moe-ffn-hidden-size", "256", "--vocab-size", "512",
+                       "--modules", "none", "moe", "moe_act moe", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert rows["moe"]["kept"] < 0.8 * rows["none"]["kept"]
+    assert rows["moe_act moe"]["kept"] < 1.05 * rows["moe"]["kept"]
+    for row in rows.values():
+        assert row["peak"] >= row["kept"] > 0 and row["planner_kept"] > 0
