@@ -8,9 +8,10 @@ For each choice, two steps (the first warms up lazy state): the bytes the forwar
 (what it keeps for the backward) and the peak above the step's start during the backward, per token,
 read from glibc's `mallinfo2` after every operator. The planner's "kept" is its stored bytes less the
 unit being recomputed in the backward (recompute_live); its "peak" is its stored bytes plus the fused
-cross-entropy's logits gradient (none on CPU's reference path): the measured peak also holds the backward's
-gradients in flight, which the planner does not count. Unlike the planner tests' saved-tensor hooks, the allocator also sees tensors that hooks set
-inside the model keep, which is how `moe_act` inside a rerun `moe` sublayer once kept 50% more.
+cross-entropy's logits gradient (none on CPU's reference path): the measured peak also holds the
+backward's gradients in flight, which the planner does not count. Unlike the planner tests' saved-tensor
+hooks, the allocator also sees what hooks set inside the model keep, which is how `moe_act` inside a
+rerun `moe` sublayer once kept 50% more.
 Linux with glibc only.
 """
 from __future__ import annotations
