@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --recompute selective: the pieces recomputed, by Megatron's names (layernorm, "
                           "core_attn, moe_act, moe: the whole MoE sublayer); default layernorm core_attn moe_act")
     lay.add_argument("--sequence-parallel", action="store_true",
-                     help="the run uses --sequence-parallel, which the plan's activations assume under TP > 1")
+                     help="the run uses --sequence-parallel: under TP > 1 the residuals', norms' and router's "
+                          "activations are split over the TP ranks too")
     lay.add_argument("--seq-length", type=int, default=None, help="default: the preset's")
     lay.add_argument("--micro-batch-size", type=int, default=1)
     lay.add_argument("--global-batch-size", type=int, default=None, help="sequences per optimizer step (required)")
@@ -148,7 +149,7 @@ def plan_from_args(args) -> Plan:
     layout = ParallelLayout(args.gpus, seq, args.micro_batch_size, args.global_batch_size,
                             args.tensor_model_parallel_size, args.context_parallel_size,
                             args.expert_model_parallel_size, args.use_distributed_optimizer, args.recompute,
-                            tuple(args.recompute_modules or ()))
+                            tuple(args.recompute_modules or ()), args.sequence_parallel)
     eff = Efficiency(args.compute_efficiency, args.hbm_efficiency, args.intra_node_efficiency, args.inter_node_efficiency)
     optimizer = "adamw" if args.optimizer == "adam" else args.optimizer       # as training reads it
     options = PlanOptions(optimizer, args.grad_dtype, args.activation_policy, args.memory_reserve_fraction,
@@ -198,7 +199,7 @@ def report(plan: Plan) -> str:
     lines = [
         f"cluster: {c.device} x {L.gpus} ({nodes_text(L.gpus, c.gpus_per_node)}), {c.memory_gb:g} GiB, {c.peak_bf16_tflops:g} TFLOP/s bf16, HBM {c.hbm_tbps:g} TB/s, "
         f"fabric {c.intra_node_gbps:g} GB/s, network {c.inter_node_gbps:g} GB/s per GPU",
-        f"layout: TP={L.tensor_parallel} CP={L.context_parallel} EP={L.expert_parallel} DP={L.data_parallel} "
+        f"layout: TP={L.tp_text} CP={L.context_parallel} EP={L.expert_parallel} DP={L.data_parallel} "
         f"ZeRO-1={'on' if L.zero1 else 'off'} recompute={L.recompute_text}; seq {L.seq_length}, micro batch "
         f"{L.micro_batch_size}, global batch {L.global_batch_size} ({L.micro_batches} "
         f"micro-batch{'es' if L.micro_batches != 1 else ''} per step); "
@@ -262,11 +263,6 @@ def main(argv=None) -> int:
         plan = plan_from_args(args)
     except (ConfigError, LayoutError, ValueError) as err:
         parser.error(str(err))
-    if args.tensor_model_parallel_size > 1 and not args.sequence_parallel:
-        print(f"--tensor-model-parallel-size {args.tensor_model_parallel_size} without --sequence-parallel: the plan "
-              f"divides every activation by TP, as sequence parallelism does; without it the norms', residuals' and "
-              f"router's activations are whole on each TP rank (1.5x the planned activations measured at TP 2): "
-              f"train with --sequence-parallel, or expect more", file=sys.stderr)
     print(json.dumps(summary(plan), indent=2) if args.json else report(plan))
     return 0 if plan.fits else 1
 

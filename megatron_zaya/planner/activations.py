@@ -21,8 +21,9 @@ The tests pin SDPA's backend and measure both CPU policies.
 CCA's four input projections run as one matmul on their stacked weights: the stacked bf16 weight is
 saved for the backward, a per-layer constant (not per token), `projection_weight_bytes`.
 Context parallelism: a rank keeps S / CP tokens, and flash attention saves the all-gathered K/V of the
-whole sequence (CP times the local K/V). Tensor parallelism: sequence parallelism is assumed, every
-term is divided by TP.
+whole sequence (CP times the local K/V). Tensor parallelism (`Term.tp`): what TP splits by heads, FFN or
+vocabulary is divided by TP; the residuals, norms, router and the LM head's input only under sequence
+parallelism; the experts' token rows never (SP all-gathers the TP group's tokens before the experts).
 
 On top of the saved tensors, the fused cross-entropy's backward begins with the gradient of the
 logits (bf16, 2V per token) while everything saved is still alive: `backward_transient`, counted in
@@ -84,6 +85,9 @@ class Term:
     recomputed_by: str | None = None  # the --recompute-modules piece that recomputes it (then not stored)
     kept_by: str | None = None        # stored only when that piece is recomputed (what the recomputed piece keeps)
     moe: bool = False                 # inside the MoE sublayer (the "moe" piece keeps only the sublayer's inputs)
+    tp: str = "split"                 # under TP: "split" by heads, FFN or vocabulary; "sequence": whole on
+                                      # each rank, split by sequence parallelism; "gathered": whole on each
+                                      # rank either way (the experts' rows: SP all-gathers the group's tokens)
 
     def stored(self, modules=()) -> bool:
         """Whether autograd keeps this term when the pieces `modules` are recomputed (none: ())."""
@@ -107,11 +111,12 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
     # keeps its fp32 input and rstd, each residual merge its sublayer output (bf16) and its fp32 residual
     # input, which is also the input a norm keeps (the block's input norm, the merge's following norm).
     terms = [
-        Term("block input residual (fp32) + rstd", 4 * d + 4),
-        Term("attention merge: sublayer output (bf16) + rstd", 2 * d + 4),
-        Term("MoE merge: merged residual (fp32) + MoE output (bf16)", 4 * d + 2 * d),
+        Term("block input residual (fp32) + rstd", 4 * d + 4, tp="sequence"),
+        Term("attention merge: sublayer output (bf16) + rstd", 2 * d + 4, tp="sequence"),
+        Term("MoE merge: merged residual (fp32) + MoE output (bf16)", 4 * d + 2 * d, tp="sequence"),
     ]
-    terms.append(Term("attention: bf16 input cast of the stacked projection (q, k, v_current, v_previous)", 2 * d))
+    terms.append(Term("attention: bf16 input cast of the stacked projection (q, k, v_current, v_previous)", 2 * d,
+                      tp="sequence"))
     if packed_documents:
         # The segmented conv keeps its input, a view that keeps the whole stacked projection output alive,
         # and the value shift its visibility cast. The PyTorch one also keeps the shifted input it scales,
@@ -133,7 +138,7 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
         Term("attention: QK-norm's fp32 norms", 4 * hq + 4 * hkv, "core_attn"),
     ]
     if not fused:   # the fused RoPE keeps the fp32 cos/sin tables, shared by every layer (see outer_terms)
-        terms.append(Term("attention: RoPE cos/sin (bf16, for q and k)", 4 * 2 * rot, "core_attn"))
+        terms.append(Term("attention: RoPE cos/sin (bf16, for q and k)", 4 * 2 * rot, "core_attn", tp="sequence"))
     kv_heads = hq if pol.kv_repeated or (packed_documents and pol.mask_repeats_kv) else hkv
     if pol.attention == "flash":
         # The flash output is laid out (B, S, H, dh), so the projection's input is a view of it: one tensor.
@@ -147,29 +152,30 @@ def layer_terms(config: ModelConfig, seq_length: int, policy: str = "gpu", conte
                           2 * hq * dh + 2 * 2 * hkv * dh * context_parallel, kept_by="core_attn"))
     terms.append(Term("attention: output projection input (bf16)", 2 * hq * dh))
     # The MoE sublayer. Its input, the normed hidden (fp32), is the router's fp32 input (one storage).
+    # The router is replicated on the TP ranks (whole without SP); the experts split their FFN.
     moe = [
-        Term("router: fp32 input + norm input", 4 * d + 4 * r),
-        Term("router: norm rstd", 4),
-        Term("router: MLP (fc1 in, GELU ins, softmax, index, mask)", 3 * 4 * r + 4 * k + 8 + 1),
-        Term("router: GELU outputs", 2 * 4 * r, "moe_act"),
+        Term("router: fp32 input + norm input", 4 * d + 4 * r, tp="sequence"),
+        Term("router: norm rstd", 4, tp="sequence"),
+        Term("router: MLP (fc1 in, GELU ins, softmax, index, mask)", 3 * 4 * r + 4 * k + 8 + 1, tp="sequence"),
+        Term("router: GELU outputs", 2 * 4 * r, "moe_act", tp="sequence"),
+        Term("experts: SwiGLU input x (bf16)", rows * 2 * d, tp="gathered"),
+        Term("experts: SwiGLU input gate_up (bf16)", rows * 4 * f),
     ]
     if fused:
         moe += [
-            Term("experts: permute order, gate (fp32), expert outputs (bf16)", 4 + rho * (8 + 2 * d)),
-            Term("experts: SwiGLU inputs (bf16 x, gate_up)", rows * (2 * d + 4 * f)),
+            Term("experts: permute order, gate (fp32), expert outputs (bf16)", 4 + rho * (8 + 2 * d), tp="gathered"),
             Term("experts: SwiGLU output (bf16, the down projection's input)", rows * 2 * f, "moe_act"),
         ]
     else:
         moe += [
             # The reference un-permute is a gather (kernels/reference.py): it keeps the order, the bf16 gate
             # per row and the expert outputs (the gate product), not a scatter source.
-            Term("experts: permute/unpermute (index, gate, expert outputs)", rho * (8 + 2 + 2 * d)),
-            Term("experts: SwiGLU inputs (bf16 x, gate_up)", rows * (2 * d + 4 * f)),
+            Term("experts: permute/unpermute (index, gate, expert outputs)", rho * (8 + 2 + 2 * d), tp="gathered"),
             Term("experts: SwiGLU output (bf16, the down projection's input)", rows * 2 * f, "moe_act"),
             Term("experts: SiLU output", rows * 2 * f, "moe_act"),
         ]
     if padded_fraction is not None:
-        moe.append(Term("experts: row padding indices (int64, in and out)", 8 * (rho + rows)))
+        moe.append(Term("experts: row padding indices (int64, in and out)", 8 * (rho + rows), tp="gathered"))
     return terms + [dataclasses.replace(t, moe=True) for t in moe]
 
 
@@ -180,19 +186,19 @@ def outer_terms(config: ModelConfig, policy: str = "gpu", packed_documents: bool
     loss = Term("loss: bf16 logits + lse + labels (fused CE)", 2 * v + 4 + 8) if storage_policy(policy).loss == "fused" else \
         Term("loss: unscaled bf16 logits gradient + label mask (reference blocked CE)", 2 * v + 1)
     terms = [
-        Term("embedding indices + input scaling (bf16)", 8 + 2 * d),
-        Term("final norm: fp32 input", 4 * d),
-        Term("final norm: rstd", 4),
-        Term("LM head input (bf16)", 2 * d),
-        loss,
+        Term("embedding indices + input scaling (bf16)", 8 + 2 * d, tp="sequence"),
+        Term("final norm: fp32 input", 4 * d, tp="sequence"),
+        Term("final norm: rstd", 4, tp="sequence"),
+        Term("LM head input (bf16)", 2 * d, tp="sequence"),
+        loss,      # the logits: split by vocabulary
     ]
     # The fused RoPE keeps the fp32 tables; the reference one its bf16 casts per layer, unless recomputed.
     terms.append(Term("RoPE cos/sin tables (fp32, shared by all layers)", 2 * 4 * config.rotary_dim,
-                      kept_by=None if fused else "core_attn"))
+                      kept_by=None if fused else "core_attn", tp="sequence"))
     if packed_documents:     # the fused or recomputed segmented convs keep the boolean visibility all layers share
         lags = config.cca_depthwise_kernel - 1 + config.cca_grouped_kernel - 1
         terms.append(Term("packed documents: conv lag visibility (bool, shared by all layers)", lags,
-                          kept_by=None if fused else "core_attn"))
+                          kept_by=None if fused else "core_attn", tp="sequence"))
     return terms
 
 
@@ -238,11 +244,13 @@ def document_bias_bytes(seq_length: int, micro_batch_size: int, context_parallel
 def activation_memory(config: ModelConfig, seq_length: int, micro_batch_size: int, recompute: str = "none",
                       policy: str = "gpu", tensor_parallel: int = 1, context_parallel: int = 1,
                       routed_fraction: float = 1.0, padded_fraction: float | None = None,
-                      recompute_modules=None, packed_documents: bool = False) -> ActivationMemory:
+                      recompute_modules=None, packed_documents: bool = False,
+                      sequence_parallel: bool = True) -> ActivationMemory:
     """Peak saved-for-backward bytes of one micro-batch on one GPU. `recompute_modules` (with "selective"):
     the pieces recomputed, by Megatron's --recompute-modules names (default: the three cheap ones).
     `packed_documents` (--reset-attention-mask): the segmented convolution and the shared attention bias
-    (a math-path core adds the bias without keeping it)."""
+    (a math-path core adds the bias without keeping it). `sequence_parallel` (--sequence-parallel): under
+    TP > 1, whether the terms of `tp="sequence"` are split too."""
     local_tokens = micro_batch_size * seq_length / context_parallel
     terms = layer_terms(config, seq_length, policy, context_parallel, routed_fraction, padded_fraction,
                         packed_documents)
@@ -257,11 +265,17 @@ def activation_memory(config: ModelConfig, seq_length: int, micro_batch_size: in
     fixed = (conv_padding_bytes_per_sequence(config, policy, packed_documents) * micro_batch_size
              + projection_weight_bytes(config))
 
+    # The ranks a term is split over, by its Term.tp.
+    share = {"split": tensor_parallel, "sequence": tensor_parallel if sequence_parallel else 1, "gathered": 1}
+
+    def per_rank(chosen_terms) -> float:
+        return sum(t.bytes_per_token / share[t.tp] for t in chosen_terms) * local_tokens
+
     def per_layer(chosen) -> float:
-        return (sum(t.bytes_per_token for t in terms if t.stored(chosen)) * local_tokens + fixed) / tensor_parallel
+        return per_rank(t for t in terms if t.stored(chosen)) + fixed / tensor_parallel
 
     def outer(chosen) -> float:
-        return sum(t.bytes_per_token for t in outer_list if t.stored(chosen)) * local_tokens / tensor_parallel
+        return per_rank(t for t in outer_list if t.stored(chosen))
 
     layers = config.num_layers
     layer_full, outer_all = per_layer(()), outer(())
@@ -276,10 +290,10 @@ def activation_memory(config: ModelConfig, seq_length: int, micro_batch_size: in
         kept = layers * per_layer(modules) + outer(modules)
         if "moe" in modules:
             inner = tuple(m for m in modules if m != "moe")
-            kept += checkpoint_inputs / tensor_parallel
-            live = sum(t.bytes_per_token for t in terms if t.moe and t.stored(inner)) * local_tokens / tensor_parallel
+            kept += checkpoint_inputs / share["sequence"]
+            live = per_rank(t for t in terms if t.moe and t.stored(inner))
     elif recompute == "full":
-        kept, live = checkpoint_inputs / tensor_parallel + outer_all, layer_full
+        kept, live = checkpoint_inputs / share["sequence"] + outer_all, layer_full
     else:
         raise ValueError(f"--recompute={recompute}: choose one of none, selective, full")
     # The fused cross-entropy's backward starts with the bf16 d(logits) over the whole vocabulary while

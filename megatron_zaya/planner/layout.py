@@ -26,11 +26,18 @@ class ParallelLayout:
     zero1: bool = False                   # --use-distributed-optimizer
     recompute: str = "none"               # none | selective | full
     recompute_modules: tuple[str, ...] = ()   # with selective: Megatron's --recompute-modules names (() = default)
+    sequence_parallel: bool = False       # --sequence-parallel (with TP > 1)
 
     @property
     def recompute_text(self) -> str:
         """'selective (layernorm moe)', or the policy alone."""
         return f"{self.recompute} ({' '.join(self.recompute_modules)})" if self.recompute_modules else self.recompute
+
+    @property
+    def tp_text(self) -> str:
+        """'2 (sequence parallel)', or the TP size alone."""
+        sp = self.sequence_parallel and self.tensor_parallel > 1
+        return f"{self.tensor_parallel}{' (sequence parallel)' if sp else ''}"
 
     @property
     def recomputes_moe(self) -> bool:

@@ -73,7 +73,8 @@ def make_plan(config: ModelConfig, layout: ParallelLayout, cluster: ClusterSpec,
     acts = activation_memory(config, layout.seq_length, layout.micro_batch_size, layout.recompute,
                              options.activation_policy, layout.tensor_parallel, layout.context_parallel,
                              options.routed_fraction, recompute_modules=layout.recompute_modules or None,
-                             packed_documents=options.packed_documents)
+                             packed_documents=options.packed_documents,
+                             sequence_parallel=layout.sequence_parallel)
     t = step_time(config, layout, cluster, efficiency, options.optimizer, options.grad_dtype, options.overlap,
                   options.hierarchical)
     return Plan(config, layout, cluster, efficiency, options, state, acts, t)
@@ -83,6 +84,9 @@ def _candidates(layout: ParallelLayout):
     """Single changes, most preferred first: (kind, description, new layout)."""
     if not layout.zero1:
         yield "zero1", "enable ZeRO-1 (--use-distributed-optimizer)", dataclasses.replace(layout, zero1=True)
+    if layout.tensor_parallel > 1 and not layout.sequence_parallel:
+        yield "sp", "split the residuals, norms and router over TP too (--sequence-parallel)", \
+            dataclasses.replace(layout, sequence_parallel=True)
     if layout.micro_batch_size > 1:
         mbs = layout.micro_batch_size // 2
         while mbs >= 1:
@@ -112,7 +116,7 @@ def _candidates(layout: ParallelLayout):
     tp = layout.tensor_parallel * 2
     while tp <= 8:
         yield "tp", f"raise TP to {tp} (--tensor-model-parallel-size {tp} --sequence-parallel)", \
-            dataclasses.replace(layout, tensor_parallel=tp)
+            dataclasses.replace(layout, tensor_parallel=tp, sequence_parallel=True)
         tp *= 2
 
 

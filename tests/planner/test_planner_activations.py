@@ -176,3 +176,21 @@ def test_packed_documents_formula_matches_saved_tensors(policy, backend, recompu
     predicted = activation_memory(config, 128, 1, recompute, policy=policy, routed_fraction=routed,
                                   padded_fraction=padded, packed_documents=True)
     assert abs(predicted.stored - measured) / measured < 0.01, (predicted.stored, measured)
+
+
+@pytest.mark.parametrize("mode", ["nosp", "sp"])
+def test_tensor_parallel_formula_matches_saved_tensors_on_each_rank(mode):
+    """TP 2 on two processes: without --sequence-parallel the residuals, norms, router and LM head input
+    are whole on each rank (the plan once divided them by TP: 30% low); with it they are split, and the
+    experts' rows stay whole either way (SP all-gathers the group's tokens; once 8% low)."""
+    from tests.parallel.parallel_launcher import run_torchrun   # (planner_fused_probe.py imports this file alone)
+    from tests.planner.tp_activations_worker import BATCH, CONFIG
+    proc = run_torchrun(2, "tests/planner/tp_activations_worker.py", mode)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = json.loads(proc.stdout.strip().splitlines()[-1])
+    config = model_config_from_preset("zaya1-tiny", **CONFIG)
+    for rank in ranks:
+        predicted = activation_memory(config, config.seq_length, BATCH, "none", policy="cpu-flash", tensor_parallel=2,
+                                      sequence_parallel=mode == "sp", routed_fraction=rank["routed"],
+                                      padded_fraction=rank["padded"])
+        assert abs(predicted.stored - rank["saved"]) / rank["saved"] < 0.03, (predicted.stored, rank)

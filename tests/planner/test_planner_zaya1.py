@@ -100,20 +100,32 @@ def test_cli_reports_and_names_bad_flags(capsys):
     assert exit_info.value.code == 2 and "--seq-length=0: must be >= 1" in capsys.readouterr().err
 
 
-def test_cli_says_when_tp_runs_without_sequence_parallelism(capsys, tmp_path):
-    """The plan divides every activation by TP, as --sequence-parallel does; without it the planner says so
-    (measured: 1.5x the planned activations at TP 2), and a training config's sequence-parallel key counts."""
+def test_cli_plans_tp_with_and_without_sequence_parallelism(capsys, tmp_path):
+    """Without --sequence-parallel the residuals', norms' and router's activations are whole on each TP
+    rank: the plan keeps more, and a layout that does not fit is offered --sequence-parallel first after
+    ZeRO-1. A training config's sequence-parallel key counts."""
     cli = load_cli()
-    base = ["--preset", "zaya1-tiny", "--gpus", "2", "--global-batch-size", "8", "--tensor-model-parallel-size", "2"]
+    base = ["--preset", "zaya1-tiny", "--gpus", "2", "--global-batch-size", "8", "--tensor-model-parallel-size", "2",
+            "--json"]
     cli.main(base)
-    assert "--tensor-model-parallel-size 2 without --sequence-parallel" in capsys.readouterr().err
+    without = json.loads(capsys.readouterr().out)
     cli.main(base + ["--sequence-parallel"])
-    assert "without --sequence-parallel" not in capsys.readouterr().err
+    with_sp = json.loads(capsys.readouterr().out)
+    assert without["activations_gb"] > 1.2 * with_sp["activations_gb"]
     config = tmp_path / "tp2.yaml"
     config.write_text("tensor-model-parallel-size: 2\nsequence-parallel: true\nbf16: true\n")
     cli.main(["--preset", "zaya1-tiny", "--gpus", "2", "--global-batch-size", "8", "--config", str(config)])
-    err = capsys.readouterr().err
-    assert "sequence-parallel" not in err, err       # neither "left out" nor the warning
+    out, err = capsys.readouterr()
+    assert "layout: TP=2 (sequence parallel)" in out and "sequence-parallel" not in err, err
+    # ZAYA1-base at 32K, micro batch 2, TP 2 and ZeRO-1 fits with SP only (MI300X); it is the first fix offered.
+    zaya1_base = ["--preset", "zaya1-base", "--gpus", "1024", "--seq-length", "32768", "--global-batch-size", "1024",
+                  "--micro-batch-size", "2", "--tensor-model-parallel-size", "2", "--use-distributed-optimizer",
+                  "--json"]
+    assert cli.main(zaya1_base + ["--sequence-parallel"]) == 0
+    capsys.readouterr()
+    code = cli.main(zaya1_base)
+    plan = json.loads(capsys.readouterr().out)
+    assert code == 1 and plan["fixes"][0].endswith("(--sequence-parallel)"), plan["fixes"]
 
 
 def test_cli_refuses_a_partial_node(capsys):

@@ -1,0 +1,47 @@
+"""Worker of test_planner_activations.py: the bytes a bf16 model's forward saves for the backward on
+each rank of TP = 2 (hand-rolled tensor parallelism, gloo), with or without sequence parallelism, and the
+routing fractions the planner takes. Rank 0 prints every rank's numbers as one JSON line.
+
+    torchrun --nproc-per-node 2 tests/planner/tp_activations_worker.py sp|nosp
+"""
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.attention import SDPBackend
+
+from megatron_zaya.config import model_config_from_preset
+from megatron_zaya.parallel.apply import parallelize_model
+from megatron_zaya.parallel.launch import exit_process, init_distributed
+from megatron_zaya.parallel.state import ParallelState
+from tests.planner.test_planner_activations import bf16_model, measured_saved_bytes
+
+# zaya1-tiny at D 256 with 8 query heads over 2 K/V groups: TP 2 splits the heads, the FFN and the vocabulary.
+CONFIG = dict(num_layers=2, hidden_size=256, num_attention_heads=8, num_query_groups=2, kv_channels=32,
+              moe_ffn_hidden_size=512, vocab_size=2048, seq_length=128)
+BATCH = 2
+
+
+def main() -> None:
+    sequence_parallel = sys.argv[1] == "sp"
+    env = init_distributed()
+    torch.set_num_threads(1)
+    config = model_config_from_preset("zaya1-tiny", **CONFIG)
+    pstate = ParallelState(2, 1, 1, 2, sequence_parallel=sequence_parallel, model_config=config)
+    model = parallelize_model(bf16_model(config), pstate)
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, config.vocab_size, (BATCH, config.seq_length), generator=generator)
+    labels = torch.randint(0, config.vocab_size, (BATCH, config.seq_length), generator=generator)
+    saved, routed, padded = measured_saved_bytes(model, tokens, labels, backend=SDPBackend.FLASH_ATTENTION)
+    every = [None] * env.world_size
+    dist.all_gather_object(every, {"saved": saved, "routed": routed, "padded": padded})
+    if env.rank == 0:
+        print(json.dumps(every), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+    exit_process(0)
