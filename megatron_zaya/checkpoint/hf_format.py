@@ -115,6 +115,9 @@ def hf_config_dict(config: ModelConfig, dtype: torch.dtype = torch.float32) -> d
         "initializer_range": config.init_method_std,
         "hidden_act": "silu",
         "torch_dtype": str(dtype).removeprefix("torch."),
+        # Unknown without the tokenizer (hf_tokenizer.hf_token_ids fills them): null, not ZayaConfig's
+        # defaults, which are ids of the published ZAYA1 vocabulary.
+        "eos_token_id": None, "bos_token_id": None, "pad_token_id": None,
         # not transformers': the sequence length it was trained at, which our tools (evaluate.py) default to
         "training_seq_length": config.seq_length,
     }

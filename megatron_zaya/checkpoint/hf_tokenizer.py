@@ -220,7 +220,8 @@ def hf_tokenizer_files(tokenizer) -> dict[str, str]:
     return {"tokenizer.json": body, "tokenizer_config.json": json.dumps(config, indent=2) + "\n"}
 
 
-def hf_token_ids(tokenizer) -> dict[str, int]:
-    """config.json's special token ids (generation stops at eos_token_id)."""
+def hf_token_ids(tokenizer) -> dict[str, int | None]:
+    """config.json's special token ids (generation stops at eos_token_id); None (null) for one the
+    tokenizer lacks, as SentencePiece's -1 means."""
     ids = {"eos_token_id": tokenizer.eod, "bos_token_id": tokenizer.bos, "pad_token_id": tokenizer.pad}
-    return {name: int(value) for name, value in ids.items() if value is not None}
+    return {name: int(value) if value is not None and value >= 0 else None for name, value in ids.items()}

@@ -98,9 +98,13 @@ def test_exported_tokenizer_gives_our_ids(kind, corpus_dir, gpt2_files, hf_token
             assert theirs.decode(ids, skip_special_tokens=True) == ours.decode(ids), ids
     assert theirs.eos_token_id == ours.eod
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    assert config["eos_token_id"] == ours.eod
+    # Our ids, or null for one the tokenizer lacks (SentencePiece's pad -1, GPT-2's bos): never -1, and never
+    # ZayaConfig's defaults (ids of ZAYA1's vocabulary), which a batched generate() would pad with.
+    expected = {"eos_token_id": ours.eod, "bos_token_id": ours.bos, "pad_token_id": ours.pad}
+    expected = {name: value if value is not None and value >= 0 else None for name, value in expected.items()}
     model = transformers.ZayaForCausalLM.from_pretrained(tmp_path / "hf")
-    assert model.config.eos_token_id == ours.eod
+    for name, value in expected.items():
+        assert config[name] == value and getattr(model.config, name) == value, (name, config[name], value)
 
 
 def test_tiktoken_special_tokens_keep_their_ids(corpus_dir, tmp_path):
@@ -194,3 +198,13 @@ def test_to_hf_refuses_an_unconvertible_sentencepiece_model_before_reading(corpu
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"--tokenizer-model {tmp_path / 'uni.model'}: no exact Hugging Face form" in line and "unigram" in line
     assert not out.exists()
+
+
+def test_an_export_without_its_tokenizer_says_no_special_ids(tmp_path):
+    """Without the tokenizer the special ids are unknown: null in config.json, not ZayaConfig's defaults
+    (eos 106, bos 2, pad 0 of ZAYA1's vocabulary; pad 0 would also freeze that embedding row in HF)."""
+    torch.manual_seed(0)
+    config = model_config_from_preset("zaya1-tiny", num_layers=1, vocab_size=256)
+    save_hf_folder(ZayaModel(config).state_dict(), config, tmp_path / "hf")
+    model = transformers.ZayaForCausalLM.from_pretrained(tmp_path / "hf")
+    assert (model.config.eos_token_id, model.config.bos_token_id, model.config.pad_token_id) == (None, None, None)
