@@ -17,7 +17,8 @@ from megatron_zaya.parallel.apply import parallelize_model, sum_counts_over_toke
 from megatron_zaya.parallel.collectives import all_gather_single
 from megatron_zaya.parallel.context import slice_batch_for_cp
 from megatron_zaya.optim.builder import muon_bucket_key
-from megatron_zaya.parallel.data import GradientReducer, bucket_size_for, clip_grad_norm, count_zero_grads, is_expert
+from megatron_zaya.parallel.data import (GradientReducer, bucket_size_for, clip_grad_norm, count_zero_grads, is_expert,
+                                        sum_of_squares)
 from megatron_zaya.parallel.launch import DEFAULT_TIMEOUT_MINUTES, destroy_distributed, init_distributed
 from megatron_zaya.parallel.state import ParallelState
 from megatron_zaya.training.runtime import place_on
@@ -139,10 +140,10 @@ class DistributedRuntime:
             sliced = getattr(p, "tensor_model_parallel", False) or self.pstate.tp_rank == 0
             replica = self.pstate.expert_dp_rank if is_expert(p) else self.pstate.dp_cp_rank
             if sliced and replica == 0:
-                square += p.detach().double().pow(2).sum()
+                square += sum_of_squares(p.detach()).double()
                 rows = getattr(p, "tp_replicated_rows", None)   # KV heads shared by TP ranks (TP > HKV)
                 if rows is not None and not getattr(p, "tp_replica_primary", True):
-                    square -= p.detach()[rows[0]:rows[1]].double().pow(2).sum()
+                    square -= sum_of_squares(p.detach()[rows[0]:rows[1]]).double()
         dist.all_reduce(square)
         return math.sqrt(square.item())
 

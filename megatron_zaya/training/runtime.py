@@ -85,8 +85,9 @@ class SingleProcess:
         return data_parallel.count_zero_grads(self.model.parameters(), self.layout, self.device)
 
     def params_norm(self) -> float:
-        squares = torch.stack([p.detach().double().pow(2).sum() for p in self.model.parameters()])
-        return math.sqrt(squares.sum().item())      # one device sync, not one per parameter
+        # (no float64 copy of every weight: sum_of_squares sums fp32 rows in fp64, the gradient clip's way)
+        squares = torch.stack([data_parallel.sum_of_squares(p.detach()) for p in self.model.parameters()])
+        return math.sqrt(squares.double().sum().item())      # one device sync, not one per parameter
 
     def check_replicas_equal(self) -> None:
         pass      # one process: no data-parallel replica to compare with

@@ -290,3 +290,10 @@ def test_recompute_memory_measures_what_the_forward_keeps(tmp_path, keep_threads
     assert rows["moe_act moe"]["kept"] < 1.05 * rows["moe"]["kept"]
     for row in rows.values():
         assert row["peak"] >= row["kept"] > 0 and row["planner_kept"] > 0
+
+
+def test_params_norm_bench_prints_both_norms(capsys, keep_threads):
+    bench = load_script("params_norm")
+    assert bench.main(["--preset", "zaya1-tiny", "--repeats", "1"]) == 0
+    norms = [float(line.split("norm ")[-1]) for line in capsys.readouterr().out.splitlines() if "median" in line]
+    assert len(norms) == 2 and abs(norms[0] - norms[1]) <= 1e-6 * norms[0]
