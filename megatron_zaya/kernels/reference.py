@@ -312,6 +312,14 @@ class _LMHeadCrossEntropy(torch.autograd.Function):
         return grad_hidden, grad_weight, None
 
 
+def class_counts(index: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """How many entries of `index` (int64, values in [0, num_classes)) hold each class: bincount without its
+    two device syncs on a GPU (it reads the index's min and max back to size its output). Deterministic: a
+    1-D scatter_add_ is under torch.use_deterministic_algorithms."""
+    ones = torch.ones_like(index, dtype=torch.int64)
+    return torch.zeros(num_classes, dtype=torch.int64, device=index.device).scatter_add_(0, index, ones)
+
+
 def moe_permute(
     x: torch.Tensor, expert_index: torch.Tensor, num_experts: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -322,7 +330,7 @@ def moe_permute(
     index of each permuted row; counts: tokens per expert, shape (num_experts,)). Skipped tokens are
     left out. Stable, so tokens keep their order within an expert."""
     order = torch.argsort(expert_index, stable=True)
-    counts = torch.bincount(expert_index, minlength=num_experts + 1)[:num_experts]
+    counts = class_counts(expert_index, num_experts + 1)[:num_experts]
     kept = int(counts.sum())   # the output's row count (a host value; a device sync on accelerators)
     order = order[:kept]
     return GatherRows.apply(x, order), order, counts

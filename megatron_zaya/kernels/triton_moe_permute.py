@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from megatron_zaya.kernels import reference
 from megatron_zaya.kernels._triton_common import configs, rows_2d
 
 _CONFIGS = configs(
@@ -124,7 +125,7 @@ class _Unpermute(torch.autograd.Function):
 
 def moe_permute(x: torch.Tensor, expert_index: torch.Tensor, num_experts: int):
     order = torch.argsort(expert_index, stable=True)
-    counts = torch.bincount(expert_index, minlength=num_experts + 1)[:num_experts]
+    counts = reference.class_counts(expert_index, num_experts + 1)[:num_experts]
     order = order[: int(counts.sum())]
     return _Permute.apply(x, order), order, counts
 

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron_zaya.config import ModelConfig
+from megatron_zaya.kernels.reference import class_counts
 from megatron_zaya.model import recompute
 from megatron_zaya.model.norm import RMSNorm, at_least_fp32
 
@@ -59,5 +60,5 @@ class ZayaRouter(nn.Module):
                 expert_index = torch.argmax(probs.detach() + self.balancing_bias, dim=-1)
             gate = probs.gather(1, expert_index.unsqueeze(1)).squeeze(1)
             gate = gate.masked_fill(expert_index == self.num_experts, 0.0)
-        counts = torch.bincount(expert_index, minlength=self.num_experts + 1)
+        counts = class_counts(expert_index, self.num_experts + 1)
         return Routing(expert_index, gate, counts, probs), state

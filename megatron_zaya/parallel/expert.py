@@ -77,7 +77,8 @@ class ParallelMoE(MoELayer):
         recv_splits = received_counts.view(ep, local).sum(1).tolist()
         received = all_to_all(permuted, recv_splits, send_splits, ps.ep_group)
         # Received rows are grouped by source rank, then expert: regroup by local expert.
-        expert_of_row = torch.arange(local, device=counts.device).repeat(ep).repeat_interleave(received_counts)
+        expert_of_row = torch.arange(local, device=counts.device).repeat(ep).repeat_interleave(
+            received_counts, output_size=sum(recv_splits))      # (the size known on the host: no device sync)
         by_expert = torch.argsort(expert_of_row, stable=True)
         output = self.experts(received.index_select(0, by_expert), received_counts.view(ep, local).sum(0))
         output = output.index_select(0, torch.argsort(by_expert))
