@@ -168,3 +168,21 @@ def test_padded_experts_match_float64_experts():
                       (experts.down_weight.grad, w2.grad)]:
         err = (got.double() - want).abs().max() / want.abs().max()
         assert err < 2e-2, err
+
+
+def test_output_projections_start_at_the_depth_scaled_std():
+    """Megatron's init (model/zaya.py docstring): each sublayer's output projection (attention linear_proj,
+    the experts' down weight) ~ N(0, init_method_std / sqrt(2 * num_layers)), the other linear and expert
+    matrices and the embedding ~ N(0, init_method_std). Three layers (sqrt(6), unlike L or sqrt(L)) and
+    init_method_std 0.05; the sample std of each tensor (>= 4096 entries: ~1% sampling error) within 5%."""
+    torch.manual_seed(0)
+    model = ZayaModel(model_config_from_preset("zaya1-tiny", vocab_size=256, num_layers=3, init_method_std=0.05))
+    output_std = 0.05 / 6 ** 0.5
+    checked = 0
+    for name, p in model.named_parameters():
+        if p.ndim < 2 or ".router." in name or ".conv_" in name:
+            continue                        # routers ~ N(0, 1 / fan_in); CCA convolutions: PyTorch's default
+        want = output_std if name.endswith(("linear_proj.weight", "down_weight")) else 0.05
+        assert p.numel() >= 4096 and abs(p.std().item() / want - 1) < 0.05, (name, p.std().item(), want)
+        checked += 1
+    assert checked == 1 + 3 * 7             # embedding; per layer q, k, v current, v previous, proj, gate_up, down
