@@ -219,9 +219,3 @@ class ZayaModel(nn.Module):
             weight = self.weight_casts(weight, torch.get_autocast_dtype(hidden.device.type))
         losses = kernels.lm_head_cross_entropy(hidden.reshape(b * s, -1), weight, labels.reshape(b * s))
         return None, losses.view(b, s)
-
-
-def masked_mean_loss(token_losses: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    """Mean of the per-token losses over the tokens the mask keeps (fp32)."""
-    mask = loss_mask.float()
-    return (token_losses * mask).sum() / mask.sum().clamp_min(1.0)
