@@ -29,6 +29,7 @@ MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 HEADER_SIZE = 9 + 8 + 1 + 8 + 8  # 34 bytes
 CHECK_CHUNK = 1 << 22   # index entries read at a time by the whole-index check
+WRITE_CHUNK = 1 << 22   # index entries copied at a time when writing or merging an index
 
 DTYPE_CODES: dict[int, type] = {
     1: np.uint8,
@@ -452,7 +453,7 @@ class IndexedDatasetWriter:
                 if not chunk:
                     break
                 self._bin.write(chunk)
-        step = 1 << 22
+        step = WRITE_CHUNK
         base = self._num_sequences
         for a in range(0, max(len(other), 1), step):
             lens = np.array(other.sequence_lengths[a:a + step], dtype=np.int64)
@@ -485,7 +486,7 @@ class IndexedDatasetWriter:
         n, d = self._num_sequences, self._num_documents + 1
         itemsize = self.dtype.itemsize
         idx_tmp = self._idx_tmp
-        step = 1 << 22
+        step = WRITE_CHUNK
         with open(idx_tmp, "wb") as f:
             f.write(MAGIC)
             f.write(struct.pack("<Q", VERSION))

@@ -281,6 +281,23 @@ def test_replacing_an_iteration_that_fails_or_is_interrupted_keeps_the_old_copy(
     assert sorted(os.listdir(save)) == ["iter_0000001", "iter_0000002", LATEST_FILE]
 
 
+def test_a_save_older_than_the_latest_complete_checkpoint_leaves_latest_and_warns(tmp_path):
+    """saver.CheckpointWriter.finalize: saving iteration 2 into a folder whose latest_checkpointed_iteration.txt
+    names the complete iteration 4 publishes iter_0000002 but leaves the file naming 4 (format.write_latest: it
+    never moves backwards past a complete checkpoint), logs that warning, and prunes nothing newer."""
+    save, logged = str(tmp_path), []
+    writer = saver.CheckpointWriter(save, 0, 1, RUN_ID, keep=1, log=logged.append)
+    _save(writer, 4, 4)
+    assert read_latest(save) == 4 and not any("warning" in m for m in logged)
+    _save(writer, 2, 2)
+    assert read_latest(save) == 4 and list_complete(save) == [2, 4] and _value(save, 2) == 2
+    assert [m for m in logged if "warning" in m] == [
+        f"warning: {os.path.join(save, 'iter_0000002')} saved, but latest_checkpointed_iteration.txt keeps naming "
+        "the later complete checkpoint iteration 4 (it never moves backwards)"]
+    _save(writer, 6, 6)                     # forwards again: published, and --ckpt-keep 1 prunes 2 and 4
+    assert read_latest(save) == 6 and list_complete(save) == [6]
+
+
 def test_interrupted_replacement_is_restored_at_start_up_and_resumed(ckpt_corpus, ckpt_cache, tmp_path):
     save = str(tmp_path / "crashed")
     train(flags(ckpt_corpus, 2, "--save", save, cache=ckpt_cache))

@@ -153,6 +153,14 @@ def test_phases_switch_blend_without_repeating_samples(tmp_path):
     a_ids = [int(train.phases[1].dataset_sample_index[j]) + train.phases[1].offsets[0]
              for j in range(60) if train.phases[1].dataset_index[j] == 0]
     assert min(a_ids) == 40 and len(set(a_ids)) == 30
+    # the samples read through train[i] (not re-derived indices): phase 1 is a's samples 0..39 and phase 2's
+    # a-samples are a's samples 40..69 in order (a blend reading a's sample k without its phase offset served
+    # a's samples 0..29 again)
+    assert all(np.array_equal(train[i]["tokens"], comp_a[i]["tokens"]) for i in range(40))
+    phase2_a = [train[40 + j]["tokens"] for j in range(60) if train.phases[1].dataset_index[j] == 0]
+    assert len(phase2_a) == 30
+    assert all(np.array_equal(t, comp_a[40 + k]["tokens"]) for k, t in enumerate(phase2_a))
+    assert not all(np.array_equal(t, comp_a[k]["tokens"]) for k, t in enumerate(phase2_a))
 
 
 def simulate(total, gbs, mbs, dp, consumed, steps):

@@ -38,6 +38,12 @@ def make_corpus(tmp_path, n_docs=37, seed=0, eod=999, name="c", zero_len=False):
     (7, 130, True),     # several epochs with zero-length documents
     (16, 70, False),    # epochs where the final one is small -> separate shuffle
     (5, 1, False),
+    # exact multiples (tokens_per_epoch T = 405 for documents 5..32 of make_corpus()): the extra token of the
+    # last sample needs one more epoch, and the samples before the final epoch are ((epochs-1)*T - 1) // seq
+    (9, 45, False),     # 45 * 9 == T: two epochs (one leaves 44 samples), final epoch separate, 44 before it
+    (15, 54, False),    # 54 * 15 == 2T: three epochs
+    (9, 50, False),     # (epochs-1) * T a multiple of 9: 44 samples before the separately shuffled final epoch
+    (9, 79, False),     # 79 - 44 == int(0.8 * 44): the final epoch is just large enough to shuffle together
 ])
 @pytest.mark.parametrize("chunk", [None, 7])       # sample boundaries found 7 at a time: the same samples
 def test_samples_match_reference(tmp_path, monkeypatch, seq_length, num_samples, zero_len, chunk):

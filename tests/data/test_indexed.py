@@ -236,6 +236,34 @@ def test_spilling_and_merge_via_add_index(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == sorted(["a.bin", "a.idx", "b.bin", "b.idx", "o.bin", "o.idx"])
 
 
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32])
+def test_index_is_written_in_chunks_with_running_pointers(tmp_path, monkeypatch, dtype):
+    """prepare() streams the lengths, pointers and document indices WRITE_CHUNK entries at a time (and add_index
+    copies them that way): the byte pointers are the exclusive cumsum of length * itemsize (formats.md) across
+    chunk boundaries, not restarting at 0 in each chunk, and every sequence reads back, merged ones included."""
+    monkeypatch.setattr(indexed_module, "WRITE_CHUNK", 3)
+    rng = np.random.default_rng(2)
+    docs = [rng.integers(0, 1000, size=rng.integers(1, 9)).tolist() for _ in range(10)]
+    a, b, out = (str(tmp_path / x) for x in "abo")
+    write_dataset(a, docs, dtype=dtype)
+    lens = np.array([len(d) for d in docs], dtype=np.int64)
+    want = (np.cumsum(lens) - lens) * np.dtype(dtype).itemsize
+    raw = open(a + ".idx", "rb").read()
+    assert np.frombuffer(raw, "<i8", count=10, offset=34 + 4 * 10).tolist() == want.tolist()
+    _, _, doc_idx, seqs = spec_read(a)
+    assert seqs == docs and doc_idx == list(range(11))
+    ds = IndexedDataset(a)
+    assert [ds[i].tolist() for i in range(10)] == docs
+    write_dataset(b, docs[:4], dtype=dtype)
+    with IndexedDatasetWriter(out, dtype) as w:
+        w.add_index(a)
+        w.add_index(b)
+    _, _, doc_idx, seqs = spec_read(out)
+    assert seqs == docs + docs[:4] and doc_idx == list(range(15))
+    merged = IndexedDataset(out)
+    assert [merged[i].tolist() for i in range(14)] == docs + docs[:4]
+
+
 def test_merge_keeps_sequence_modes_and_refuses_mixing(tmp_path):
     """add_index of multimodal datasets (an int8 mode per sequence after the document indices) ends the merged
     index with their modes in order (they were dropped); adding a dataset without modes to such an output, or

@@ -2,6 +2,8 @@
 step logged as iteration N + 1) read and drop their global batches, with no update, and every other
 iteration sees the batch it would have seen; compared with a run without skips, and across a checkpoint
 saved at the skipped iteration."""
+import json
+
 import pytest
 
 from megatron_zaya.arguments import parse_args
@@ -39,6 +41,10 @@ def test_a_skipped_iteration_drops_its_batch_and_makes_no_update(tiny_corpus, tm
     assert skipped["lm loss"][4] != pytest.approx(plain["lm loss"][4], rel=1e-6)   # weights missed step 3
     assert skipped["skipped-train-samples"] == {3: 4}
     assert skipped["consumed-samples"][3] == 12 and skipped["consumed-samples"][5] == 20
+    # the dropped batch's tokens count as consumed, as its samples do: 32 tokens per sample either side of it
+    tokens = {i: 4 * 32 * i for i in (1, 2, 4, 5)}
+    assert {i: skipped["consumed-tokens"][i] for i in tokens} == tokens
+    assert {i: plain["consumed-tokens"][i] for i in tokens} == tokens
     # no update at iteration 3: the schedule did not move, so iteration 4 uses iteration 3's lr
     assert skipped["learning-rate"][4] == pytest.approx(plain["learning-rate"][3], rel=1e-6)
 
@@ -53,6 +59,9 @@ def test_a_checkpoint_at_a_skipped_iteration_resumes_exactly(tiny_corpus, tmp_pa
     assert sorted(resumed["lm loss"]) == [5]
     assert resumed["lm loss"][5] == straight["lm loss"][5]
     assert resumed["skipped-train-samples"] == {4: 8}
+    saved = json.loads((save / "iter_0000003" / "metadata.json").read_text())["train_state"]
+    assert (saved["consumed_samples"], saved["consumed_tokens"]) == (12, 12 * 32)    # iteration 3 skipped
+    assert resumed["consumed-tokens"][5] == straight["consumed-tokens"][5] == 20 * 32
 
 
 def test_zero_skips_the_first_step_and_negatives_are_refused(tiny_corpus, tmp_path, monkeypatch, capsys):

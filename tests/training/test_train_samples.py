@@ -46,3 +46,29 @@ def test_the_lr_schedule_counts_samples_through_a_batch_rampup(tiny_corpus, tmp_
     assert build_and_train(parse_args(argv + ["--rampup-batch-size", "2", "2", "4"])) == 0
     assert scalar(tb, "batch-size") == [2, 2, 4, 4]
     assert scalar(tb, "learning-rate") == pytest.approx([0.002, 0.004, 0.008, 0.008], rel=1e-6)
+
+
+def test_a_ramp_up_counts_global_batches_for_a_resume_under_train_iters(tiny_corpus, tmp_path):
+    """--rampup-batch-size goes with --train-samples only (arguments.py), but the run also counts its position in
+    global batches (Megatron-LM's scheduler counts samples; iterations are samples / global batch size): steps of
+    2, 2, 4 samples with a global batch of 4 are 2.0 global batches, not 3. A resume of that checkpoint with
+    --train-iters 6 and --lr-warmup-iters 4 starts the schedule there: iteration 4's lr is LRSchedule's at 2.0."""
+    import json
+
+    from megatron_zaya.optim.schedules import LRSchedule
+    from tests.training.test_distributed_training import scalar
+    save = tmp_path / "ckpt"
+    argv = tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": None, "--train-samples": 14, "--eval-iters": 0,
+                                                    "--save": save, "--exit-interval": 3})
+    assert build_and_train(parse_args(argv + ["--rampup-batch-size", "2", "2", "4"])) == 0
+    state = json.loads((save / "iter_0000003" / "metadata.json").read_text())["train_state"]
+    assert (state["consumed_samples"], state["scheduled_iterations"]) == (8, 2.0)
+    tb = tmp_path / "tb"
+    argv = tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": 6, "--eval-iters": 0, "--lr": "0.008",
+                                                    "--lr-warmup-iters": 4, "--lr-decay-style": "linear",
+                                                    "--load": save, "--tensorboard-dir": tb})
+    assert build_and_train(parse_args(argv)) == 0
+    schedule = LRSchedule(0.008, warmup=4, decay=6, decay_style="linear")
+    expected = [schedule(position) for position in (2.0, 3.0, 4.0)]
+    assert expected == pytest.approx([0.006, 0.008, 0.008])
+    assert scalar(tb, "learning-rate") == pytest.approx(expected, rel=1e-6)

@@ -92,6 +92,21 @@ def test_exit_interval_stops_early(tiny_corpus, tmp_path, capsys):
     assert "this job stops" not in capsys.readouterr().out
 
 
+def test_a_resumed_job_names_the_exit_interval_multiple_it_stops_at(tiny_corpus, tmp_path, capsys):
+    """A job resumed at iteration 5 with --exit-interval 3 stops at the next multiple, 6 (loop.py: iteration %
+    interval == 0), not at 5 + 3: the start-up line names that iteration and the 4 samples of its one step."""
+    save = tmp_path / "ckpt"
+    flags = {"--train-iters": 10, "--eval-iters": 0, "--save": save}
+    assert build_and_train(parse_args(tiny_run_flags(tiny_corpus, tmp_path, **flags, **{"--exit-interval": 5}))) == 0
+    capsys.readouterr()
+    assert build_and_train(parse_args(tiny_run_flags(tiny_corpus, tmp_path, **flags, **{"--exit-interval": 3,
+                                                                                         "--load": save}))) == 0
+    out = capsys.readouterr().out
+    assert "iteration       6/10" in out and "iteration       7/10" not in out
+    assert "this job stops at iteration 6 (--exit-interval 3) of 10: its 4 samples (128 tokens) start at the " \
+           "phase's sample 20" in out
+
+
 def test_rampup_schedule_boundaries():
     s = BatchSizeSchedule(16, 2, 2, [4, 4, 120])   # 3 increments, one per 40 samples
     assert [s.batch_size(c) for c in (0, 39, 40, 79, 80, 119, 120, 10_000)] == [4, 4, 8, 8, 12, 12, 16, 16]
