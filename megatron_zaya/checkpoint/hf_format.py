@@ -251,9 +251,11 @@ def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: tor
     config_dict = hf_config_dict(config, dtype or bulk_dtype(tensors))
     tokenizer_files = {}
     if tokenizer is not None:       # built before anything is written: a refusal leaves no folder
-        from megatron_zaya.checkpoint.hf_tokenizer import hf_token_ids, hf_tokenizer_files
+        from megatron_zaya.checkpoint.hf_tokenizer import hf_generation_config, hf_token_ids, hf_tokenizer_files
         tokenizer_files = hf_tokenizer_files(tokenizer)
         config_dict.update(hf_token_ids(tokenizer))
+        generation = hf_generation_config(tokenizer, config.vocab_size)
+        tokenizer_files["generation_config.json"] = json.dumps(generation, indent=2) + "\n"
 
     files = shard_files(tensors, max_shard_bytes)
 

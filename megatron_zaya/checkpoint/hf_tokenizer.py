@@ -225,3 +225,10 @@ def hf_token_ids(tokenizer) -> dict[str, int | None]:
     tokenizer lacks, as SentencePiece's -1 means."""
     ids = {"eos_token_id": tokenizer.eod, "bos_token_id": tokenizer.bos, "pad_token_id": tokenizer.pad}
     return {name: int(value) if value is not None and value >= 0 else None for name, value in ids.items()}
+
+
+def hf_generation_config(tokenizer, padded_vocab_size: int) -> dict:
+    """generation_config.json: the special ids, and the padded vocabulary's rows beyond the tokenizer's
+    (`--make-vocab-size-divisible-by`) suppressed, as our own sampling leaves them out (`vocab_limit`), so
+    that transformers' generate() never draws an id the tokenizer cannot decode."""
+    return {**hf_token_ids(tokenizer), "suppress_tokens": list(range(tokenizer.vocab_size, padded_vocab_size))}

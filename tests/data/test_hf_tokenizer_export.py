@@ -208,3 +208,26 @@ def test_an_export_without_its_tokenizer_says_no_special_ids(tmp_path):
     save_hf_folder(ZayaModel(config).state_dict(), config, tmp_path / "hf")
     model = transformers.ZayaForCausalLM.from_pretrained(tmp_path / "hf")
     assert (model.config.eos_token_id, model.config.bos_token_id, model.config.pad_token_id) == (None, None, None)
+
+
+def test_generate_never_draws_the_padded_vocabulary(sp_model, tmp_path):
+    """The export's generation_config.json suppresses the rows the vocabulary was padded with
+    (--make-vocab-size-divisible-by), as our sampling does (vocab_limit): transformers' generate() at a
+    temperature high enough to draw from nearly the whole vocabulary (120 tokens) draws none of them, and
+    draws them without the file (the control)."""
+    ours = build_tokenizer("GPTSentencePieceTokenizer", sp_model)
+    assert ours.padded_vocab_size > ours.vocab_size
+    export(ours, tmp_path / "hf")
+    generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    assert generation["suppress_tokens"] == list(range(ours.vocab_size, ours.padded_vocab_size))
+    model = transformers.ZayaForCausalLM.from_pretrained(tmp_path / "hf")
+    prompt = torch.tensor([ours.encode("the cat")])
+
+    def drawn(**overrides):
+        torch.manual_seed(0)
+        out = model.generate(prompt.repeat(2, 1), do_sample=True, temperature=50.0, top_k=0, top_p=1.0,
+                             max_new_tokens=60, min_new_tokens=60, **overrides)
+        return out[:, prompt.shape[1]:]
+
+    assert int((drawn() >= ours.vocab_size).sum()) == 0
+    assert int((drawn(suppress_tokens=None) >= ours.vocab_size).sum()) > 0
