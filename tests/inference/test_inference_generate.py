@@ -99,3 +99,33 @@ def test_generate_tool_with_ids_and_null_tokenizer(tiny_model, hf_checkpoint, tm
     assert "prompt ids:    5 9 100" in out and "generated ids:" in out
     with pytest.raises(SystemExit):
         tool.main(["--load", str(hf_checkpoint), "--prompt", "hello"])   # text without a tokenizer
+
+
+def test_one_new_token_for_ragged_prompts_sharing_a_prefix(tiny_model):
+    """max_new_tokens 1 over prompts sharing a 10-token prefix and ending at different lengths (extend_rows
+    pads the shorter ones): each row's token and log-probability equal those of a full forward over that
+    prompt alone (the last position's argmax and log_softmax, 1e-4)."""
+    prefix = list(range(5, 15))
+    prompts = [prefix + [40], prefix + [41, 42, 43], prefix + [44, 45]]
+    out = generate(tiny_model, prompts, 1, SamplingParams(greedy=True), return_logprobs=True)
+    with torch.no_grad():
+        for i, prompt in enumerate(prompts):
+            logprobs = torch.log_softmax(tiny_model(torch.tensor([prompt])).logits[0, -1].double(), dim=-1)
+            assert out.tokens[i] == [int(logprobs.argmax())], i
+            assert out.logprobs[i] == pytest.approx([float(logprobs.max())], abs=1e-4), i
+
+
+def test_sampled_logprobs_are_the_models_before_temperature_and_top_p(tiny_model):
+    """Sampling at temperature 0.5 and top_p 0.9 with return_logprobs: each generated token's log-probability
+    is the model's own, log_softmax over the whole vocabulary of one full forward over prompt + generated
+    ids (the documented contract: before temperature, top-k, top-p), to 1e-4."""
+    out = generate(tiny_model, PROMPTS[:2], 6, SamplingParams(temperature=0.5, top_p=0.9), seed=5,
+                   vocab_limit=tiny_model.config.vocab_size - 100, return_logprobs=True)
+    with torch.no_grad():
+        for prompt, new, got in zip(PROMPTS, out.tokens, out.logprobs):
+            ids = prompt + new
+            logits = tiny_model(torch.tensor([ids])).logits[0].double()
+            logprobs = torch.log_softmax(logits, dim=-1)[torch.arange(len(prompt) - 1, len(ids) - 1),
+                                                          torch.tensor(new)]
+            assert len(new) == 6 and got == pytest.approx(logprobs.tolist(), abs=1e-4)
+            assert max(new) < tiny_model.config.vocab_size - 100

@@ -95,3 +95,13 @@ def test_seeds_outside_the_generators_range_are_refused_by_name():
     for bad in (2 ** 64, -1, 1.5, True):
         with pytest.raises(ValueError, match="--seed"):
             check_seed(bad)
+
+
+def test_top_p_stops_at_the_token_that_reaches_p_exactly():
+    """Probabilities that are exact binary fractions (no rounding in the cumulative sum): with top_p 0.5 the
+    first token alone reaches p, so only it is kept (reference: the definition, smallest set reaching p)."""
+    logits = torch.tensor([[0.5, 0.25, 0.25], [0.25, 0.5, 0.25], [0.5, 0.5, 2.0 ** -30]]).log()
+    kept = torch.isfinite(filter_logits(logits, SamplingParams(top_p=0.5))).tolist()
+    assert kept == [[True, False, False], [False, True, False], [True, False, False]]
+    kept = torch.isfinite(filter_logits(logits[:1], SamplingParams(top_p=0.75))).tolist()
+    assert kept == [[True, True, False]]

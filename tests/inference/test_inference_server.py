@@ -463,3 +463,27 @@ def test_completions_score_with_the_generation_itself(server_url, sp_model, monk
     status, answer = call(server_url, {"prompt": [prompt], "max_tokens": 0, "echo": True}, method="POST",
                           path="/v1/completions")
     assert status == 200 and seen == [] and answer["choices"][0]["logprobs"] is None
+
+
+def test_api_text_leaves_out_the_eod_that_ended_the_generation(tiny_model):
+    """A stub tokenizer whose text shows every id (so an EOD would show) and whose EOD is the greedy next
+    token of the prompt (reference: a full forward's argmax): the generation stops there, "tokens" ends
+    with it, "text" is the decoded ids without it."""
+    from megatron_zaya.inference.server import GenerationRequest, TextGenerationService
+
+    prompt = [5, 9, 100, 7]
+    with torch.no_grad():
+        first = int(tiny_model(torch.tensor([prompt])).logits[0, -1].argmax())
+
+    class IdTokenizer:
+        eod, bos, vocab_size = first, None, tiny_model.config.vocab_size
+
+        def encode(self, text):
+            return [int(t) for t in text.split()]
+
+        def decode(self, ids):
+            return " ".join(f"<{t}>" for t in ids)
+    answer = TextGenerationService(tiny_model, IdTokenizer()).respond(
+        GenerationRequest(["5 9 100 7"], tokens_to_generate=4, top_k=1))
+    assert answer["tokens"] == [prompt + [first]]
+    assert answer["text"] == ["<5> <9> <100> <7>"]

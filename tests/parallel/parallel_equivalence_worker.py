@@ -9,8 +9,9 @@ weights must DIFFER from single-process Muon, the control that shows the compari
 
 Layout syntax: tp2, cp2, ep2, dp (plain data parallel), sp (sequence parallel), zero (ZeRO-1),
 kv1 (a model with one KV head, so TP > HKV replicates it), muon (Muon on the hidden matrices),
-blockwise (with muon and TP: per-slice Newton-Schulz), joined by '-', e.g. "tp2-ep2", "cp2-zero"
-or "ep2-zero-muon". Prints one line per layout on rank 0; exits 1 on any mismatch.
+blockwise (with muon and TP: per-slice Newton-Schulz), docs (packed documents, --reset-attention-mask:
+document_ids whose boundaries sit one before, at and one after the CP chunk edges), joined by '-', e.g.
+"tp2-ep2", "cp2-zero", "cp2-docs" or "ep2-zero-muon". Prints one line per layout on rank 0; exits 1 on any mismatch.
 """
 from __future__ import annotations
 
@@ -64,12 +65,24 @@ def build_model(seed=1234):
     return model
 
 
-def global_batch(step):
+# docs: each row's document starts (the first at 0): one before, at and one after the CP=2 chunk edges (8, 16,
+# 24 with SEQ 32), so that a halo's lag visibility is cut at each offset from a chunk's first step.
+DOC_STARTS = [(7, 23), (8, 24), (9, 25), (15, 17)]
+
+
+def global_batch(step, docs=False):
     g = torch.Generator().manual_seed(100 + step)
     tokens = torch.randint(0, 256, (GLOBAL_BATCH, SEQ + 1), generator=g)
     mask = (torch.rand(GLOBAL_BATCH, SEQ, generator=g) > 0.1).float()
     pos = torch.arange(SEQ).unsqueeze(0).expand(GLOBAL_BATCH, SEQ)
-    return {"tokens": tokens[:, :-1], "labels": tokens[:, 1:], "loss_mask": mask, "position_ids": pos}
+    batch = {"tokens": tokens[:, :-1], "labels": tokens[:, 1:], "loss_mask": mask, "position_ids": pos}
+    if docs:
+        ids = torch.zeros(GLOBAL_BATCH, SEQ, dtype=torch.long)
+        for row, starts in enumerate(DOC_STARTS):
+            for start in starts:
+                ids[row, start:] += 1
+        batch["document_ids"] = ids
+    return batch
 
 
 def local_batch(batch, ps, micro):
@@ -85,7 +98,8 @@ def rel(a, b):
 
 
 def reference_step(model, batch):
-    out = model(batch["tokens"], labels=batch["labels"], position_ids=batch["position_ids"])
+    out = model(batch["tokens"], labels=batch["labels"], position_ids=batch["position_ids"],
+                document_ids=batch.get("document_ids"))
     loss = (out.token_losses * batch["loss_mask"]).sum() / batch["loss_mask"].sum()
     loss.backward()
     return loss.detach(), [r.counts for r in out.routing]
@@ -99,7 +113,8 @@ def parallel_step(model, reducer, batch, ps, micro):
     for i, mb in enumerate(parts):
         sync = reducer.no_sync() if i < len(parts) - 1 else _null()
         with sync:
-            out = model(mb["tokens"], labels=mb["labels"], position_ids=mb["position_ids"])
+            out = model(mb["tokens"], labels=mb["labels"], position_ids=mb["position_ids"],
+                        document_ids=mb.get("document_ids"))
             loss = (out.token_losses * mb["loss_mask"]).sum() / count
             loss.backward()
         total += loss.detach()
@@ -187,9 +202,14 @@ def check_memory(opt) -> tuple[str, list[str]]:
         worst = 1 - sum(n + m for n, m in by_group.values()) / total
         ok = r["saved_fraction"] >= worst - 1e-9
         return f"Muon saves {r['saved_fraction']:.3f}", [] if ok else [f"Muon saved {r['saved_fraction']:.3f} < {worst:.3f}"]
+    # The bytes it reports: the inner optimizer's state of the owned pieces, counted here (fp32 weights: their
+    # masters are the weights themselves, no extra bytes)
+    state = opt.inner.state.values() if opt.inner is not None else []
+    held = sum(t.numel() * t.element_size() for s in state for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
+    errors = [] if r["sharded_bytes"] == held else [f"ZeRO-1 reports {r['sharded_bytes']} bytes, holds {held}"]
     mine = set(opt.params)
     if any(p not in mine for b in opt.reducer.buckets for p in b.params):   # Muon's matrices share the buckets
-        return f"saves {r['saved_fraction']:.4f}", []   # (the 1/N split is of whole buckets, not of AdamW's part)
+        return f"saves {r['saved_fraction']:.4f}", errors   # (the 1/N split is of whole buckets, not of AdamW's part)
     share = slack = 0.0
     for bucket in opt.reducer.buckets:
         share += sum(p.numel() for p in bucket.params) / bucket.size
@@ -197,7 +217,9 @@ def check_memory(opt) -> tuple[str, list[str]]:
     want = 1 - share / total
     ok = abs(r["saved_fraction"] - want) <= slack / total + 1e-9
     line = f"saves {r['saved_fraction']:.4f} (1 - 1/N per group: {want:.4f})"
-    return line, [] if ok else [f"ZeRO-1 saved fraction {r['saved_fraction']:.4f} != {want:.4f} +- {slack / total:.1e}"]
+    if not ok:
+        errors.append(f"ZeRO-1 saved fraction {r['saved_fraction']:.4f} != {want:.4f} +- {slack / total:.1e}")
+    return line, errors
 
 
 def run_layout(spec: str, world: int) -> list[str]:
@@ -228,7 +250,7 @@ def run_layout(spec: str, world: int) -> list[str]:
     ref_balancer, model_balancer = balancer(ref), balancer(model)
 
     for step in range(STEPS):
-        batch = global_batch(step)
+        batch = global_batch(step, docs="docs" in flags)
         ref_loss, ref_counts = reference_step(ref, batch)
         loss, counts = parallel_step(model, reducer, batch, ps, micro)
         worst["loss"] = max(worst["loss"], abs(float(loss / ref_loss) - 1))

@@ -6,7 +6,8 @@ steps 1e-4, exact global routing counts, global grad norm). The "muon" layouts c
 after 3 steps of Muon + AdamW (fp32 Newton-Schulz) against single-process Muon, same 1e-4.
 Every layout also updates the balancing biases from the global routing counts after each step
 (identical to the single-process biases on every rank, bit for bit), and the ZeRO-1 layouts check
-the memory report (saved fraction 1 - 1/N over each gradient group of N ranks)."""
+the memory report (saved fraction 1 - 1/N over each gradient group of N ranks, and its bytes those of
+the inner optimizer's state: fp32 weights are their own masters)."""
 import os
 
 import pytest
@@ -26,7 +27,10 @@ def _check(result, layouts):
 
 
 def test_two_process_layouts_torchrun():
-    layouts = ["dp", "dp-zero", "cp2", "cp2-k11", "ep2", "tp2", "tp2-sp", "tp2-kv1"]
+    """cp2-docs: packed documents (--reset-attention-mask) starting one before, at and one after the CP
+    chunk edges, so that the halo's lag visibility is checked at each offset; cp2-ep2: EP=2 over the
+    DP x CP = 2 ranks with DP=1 (EP divides DP x CP, not DP)."""
+    layouts = ["dp", "dp-zero", "cp2", "cp2-k11", "cp2-docs", "cp2-ep2", "ep2", "tp2", "tp2-sp", "tp2-kv1"]
     _check(run_torchrun(2, WORKER, *layouts), layouts)
 
 
