@@ -221,18 +221,19 @@ def _iter_text(path: str, mode: str) -> Iterator[Record]:
             for lineno, line in enumerate(f, 1):
                 yield Record(path, lineno, line.rstrip(b"\r\n"), False)
             return
+        # A paragraph's lines joined by LF, whatever break the file uses (CR LF), as line mode drops either.
         block: list[bytes] = []
         start = 1
         for lineno, line in enumerate(f, 1):
             if line.strip():
                 if not block:
                     start = lineno
-                block.append(line)
+                block.append(line.rstrip(b"\r\n"))
             elif block:
-                yield Record(path, start, b"".join(block).rstrip(b"\r\n"), False)
+                yield Record(path, start, b"\n".join(block), False)
                 block = []
         if block:
-            yield Record(path, start, b"".join(block).rstrip(b"\r\n"), False)
+            yield Record(path, start, b"\n".join(block), False)
 
 
 def iter_records(paths: list[str], text_mode: str = "file", columns: list[str] | None = None) -> Iterator[Record]:

@@ -302,3 +302,71 @@ def test_average_of_checkpoints_is_their_weighted_mean(ckpt_corpus, ckpt_cache, 
     assert "3 complete checkpoints, --last 5" in capsys.readouterr().err
     assert tool.main(["average", *given, str(tmp_path / "y"), "--weights", "1"]) == 1
     assert "--weights: 1 weights for 2 checkpoints" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["5GB", "500MB", "2GiB", "3MiB", "7KiB", "12KB", "1.5KB", "2.5GB"])
+def test_max_shard_size_units_are_transformers(text):
+    """--max-shard-size reads KB/MB/GB as powers of 10 and KiB/MiB/GiB as powers of 2, as transformers'
+    save_pretrained(max_shard_size=...) does: the reference is transformers.utils.hub.convert_file_size_to_int
+    (exact; it takes whole numbers only, so a fraction is checked as fraction x its value for one unit)."""
+    convert_file_size_to_int = pytest.importorskip("transformers.utils.hub").convert_file_size_to_int
+    number, unit = float(text.rstrip("BGKMi")), text.lstrip("0123456789.")
+    assert _tool().shard_size(text) == int(number * convert_file_size_to_int("1" + unit))
+    if number.is_integer():
+        assert _tool().shard_size(text) == convert_file_size_to_int(text)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_a_cast_export_keeps_the_balancing_biases_fp32(dtype, tmp_path):
+    """to-hf --dtype bf16/fp16 casts the weights, not the router's balancing biases (their ~1e-3 updates on
+    values near 0.1 are below bf16's resolution there). The reference is safetensors' own reader: the stored
+    tensor is F32 and equals the model's biases exactly; the weights are in the export dtype."""
+    from safetensors import safe_open
+
+    from megatron_zaya.checkpoint.convert import save_model_as_checkpoint
+    from megatron_zaya.config import model_config_from_preset
+    from megatron_zaya.model import ZayaModel
+
+    torch.manual_seed(0)
+    config = model_config_from_preset("zaya1-tiny", num_layers=2)
+    model = ZayaModel(config)
+    with torch.no_grad():
+        for block in model.layers:
+            bias = block.moe.router.balancing_bias
+            bias.copy_(0.1 + 1e-3 * torch.arange(bias.numel(), dtype=torch.float32) / 7)
+    cast = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    assert any(not torch.equal(b.moe.router.balancing_bias.to(cast).float(), b.moe.router.balancing_bias)
+               for b in model.layers)
+    src, hf = str(tmp_path / "src"), str(tmp_path / "hf")
+    save_model_as_checkpoint(model.state_dict(), config, src, iteration=1)
+    assert _tool().main(["to-hf", src, hf, "--dtype", dtype, "--no-tokenizer", "--no-progress"]) == 0
+    with safe_open(os.path.join(hf, "model.safetensors"), framework="pt") as f:
+        for i, block in enumerate(model.layers):
+            name = f"model.layers.{i}.mlp.gate.balancing_biases"
+            assert f.get_slice(name).get_dtype() == "F32", name
+            assert torch.equal(f.get_tensor(name), block.moe.router.balancing_bias.detach()), name
+        assert f.get_tensor("model.embed_tokens.weight").dtype == cast
+
+
+def test_a_reshard_with_context_parallelism_records_its_data_parallel_size(tmp_path):
+    """reshard --world-size 8 --tensor-model-parallel-size 2 --context-parallel-size 2: the layout recorded in
+    the metadata has data_parallel_size = world / (TP x CP) = 2 (Megatron's definition: CP ranks hold one
+    replica's sequence shards), and the weights come back unchanged (exact)."""
+    import json
+
+    from megatron_zaya.checkpoint.convert import save_model_as_checkpoint
+    from megatron_zaya.checkpoint.format import METADATA_FILE
+    from megatron_zaya.config import model_config_from_preset
+    from megatron_zaya.model import ZayaModel
+
+    torch.manual_seed(0)
+    config = model_config_from_preset("zaya1-tiny", num_layers=1)
+    state = ZayaModel(config).state_dict()
+    src, out = str(tmp_path / "src"), str(tmp_path / "tp2cp2")
+    save_model_as_checkpoint(state, config, src, iteration=3)
+    assert _tool().main(["reshard", src, out, "--tensor-model-parallel-size", "2", "--context-parallel-size", "2",
+                         "--world-size", "8", "--no-progress"]) == 0
+    layout = json.load(open(os.path.join(out, "iter_0000003", METADATA_FILE)))["layout"]
+    assert layout["world_size"] == 8 and layout["tensor_model_parallel_size"] == 2
+    assert layout["context_parallel_size"] == 2 and layout["data_parallel_size"] == 8 // (2 * 2)
+    _same(load_full_model_state(out)[0], state)

@@ -110,6 +110,29 @@ def test_plain_text_modes(tmp_path):
     assert docs_of(str(tmp_path / "p_text_document")) == [[1, 2, 3, 4], [5, 6], [7, 8]]
 
 
+@pytest.mark.parametrize("mode", ["line", "paragraph"])
+def test_crlf_and_lf_text_give_the_same_documents(tmp_path, gpt2_files, mode):
+    """--text-mode line/paragraph: a document ends at its line break, CR LF (Windows) as LF, and a paragraph's
+    lines are joined by LF; with a byte-level tokenizer (GPT-2 BPE, which would give \\r its own id) a CRLF file
+    and its LF twin give the same ids, and each document is the tokenizer's encoding of its text without the
+    final break (the reference; exact)."""
+    vocab, merges = gpt2_files
+    tok = build_tokenizer("GPT2BPETokenizer", None, vocab_file=str(vocab), merge_file=str(merges))
+    docs = ["first line of text", "second, with words", "third one"]
+    if mode == "paragraph":
+        docs[1] = "second, with words\nover two lines"
+    separator = "\n" if mode == "line" else "\n\n"
+    got = {}
+    for name, eol in (("lf", "\n"), ("crlf", "\r\n")):
+        path = tmp_path / f"{name}.txt"
+        path.write_bytes((separator.join(docs) + "\n").replace("\n", eol).encode())
+        assert run_tool("--input", path, "--output-prefix", tmp_path / name, "--tokenizer-type", "GPT2BPETokenizer",
+                        "--vocab-file", vocab, "--merge-file", merges, "--text-mode", mode) == 0
+        got[name] = docs_of(str(tmp_path / f"{name}_text_document"))
+    assert got["crlf"] == got["lf"] == [tok.encode(d) for d in docs]
+    assert tok.encode("a\r") != tok.encode("a")
+
+
 def test_null_tokenizer_takes_megatrons_vocab_size_flag(tmp_path):
     """Megatron-LM's `--tokenizer-type NullTokenizer --vocab-size V`: the same output as --tokenizer-model V
     (it was refused as a TikTokenizer-only flag)."""

@@ -209,3 +209,15 @@ def test_train_tokenizer_then_preprocess_with_tiktoken(tmp_path):
     assert len(data) == len(CORPUS)
     for i in (0, 2, 3):
         assert np.asarray(data.document(i)).tolist() == tok.encode(CORPUS[i]) + [2]
+
+
+@pytest.mark.parametrize("pattern", sorted(TIKTOKEN_PATTERNS))
+def test_every_learned_token_occurs_in_the_training_text(pattern):
+    """A merge (left, right) makes the token left + right, in that order: every learned token (rank >= 256) is
+    a run of bytes seen in the training text (the reference: a substring search of the UTF-8 corpus), and
+    the ranks are distinct."""
+    tokens = train_tiktoken_ranks(CORPUS, 400, pattern)
+    corpus = "\n".join(CORPUS).encode("utf-8")
+    assert len(tokens) > 300 and len(set(tokens)) == len(tokens)
+    absent = [t for t in tokens[256:] if t not in corpus]
+    assert not absent, absent[:5]

@@ -87,3 +87,21 @@ def test_word_cache_cap_keeps_results_exact(sp_model, corpus_dir, monkeypatch):
         batch = texts[i:i + 40]
         assert tok.encode_batch(batch) == [sp.encode_as_ids(t) for t in batch]
         assert len(tok._wid) <= max(50, len(set(w for t in batch for w in t.split())))
+
+
+def test_fast_path_is_exact_on_non_ascii_whitespace_and_combining_marks(sp_model):
+    """str.split() breaks words at U+0085, U+2028, U+3000 and NBSP, which SentencePiece does not all treat as
+    whitespace, and NFKC composes combining marks with the letter before them: the fast path must give exactly
+    SentencePiece's ids (sp.encode_as_ids, the reference; exact equality) on such texts, alone and mixed with
+    ASCII ones."""
+    sp = spm.SentencePieceProcessor(model_file=sp_model)
+    tok = build_tokenizer("GPTSentencePieceTokenizer", sp_model)
+    assert tok._word_cache_enabled
+    texts = ["the cat\u0085sat down", "one\u2028two three", "alpha\u3000beta gamma", "a\u00a0b c", "new\u00a0line",
+             "cafe\u0301 and e\u0301clair", "x\u0300 y", "\u2029para one", "a \u3000 b", "tab\u000bbed"]
+    texts += ["plain ascii words", "more plain words"] + weird_texts(200, 7, extra="\u0085\u2028\u3000\u00a0\u0301")
+    expected = [sp.encode_as_ids(t) for t in texts]
+    tokens, lengths = tok.encode_batch_flat(texts)
+    assert lengths.tolist() == [len(e) for e in expected]
+    assert tokens.tolist() == [i for e in expected for i in e]
+    assert tok.encode_batch(texts) == expected

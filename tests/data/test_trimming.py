@@ -82,3 +82,41 @@ def test_bad_parameters():
     enc, dec = words_tokenizer()
     with pytest.raises(ValueError, match="--trim-max-length"):
         ReasoningTrimmer(enc, dec, 0)
+
+
+ONE_BLOCK = "Q?<xxxxxx>A!.."        # 14 characters; answers "Q?A!.." 6; plain text with empty markers "Q?<>A!.." 8
+TWO_BLOCKS = "Q<ab>C<xyz>D"         # 12 characters; without the first block "QC<xyz>D" 8; answers "QCD" 3
+
+
+@pytest.mark.parametrize("text,max_length,extra,outcome,kept", [
+    (ONE_BLOCK, 15, 0, "fit", ONE_BLOCK),
+    (ONE_BLOCK, 14, 0, "fit", ONE_BLOCK),                              # exactly the budget
+    (ONE_BLOCK, 14, 1, "trimmed_last_reasoning", "Q?<xxxxx>A!.."),      # EOD makes it budget + 1
+    (ONE_BLOCK, 13, 0, "trimmed_last_reasoning", "Q?<xxxxx>A!.."),
+    (ONE_BLOCK, 9, 0, "trimmed_last_reasoning", "Q?<x>A!.."),          # one reasoning character: exactly 9
+    (ONE_BLOCK, 8, 0, "answers_only", "Q?A!.."),                       # empty markers alone fill it: no block
+    (ONE_BLOCK, 7, 0, "answers_only", "Q?A!.."),                       # answers = budget - 1
+    (ONE_BLOCK, 6, 0, "answers_only", "Q?A!.."),                       # answers = budget
+    (ONE_BLOCK, 7, 1, "answers_only", "Q?A!.."),                       # answers = budget (EOD excluded)
+    (ONE_BLOCK, 5, 0, "dropped", None),                                # answers = budget + 1
+    (ONE_BLOCK, 6, 1, "dropped", None),
+    (TWO_BLOCKS, 12, 0, "fit", TWO_BLOCKS),
+    (TWO_BLOCKS, 11, 0, "trimmed_last_reasoning", "Q<ab>C<xy>D"),
+    (TWO_BLOCKS, 10, 0, "trimmed_last_reasoning", "Q<ab>C<x>D"),
+    (TWO_BLOCKS, 9, 0, "dropped_earlier_reasoning", "QC<xyz>D"),
+    (TWO_BLOCKS, 8, 0, "dropped_earlier_reasoning", "QC<xyz>D"),      # exactly the budget
+    (TWO_BLOCKS, 7, 0, "dropped_earlier_reasoning", "QC<xy>D"),
+    (TWO_BLOCKS, 6, 0, "dropped_earlier_reasoning", "QC<x>D"),
+    (TWO_BLOCKS, 5, 0, "answers_only", "QCD"),
+    (TWO_BLOCKS, 3, 0, "answers_only", "QCD"),                        # answers = budget
+    (TWO_BLOCKS, 2, 0, "dropped", None),
+])
+def test_budget_boundaries_with_a_character_tokenizer(text, max_length, extra, outcome, kept):
+    """One token per character (lengths counted by hand in the comments), markers '<' '>': each outcome at
+    budget - 1, budget and budget + 1 of its length. A sample whose tokens equal the budget fits it
+    (max_length - extra_tokens); the kept text is exact."""
+    trimmer = ReasoningTrimmer(list, "".join, max_length, "<", ">", extra_tokens=extra)
+    ids, got = trimmer(text)
+    assert (got, None if ids is None else "".join(ids)) == (outcome, kept)
+    if ids is not None:
+        assert len(ids) <= max_length - extra

@@ -1,4 +1,8 @@
 """Parameter counts against the published ZAYA1-base numbers and FLOPs against torch's FLOP counter."""
+import contextlib
+import importlib.util
+import io
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +15,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from megatron_zaya.config import model_config_from_preset
 from megatron_zaya.model import ZayaModel, experts
 from megatron_zaya.model.accounting import (
-    attention_macs_per_token, count_parameters, kv_cache_bytes_per_token, matmul_macs_per_token)
+    attention_macs_per_token, count_parameters, decode_state_bytes_per_sequence, forward_flops_per_token,
+    kv_cache_bytes_per_token, matmul_macs_per_token, training_flops_per_token)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,6 +59,70 @@ def test_flop_formula_matches_torch_flop_counter(monkeypatch):
     expected = 2 * b * s * (sum(matmul_macs_per_token(config).values()) + full_attention)
     assert measured == pytest.approx(expected, rel=1e-3)
     assert attention_macs_per_token(config, s) == pytest.approx(full_attention * (s + 1) / (2 * s))
+
+
+def test_forward_flops_per_token_matches_torch_flop_counter(monkeypatch):
+    """forward_flops_per_token itself against torch's FlopCounterMode on zaya1-tiny (2 layers, 2 x 64 tokens).
+
+    The counter charges SDPA's QK^T and AV (its bmm FLOPs) for the full S x S square; a causal token at position t
+    sees t+1 keys, (S+1)/2 on average, so the reference is measured - bmm x (1 - (S+1)/(2S)), per token.
+    Tolerance 1e-4 relative (the counter also counts the convolutions' bias, 12 FLOPs a token; the causal
+    attention the formula must include is 2.3% of the total). The router's matmuls, read from the counter's
+    per-module totals, must match exactly (D*R + 2*R*R + R*(E+1) MACs a token)."""
+    monkeypatch.setattr(experts, "_HAS_GROUPED_MM", False)
+    config = model_config_from_preset("zaya1-tiny", num_layers=2, skip_class_bias_init=-100.0)
+    model = ZayaModel(config)
+    b, s = 2, 64
+    with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
+        model(torch.randint(0, config.vocab_size, (b, s)))
+    counts = counter.get_flop_counts()
+    square = counts["Global"][torch.ops.aten.bmm]
+    reference = (counter.get_total_flops() - square * (1 - (s + 1) / (2 * s))) / (b * s)
+    assert forward_flops_per_token(config, s) == pytest.approx(reference, rel=1e-4)
+    assert training_flops_per_token(config, s) == pytest.approx(3 * reference, rel=1e-4)
+    router = sum(counts["ZayaModel.layers.0.moe.router"].values()) / (b * s)
+    assert 2 * matmul_macs_per_token(config)["router"] == config.num_layers * router
+
+
+def run_model_stats(argv):
+    spec = importlib.util.spec_from_file_location("model_stats", ROOT / "tools/model_stats.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert module.main(argv) == 0
+    return out.getvalue()
+
+
+def test_model_stats_tool_lines_match_the_accounting_functions():
+    """Every number model_stats prints for zaya1-tiny at --seq-length 1024, against a hand computation: forward =
+    2 x (matmul MACs + causal attention MACs), training = 3 x forward (backward: two matmuls per forward
+    matmul), the per-part lines 2 x MACs. Exact (the tool prints integers of these values)."""
+    seq = 1024
+    out = run_model_stats(["--preset", "zaya1-tiny", "--seq-length", str(seq)])
+    config = model_config_from_preset("zaya1-tiny")
+
+    def printed(label):
+        match = re.search(re.escape(label) + r"\s+([\d,]+)", out)
+        assert match, (label, out)
+        return int(match.group(1).replace(",", ""))
+
+    macs = matmul_macs_per_token(config)
+    attention = config.num_layers * 2 * config.num_attention_heads * config.kv_channels * (seq + 1) / 2
+    forward = 2 * (sum(macs.values()) + attention)
+    assert printed(f"forward FLOPs per token (S={seq}):") == round(forward)
+    assert printed("training FLOPs per token (3x):") == round(3 * forward)
+    for name, value in macs.items():
+        assert printed(f"    {name}") == 2 * value
+    assert printed("    causal_attention") == round(2 * attention)
+    counts = count_parameters(config)
+    active = counts.non_embedding - counts.expert + counts.expert // config.num_experts
+    assert printed("non-embedding parameters, total:") == counts.non_embedding
+    assert printed("non-embedding parameters, active:") == active
+    assert printed("total active parameters:") == active + counts.embedding
+    assert printed("KV-cache bytes per token (bf16):") == config.num_layers * 2 * config.num_query_groups * (
+        config.kv_channels * 2)
+    assert printed("decode state per sequence (bf16):") == decode_state_bytes_per_sequence(config)
 
 
 @pytest.mark.parametrize("seq", ["-5", "0"])
