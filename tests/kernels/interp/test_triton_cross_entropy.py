@@ -164,3 +164,44 @@ def test_padded_vocab_slice_of_minus_inf():
     g = torch.cat([T.cross_entropy_grad(logits[:, lo:hi], labels, lse, grad, lo) for lo, hi in slices], dim=1)
     assert torch.all(g[:, 70:] == 0)
     torch.testing.assert_close(g[:, :70], g_r, **TOL)
+
+
+def test_cross_entropy_partials_of_large_logits_stay_finite():
+    """Logits far above exp's fp32 range (~88): the max-shifted partials of the reference (the CPU
+    vocab-parallel path) and of the kernel, merged, equal float64 F.cross_entropy (1e-4)."""
+    import torch.nn.functional as F
+
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 70, generator=gen) * 4 + 200
+    labels = torch.randint(0, 70, (4,), generator=gen)
+    want = F.cross_entropy(logits.double(), labels, reduction="none").float()
+    for ops in (R, T):
+        loss, _ = R.combine_cross_entropy_partials(*ops.cross_entropy_partials(logits, labels), labels)
+        torch.testing.assert_close(loss, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_vocab_parallel_cross_entropy_takes_a_custom_ignore_index(backend):
+    """ignore_index=-1 (not the default -100) in VocabParallelCrossEntropy's forward and backward: loss and
+    gradient equal F.cross_entropy(ignore_index=-1) (1e-5), the ignored row zero in both."""
+    import torch.nn.functional as F
+
+    import megatron_zaya.kernels as K
+    previous = K.kernel_backend()
+    K.set_kernel_backend(backend)
+    try:
+        gen = torch.Generator().manual_seed(2)
+        logits = torch.randn(5, 40, generator=gen)
+        labels = torch.randint(0, 40, (5,), generator=gen)
+        labels[2] = -1
+        g = torch.randn(5, generator=gen)
+        z = logits.clone().requires_grad_(True)
+        loss = K.vocab_parallel_cross_entropy(z, labels, 0, None, ignore_index=-1)
+        loss.backward(g)
+    finally:
+        K.set_kernel_backend(previous)
+    zr = logits.clone().requires_grad_(True)
+    want = F.cross_entropy(zr, labels, ignore_index=-1, reduction="none")
+    want.backward(g)
+    torch.testing.assert_close(loss, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(z.grad, zr.grad, atol=1e-5, rtol=1e-5)

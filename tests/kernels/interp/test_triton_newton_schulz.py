@@ -44,3 +44,12 @@ def test_newton_schulz_bf16_against_fp32():
     want = R.newton_schulz(g, steps=5, dtype=torch.float32)
     assert got.dtype == torch.bfloat16
     assert ((got.float() - want).norm() / want.norm()).item() <= 3e-2
+
+
+def test_newton_schulz_of_a_zero_matrix_is_zero():
+    """An expert that received no tokens has an all-zero gradient: the eps of the normalisation keeps Muon's
+    direction finite (zero), as the reference's."""
+    z = torch.zeros(2, 16, 24)
+    got = T.newton_schulz(z, steps=2, dtype=torch.float32)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, R.newton_schulz(z, steps=2, dtype=torch.float32))

@@ -117,3 +117,20 @@ def test_scaled_residual_add():
     torch.testing.assert_close(outs[0], outs_r[0], **FP32)
     for g, g_r in zip(grads, grads_r):
         torch.testing.assert_close(g, g_r, **FP32_SUM)
+
+
+def test_rms_norm_of_small_rows_keeps_eps_inside_the_square_root():
+    """Rows whose mean square is near eps (scales 1e-4 .. 1, D = 37: a ragged block), forward and input and
+    weight gradients against the float64 definition w * x / sqrt(mean(x^2) + eps) (1e-5 / 1e-4)."""
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(6, 37, generator=gen) * torch.logspace(-4, 0, 6)[:, None]).requires_grad_(True)
+    w = (torch.randn(37, generator=gen) + 1).requires_grad_(True)
+    y = T.rms_norm(x, w, 1e-5)
+    x64, w64 = x.detach().double().requires_grad_(True), w.detach().double().requires_grad_(True)
+    y64 = w64 * x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5)
+    g = torch.randn(y.shape, generator=gen)
+    y.backward(g)
+    y64.backward(g.double())
+    torch.testing.assert_close(y.double(), y64, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(x.grad.double(), x64.grad, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(w.grad.double(), w64.grad, atol=1e-4, rtol=1e-4)
