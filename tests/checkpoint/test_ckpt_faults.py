@@ -446,6 +446,30 @@ def test_a_pause_is_not_counted_in_the_iteration_nor_makes_it_look_instant(monke
     dog.stop()
 
 
+def test_watchdog_limit_is_the_floor_or_factor_times_the_median(monkeypatch):
+    """The module's rule: timeout = max(min_seconds, factor x MEDIAN of the recent iteration times). Reference: hand
+    arithmetic on a patched monotonic clock. Iterations of 1, 1, 10 s (one slow outlier) with factor 2: the median
+    1 s gives 2 s, below the 5 s floor -> 5 s (the outlier would give 20 s as a max, and a lost floor 2 s); then
+    4, 4, 40 s -> median 4 s -> 8 s, above the floor. Exact (binary fractions)."""
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+
+    def limit_after(durations):
+        dog = Watchdog(factor=2, min_seconds=5.0, poll_seconds=60.0, exit_fn=lambda code: None)
+        try:
+            dog.beat()
+            for seconds in durations:
+                clock[0] += seconds
+                dog.beat()
+            assert list(dog.durations) == durations
+            return dog.timeout()
+        finally:
+            dog.stop()
+
+    assert limit_after([1.0, 1.0, 10.0]) == 5.0
+    assert limit_after([4.0, 4.0, 40.0]) == 8.0
+
+
 def test_watchdog_armed_at_start_allows_a_longer_first_iteration():
     fired = []
     dog = Watchdog(factor=5, min_seconds=0.2, poll_seconds=0.02, exit_fn=fired.append)

@@ -60,6 +60,25 @@ def test_a_signal_stops_at_the_next_chunk_and_restores_the_handler(tmp_path, mon
     assert signal.getsignal(signum) is before
 
 
+@pytest.mark.parametrize("first, second", [("SIGTERM", "SIGINT"), ("SIGINT", "SIGTERM"), ("SIGTERM", "SIGTERM")])
+def test_stop_on_signal_a_second_signal_raises_at_once(first, second):
+    """interrupts.StopOnSignal (its docstring and the module's): the first SIGTERM or Ctrl-C only sets the flag the
+    tool checks between chunks; a second one, either signal, raises KeyboardInterrupt at once (a user whose stop
+    seems ignored, or a scheduler's repeated SIGTERM, must not wait for the chunk). Real signals to this process."""
+    import signal
+
+    from megatron_zaya.interrupts import StopOnSignal
+
+    stop = StopOnSignal()
+    try:
+        signal.raise_signal(getattr(signal, first))
+        assert stop.pending() and stop.received == first
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(getattr(signal, second))
+    finally:
+        stop.restore()
+
+
 def test_sigterm_to_the_whole_process_group_is_an_interruption_not_a_worker_failure(tmp_path, monkeypatch, capsys):
     import signal
 

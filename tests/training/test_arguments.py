@@ -75,6 +75,8 @@ def error_of(argv, capsys) -> str:
     ({"--ddp-num-buckets": "4", "--ddp-bucket-size": "1000"},
      "--ddp-num-buckets=4 and --ddp-bucket-size=1000 set the same thing"),
     ({"--ddp-num-buckets": "0"}, "--ddp-num-buckets=0: must be >= 1"),
+    # 0 would be silently ignored (the loop tests the flag for truth), not the immediate exit it reads as
+    ({"--exit-duration-in-mins": "0"}, "--exit-duration-in-mins=0.0: must be > 0"),
     ({"--use-mp-args-from-checkpoint-args": ""}, "--use-mp-args-from-checkpoint-args needs --use-checkpoint-args"),
     ({"--finetune": ""}, "--finetune starts from a checkpoint's weights: give --load (or --pretrained-checkpoint)"),
     ({"--embedding-init-method-std": "-1"}, "--embedding-init-method-std=-1.0: must be >= 0"),

@@ -27,12 +27,37 @@ def train_state(folder) -> dict:
     return json.loads((folder / f"iter_{int(latest):07d}" / "metadata.json").read_text())["train_state"]
 
 
-def test_phase_change_starts_its_data_at_zero_and_resumes_exactly(tiny_corpus, tmp_path, capsys):
+def first_global_batch(monkeypatch, corpus, tmp_path, name, **flags):
+    """The tokens of the first global batch a run trains on (its micro-batches in order)."""
+    import torch
+
+    from megatron_zaya.training.loop import Trainer
+
+    batches, real_step = [], Trainer.train_step
+
+    def recording_step(self, micro_batches):
+        batches.append(torch.cat([mb["tokens"] for mb in micro_batches]))
+        return real_step(self, micro_batches)
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "train_step", recording_step)
+        phase(corpus, tmp_path, name, **flags)
+    return batches[0]
+
+
+def test_phase_change_starts_its_data_at_zero_and_resumes_exactly(tiny_corpus, tmp_path, capsys, monkeypatch):
+    """Phase 2's first global batch is the one a fresh run with phase 2's flags trains on first (sample 0 of its
+    own dataset, not sample 12, the run's count; the fresh run's --train-iters 5 asks the same 40 samples of the
+    dataset, hence the same shuffle): exact token equality."""
     p1, p2, p2b = tmp_path / "p1", tmp_path / "p2", tmp_path / "p2b"
     phase(tiny_corpus, tmp_path, "tb1", **{"--save": p1, "--exit-interval": 3})          # 3 x 4 samples of 32
     capsys.readouterr()
     new_data = {"--seq-length": 64, "--global-batch-size": 8}
-    straight = phase(tiny_corpus, tmp_path, "tb2", **new_data, **{"--load": p1, "--save": p2})
+    fresh = first_global_batch(monkeypatch, tiny_corpus, tmp_path, "fresh", **new_data,
+                               **{"--train-iters": 5, "--exit-interval": 1})
+    capsys.readouterr()
+    first = first_global_batch(monkeypatch, tiny_corpus, tmp_path, "tb2", **new_data, **{"--load": p1, "--save": p2})
+    straight = losses(tmp_path / "tb2")
+    assert first.shape == fresh.shape == (8, 64) and first.equal(fresh)
     assert "a new data phase starts at iteration 3 (consumed samples 12)" in capsys.readouterr().out
     state = train_state(p2)
     assert (state["iteration"], state["consumed_samples"]) == (8, 12 + 5 * 8)

@@ -1,6 +1,7 @@
 """pretrain_zaya.py under torchrun (2 gloo processes) computes the single-process losses step by step.
 
-Same global batch, fp32: DP=2 plain, DP=2 with the ZeRO-1 optimizer (AdamW shards + distributed Muon),
+Same global batch, fp32: DP=2 with --eod-mask-loss (uneven loss tokens per rank; against the one-process
+run with that flag), DP=2 with the ZeRO-1 optimizer (AdamW shards + distributed Muon),
 CP=2 (each rank holds half of every sequence) and TP=2 (Muon on whole matrices, --muon-tp-mode duplicated). Tolerance: 1e-5 relative on the first two steps'
 losses (the second one already follows an optimizer step). Later steps get 1e-3: top-1 routing is an
 argmax, so float reassociation (sums over ranks instead of micro-batches) can flip a near-tie token
@@ -60,8 +61,18 @@ def reference_losses(reference_run):
     return reference_run[0]
 
 
+@pytest.fixture(scope="module")
+def eod_reference_run(tiny_corpus, tmp_path_factory):
+    """The single-process run with --eod-mask-loss (micro-batches with uneven loss-mask token counts, so a loss
+    averaged per micro-batch or per rank differs from the per-token one): (its losses, its TensorBoard folder)."""
+    folder = tmp_path_factory.mktemp("single-eod")
+    return train(tiny_corpus, folder, "single-eod", 1, "--eod-mask-loss"), folder / "single-eod"
+
+
 @pytest.mark.parametrize("name, extra", [
-    ("dp2", []),
+    # --eod-mask-loss: the ranks hold different numbers of loss tokens; the loss and the gradient are per token of
+    # the GLOBAL batch (the token count summed over the data-parallel ranks), as on one process
+    ("dp2-eod-mask-loss", ["--eod-mask-loss"]),
     ("dp2-zero1", ["--use-distributed-optimizer"]),
     ("cp2", ["--context-parallel-size", "2"]),
     ("cp2-recompute", ["--context-parallel-size", "2", "--recompute-granularity", "full"]),   # halo p2p rerun
@@ -70,7 +81,9 @@ def reference_losses(reference_run):
     # the whole MoE sublayer runs again in the backward, its EP all-to-all included
     ("ep2-moe-recompute", ["--expert-model-parallel-size", "2", "--moe-layer-recompute"]),
 ])
-def test_two_processes_match_one(tiny_corpus, tmp_path, reference_losses, name, extra):
+def test_two_processes_match_one(tiny_corpus, tmp_path, reference_losses, name, extra, request):
+    if "--eod-mask-loss" in extra:
+        reference_losses = request.getfixturevalue("eod_reference_run")[0]
     got = train(tiny_corpus, tmp_path, name, 2, *extra)
     assert len(got) == len(reference_losses) == 4
     assert got[:2] == pytest.approx(reference_losses[:2], rel=1e-5), (got, reference_losses)
@@ -90,6 +103,19 @@ def test_one_process_zero1_runs_the_distributed_optimizer(tiny_corpus, tmp_path,
     assert len(norms) == 4 and norms[0] > 1.0
     assert norms[:2] == pytest.approx(reference_norms[:2], rel=1e-5), (norms, reference_norms)
     assert norms == pytest.approx(reference_norms, rel=1e-3), (norms, reference_norms)
+
+
+def test_the_micro_batch_size_changes_neither_the_loss_nor_the_gradient(tiny_corpus, tmp_path, eod_reference_run):
+    """One process, --eod-mask-loss (micro-batches with different numbers of loss tokens): the global batch of 4 as
+    one micro-batch of 4 or as 4 accumulated micro-batches of 1 has the same loss and gradient norm (both are per
+    loss token of the global batch: neither a mean of per-micro-batch means nor scaled by the micro-batch count).
+    Reference: the micro-batch-1 run; 1e-5 relative on the losses, 1e-4 on the norms, first two steps (float sums
+    in another order)."""
+    reference_losses, reference_folder = eod_reference_run
+    got = train(tiny_corpus, tmp_path, "mb4", 1, "--eod-mask-loss", "--micro-batch-size", "4")
+    assert got[:2] == pytest.approx(reference_losses[:2], rel=1e-5), (got, reference_losses)
+    norms, reference_norms = losses(tmp_path / "mb4", "grad-norm"), losses(reference_folder, "grad-norm")
+    assert norms[:2] == pytest.approx(reference_norms[:2], rel=1e-4), (norms, reference_norms)
 
 
 @pytest.mark.parametrize("nproc, layout", [

@@ -81,6 +81,72 @@ def test_exit_duration_exits_and_saves(tiny_corpus, tmp_path, capsys, monkeypatc
     assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
 
 
+def _stub_trainer(**fields):
+    """A stand-in for Trainer's self in its stateless methods (should_exit, throughput)."""
+    from types import SimpleNamespace
+    return SimpleNamespace(**fields)
+
+
+def test_exit_duration_counts_minutes_and_the_slowest_rank_decides():
+    """Trainer.should_exit with --exit-duration-in-mins 1: the limit is 60 s (the flag is minutes, Megatron-LM's
+    `train_time > args.exit_duration_in_mins * 60`), and every rank exits when ANY rank is over it
+    (max over the ranks: a rank exiting alone leaves the others hung in the next collective). Reference: the
+    flag's definition; the elapsed times (30 s, 61 s) are 30 s away from the limit, so clock jitter is irrelevant."""
+    from types import SimpleNamespace
+
+    from megatron_zaya.training.loop import Trainer
+
+    seen = []
+
+    def max_over_all_ranks(others_over):
+        def reduce(local):
+            seen.append(local.item())
+            return torch.maximum(local, torch.tensor(float(others_over)))
+        return reduce
+
+    def trainer(elapsed_seconds, others_over=False):
+        cfg = SimpleNamespace(exit_interval=None, exit_duration_in_mins=1.0)
+        return _stub_trainer(state=SimpleNamespace(iteration=5), stop_requested=None, cfg=cfg,
+                             run_started=time.time() - elapsed_seconds,
+                             parallel=SimpleNamespace(max_over_all_ranks=max_over_all_ranks(others_over)))
+
+    assert Trainer.should_exit(trainer(30.0)) is None                 # 30 s < 1 min
+    assert Trainer.should_exit(trainer(61.0)) == "--exit-duration-in-mins 1.0 reached"
+    # this rank is within the limit, another rank is over it: exit with it
+    assert Trainer.should_exit(trainer(30.0, others_over=True)) == "--exit-duration-in-mins 1.0 reached"
+    assert seen == [0.0, 1.0, 0.0]       # each rank contributes its own verdict to the max
+
+
+def test_throughput_is_per_device_and_mfu_is_over_the_peak():
+    """Trainer.throughput: tokens/s per device = tokens / seconds / world size; TFLOP/s per device = that x
+    model FLOPs per token / 1e12; MFU = TFLOP/s / peak. Reference: hand arithmetic (8000 tokens in 2 s on 2
+    devices = 2000 tokens/s/device; x 1e9 FLOPs/token = 2 TFLOP/s; / 100 peak = 0.02); tolerance 1e-12 relative."""
+    from types import SimpleNamespace
+
+    from megatron_zaya.training.loop import Trainer
+
+    stub = _stub_trainer(parallel=SimpleNamespace(world_size=2), flops_per_token=1e9, peak_tflops=100.0)
+    assert Trainer.throughput(stub, 8000, 2.0) == pytest.approx((2000.0, 2.0, 0.02), rel=1e-12)
+
+
+def test_routing_statistics_of_a_hand_made_count():
+    """metrics.routing_statistics on counts [2, 4, 6, 0 | skip 8] (4 experts, 20 tokens). References: skip_rate
+    = skipped / ALL tokens = 8/20 (the console's skip column, over every token); CV = population std / mean over
+    the experts (statistics.pstdev: sqrt(5)/3, not the sample std sqrt(20/3)/3); entropy of the routed shares
+    (2, 4, 6, 0)/12 over log(4 experts); min 0, max 6. Tolerance 1e-12 relative."""
+    import math
+    import statistics
+
+    stats = metrics.routing_statistics(torch.tensor([2, 4, 6, 0, 8]))
+    experts = [2, 4, 6, 0]
+    shares = [c / 12 for c in experts if c]
+    assert stats == pytest.approx({
+        "tokens_per_expert_min": 0.0, "tokens_per_expert_max": 6.0,
+        "tokens_per_expert_cv": statistics.pstdev(experts) / statistics.mean(experts),
+        "routing_entropy": -sum(p * math.log(p) for p in shares) / math.log(4),
+        "skip_rate": 8 / 20}, rel=1e-12)
+
+
 def test_interval_meter_averages_and_durations():
     m = metrics.IntervalMeter()
     m.add(2.0, 0.5, 100, skipped=False)
@@ -96,6 +162,49 @@ def test_straggler_report_names_the_ends_and_the_ratio():
     assert report.line() == ("stragglers (forward+backward per iteration): slowest ranks 1 2.000 s, 3 1.000 s | "
                              "fastest ranks 2 0.400 s, 0 0.500 s | slowest/fastest 5.00x")
     assert report.scalars() == {"straggler/max-seconds": 2.0, "straggler/min-seconds": 0.4, "straggler/ratio": 5.0}
+
+
+def test_straggler_meter_reports_each_intervals_mean_forward_backward(monkeypatch):
+    """StragglerMeter.report gives this rank's MEAN forward+backward seconds per iteration over the interval since
+    the last report (then starts a new interval). Reference: a patched perf_counter, steps of 1 s and 3 s (mean 2 s)
+    then one of 0.5 s; gather over one rank is [x]. Exact (binary fractions)."""
+    from types import SimpleNamespace
+
+    from megatron_zaya.training import stragglers
+
+    clock = [10.0]
+    monkeypatch.setattr(stragglers, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    meter = stragglers.StragglerMeter(torch.device("cpu"), count=1)
+    runtime = SimpleNamespace(gather_from_all_ranks=lambda x: [x])
+    reports = []
+    for steps in ((1.0, 3.0), (0.5,)):
+        for seconds in steps:
+            meter.start()
+            clock[0] += seconds
+            meter.stop()
+        reports.append(meter.report(runtime).seconds)
+    assert reports == [[2.0], [0.5]]
+
+
+def test_progress_log_throughput_is_per_gpu_for_the_job_and_cumulative(tmp_path):
+    """progress.txt's "Job throughput" counts only this job's FLOPs and seconds (those since job_started), the
+    "Cumulative throughput" the whole run's, both per GPU (Megatron-LM divides by the world size). Reference:
+    hand arithmetic with world size 2: a job from (1e15 FLOPs, 10 s) to (3e15, 20 s) is 2e15 / 10 s / 2 GPUs =
+    100 TFLOP/s/GPU; cumulative 3e15 / 20 s / 2 = 75 TFLOP/s/GPU (printed with one decimal: exact)."""
+    from types import SimpleNamespace
+
+    from megatron_zaya.training.progress_log import ProgressLog
+
+    log = ProgressLog(str(tmp_path), world_size=2, is_main=True)
+    log.job_started(SimpleNamespace(floating_point_operations=1e15, train_seconds=10.0))
+    log.checkpoint_saved(SimpleNamespace(floating_point_operations=3e15, train_seconds=20.0, iteration=7,
+                                         consumed_tokens=0))
+    lines = (tmp_path / "progress.txt").read_text().splitlines()
+    assert [line.split("\t")[2:4] for line in lines] == [["# GPUs: 2", "Starting job"],
+                                                          ["# GPUs: 2", "Saved checkpoint"]]
+    fields = dict(f.split(": ", 1) for f in lines[1].split("\t")[4:])
+    assert fields["Job throughput"] == "100.0 TFLOP/s/GPU"
+    assert fields["Cumulative throughput"] == "75.0 TFLOP/s/GPU"
 
 
 def test_log_progress_appends_each_job_and_checkpoint(tiny_corpus, tmp_path, capsys):

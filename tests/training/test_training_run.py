@@ -119,17 +119,41 @@ def console_lines(out: str) -> dict[int, str]:
     return {int(m.group(1)): line for line in out.splitlines() if (m := re.search(r"iteration +(\d+)/\d+ \|", line))}
 
 
-def test_console_averages_the_interval_and_counts_every_token(tiny_corpus, tmp_path, capsys):
+def test_console_averages_the_interval_and_counts_every_token(tiny_corpus, tmp_path, capsys, monkeypatch):
     """--log-interval 3: the printed loss is the mean of the three iterations' losses; tokens/s counts
     every token processed (not only those in the loss: --eod-mask-loss drops some); TensorBoard is
-    written every --tensorboard-log-interval iterations (and at the last)."""
+    written every --tensorboard-log-interval iterations (and at the last). --peak-tflops is the MFU's
+    denominator (reference: TensorBoard's throughput/tflops-per-device / 50, 1e-5 relative: float32 events), and
+    the console's skip column is the skipped share of ALL routed tokens of that iteration (reference: the mean over
+    the layers of TensorBoard's moe/layerNN/skip_rate, every layer routing the same tokens; 6e-4 absolute: the
+    column has 3 decimals). The skip class's balancing bias starts at 0 instead of -1, so that tokens are skipped."""
+    from megatron_zaya.training import setup
+
+    real_build = setup.build_model
+
+    def skipping_build(*args, **kwargs):
+        model = real_build(*args, **kwargs)
+        for block in model.layers:
+            block.moe.router.balancing_bias[-1] = 0.0
+        return model
+    monkeypatch.setattr(setup, "build_model", skipping_build)
     tb = tmp_path / "tb"
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{
         "--tensorboard-dir": tb, "--train-iters": 7, "--log-interval": 3, "--tensorboard-log-interval": 1,
-        "--eval-iters": 0, "--eod-mask-loss": "", "--log-throughput": "", "--log-params-norm": ""}))
+        "--eval-iters": 0, "--eod-mask-loss": "", "--log-throughput": "", "--log-params-norm": "",
+        "--peak-tflops": 50}))
     assert build_and_train(run) == 0
     values = {tag: dict(points) for tag, points in scalars(tb).items()}
-    lines = console_lines(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    lines = console_lines(out)
+    assert "MFU peak 50 TFLOP/s (--peak-tflops)" in out
+    for step in range(1, 8):
+        assert values["throughput/mfu"][step] == pytest.approx(values["throughput/tflops-per-device"][step] / 50,
+                                                               rel=1e-5)
+    for last in (3, 6, 7):
+        printed = float(re.search(r"\| skip (\S+) \|", lines[last]).group(1))
+        layers = [values[f"moe/layer{layer:02d}/skip_rate"][last] for layer in range(2)]
+        assert 0.01 < printed < 0.99 and printed == pytest.approx(sum(layers) / 2, abs=6e-4), (last, printed, layers)
     assert sorted(lines) == [3, 6, 7]
     loss = values["lm loss"]
     for last, steps in ((3, (1, 2, 3)), (6, (4, 5, 6)), (7, (7,))):

@@ -63,7 +63,8 @@ def validation_flags(tiny_corpus, valid_sets, tmp_path, **extra) -> list[str]:
 def test_each_validation_set_is_evaluated_and_logged_on_its_own(tiny_corpus, valid_sets, tmp_path, capsys, full,
                                                                 monkeypatch):
     """Each set's loss is tools/evaluate.py's over the same samples: all of them (--full-validation),
-    or the first --eval-iters 2 global batches of 4. A long evaluation prints its progress."""
+    or the first --eval-iters 2 global batches of 4 (1e-5 relative); the overall 'lm loss validation' is the sets'
+    mean and its ppl exp(mean). A long evaluation prints its progress."""
     from megatron_zaya.training.loop import Trainer
     monkeypatch.setattr(Trainer, "EVAL_PROGRESS_SECONDS", 0.0)      # every micro-batch counts as long
     extra = {} if full else {"--full-validation": None, "--eval-iters": 2}
@@ -84,6 +85,8 @@ def test_each_validation_set_is_evaluated_and_logged_on_its_own(tiny_corpus, val
         assert f"{name} loss " in out
     mean = (small["loss"] + big["loss"]) / 2       # 'lm loss validation': the sets' mean
     assert values["lm loss validation"][0][1] == pytest.approx(mean, rel=1e-5)
+    # its perplexity is exp of that mean (not of one set's loss), to the same tolerance
+    assert values["lm loss validation ppl"][0][1] == pytest.approx(np.exp(mean), rel=1e-5)
     assert f"final validation loss {mean:.4f}" in out
     if full:      # tools/evaluate.py --per-dataset: the same per-set losses in one call
         report = tmp_path / "per_dataset.json"
