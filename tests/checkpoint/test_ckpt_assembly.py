@@ -130,3 +130,14 @@ def test_a_flat_piece_of_another_block_layout_reads_the_overlapping_pieces():
     assert torch.equal(folder.piece("w", columns, [0, 12]), wanted)
     with pytest.raises(CheckpointError, match="incomplete"):                 # a gap: named by the assembly
         _folder(saved[:2]).piece("w", columns, [4, 10])
+
+
+def test_index_runs_keep_every_run_of_a_tp_slice():
+    """A TP slice of the experts' fused gate/up weight holds two runs of rows: the ranges a rank saves must
+    name both. Reference: the index tensor itself (exact), expanded back from the runs."""
+    from megatron_zaya.checkpoint.blocks import _run_index, index_runs
+    for index in ([0, 1, 4, 5, 6, 9], [3, 4, 5], [7], [0, 2, 4], []):
+        runs = index_runs(torch.tensor(index, dtype=torch.long))
+        assert _run_index(runs).tolist() == index, (index, runs)
+        assert all(a < b for a, b in runs) and all(p[1] < n[0] for p, n in zip(runs, runs[1:])), runs
+    assert index_runs(torch.tensor([0, 1, 4, 5, 6, 9])) == [[0, 2], [4, 7], [9, 10]]

@@ -271,3 +271,17 @@ def test_a_fresh_optimizer_starts_from_the_saved_fp32_masters(ckpt_corpus, ckpt_
     for name, (flat, kept) in seen["masters"].items():
         want = trained[name].reshape(-1)
         assert torch.equal(kept.reshape(-1), want if flat is None else want[flat[0]:flat[1]]), name
+
+
+def test_metadata_names_the_saved_position(ckpt_corpus, ckpt_cache, tmp_path):
+    """metadata.json's top-level fields, read by tools outside the trainer (docs/CHECKPOINTING.md: iteration,
+    consumed samples, tokens seen): those of the train state it holds. Reference: 2 iterations of the global
+    batch of 4 samples of 32 tokens (exact), and the run id of 10 hex digits the save folder was named by."""
+    import re
+    save = str(tmp_path / "meta")
+    train(flags(ckpt_corpus, 2, "--save", save, cache=ckpt_cache))
+    meta = json.load(open(os.path.join(save, "iter_0000002", "metadata.json")))
+    assert meta["iteration"] == meta["train_state"]["iteration"] == 2
+    assert meta["consumed_samples"] == meta["train_state"]["consumed_samples"] == 2 * 4
+    assert meta["tokens_seen"] == meta["train_state"]["consumed_tokens"] == 2 * 4 * 32
+    assert re.fullmatch(r"[0-9a-f]{10}", meta["run_id"]) and meta["layout"]["data_parallel_size"] == 1

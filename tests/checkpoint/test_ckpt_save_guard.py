@@ -305,3 +305,32 @@ def test_interrupted_replacement_is_restored_at_start_up_and_resumed(ckpt_corpus
     resumed = train(flags(ckpt_corpus, 3, "--save", save, "--load", save, cache=ckpt_cache))
     assert resumed.trainer.checkpointer.loaded["iteration"] == 2 and sorted(resumed.losses) == [3]
     assert sorted(os.listdir(save)) == [LOCK_FILE, "iter_0000002", "iter_0000003", LATEST_FILE]
+
+
+def test_load_falls_back_to_the_next_newest_and_counts_only_marked_folders(tmp_path):
+    """--load's candidates: the latest, then the other complete checkpoints newest first (a damaged latest
+    costs one interval, not the run); a folder without COMPLETE is no checkpoint, for --load, pruning and
+    the tools (resolve_folder: the newest complete one when latest_checkpointed_iteration.txt is missing).
+    Reference: the iterations written here, ordered by hand."""
+    from megatron_zaya.checkpoint.format import checkpoint_candidates
+    from megatron_zaya.checkpoint.inspection import resolve_folder
+    save = str(tmp_path)
+    for iteration in (1, 2, 3):
+        fake_checkpoint(save, iteration)
+    fake_checkpoint(save, 4, complete=False)               # a folder whose save never completed
+    assert list_complete(save) == [1, 2, 3]
+    assert resolve_folder(save) == os.path.join(save, "iter_0000003")        # no latest file: the newest
+    open(os.path.join(save, LATEST_FILE), "w").write("3\n")
+    assert checkpoint_candidates(save) == [os.path.join(save, f"iter_{it:07d}") for it in (3, 2, 1)]
+
+
+def test_a_small_file_is_durable_before_it_replaces_the_old_one(tmp_path, monkeypatch):
+    """atomic_write_bytes (COMPLETE, metadata.json, latest_checkpointed_iteration.txt): the new bytes are
+    fsynced before the rename publishes them (a crash after the rename must not leave an empty file), then
+    the folder. Reference: the order of the system calls, recorded."""
+    from megatron_zaya.checkpoint import format as fmt
+    calls, real_fsync, real_replace = [], os.fsync, os.replace
+    monkeypatch.setattr(fmt.os, "fsync", lambda fd: calls.append("fsync") or real_fsync(fd))
+    monkeypatch.setattr(fmt.os, "replace", lambda a, b: calls.append("replace") or real_replace(a, b))
+    fmt.atomic_write_bytes(str(tmp_path / "COMPLETE"), b"7\n")
+    assert calls == ["fsync", "replace", "fsync"] and (tmp_path / "COMPLETE").read_bytes() == b"7\n"
