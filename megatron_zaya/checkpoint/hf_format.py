@@ -249,13 +249,13 @@ def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: tor
             t = t.to(dtype)
         tensors[ours_to_hf_name(name)] = t
     config_dict = hf_config_dict(config, dtype or bulk_dtype(tensors))
-    tokenizer_files = {}
+    text_files = {}       # the tokenizer's files and generation_config.json
     if tokenizer is not None:       # built before anything is written: a refusal leaves no folder
         from megatron_zaya.checkpoint.hf_tokenizer import hf_generation_config, hf_token_ids, hf_tokenizer_files
-        tokenizer_files = hf_tokenizer_files(tokenizer)
+        text_files = hf_tokenizer_files(tokenizer)
         config_dict.update(hf_token_ids(tokenizer))
         generation = hf_generation_config(tokenizer, config.vocab_size)
-        tokenizer_files["generation_config.json"] = json.dumps(generation, indent=2) + "\n"
+        text_files["generation_config.json"] = json.dumps(generation, indent=2) + "\n"
 
     files = shard_files(tensors, max_shard_bytes)
 
@@ -268,7 +268,7 @@ def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: tor
                      "weight_map": {n: file for file, names in files.items() for n in names}}
             (folder / HF_INDEX).write_text(json.dumps(index, indent=2) + "\n")
         (folder / "config.json").write_text(json.dumps(config_dict, indent=2) + "\n")
-        for name, text in {**tokenizer_files, **(extra_files or {})}.items():
+        for name, text in {**text_files, **(extra_files or {})}.items():
             (folder / name).write_text(text, encoding="utf-8")
 
     _atomic_folder_write(Path(output_dir), write)
