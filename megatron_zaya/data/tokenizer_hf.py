@@ -64,7 +64,8 @@ class HuggingFaceTokenizer(_TokenizersBackend):
         self.model_path = json_path
         self._vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         declared: dict[str, str] = {}
-        for name in ("special_tokens_map.json", "tokenizer_config.json"):  # config wins
+        # special_tokens_map.json wins where both declare one, as in transformers' AutoTokenizer (5.x)
+        for name in ("tokenizer_config.json", "special_tokens_map.json"):
             p = os.path.join(directory, name)
             if os.path.isfile(p):
                 cfg = _load_json_object(p)

@@ -355,3 +355,48 @@ def test_loader_batches_without_memory_maps_match(tmp_path):
     mapped, reads = batches(True), batches(False)
     assert len(mapped) == 12
     assert all(torch.equal(x, y) for x, y in zip(mapped, reads))
+
+
+def test_a_cached_blend_is_not_reused_for_other_weights(tmp_path):
+    """The blending-index cache key holds the weights: `--data-path 0.2 A 0.8 B` after a run of `0.8 A 0.2 B`
+    with the same --data-cache-path reads B 80 of every 100 samples, as the greedy reference (ref.blending)
+    puts them and as the same blend built with --no-index-cache does (exactly)."""
+    a, _ = corpus(tmp_path, "a", 0)
+    b, _ = corpus(tmp_path, "b", 100, seed=1)
+    tok, n = build_tokenizer("NullTokenizer", EOD), 100
+
+    def train(weights, **kw):
+        cfg = DataConfig(data_path=[str(weights[0]), a, str(weights[1]), b], split="100,0,0", num_workers=0, **kw)
+        return build_train_valid_test_datasets(cfg, 8, [n, 0, 0], tok)[0]
+
+    train((0.8, 0.2), data_cache_path=str(tmp_path / "cache"))
+    got, want = train((0.2, 0.8), data_cache_path=str(tmp_path / "cache")), train((0.2, 0.8), no_index_cache=True)
+    from_b = [int(np.any((got[i]["tokens"] >= 100) & (got[i]["tokens"] != EOD))) for i in range(n)]
+    assert from_b == list(ref.blending([0.2, 0.8], n)[0]) and sum(from_b) == 80
+    assert all(np.array_equal(got[i]["tokens"], want[i]["tokens"]) for i in range(n))
+
+
+def test_each_appended_block_is_shuffled_with_its_own_seed(tmp_path):
+    """train_samples [24, 16] (a resumed run that needs 16 more samples: data/train_blocks.py): samples 24..39
+    are the 16-sample train split of --seed + 1 built alone (the reference), not a replay of the first block's
+    --seed order."""
+    a, _ = corpus(tmp_path, "a", 0, n_docs=8)
+    tok, seq = build_tokenizer("NullTokenizer", EOD), 8
+    cfg = DataConfig(data_path=[a], split="100,0,0", seed=5, no_index_cache=True, num_workers=0)
+    loader, _, _ = build_train_valid_test_loaders(cfg, 4, 4, seq, 0, 1, train_samples=[24, 16], tokenizer=tok)
+    blocks = loader.dataset
+    alone = [build_train_valid_test_datasets(DataConfig(data_path=[a], split="100,0,0", seed=s, no_index_cache=True,
+                                                        num_workers=0), seq, [n, 0, 0], tok)[0]
+             for s, n in ((5, 24), (6, 16))]
+    assert len(blocks) == 40
+    assert all(np.array_equal(blocks[i]["tokens"], alone[0][i]["tokens"]) for i in range(24))
+    assert all(np.array_equal(blocks[24 + i]["tokens"], alone[1][i]["tokens"]) for i in range(16))
+
+
+def test_sampler_length_is_the_number_of_batches_it_yields():
+    """len(loader) (the total of an evaluation's progress line) is the number of micro-batches the sampler
+    yields, counted by iterating it."""
+    for total, consumed, mbs, dp in ((10, 4, 2, 2), (11, 4, 2, 2), (7, 0, 3, 2), (24, 0, 3, 2)):
+        for rank in range(dp):
+            sampler = PretrainingBatchSampler(total, consumed, mbs, rank, dp)
+            assert len(sampler) == len(list(sampler)), (total, consumed, mbs, dp, rank)

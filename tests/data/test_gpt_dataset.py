@@ -374,3 +374,20 @@ def test_indices_beyond_the_machines_memory_are_refused_before_they_are_built(tm
                                              r".* or train on fewer samples \(--train-iters / --train-samples\)"):
         build_blending_indices([0.3, 0.7], 200_000)
     assert len(build_blending_indices([0.3, 0.7], 1000)[0]) == 1000
+
+
+@pytest.mark.parametrize("first, second", [
+    ((np.arange(20), 30), (np.arange(20, 37), 30)),     # another --split: other documents, same sample count
+    ((np.arange(37), 20), (np.arange(37), 300)),         # a longer run: more epochs of the same documents
+], ids=["documents", "num-samples"])
+def test_a_cached_index_is_not_reused_for_other_documents_or_sizes(tmp_path, first, second):
+    """The index cache key holds the split's documents and the sample count: a second dataset of other
+    documents (a changed --split) or of more epochs (a longer run), built into the same cache folder, reads
+    exactly the samples of the same dataset built without a cache (the reference), token for token."""
+    prefix, _ = make_corpus(tmp_path)
+    ds, opts, cache = IndexedDataset(prefix), SampleOptions(8, 999), str(tmp_path / "cache")
+    GPTDataset(ds, first[0], first[1], opts, seed=1, cache_dir=cache)
+    got = GPTDataset(ds, second[0], second[1], opts, seed=1, cache_dir=cache)
+    want = GPTDataset(ds, second[0], second[1], opts, seed=1, use_cache=False)
+    assert len(got) == len(want) >= second[1]
+    assert all(np.array_equal(got[i]["tokens"], want[i]["tokens"]) for i in range(len(want)))

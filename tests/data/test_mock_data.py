@@ -40,3 +40,26 @@ def test_mock_data_excludes_data_paths_and_loads_through_the_loaders():
     assert [name for name, _ in valid_sets] == [""] and len(valid_sets[0][1]) == 2    # 8 samples, 2 x 2 per rank
     with pytest.raises(ValueError, match="need datasets, not --mock-data"):
         DataConfig(mock_data=True, full_validation=True)
+
+
+def test_mock_samples_follow_the_seed_only_and_eod_only_ends_documents(monkeypatch):
+    """Sample i is a function of (--seed, split, i) only: another process rank (RANK, LOCAL_RANK: a tensor- or
+    context-parallel peer must read the same tokens) gives the same sample, another --seed another one. Random
+    ids never draw the EOD id: with a 4-id vocabulary (EOD = 3) EODs stay near the 1/256 document rate
+    (binomial: 160 expected in 40,960 tokens, sd 13; a drawn EOD would give a quarter of all tokens)."""
+    tokenizer = build_tokenizer("NullTokenizer", 500)
+
+    def train(seed):
+        cfg = DataConfig(mock_data=True, seed=seed, num_workers=0)
+        return build_train_valid_test_datasets(cfg, 1024, [40, 0, 0], tokenizer)[0]
+
+    here = train(3)[5]["tokens"]
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert np.array_equal(train(3)[5]["tokens"], here)
+    assert not np.array_equal(train(4)[5]["tokens"], here)
+    small = build_tokenizer("NullTokenizer", 3)
+    cfg = DataConfig(mock_data=True, seed=3, num_workers=0)
+    data = build_train_valid_test_datasets(cfg, 1024, [40, 0, 0], small)[0]
+    tokens = np.concatenate([data[i]["tokens"] for i in range(40)])
+    assert 100 < int((tokens == small.eod).sum()) < 220

@@ -249,3 +249,17 @@ def test_train_unigram(tmp_path, corpus_dir):
     assert rc == 0
     tok = build_tokenizer("GPTSentencePieceTokenizer", str(tmp_path / "u.model"))
     assert tok.vocab_size == 600 and tok.decode(tok.encode("Proment thetion.")) == "Proment thetion."
+
+
+def test_hf_eos_declared_twice_is_the_one_transformers_takes(tmp_path, byte_level_bpe_json, monkeypatch):
+    """tokenizer_config.json and special_tokens_map.json naming different EOS tokens: Megatron's EOD is
+    transformers' `AutoTokenizer.from_pretrained(folder).eos_token_id` (the reference, exact ids); ours is
+    the same token."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    transformers = pytest.importorskip("transformers")
+    d = _tokenizer_dir(tmp_path / "tok", byte_level_bpe_json, False,
+                       {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<eos>", "bos_token": "<bos>"})
+    (d / "special_tokens_map.json").write_text(json.dumps({"eos_token": "<pad>"}))
+    ref = transformers.AutoTokenizer.from_pretrained(str(d))
+    ours = build_tokenizer("HuggingFaceTokenizer", str(d))
+    assert (ours.eod, ours.bos) == (ref.eos_token_id, ref.bos_token_id)

@@ -118,3 +118,27 @@ def test_inspect_dataset_reports_counts_ids_and_text_with_the_recorded_tokenizer
     with pytest.raises(SystemExit) as exc:
         run_tool("inspect_dataset", [str(tmp_path / "cut")])
     assert exc.value.code == 2 and f"{tmp_path / 'cut.bin'}: size" in capsys.readouterr().err
+
+
+def test_every_recorded_dataset_is_checked_and_the_eod_id_counts(tiny_corpus, tmp_path):
+    """check_dataset_tokenizers over a blend: a dataset without a record (Megatron-LM's preprocessing) before
+    one whose record names another tokenizer does not end the check; a record that differs from this run's
+    tokenizer only in its EOD id (same vocabulary and probe digest: e.g. another eos_token declared beside
+    the same tokenizer.json) is another tokenizer, since --reset-* / --eod-mask-loss act at EOD."""
+    from megatron_zaya.data.dataset_tokenizer import check_dataset_tokenizers
+    from megatron_zaya.errors import UserInputError
+    prefix, model = tiny_corpus
+    tokenizer = build_tokenizer("GPTSentencePieceTokenizer", model)
+    record = json.loads(open(record_path(prefix)).read())
+    paths = {}
+    for name, eod in (("unrecorded", None), ("same", record["eod"]), ("other_eod", record["eod"] + 1)):
+        paths[name] = str(tmp_path / name)
+        for ext in (".bin", ".idx"):
+            shutil.copy(prefix + ext, paths[name] + ext)
+        if eod is not None:
+            open(record_path(paths[name]), "w").write(json.dumps({**record, "eod": eod}))
+    check_dataset_tokenizers([paths["unrecorded"], paths["same"]], tokenizer, "ours")
+    for order in ([paths["other_eod"]], [paths["unrecorded"], paths["same"], paths["other_eod"]]):
+        with pytest.raises(UserInputError, match=f"{paths['other_eod']} was preprocessed with .*EOD id is "
+                                                 f"{record['eod'] + 1}, this run's {record['eod']}"):
+            check_dataset_tokenizers(order, tokenizer, "ours")

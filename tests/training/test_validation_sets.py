@@ -190,3 +190,24 @@ def test_a_split_blend_gives_one_set_per_dataset_with_its_own_validation_documen
         assert len(got.dataset) == len(alone) == 4
         for i in range(4):
             assert np.array_equal(got.dataset[i]["tokens"], alone[i]["tokens"]), (prefix, i)
+
+
+def test_one_full_validation_set_of_a_blend_reads_every_sample_of_each_dataset_once(tiny_corpus, valid_sets, tmp_path):
+    """--full-validation without --multiple-validation-sets over `--data-path A B`: the one set is A's
+    validation samples then B's, each exactly the samples of a one-pass set over that dataset alone
+    (the reference), token for token; no dataset is left out or read twice."""
+    from megatron_zaya.data import DataConfig, build_tokenizer
+    from megatron_zaya.data.loaders import build_split_datasets
+    tokenizer = build_tokenizer("GPTSentencePieceTokenizer", tiny_corpus[1])
+
+    def valid(paths):
+        cfg = DataConfig(data_path=list(paths), split="8,2,0", num_workers=0, data_cache_path=str(tmp_path),
+                         full_validation=True)
+        sets = build_split_datasets(cfg, 32, [8, 4, 0], tokenizer).valid
+        assert [s.name for s in sets] == [""]
+        return sets[0].dataset
+
+    both, alone = valid(valid_sets), [valid([p]) for p in valid_sets]
+    expected = [alone[d][i]["tokens"] for d in range(2) for i in range(len(alone[d]))]
+    assert min(len(a) for a in alone) > 0 and len(both) == len(expected)
+    assert all(np.array_equal(both[i]["tokens"], t) for i, t in enumerate(expected))
