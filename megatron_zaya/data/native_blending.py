@@ -52,8 +52,13 @@ def _cache_dirs() -> list[str]:
     return [os.path.join(base, "megatron_zaya"), os.path.join(tempfile.gettempdir(), "megatron_zaya")]
 
 
+FLAGS = ["-O2", "-ffp-contract=off", "-shared", "-fPIC"]    # no contraction: the same sums as the Python order
+
+
 def _compile(folder: str, compiler: str) -> str | None:
-    name = f"blending-{hashlib.sha256(SOURCE.encode()).hexdigest()[:16]}-{platform.machine()}.so"
+    # named by the source and the flags it is built with: a library built another way is never reused
+    digest = hashlib.sha256((SOURCE + " ".join(FLAGS)).encode()).hexdigest()[:16]
+    name = f"blending-{digest}-{platform.machine()}.so"
     library = os.path.join(folder, name)
     if os.path.exists(library):
         return library
@@ -67,7 +72,7 @@ def _compile(folder: str, compiler: str) -> str | None:
         with open(source, "w") as f:
             f.write(SOURCE)
         built = os.path.join(work, name)
-        subprocess.run([compiler, "-O2", "-ffp-contract=off", "-shared", "-fPIC", source, "-o", built],
+        subprocess.run([compiler, *FLAGS, source, "-o", built],
                        check=True, capture_output=True, timeout=120)
         os.replace(built, library)
         return library

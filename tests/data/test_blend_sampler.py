@@ -1,5 +1,7 @@
 """Blends (Megatron's greedy interleave), curriculum phases, the resumable sampler and the loaders."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -55,6 +57,21 @@ def test_the_compiled_blending_loop_gives_the_python_loops_indices(monkeypatch):
         assert np.array_equal(build_blending_indices(blends[0], 500)[0], build_blending_indices(blends[0], 500, False)[0])
     finally:
         native_blending.native_blending.cache_clear()
+
+
+def test_a_compiled_blending_library_is_named_by_its_flags_too(tmp_path, monkeypatch):
+    """The cached library's name holds the hash of the source and the compiler flags: a library built with
+    other flags (e.g. with floating-point contraction, which changes the sums) is never reused."""
+    import shutil
+
+    from megatron_zaya.data import native_blending
+    compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if compiler is None:
+        pytest.skip("no C compiler here")
+    first = native_blending._compile(str(tmp_path), compiler)
+    monkeypatch.setattr(native_blending, "FLAGS", [f for f in native_blending.FLAGS if f != "-ffp-contract=off"])
+    second = native_blending._compile(str(tmp_path), compiler)
+    assert first and second and first != second and os.path.exists(first) and os.path.exists(second)
 
 
 def test_blend_weights_are_normalised_once_as_in_megatron():
