@@ -44,6 +44,14 @@ def test_model_stats_tool_prints_published_numbers():
 
 
 def test_flop_formula_matches_torch_flop_counter(monkeypatch):
+    """The matmul and attention MACs, forward_flops_per_token and training_flops_per_token against torch's
+    FlopCounterMode on zaya1-tiny (2 layers, 2 x 64 tokens).
+
+    The counter charges SDPA's QK^T and AV (its bmm FLOPs) for the full S x S square; a causal token at position t
+    sees t+1 keys, (S+1)/2 on average, so the forward reference is measured - bmm x (1 - (S+1)/(2S)), per token.
+    Tolerance 1e-3 on the matmul total, 1e-4 on the forward (the counter also counts the convolutions' bias, 12
+    FLOPs a token; the causal attention the formula must include is 2.3% of the total). The router's matmuls,
+    read from the counter's per-module totals, must match exactly (D*R + 2*R*R + R*(E+1) MACs a token)."""
     # The fallback expert path uses plain matmuls, which the FLOP counter sees (grouped_mm it does not).
     monkeypatch.setattr(experts, "_HAS_GROUPED_MM", False)
     config = model_config_from_preset("zaya1-tiny", num_layers=2, skip_class_bias_init=-100.0)
@@ -54,30 +62,13 @@ def test_flop_formula_matches_torch_flop_counter(monkeypatch):
     with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
         model(torch.randint(0, config.vocab_size, (b, s)))
     measured = counter.get_total_flops()
-    # torch's counter charges SDPA for the full S x S square; our formula halves it for causality.
     full_attention = config.num_layers * 2 * config.num_attention_heads * config.kv_channels * s
     expected = 2 * b * s * (sum(matmul_macs_per_token(config).values()) + full_attention)
     assert measured == pytest.approx(expected, rel=1e-3)
     assert attention_macs_per_token(config, s) == pytest.approx(full_attention * (s + 1) / (2 * s))
-
-
-def test_forward_flops_per_token_matches_torch_flop_counter(monkeypatch):
-    """forward_flops_per_token itself against torch's FlopCounterMode on zaya1-tiny (2 layers, 2 x 64 tokens).
-
-    The counter charges SDPA's QK^T and AV (its bmm FLOPs) for the full S x S square; a causal token at position t
-    sees t+1 keys, (S+1)/2 on average, so the reference is measured - bmm x (1 - (S+1)/(2S)), per token.
-    Tolerance 1e-4 relative (the counter also counts the convolutions' bias, 12 FLOPs a token; the causal
-    attention the formula must include is 2.3% of the total). The router's matmuls, read from the counter's
-    per-module totals, must match exactly (D*R + 2*R*R + R*(E+1) MACs a token)."""
-    monkeypatch.setattr(experts, "_HAS_GROUPED_MM", False)
-    config = model_config_from_preset("zaya1-tiny", num_layers=2, skip_class_bias_init=-100.0)
-    model = ZayaModel(config)
-    b, s = 2, 64
-    with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
-        model(torch.randint(0, config.vocab_size, (b, s)))
     counts = counter.get_flop_counts()
     square = counts["Global"][torch.ops.aten.bmm]
-    reference = (counter.get_total_flops() - square * (1 - (s + 1) / (2 * s))) / (b * s)
+    reference = (measured - square * (1 - (s + 1) / (2 * s))) / (b * s)
     assert forward_flops_per_token(config, s) == pytest.approx(reference, rel=1e-4)
     assert training_flops_per_token(config, s) == pytest.approx(3 * reference, rel=1e-4)
     router = sum(counts["ZayaModel.layers.0.moe.router"].values()) / (b * s)
