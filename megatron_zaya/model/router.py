@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron_zaya.config import ModelConfig
-from megatron_zaya.kernels.reference import class_counts
+from megatron_zaya.kernels.reference_moe import class_counts
 from megatron_zaya.model import recompute
 from megatron_zaya.model.norm import RMSNorm, at_least_fp32
 
