@@ -31,8 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from megatron_zaya.config import model_config_from_preset  # noqa: E402
 from megatron_zaya.model import ZayaModel  # noqa: E402
-from megatron_zaya.model.experts import bucketed_rows  # noqa: E402
-from megatron_zaya.planner.activations import activation_memory  # noqa: E402
+from megatron_zaya.planner.activations import activation_memory, measured_routing  # noqa: E402
 
 CHOICES = ("none", "selective", "moe", "moe_act moe", "layernorm core_attn moe_act moe", "full")
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
@@ -95,10 +94,7 @@ def measure(config, batch, seq, choice, allocated):
             out.token_losses.sum().backward()
         routing = out.routing
         del out
-    rows = batch * seq * len(routing)
-    routed = sum(int(r.counts[:-1].sum()) for r in routing) / rows
-    padded = sum(bucketed_rows(c) for r in routing for c in r.counts[:-1].tolist()) / rows
-    return kept, mode.peak - start, routed, padded
+    return kept, mode.peak - start, *measured_routing(routing)
 
 
 def main(argv=None) -> int:

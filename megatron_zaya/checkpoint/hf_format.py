@@ -253,8 +253,9 @@ def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: tor
     if tokenizer is not None:       # built before anything is written: a refusal leaves no folder
         from megatron_zaya.checkpoint.hf_tokenizer import hf_generation_config, hf_token_ids, hf_tokenizer_files
         text_files = hf_tokenizer_files(tokenizer)
-        config_dict.update(hf_token_ids(tokenizer))
-        generation = hf_generation_config(tokenizer, config.vocab_size)
+        token_ids = hf_token_ids(tokenizer)
+        config_dict.update(token_ids)
+        generation = hf_generation_config(token_ids, tokenizer.vocab_size, config.vocab_size)
         text_files["generation_config.json"] = json.dumps(generation, indent=2) + "\n"
 
     files = shard_files(tensors, max_shard_bytes)

@@ -227,8 +227,8 @@ def hf_token_ids(tokenizer) -> dict[str, int | None]:
     return {name: int(value) if value is not None and value >= 0 else None for name, value in ids.items()}
 
 
-def hf_generation_config(tokenizer, padded_vocab_size: int) -> dict:
-    """generation_config.json: the special ids, and the padded vocabulary's rows beyond the tokenizer's
-    (`--make-vocab-size-divisible-by`) suppressed, as our own sampling leaves them out (`vocab_limit`), so
-    that transformers' generate() never draws an id the tokenizer cannot decode."""
-    return {**hf_token_ids(tokenizer), "suppress_tokens": list(range(tokenizer.vocab_size, padded_vocab_size))}
+def hf_generation_config(token_ids: dict, vocab_size: int, padded_vocab_size: int) -> dict:
+    """generation_config.json: the special ids (hf_token_ids), and the padded vocabulary's rows beyond the
+    tokenizer's `vocab_size` (`--make-vocab-size-divisible-by`) suppressed, as our own sampling leaves them out
+    (`vocab_limit`), so that transformers' generate() never draws an id the tokenizer cannot decode."""
+    return {**token_ids, "suppress_tokens": list(range(vocab_size, padded_vocab_size))}

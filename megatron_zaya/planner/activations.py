@@ -48,6 +48,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from megatron_zaya.config import ModelConfig
+from megatron_zaya.model.experts import bucketed_rows
 from megatron_zaya.model.recompute import DEFAULT_MODULES, check_modules
 
 
@@ -239,6 +240,15 @@ def document_bias_bytes(seq_length: int, micro_batch_size: int, context_parallel
         return 2 * micro_batch_size * seq_length ** 2
     half = seq_length / (2 * context_parallel)
     return 2 * micro_batch_size * (2 * context_parallel + 1) * half ** 2
+
+
+def measured_routing(routing) -> tuple[float, float]:
+    """(routed_fraction, padded_fraction) of a forward's routing (ModelOutput.routing, one per MoE layer): the
+    share of tokens sent to an expert, and the expert rows per token after the CPU path's bucket padding."""
+    tokens = sum(int(r.counts.sum()) for r in routing)
+    routed = sum(int(r.counts[:-1].sum()) for r in routing)
+    padded = sum(bucketed_rows(c) for r in routing for c in r.counts[:-1].tolist())
+    return routed / tokens, padded / tokens
 
 
 def activation_memory(config: ModelConfig, seq_length: int, micro_batch_size: int, recompute: str = "none",

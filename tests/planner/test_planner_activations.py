@@ -16,8 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from megatron_zaya.config import model_config_from_preset
 from megatron_zaya.model import ZayaModel
-from megatron_zaya.model.experts import bucketed_rows
-from megatron_zaya.planner.activations import activation_memory
+from megatron_zaya.planner.activations import activation_memory, measured_routing
 
 
 def bf16_model(config):
@@ -51,10 +50,7 @@ def measured_saved_bytes(model, tokens, labels, recompute_blocks=False, backend=
         if originals:
             for block, fwd in zip(model.layers, originals):
                 block.forward = fwd
-    per_layer_tokens = len(out.routing) * tokens.numel()
-    routed = sum(int(r.counts[:-1].sum()) for r in out.routing) / per_layer_tokens
-    padded = sum(bucketed_rows(c) for r in out.routing for c in r.counts[:-1].tolist()) / per_layer_tokens
-    return sum(seen.values()), routed, padded
+    return sum(seen.values()), *measured_routing(out.routing)
 
 
 MATH = ("cpu-reference", SDPBackend.MATH)
