@@ -9,7 +9,8 @@ A third field names the checkpoint folder under DIR (default "ckpt"): save:cp2-e
 Layout syntax as tests/parallel: tp2, cp2, ep2, dp, zero joined by '-'; "single" = no parallel
 package at all. Every result is appended to DIR/losses.json (rank 0), with how many model elements,
 rank JSONs and rank tensor files each rank read at a load, and the elements read from those files
-(model and optimizer state). CKPT_TEST_MIN_SHARE_BYTES sets replica_owners.MIN_SHARE_BYTES (0: every
+(model and optimizer state), and each rank's next RNG draws when it saved (each rank seeded on its own) or
+after it loaded. CKPT_TEST_MIN_SHARE_BYTES sets replica_owners.MIN_SHARE_BYTES (0: every
 tensor over its group's even share is saved in row shares); a task with a fourth field `whole`
 (save:dp-zero:w:whole) keeps the library's. Under torchrun, `loadfail:LAYOUT` loads while rank 1's model
 reads fail (`loadfailstep`: its reads of optimizer step counts) and `loadbadjson:LAYOUT:X` loads X after
@@ -19,11 +20,13 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
@@ -111,6 +114,21 @@ def per_rank(world: int, count: int) -> list[int]:
     if world > 1:
         dist.all_reduce(counts)
     return [int(c) for c in counts.tolist()]
+
+
+def next_draws() -> list[int]:
+    """The next number torch, numpy and Python's random would each draw, leaving their states as they were."""
+    torch_state, np_state, py_state = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    draws = [int(torch.randint(0, 10**6, ())), int(np.random.randint(0, 10**6)), random.randrange(10**6)]
+    torch.set_rng_state(torch_state)
+    np.random.set_state(np_state)
+    random.setstate(py_state)
+    return draws
+
+
+def rng_per_rank(world: int) -> list[list[int]]:
+    """Each rank's next_draws (below 2**24: exact in the float32 all-reduce of per_rank)."""
+    return [per_rank(world, draw) for draw in next_draws()]
 
 
 def config():
@@ -264,6 +282,11 @@ def main() -> int:
         if mode == "save":
             for step in range(SAVE_AT):
                 losses[step + 1] = s.step(step)
+            seed = 50 + runtime.rank                  # each rank's own RNG state, which its load must restore
+            torch.manual_seed(seed)
+            np.random.seed(seed)
+            random.seed(seed)
+            rng = rng_per_rank(world)
             ck.save(s)
         else:
             MODEL_READS.clear()
@@ -271,12 +294,14 @@ def main() -> int:
             JSON_READS.clear()
             FILE_READS.clear()
             OPTIM_ELEMENTS[0] = MODEL_ELEMENTS[0] = 0
+            torch.manual_seed(0)                      # not what any rank saved
             ck.load(s)
             assert s.state.iteration == SAVE_AT, s.state
+            rng = rng_per_rank(world)
         for step in range(s.state.iteration, TOTAL):
             losses[step + 1] = s.step(step)
         ck.close()
-        results.append({"task": task, "world": world, "losses": losses,
+        results.append({"task": task, "world": world, "losses": losses, "rng": rng,
                         "loaded_from": (ck.loaded or {}).get("layout"),
                         "model_reads": per_rank(world, sum(MODEL_READS)) if mode == "load" else None,
                         "json_reads": per_rank(world, len(JSON_READS)) if mode == "load" else None,

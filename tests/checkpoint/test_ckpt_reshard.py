@@ -1,8 +1,9 @@
 """Resharding: a checkpoint saved under a 4-process layout (TP2 x EP2 with ZeRO-1, and CP2 x EP2
 without) loads under other 4-process layouts, under 2 (ZeRO-1 DP4 -> DP2) and under 1 process, and
 training continues with the same losses (fp32, 1e-5 relative: different layouts reduce in different
-orders); the replicas of a model tensor read it once between them (in row shares, which differ between
-layouts), each rank JSON is read by one rank, and each rank reads about its share of the files."""
+orders); each rank restores the RNG states its rank saved; the replicas of a model tensor read it once
+between them (in row shares, which differ between layouts), each rank JSON is read by one rank, and each
+rank reads about its share of the files."""
 import json
 import os
 import subprocess
@@ -54,6 +55,11 @@ def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
             assert sorted(got) == ["3", "4"], (loader, got)
             for step in got:
                 assert abs(got[step] / want[step] - 1) < 1e-5, (saver, loader, step, got[step], want[step])
+            # Each rank restores its own RNG states (torch, numpy, Python), saved by the rank of its number.
+            saved = results[saver]["rng"]
+            assert all(len(set(draws)) == len(draws) for draws in saved), saved     # the ranks' states differ
+            world = results[loader]["world"]
+            assert results[loader]["rng"] == [draws[:world] for draws in saved], (saver, loader)
     # Replicated model tensors are read by their owners in their group, in row shares for those over the group's
     # even share, and broadcast (replica_owners): under DP4 each element is read once in all, spread evenly over
     # the ranks (27% at most, 25% even); under CP2 x EP2 fewer than every rank reading all.
