@@ -54,6 +54,9 @@ class TrainState:
     data_start_iteration: int = 0
     data_start_samples: int = 0
     data_blocks: list = field(default_factory=list)   # its train dataset's sizes across jobs (data/train_blocks.py)
+    # non-finite steps in a row so far (--max-consecutive-nonfinite): a run resumed in a streak stops where the
+    # uninterrupted run would
+    consecutive_nonfinite: int = 0
 
 
 @dataclass
@@ -122,7 +125,6 @@ class Trainer:
         else:
             self.peak_tflops, self.peak_source = device_peak_tflops(
                 self.device, torch.bfloat16 if self.cfg.bf16 else torch.float32)
-        self.consecutive_nonfinite = 0
         self.iterations_to_skip = frozenset(self.cfg.iterations_to_skip or ())   # completed counts, as Megatron-LM
         self.stop_requested: str | None = None
         self.exit_reason: str | None = None   # why the loop stopped before --train-iters (a signal, an exit flag)
@@ -549,17 +551,17 @@ class Trainer:
 
     def handle_nonfinite(self, result: StepResult) -> None:
         if not result.skipped:
-            self.consecutive_nonfinite = 0
+            self.state.consecutive_nonfinite = 0
             return
         self.state.skipped_iterations += 1
         if result.no_loss_tokens:      # the data's doing, not the model's: not counted towards the stop
             self.logger.print(f"iteration {self.state.iteration:>7}/{self.total_iters} | SKIPPED: no loss tokens in "
                               f"the global batch (every loss mask 0); no update")
             return
-        self.consecutive_nonfinite += 1
+        self.state.consecutive_nonfinite += 1
         self.logger.print(f"iteration {self.state.iteration:>7}/{self.total_iters} | SKIPPED (non-finite) "
                           f"{result.diagnosis}")
-        if self.consecutive_nonfinite >= self.cfg.max_consecutive_nonfinite:
+        if self.state.consecutive_nonfinite >= self.cfg.max_consecutive_nonfinite:
             raise NonFiniteLossError(
-                f"{self.consecutive_nonfinite} consecutive steps with a non-finite loss or gradient at iteration "
+                f"{self.state.consecutive_nonfinite} consecutive steps with a non-finite loss or gradient at iteration "
                 f"{self.state.iteration}: {result.diagnosis}")

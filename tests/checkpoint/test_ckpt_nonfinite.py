@@ -57,6 +57,20 @@ def test_nan_step_is_skipped_and_repeated_nans_stop(ckpt_corpus, ckpt_cache, tmp
         assert all(torch.isfinite(t).all() for t in state.values())
 
 
+def test_a_run_resumed_in_a_streak_of_nonfinite_steps_stops_where_the_uninterrupted_one_does(
+        ckpt_corpus, ckpt_cache, tmp_path, monkeypatch):
+    """Steps 2 on are NaN: the first job ends after step 3 (2 skipped in a row) with a checkpoint; the resume
+    stops at step 4, the third in a row, as one uninterrupted job does (the count was not saved: it ran to 6)."""
+    from megatron_zaya.training import loop
+    monkeypatch.setattr(loop.Trainer, "train_step", _nan_gradient_at({2, 3, 4, 5, 6}))
+    save = str(tmp_path / "streak")
+    rec = train(flags(ckpt_corpus, 8, "--save", save, "--exit-interval", "3", cache=ckpt_cache))
+    assert rec.trainer.state.iteration == 3 and rec.trainer.state.consecutive_nonfinite == 2
+    assert read_latest(save) == 3
+    with pytest.raises(NonFiniteLossError, match=r"^3 consecutive steps .* at iteration 4:"):
+        train(flags(ckpt_corpus, 8, "--save", save, "--load", save, cache=ckpt_cache))
+
+
 def test_a_global_batch_without_loss_tokens_is_not_applied(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch, capsys):
     """Every loss mask of step 2 is 0: Megatron-LM's 0/0 is a NaN loss and no update. It logged a loss of 0.0
     and stepped the optimizer, the schedule and the balancing biases on zero gradients. Skipped, not counted
