@@ -22,7 +22,8 @@ from __future__ import annotations
 import json
 import os
 
-from megatron_zaya.data.blend import is_number
+from megatron_zaya.data.blend import is_number, parse_data_path
+from megatron_zaya.data.index_builders import parse_split
 from megatron_zaya.data.indexed import strip_suffix
 
 PATH_FIELDS = ("data_path", "train_data_path", "valid_data_path", "test_data_path")
@@ -57,13 +58,30 @@ def _resolved(fields: dict) -> dict:
     return resolved
 
 
+def _comparable_blend(items) -> list:
+    """A --data-path list as compared: paths resolved, and a weighted blend's weights normalized as the
+    blend uses them (to 12 digits), so that '30 A 70 B' and '0.3 A 0.7 B' are one blend. An unweighted
+    list stays as it is: its datasets are asked for no surplus, unlike '0.5 A 0.5 B'."""
+    items = resolved_paths(items)
+    if len(items) > 1 and is_number(items[0]):
+        weights, paths = parse_data_path(items)
+        return [[float(f"{w:.12g}"), p] for w, p in zip(weights, paths)]
+    return items
+
+
 def _signature_fields(signature: str) -> dict:
-    """The compared fields of a signature, paths resolved (checkpoints written before paths were stored
-    resolved hold them as typed; they resolve against this run's working directory). Older checkpoints
-    also stored the global batch size, which is not compared."""
+    """The compared fields of a signature: paths resolved (checkpoints written before paths were stored
+    resolved hold them as typed; they resolve against this run's working directory), weights and the
+    --split as normalized shares ('98,2' and '98,2,0' split alike). Older checkpoints also stored the global
+    batch size, which is not compared."""
     fields = json.loads(signature)
     fields.pop("global_batch_size", None)
-    return _resolved(fields)
+    compared = {k: _comparable_blend(v) if k in PATH_FIELDS else v for k, v in fields.items()}
+    if "phases" in fields:
+        compared["phases"] = [[_comparable_blend(paths), samples] for paths, samples in fields["phases"]]
+    if fields.get("split") is not None:
+        compared["split"] = [float(f"{share:.12g}") for share in parse_split(fields["split"])]
+    return compared
 
 
 def data_changed(previous: str, current: str) -> bool:

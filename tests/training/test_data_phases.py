@@ -102,3 +102,17 @@ def test_the_same_files_spelled_another_way_are_the_same_data(tmp_path, monkeypa
     assert not data_changed(saved, signature("0.3", "a", "0.7", "b"))
     assert data_changed(saved, signature("0.3", "a", "0.7", "c"))
     assert data_changed(saved, signature("0.4", "a", "0.6", "b"))
+    # Weights and the split are compared as the shares the blend uses: '30 A 70 B' is '0.3 A 0.7 B' (a new
+    # phase re-read the samples already trained on), '98,2' is '98/2/0'; an unweighted list is not
+    # '0.5 A 0.5 B' (no surplus asked of its datasets).
+    for same in (("30", "a", "70", "b"), ("0.30", "a", "0.70", "b"), ("3", "a", "7", "b")):
+        assert not data_changed(saved, signature(*same)), same
+    assert data_changed(signature("a", "b"), signature("0.5", "a", "0.5", "b"))
+    assert not data_changed(signature("1", "a", "1", "b"), signature("0.5", "a", "0.5", "b"))
+
+    def split(value):
+        return data_signature(SimpleNamespace(data=DataConfig(data_path=["a"], split=value),
+                                              model=SimpleNamespace(seq_length=64)))
+    assert not data_changed(split("98,2"), split("98/2/0"))
+    assert not data_changed(split("969,30,1"), split("96.9, 3, 0.1"))
+    assert data_changed(split("98,2,0"), split("98,1,1"))
