@@ -477,6 +477,10 @@ def validate(args: argparse.Namespace) -> RunConfig:
                         "i mod E), for benchmarks only: the model does not learn its routing")
     if args.log_progress and not args.save:
         warnings.append("--log-progress without --save: nothing is written (progress.txt goes into the --save folder)")
+    saving = [flag for flag, given in (("--save-interval", args.save_interval), ("--async-save", args.async_save),
+                                       ("--ckpt-keep", args.ckpt_keep)) if given]
+    if saving and not args.save:     # (YAML configs set them; --save comes from the launch line)
+        warnings.append(f"{', '.join(saving)} without --save: no checkpoint is written, so this run cannot be resumed")
     warnings += check_profile_flags(args, parallel.world_size, torch.cuda.is_available())
     if args.distributed_backend == "nccl" and not torch.cuda.is_available() and not args.dry_run:
         raise UserInputError("--distributed-backend nccl needs GPUs (NCCL/RCCL), and torch sees none here: give "

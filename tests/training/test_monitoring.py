@@ -228,9 +228,16 @@ def test_log_progress_appends_each_job_and_checkpoint(tiny_corpus, tmp_path, cap
     assert fields["Job throughput"].endswith(" TFLOP/s/GPU") and fields["Tokens (in billions)"] == "0.00"
 
 
-def test_log_progress_without_save_warns(tiny_corpus, tmp_path):
+def test_log_progress_or_save_flags_without_save_warn(tiny_corpus, tmp_path):
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--log-progress": ""}))
     assert "--log-progress without --save: nothing is written (progress.txt goes into the --save folder)" in run.warnings
+    assert not any("without --save: no checkpoint" in w for w in run.warnings)
+    # Megatron-LM also saves nothing without --save; said, as a lost --save (an empty $CKPT_DIR) loses a run
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--save-interval": 2, "--async-save": ""}))
+    assert "--save-interval, --async-save without --save: no checkpoint is written, so this run cannot be resumed" \
+        in run.warnings
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--save-interval": 2, "--save": tmp_path / "ck"}))
+    assert run.warnings == []
 
 
 def test_empty_unused_memory_level(monkeypatch, tiny_corpus, tmp_path):
