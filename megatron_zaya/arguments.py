@@ -27,7 +27,7 @@ from megatron_zaya.data.indexed import IndexedDatasetError, check_indexed_datase
 from megatron_zaya.data.tokenizer import check_tokenizer_flags, tiktoken_options
 from megatron_zaya.errors import UserInputError
 from megatron_zaya.flags import DEFAULT_PRESET, MODEL_FLAGS, apply_yaml_defaults, build_parser, let_the_command_line_win
-from megatron_zaya.megatron_flags import check_megatron_flags, resolve_aliases
+from megatron_zaya.megatron_flags import check_megatron_flags, preset_shape_warning, resolve_aliases
 from megatron_zaya.model import recompute
 from megatron_zaya.optim.builder import OptimizerConfig
 from megatron_zaya.parallel.data import DEFAULT_BUCKET_SIZE
@@ -447,7 +447,11 @@ def validate(args: argparse.Namespace) -> RunConfig:
             warnings.append(f"--use-checkpoint-args: the tokenizer of the run that saved the checkpoint, "
                             f"--tokenizer-type {args.tokenizer_type} --tokenizer-model {args.tokenizer_model}")
     else:
-        model = model_config_from_preset(args.preset or DEFAULT_PRESET, **overrides)
+        preset = args.preset or DEFAULT_PRESET
+        model = model_config_from_preset(preset, **overrides)
+        shape_warning = preset_shape_warning(args, model, model_config_from_preset(preset), preset)
+        if shape_warning:
+            warnings.append(shape_warning)
 
     if args.ddp_num_buckets is not None and args.ddp_bucket_size is not None:
         raise UserInputError(f"--ddp-num-buckets={args.ddp_num_buckets} and --ddp-bucket-size={args.ddp_bucket_size} "

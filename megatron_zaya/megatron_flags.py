@@ -374,6 +374,28 @@ def resolve_aliases(args: argparse.Namespace) -> list[str]:
     return warnings
 
 
+def preset_shape_warning(args: argparse.Namespace, model, preset_model, preset: str) -> str | None:
+    """A Megatron-LM script that resizes the model (--hidden-size, --num-attention-heads other than the preset's)
+    and leaves out the flags Megatron derives from those gets the preset's values for them here: said, naming
+    each one whose preset value differs from Megatron's derivation. None when nothing differs."""
+    if (model.hidden_size, model.num_attention_heads) == (preset_model.hidden_size, preset_model.num_attention_heads):
+        return None
+    hidden, heads = model.hidden_size, model.num_attention_heads
+    ffn = int(4 * hidden * 2 / 3 / 64) * 64 if args.swiglu else 4 * hidden     # Megatron's --ffn-hidden-size
+    derived = [("kv_channels", hidden // heads, "hidden / heads"), ("rotary_percent", 1.0, "its default"),
+               ("moe_ffn_hidden_size", ffn, "from hidden" + (" with --swiglu" if args.swiglu else ""))]
+    if not args.group_query_attention:
+        derived.insert(1, ("num_query_groups", heads, "heads, without --group-query-attention"))
+    differ = [(name, want, how) for name, want, how in derived
+              if getattr(args, name) is None and getattr(model, name) != want]
+    if not differ:
+        return None
+    kept = ", ".join(f"--{name.replace('_', '-')} {getattr(model, name)}" for name, _, _ in differ)
+    megatron = ", ".join(f"{want} ({how})" for _, want, how in differ)
+    return (f"--preset {preset} keeps its {kept} (flags not given), where Megatron-LM would derive {megatron}; "
+            f"give the flags to choose")
+
+
 def check_megatron_flags(args: argparse.Namespace) -> None:
     """ValueError naming the first flag whose value this code does not do."""
     if args.moe_layer_freq is not None and _every_layer(args.moe_layer_freq, args.num_layers):

@@ -62,6 +62,27 @@ def test_a_megatron_lm_script_runs_unchanged(tiny_corpus, tmp_path):
     assert schedule(0) == pytest.approx(1e-4 + (3e-3 - 1e-4) / 4)    # the warmup starts from --lr-warmup-init
 
 
+def test_a_resized_preset_says_which_of_its_values_megatron_would_derive_otherwise(tiny_corpus, tmp_path):
+    """--hidden-size 256 --num-attention-heads 8 on zaya1-tiny (hidden 128, 4 heads): Megatron-LM derives the
+    head size (hidden / heads: 32, the preset's too), full attention, RoPE on all dimensions and the FFN from
+    the hidden size; here the preset's values are kept, and the warning names each that differs. Given flags,
+    and the preset's own sizes, say nothing."""
+    base = tiny_run_flags(tiny_corpus, tmp_path)
+    run = parse_args(base + ["--hidden-size", "256", "--num-attention-heads", "8", "--swiglu"])
+    assert (run.model.kv_channels, run.model.num_query_groups, run.model.rotary_percent) == (32, 2, 0.5)
+    assert run.warnings == ["--preset zaya1-tiny keeps its --num-query-groups 2, --rotary-percent 0.5, "
+                            "--moe-ffn-hidden-size 256 (flags not given), where Megatron-LM would derive 8 (heads, "
+                            "without --group-query-attention), 1.0 (its default), 640 (from hidden with --swiglu); "
+                            "give the flags to choose"]
+    run = parse_args(base + ["--hidden-size", "256", "--num-attention-heads", "4", "--group-query-attention",
+                             "--rotary-percent", "0.5", "--ffn-hidden-size", "256"])
+    assert run.warnings == ["--preset zaya1-tiny keeps its --kv-channels 32 (flags not given), where Megatron-LM "
+                            "would derive 64 (hidden / heads); give the flags to choose"]
+    assert parse_args(base + ["--hidden-size", "256", "--num-attention-heads", "4", "--kv-channels", "64",
+                              "--num-query-groups", "4", "--rotary-percent", "1", "--ffn-hidden-size", "1024"]).warnings == []
+    assert parse_args(base + ["--hidden-size", "128", "--num-attention-heads", "4"]).warnings == []
+
+
 def test_megatron_aliases_take_effect(tiny_corpus, tmp_path, capsys):
     """--ffn-hidden-size sizes the experts when --moe-ffn-hidden-size is absent (Megatron-LM's rule);
     --moe-router-bias-update-rate is the balancing biases' step; --no-mmap-bin-files reaches the data

@@ -337,7 +337,8 @@ def test_the_start_up_lines_say_model_layout_batch_and_how_often_each_dataset_is
     assert build_and_train(run) == 0
     out = capsys.readouterr().out
     counts = count_parameters(run.model)
-    assert f"model: 2 layers, hidden 128, 4 experts + skip (FFN 256); {counts.total / 1e6:.2f}M parameters" in out
+    assert (f"model: 2 layers, hidden 128, 4 heads (2 query groups, head size 32, rotary 0.5), 4 experts + skip "
+            f"(FFN 256); {counts.total / 1e6:.2f}M parameters") in out
     assert "layout: 1 process: DP 1 x TP 1 x CP 1, EP 1; fp32, muon" in out
     assert "batch: 4 sequences of 32 tokens per iteration (128 tokens) = micro-batch 2 x 2 accumulation x DP 1" in out
     lengths = IndexedDataset(prefix).sequence_lengths
