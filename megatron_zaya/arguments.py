@@ -179,18 +179,24 @@ def check_creatable_dir(flag: str, path: str) -> None:
         raise UserInputError(f"{flag} {path}: cannot create folders in {probe} ({err.strerror})") from None
 
 
-def _megatron_tokenizer_vocab_size(args: argparse.Namespace) -> None:
+def _megatron_tokenizer_vocab_size(args: argparse.Namespace) -> str | None:
     """Where Megatron-LM reads --vocab-size as the TOKENIZER's size, not the model's, whose
     vocabulary is then the tokenizer's padded, as Megatron pads it:
     - `--tokenizer-type NullTokenizer --vocab-size N` (no --tokenizer-model): ids 0..N-1, EOD = N;
       rewritten into this project's form, --tokenizer-model N;
     - `--tokenizer-type TikTokenizer --vocab-size N`: special tokens and ranks together; moved to
-      `tokenizer_vocab_size`."""
+      `tokenizer_vocab_size`.
+    With the other types Megatron-LM ignores --vocab-size; here it is the model's padded vocabulary: said in
+    the returned warning."""
     args.tokenizer_vocab_size = None
     if args.tokenizer_type == "NullTokenizer" and args.tokenizer_model is None and args.vocab_size is not None:
         args.tokenizer_model, args.vocab_size = str(args.vocab_size), None
     elif args.tokenizer_type == "TikTokenizer" and args.vocab_size is not None:
         args.tokenizer_vocab_size, args.vocab_size = args.vocab_size, None
+    elif args.vocab_size is not None and args.tokenizer_type != "NullTokenizer":
+        return (f"--vocab-size={args.vocab_size} with --tokenizer-type {args.tokenizer_type}: the model's vocabulary "
+                f"(embedding rows) here, where Megatron-LM ignores the flag for this type and pads the tokenizer's")
+    return None
 
 
 def _check_sequence_splits(args: argparse.Namespace, model: ModelConfig) -> None:
@@ -429,7 +435,9 @@ def validate(args: argparse.Namespace) -> RunConfig:
     if kernels.environment_problem():
         raise UserInputError(kernels.environment_problem())
     warnings = resolve_aliases(args)
-    _megatron_tokenizer_vocab_size(args)
+    vocab_warning = _megatron_tokenizer_vocab_size(args)
+    if vocab_warning:
+        warnings.append(vocab_warning)
     _read_data_args_files(args)
     if args.ckpt_step is not None:
         if not args.load:

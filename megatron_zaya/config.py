@@ -80,7 +80,8 @@ class ModelConfig:
              f"query heads must be divisible by --num-query-groups={self.num_query_groups}")
         need(self.vocab_size % self.make_vocab_size_divisible_by == 0, "vocab_size",
              f"must be a multiple of --make-vocab-size-divisible-by={self.make_vocab_size_divisible_by} "
-             f"(next valid: {pad_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by)})")
+             f"(next valid: {pad_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by)}); it is the model's "
+             f"padded vocabulary: without it, the tokenizer's is padded")
         need(self.moe_router_topk == 1, "moe_router_topk", "the ZAYA1 router is top-1")
         need(0 < self.rotary_percent <= 1, "rotary_percent", "must be in (0, 1]")
         need(self.rotary_dim % 2 == 0, "rotary_percent",

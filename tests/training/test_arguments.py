@@ -183,6 +183,20 @@ def test_null_tokenizer_takes_a_vocabulary_size(tiny_corpus, tmp_path, capsys):
     assert "--vocab-size=256" in line and "501" in line
 
 
+def test_vocab_size_with_a_tokenizer_file_is_the_models_vocabulary_and_said_so(tiny_corpus, tmp_path, capsys):
+    """Megatron-LM ignores --vocab-size for tokenizer files (SentencePiece, HF, GPT-2) and pads the tokenizer's;
+    here it is the model's padded vocabulary: warned, and a value that is not a multiple names what it is."""
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--vocab-size": "1024"}))
+    assert run.model.vocab_size == 1024
+    assert run.warnings == ["--vocab-size=1024 with --tokenizer-type GPTSentencePieceTokenizer: the model's "
+                            "vocabulary (embedding rows) here, where Megatron-LM ignores the flag for this type "
+                            "and pads the tokenizer's"]
+    line = error_of(tiny_run_flags(tiny_corpus, tmp_path, **{"--vocab-size": "1000"}), capsys)
+    assert "--vocab-size=1000: must be a multiple of --make-vocab-size-divisible-by=128 (next valid: 1024); it is " \
+           "the model's padded vocabulary: without it, the tokenizer's is padded" in line, line
+    assert parse_args(tiny_run_flags(tiny_corpus, tmp_path)).warnings == []
+
+
 def test_null_tokenizer_in_megatron_form_takes_its_size_from_vocab_size(tiny_corpus, tmp_path):
     """Megatron-LM's `--tokenizer-type NullTokenizer --vocab-size N`: N token ids plus EOD; the model's
     vocabulary is then padded from the tokenizer, not fixed to N."""
