@@ -6,12 +6,12 @@ max_tokens (default 16), temperature (default 1; 0 is greedy), top_p (default 1)
 or 0 to 20: also the most likely tokens at each position), echo (default false: the prompt is
 part of text and logprobs too), stop (a string or a list of up to 16), seed, n (completions per
 prompt, up to 16) and best_of (that many sampled per prompt, the n with the highest mean
-log-probability per generated token returned; default n), stream (server-sent events as the tokens are
-sampled: inference/streaming.py); model and user are ignored. Response:
+log-probability per returned token returned; default n), stream (server-sent events as the tokens are
+sampled: inference/streaming.py); model and user are ignored; a null field is its default. Response:
 {"id", "object": "text_completion", "created", "model", "choices": [{"index", "text", "logprobs",
 "finish_reason"}], "usage"} with prompt i's j-th choice at index i * n + j (the best first when
-best_of > n; usage counts every sampled token); finish_reason is "stop" at the tokenizer's EOD or a
-stop string, else "length". The log-probabilities are the model's over its
+best_of > n, ranked on the tokens each returns; usage counts every sampled token); finish_reason is "stop"
+at the tokenizer's EOD or a stop string, else "length". The log-probabilities are the model's over its
 whole vocabulary (before temperature or top_p), taken during the generation itself: the prompt's in its
 prefill, the completion's at each decode step (max_tokens 0 with echo scores the prompt in one pass).
 """
@@ -26,7 +26,7 @@ from megatron_zaya.inference.decode import TokenScores, generate
 from megatron_zaya.inference.sampling import SEED_LIMIT, SamplingParams
 from megatron_zaya.inference.server import (MAX_PROMPTS, RequestError, apply_checked_fields, check_length,
                                             check_unicode, is_int, is_number, request_seed)
-from megatron_zaya.inference.text_offsets import prefix_text_lengths
+from megatron_zaya.inference.text_offsets import LEFT_CONTEXT, prefix_text_lengths, texts_after
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOPS = 16          # OpenAI allows 4; evaluation harnesses send more (a task's stop sequences)
@@ -68,6 +68,7 @@ def parse_completion_request(body) -> CompletionRequest:
     """The request of a JSON body, every field checked (RequestError names the first bad one)."""
     if not isinstance(body, dict):
         raise RequestError("the body must be a JSON object, e.g. {\"prompt\": \"Hello\", \"max_tokens\": 16}")
+    body = {field: value for field, value in body.items() if value is not None}   # OpenAI: null = the default
     known = {"prompt", "max_tokens", "temperature", "top_p", "logprobs", "echo", "stop", "seed", "n", "best_of", "stream",
              *IGNORED, *OFF_VALUES}
     unknown = sorted(set(body) - known)
@@ -115,14 +116,28 @@ def parse_completion_request(body) -> CompletionRequest:
     return request
 
 
-def logprobs_object(decode, tokens: list[int], token_logprobs: list, tops: list | None,
-                    text_offsets: list[int]) -> dict:
-    """OpenAI's logprobs object: each token's text, log-probability and text offset, and with `tops` (one
-    {id: log-probability} or None per token) the most likely alternatives by their text."""
-    return {"tokens": [decode([t]) for t in tokens], "token_logprobs": list(token_logprobs),
-            "top_logprobs": None if tops is None else [None if top is None else {decode([i]): v for i, v in top.items()}
-                                                       for top in tops],
-            "text_offset": list(text_offsets)}
+def scored_token(decode, context: list[int], token: int, logprob: float | None,
+                 top: dict | None) -> tuple[str, dict | None]:
+    """(the token's text at its place after `context`, its top_logprobs entry or None): the alternatives
+    of `top` ({id: log-probability}) by their text at that place, most likely first, then the token itself
+    when it is not among them (OpenAI's up to logprobs + 1 entries); two ids with one text keep the larger
+    value."""
+    if top is None:
+        return texts_after(decode, context, [token])[0], None
+    ids = sorted(top, key=lambda i: -top[i])
+    extra = [] if token in top else [token]
+    token_text, *texts = texts_after(decode, context, [token] + ids + extra)
+    entry: dict[str, float] = {}
+    for i, text in zip(ids + extra, texts):
+        entry.setdefault(text, top[i] if i in top else logprob)
+    return token_text, entry
+
+
+def logprobs_object(texts: list[str], token_logprobs: list, tops: list | None, text_offsets: list[int]) -> dict:
+    """OpenAI's logprobs object: each token's text (`scored_token`), log-probability and text offset, and
+    with `tops` (one scored_token entry or None per token) the most likely alternatives by their text."""
+    return {"tokens": list(texts), "token_logprobs": list(token_logprobs),
+            "top_logprobs": None if tops is None else list(tops), "text_offset": list(text_offsets)}
 
 
 class Completer:
@@ -171,9 +186,19 @@ class Completer:
         """OpenAI's logprobs object for ids[first:] (the first token of a sequence has none), from the
         scores of ids[1:] (TokenScores: the prompt's from the prefill, the completion's from the decode)."""
         positions = range(first, len(ids))
-        tops = None if scores.top is None else [scores.top[k - 1] if k else None for k in positions]
-        return logprobs_object(self.decode, ids[first:], [scores.logprobs[k - 1] if k else None for k in positions],
-                               tops, prefix_text_lengths(self.decode, ids, positions))
+        token_logprobs = [scores.logprobs[k - 1] if k else None for k in positions]
+        scored = [scored_token(self.decode, ids[max(0, k - LEFT_CONTEXT):k], ids[k], logprob,
+                               scores.top[k - 1] if scores.top is not None and k else None)
+                  for k, logprob in zip(positions, token_logprobs)]
+        return logprobs_object([text for text, _ in scored], token_logprobs,
+                               None if scores.top is None else [top for _, top in scored],
+                               prefix_text_lengths(self.decode, ids, positions))
+
+    def returned_logprobs(self, result, row: int, kept: list[int]) -> list[float]:
+        """What best_of ranks a sample on: the log-probabilities of the tokens it returns (`kept`: those before
+        a stop string) and of the EOD that ended it, if one did."""
+        ended = result.tokens[row][len(kept):len(kept) + 1] == [self.tokenizer.eod]
+        return result.scores[row].logprobs[:len(kept) + ended]
 
     def respond(self, request: CompletionRequest) -> dict:
         prompts = self.prompt_ids(request)
@@ -196,7 +221,7 @@ class Completer:
                 cuts = {row: self.cut(prompt, result.tokens[row], request.stop) for row in candidates}
                 generated += sum(len(new) for new, _, _ in cuts.values())
                 if ranked:
-                    candidates.sort(key=lambda row: -mean_logprob(result.scores[row].logprobs))
+                    candidates.sort(key=lambda row: -mean_logprob(self.returned_logprobs(result, row, cuts[row][0])))
                 for j, row in enumerate(candidates[:request.n]):
                     new, text, reason = cuts[row]
                     if request.echo:
@@ -218,7 +243,7 @@ class Completer:
 
 
 def mean_logprob(logprobs: list[float]) -> float:
-    """best_of's ranking: the mean log-probability of the generated tokens (EOD included; 0 for none)."""
+    """best_of's ranking: the mean log-probability of a completion's tokens (0 for none)."""
     return sum(logprobs) / len(logprobs) if logprobs else 0.0
 
 

@@ -221,8 +221,8 @@ def make_server(service: TextGenerationService, host: str, port: int) -> Threadi
                 return self.reply(413, f"the body has {size} bytes, more than {MAX_BODY_BYTES}")
             try:
                 body = json.loads(self.rfile.read(size) or b"null")
-            except (UnicodeDecodeError, json.JSONDecodeError) as err:
-                return self.reply(400, f"the body is not JSON: {err}")
+            except (ValueError, RecursionError) as err:   # (a JSONDecodeError, bad UTF-8, a 5,000-digit integer,
+                return self.reply(400, f"the body is not JSON: {err}")     # arrays nested 100,000 deep)
             if self.path.split("?")[0].rstrip("/") != "/api" and isinstance(body, dict) and body.get("stream") is True:
                 return self.stream(body)
             try:

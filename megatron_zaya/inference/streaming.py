@@ -15,11 +15,11 @@ from __future__ import annotations
 import time
 import uuid
 
-from megatron_zaya.inference.completions import logprobs_object
+from megatron_zaya.inference.completions import logprobs_object, scored_token
 from megatron_zaya.inference.decode import generate
 from megatron_zaya.inference.sampling import SamplingParams
 from megatron_zaya.inference.server import request_seed
-from megatron_zaya.inference.text_offsets import GrowingText
+from megatron_zaya.inference.text_offsets import LEFT_CONTEXT, GrowingText
 
 
 class ChoiceStream:
@@ -32,7 +32,7 @@ class ChoiceStream:
         self.prompt_chars = len(completer.decode(prompt)) if logprobs is not None else 0
         self.starts: list[int] = []         # where each kept token's text starts in the completion text
         self.sent_chars = 0
-        self.pending: list[tuple[int, float, dict | None]] = []     # (token, logprob, top) not yet sent
+        self.pending: list[tuple[str | None, float, dict | None]] = []  # (text, logprob, top) not yet sent
         self.finish_reason: str | None = None
         self.hold = max((len(s) for s in stops), default=1) - 1
 
@@ -41,7 +41,13 @@ class ChoiceStream:
         if token == eod:
             return self.finish("stop")
         self.starts.append(len(self.growing.text))
-        self.pending.append((token, logprob, top))
+        if self.logprobs is not None:        # the token's text and top_logprobs at its place, as unstreamed
+            context = self.growing.context + self.growing.tokens[-LEFT_CONTEXT:]
+            token_text, entry = scored_token(self.completer.decode, context, token, logprob,
+                                             top if self.logprobs else None)
+            self.pending.append((token_text, logprob, entry))
+        else:
+            self.pending.append((None, logprob, None))
         text = self.growing.append(token)
         ends = [text.find(s) for s in self.stops if s in text]
         if ends:
@@ -69,8 +75,7 @@ class ChoiceStream:
         logprobs = None
         if self.logprobs is not None:
             released = self.pending[:count]
-            logprobs = logprobs_object(self.completer.decode, [t for t, _, _ in released],
-                                       [lp for _, lp, _ in released],
+            logprobs = logprobs_object([t for t, _, _ in released], [lp for _, lp, _ in released],
                                        [top for _, _, top in released] if self.logprobs else None,
                                        [self.prompt_chars + start for start in self.starts[first:first + count]])
         self.pending = self.pending[count:]

@@ -15,7 +15,8 @@ before it, which holds for every tokenizer type here. As a guard against others,
 at its end, where the next block's exact start is known; a block whose window arithmetic misses it is
 decoded prefix by prefix instead. O(n^1.5) token decodes in all.
 
-GrowingText applies the same locality to a streamed completion's text, token by token.
+GrowingText applies the same locality to a streamed completion's text, token by token, and texts_after
+to the text of one token, or of its alternatives, at its place.
 """
 from __future__ import annotations
 
@@ -63,6 +64,19 @@ def prefix_text_lengths(decode: Callable[[Sequence[int]], str], ids: Sequence[in
         else:                                   # a decoder that is not local here: the exact prefixes
             lengths += [exact(k) for k in inside]
     return lengths
+
+
+def texts_after(decode: Callable[[Sequence[int]], str], context: Sequence[int], tokens: Iterable[int]) -> list[str]:
+    """The text each of `tokens` adds after `context` (its last LEFT_CONTEXT tokens decoded once):
+    decode(context + [t]) minus decode(context), so a piece keeps the leading space that decode([t]) drops
+    (SentencePiece) and a token reads as it does in the text."""
+    left = list(context)[-LEFT_CONTEXT:]
+    before = decode(left) if left else ""
+    texts = []
+    for token in tokens:
+        after = decode(left + [token])
+        texts.append(after[len(before):] if after.startswith(before) else decode([token]))
+    return texts
 
 
 FREEZE_BLOCK = 64       # tokens a GrowingText keeps decoding behind its last token

@@ -2,12 +2,13 @@
 the tokenizers users train: SentencePiece with byte fallback, GPT-2 byte-level BPE, a Hugging Face
 tokenizer.json. Text with multi-byte characters split across tokens, blocks forced small so that a
 sequence spans many of them, and a decoder that is not local (the fallback must keep it exact).
-GrowingText (a streamed completion's text) likewise against decoding the whole sequence at every token."""
+GrowingText (a streamed completion's text) likewise against decoding the whole sequence at every token;
+texts_after (one token's text at its place) against the difference of two prefixes' texts."""
 import pytest
 
 from megatron_zaya.data import build_tokenizer
 from megatron_zaya.data.synthetic import TextGenerator
-from megatron_zaya.inference.text_offsets import LEFT_CONTEXT, GrowingText, prefix_text_lengths
+from megatron_zaya.inference.text_offsets import LEFT_CONTEXT, GrowingText, prefix_text_lengths, texts_after
 
 TEXT = TextGenerator(seed=5, lexicon_size=3000).document(max_sentences=12) + \
     " Ünïcödé — 中文字符 and emoji 🙂🚀, tabs\tand  double  spaces. \"Quoted\" (parens) end."
@@ -105,3 +106,18 @@ def test_growing_text_with_a_decoder_that_is_not_local_stays_exact():
     for k in range(1, 300):
         assert growing.append(k) == text_after(decode, [7] * 20, range(1, k + 1))
     assert growing.frozen_tokens == 0
+
+
+def test_a_tokens_text_at_its_place_is_what_it_adds_to_the_text(sp_model, gpt2_files, hf_tokenizer_dir):
+    """texts_after(ids[:k], [ids[k]]) == decode(ids[:k + 1]) minus decode(ids[:k]) for each token of whole
+    characters (a piece of one split over tokens reads U+FFFD alone): SentencePiece's leading spaces, which
+    decode([t]) drops, included; so the tokens of OpenAI's logprobs join to the text."""
+    for name, tok in tokenizers(sp_model, gpt2_files, hf_tokenizer_dir).items():
+        ids = tok.encode(TEXT)
+        prefixes = [tok.decode(ids[:k]) for k in range(len(ids) + 1)]
+        clean = [k for k in range(len(ids)) if "\ufffd" not in tok.decode([ids[k]])]    # whole characters
+        assert len(clean) > 0.8 * len(ids), name
+        for k in clean:
+            assert texts_after(tok.decode, ids[:k], [ids[k]]) == [prefixes[k + 1][len(prefixes[k]):]], (name, k)
+        if name == "sentencepiece":
+            assert any(tok.decode([ids[k]]) != prefixes[k + 1][len(prefixes[k]):] for k in clean)   # a dropped space

@@ -98,6 +98,8 @@ def test_sampling_is_reproducible_with_a_seed(server_url):
     ({"prompts": ["a"], "random_seed": 2 ** 64}, 400, "random_seed must be an integer in [0, 2**64)"),
     ({"prompts": ["a"], "tokens_to_generate": 5000}, 400, "exceeds the model's max_position_embeddings"),
     (b"{not json", 400, "the body is not JSON"),
+    (b"[" * 100_000 + b"]" * 100_000, 400, "the body is not JSON: maximum recursion depth"),   # not a closed
+    (b'{"prompts": [' + b"1" * 5000 + b"]}", 400, "the body is not JSON: Exceeds the limit"),   # connection
     ({"prompts": ["a", "b\ud800"]}, 400, "prompts[1] is not valid Unicode: surrogates not allowed at character 1"),
 ])
 def test_bad_requests_get_400_naming_the_field(server_url, body, status, message):
@@ -248,14 +250,19 @@ def test_completions_greedy_with_echo_and_top_logprobs_match_the_full_forward(se
     assert choice["finish_reason"] == ("stop" if tok.eod in new else "length")
     assert choice["text"] == tok.decode(prompt_ids) + tok.decode(ids)[len(tok.decode(prompt_ids)):]
     logprobs = choice["logprobs"]
-    assert logprobs["tokens"] == [tok.decode([t]) for t in ids]
+    # each token's text as it stands in the text (a piece's leading space kept): the tokens join to the text
+    texts = [tok.decode(ids[:k + 1])[len(tok.decode(ids[:k])):] for k in range(len(ids))]
+    assert logprobs["tokens"] == texts and "".join(texts) == choice["text"]
     reference = full_forward_logprobs(tiny_model, ids)
     assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
     assert logprobs["token_logprobs"][1:] == pytest.approx([reference[k - 1, ids[k]].item()
                                                             for k in range(1, len(ids))], abs=1e-4)
     for k in range(1, len(ids)):
         best = torch.topk(reference[k - 1, :tok.vocab_size], 2)     # among the tokenizer's ids
-        want = {tok.decode([t]): v for t, v in zip(best.indices.tolist(), best.values.tolist())}
+        want = {}       # by text at the place, the larger value of one text, then ids[k] (a prompt token) if not in
+        for t, v in zip(best.indices.tolist() + [ids[k]], best.values.tolist() + [reference[k - 1, ids[k]].item()]):
+            want.setdefault(tok.decode(ids[:k] + [t])[len(tok.decode(ids[:k])):], v)
+        assert list(logprobs["top_logprobs"][k]) == list(want), k
         assert logprobs["top_logprobs"][k] == pytest.approx(want, abs=1e-4), k
     assert logprobs["text_offset"] == [len(tok.decode(ids[:k])) for k in range(len(ids))]
     assert answer["usage"]["prompt_tokens"] == len(prompt_ids) + len(tok.encode("a"))
@@ -309,6 +316,19 @@ def test_completions_n_samples_and_best_of_keeps_the_most_likely(server_url):
     for prompt in range(2):
         ranked = sorted(sampled[4 * prompt:4 * prompt + 4], key=mean, reverse=True)
         assert [c["text"] for c in best[2 * prompt:2 * prompt + 2]] == [c["text"] for c in ranked[:2]], prompt
+    # With stop strings best_of ranks on the tokens each sample returns (the same samples, cut): on every
+    # token sampled, another sample won for some stop.
+    differs = 0
+    for stop in (["e"], ["a"], [" "], ["e", "a"], ["t"]):
+        cut = choices(temperature=1.5, n=4, logprobs=0, stop=stop)
+        best = choices(temperature=1.5, n=1, best_of=4, stop=stop)
+        for prompt in range(2):
+            samples = cut[4 * prompt:4 * prompt + 4]
+            winner = max(samples, key=lambda c: mean(c) if c["logprobs"]["tokens"] else 0.0)
+            assert best[prompt]["text"] == winner["text"], (stop, prompt)
+            differs += winner["text"] != max(zip(sampled[4 * prompt:4 * prompt + 4], samples),
+                                             key=lambda pair: mean(pair[0]))[1]["text"]
+    assert differs
 
 
 def stream(url, body):
@@ -381,6 +401,17 @@ def test_bad_completion_requests_get_400(server_url, body, message):
     assert status == 400 and message in answer, answer
 
 
+def test_null_fields_of_a_completion_request_mean_their_defaults(server_url):
+    """OpenAI types max_tokens, temperature, top_p, n, echo, stream, stop, ... as nullable (its SDK sends the
+    None a caller passes): the answer is that of the request without them (with a seed, sampled alike)."""
+    nulls = dict.fromkeys(("max_tokens", "temperature", "top_p", "n", "best_of", "echo", "stream", "stop",
+                           "logprobs", "suffix", "logit_bias", "presence_penalty", "frequency_penalty", "user"))
+    answers = [call(server_url, {"prompt": "the", "seed": 3, **extra}, method="POST", path="/v1/completions")
+               for extra in ({}, nulls)]
+    assert [status for status, _ in answers] == [200, 200], answers
+    assert answers[0][1]["choices"] == answers[1][1]["choices"] and answers[0][1]["usage"]["completion_tokens"] == 16
+
+
 def test_a_loglikelihood_request_as_evaluation_harnesses_send_it(server_url, tiny_model, sp_model):
     """lm-evaluation-harness's local-completions loglikelihood payload: context + continuation as
     token ids, echo, max_tokens 1, logprobs 1; the continuation's log-likelihood is the sum of
@@ -397,8 +428,13 @@ def test_a_loglikelihood_request_as_evaluation_harnesses_send_it(server_url, tin
     reference = full_forward_logprobs(tiny_model, ids)
     want = sum(reference[k - 1, ids[k]].item() for k in range(len(context), len(ids)))
     assert got == pytest.approx(want, abs=1e-4)
-    for token, top in zip(logprobs["tokens"][len(context):-1], logprobs["top_logprobs"][len(context):-1]):
-        assert len(top) == 1 and isinstance(token, str)
+    # the harness's greediness: the top entry's text against the token's; the token is always in its entry
+    # (OpenAI's logprobs + 1 at most)
+    for k, token, top in zip(range(len(context), len(ids)), logprobs["tokens"][len(context):-1],
+                             logprobs["top_logprobs"][len(context):-1]):
+        assert token in top and len(top) <= 2
+        greedy = int(reference[k - 1, :tok.vocab_size].argmax()) == ids[k]
+        assert (max(top, key=top.get) == token) == greedy and (len(top) == 1) == greedy, k
 
 
 def test_the_command_line_client_prints_the_servers_answers(server_url, capsys, monkeypatch):
@@ -458,7 +494,8 @@ def test_completions_score_with_the_generation_itself(server_url, sp_model, monk
         assert seen == expected
         logprobs = answer["choices"][0]["logprobs"]
         assert len(logprobs["token_logprobs"]) == len(prompt) + max_tokens
-        assert all(len(top) == 2 for top in logprobs["top_logprobs"][1:])
+        assert all(token in top and len(top) in (2, 3) for token, top in zip(logprobs["tokens"][1:],
+                                                                             logprobs["top_logprobs"][1:]))
     seen.clear()      # echo alone: nothing to generate or score, no forward
     status, answer = call(server_url, {"prompt": [prompt], "max_tokens": 0, "echo": True}, method="POST",
                           path="/v1/completions")

@@ -49,3 +49,20 @@ def test_a_token_held_back_as_a_possible_stop_sends_its_logprob_only_once_kept()
     chunks = [c for token in b"apex" for c in choice.add(token, None, -0.5, None)] + choice.finish("length")
     assert [t for c in chunks for t in c["logprobs"]["tokens"]] == list("apex")
     assert [o for c in chunks for o in c["logprobs"]["text_offset"]] == [2, 3, 4, 5]
+
+
+def test_top_logprobs_keep_every_text_once_the_larger_value_first_and_the_sampled_token():
+    """completions.scored_token: alternatives by their text at their place, most likely first; two ids with one
+    text (e.g. byte-fallback pieces, or the same piece twice in a vocabulary) keep the larger value; a sampled
+    token outside the top is added (OpenAI: up to logprobs + 1 entries). Pieces with SentencePiece's rule: the
+    leading space of the text's first piece is dropped."""
+    from megatron_zaya.inference.completions import scored_token
+    pieces = {1: " the", 2: " cat", 3: "s", 4: " cat", 5: " dog"}
+
+    def decode(ids):
+        return "".join(pieces[i] for i in ids).removeprefix(" ")
+    text, top = scored_token(decode, [1], 2, -1.0, {4: -0.5, 2: -1.0, 3: -2.0})
+    assert text == " cat" and list(top.items()) == [(" cat", -0.5), ("s", -2.0)]
+    text, top = scored_token(decode, [1], 5, -3.0, {4: -0.5, 3: -2.0})
+    assert text == " dog" and list(top.items()) == [(" cat", -0.5), ("s", -2.0), (" dog", -3.0)]
+    assert scored_token(decode, [], 2, None, None) == ("cat", None)      # the text's first token
