@@ -194,10 +194,8 @@ def dataset_prefixes(cfg: DataConfig) -> list[str]:
     """Every dataset prefix the run reads (training phases, validation and test blends), each once."""
     train_blend, valid_blend, test_blend = cfg.split_blends()
     blends = [p.data_path for p in cfg.phases] if cfg.phases else [train_blend]
-    prefixes: list[str] = []
-    for blend in [b for b in blends + [valid_blend, test_blend] if b]:
-        prefixes += [p for p in parse_data_path(blend)[1] if p not in prefixes]
-    return prefixes
+    named = [p for blend in blends + [valid_blend, test_blend] if blend for p in parse_data_path(blend)[1]]
+    return list(dict.fromkeys(named))     # (a prefix named twice in one blend: once too)
 
 
 def last_token(data: IndexedDataset, doc: int) -> int | None:

@@ -417,3 +417,49 @@ def test_sampler_length_is_the_number_of_batches_it_yields():
         for rank in range(dp):
             sampler = PretrainingBatchSampler(total, consumed, mbs, rank, dp)
             assert len(sampler) == len(list(sampler)), (total, consumed, mbs, dp, rank)
+
+
+def test_a_phase_is_cut_where_the_runs_samples_end(tmp_path):
+    """A phase's train_samples beyond the run's own samples: it holds only those left."""
+    a, _ = corpus(tmp_path, "a", 0, n_docs=200, seed=3)
+    b, _ = corpus(tmp_path, "b", 500, n_docs=200, seed=4)
+    cfg = DataConfig(phases=[PhaseBlend([a], train_samples=40), PhaseBlend([b], train_samples=100)],
+                     split="100,0,0", data_cache_path=str(tmp_path / "cache"), num_workers=0)
+    train, _, _ = build_train_valid_test_datasets(cfg, 8, [100, 0, 0], build_tokenizer("NullTokenizer", EOD))
+    assert len(train) == 100 and [len(p) for p in train.phases] == [40, 60]
+
+
+def test_a_prefix_named_twice_in_a_blend_gets_both_shares(tmp_path):
+    from megatron_zaya.data.loaders import blend_weights
+
+    assert blend_weights(["30", "a", "20", "b", "50", "a"], ["a", "b"]) == pytest.approx([0.8, 0.2])
+    assert blend_weights(["a", "b", "a"], ["a", "b"]) == pytest.approx([2 / 3, 1 / 3])
+    assert blend_weights(["b"], ["a", "b"]) == [0.0, 1.0]
+    # built: the same samples as the blend with the shares summed, from one component per dataset
+    a, _ = corpus(tmp_path, "a", 0, n_docs=200, seed=3)
+    b, _ = corpus(tmp_path, "b", 500, n_docs=200, seed=4)
+    twice, summed = ([build_train_valid_test_datasets(DataConfig(data_path=blend, split="100,0,0", num_workers=0,
+                                                                 data_cache_path=str(tmp_path / name)), 8, [50, 0, 0],
+                                                      build_tokenizer("NullTokenizer", EOD))[0]
+                      for name, blend in (("twice", ["30", a, "20", b, "50", a]), ("summed", ["80", a, "20", b]))])
+    assert len(twice.datasets) == 2 and all(d is not None for d in twice.datasets)
+    assert all(torch.equal(torch.as_tensor(twice[i]["tokens"]), torch.as_tensor(summed[i]["tokens"]))
+               for i in range(50))
+
+
+def test_megatron_sample_counts_from_iterations():
+    """Megatron-LM's sizes: train iters x GBS; (train iters // eval interval + 1) evaluations of eval iters x
+    GBS; eval iters x GBS for the test split."""
+    from megatron_zaya.data import megatron_num_samples
+
+    assert megatron_num_samples(100, 8, 10, 2) == [800, (100 // 10 + 1) * 2 * 8, 16]
+    assert megatron_num_samples(100, 8, 0, 2) == [800, 0, 16]
+
+
+def test_a_prefix_of_several_splits_or_named_twice_is_listed_once():
+    from megatron_zaya.data.loaders import dataset_prefixes
+
+    cfg = DataConfig(train_data_path=["a", "b"], valid_data_path=["b"], test_data_path=["c", "a"])
+    assert dataset_prefixes(cfg) == ["a", "b", "c"]
+    # and a prefix named twice in one blend (it was listed twice: opened twice, an empty blend component)
+    assert dataset_prefixes(DataConfig(data_path=["30", "a", "20", "b", "50", "a"])) == ["a", "b"]

@@ -166,6 +166,7 @@ def test_to_hf_refuses_a_tokenizer_without_an_exact_form_before_reading(sp_model
     ({"user_defined_symbols": ["<think>"]}, "it has user-defined symbols"),
     ({"byte_fallback": False}, "it has no byte fallback"),
     ({"normalization_rule_name": "nfkc"}, "its normalization (rule 'nfkc', remove_extra_whitespaces True)"),
+    ({"split_digits": True}, "it was trained with split_digits"),
 ])
 def test_sentencepiece_models_without_an_exact_form_are_refused_with_the_reason(corpus_dir, tmp_path, options, reason):
     import sentencepiece as spm
@@ -231,3 +232,65 @@ def test_generate_never_draws_the_padded_vocabulary(sp_model, tmp_path):
 
     assert int((drawn() >= ours.vocab_size).sum()) == 0
     assert int((drawn(suppress_tokens=None) >= ours.vocab_size).sum()) > 0
+
+
+def synthetic_tiktoken(tmp_path, learned=(), special=None):
+    """A TikTokenizer over the 256 bytes (+ `learned` tokens) with 10 special ids."""
+    path = tmp_path / "synthetic_ranks.json"
+    write_tiktoken_vocab([bytes([b]) for b in range(256)] + list(learned), str(path))
+    options = {"tokenizer_special_tokens": list(special)} if special else {}
+    return build_tokenizer("TikTokenizer", str(path), tiktoken_pattern="v2",
+                           tokenizer_vocab_size=256 + len(learned) + 10, tiktoken_num_special_tokens=10, **options)
+
+
+def test_tiktoken_special_token_that_is_a_whole_piece_stays_text(tmp_path):
+    """A special token the pattern keeps as one piece ("hello"): its text encodes as text (split_special_tokens),
+    byte by byte through the merges, never as the special id the vocabulary also maps that string to."""
+    pytest.importorskip("tiktoken")
+    ours = synthetic_tiktoken(tmp_path, learned=[b"he", b"ll"], special=["<unk>", "<s>", "</s>", "hello"])
+    theirs = export(ours, tmp_path / "hf")
+    for text in ("hello", "say hello", "hello world"):
+        assert theirs.encode(text, add_special_tokens=False) == ours.encode(text), text
+    assert ours.encode("hello") != [3]
+
+
+def test_tiktoken_learned_token_spelled_like_a_special_one_is_refused(tmp_path):
+    from megatron_zaya.checkpoint.hf_tokenizer import hf_tokenizer_files
+    from megatron_zaya.errors import UserInputError
+
+    pytest.importorskip("tiktoken")
+    ours = synthetic_tiktoken(tmp_path, learned=[b"<s", b"<s>"])
+    with pytest.raises(UserInputError, match="the token '<s>' is both a special token and a learned one"):
+        hf_tokenizer_files(ours)
+
+
+def test_hugging_face_tokenizer_config_beside_it_is_exported_as_is(hf_tokenizer_dir, tmp_path):
+    """A tokenizer_config.json beside the tokenizer.json goes into the export unchanged (transformers' loading of
+    that folder is what HuggingFaceTokenizer matches); only without one is a plain one written."""
+    import shutil
+
+    from megatron_zaya.checkpoint.hf_tokenizer import hf_tokenizer_files
+
+    folder = tmp_path / "tok"
+    shutil.copytree(hf_tokenizer_dir, folder)
+    (folder / "tokenizer_config.json").unlink(missing_ok=True)
+    written = json.loads(hf_tokenizer_files(build_tokenizer("HuggingFaceTokenizer", str(folder / "tokenizer.json")))
+                         ["tokenizer_config.json"])
+    assert written["tokenizer_class"] == "PreTrainedTokenizerFast" and written["eos_token"] == "<eos>"
+    own = json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 77, "eos_token": "<eos>"})
+    (folder / "tokenizer_config.json").write_text(own)
+    files = hf_tokenizer_files(build_tokenizer("HuggingFaceTokenizer", str(folder / "tokenizer.json")))
+    assert files["tokenizer_config.json"] == own
+
+
+def test_sentencepiece_export_names_every_special_piece_including_id_0(sp_model):
+    """tokenizer_config.json names each special piece the model has, <unk> at id 0 included."""
+    from megatron_zaya.checkpoint.hf_tokenizer import hf_tokenizer_files
+
+    ours = build_tokenizer("GPTSentencePieceTokenizer", sp_model)
+    sp = ours.sp
+    config = json.loads(hf_tokenizer_files(ours)["tokenizer_config.json"])
+    expected = {f"{role}_token": sp.IdToPiece(i) for role, i in
+                (("eos", sp.eos_id()), ("bos", sp.bos_id()), ("unk", sp.unk_id()), ("pad", sp.pad_id())) if i >= 0}
+    assert 0 in (sp.eos_id(), sp.bos_id(), sp.unk_id(), sp.pad_id())
+    assert {k: config.get(k) for k in expected} == expected

@@ -109,6 +109,11 @@ def test_cp_needs_sequence_divisible_by_twice_cp(tiny_corpus, tmp_path, capsys, 
                                                      "--global-batch-size": "4"})
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert "must hold at least the 2 steps CCA's convolutions read back" in error_of(argv, capsys)
+    # chunks of exactly those 2 steps are enough
+    argv = tiny_run_flags(tiny_corpus, tmp_path, **{"--context-parallel-size": "2", "--seq-length": "8",
+                                                     "--global-batch-size": "4"})
+    run = parse_args(argv)
+    assert run.model.seq_length // (2 * 2) == run.model.cca_lookback == 2
 
 
 def _flags_with(tiny_corpus, tmp_path, extra):
@@ -140,6 +145,8 @@ LATE_ERRORS = [
     ({"--ckpt-keep": "-1"}, "--ckpt-keep=-1"),
     ({"--optimizer": "adamw", "--adam-beta1": "1.5"}, "--adam-beta1=1.5"),
     ({"--adam-beta2": "nan"}, "--adam-beta2=nan"),
+    ({"--adam-beta2": "1"}, "--adam-beta2=1.0: must be in [0, 1)"),       # the boundaries themselves
+    ({"--seed": str(2**32)}, f"--seed={2**32}: must be in [0, 2**32 - 1]"),
     ({"--adam-eps": "0"}, "--adam-eps=0.0"),
     ({"--clip-grad": "-1"}, "--clip-grad=-1.0"),
     ({"--lr": "-0.1", "--min-lr": "-1"}, "--lr=-0.1"),
@@ -601,3 +608,12 @@ def test_a_model_to_be_loaded_is_built_on_meta_and_allocated_by_the_runtime(tiny
     built = build_model(run)
     weight = built.embedding.weight
     assert place_on(built, torch.device("cpu")).embedding.weight is weight
+
+
+def test_data_parallel_size_leaves_out_tensor_and_context_parallel_ranks(tiny_corpus, tmp_path, monkeypatch):
+    """8 ranks as TP 2 x CP 2 x DP 2: Megatron-LM's default global batch is one micro-batch per data-parallel rank."""
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    run = parse_args(_flags_with(tiny_corpus, tmp_path, {"--tensor-model-parallel-size": "2",
+                                                         "--context-parallel-size": "2", "--global-batch-size": None,
+                                                         "--micro-batch-size": "3"}))
+    assert run.parallel.data_parallel_size == 2 and run.train.global_batch_size == 6

@@ -269,3 +269,11 @@ def test_fp32_zero1_ranks_all_start_from_a_bf16_checkpoints_masters(tiny_corpus,
                   "--use-distributed-optimizer")
     full = train(tiny_corpus, tmp_path, "zero1-full", 2, "--load", ckpt, "--use-distributed-optimizer")
     assert len(plain) == 1 and fresh == plain and full == plain, (plain, fresh, full)
+
+
+def test_data_parallel_params_norm_counts_each_weight_once(tiny_corpus, tmp_path, reference_run):
+    """Two data-parallel replicas hold the same weights: the logged parameter norm is one process's, not
+    sqrt(2) times it (each element is counted on one rank only)."""
+    train(tiny_corpus, tmp_path, "dp2-norm", 2, "--train-iters", "1")
+    got, want = scalar(tmp_path / "dp2-norm", "params-norm"), scalar(reference_run[1], "params-norm")
+    assert len(got) == 1 and got[0] == pytest.approx(want[0], rel=1e-5), (got, want)

@@ -130,3 +130,12 @@ def test_megatron_spellings_of_what_this_code_does(tiny_corpus, tmp_path, capsys
                            (["--encoder-seq-length", "64"], "give the sequence length as --seq-length"),
                            (["--decoder-last-pipeline-num-layers", "2"], "there is no pipeline parallelism")):
         assert message in error_of(base + flags, capsys)
+
+
+def test_moe_layer_freq_list_forms():
+    """--moe-layer-freq's list form: every block MoE, through any number of parentheses; an empty list is no
+    pattern, and the count must match --num-layers when it is given."""
+    from megatron_zaya.megatron_flags import _every_layer
+
+    assert _every_layer("(([1]*40))", 40) and _every_layer(" ( [1] * 3 ) ", None) and _every_layer("[1,1]", None)
+    assert not _every_layer("[]", None) and not _every_layer("([])", None) and not _every_layer("[1, 1]", 3)

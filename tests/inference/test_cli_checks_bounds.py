@@ -1,0 +1,54 @@
+"""The inference tools' cheap flag checks (megatron_zaya/inference/cli_checks.py) at their boundaries:
+the last id inside a vocabulary, the position limit met exactly, a tokenizer exactly the size of the
+embedding, and output paths that are folders."""
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from megatron_zaya.config import model_config_from_preset
+from megatron_zaya.errors import UserInputError
+from megatron_zaya.inference.cli_checks import check_prompts_fit, check_tokenizer_fits, check_writable_output
+
+CONFIG = model_config_from_preset("zaya1-tiny", vocab_size=512, seq_length=64, max_position_embeddings=64)
+
+
+def test_prompt_ids_and_eod_at_the_last_id_of_the_vocabulary_are_accepted():
+    check_prompts_fit(CONFIG, [[0, 511]], 1, eod_id=511)
+    check_prompts_fit(CONFIG, [[0, 499]], 1, eod_id=499, tokenizer_vocab=500)   # the tokenizer's last id
+
+
+@pytest.mark.parametrize("prompt, eod, tokenizer_vocab, said", [
+    ([0, 512], None, None, "token ids [512] outside the checkpoint's vocabulary [0, 512)"),
+    ([0, 500], None, 500, "token ids [500] outside the tokenizer's vocabulary [0, 500)"),
+    ([0], 512, None, "--eod-id=512 is outside the checkpoint's vocabulary [0, 512)"),
+    ([0], 500, 500, "--eod-id=500 is outside the tokenizer's vocabulary [0, 500)"),
+    ([0], -1, None, "--eod-id=-1"),
+])
+def test_ids_one_past_the_vocabulary_are_refused(prompt, eod, tokenizer_vocab, said):
+    with pytest.raises(UserInputError, match=re.escape(said)):
+        check_prompts_fit(CONFIG, [prompt], 1, eod_id=eod, tokenizer_vocab=tokenizer_vocab)
+
+
+def test_a_prompt_may_fill_the_positions_exactly():
+    check_prompts_fit(CONFIG, [[1] * 60], 4, eod_id=None)            # 60 + 4 == 64 positions
+    with pytest.raises(UserInputError, match="exceeds the checkpoint's max_position_embeddings 64"):
+        check_prompts_fit(CONFIG, [[1] * 60], 5, eod_id=None)
+
+
+def test_a_tokenizer_as_large_as_the_embedding_fits():
+    args = SimpleNamespace(tokenizer_type="NullTokenizer", tokenizer_model="511")
+    check_tokenizer_fits(SimpleNamespace(vocab_size=512), CONFIG, args)
+    check_tokenizer_fits(None, CONFIG, args)
+    with pytest.raises(UserInputError, match="vocabulary 513 is larger than the checkpoint's 512 embedding rows"):
+        check_tokenizer_fits(SimpleNamespace(vocab_size=513), CONFIG, args)
+
+
+def test_writable_output_refuses_a_folder_for_a_file_and_a_file_for_a_folder(tmp_path):
+    check_writable_output("--output-json", str(tmp_path / "out.json"))
+    check_writable_output("--tensorboard-dir", str(tmp_path / "new" / "deeper"), is_dir=True)
+    with pytest.raises(UserInputError, match="is a folder, expected a file name"):
+        check_writable_output("--output-json", str(tmp_path))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserInputError, match="exists and is not a folder"):
+        check_writable_output("--tensorboard-dir", str(tmp_path / "file"), is_dir=True)
