@@ -29,6 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from megatron_zaya.inference.decode import generate
 from megatron_zaya.inference.sampling import SEED_LIMIT, SamplingParams
+from megatron_zaya.inference.text_offsets import LEFT_CONTEXT, texts_after
 
 MAX_PROMPTS = 128                # as Megatron-LM
 MAX_BODY_BYTES = 64 << 20
@@ -181,14 +182,15 @@ class TextGenerationService:
             result = generate(self.model, prompts, request.tokens_to_generate, sampling, eod=eod, seed=seed,
                               vocab_limit=self.tokenizer.vocab_size, return_logprobs=request.logprobs)
         tokens = [prompt + new for prompt, new in zip(result.prompts, result.tokens)]
-        response = {
-            "text": [self.tokenizer.decode([t for t in ids if t != eod]) for ids in tokens],
+        decode = self.tokenizer.decode
+        return {      # (Megatron-LM sends logprobs null when not asked for)
+            "text": [decode([t for t in ids if t != eod]) for ids in tokens],
             "tokens": tokens,
-            "segments": [[self.tokenizer.decode([t]) for t in ids] for ids in tokens],
+            # each token's text where it stands, a piece's leading space kept: a sequence's segments join to its text
+            "segments": [[texts_after(decode, ids[max(0, k - LEFT_CONTEXT):k], [t])[0] for k, t in enumerate(ids)]
+                         for ids in tokens],
+            "logprobs": [p + g for p, g in zip(result.prompt_logprobs, result.logprobs)] if request.logprobs else None,
         }
-        if request.logprobs:
-            response["logprobs"] = [p + g for p, g in zip(result.prompt_logprobs, result.logprobs)]
-        return response
 
 
 def make_server(service: TextGenerationService, host: str, port: int) -> ThreadingHTTPServer:

@@ -62,14 +62,17 @@ def test_greedy_generation_and_logprobs_match_the_full_forward(server_url, tiny_
         assert answer["logprobs"][i] == pytest.approx(logprobs, abs=1e-4)
         assert answer["text"][i] == tok.decode([t for t in ids if t != tok.eod])
         assert answer["text"][i].startswith(text)
-        assert answer["segments"][i] == [tok.decode([t]) for t in ids]
+        # each token's text where it stands (the prefixes' difference): they join to the text
+        assert answer["segments"][i] == [tok.decode(ids[:k + 1])[len(tok.decode(ids[:k])):] for k in range(len(ids))]
+        assert "".join(answer["segments"][i]) == tok.decode(ids)
     # tokens_to_generate 0 with logprobs scores the prompt alone (what evaluation harnesses send)
     status, scored = call(server_url, {"prompts": prompts[:1], "tokens_to_generate": 0, "logprobs": True})
     prompt_ids = tok.encode(prompts[0])
     assert status == 200 and scored["tokens"] == [prompt_ids]
     assert scored["logprobs"][0] == pytest.approx(answer["logprobs"][0][:len(prompt_ids) - 1], abs=1e-5)
     status, started = call(server_url, {"prompts": [""], "add_BOS": True, "tokens_to_generate": 3, "top_k": 1})
-    assert status == 200 and started["tokens"][0] == reference_greedy(tiny_model, [tok.bos], 3, tok.vocab_size,
+    assert status == 200 and started["logprobs"] is None          # as Megatron-LM: null when not asked for
+    assert started["tokens"][0] == reference_greedy(tiny_model, [tok.bos], 3, tok.vocab_size,
                                                                       tok.eod)[0]
 
 
@@ -77,7 +80,7 @@ def test_sampling_is_reproducible_with_a_seed(server_url):
     body = {"prompts": ["the", "a b"], "tokens_to_generate": 8, "temperature": 0.9, "top_p": 0.9, "random_seed": 7}
     first, second = call(server_url, body), call(server_url, body)
     assert first[0] == 200 and first == second
-    assert "logprobs" not in first[1]
+    assert first[1]["logprobs"] is None
     other = call(server_url, {**body, "random_seed": 8})[1]
     assert other["tokens"] != first[1]["tokens"]
 
