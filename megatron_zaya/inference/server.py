@@ -32,6 +32,7 @@ from megatron_zaya.inference.sampling import SEED_LIMIT, SamplingParams
 from megatron_zaya.inference.text_offsets import LEFT_CONTEXT, texts_after
 
 MAX_PROMPTS = 128                # as Megatron-LM
+OPENAI_PATHS = ("/v1/completions", "/completions")
 MAX_BODY_BYTES = 64 << 20
 # Megatron-LM fields this server does not implement: accepted only at their "off" value.
 UNSUPPORTED = {"beam_width": None, "stop_on_eol": False, "stop_on_double_eol": False,
@@ -198,6 +199,12 @@ def make_server(service: TextGenerationService, host: str, port: int) -> Threadi
 
     class Handler(BaseHTTPRequestHandler):
         def reply(self, status: int, payload) -> None:
+            """`payload` as JSON; an error (a status of 400 or more: its message) in the form of the endpoint's API:
+            Megatron-LM's /api sends the message itself, the OpenAI endpoints {"error": {"message", "type", ...}}
+            (what OpenAI clients read an error from)."""
+            if status >= 400 and self.path.split("?")[0].rstrip("/") in OPENAI_PATHS:
+                payload = {"error": {"message": payload, "type": "invalid_request_error" if status < 500 else
+                                     "server_error", "param": None, "code": None}}
             body = json.dumps(payload).encode("utf-8")
             self.send_response(status)
             self.send_header("Content-Type", "application/json")

@@ -169,7 +169,8 @@ def test_a_streamed_request_whose_prompt_fails_to_tokenize_gets_an_answer(tiny_m
     finally:
         server.shutdown()
         server.server_close()
-    assert status == 500 and answer == "RuntimeError: the tokenizer broke", (status, answer)
+    assert status == 500 and answer == {"error": {"message": "RuntimeError: the tokenizer broke", "type": "server_error",
+                                                  "param": None, "code": None}}, (status, answer)
 
 
 def test_flags_are_checked_before_the_checkpoint_loads(hf_checkpoint, sp_model, tmp_path, capsys):
@@ -376,7 +377,7 @@ def test_streamed_completions_join_to_the_unstreamed_answer(server_url, sp_model
             assert want[0]["finish_reason"] == "stop" and want[0]["text"] == text[:text.find(stop)] != ""
     # Checked before the stream starts: a plain 400
     status, answer = call(server_url, {**plain, "stream": True, "echo": True}, method="POST", path="/v1/completions")
-    assert status == 400 and "echo is not supported with stream" in answer
+    assert status == 400 and "echo is not supported with stream" in answer["error"]["message"]
 
 
 @pytest.mark.parametrize("body, message", [
@@ -400,8 +401,10 @@ def test_streamed_completions_join_to_the_unstreamed_answer(server_url, sp_model
     ({"prompt": ["a"] * 129}, "129 prompt(s) x best_of=1 = 129 sequences"),
 ])
 def test_bad_completion_requests_get_400(server_url, body, message):
+    """As OpenAI answers them: {"error": {"message", "type", "param", "code"}}, which OpenAI clients read."""
     status, answer = call(server_url, body, method="POST", path="/v1/completions")
-    assert status == 400 and message in answer, answer
+    assert status == 400 and message in answer["error"]["message"], answer
+    assert answer["error"]["type"] == "invalid_request_error"
 
 
 def test_null_fields_of_a_completion_request_mean_their_defaults(server_url):
