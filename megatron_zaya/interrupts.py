@@ -11,6 +11,8 @@ leaves that behind. Two ways to turn it into the KeyboardInterrupt the cleanup a
   (inside multiprocessing's bookkeeping, or an import lock's callback) can be lost or leave a half-built
   object behind. A second signal raises at once.
 
+While a finished output replaces an old one, `signals_held()` makes both signals wait (merge_datasets).
+
 Training (pretrain_zaya.py) has its own handling: a checkpoint, then a clean exit (training/signals.py).
 
 `quiet_when_the_reader_leaves(main)` runs a tool that prints a report so that `tool | head` ends it
@@ -18,6 +20,7 @@ without a BrokenPipeError traceback, as `head` ends any other command (SIGPIPE's
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -76,6 +79,24 @@ def interrupt_on_sigterm(main: Callable[[list | None], int], argv: list | None, 
 
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def signals_held():
+    """SIGINT and SIGTERM wait while the block runs (the renames that put a finished output in place of an old
+    one: cut in half, neither would be left whole); yields the list of the names of those that came, for the
+    caller to say after the block. Outside the main thread, nothing is held (no handler can be installed)."""
+    received: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    previous = {signum: signal.signal(signum, lambda signum, frame: received.append(signal.Signals(signum).name))
+                for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 def quiet_when_the_reader_leaves(main: Callable[[], int]) -> int:

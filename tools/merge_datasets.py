@@ -10,7 +10,8 @@ is bounded; the output appears only when complete. An existing output is refused
 .bin/.idx and resolving links). Inputs preprocessed with different tokenizers (their PREFIX.tokenizer.json,
 megatron_zaya/data/dataset_tokenizer.py) are refused; the output gets their record when every input has one.
 Exit status: 0 merged, 2 on a bad input or output, 130 when interrupted (Ctrl-C or SIGTERM: no output is
-left, temporary files removed).
+left, temporary files removed; one that comes while the finished output replaces the old one waits, and the
+merge completes).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from megatron_zaya.data.indexed import (  # noqa: E402
     idx_path,
 )
 from megatron_zaya.errors import UserInputError  # noqa: E402
-from megatron_zaya.interrupts import interrupt_on_sigterm  # noqa: E402
+from megatron_zaya.interrupts import interrupt_on_sigterm, signals_held  # noqa: E402
 
 
 def collect_prefixes(inputs: list[str]) -> list[str]:
@@ -85,13 +86,22 @@ def merge(prefixes: list[str], output_prefix: str, overwrite: bool = False, log=
             if log is not None:
                 log(f"[{i}/{len(prefixes)}] merged {p}: {d.num_documents:,} documents, {len(d):,} sequences")
         writer.prepare()
-        remove_record(writer.path_prefix)     # an interruption from here on leaves no record, never a stale one
-        writer.commit()
     except BaseException:
         writer.abort()
         raise
-    if record is not None:
-        write_record(writer.path_prefix, record)
+    # The old dataset is replaced from here on: a signal waits until the new one, with its record, is in place
+    # (cut in the middle, it left neither dataset whole and still said "no output written").
+    with signals_held() as held:
+        try:
+            remove_record(writer.path_prefix)     # a failure from here on leaves no record, never a stale one
+            writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
+        if record is not None:
+            write_record(writer.path_prefix, record)
+    if held and log is not None:
+        log(f"{held[0]} came while {output_prefix} was put in place: the merge is complete")
     return writer
 
 

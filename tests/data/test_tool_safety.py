@@ -154,6 +154,31 @@ def test_merge_ended_by_sigterm_leaves_no_output(tmp_path, monkeypatch, capsys):
     assert not [f for f in os.listdir(tmp_path) if f.startswith("m")]
 
 
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_signal_while_the_merge_replaces_the_old_dataset_waits_for_the_new_one(tmp_path, monkeypatch, capsys,
+                                                                                 signame):
+    """--overwrite: a signal that comes between the renames (the old .idx removed, the new .bin in place) waits
+    until the new dataset and its tokenizer record are whole; the merge completes (it aborted there, leaving a
+    .bin without its .idx and no record, and said "no output written")."""
+    import signal
+    from megatron_zaya.data.dataset_tokenizer import read_record, write_record
+    a, m = str(tmp_path / "a"), str(tmp_path / "m")
+    write_dataset(a, [[1, 2], [3]])
+    write_dataset(m, [[7]])
+    write_record(a, {"type": "NullTokenizer", "vocab_size": 101, "eod": 100, "probe_sha256": "0" * 64})
+    real = os.replace
+
+    def signalled_after_the_bin(src, dst):
+        real(src, dst)
+        if dst.endswith(".bin"):
+            os.kill(os.getpid(), getattr(signal, signame))
+    monkeypatch.setattr(indexed.os, "replace", signalled_after_the_bin)
+    assert MERGE.main(["--input", a, "--output-prefix", m, "--overwrite"]) == 0
+    assert f"{signame} came while {m} was put in place: the merge is complete" in capsys.readouterr().err
+    assert docs(m) == [[1, 2], [3]] and read_record(m) == read_record(a)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler     # the handlers are back
+
+
 def test_merge_on_a_full_disk_removes_its_temporary_files_and_says_so(tmp_path, monkeypatch, capsys):
     """ENOSPC in a write, and again when the buffered .bin is closed (its flush): the temporary files that
     filled the disk are removed all the same, and the tool ends with one error line (it was a traceback)."""
