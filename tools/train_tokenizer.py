@@ -23,7 +23,8 @@ files). Bad records (malformed
 JSON, missing keys, not UTF-8, lone surrogates) are skipped and counted. Existing outputs are refused unless
 --overwrite is given; training writes to a temporary prefix and renames into place (.vocab, then
 .model; or the .json), so a failed run leaves any old tokenizer untouched (the hidden temporary folder of a
-run killed by SIGKILL is removed by the next run for the same output, megatron_zaya/leftovers.py).
+run killed by SIGKILL is removed by the next run for the same output, megatron_zaya/leftovers.py). Ctrl-C
+or SIGTERM removes it and ends with exit status 130.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_zaya.data.sources import InputError, check_parquet_columns, expand_inputs, iter_records  # noqa: E402
+from megatron_zaya.interrupts import interrupt_on_sigterm, signals_held  # noqa: E402
 from megatron_zaya.leftovers import remove_leftovers  # noqa: E402
 
 
@@ -201,9 +203,11 @@ def _announce_end(lines, counts: dict, t0: float):
 
 
 def _install(tmp_prefix: str, prefix: str, extensions=(".vocab", ".model")) -> None:
-    """Rename the trained files into place: .vocab first, .model (what users load) last."""
-    for ext in extensions:
-        os.replace(tmp_prefix + ext, prefix + ext)
+    """Rename the trained files into place: .vocab first, .model (what users load) last; a signal waits for
+    both (a new .vocab beside the old .model otherwise)."""
+    with signals_held():
+        for ext in extensions:
+            os.replace(tmp_prefix + ext, prefix + ext)
 
 
 def train_tiktoken(args, lines, tmp_prefix: str) -> int:
@@ -216,6 +220,11 @@ def train_tiktoken(args, lines, tmp_prefix: str) -> int:
 
 
 def main(argv=None) -> int:
+    # Ctrl-C and SIGTERM (scancel, a time limit) remove the temporary folder and end with one line, exit 130
+    return interrupt_on_sigterm(_main, argv, "train_tokenizer.py")
+
+
+def _main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True, help="files, directories or globs (.jsonl[.gz|.zst], .parquet or text)")
     p.add_argument("--vocab-size", type=int, required=True)

@@ -231,6 +231,27 @@ def test_train_tokenizer_refuses_existing_and_replaces_via_rename(tmp_path, tok_
     assert sorted(os.listdir(tmp_path)) == ["sp.model", "sp.vocab"]   # no temporary left
 
 
+@pytest.mark.parametrize("model_type", ["bpe", "tiktoken"])
+def test_train_tokenizer_ended_by_sigterm_removes_its_folder_and_says_so(tmp_path, tok_corpus, monkeypatch, capsys,
+                                                                         model_type):
+    """SIGTERM (scancel, a time limit) while the corpus is read: one line and exit 130, no output and no hidden
+    temporary folder (SIGTERM ended the process at once, leaving the folder for 10 minutes; Ctrl-C printed a
+    traceback)."""
+    import signal
+    real = TRAIN._announce_end
+
+    def killed_while_reading(lines, *args):
+        for i, line in enumerate(real(lines, *args)):
+            if i == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+            yield line
+    monkeypatch.setattr(TRAIN, "_announce_end", killed_while_reading)
+    assert _train(tok_corpus, tmp_path / "sp", "--model-type", model_type) == 130
+    assert "train_tokenizer.py: interrupted: no output written" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
 def test_train_tokenizer_removes_a_killed_runs_hidden_folder(tmp_path, tok_corpus, capsys):
     import subprocess
     import sys
