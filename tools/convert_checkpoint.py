@@ -27,9 +27,10 @@ tokenizer is the one the tokenizer flags name, else the one the training run rec
 written); --no-tokenizer writes none.
 
 Every conversion writes atomically (a temporary folder renamed at the end) and refuses to overwrite:
-to-hf and average need a new or empty output folder (average checks it before reading any weight,
-and that every checkpoint holds the same model config), from-hf and reshard one without checkpoints (and without a
-latest_checkpointed_iteration.txt). Sharded outputs hold model weights only (no optimizer state).
+to-hf and average need a new or empty output folder (average also checks that every checkpoint holds the
+same model config), from-hf and reshard one without checkpoints (and without a
+latest_checkpointed_iteration.txt); the output, and the layout from the source's config, are checked before any
+weight is read. Sharded outputs hold model weights only (no optimizer state).
 Progress lines (weights read, ranks written) go to stderr unless --no-progress.
 Exit status 0 on success, 1 on a checkpoint problem (the message names the file), 2 on usage errors, 130 when
 interrupted (Ctrl-C or SIGTERM: the temporary folder is removed; after a SIGKILL, e.g. the OOM killer, the next

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 
 import torch
 
 from megatron_zaya.checkpoint.format import METADATA_FILE, CheckpointError, iter_dir_name, list_complete, read_json
-from megatron_zaya.checkpoint.hf_format import DEFAULT_MAX_SHARD_BYTES, save_hf_folder
+from megatron_zaya.checkpoint.hf_format import DEFAULT_MAX_SHARD_BYTES, check_new_output_folder, save_hf_folder
 from megatron_zaya.checkpoint.inspection import load_full_model_state, resolve_folder
 from megatron_zaya.checkpoint.model_card import model_card
 
@@ -54,9 +53,7 @@ def average_to_hf(folders: list[str], output_dir: str, weights: list[float] | No
     """Write the weighted mean of `folders`' model weights to the Hugging Face folder `output_dir`
     (new or empty; written atomically). Returns {"folders", "weights", "iterations"}."""
     weights = normalized_weights(weights, len(folders))
-    output = Path(output_dir)
-    if output.exists() and any(output.iterdir()):
-        raise FileExistsError(f"{output_dir}: exists and is not empty; refusing to overwrite")
+    check_new_output_folder(output_dir)
     metas = [read_json(os.path.join(folder, METADATA_FILE)) for folder in folders]
     first = metas[0]["model_config"]
     for folder, meta in zip(folders[1:], metas[1:]):

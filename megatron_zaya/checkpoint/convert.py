@@ -9,8 +9,9 @@ import os
 
 import torch
 
-from megatron_zaya.checkpoint.format import LATEST_FILE, METADATA_FILE, CheckpointError, read_json
-from megatron_zaya.checkpoint.hf_format import DEFAULT_MAX_SHARD_BYTES, load_hf_folder, save_hf_folder
+from megatron_zaya.checkpoint.format import LATEST_FILE, METADATA_FILE, CheckpointError, read_folder_metadata, read_json
+from megatron_zaya.checkpoint.hf_format import (DEFAULT_MAX_SHARD_BYTES, check_new_output_folder, hf_folder_config,
+                                                load_hf_folder, save_hf_folder)
 from megatron_zaya.checkpoint.inspection import load_full_model_state, resolve_folder
 from megatron_zaya.checkpoint.model_card import model_card
 from megatron_zaya.checkpoint.preflight import held_iterations
@@ -28,6 +29,7 @@ def checkpoint_to_hf(path: str, output_dir: str, dtype: torch.dtype | None = Non
     `tokenizer`'s files too, when given; its vocabulary must fit the embedding, checked from the metadata
     before any weight is read).
     `progress`: see ConversionProgress."""
+    check_new_output_folder(output_dir)       # before any weight is read (minutes and GBs for a large model)
     if tokenizer is not None:
         rows = read_json(os.path.join(resolve_folder(path), METADATA_FILE))["model_config"]["vocab_size"]
         if tokenizer.vocab_size > rows:
@@ -72,6 +74,24 @@ def fresh_train_state(iteration: int) -> dict:
             "skipped_iterations": 0}
 
 
+def check_sharded_output(save_dir: str, config: ModelConfig, tp: int = 1, cp: int = 1, ep: int = 1,
+                         world_size: int | None = None, iteration: int | None = None) -> int:
+    """The checks of a converted checkpoint's layout, iteration and output folder, made before any weight is
+    read and again before any is written; returns the world size (default tp x cp: data parallel 1)."""
+    if world_size is not None and world_size < 1:
+        raise LayoutError(f"--world-size={world_size}: must be >= 1")
+    world = tp * cp if world_size is None else world_size
+    check_layout(world, tp, cp, ep, config)         # before anything is written (one rank splits nothing itself)
+    if iteration is not None and iteration < 0:
+        raise CheckpointError(f"--iteration={iteration}: must be >= 0")
+    check_output_folder(save_dir)
+    # A folder a training run is saving into (its first checkpoint not complete yet, so not refused above):
+    # the conversion's pruning would take the run's save in progress for debris, and its checkpoint would
+    # hide the run's later ones.
+    SaveFolderLock.check_free(save_dir, "writing a converted checkpoint")
+    return world
+
+
 def save_model_as_checkpoint(state: dict, config: ModelConfig, save_dir: str, tp: int = 1, cp: int = 1, ep: int = 1,
                              world_size: int | None = None, iteration: int = 0, source: str = "",
                              train_state: dict | None = None, progress=None, tokenizer: dict | None = None) -> str:
@@ -81,17 +101,7 @@ def save_model_as_checkpoint(state: dict, config: ModelConfig, save_dir: str, tp
     --no-load-optim resume continues from. `tokenizer`: the tokenizer flags to record ("args", and
     "working_directory" for their relative paths), which the tools and --use-checkpoint-args take when
     given none (recorded_tokenizer.py). Returns the folder."""
-    if world_size is not None and world_size < 1:
-        raise LayoutError(f"--world-size={world_size}: must be >= 1")
-    world = tp * cp if world_size is None else world_size
-    check_layout(world, tp, cp, ep, config)         # before anything is written (one rank splits nothing itself)
-    if iteration < 0:
-        raise CheckpointError(f"--iteration={iteration}: must be >= 0")
-    check_output_folder(save_dir)
-    # A folder a training run is saving into (its first checkpoint not complete yet, so not refused above):
-    # the conversion's pruning would take the run's save in progress for debris, and its checkpoint would
-    # hide the run's later ones.
-    SaveFolderLock.check_free(save_dir, "writing a converted checkpoint")
+    world = check_sharded_output(save_dir, config, tp, cp, ep, world_size, iteration)
     train_state = dict(train_state or fresh_train_state(iteration), iteration=iteration)
     os.makedirs(save_dir, exist_ok=True)
     run_id = f"{int.from_bytes(os.urandom(5), 'big'):010x}"
@@ -125,7 +135,9 @@ def reshard_checkpoint(source: str, save_dir: str, iteration: int | None = None,
     """The model of checkpoint `source` (any layout) as a weights-only checkpoint in another layout.
     It keeps the source's train state (iteration, consumed samples and tokens, data phase), so a
     --no-load-optim resume continues where the source stopped; another `iteration` relabels it as
-    a fresh start at that iteration (no data consumed)."""
+    a fresh start at that iteration (no data consumed). The layout and output are checked first."""
+    check_sharded_output(save_dir, ModelConfig(**read_folder_metadata(resolve_folder(source))["model_config"]),
+                         iteration=iteration, **_sizes(layout))
     state, config, info = load_full_model_state(source, progress.reading if progress else None)
     if iteration is None:
         iteration = info["iteration"]
@@ -138,7 +150,14 @@ def reshard_checkpoint(source: str, save_dir: str, iteration: int | None = None,
                                     train_state=kept, progress=progress, tokenizer=tokenizer, **layout)
 
 
+def _sizes(layout: dict) -> dict:
+    return {k: layout[k] for k in ("tp", "cp", "ep", "world_size") if k in layout}
+
+
 def hf_to_checkpoint(hf_dir: str, save_dir: str, progress=None, **layout) -> str:
+    """A Hugging Face folder as a weights-only checkpoint of the layout; the layout and output are checked
+    against its config.json before any weight is read."""
+    check_sharded_output(save_dir, hf_folder_config(hf_dir), iteration=layout.get("iteration"), **_sizes(layout))
     if progress is not None:
         progress.note(f"reading {hf_dir}")
     state, config = load_hf_folder(hf_dir)

@@ -187,11 +187,24 @@ def readable_as_umask_allows(folder: Path) -> None:
         os.chmod(path, 0o666 & ~mask)
 
 
+def check_new_output_folder(output_dir) -> None:
+    """FileExistsError unless `output_dir` can be a new HF folder: absent or empty, under folders (not a file):
+    checked before a conversion reads any weight, and again when it writes."""
+    output_dir = Path(output_dir)
+    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
+        raise FileExistsError(f"{output_dir}: exists and is not {'empty' if output_dir.is_dir() else 'a folder'}; "
+                              f"refusing to overwrite")
+    above = output_dir.absolute().parent
+    while not above.exists():
+        above = above.parent
+    if not above.is_dir():
+        raise FileExistsError(f"{output_dir}: {above} is a file, not a folder")
+
+
 def _atomic_folder_write(output_dir: Path, write) -> None:
     """Write into a temporary sibling folder, then rename: never a half-written folder."""
     output_dir = Path(output_dir)
-    if output_dir.exists() and any(output_dir.iterdir()):
-        raise FileExistsError(f"{output_dir}: exists and is not empty; refusing to overwrite")
+    check_new_output_folder(output_dir)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     # The process id in the name lets the next write find what a SIGKILLed one left (megatron_zaya.leftovers).
     remove_leftovers(str(output_dir.parent), re.compile(re.escape(f".{output_dir.name}.tmp") + r"(?P<pid>\d+)-\w+"),
@@ -337,15 +350,20 @@ def hf_weight_files(folder: Path) -> dict[str, list[str] | None]:
     return files
 
 
+def hf_folder_config(folder) -> ModelConfig:
+    """The ModelConfig of a ZayaForCausalLM folder's config.json (FileNotFoundError when it has none)."""
+    config_path = Path(folder) / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path}: missing (expected a Hugging Face ZAYA folder)" + hub_name_hint(folder))
+    return config_from_hf_file(config_path)
+
+
 def load_hf_folder(folder) -> tuple[dict, ModelConfig]:
     """Read a ZayaForCausalLM folder (one model.safetensors, or shards with their index) into (our state
     dict, our ModelConfig)."""
     folder = Path(folder)
-    config_path = folder / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path}: missing (expected a Hugging Face ZAYA folder)" + hub_name_hint(folder))
+    config = hf_folder_config(folder)
     files = hf_weight_files(folder)
-    config = config_from_hf_file(config_path)
     state = {}
     for file, names in files.items():
         tensors = load_safetensors(folder / file)

@@ -140,6 +140,40 @@ def test_an_impossible_output_layout_is_refused_before_anything_is_written(tmp_p
     assert not (tmp_path / "out").exists()
 
 
+def test_a_bad_output_or_layout_is_refused_before_any_weight_is_read(tmp_path, capsys, monkeypatch):
+    """to-hf into a non-empty folder (or one under a file), reshard and from-hf with an impossible layout or
+    iteration, or into a folder holding checkpoints: refused from the metadata / config.json alone (every weight
+    was read first: minutes and tens of GB for a large model)."""
+    from megatron_zaya.checkpoint import convert, hf_format
+    from megatron_zaya.config import model_config_from_preset
+    from megatron_zaya.model import ZayaModel
+
+    model = ZayaModel(model_config_from_preset("zaya1-tiny", num_layers=1, vocab_size=256))
+    hf_format.save_hf_folder(model.state_dict(), model.config, tmp_path / "hf")
+    ckpt = str(tmp_path / "ckpt")
+    assert _tool().main(["from-hf", str(tmp_path / "hf"), ckpt, "--no-progress"]) == 0
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "mine.txt").write_text("mine")
+    (tmp_path / "notes.txt").write_text("mine")
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("a weight was read")
+    monkeypatch.setattr(convert, "load_full_model_state", no_weights)
+    monkeypatch.setattr(convert, "load_hf_folder", no_weights)
+    for argv, message in (
+            (["to-hf", ckpt, str(tmp_path / "full")], "full: exists and is not empty"),
+            (["to-hf", ckpt, str(tmp_path / "notes.txt" / "out")], "notes.txt is a file, not a folder"),
+            (["reshard", ckpt, str(tmp_path / "r"), "--expert-model-parallel-size", "3", "--world-size", "3"],
+             "--expert-model-parallel-size=3 must divide --num-experts=4"),
+            (["reshard", ckpt, str(tmp_path / "r"), "--iteration", "-1"], "--iteration=-1: must be >= 0"),
+            (["reshard", ckpt, ckpt], "already holds checkpoints"),
+            (["from-hf", str(tmp_path / "hf"), str(tmp_path / "r"), "--world-size", "-1"], "--world-size=-1"),
+            (["from-hf", str(tmp_path / "hf"), ckpt], "already holds checkpoints")):
+        assert _tool().main([*argv, "--no-progress"]) == 1, argv
+        assert message in capsys.readouterr().err, argv
+    assert (tmp_path / "full" / "mine.txt").read_text() == "mine" and not (tmp_path / "r").exists()
+
+
 def test_a_conversion_into_a_folder_a_run_is_saving_into_is_refused(tmp_path, capsys):
     """The output folder's lock held (a training run before its first complete checkpoint): refused at once,
     nothing written (the conversion's pruning removed the run's save in progress, and its checkpoint hid the
