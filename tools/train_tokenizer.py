@@ -42,7 +42,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_zaya.data.sources import InputError, check_parquet_columns, expand_inputs, iter_records  # noqa: E402
+from megatron_zaya.data.sources import (InputError, check_json_keys, check_parquet_columns, expand_inputs,  # noqa: E402
+                                         iter_records)
 from megatron_zaya.interrupts import interrupt_on_sigterm, signals_held  # noqa: E402
 from megatron_zaya.leftovers import remove_leftovers  # noqa: E402
 
@@ -256,6 +257,7 @@ def _main(argv=None) -> int:
     try:
         paths = expand_inputs(args.input)
         check_parquet_columns(paths, args.json_keys)
+        check_json_keys(paths, args.json_keys)
         counts: dict[str, int] = {}
         t0 = time.time()
         lines = iter_lines(paths, args.json_keys, args.text_mode, counts, whole_documents=args.model_type == "tiktoken")

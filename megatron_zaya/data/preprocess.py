@@ -23,8 +23,8 @@ import numpy as np
 
 from .dataset_tokenizer import remove_record, tokenizer_record, write_record
 from .indexed import IndexedDatasetWriter, existing_outputs, optimal_dtype, remove_temporaries
-from .sources import (Record, check_parquet_columns, expand_inputs, holds_json_records, input_size, is_parquet,
-                      iter_records)
+from .sources import (Record, check_json_keys, check_parquet_columns, expand_inputs, holds_json_records, input_size,
+                      is_parquet, iter_records)
 from .tokenizer import build_tokenizer, check_tokenizer_flags, tokenizer_flags
 from .trimming import OUTCOMES, ReasoningTrimmer
 from .workers import OrderedWorkers
@@ -378,6 +378,7 @@ def run(cfg: PreprocessConfig, should_stop: Callable[[], bool] = lambda: False) 
         raise ValueError(f"--json-keys with several keys needs JSONL or Parquet input only ({text} is plain text, "
                          "which would fill only the first key and misalign the outputs)")
     check_parquet_columns(paths, list(cfg.json_keys))
+    check_json_keys(paths, list(cfg.json_keys))
     main_encoder = Encoder(cfg)  # validates the tokenizer and trimming flags before any work
     dtype = main_encoder.dtype
     compressed = any(p.endswith((".gz", ".zst", ".zstd")) or is_parquet(p) for p in paths)   # no byte total

@@ -58,6 +58,41 @@ def holds_json_records(path: str) -> bool:
     return is_parquet(path) or is_jsonl(path)
 
 
+def _model_folder_kind(folder: str) -> str | None:
+    """'a training checkpoint folder' or 'a Hugging Face model folder' for such a folder (by the files that
+    mark one), else None."""
+    names = set(os.listdir(folder))
+    if "latest_checkpointed_iteration.txt" in names or "metadata.json" in names or \
+            any(n.startswith("iter_") and n[5:].isdigit() for n in names):
+        return "a training checkpoint folder"
+    if "config.json" in names and any(n.endswith(".safetensors") for n in names):
+        return "a Hugging Face model folder"
+    return None
+
+
+def check_json_keys(paths: list[str], keys: list[str], sample: int = 100) -> None:
+    """A --json-keys key that none of the first `sample` JSON objects of the first JSONL input holds (a
+    misspelling): InputError naming it and the keys the first object has, before the corpus is read (it was
+    found after reading all of it, every record skipped)."""
+    first = next((p for p in paths if not is_parquet(p) and is_jsonl(p)), None)
+    if first is None:
+        return
+    objects = []
+    for record in iter_records([first]):
+        if len(objects) == sample or record.line > 10 * sample:
+            break
+        try:
+            obj = json.loads(record.raw)
+        except (ValueError, RecursionError):   # (malformed lines are skipped and counted by the run itself)
+            continue
+        if isinstance(obj, dict):
+            objects.append(obj)
+    for key in keys:
+        if objects and not any(key in obj for obj in objects):
+            raise InputError(f"--json-keys {key}: none of the first {len(objects)} records of {first} has that key "
+                             f"(the first has {', '.join(map(repr, list(objects[0])[:10])) or 'none'})")
+
+
 def _expand_directory(spec: str, log) -> list[str]:
     """The corpus files under directory `spec`, recursively and sorted; logs what was taken and left."""
     taken, left = [], []
@@ -87,6 +122,9 @@ def expand_inputs(inputs: list[str], log=_stderr) -> list[str]:
     paths: list[str] = []
     for spec in inputs:
         if os.path.isdir(spec):
+            kind = _model_folder_kind(spec)
+            if kind:
+                raise InputError(f"--input {spec}: {kind}, not a corpus (its JSON and text files are no documents)")
             found = _expand_directory(spec, log)
         elif any(c in spec for c in "*?["):
             found = sorted(glob.glob(spec))

@@ -319,9 +319,35 @@ def test_train_tokenizer_counts_huge_integer_record(tmp_path, tok_corpus, capsys
     assert "1 malformed JSON" in out.out and "training" in out.err
 
 
+def test_a_misspelt_json_key_or_a_model_folder_is_refused_before_the_corpus_is_read(tmp_path, capsys, monkeypatch):
+    """--json-keys txt on a corpus keyed "text": one line naming the key and the keys the records have, from the
+    first records alone (the whole corpus was tokenized first, every record skipped); a checkpoint or Hugging
+    Face folder given as --input is named as such (its JSON files were read as a one-document corpus)."""
+    from megatron_zaya.data import preprocess
+    inp = jsonl(tmp_path / "c.jsonl", [f"doc {i}" for i in range(5000)])
+
+    def not_encoded(*args):
+        raise AssertionError("the corpus was read")
+    monkeypatch.setattr(preprocess.Encoder, "encode_chunk", not_encoded)
+    assert pre("--input", inp, "--output-prefix", tmp_path / "o", "--tokenizer-type", "NullTokenizer",
+               "--tokenizer-model", "100", "--json-keys", "txt") == 2
+    assert "--json-keys txt: none of the first 100 records of" in capsys.readouterr().err
+    assert _train(inp, tmp_path / "sp", "--json-keys", "txt") == 2
+    assert "(the first has 'text')" in capsys.readouterr().err
+    (tmp_path / "ckpt" / "iter_0000004").mkdir(parents=True)
+    (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("4")
+    (tmp_path / "hf").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / "hf" / name).write_text("{}")
+    for folder, kind in (("ckpt", "a training checkpoint folder"), ("hf", "a Hugging Face model folder")):
+        assert null(tmp_path / folder, tmp_path / "o") == 2
+        assert f"--input {tmp_path / folder}: {kind}, not a corpus" in capsys.readouterr().err
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(("o", "sp"))]
+
+
 @pytest.mark.parametrize("content,extra,message", [
     ("", [], "no text found (the input is empty)"),
-    ('{"text": "hi"}\n', ["--json-keys", "body"], "no text found (1 no string under --json-keys body)"),
+    ('{"text": "hi"}\n', ["--json-keys", "body"], "--json-keys body: none of the first 1 records of"),
     ('{"text": "hi"}\n', ["--input-sentence-size", "-1"], "--input-sentence-size must be >= 0"),
     ('{"text": "hi"}\n', ["--max-sentence-length", "5"], "--max-sentence-length must be in [10, 1073741824]"),
     ('{"text": "hi"}\n', ["--max-sentence-length", "2000000000"], "--max-sentence-length must be in [10, "),
