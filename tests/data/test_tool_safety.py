@@ -410,6 +410,24 @@ def test_quickstart_corpus_min_above_max_rejected(tmp_path, capsys):
     assert "--min-chars <= --max-chars" in capsys.readouterr().err
 
 
+def test_quickstart_corpus_keeps_an_existing_output_and_checks_it_before_the_download(tmp_path, capsys, monkeypatch):
+    """A file already at --output (the default name is a likely one for a user's own corpus) is kept unless
+    --overwrite; a folder, or a path under a file, is refused; all before anything is downloaded."""
+    def no_download(dest):
+        raise AssertionError("downloaded")
+    monkeypatch.setattr(CORPUS, "download", no_download)
+    mine = tmp_path / "c.jsonl"
+    mine.write_text('{"text": "my own corpus"}\n')
+    for output, message in ((mine, "already exists (pass --overwrite to replace it)"),
+                            (tmp_path, "a folder"), (mine / "c.jsonl", f"{mine} is a file, not a folder")):
+        assert CORPUS.main(["--output", str(output)]) == 2
+        assert f"error: --output {output}: {message}" in capsys.readouterr().err
+    assert mine.read_text() == '{"text": "my own corpus"}\n'
+    assert CORPUS.output_problem(str(mine), overwrite=True) is None
+    mine.write_text("")                     # an empty one (what quickstart_cpu.sh fetches again): as absent
+    assert CORPUS.output_problem(str(mine), overwrite=False) is None
+
+
 def test_write_jsonl_failure_leaves_no_temporary(tmp_path, monkeypatch):
     def broken(*a, **k):
         yield {"text": "one"}
