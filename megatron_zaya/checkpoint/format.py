@@ -417,7 +417,8 @@ def metadata_problems(meta, path: str) -> list[str]:
 def read_folder_metadata(folder: str) -> dict:
     """metadata.json of a complete checkpoint folder (COMPLETE present, this format version, its parts there)."""
     if not os.path.isdir(folder):
-        raise CheckpointError(f"{folder}: no such checkpoint folder")
+        raise CheckpointError(f"{folder}: " + ("a file, not a checkpoint folder" if os.path.exists(folder) else
+                                              "no such checkpoint folder"))
     marker = os.path.join(folder, COMPLETE_MARKER)
     if not os.path.isfile(marker):
         raise CheckpointError(f"{marker}: missing - the save of {folder} did not complete")

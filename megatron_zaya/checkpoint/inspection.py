@@ -19,7 +19,8 @@ def resolve_folder(path: str) -> str:
     if os.path.isfile(os.path.join(path, METADATA_FILE)) or os.path.isfile(os.path.join(path, COMPLETE_MARKER)):
         return path
     if not os.path.isdir(path):
-        raise CheckpointError(f"{path}: no such checkpoint folder")
+        raise CheckpointError(f"{path}: " + ("a file, not a checkpoint folder" if os.path.exists(path) else
+                                              "no such checkpoint folder"))
     latest = read_latest(path)
     if latest is None:
         done = list_complete(path)

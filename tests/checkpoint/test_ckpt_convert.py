@@ -103,8 +103,11 @@ def test_sharded_to_hf_and_back_into_any_layout(ckpt_corpus, ckpt_cache, tmp_pat
 
 def test_bad_source_is_a_clear_error(tmp_path, capsys):
     tool = _tool()
-    assert tool.main(["to-hf", str(tmp_path / "nothing"), str(tmp_path / "out")]) == 1
-    assert "nothing" in capsys.readouterr().err
+    assert tool.main(["to-hf", str(tmp_path / "nothing"), str(tmp_path / "out"), "--no-tokenizer"]) == 1
+    assert f"{tmp_path / 'nothing'}: no such checkpoint folder" in capsys.readouterr().err
+    (tmp_path / "docs.jsonl").write_text("{}\n")        # a file where a checkpoint goes: said so
+    assert tool.main(["to-hf", str(tmp_path / "docs.jsonl"), str(tmp_path / "out"), "--no-tokenizer"]) == 1
+    assert f"{tmp_path / 'docs.jsonl'}: a file, not a checkpoint folder" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["to-hf", "average", "from-hf", "reshard"])
