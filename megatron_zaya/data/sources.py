@@ -61,9 +61,9 @@ def holds_json_records(path: str) -> bool:
 def _model_folder_kind(folder: str) -> str | None:
     """'a training checkpoint folder' or 'a Hugging Face model folder' for such a folder (by the files that
     mark one), else None."""
-    names = set(os.listdir(folder))
-    if "latest_checkpointed_iteration.txt" in names or "metadata.json" in names or \
-            any(n.startswith("iter_") and n[5:].isdigit() for n in names):
+    names = set(os.listdir(folder))     # (a corpus may hold a metadata.json: a checkpoint's comes with COMPLETE)
+    if "latest_checkpointed_iteration.txt" in names or {"metadata.json", "COMPLETE"} <= names or \
+            any(n.startswith("iter_") and len(n) == 12 and n[5:].isdigit() for n in names):
         return "a training checkpoint folder"
     if "config.json" in names and any(n.endswith(".safetensors") for n in names):
         return "a Hugging Face model folder"
@@ -71,26 +71,28 @@ def _model_folder_kind(folder: str) -> str | None:
 
 
 def check_json_keys(paths: list[str], keys: list[str], sample: int = 100) -> None:
-    """A --json-keys key that none of the first `sample` JSON objects of the first JSONL input holds (a
-    misspelling): InputError naming it and the keys the first object has, before the corpus is read (it was
-    found after reading all of it, every record skipped)."""
-    first = next((p for p in paths if not is_parquet(p) and is_jsonl(p)), None)
-    if first is None:
-        return
-    objects = []
-    for record in iter_records([first]):
-        if len(objects) == sample or record.line > 10 * sample:
+    """A --json-keys key that none of the first `sample` JSON objects of the JSONL inputs holds (a misspelling):
+    InputError naming it and the keys the first object has, before the corpus is read (it was found after
+    reading all of it, every record skipped). The objects are taken in input order, the first 1,000 lines of
+    a file at most (a corpus folder's metadata.json alone decides nothing)."""
+    objects, source = [], None
+    for path in (p for p in paths if not is_parquet(p) and is_jsonl(p)):
+        for record in iter_records([path]):
+            if len(objects) == sample or record.line > 10 * sample:
+                break
+            try:
+                obj = json.loads(record.raw)
+            except (ValueError, RecursionError):   # (malformed lines are skipped and counted by the run itself)
+                continue
+            if isinstance(obj, dict):
+                objects.append(obj)
+                source = source or path
+        if len(objects) == sample:
             break
-        try:
-            obj = json.loads(record.raw)
-        except (ValueError, RecursionError):   # (malformed lines are skipped and counted by the run itself)
-            continue
-        if isinstance(obj, dict):
-            objects.append(obj)
     for key in keys:
         if objects and not any(key in obj for obj in objects):
-            raise InputError(f"--json-keys {key}: none of the first {len(objects)} records of {first} has that key "
-                             f"(the first has {', '.join(map(repr, list(objects[0])[:10])) or 'none'})")
+            raise InputError(f"--json-keys {key}: none of the first {len(objects)} records (from {source} on) has "
+                             f"that key (the first has {', '.join(map(repr, list(objects[0])[:10])) or 'none'})")
 
 
 def _expand_directory(spec: str, log) -> list[str]:

@@ -331,7 +331,7 @@ def test_a_misspelt_json_key_or_a_model_folder_is_refused_before_the_corpus_is_r
     monkeypatch.setattr(preprocess.Encoder, "encode_chunk", not_encoded)
     assert pre("--input", inp, "--output-prefix", tmp_path / "o", "--tokenizer-type", "NullTokenizer",
                "--tokenizer-model", "100", "--json-keys", "txt") == 2
-    assert "--json-keys txt: none of the first 100 records of" in capsys.readouterr().err
+    assert f"--json-keys txt: none of the first 100 records (from {inp} on) has that key" in capsys.readouterr().err
     assert _train(inp, tmp_path / "sp", "--json-keys", "txt") == 2
     assert "(the first has 'text')" in capsys.readouterr().err
     (tmp_path / "ckpt" / "iter_0000004").mkdir(parents=True)
@@ -339,15 +339,25 @@ def test_a_misspelt_json_key_or_a_model_folder_is_refused_before_the_corpus_is_r
     (tmp_path / "hf").mkdir()
     for name in ("config.json", "model.safetensors"):
         (tmp_path / "hf" / name).write_text("{}")
-    for folder, kind in (("ckpt", "a training checkpoint folder"), ("hf", "a Hugging Face model folder")):
+    (tmp_path / "one").mkdir()                                   # one iteration's folder
+    for name in ("metadata.json", "COMPLETE"):
+        (tmp_path / "one" / name).write_text("{}")
+    for folder, kind in (("ckpt", "a training checkpoint folder"), ("one", "a training checkpoint folder"),
+                         ("hf", "a Hugging Face model folder")):
         assert null(tmp_path / folder, tmp_path / "o") == 2
         assert f"--input {tmp_path / folder}: {kind}, not a corpus" in capsys.readouterr().err
-    assert not [f for f in os.listdir(tmp_path) if f.startswith(("o", "sp"))]
+    monkeypatch.undo()
+    (tmp_path / "corpus").mkdir()       # a corpus folder with its own metadata.json (read as a record, skipped)
+    (tmp_path / "corpus" / "metadata.json").write_text('{"source": "web"}\n')
+    jsonl(tmp_path / "corpus" / "part.jsonl", ["1 2"])
+    assert null(tmp_path / "corpus", tmp_path / "o") == 0
+    assert docs(str(tmp_path / "o") + "_text_document") == [[1, 2]]
+    assert not [f for f in os.listdir(tmp_path) if f.startswith("sp")]
 
 
 @pytest.mark.parametrize("content,extra,message", [
     ("", [], "no text found (the input is empty)"),
-    ('{"text": "hi"}\n', ["--json-keys", "body"], "--json-keys body: none of the first 1 records of"),
+    ('{"text": "hi"}\n', ["--json-keys", "body"], "--json-keys body: none of the first 1 records (from"),
     ('{"text": "hi"}\n', ["--input-sentence-size", "-1"], "--input-sentence-size must be >= 0"),
     ('{"text": "hi"}\n', ["--max-sentence-length", "5"], "--max-sentence-length must be in [10, 1073741824]"),
     ('{"text": "hi"}\n', ["--max-sentence-length", "2000000000"], "--max-sentence-length must be in [10, "),
