@@ -145,7 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="accepted: Newton-Schulz runs in bf16 where bf16 matmuls are native, else in full fp32")
     g.add_argument("--moe-router-force-load-balancing", action="store_true",
                    help="benchmarks only: every router sends token i to expert i mod E (an exactly balanced "
-                        "load, no skip) whatever it learned; the run warns (as in Megatron-LM)")
+                        "load, no skip) whatever it learned; i counts the tokens of the rank's micro-batch, so "
+                        "under CP or SP, where a rank's tokens are not a multiple of E, the split differs from one "
+                        "process's; the run warns (as in Megatron-LM)")
     g.add_argument("--disable-bf16-reduced-precision-matmul", action="store_true",
                    help="on CUDA, bf16 matmuls accumulate without reduced-precision reductions "
                         "(torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False; as in Megatron-LM)")
