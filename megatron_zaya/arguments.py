@@ -19,7 +19,7 @@ from megatron_zaya import kernels
 from megatron_zaya.checkpoint.preflight import (check_load_path, checkpoint_args_source, checkpoint_at_step,
                                                 model_config_from_checkpoint, tensor_parallel_from_checkpoint,
                                                 tokenizer_args_from_checkpoint)
-from megatron_zaya.config import ConfigError, ModelConfig, model_config_from_preset
+from megatron_zaya.config import ConfigError, ModelConfig, model_config_from_preset, pad_vocab_size
 from megatron_zaya.data.blend import parse_data_path
 from megatron_zaya.data.gpt_dataset import default_cache_dir
 from megatron_zaya.data.index_builders import parse_split
@@ -456,8 +456,13 @@ def validate(args: argparse.Namespace) -> RunConfig:
                             f"--tokenizer-type {args.tokenizer_type} --tokenizer-model {args.tokenizer_model}")
     else:
         preset = args.preset or DEFAULT_PRESET
+        preset_model = model_config_from_preset(preset)
+        if args.vocab_size is None and overrides.get("make_vocab_size_divisible_by", 0) >= 1:
+            # the preset's vocabulary is a placeholder (the tokenizer's, padded, replaces it: setup.resolve_vocab):
+            # padded to the new multiple, not refused as a --vocab-size nobody gave
+            overrides["vocab_size"] = pad_vocab_size(preset_model.vocab_size, overrides["make_vocab_size_divisible_by"])
         model = model_config_from_preset(preset, **overrides)
-        shape_warning = preset_shape_warning(args, model, model_config_from_preset(preset), preset)
+        shape_warning = preset_shape_warning(args, model, preset_model, preset)
         if shape_warning:
             warnings.append(shape_warning)
 

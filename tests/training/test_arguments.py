@@ -204,6 +204,20 @@ def test_vocab_size_with_a_tokenizer_file_is_the_models_vocabulary_and_said_so(t
     assert parse_args(tiny_run_flags(tiny_corpus, tmp_path)).warnings == []
 
 
+def test_make_vocab_size_divisible_by_alone_pads_the_tokenizers_vocabulary(tiny_corpus, tmp_path):
+    """--make-vocab-size-divisible-by 7 without --vocab-size: the preset's vocabulary (8192) is only a placeholder
+    for the tokenizer's, so it is not refused as "--vocab-size=8192: must be a multiple of 7"; the model gets the
+    tokenizer's 500 tokens padded to 504."""
+    from megatron_zaya.data.tokenizer import build_tokenizer
+    from megatron_zaya.training.setup import resolve_vocab
+
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--make-vocab-size-divisible-by": "7"}))
+    assert run.model.vocab_size % 7 == 0 and run.warnings == []
+    resolve_vocab(run, build_tokenizer("GPTSentencePieceTokenizer", run.data.tokenizer_model,
+                                       make_vocab_size_divisible_by=7))
+    assert run.model.vocab_size == 504
+
+
 def test_null_tokenizer_in_megatron_form_takes_its_size_from_vocab_size(tiny_corpus, tmp_path):
     """Megatron-LM's `--tokenizer-type NullTokenizer --vocab-size N`: N token ids plus EOD; the model's
     vocabulary is then padded from the tokenizer, not fixed to N."""
