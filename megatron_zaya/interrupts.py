@@ -16,7 +16,8 @@ While a finished output replaces an old one, `signals_held()` makes both signals
 Training (pretrain_zaya.py) has its own handling: a checkpoint, then a clean exit (training/signals.py).
 
 `quiet_when_the_reader_leaves(main)` runs a tool that prints a report so that `tool | head` ends it
-without a BrokenPipeError traceback, as `head` ends any other command (SIGPIPE's status, 141).
+without a BrokenPipeError traceback, as `head` ends any other command (SIGPIPE's status, 141); a tool that
+writes files too prints with `say`, which goes on without its reader, so the files are still written.
 """
 from __future__ import annotations
 
@@ -109,6 +110,17 @@ def quiet_when_the_reader_leaves(main: Callable[[], int]) -> int:
     except BrokenPipeError:
         stdout_to_devnull()
         return 128 + signal.SIGPIPE
+
+
+def say(text: str = "", stream=None, end: str = "\n") -> None:
+    """print to `stream` (standard output by default) and flush; once that stream's reader has gone (`| head`, a
+    dead tee) later writes go to /dev/null and the tool goes on, so its output files are still written (a
+    BrokenPipeError lost them)."""
+    stream = stream or sys.stdout
+    try:
+        print(text, file=stream, end=end, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
 
 
 def stdout_to_devnull() -> None:

@@ -37,7 +37,7 @@ from megatron_zaya.data.indexed import strip_suffix  # noqa: E402
 from megatron_zaya.data.tokenizer import (  # noqa: E402
     flags_text, null_tokenizer_size_from_vocab_size, tiktoken_options, tokenizer_flags)
 from megatron_zaya.errors import UserInputError  # noqa: E402
-from megatron_zaya.interrupts import stdout_to_devnull  # noqa: E402
+from megatron_zaya.interrupts import say  # noqa: E402
 from megatron_zaya.inference.cli_checks import (  # noqa: E402
     OWN_TOKENIZER, add_tokenizer_arguments, check_device, check_threads, check_tokenizer_fits, check_writable_output,
     peek_model_config, tokenizer_from_flags, tokenizer_of_checkpoint)
@@ -143,8 +143,7 @@ def with_progress(batches, total: int, interval: int | None):
         if interval and (i % interval == 0 or i == total):
             elapsed = time.perf_counter() - start
             eta = elapsed / i * (total - i)
-            print(f"evaluated {i}/{total} micro-batches, {elapsed:.0f}s elapsed, ~{eta:.0f}s left",
-                  file=sys.stderr, flush=True)
+            say(f"evaluated {i}/{total} micro-batches, {elapsed:.0f}s elapsed, ~{eta:.0f}s left", sys.stderr)
 
 
 def count_samples(parser: argparse.ArgumentParser, args: argparse.Namespace, seq_length: int,
@@ -237,15 +236,6 @@ def main(argv=None) -> int:
             json.dump({"checkpoint": info, "split": args.split_name, "seq_length": seq_length, "step": step,
                        **report}, f, indent=2, default=str)
     return 0
-
-
-def say(text: str) -> None:
-    """print; once standard output's reader has gone (`| head`, a dead tee) the rest goes to /dev/null and the
-    evaluation goes on: its --output-json and --tensorboard-dir are still written (a BrokenPipeError lost them)."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        stdout_to_devnull()
 
 
 def evaluate_data(parser, args, data_path: list[str], model, config, tokenizer, seq_length: int):

@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from megatron_zaya.errors import UserInputError  # noqa: E402
+from megatron_zaya.interrupts import say  # noqa: E402
 from megatron_zaya.inference.cli_checks import (  # noqa: E402
     OWN_TOKENIZER, add_tokenizer_arguments, check_device, check_prompts_fit, check_threads, check_tokenizer_fits,
     check_writable_output, peek_model_config, tokenizer_from_flags)
@@ -39,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--load", required=True, help="checkpoint: HF ZAYA folder or megatron-zaya checkpoint")
     p.add_argument("--prompt", action="append", default=[], help="a text prompt (repeat for a batch)")
-    p.add_argument("--prompt-file", help="a file with one text prompt per line")
+    p.add_argument("--prompt-file", help="a file with one text prompt per line (- : standard input)")
     p.add_argument("--prompt-ids", action="append", default=[],
                    help="a prompt as space-separated token ids (repeat for a batch; no tokenizer needed)")
     add_tokenizer_arguments(p)
@@ -83,10 +84,14 @@ def check_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
 
 
 def read_prompt_file(parser: argparse.ArgumentParser, path: str) -> list[str]:
-    """The non-blank lines of --prompt-file (UTF-8), one prompt each."""
-    if not os.path.isfile(path):
+    """The non-blank lines of --prompt-file (UTF-8; `-` or a pipe, e.g. <(...), is read too), one prompt each."""
+    if path != "-" and not os.path.exists(path):
         parser.error(f"--prompt-file {path}: no such file")
+    if os.path.isdir(path):
+        parser.error(f"--prompt-file {path}: a folder, not a file of prompts")
     try:
+        if path == "-":
+            return [line.rstrip("\n") for line in sys.stdin if line.strip()]
         with open(path, encoding="utf-8") as f:
             return [line.rstrip("\n") for line in f if line.strip()]
     except UnicodeDecodeError as err:
@@ -109,20 +114,20 @@ class StreamPrinter:
     def __init__(self, tokenizer, prompt: list[int], eod: int | None):
         from megatron_zaya.inference.streaming import ChoiceStream
         self.choice, self.eod = ChoiceStream(tokenizer, prompt, 0, (), None), eod
-        print(f"=== sample 0 ({len(prompt)} prompt tokens, streamed)")
-        print(tokenizer.decode(prompt), end="", flush=True)
+        say(f"=== sample 0 ({len(prompt)} prompt tokens, streamed)")
+        say(tokenizer.decode(prompt), end="")
 
     def step(self, tokens, scores) -> bool:
         if tokens[0] is not None and self.choice.finish_reason is None:
             for chunk in self.choice.add(tokens[0], self.eod, None, None):
-                print(chunk["text"], end="", flush=True)
+                say(chunk["text"], end="")
         return self.choice.finish_reason is not None
 
     def end(self) -> None:
         if self.choice.finish_reason is None:
             for chunk in self.choice.finish("length"):
-                print(chunk["text"], end="")
-        print(flush=True)
+                say(chunk["text"], end="")
+        say()
 
 
 def check_against_config(parser, args, config, prompts, tokenizer, eod) -> None:
@@ -201,26 +206,29 @@ def main(argv=None) -> int:
     records = []
     for i, (prompt, new) in enumerate(zip(result.prompts, result.tokens)):
         record = {"prompt_ids": prompt, "generated_ids": new, "stopped_at_eod": result.stopped_at_eod[i]}
-        if tokenizer is not None:
+        if tokenizer is not None:     # decoded whole: a first generated piece keeps its leading space
             record["prompt"] = tokenizer.decode(prompt)
-            record["generated"] = tokenizer.decode([t for t in new if t != eod])
+            record["text"] = tokenizer.decode(prompt + [t for t in new if t != eod])
+            record["generated"] = record["text"][len(record["prompt"]):] if record["text"].startswith(
+                record["prompt"]) else tokenizer.decode([t for t in new if t != eod])
         records.append(record)
-        if streamed:
-            continue
-        print(f"=== sample {i} ({len(prompt)} prompt tokens, {len(new)} generated"
-              f"{', stopped at EOD' if result.stopped_at_eod[i] else ''})")
-        if tokenizer is not None:         # decoded whole: a first generated piece keeps its leading space
-            print(tokenizer.decode(prompt + [t for t in new if t != eod]))
-        if tokenizer is None or i >= len(texts):    # --prompt-ids: ids in, ids out (the text too, with a tokenizer)
-            print("prompt ids:   ", " ".join(map(str, prompt)))
-            print("generated ids:", " ".join(map(str, new)))
-    generated = sum(len(t) for t in result.tokens)
-    print(f"[{info.get('format')}] {generated} tokens in {elapsed:.2f}s "
-          f"({generated / max(elapsed, 1e-9):.1f} tokens/s, batch {len(prompts)})", file=sys.stderr)
-    if args.output_json:
+    if args.output_json:              # before the prints: written even when their reader has gone (`| head`)
         with open(args.output_json, "w", encoding="utf-8") as f:
             json.dump({"checkpoint": info, "sampling": vars(sampling), "seed": args.seed, "samples": records}, f,
                       indent=2, default=str)
+    for i, (prompt, new, record) in enumerate(zip(result.prompts, result.tokens, records)):
+        if streamed:
+            break
+        say(f"=== sample {i} ({len(prompt)} prompt tokens, {len(new)} generated"
+            f"{', stopped at EOD' if result.stopped_at_eod[i] else ''})")
+        if tokenizer is not None:
+            say(record["text"])
+        if tokenizer is None or i >= len(texts):    # --prompt-ids: ids in, ids out (the text too, with a tokenizer)
+            say("prompt ids:    " + " ".join(map(str, prompt)))
+            say("generated ids: " + " ".join(map(str, new)))
+    generated = sum(len(t) for t in result.tokens)
+    say(f"[{info.get('format')}] {generated} tokens in {elapsed:.2f}s "
+        f"({generated / max(elapsed, 1e-9):.1f} tokens/s, batch {len(prompts)})", sys.stderr)
     return 0
 
 

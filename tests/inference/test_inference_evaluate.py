@@ -160,9 +160,10 @@ def test_evaluate_flags_are_checked_before_loading(dataset_prefix, tmp_path, cap
     assert exc.value.code == 2 and expected in line and "--load" not in line, line
 
 
-def test_evaluate_whose_reader_left_still_writes_its_results(hf_checkpoint, dataset_prefix, tmp_path):
-    """stdout's reader gone at once (`| head`, a dead tee): the evaluation goes on and --output-json is written,
-    with no traceback (a BrokenPipeError at the first print lost it)."""
+@pytest.mark.parametrize("gone", ["stdout", "both"])
+def test_evaluate_whose_reader_left_still_writes_its_results(hf_checkpoint, dataset_prefix, tmp_path, gone):
+    """stdout's reader gone at once (`| head`, a dead tee), or stderr's too (`2>&1 | head`, with progress lines):
+    the evaluation goes on and --output-json is written (a BrokenPipeError at the first print lost it)."""
     import os
     import subprocess
     import sys
@@ -172,11 +173,12 @@ def test_evaluate_whose_reader_left_still_writes_its_results(hf_checkpoint, data
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.run([sys.executable, os.path.join(root, "tools", "evaluate.py"), "--load", str(hf_checkpoint),
                            "--data-path", dataset_prefix, "--split", "60,40,0", "--tokenizer-type", "NullTokenizer",
-                           "--tokenizer-model", "8000", "--seq-length", str(SEQ), "--eval-iters", "1",
-                           "--output-json", str(out_json)], stdout=write, stderr=subprocess.PIPE, text=True,
+                           "--tokenizer-model", "8000", "--seq-length", str(SEQ), "--eval-iters", "2",
+                           "--log-interval", "1", "--output-json", str(out_json)], stdout=write,
+                          stderr=write if gone == "both" else subprocess.PIPE, text=True,
                           timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
     os.close(write)
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 0 and "Traceback" not in (proc.stderr or ""), (proc.returncode, (proc.stderr or "")[-2000:])
     assert json.loads(out_json.read_text())["samples"] > 0
 
 

@@ -30,7 +30,7 @@ def test_a_hugging_face_folder_brings_its_own_tokenizer(tiny_model, sp_model, tm
         "the quick brown fox")
 
 
-def test_generate_text_with_sentencepiece(hf_checkpoint, sp_model, tmp_path, capsys):
+def test_generate_text_with_sentencepiece(hf_checkpoint, sp_model, tmp_path, capsys, monkeypatch):
     from megatron_zaya.data.tokenizer import build_tokenizer
     tok = build_tokenizer("GPTSentencePieceTokenizer", sp_model)
     out_json = tmp_path / "gen.json"
@@ -45,8 +45,9 @@ def test_generate_text_with_sentencepiece(hf_checkpoint, sp_model, tmp_path, cap
     for text, sample in zip(prompts, samples):
         assert sample["prompt_ids"] == tok.encode(text) and sample["prompt"] == text
         assert all(t < tok.vocab_size for t in sample["generated_ids"])   # 500-piece vocab in an 8192-row model
-        assert sample["generated"] == tok.decode([t for t in sample["generated_ids"] if t != tok.eod])
-        assert tok.decode(sample["prompt_ids"] + [t for t in sample["generated_ids"] if t != tok.eod]) in printed
+        # decoded whole: prompt + generated is the text (a first generated piece keeps its leading space)
+        whole = tok.decode(sample["prompt_ids"] + [t for t in sample["generated_ids"] if t != tok.eod])
+        assert sample["text"] == whole == sample["prompt"] + sample["generated"] and whole in printed
     assert tool.main(args) == 0                                  # same seed, same text
     assert json.loads(out_json.read_text())["samples"] == samples
     # --stream prints, as it is sampled, the text the same run prints at the end (one prompt)
@@ -60,6 +61,24 @@ def test_generate_text_with_sentencepiece(hf_checkpoint, sp_model, tmp_path, cap
     assert printed.splitlines()[0] == f"=== sample 0 ({len(alone[0]['prompt_ids'])} prompt tokens, streamed)"
     want = tok.decode(alone[0]["prompt_ids"] + [t for t in alone[0]["generated_ids"] if t != tok.eod])
     assert printed.split("\n", 1)[1].rstrip("\n") == want
+    # prompts from standard input (--prompt-file -), and a reader of stdout that has gone (`| head`): the JSON
+    # is still written, with no traceback
+    import io
+    import os
+    import subprocess
+    import sys
+    monkeypatch.setattr("sys.stdin", io.StringIO(prompts[0] + "\n"))
+    assert tool.main(one[:one.index("--prompt")] + ["--prompt-file", "-"] + one[one.index("--prompt") + 2:]) == 0
+    assert json.loads(out_json.read_text())["samples"] == alone
+    out_json.unlink()
+    read, write = os.pipe()
+    os.close(read)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, os.path.join(root, "tools", "generate.py"), *args], stdout=write,
+                          stderr=subprocess.PIPE, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    os.close(write)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert json.loads(out_json.read_text())["samples"] == samples
     with pytest.raises(SystemExit):
         tool.main(args + ["--stream"])                           # two prompts
     assert "--stream prints one prompt's text as it is sampled" in capsys.readouterr().err
