@@ -178,7 +178,8 @@ def test_evaluate_whose_reader_left_still_writes_its_results(hf_checkpoint, data
                           stderr=write if gone == "both" else subprocess.PIPE, text=True,
                           timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
     os.close(write)
-    assert proc.returncode == 0 and "Traceback" not in (proc.stderr or ""), (proc.returncode, (proc.stderr or "")[-2000:])
+    errors = proc.stderr or ""
+    assert proc.returncode == 0 and "Traceback" not in errors, (proc.returncode, errors[-2000:])
     assert json.loads(out_json.read_text())["samples"] > 0
 
 
