@@ -9,7 +9,9 @@ CKPT is a Hugging Face ZAYA folder or a megatron-zaya checkpoint (megatron_zaya/
 without tokenizer flags the folder's own tokenizer.json, or the tokenizer flags the training run recorded in
 the checkpoint, are used.
 The samples are the data pipeline's own validation samples (megatron_zaya.data: same --data-path
-blend, --split, --seed, index cache and masks as training), read in order. Without --eval-iters the
+blend, --split, --seed, index cache and masks as training), read in order; --eval-iters N reads N global
+batches (--global-batch-size, default --micro-batch-size), as training counts them, so the training run's
+flags give the validation loss it logged. Without --eval-iters the
 whole validation split is read once (about one pass: (tokens - 1) // seq_length samples per
 dataset). --split-name test evaluates the test split instead; --per-dataset evaluates each dataset
 of the blend on its own (a summary table of loss and perplexity per dataset). Prints the loss/perplexity and a table
@@ -59,7 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_tokenizer_arguments(p)     # required, unless --load brings its own tokenizer (cli_checks.OWN_TOKENIZER)
     p.add_argument("--seq-length", type=int, default=None, help="default: the checkpoint config's seq_length")
     p.add_argument("--micro-batch-size", type=int, default=4)
-    p.add_argument("--eval-iters", type=int, default=None, help="micro-batches to evaluate (default: one pass)")
+    p.add_argument("--global-batch-size", type=int, default=None,
+                   help="samples per --eval-iters iteration, as in training (default: --micro-batch-size)")
+    p.add_argument("--eval-iters", type=int, default=None,
+                   help="global batches to evaluate, as pretrain_zaya.py's --eval-iters counts them: the training "
+                        "run's flags give its logged validation loss (default: one pass)")
     p.add_argument("--seed", type=int, default=1234, help="data shuffle seed (as in training)")
     p.add_argument("--data-cache-path", default=None)
     p.add_argument("--no-index-cache", action="store_true", help="build the sample indices in memory")
@@ -85,7 +91,7 @@ def check_eval_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     from megatron_zaya.data.tokenizer import check_tokenizer_flags
 
     for flag, value in (("--micro-batch-size", args.micro_batch_size), ("--eval-iters", args.eval_iters),
-                        ("--seq-length", args.seq_length)):
+                        ("--seq-length", args.seq_length), ("--global-batch-size", args.global_batch_size)):
         if value is not None and value < 1:
             parser.error(f"{flag}={value} must be >= 1")
     if args.log_interval is not None and args.log_interval < 0:
@@ -148,14 +154,16 @@ def with_progress(batches, total: int, interval: int | None):
 
 def count_samples(parser: argparse.ArgumentParser, args: argparse.Namespace, seq_length: int,
                   data_path: list[str] | None = None) -> int:
-    """Samples to evaluate in `data_path` (default --data-path): one pass over the split, or
-    --eval-iters micro-batches; refuses a split without a single sample of --seq-length + 1 tokens."""
+    """Samples to evaluate in `data_path` (default --data-path): one pass over the split, or --eval-iters
+    global batches (--global-batch-size, default --micro-batch-size: Megatron-LM's count, so a training run's
+    flags evaluate the samples its validation did); refuses a split without a single sample of --seq-length + 1
+    tokens."""
     data_path = data_path or args.data_path
     available = one_pass_samples(data_path, args.split, SPLITS[args.split_name], seq_length)
     if available < 1:
         parser.error(f"--data-path {' '.join(data_path)} / --split {args.split}: the {args.split_name} split has "
                      f"fewer than --seq-length {seq_length} + 1 tokens")
-    return available if args.eval_iters is None else args.eval_iters * args.micro_batch_size
+    return available if args.eval_iters is None else args.eval_iters * (args.global_batch_size or args.micro_batch_size)
 
 
 def datasets_to_evaluate(args) -> list[list[str]]:

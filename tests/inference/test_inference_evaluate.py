@@ -71,6 +71,19 @@ def test_evaluate_tool_matches_independent_loss(tiny_model, hf_checkpoint, datas
     assert "valid/loss" in tags and "valid-routing/layer_00/skip_rate" in tags
     event = acc.Scalars("valid/loss")[0]
     assert event.step == 7 and event.value == pytest.approx(report["loss"], rel=1e-6)
+    # --eval-iters counts global batches, as in training: 2 x --global-batch-size 6 = 12 samples (it was 2 x 3)
+    assert tool.main(["--load", str(hf_checkpoint), "--data-path", dataset_prefix, "--split", "60,40,0",
+                      "--tokenizer-type", "NullTokenizer", "--tokenizer-model", "8000", "--seq-length", str(SEQ),
+                      "--micro-batch-size", "3", "--global-batch-size", "6", "--eval-iters", "2",
+                      "--output-json", str(out_json)]) == 0
+    samples = validation_samples(dataset_prefix, 12)
+    tokens = torch.stack([torch.from_numpy(s["tokens"]) for s in samples])
+    labels = torch.stack([torch.from_numpy(s["labels"]) for s in samples])
+    with torch.no_grad():
+        logits = tiny_model(tokens).logits
+    expected = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), labels.reshape(-1)).item()
+    report = json.loads(out_json.read_text())
+    assert report["samples"] == 12 and report["loss"] == pytest.approx(expected, abs=1e-5)
 
 
 def test_evaluate_tool_with_packed_documents_scores_each_document_alone(tiny_model, hf_checkpoint, dataset_prefix,
