@@ -51,8 +51,41 @@ def tokenizer_from_flags(args):
             return None
     if not args.tokenizer_type:
         raise UserInputError(f"{given[0]} needs --tokenizer-type")
-    return build_tokenizer(args.tokenizer_type, args.tokenizer_model, vocab_file=args.vocab_file,
-                           merge_file=args.merge_file, **tiktoken_options(args))
+    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, vocab_file=args.vocab_file,
+                                merge_file=args.merge_file, **tiktoken_options(args))
+    if tokenizer_flags(args) and getattr(args, "load", None):    # flags given: said when --load's own differs
+        warning = other_than_the_checkpoints(args, tokenizer)
+        if warning:
+            print(f"WARNING {warning}", file=sys.stderr)
+    return tokenizer
+
+
+def other_than_the_checkpoints(args, tokenizer) -> str | None:
+    """When --load brings its own tokenizer (a folder's tokenizer.json, or the one its training run recorded)
+    and `tokenizer`, built from the given flags, encodes otherwise or has another size or EOD: what differs, in
+    words (the model would read other ids than it was trained on). None when they agree or --load has none."""
+    import argparse
+    from megatron_zaya.checkpoint.recorded_tokenizer import adopt_recorded_tokenizer
+    from megatron_zaya.data.dataset_tokenizer import differences, tokenizer_identity
+    from megatron_zaya.data.tokenizer import TOKENIZER_DESTS, build_tokenizer, tiktoken_options
+    own = argparse.Namespace(**{**vars(args), **dict.fromkeys(TOKENIZER_DESTS)})
+    beside = os.path.join(str(args.load), "tokenizer.json")
+    if os.path.isfile(beside):
+        own.tokenizer_type, own.tokenizer_model, source = "HuggingFaceTokenizer", beside, beside
+    elif adopt_recorded_tokenizer(own, str(args.load))[0] is not None:
+        source = "the tokenizer the training run that saved --load recorded"
+    else:
+        return None
+    try:
+        theirs = build_tokenizer(own.tokenizer_type, own.tokenizer_model, vocab_file=own.vocab_file,
+                                 merge_file=own.merge_file, **tiktoken_options(own))
+    except (UserInputError, OSError, ValueError):      # its files unreadable now: nothing to compare with
+        return None
+    differ = differences(tokenizer_identity(theirs), tokenizer_identity(tokenizer), ("its", "the given one's"))
+    if not differ:
+        return None
+    return (f"the tokenizer flags name another tokenizer than {source} ({own.tokenizer_type} "
+            f"{own.tokenizer_model}): {'; '.join(differ)}; the model reads ids it was not trained on")
 
 
 def check_loadable(path: str) -> None:

@@ -103,6 +103,30 @@ def test_tools_take_the_training_runs_tokenizer(run_with_relative_tokenizer, tin
     assert not (tmp_path / "hf_none" / "tokenizer.json").exists() and "tokenizer" not in capsys.readouterr().err
 
 
+def test_tokenizer_flags_naming_another_tokenizer_than_the_checkpoints_are_warned_of(
+        run_with_relative_tokenizer, tmp_path, capsys):
+    """generate --tokenizer-model OTHER on a checkpoint whose run recorded another tokenizer: a warning naming
+    what differs (it ran on with other ids than the model learned, silently); the same tokenizer by another
+    path says nothing."""
+    import sentencepiece as spm
+    save, model_file = run_with_relative_tokenizer
+    corpus = tmp_path / "other.txt"
+    corpus.write_text("\n".join(f"zebra quartz {i} violin ocean {i * 7}" for i in range(300)))
+    spm.SentencePieceTrainer.Train(input=str(corpus), model_prefix=str(tmp_path / "other"), vocab_size=60,
+                                   model_type="bpe", minloglevel=2)
+    shutil.copy(model_file, tmp_path / "same.model")
+    said = []
+    for given in (tmp_path / "other.model", tmp_path / "same.model"):
+        assert run_tool("generate", ["--load", str(save), "--tokenizer-type", "GPTSentencePieceTokenizer",
+                                     "--tokenizer-model", str(given), "--prompt", TEXT, "--greedy",
+                                     "--max-new-tokens", "1"]) == 0
+        said.append([line for line in capsys.readouterr().err.splitlines() if line.startswith("WARNING")])
+    assert said[1] == [] and len(said[0]) == 1, said
+    assert said[0][0].startswith("WARNING the tokenizer flags name another tokenizer than the tokenizer the training "
+                                 f"run that saved --load recorded (GPTSentencePieceTokenizer {model_file}): its "
+                                 "vocabulary size is 500, the given one's 60"), said
+
+
 def test_a_moved_tokenizer_is_named_and_nothing_is_guessed(run_with_relative_tokenizer, tmp_path, monkeypatch, capsys):
     save, model_file = run_with_relative_tokenizer
     monkeypatch.chdir(tmp_path)
