@@ -173,10 +173,11 @@ def test_a_signal_while_the_merge_replaces_the_old_dataset_waits_for_the_new_one
         if dst.endswith(".bin"):
             os.kill(os.getpid(), getattr(signal, signame))
     monkeypatch.setattr(indexed.os, "replace", signalled_after_the_bin)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     assert MERGE.main(["--input", a, "--output-prefix", m, "--overwrite"]) == 0
     assert f"{signame} came while {m} was put in place: the merge is complete" in capsys.readouterr().err
     assert docs(m) == [[1, 2], [3]] and read_record(m) == read_record(a)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler     # the handlers are back
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before     # the handlers are back
 
 
 def test_merge_on_a_full_disk_removes_its_temporary_files_and_says_so(tmp_path, monkeypatch, capsys):
@@ -246,10 +247,11 @@ def test_train_tokenizer_ended_by_sigterm_removes_its_folder_and_says_so(tmp_pat
                 os.kill(os.getpid(), signal.SIGTERM)
             yield line
     monkeypatch.setattr(TRAIN, "_announce_end", killed_while_reading)
+    before = signal.getsignal(signal.SIGTERM)
     assert _train(tok_corpus, tmp_path / "sp", "--model-type", model_type) == 130
     assert "train_tokenizer.py: interrupted: no output written" in capsys.readouterr().err
     assert os.listdir(tmp_path) == []
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) == before
 
 
 def test_train_tokenizer_removes_a_killed_runs_hidden_folder(tmp_path, tok_corpus, capsys):
