@@ -10,8 +10,9 @@ log-probability per returned token returned; default n), stream (server-sent eve
 sampled: inference/streaming.py); model and user are ignored; a null field is its default. Response:
 {"id", "object": "text_completion", "created", "model", "choices": [{"index", "text", "logprobs",
 "finish_reason"}], "usage"} with prompt i's j-th choice at index i * n + j (the best first when
-best_of > n, ranked on the tokens each returns; usage counts every sampled token); finish_reason is "stop"
-at the tokenizer's EOD or a stop string, else "length". The log-probabilities are the model's over its
+best_of > n, ranked on the tokens each returns; usage counts the tokens of every sample drawn, each up to
+its EOD or stop string); finish_reason is "stop" at the tokenizer's EOD or a stop string, else "length".
+The log-probabilities are the model's over its
 whole vocabulary (before temperature or top_p), taken during the generation itself: the prompt's in its
 prefill, the completion's at each decode step (max_tokens 0 with echo scores the prompt in one pass).
 """
