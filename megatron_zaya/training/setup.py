@@ -162,17 +162,10 @@ def _build_and_train(run) -> int:
         save_lock.release()
 
 
-def _train(run, tokenizer, datasets, loads_weights: bool, started: float) -> int:
-    runtime = build_runtime(run)
-    model = build_model(run, initialize=not loads_weights)
-    model = runtime.prepare_model(model)
-    optimizer = runtime.build_optimizer(model, run.optim)
-
-    state = TrainState(data_signature=data_signature(run))
-    # Always built: it also owns the SIGTERM/SIGUSR1 handlers and the watchdog.
-    from megatron_zaya.checkpoint.training import TrainingCheckpointer
-    checkpointer = TrainingCheckpointer(run, runtime)
-
+def _ready_trainer(run, tokenizer, datasets, loads_weights: bool, started: float, model, optimizer, runtime,
+                   checkpointer, state):
+    """(Trainer, TrainingLogger, start-up lines) of a run: the checkpoint loaded, the data loaders built from
+    its position, the logger opened."""
     trainer = Trainer(run, model, optimizer, runtime, None, None, None, checkpointer, state)
     trainer.run_started = started
     if run.train.load or run.train.pretrained_checkpoint:
@@ -196,7 +189,6 @@ def _train(run, tokenizer, datasets, loads_weights: bool, started: float) -> int
         run.data, gbs, run.train.micro_batch_size, seq, runtime.dp_rank, runtime.dp_size,
         consumed_samples=consumed, train_samples=blocks,
         valid_samples=valid_samples, test_samples=valid_samples, tokenizer=tokenizer, datasets=datasets)
-    del datasets
     trainer.train_iterator = iter(train_loader if train_loader is not None else ())   # None: nothing left
     # Validation always reads the same samples of each set, so successive values compare.
     trainer.valid_loaders = valid_loaders
@@ -209,6 +201,27 @@ def _train(run, tokenizer, datasets, loads_weights: bool, started: float) -> int
                                              trainer.state.iteration, run.train.progress_bar,
                                              run.train.tensorboard_queue_size, trainer.state.consumed_samples,
                                              total_samples=ramp_samples, purge=trains)
+    return trainer, logger, summary
+
+
+def _train(run, tokenizer, datasets, loads_weights: bool, started: float) -> int:
+    runtime = build_runtime(run)
+    model = build_model(run, initialize=not loads_weights)
+    model = runtime.prepare_model(model)
+    optimizer = runtime.build_optimizer(model, run.optim)
+
+    state = TrainState(data_signature=data_signature(run))
+    # Always built: it also owns the SIGTERM/SIGUSR1 handlers and the watchdog.
+    from megatron_zaya.checkpoint.training import TrainingCheckpointer
+    checkpointer = TrainingCheckpointer(run, runtime)
+
+    try:
+        trainer, logger, summary = _ready_trainer(run, tokenizer, datasets, loads_weights, started, model, optimizer,
+                                                  runtime, checkpointer, state)
+    except BaseException:     # a failure before the loop: the signal handlers and the watchdog end with it
+        checkpointer.close()
+        raise
+    del datasets
     for line in summary:
         logger.print(line)
     try:

@@ -127,11 +127,16 @@ def test_load_of_empty_dir_starts_from_scratch(ckpt_corpus, ckpt_cache, tmp_path
 
 def test_a_checkpoint_gone_after_the_checks_stops_the_run(ckpt_corpus, ckpt_cache, tmp_path, monkeypatch):
     """The model of a run that will load weights is not initialised: if the checkpoint the checks found
-    has gone by the time of the load, the run stops instead of training uninitialised weights."""
+    has gone by the time of the load, the run stops instead of training uninitialised weights; and it leaves
+    the caller's SIGINT/SIGTERM handlers as it found them (its own stayed installed: a later Ctrl-C in the
+    calling process only set a flag)."""
+    import signal
     monkeypatch.setattr(setup, "check_before_build", lambda run: True)     # as if --load held one, then
     save = str(tmp_path / "gone")
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with pytest.raises(CheckpointError, match="the checkpoint found before the model was built is gone"):
         train(flags(ckpt_corpus, 2, "--save", save, "--load", save, cache=ckpt_cache))
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
 def test_train_state_of_a_checkpoint_saved_before_tokens_were_counted():
