@@ -32,6 +32,7 @@ from megatron_zaya.model import recompute
 from megatron_zaya.optim.builder import OptimizerConfig
 from megatron_zaya.parallel.data import DEFAULT_BUCKET_SIZE
 from megatron_zaya.parallel.state import LayoutError, check_layout
+from megatron_zaya.paths import nearest_existing
 from megatron_zaya.optim.schedules import (decoupled_lr_schedule, lr_schedule_from_flags,
                                           weight_decay_schedule_from_flags)
 from megatron_zaya.training.batch_schedule import BatchSizeSchedule
@@ -166,11 +167,9 @@ def check_creatable_dir(flag: str, path: str) -> None:
     """`path` is a directory, or can be created: the nearest existing ancestor is a directory in
     which a folder can be made (tried with a temporary folder, removed at once: os.access says yes
     to root everywhere, even in /proc)."""
-    probe = os.path.abspath(path)
-    if os.path.exists(probe) and not os.path.isdir(probe):
+    probe = nearest_existing(path)
+    if probe == os.path.abspath(path) and not os.path.isdir(probe):
         raise UserInputError(f"{flag} {path}: exists and is not a directory")
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
     if not os.path.isdir(probe):
         raise UserInputError(f"{flag} {path}: {probe} is not a directory")
     try:

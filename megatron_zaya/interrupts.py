@@ -120,9 +120,10 @@ def say(text: str = "", stream=None, end: str = "\n") -> None:
     try:
         print(text, file=stream, end=end, flush=True)
     except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+        stdout_to_devnull(stream)
 
 
-def stdout_to_devnull() -> None:
-    """Standard output's reader is gone: later writes (and the interpreter's flush at exit) go to /dev/null."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+def stdout_to_devnull(stream=None) -> None:
+    """Standard output's (or `stream`'s) reader is gone: later writes (and the interpreter's flush at exit) go
+    to /dev/null."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), (stream or sys.stdout).fileno())

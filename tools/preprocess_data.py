@@ -11,8 +11,8 @@ whose first non-blank line is a JSON object (as in Megatron, which reads every i
 .parquet files (FineWeb, DCLM and most published corpora; with the pyarrow package) give one document
 per row, --json-keys naming columns, read a row batch at a time; other files are plain text, one
 document per file (--text-mode file, as written), per blank-line-separated block (paragraph, its lines
-joined by LF) or per line (CR LF ends a line as LF does). A directory gives only its .jsonl/.json/.ndjson/.txt files (optionally compressed) and .parquet files,
-recursively; the count taken is logged.
+joined by LF) or per line (CR LF ends a line as LF does). A directory gives only its .jsonl/.json/.ndjson/.txt
+files (optionally compressed) and .parquet files, recursively; the count taken is logged.
 Token ids must lie in [0, vocab size): an id outside (NullTokenizer input) stops the run, naming
 the file and line. Existing outputs are refused unless --overwrite is given; a replaced dataset is
 swapped in only once every output is complete.

@@ -22,6 +22,7 @@ from megatron_zaya.checkpoint.format import CheckpointError
 from megatron_zaya.config import ModelConfig
 from megatron_zaya.errors import hub_name_hint
 from megatron_zaya.leftovers import remove_leftovers
+from megatron_zaya.paths import nearest_existing
 
 HF_WEIGHTS = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
@@ -194,10 +195,8 @@ def check_new_output_folder(output_dir) -> None:
     if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
         raise FileExistsError(f"{output_dir}: exists and is not {'empty' if output_dir.is_dir() else 'a folder'}; "
                               f"refusing to overwrite")
-    above = output_dir.absolute().parent
-    while not above.exists():
-        above = above.parent
-    if not above.is_dir():
+    above = nearest_existing(output_dir.absolute().parent)
+    if not os.path.isdir(above):
         raise FileExistsError(f"{output_dir}: {above} is a file, not a folder")
 
 

@@ -21,6 +21,8 @@ from typing import Callable
 
 import numpy as np
 
+from megatron_zaya.paths import nearest_existing
+
 from .dataset_tokenizer import remove_record, tokenizer_record, write_record
 from .indexed import IndexedDatasetWriter, existing_outputs, optimal_dtype, remove_temporaries
 from .sources import (Record, check_json_keys, check_parquet_columns, expand_inputs, holds_json_records, input_size,
@@ -487,9 +489,7 @@ def check_config(cfg: PreprocessConfig) -> None:
         raise ValueError(f"--trim-max-length must be >= 1 (omit it to turn trimming off), got {cfg.trim_max_length}")
     if cfg.chunk_bytes < 1:
         raise ValueError(f"--chunk-bytes must be >= 1, got {cfg.chunk_bytes}")
-    folder = os.path.dirname(os.path.abspath(cfg.output_prefix))
-    while not os.path.exists(folder) and os.path.dirname(folder) != folder:    # the folder made for the output
-        folder = os.path.dirname(folder)
+    folder = nearest_existing(os.path.dirname(os.path.abspath(cfg.output_prefix)))   # where its folder is made
     if not os.path.isdir(folder):
         raise ValueError(f"--output-prefix {cfg.output_prefix}: {folder} is a file, not a folder")
     if not cfg.overwrite:

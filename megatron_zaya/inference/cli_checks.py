@@ -19,6 +19,7 @@ import torch
 
 from megatron_zaya.config import ModelConfig
 from megatron_zaya.errors import UserInputError, hub_name_hint
+from megatron_zaya.paths import nearest_existing
 
 
 def add_tokenizer_arguments(parser, required: bool = False) -> None:
@@ -65,17 +66,13 @@ def other_than_the_checkpoints(args, tokenizer) -> str | None:
     and `tokenizer`, built from the given flags, encodes otherwise or has another size or EOD: what differs, in
     words (the model would read other ids than it was trained on). None when they agree or --load has none."""
     import argparse
-    from megatron_zaya.checkpoint.recorded_tokenizer import adopt_recorded_tokenizer
     from megatron_zaya.data.dataset_tokenizer import differences, tokenizer_identity
     from megatron_zaya.data.tokenizer import TOKENIZER_DESTS, build_tokenizer, tiktoken_options
     own = argparse.Namespace(**{**vars(args), **dict.fromkeys(TOKENIZER_DESTS)})
-    beside = os.path.join(str(args.load), "tokenizer.json")
-    if os.path.isfile(beside):
-        own.tokenizer_type, own.tokenizer_model, source = "HuggingFaceTokenizer", beside, beside
-    elif adopt_recorded_tokenizer(own, str(args.load))[0] is not None:
-        source = "the tokenizer the training run that saved --load recorded"
-    else:
+    found, _ = adopt_own_tokenizer(own)
+    if found is None:
         return None
+    source = found if isinstance(found, str) else "the tokenizer the training run that saved --load recorded"
     try:
         theirs = build_tokenizer(own.tokenizer_type, own.tokenizer_model, vocab_file=own.vocab_file,
                                  merge_file=own.merge_file, **tiktoken_options(own))
@@ -106,22 +103,31 @@ def check_loadable(path: str) -> None:
 def tokenizer_of_checkpoint(args) -> bool:
     """Sets the tokenizer flags in args to --load's own tokenizer (saying so on stderr); False when it has
     none (a note on stderr when its training run's tokenizer files are not found)."""
-    from megatron_zaya.checkpoint.recorded_tokenizer import adopt_recorded_tokenizer
     check_loadable(str(args.load))      # its own problem first, not "--tokenizer-type is required"
-    beside = os.path.join(str(args.load), "tokenizer.json")
-    if os.path.isfile(beside):
-        args.tokenizer_type, args.tokenizer_model = "HuggingFaceTokenizer", beside
-        print(f"tokenizer: {beside} of --load (as --tokenizer-type HuggingFaceTokenizer; the tokenizer flags "
-              f"override it)", file=sys.stderr)
-        return True
-    recorded, why = adopt_recorded_tokenizer(args, str(args.load))
-    if recorded is None:
+    own, why = adopt_own_tokenizer(args)
+    if own is None:
         if why:
             print(f"tokenizer: none from --load {args.load}: {why}; give the tokenizer flags", file=sys.stderr)
         return False
-    print(f"tokenizer: {recorded.command_line()}, as the training run that saved --load (the tokenizer flags "
-          f"override it)", file=sys.stderr)
+    if isinstance(own, str):
+        print(f"tokenizer: {own} of --load (as --tokenizer-type HuggingFaceTokenizer; the tokenizer flags "
+              f"override it)", file=sys.stderr)
+    else:
+        print(f"tokenizer: {own.command_line()}, as the training run that saved --load (the tokenizer flags "
+              f"override it)", file=sys.stderr)
     return True
+
+
+def adopt_own_tokenizer(args):
+    """Set args' tokenizer flags to --load's own tokenizer: (its tokenizer.json, None) for a Hugging Face folder
+    that has one, else (the RecordedTokenizer of the training run that saved it, None); (None, why) when that
+    run's tokenizer files are not found from here; (None, None) when it has none."""
+    from megatron_zaya.checkpoint.recorded_tokenizer import adopt_recorded_tokenizer
+    beside = os.path.join(str(args.load), "tokenizer.json")
+    if os.path.isfile(beside):
+        args.tokenizer_type, args.tokenizer_model = "HuggingFaceTokenizer", beside
+        return beside, None
+    return adopt_recorded_tokenizer(args, str(args.load))
 
 
 def check_tokenizer_fits(tokenizer, config: ModelConfig, args) -> None:
@@ -153,14 +159,6 @@ def check_device(name: str) -> torch.device:
     return device
 
 
-def _nearest_existing(path: Path) -> Path:
-    """`path` or its closest ancestor that exists."""
-    path = path.absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
 def check_writable_output(flag: str, path: str | None, is_dir: bool = False) -> None:
     """An output file whose folder exists and is writable (a folder, `is_dir`, may be created:
     its closest existing ancestor must be a writable folder)."""
@@ -170,7 +168,7 @@ def check_writable_output(flag: str, path: str | None, is_dir: bool = False) -> 
     if is_dir:
         if target.exists() and not target.is_dir():
             raise UserInputError(f"{flag} {path}: exists and is not a folder")
-        base = _nearest_existing(target)
+        base = Path(nearest_existing(target))
     else:
         if target.is_dir():
             raise UserInputError(f"{flag} {path}: is a folder, expected a file name")

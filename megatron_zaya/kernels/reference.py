@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 # The MoE permute / unpermute references live in reference_moe.py; they are part of this module's API.
-from megatron_zaya.kernels.reference_moe import (GatherRows, class_counts, inverse_rows, moe_permute,  # noqa: F401
-                                                 moe_unpermute)
+from megatron_zaya.kernels.reference_moe import (GatherRows, class_counts, expert_order,  # noqa: F401
+                                                 inverse_rows, moe_permute, moe_unpermute)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -14,19 +14,22 @@ def class_counts(index: torch.Tensor, num_classes: int) -> torch.Tensor:
     return torch.zeros(num_classes, dtype=torch.int64, device=index.device).scatter_add_(0, index, ones)
 
 
-def moe_permute(
-    x: torch.Tensor, expert_index: torch.Tensor, num_experts: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sort tokens by expert.
-
-    x: (N, D); expert_index: (N,) in [0, num_experts] where num_experts means "no expert" (skip).
-    Returns (permuted rows of tokens that go to a real expert, in expert order; order: the token
-    index of each permuted row; counts: tokens per expert, shape (num_experts,)). Skipped tokens are
-    left out. Stable, so tokens keep their order within an expert."""
+def expert_order(expert_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(order: the token index of each permuted row, in expert order, skipped tokens left out; counts: tokens
+    per expert, shape (num_experts,)), for an expert_index (N,) in [0, num_experts] where num_experts means
+    "no expert" (skip). Stable, so tokens keep their order within an expert. The permute of every backend."""
     order = torch.argsort(expert_index, stable=True)
     counts = class_counts(expert_index, num_experts + 1)[:num_experts]
     kept = int(counts.sum())   # the output's row count (a host value; a device sync on accelerators)
-    order = order[:kept]
+    return order[:kept], counts
+
+
+def moe_permute(
+    x: torch.Tensor, expert_index: torch.Tensor, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sort tokens by expert: (the rows of x (N, D) that go to a real expert, in expert order; order; counts),
+    order and counts as expert_order gives them."""
+    order, counts = expert_order(expert_index, num_experts)
     return GatherRows.apply(x, order), order, counts
 
 

@@ -124,9 +124,7 @@ class _Unpermute(torch.autograd.Function):
 
 
 def moe_permute(x: torch.Tensor, expert_index: torch.Tensor, num_experts: int):
-    order = torch.argsort(expert_index, stable=True)
-    counts = reference.class_counts(expert_index, num_experts + 1)[:num_experts]
-    order = order[: int(counts.sum())]
+    order, counts = reference.expert_order(expert_index, num_experts)
     return _Permute.apply(x, order), order, counts
 
 

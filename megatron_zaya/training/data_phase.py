@@ -51,10 +51,11 @@ def data_signature(run) -> str:
                                  "split": data.split, "seq_length": run.model.seq_length}), sort_keys=True)
 
 
-def _resolved(fields: dict) -> dict:
-    resolved = {k: resolved_paths(v) if k in PATH_FIELDS else v for k, v in fields.items()}
+def _resolved(fields: dict, blend=resolved_paths) -> dict:
+    """`fields` with each --data-path list (those of the splits and of the phases) as `blend` gives it."""
+    resolved = {k: blend(v) if k in PATH_FIELDS else v for k, v in fields.items()}
     if "phases" in fields:
-        resolved["phases"] = [[resolved_paths(paths), samples] for paths, samples in fields["phases"]]
+        resolved["phases"] = [[blend(paths), samples] for paths, samples in fields["phases"]]
     return resolved
 
 
@@ -76,9 +77,7 @@ def _signature_fields(signature: str) -> dict:
     batch size, which is not compared."""
     fields = json.loads(signature)
     fields.pop("global_batch_size", None)
-    compared = {k: _comparable_blend(v) if k in PATH_FIELDS else v for k, v in fields.items()}
-    if "phases" in fields:
-        compared["phases"] = [[_comparable_blend(paths), samples] for paths, samples in fields["phases"]]
+    compared = _resolved(fields, _comparable_blend)
     if fields.get("split") is not None:
         compared["split"] = [float(f"{share:.12g}") for share in parse_split(fields["split"])]
     return compared

@@ -31,7 +31,8 @@ def startup_lines(run, tokenizer_vocab_size: int, datasets: dict, run_samples: i
     return [
         f"model: {model.num_layers} layers, hidden {model.hidden_size}, {model.num_attention_heads} heads "
         f"({model.num_query_groups} query groups, head size {model.kv_channels}, rotary {model.rotary_percent:g}), "
-        f"{model.num_experts} experts + skip (FFN {model.moe_ffn_hidden_size}); {_count(counts.total)} parameters, {_count(active)} active per token "
+        f"{model.num_experts} experts + skip (FFN {model.moe_ffn_hidden_size}); {_count(counts.total)} parameters, "
+        f"{_count(active)} active per token "
         f"({_count(active_non_embedding)} without the embedding); "
         f"vocabulary {model.vocab_size:,} (tokenizer {tokenizer_vocab_size:,})",
         f"layout: {p.world_size} process{'es' * (p.world_size > 1)}: {layout}{''.join(', ' + e for e in extras)}; "

@@ -169,8 +169,8 @@ def test_a_streamed_request_whose_prompt_fails_to_tokenize_gets_an_answer(tiny_m
     finally:
         server.shutdown()
         server.server_close()
-    assert status == 500 and answer == {"error": {"message": "RuntimeError: the tokenizer broke", "type": "server_error",
-                                                  "param": None, "code": None}}, (status, answer)
+    want = {"message": "RuntimeError: the tokenizer broke", "type": "server_error", "param": None, "code": None}
+    assert status == 500 and answer == {"error": want}, (status, answer)
 
 
 def test_flags_are_checked_before_the_checkpoint_loads(hf_checkpoint, sp_model, tmp_path, capsys):

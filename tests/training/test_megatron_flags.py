@@ -78,8 +78,8 @@ def test_a_resized_preset_says_which_of_its_values_megatron_would_derive_otherwi
                              "--rotary-percent", "0.5", "--ffn-hidden-size", "256"])
     assert run.warnings == ["--preset zaya1-tiny keeps its --kv-channels 32 (flags not given), where Megatron-LM "
                             "would derive 64 (hidden / heads); give the flags to choose"]
-    assert parse_args(base + ["--hidden-size", "256", "--num-attention-heads", "4", "--kv-channels", "64",
-                              "--num-query-groups", "4", "--rotary-percent", "1", "--ffn-hidden-size", "1024"]).warnings == []
+    given = ["--kv-channels", "64", "--num-query-groups", "4", "--rotary-percent", "1", "--ffn-hidden-size", "1024"]
+    assert parse_args(base + ["--hidden-size", "256", "--num-attention-heads", "4", *given]).warnings == []
     assert parse_args(base + ["--hidden-size", "128", "--num-attention-heads", "4"]).warnings == []
 
 
