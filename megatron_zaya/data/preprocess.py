@@ -68,12 +68,17 @@ class Stats:
     examples: dict = field(default_factory=dict)
     trimming: collections.Counter = field(default_factory=collections.Counter)
     key_tokens: collections.Counter = field(default_factory=collections.Counter)
+    empty_keys: collections.Counter = field(default_factory=collections.Counter)   # kept records, per key
+    empty_key_examples: dict = field(default_factory=dict)
 
     def skip(self, reason: str, where: str) -> None:
         self.skipped[reason] += 1
-        ex = self.examples.setdefault(reason, [])
-        if len(ex) < MAX_EXAMPLES:
-            ex.append(where)
+        _remember(self.examples, reason, [where])
+
+    def empty_in_key(self, key: str, where: str) -> None:
+        """A kept record with no tokens in `key`: written there as a document of no sequences."""
+        self.empty_keys[key] += 1
+        _remember(self.empty_key_examples, key, [where])
 
     def merge(self, other: "Stats") -> None:
         self.documents += other.documents
@@ -83,9 +88,16 @@ class Stats:
         self.skipped.update(other.skipped)
         self.trimming.update(other.trimming)
         self.key_tokens.update(other.key_tokens)
-        for k, v in other.examples.items():
-            ex = self.examples.setdefault(k, [])
-            ex.extend(v[: MAX_EXAMPLES - len(ex)])
+        self.empty_keys.update(other.empty_keys)
+        for mine, theirs in ((self.examples, other.examples), (self.empty_key_examples, other.empty_key_examples)):
+            for k, v in theirs.items():
+                _remember(mine, k, v)
+
+
+def _remember(examples: dict, reason: str, where: list) -> None:
+    """Up to MAX_EXAMPLES locations per reason, the first ones seen."""
+    ex = examples.setdefault(reason, [])
+    ex.extend(where[: MAX_EXAMPLES - len(ex)])
 
 
 class RecordError(ValueError):
@@ -170,15 +182,18 @@ class Encoder:
             for k in keys:
                 docs[k].append((where, values[k]))
         # Every key holds the same records; a record is written for all keys or for none, so the
-        # outputs stay aligned document by document (see docs/DATA.md, "Several keys").
+        # outputs stay aligned document by document (docs/DATA.md, "Several keys"). A record empty in
+        # some keys is written there as a document of no sequences, as Megatron does; one empty in
+        # every key is skipped, and one that trimming removes from any key is dropped from all.
         encoded = {k: self._encode_key(docs[k], stats) for k in keys}
-        n_docs = len(docs[keys[0]])
-        keep = np.ones(n_docs, dtype=bool)
-        for k in keys:
-            status = encoded[k][2]
-            for i in np.nonzero((status == EMPTY) & keep)[0]:
-                self._skip(stats, "empty document", docs[k][i][0], f"key {k!r}" if len(keys) > 1 else "")
-            keep &= status == KEPT
+        status = np.stack([encoded[k][2] for k in keys])
+        empty_everywhere = (status == EMPTY).all(axis=0)
+        keep = ~empty_everywhere & ~(status == TRIMMED_AWAY).any(axis=0)
+        for i in np.nonzero(empty_everywhere)[0]:
+            self._skip(stats, "empty document", docs[keys[0]][i][0], "every key" if len(keys) > 1 else "")
+        for k, key_status in zip(keys, status):
+            for i in np.nonzero((key_status == EMPTY) & keep)[0]:
+                stats.empty_in_key(k, docs[k][i][0])
         out = {}
         for k in keys:
             out[k] = self._finish(*encoded[k][:2], encoded[k][3], keep)
@@ -279,10 +294,10 @@ class Encoder:
             seq_lens, seq_doc = seq_lens[seq_keep], seq_doc[seq_keep]
         per_doc = np.bincount(seq_doc, minlength=len(keep))[keep].astype(np.int64)
         seq_lens = seq_lens.copy()
-        if self.cfg.append_eod and len(per_doc):
-            ends = np.cumsum(seq_lens)[np.cumsum(per_doc) - 1]
-            toks = np.insert(toks, ends, self.tokenizer.eod)
-            seq_lens[np.cumsum(per_doc) - 1] += 1
+        if self.cfg.append_eod:
+            last_seq = (np.cumsum(per_doc) - 1)[per_doc > 0]     # a document of no sequences gets no EOD
+            toks = np.insert(toks, np.cumsum(seq_lens)[last_seq], self.tokenizer.eod)
+            seq_lens[last_seq] += 1
         return toks.astype(self.dtype, copy=False), seq_lens, per_doc
 
 
@@ -451,6 +466,8 @@ def run(cfg: PreprocessConfig, should_stop: Callable[[], bool] = lambda: False) 
         "bytes": stats.bytes,
         "skipped": dict(stats.skipped),
         "skip_examples": stats.examples,
+        "empty_in_key": {k: stats.empty_keys[k] for k in cfg.json_keys if stats.empty_keys[k]},
+        "empty_in_key_examples": stats.empty_key_examples,
         "trimming": {k: stats.trimming.get(k, 0) for k in OUTCOMES} if cfg.trim_max_length else None,
         "seconds": elapsed,
         "documents_per_s": stats.documents / max(elapsed, 1e-9),
@@ -528,6 +545,10 @@ def format_summary(s: dict) -> str:
             lines.append(f"  {reason}: {n:,}" + (f"  e.g. {ex}" if ex else ""))
     else:
         lines.append("skipped:   0")
+    for key, n in (s.get("empty_in_key") or {}).items():
+        ex = ", ".join(s["empty_in_key_examples"].get(key, []))
+        lines.append(f"empty:     {n:,} records have no tokens in key {key!r}: an empty document there, as in "
+                     f"Megatron-LM" + (f"  e.g. {ex}" if ex else ""))
     if s["trimming"] is not None:
         lines.append("trimming:  " + ", ".join(f"{k} {v:,}" for k, v in s["trimming"].items()))
     for p in s["outputs"]:

@@ -155,10 +155,11 @@ def test_several_keys_and_sentence_lists(tmp_path):
 
 @pytest.mark.parametrize("workers,extra", [(1, []), (2, []), (1, ["--trim-max-length", "100000"])])
 def test_several_keys_stay_aligned(tmp_path, workers, extra, capsys):
-    """A record empty (or bad) in one key is skipped for every key: document i of each output comes
-    from the same input record (Megatron keeps them aligned by writing empty documents)."""
+    """Document i of each output comes from the same input record. As in Megatron-LM, a record empty in
+    one key is an empty document (no sequences, no EOD) there and keeps its other keys' text; a record
+    empty in every key, or bad in one, is skipped for every key."""
     rows = [{"q": "1 2", "a": "3"}, {"q": "", "a": "4 5"}, {"q": "6", "a": ["", ""]}, {"q": "7", "a": 8},
-            {"q": "9", "a": "10 11"}, {"q": ["", "12"], "a": ["13", "14"]}]
+            {"q": "9", "a": "10 11"}, {"q": ["", "12"], "a": ["13", "14"]}, {"q": "", "a": [""]}]
     path = tmp_path / "in.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "o"
@@ -166,12 +167,16 @@ def test_several_keys_stay_aligned(tmp_path, workers, extra, capsys):
                     "NullTokenizer", "--tokenizer-model", 100, "--append-eod", "--workers", workers,
                     "--chunk-bytes", 40, *extra) == 0
     summary = capsys.readouterr().out
-    assert docs_of(str(out) + "_q_document") == [[1, 2, 100], [9, 100], [12, 100]]
-    assert docs_of(str(out) + "_a_document") == [[3, 100], [10, 11, 100], [13, 14, 100]]
-    assert "documents: 3 (from 6 records), the same records in each of the 2 outputs" in summary
-    assert "tokens:    15 (uint16, vocab 101) = 7 q + 8 a" in summary
-    empty = next(l for l in summary.splitlines() if l.strip().startswith("empty document"))
-    assert ": 2" in empty and "in.jsonl:2 (key 'q')" in empty and "in.jsonl:3 (key 'a')" in empty
+    assert docs_of(str(out) + "_q_document") == [[1, 2, 100], [], [6, 100], [9, 100], [12, 100]]
+    assert docs_of(str(out) + "_a_document") == [[3, 100], [4, 5, 100], [], [10, 11, 100], [13, 14, 100]]
+    assert IndexedDataset(str(out) + "_a_document").document_indices.tolist() == [0, 1, 2, 2, 3, 5]
+    assert "documents: 5 (from 7 records), the same records in each of the 2 outputs" in summary
+    assert "tokens:    20 (uint16, vocab 101) = 9 q + 11 a" in summary
+    for key, line in (("q", 2), ("a", 3)):
+        empty = next(l for l in summary.splitlines() if f"no tokens in key {key!r}" in l)
+        assert empty.startswith("empty:     1 records have no tokens") and empty.endswith(f"in.jsonl:{line}"), empty
+    skipped = next(l for l in summary.splitlines() if l.strip().startswith("empty document"))
+    assert ": 1" in skipped and skipped.endswith("in.jsonl:7 (every key)"), skipped
     assert "key 'a' is not a string: 1" in summary
 
 
