@@ -161,22 +161,27 @@ class PhasePlan:
 
 
 def plan_phases(phase_weights: list[list[float]], sizes: list[int], surplus: float = 0.005,
-                blending=ib.build_blending_indices, weighted: list[bool] | None = None) -> PhasePlan:
+                blending=ib.build_blending_indices, weighted: list[bool] | None = None,
+                orders: list[list[int]] | None = None) -> PhasePlan:
     """Greedy blending indices per phase and the number of samples each component must provide.
 
     A phase given as a single path without a weight takes its samples directly (no surplus), as
     Megatron does for an unblended dataset (the caller also marks a per-split `--train-data-path 1.0 path`
     so); otherwise (including `--data-path 1.0 path`) each component is requested
-    ceil(ceil(size * w) * (1+surplus)). Weights that already sum to 1 are used as they are.
+    ceil(ceil(size * w) * (1+surplus)). Weights that already sum to 1 are used as they are. `orders` gives,
+    per phase, its components in the order its blend names them (default: their numbering): the interleave
+    numbers them so, and its ties go to the one named first.
     """
     if weighted is None:
         weighted = [True] * len(phase_weights)
     n = len(phase_weights[0])
+    if orders is None:
+        orders = [list(range(n))] * len(phase_weights)
     used_before = [0] * n
     requests = [0] * n
     dis, dsis, offsets = [], [], []
-    for w, size, has_weights in zip(phase_weights, sizes, weighted):
-        active = [d for d in range(n) if w[d] > 0]
+    for w, size, has_weights, order in zip(phase_weights, sizes, weighted, orders):
+        active = [d for d in order if w[d] > 0]
         if not active:
             raise ValueError("a phase has no dataset with a positive weight")
         local_w = [w[d] for d in active]

@@ -61,6 +61,13 @@ def blend_weights(data_path: list[str], prefixes: list[str]) -> list[float]:
     return w
 
 
+def blend_order(data_path: list[str], prefixes: list[str]) -> list[int]:
+    """The components of `prefixes` in the order the blend `data_path` first names them: the blend's own
+    dataset order, which breaks the greedy interleave's ties as in Megatron-LM (where a per-split blend or a
+    phase names its datasets in another order than the run's list)."""
+    return list(dict.fromkeys(prefixes.index(p) for p in parse_data_path(data_path)[1]))
+
+
 def split_documents(cfg: DataConfig, indexed: IndexedDataset, prefix: str, split_id: int):
     """(the document ids of `prefix` in split `split_id`, or None; how an error names that split)."""
     split_name = SPLIT_NAMES[split_id]
@@ -93,7 +100,8 @@ def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: li
                                lambda: dict(zip(("dataset_index", "dataset_sample_index"), build_blending_indices(w, size))))
         return arrays["dataset_index"], arrays["dataset_sample_index"]
 
-    plan = plan_phases(weights, sizes, cfg.mid_level_dataset_surplus, blending, [weighted(cfg, b) for b in blends])
+    plan = plan_phases(weights, sizes, cfg.mid_level_dataset_surplus, blending, [weighted(cfg, b) for b in blends],
+                       [blend_order(b, prefixes) for b in blends])
     split_name = SPLIT_NAMES[split_id]
     ids = {}
     for d, prefix in enumerate(prefixes):

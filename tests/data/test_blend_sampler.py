@@ -463,3 +463,23 @@ def test_a_prefix_of_several_splits_or_named_twice_is_listed_once():
     assert dataset_prefixes(cfg) == ["a", "b", "c"]
     # and a prefix named twice in one blend (it was listed twice: opened twice, an empty blend component)
     assert dataset_prefixes(DataConfig(data_path=["30", "a", "20", "b", "50", "a"])) == ["a", "b"]
+
+
+@pytest.mark.parametrize("train_order", ["ab", "ba"])
+def test_a_blend_interleaves_its_datasets_in_its_own_order(tmp_path, train_order):
+    """The greedy interleave's ties go to the dataset the blend names first (Megatron-LM numbers a blend's
+    datasets in its own order), whatever order the train blend or an earlier phase names them in: the test
+    blend "0.5 b 0.5 a" starts with b either way, and its sources follow the reference loop on [b, a]."""
+    a, _ = corpus(tmp_path, "a", 0, seed=5)
+    b, _ = corpus(tmp_path, "b", 500, seed=6)
+    first, second = (a, b) if train_order == "ab" else (b, a)
+    cfg = DataConfig(train_data_path=["0.5", first, "0.5", second], test_data_path=["0.5", b, "0.5", a],
+                     num_workers=0, no_index_cache=True)
+    _, _, test = build_train_valid_test_datasets(cfg, 8, [10, 0, 10], build_tokenizer("NullTokenizer", EOD))
+    sources = ["b" if int(test[i]["tokens"][0]) >= 500 else "a" for i in range(10)]
+    assert sources == ["ba"[d] for d in ref.blending([0.5, 0.5], 10)[0]] == list("bababababa")
+    phased = DataConfig(phases=[PhaseBlend(["0.5", first, "0.5", second], train_samples=10),
+                                PhaseBlend(["0.5", b, "0.5", a])], split="100,0,0", num_workers=0,
+                        no_index_cache=True)
+    train, _, _ = build_train_valid_test_datasets(phased, 8, [20, 0, 0], build_tokenizer("NullTokenizer", EOD))
+    assert ["b" if int(train[i]["tokens"][0]) >= 500 else "a" for i in range(10, 20)] == list("bababababa")
