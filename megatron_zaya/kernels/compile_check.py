@@ -209,6 +209,9 @@ def main(argv=None) -> int:
                         status += " " + usage
                         if not usage.endswith(" 0B"):
                             spills.append(f"{label} {target.arch} {usage}")
+                        if ".tf32" in kernel.asm["ptx"]:      # the references multiply fp32 in full fp32
+                            failures += 1
+                            status = "FAIL fp32 operands rounded to TF32 (tl.dot without input_precision='ieee')"
                 except Exception as exc:  # report every failure, then fail the run
                     failures += 1
                     status = "FAIL " + repr(exc).splitlines()[-1][:300]

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from megatron_zaya.kernels._triton_common import configs, dot_operand
+from megatron_zaya.kernels._triton_common import configs, dot_acc
 from megatron_zaya.kernels.reference import NS_COEFFICIENTS
 
 _MM_CONFIGS = configs(
@@ -54,7 +54,7 @@ def _syrk(a_ptr, add_ptr, c_ptr, M, K, alpha, beta,
             kk = k0 + rk
             a = tl.load(a_base + rm[:, None] * sam + kk[None, :] * sak, mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
             b = tl.load(a_base + rn[None, :] * sam + kk[:, None] * sak, mask=(rn[None, :] < M) & (kk[:, None] < K), other=0.0)
-            acc = tl.dot(dot_operand(a, a_ptr), dot_operand(b, a_ptr), acc)
+            acc = dot_acc(a, b, acc, a_ptr)      # fp32: full fp32 products, not TF32
         acc = acc * alpha
         mask = (rm[:, None] < M) & (rn[None, :] < M)
         if HAS_ADD:
@@ -86,7 +86,7 @@ def _gemm_axpby(b_ptr, x_ptr, out_ptr, M, N, alpha,
         kk = k0 + rk
         bt = tl.load(b_base + rm[:, None] * sbm + kk[None, :] * sbk, mask=(rm[:, None] < M) & (kk[None, :] < M), other=0.0)
         xt = tl.load(x_base + kk[:, None] * sxm + rn[None, :] * sxn, mask=(kk[:, None] < M) & (rn[None, :] < N), other=0.0)
-        acc = tl.dot(dot_operand(bt, b_ptr), dot_operand(xt, x_ptr), acc)
+        acc = dot_acc(bt, xt, acc, b_ptr)
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     x = tl.load(x_base + rm[:, None] * sxm + rn[None, :] * sxn, mask=mask, other=0.0).to(tl.float32)
     acc += alpha * x

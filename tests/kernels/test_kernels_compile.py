@@ -40,3 +40,18 @@ def test_newton_schulz_has_a_config_that_fits_mi300x_in_bf16_and_fp32():
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "- PASS" in out and "no config that fits" not in out, out[-6000:]
     assert "smem" in out and "EXCEEDS" in out       # the big configs do not fit: the check sees it
+
+
+def test_newton_schulz_multiplies_fp32_in_full_fp32_on_nvidia():
+    """Muon(ns_dtype=torch.float32): both Newton-Schulz matmul kernels, compiled for sm_90 with fp32 operands,
+    hold no TF32 product in their PTX (compile_check fails on one; Triton's tl.dot rounded fp32 to TF32 where
+    the reference's bmm does not)."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_DEFAULT_FP_FUSION="1")
+    env.pop("TRITON_INTERPRET", None)
+    cmd = [sys.executable, "-m", "megatron_zaya.kernels.compile_check", "--targets", "cuda:90",
+           "--only", "newton_schulz"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "- PASS" in out and "TF32" not in out, out[-6000:]
+    assert "_syrk" in out and "_gemm_axpby" in out
