@@ -120,7 +120,10 @@ def _triton(name: str, *tensors):
     """The Triton module to use for this call, or None for the reference."""
     if _backend == "torch":
         return None
-    on_gpu = all(t.is_cuda for t in tensors if isinstance(t, torch.Tensor))
+    tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
+    if not tensors or any(t.dtype == torch.float64 for t in tensors):
+        return None      # nothing to launch on; float64 keeps the reference's precision (the kernels compute fp32)
+    on_gpu = all(t.is_cuda for t in tensors)
     if _backend == "auto" and not on_gpu:
         return None
     if not (on_gpu or triton_interpreted()):

@@ -235,8 +235,9 @@ class _CCAConv(torch.autograd.Function):
         bsz, seq, chans, k1, k2, dh, groups, ctx_len = _check_shapes(packed, w1, w2, visible)
         grad = _unit_channels(grad)
         d_packed = torch.empty_like(packed)
-        d_left = torch.empty(left.shape, dtype=left.dtype, device=left.device) if left is not None else d_packed
-        dy1 = torch.empty((bsz, seq + ctx_len, chans), dtype=torch.float32, device=packed.device)
+        alloc = torch.empty if bsz * seq else torch.zeros      # no launch for an empty sequence: zero gradients
+        d_left = alloc(left.shape, dtype=left.dtype, device=left.device) if left is not None else d_packed
+        dy1 = alloc((bsz, seq + ctx_len, chans), dtype=torch.float32, device=packed.device)
         vis, sv = _visibility_arg(visible, grad)
         if bsz * seq:
             grid = lambda meta: (triton.cdiv(seq + ctx_len, meta["BT"]), groups * triton.cdiv(dh, meta["BO"]), bsz)  # noqa: E731

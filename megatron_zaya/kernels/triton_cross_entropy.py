@@ -90,8 +90,9 @@ def cross_entropy_grad(
     logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor, grad_loss: torch.Tensor,
     vocab_start: int = 0, ignore_index: int = IGNORE_INDEX, inplace: bool = False,
 ) -> torch.Tensor:
-    """d loss / d logits for a slice: (softmax - onehot) * grad_loss, zero on ignored rows."""
-    logits = _rows(logits)
+    """d loss / d logits for a slice: (softmax - onehot) * grad_loss, zero on ignored rows; written into
+    `logits` (and returned) when `inplace`."""
+    given, logits = logits, _rows(logits)
     n, v = logits.shape
     dlogits = logits if inplace else torch.empty_like(logits)
     if n:
@@ -104,4 +105,6 @@ def cross_entropy_grad(
             v, logits.stride(0), dlogits.stride(0), int(vocab_start), int(ignore_index),
             BLOCK_V=block_v, num_warps=1 if INTERPRET else 8,
         )
+    if inplace and dlogits is not given:      # the kernel wrote into a unit-stride copy of the caller's logits
+        return given.copy_(dlogits)
     return dlogits

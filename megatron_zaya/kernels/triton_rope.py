@@ -112,6 +112,9 @@ class _RopeInplace(torch.autograd.Function):
     def forward(ctx, x, cos, sin):
         if x.stride(-1) != 1:
             raise ValueError("apply_partial_rope_: x needs a unit stride on the head dim")
+        if any(stride == 0 and size > 1 for size, stride in zip(x.shape, x.stride())):   # e.g. an expanded K/V head
+            raise RuntimeError("apply_partial_rope_: x has elements sharing memory (an expanded view); "
+                             "rotating it in place would rotate them more than once")
         _launch(x, x, cos, sin, backward=False, copy_pass=False)
         ctx.mark_dirty(x)
         ctx.save_for_backward(cos, sin)

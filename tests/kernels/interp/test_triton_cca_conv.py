@@ -121,6 +121,19 @@ def test_an_empty_batch_has_zero_weight_gradients():
     assert all(p.grad is not None and not p.grad.any() for p in params)
 
 
+def test_an_empty_sequence_has_zero_gradients():
+    """No positions (S = 0) with a left context: the kernels are not launched, and the weights' and the
+    context's gradients are zero (they were read from uninitialised memory), the output being empty."""
+    gen = torch.Generator().manual_seed(0)
+    params = [p.requires_grad_(True) for p in _params(12, 4, 2, 2, gen)]
+    left = torch.randn(2, 12, 2, generator=gen).requires_grad_(True)
+    torch.full((1 << 16,), 1e30).sum()      # leave non-zero bytes in the allocator's free memory
+    out = T.cca_causal_conv(torch.randn(2, 0, 12, generator=gen).requires_grad_(True), *params, left)
+    assert out.shape == (2, 0, 12)
+    out.sum().backward()
+    assert all(t.grad is not None and not t.grad.any() for t in (*params, left))
+
+
 @pytest.mark.parametrize("b,s,groups,dh,k1,k2,boundaries", [
     (2, 13, 2, 32, 2, 2, [[4, 5, 11], [1, 12]]),   # ZAYA1's kernel sizes, a one-token document, ragged S
     (1, 11, 2, 12, 3, 2, [[2, 7]]),                 # longer depthwise kernel, dh not a power of two

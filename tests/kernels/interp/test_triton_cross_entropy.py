@@ -91,6 +91,11 @@ def test_grad_in_place_writes_into_logits():
     out = T.cross_entropy_grad(buf, labels, lse, grad, inplace=True)
     assert out.data_ptr() == buf.data_ptr()
     torch.testing.assert_close(buf, want, **TOL)
+    columns = logits.t().contiguous().t()      # the same values without a unit column stride
+    assert columns.stride(-1) != 1
+    out = T.cross_entropy_grad(columns, labels, lse, grad, inplace=True)
+    assert out.data_ptr() == columns.data_ptr()     # written into the caller's tensor, as the reference does
+    torch.testing.assert_close(columns, want, **TOL)
 
 
 def test_grad_of_a_scalar_loss_gradient_scales_every_row():

@@ -79,6 +79,22 @@ def test_forced_triton_every_op_runs(triton_backend):
     torch.testing.assert_close(K.newton_schulz(m, 2, dtype=torch.float32), R.newton_schulz(m, 2, dtype=torch.float32), atol=1e-4, rtol=1e-4)
 
 
+def test_float64_and_tensorless_calls_take_the_reference(triton_backend, monkeypatch):
+    """The kernels compute in fp32: a float64 call keeps the reference's precision and dtype (cross-entropy
+    came back fp32, 2e-7 off), and a call without tensors (newton_schulz_many of none) launches nothing."""
+    calls = _calls(monkeypatch, "cross_entropy", "cross_entropy_partials")
+    gen = torch.Generator().manual_seed(0)
+    logits, labels = torch.randn(5, 11, generator=gen, dtype=torch.float64), torch.randint(0, 11, (5,), generator=gen)
+    got = K.cross_entropy(logits, labels)
+    assert not calls and got.dtype == torch.float64
+    torch.testing.assert_close(got, torch.nn.functional.cross_entropy(logits, labels, reduction="none"),
+                               atol=1e-12, rtol=1e-12)
+    ns_calls = _calls(monkeypatch, "newton_schulz", "newton_schulz_many")
+    assert K.newton_schulz_many([]) == [] and not ns_calls
+    K.cross_entropy(logits.float(), labels)
+    assert calls                                   # fp32 still goes to the kernel
+
+
 def _some_ops(gen):
     """(Triton module, its function, a call of the dispatched op) for every op the switch routes."""
     x, w, ones = torch.randn(4, 6, generator=gen), torch.randn(6, generator=gen), torch.ones(6)

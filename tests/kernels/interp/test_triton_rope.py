@@ -62,6 +62,19 @@ def test_rope_in_place_on_strided_view():
     torch.testing.assert_close(grad_t, grad_r, **TOL)
 
 
+def test_rope_in_place_refuses_heads_sharing_memory():
+    """A K/V head expanded over the query heads (stride 0): rotating it in place would rotate the shared
+    memory once per head, so both the reference (torch's overlap check) and the kernel refuse it."""
+    gen = torch.Generator().manual_seed(0)
+    cos, sin = _cos_sin(1, 2, 4, gen)
+    k = torch.randn(1, 2, 1, 8, generator=gen)
+    for fn in (R.apply_partial_rope_, T.apply_partial_rope_):
+        shared = k.clone()
+        with pytest.raises(RuntimeError):
+            fn(shared.expand(1, 2, 4, 8), cos, sin)
+        assert torch.equal(shared, k), fn
+
+
 def test_rope_rejects_odd_rotary_dim():
     with pytest.raises(ValueError):
         T.apply_partial_rope(torch.randn(1, 2, 1, 8), torch.ones(1, 2, 3), torch.zeros(1, 2, 3))
