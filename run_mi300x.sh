@@ -280,9 +280,24 @@ else
     add EVAL_ITERS --eval-iters
     [[ -n $TENSORBOARD_DIR ]] && ARGS+=(--tensorboard-dir "$TENSORBOARD_DIR")
 fi
+# The iteration of CKPT_DIR's latest checkpoint, or "none": the one latest_checkpointed_iteration.txt names,
+# else the newest complete iter_N folder (a save stopped between publishing its folder and writing the file,
+# which the trainer's next start completes).
+latest_iteration() {
+    local f=$CKPT_DIR/latest_checkpointed_iteration.txt marker it newest=none
+    [[ -z $CKPT_DIR ]] && { echo none; return; }
+    if [[ -s $f ]]; then tr -d '[:space:]' < "$f"; return; fi
+    for marker in "$CKPT_DIR"/iter_*/COMPLETE; do
+        it=${marker%/COMPLETE}; it=${it##*/iter_}
+        [[ -f $marker && $it =~ ^[0-9]+$ ]] || continue
+        if [[ $newest == none ]] || (( 10#$it > newest )); then newest=$(( 10#$it )); fi
+    done
+    echo "$newest"
+}
+
 # --load: this run's own checkpoints; before the first one exists, INIT_CKPT_DIR (e.g. the previous phase).
 LOAD_DIR=$CKPT_DIR
-if [[ -n ${INIT_CKPT_DIR:-} && ! -s $CKPT_DIR/latest_checkpointed_iteration.txt ]]; then
+if [[ -n ${INIT_CKPT_DIR:-} && $(latest_iteration) == none ]]; then
     LOAD_DIR=$INIT_CKPT_DIR
 fi
 [[ -n $CKPT_DIR ]] && ARGS+=(--save "$CKPT_DIR" --load "$LOAD_DIR")
@@ -344,11 +359,6 @@ LAUNCH_LOG=$JOB_LOG_DIR/launcher.log
 log() { echo "[run_mi300x $(date '+%F %T')] $*" | tee -a "$LAUNCH_LOG"; }
 { echo "#!/usr/bin/env bash"; echo "# job $JOB_ID attempt $REQUEUE_COUNT restart $RESTART on $NODELIST"; print_command; } \
     > "$JOB_LOG_DIR/command.sh"
-
-latest_iteration() {
-    local f=$CKPT_DIR/latest_checkpointed_iteration.txt
-    if [[ -n $CKPT_DIR && -s $f ]]; then tr -d '[:space:]' < "$f"; else echo none; fi
-}
 
 log "job $JOB_ID ($JOB_NAME) attempt $REQUEUE_COUNT (requeues $REQUEUE_COUNT/${MAX_REQUEUES:-50}," \
     "failure restarts $RESTART/${MAX_RESTARTS:-3}) on $NNODES nodes [$NODELIST] x $NTASKS_PER_NODE tasks"

@@ -75,6 +75,17 @@ def test_watchdog_exits_blame_no_node(fake, tmp_path):
     assert arg(sub["argv"], "--exclude") is None
 
 
+def test_a_refused_input_gives_up_blaming_no_node(fake, tmp_path):
+    """Exit code 2 is the trainer refusing a flag, file or value: every rank would, but srun stops the others
+    (143) once the first has. A restart would be refused the same way: no node excluded, no resubmission."""
+    write_latest(str(tmp_path / "ckpt"), 5)
+    r = fake.run_launcher(FAKE_RC="143 2 143 143")
+    log = fake.launcher_log()
+    assert "giving up: rank(s) 1@n1 refused the run's input (exit code 2" in log, log
+    assert "failed nodes" not in log and not fake.calls("sbatch"), log
+    assert r.returncode == 2
+
+
 def test_resubmission_keeps_the_users_settings_and_drops_the_jobs_variables(fake, tmp_path):
     write_latest(str(tmp_path / "ckpt"), 5)
     info = ("JobId=4242 JobName=fake Account=proj QOS=high Partition=mi300x TimeLimit=12:00:00 "
@@ -191,13 +202,13 @@ def test_single_node_job_says_what_it_does(fake, tmp_path):
 
 
 def test_a_failure_after_the_time_limit_warning_is_not_requeued(fake, tmp_path):
-    # A short job gets SIGUSR1 within seconds. Every rank then fails by itself (exit 2, a bad flag) with no
+    # A short job gets SIGUSR1 within seconds. Every rank then refuses its input (exit 2, a bad flag) with no
     # new checkpoint and no SIGTERM: a failure (given up at once here), not a requeue up to MAX_REQUEUES.
     write_latest(str(tmp_path / "ckpt"), 5)
     r = fake.run_launcher(FAKE_USR1="1", FAKE_RC="2", TRAIN_ITERS="10", USR1_REPEAT_SECONDS="1")
     log = fake.launcher_log()
     assert "received SIGUSR1" in log and "a failure, not the time limit" in log, log
-    assert "giving up: every node failed before a new checkpoint" in log, log
+    assert "giving up: rank(s) 0@n1 1@n1 2@n2 3@n2 refused the run's input" in log, log
     assert not [c for c in fake.calls("scontrol") if c["argv"][:1] == ["requeue"]], log
     assert r.returncode == 2
     # The trainer saved and exited after the warning: requeued; at MAX_REQUEUES the unfinished run fails.

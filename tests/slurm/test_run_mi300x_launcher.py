@@ -103,7 +103,16 @@ def test_dry_run_init_ckpt_dir_until_the_run_has_its_own(tmp_path):
     env = clean_env(CKPT_DIR=str(tmp_path / "phase2"), INIT_CKPT_DIR="/ckpt/phase1")
     r = subprocess.run(["bash", LAUNCHER, "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
     assert f"--save {tmp_path}/phase2 --load /ckpt/phase1" in r.stdout
-    (tmp_path / "phase2").mkdir()
+    (tmp_path / "phase2" / "iter_0000100.partial-1").mkdir(parents=True)      # a save that never completed
+    (tmp_path / "phase2" / "iter_0000100").mkdir()
+    r = subprocess.run(["bash", LAUNCHER, "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
+    assert f"--save {tmp_path}/phase2 --load /ckpt/phase1" in r.stdout
+    # a first save stopped between publishing iter_N (COMPLETE marker in it) and writing the latest file:
+    # the run has its own checkpoint (the trainer completes the file); INIT_CKPT_DIR again was refused by
+    # the trainer (--save holds checkpoints this run does not continue from) at every restart
+    (tmp_path / "phase2" / "iter_0000100" / "COMPLETE").write_text("")
+    r = subprocess.run(["bash", LAUNCHER, "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
+    assert f"--save {tmp_path}/phase2 --load {tmp_path}/phase2" in r.stdout
     (tmp_path / "phase2" / "latest_checkpointed_iteration.txt").write_text("100\n")
     r = subprocess.run(["bash", LAUNCHER, "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
     assert f"--save {tmp_path}/phase2 --load {tmp_path}/phase2" in r.stdout
