@@ -51,7 +51,9 @@ from megatron_zaya.checkpoint import CheckpointError  # noqa: E402
 from megatron_zaya.checkpoint.averaging import average_to_hf, checkpoints_to_average  # noqa: E402
 from megatron_zaya.checkpoint.convert import (ConversionProgress, checkpoint_to_hf, hf_to_checkpoint,  # noqa: E402
                                               reshard_checkpoint)
+from megatron_zaya.checkpoint.format import read_folder_metadata  # noqa: E402
 from megatron_zaya.checkpoint.hf_format import DEFAULT_MAX_SHARD_BYTES, is_hf_folder  # noqa: E402
+from megatron_zaya.checkpoint.inspection import resolve_folder  # noqa: E402
 from megatron_zaya.checkpoint.hf_tokenizer import check_exportable  # noqa: E402
 from megatron_zaya.checkpoint.preflight import latest_iteration_folder  # noqa: E402
 from megatron_zaya.checkpoint.recorded_tokenizer import adopt_recorded_tokenizer  # noqa: E402
@@ -85,6 +87,7 @@ def export_tokenizer(parser: argparse.ArgumentParser, args: argparse.Namespace):
         if args.no_tokenizer:
             return None
         source = args.checkpoint if args.command == "to-hf" else args.sources[-1]
+        read_folder_metadata(resolve_folder(source))     # a missing or damaged checkpoint: its error, not a note
         recorded, why = adopt_recorded_tokenizer(args, source)
         if recorded is None:
             why = why or "it records no training run's text tokenizer"
@@ -121,6 +124,9 @@ def check_source_kind(parser: argparse.ArgumentParser, args: argparse.Namespace)
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         parser.error(f"{args.output}: a file, not a folder ({args.command} writes a new or empty folder)")
     if args.command in ("from-hf", "reshard"):
+        if os.path.isdir(args.output) and is_hf_folder(args.output):
+            parser.error(f"{args.output}: a Hugging Face folder ({args.command} writes a training checkpoint into a "
+                         f"new or empty folder; one inside an HF folder cannot be --load-ed from it)")
         hf = is_hf_folder(args.source)
         if args.command == "from-hf" and not hf and os.path.isdir(args.source) and latest_iteration_folder(args.source):
             parser.error(f"{args.source}: a training checkpoint, not a Hugging Face folder (to-hf exports it; "

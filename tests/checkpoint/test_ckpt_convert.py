@@ -105,6 +105,11 @@ def test_bad_source_is_a_clear_error(tmp_path, capsys):
     tool = _tool()
     assert tool.main(["to-hf", str(tmp_path / "nothing"), str(tmp_path / "out"), "--no-tokenizer"]) == 1
     assert f"{tmp_path / 'nothing'}: no such checkpoint folder" in capsys.readouterr().err
+    for command in (["to-hf", str(tmp_path / "nothing")], ["average", str(tmp_path / "nothing")]):
+        # without tokenizer flags: the missing checkpoint's error alone, no "records no tokenizer" note first
+        assert tool.main([*command, str(tmp_path / "out")]) == 1
+        err = capsys.readouterr().err
+        assert err.strip() == f"convert_checkpoint.py: error: {tmp_path / 'nothing'}: no such checkpoint folder", err
     (tmp_path / "docs.jsonl").write_text("{}\n")        # a file where a checkpoint goes: said so
     assert tool.main(["to-hf", str(tmp_path / "docs.jsonl"), str(tmp_path / "out"), "--no-tokenizer"]) == 1
     assert f"{tmp_path / 'docs.jsonl'}: a file, not a checkpoint folder" in capsys.readouterr().err
@@ -119,6 +124,25 @@ def test_an_output_that_is_a_file_is_a_usage_error_and_the_file_stays(tmp_path, 
         _tool().main([command, str(tmp_path / "src"), str(out)])
     assert stopped.value.code == 2 and f"{out}: a file, not a folder" in capsys.readouterr().err
     assert out.read_text() == "mine"
+
+
+@pytest.mark.parametrize("command", ["from-hf", "reshard"])
+def test_a_training_checkpoint_is_not_written_into_a_hugging_face_folder(tmp_path, capsys, command):
+    """from-hf HF HF wrote iter_0000000 and the latest file into the HF folder itself (a second copy of the
+    weights there, and a folder --load refuses as an HF folder): a usage error, the folder left as it was."""
+    from megatron_zaya.checkpoint.hf_format import save_hf_folder
+    from megatron_zaya.config import model_config_from_preset
+    from megatron_zaya.model import ZayaModel
+
+    config = model_config_from_preset("zaya1-tiny", num_layers=1, vocab_size=512)
+    hf = tmp_path / "hf"
+    save_hf_folder(ZayaModel(config).state_dict(), config, str(hf))
+    before = sorted(os.listdir(hf))
+    with pytest.raises(SystemExit) as stopped:
+        _tool().main([command, str(hf if command == "from-hf" else tmp_path / "ckpt"), str(hf)])
+    assert stopped.value.code == 2 and f"{hf}: a Hugging Face folder ({command} writes a training checkpoint" \
+        in capsys.readouterr().err
+    assert sorted(os.listdir(hf)) == before
 
 
 @pytest.mark.parametrize("layout, message", [
