@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -246,6 +247,19 @@ def bulk_dtype(tensors: dict) -> torch.dtype:
     return max(elements, key=elements.get) if elements else torch.float32
 
 
+def warn_of_skip_biases(state_dict: dict) -> None:
+    """transformers' ZayaForCausalLM sets every router's skip-class balancing bias to -1 when it loads a
+    checkpoint (its weight init runs on that buffer): a model whose skip bias is another value (the
+    skip_class_bias_init config field; balancing never moves it) would route differently there."""
+    other = {name: float(t[-1]) for name, t in state_dict.items()
+             if name.endswith("balancing_bias") and float(t[-1]) != -1.0}
+    if other:
+        name, value = next(iter(other.items()))
+        warnings.warn(f"{len(other)} router(s) have a skip-class balancing bias other than -1 (e.g. {name}[-1] = "
+                      f"{value:g}); transformers' ZayaForCausalLM resets it to -1 when it loads the export, so the "
+                      f"exported model skips tokens differently from this one", stacklevel=3)
+
+
 def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: torch.dtype | None = None,
                    tokenizer=None, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
                    extra_files: dict[str, str] | None = None) -> None:
@@ -254,6 +268,7 @@ def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: tor
     token ids (checkpoint/hf_tokenizer.py); `extra_files` {name: text} too (e.g. the README.md model card)."""
     if max_shard_bytes < 1:
         raise ValueError(f"max_shard_bytes={max_shard_bytes} must be >= 1")
+    warn_of_skip_biases(state_dict)
     tensors = {}
     for name, tensor in state_dict.items():
         t = tensor.detach().cpu().contiguous()

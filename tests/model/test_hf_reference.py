@@ -68,6 +68,25 @@ def test_logits_match_transformers(name, tmp_path):
     assert ours.std() > 1e-3
 
 
+def test_an_export_whose_skip_bias_transformers_would_reset_is_warned_of(tmp_path):
+    """transformers loads every skip-class bias as -1 (above): an export of another value warns, naming it,
+    and transformers indeed reads -1 there; the default -1 exports without a warning."""
+    import warnings
+
+    config = CONFIGS[sorted(CONFIGS)[0]]
+    model = randomized_model(config, seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        save_hf_folder(model.state_dict(), model.config, tmp_path / "default")
+    model.layers[0].moe.router.balancing_bias[-1] = -0.25
+    with pytest.warns(UserWarning, match=r"1 router\(s\) have a skip-class balancing bias other than -1 \(e.g. "
+                      r"layers.0.moe.router.balancing_bias\[-1\] = -0.25\)"):
+        save_hf_folder(model.state_dict(), model.config, tmp_path / "hf")
+    loaded = transformers.ZayaForCausalLM.from_pretrained(tmp_path / "hf")
+    biases = [b for name, b in loaded.state_dict().items() if name.endswith("balancing_biases")]
+    assert biases and float(biases[0][-1]) == -1.0
+
+
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_export_import_is_bit_identical(name, tmp_path):
     model = randomized_model(CONFIGS[name], seed=7)
