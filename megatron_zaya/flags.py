@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lr-decay-iters", type=int, default=None)
     g.add_argument("--lr-decay-style", choices=DECAY_STYLES, default="cosine")
     g.add_argument("--lr-wsd-decay-iters", type=int, default=0)
-    g.add_argument("--lr-wsd-decay-style", choices=WSD_DECAY_STYLES, default="linear")
+    g.add_argument("--lr-wsd-decay-style", choices=WSD_DECAY_STYLES, default="exponential",
+                   help="WSD's final decay (default exponential, as in Megatron-LM)")
     g.add_argument("--lr-warmup-samples", type=int, default=0, help="with --train-samples: warmup length in samples")
     g.add_argument("--lr-decay-samples", type=int, default=None,
                    help="with --train-samples: decay length in samples (default: --train-samples)")

@@ -1,5 +1,6 @@
-"""Learning-rate schedules with Megatron's names: linear warmup, then constant, linear, cosine or
-WSD (warmup-stable-decay) down to --min-lr at the end of the decay, and min-lr after it.
+"""Learning-rate schedules with Megatron's names: linear warmup, then constant, linear, cosine, WSD
+(warmup-stable-decay) down to --min-lr at the end of the decay, or inverse-square-root (lr * sqrt(warmup /
+position), floored at --min-lr), and min-lr after the decay.
 
 The schedule's position counts what successful steps have consumed (a skipped step does not move
 it), as Megatron-LM's OptimizerParamScheduler does: in samples under --train-samples (the
@@ -14,7 +15,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-DECAY_STYLES = ("constant", "linear", "cosine", "WSD")
+DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 WSD_DECAY_STYLES = ("linear", "cosine", "exponential", "minus_sqrt")
 ITERATION_FLAGS = ("lr_warmup_iters", "lr_decay_iters", "lr_wsd_decay_iters")
 SAMPLE_FLAGS = ("lr_warmup_samples", "lr_decay_samples", "lr_wsd_decay_samples")
@@ -28,7 +29,7 @@ class LRSchedule:
     decay: float = 0                    # --lr-decay-iters / -samples (default: the whole run)
     decay_style: str = "cosine"
     wsd_decay: float = 0                # WSD: length of the final decay
-    wsd_decay_style: str = "linear"
+    wsd_decay_style: str = "exponential"     # Megatron-LM's default
     unit: str = "iters"                 # what positions count: "iters" or "samples" (named in errors)
     warmup_init: float = 0.0            # --lr-warmup-init: the lr the warmup starts from
 
@@ -55,6 +56,10 @@ class LRSchedule:
             return min(self.lr, self.warmup_init + rise)
         if self.decay_style == "constant":
             return self.lr
+        if self.decay_style == "inverse-square-root":      # Megatron-LM's, min-lr only past the decay's end
+            if position > self.decay:
+                return self.min_lr
+            return max(self.min_lr, self.lr * math.sqrt(max(self.warmup, 1) / max(position, 1)))
         if position >= self.decay:
             return self.min_lr
         span = self.lr - self.min_lr

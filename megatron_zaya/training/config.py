@@ -16,7 +16,7 @@ class TrainConfig:
     lr_decay_iters: int | None = None
     lr_decay_style: str = "cosine"
     lr_wsd_decay_iters: int = 0
-    lr_wsd_decay_style: str = "linear"
+    lr_wsd_decay_style: str = "exponential"     # Megatron-LM's default
     lr_warmup_samples: int = 0                     # the --lr-*-samples flags go with --train-samples
     lr_decay_samples: int | None = None
     lr_wsd_decay_samples: int = 0

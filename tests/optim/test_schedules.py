@@ -24,7 +24,7 @@ def test_linear_and_constant():
 
 
 def test_wsd_stable_then_decay():
-    s = LRSchedule(lr=1.0, min_lr=0.0, warmup=10, decay=100, decay_style="WSD", wsd_decay=20)
+    s = LRSchedule(lr=1.0, min_lr=0.0, warmup=10, decay=100, decay_style="WSD", wsd_decay=20, wsd_decay_style="linear")
     assert s(10) == 1.0 and s(79) == 1.0        # stable phase
     assert s(80) == 1.0                         # decay starts
     assert s(90) == pytest.approx(0.5)          # linear decay half way
@@ -36,6 +36,22 @@ def test_wsd_stable_then_decay():
                              wsd_decay_style="exponential")
     # Megatron-LM's coefficient 2 * 0.5**r - 1 of the decay ratio r: 0.4142 half way (sqrt(2) - 1)
     assert exponential(80) == 1.0 and exponential(90) == pytest.approx(math.sqrt(2) - 1) and exponential(100) == 0.0
+    # exponential is the default, as Megatron-LM's --lr-wsd-decay-style
+    assert LRSchedule(lr=1.0, decay=100, decay_style="WSD", wsd_decay=20)(90) == pytest.approx(math.sqrt(2) - 1)
+
+
+def test_inverse_square_root_as_megatron_lm():
+    """Megatron-LM's OptimizerParamScheduler after the warmup: max(min_lr, lr * sqrt(max(W, 1)) / sqrt(max(n, 1)))
+    while n <= the decay length, min_lr past it (n: the steps taken before this one)."""
+    s = LRSchedule(lr=1.0, min_lr=0.05, warmup=4, decay=1000, decay_style="inverse-square-root")
+    assert s(3) == 1.0                                   # the warmup's last step (one ahead, as every style)
+    assert s(4) == 1.0 and s(16) == pytest.approx(0.5) and s(100) == pytest.approx(0.2)
+    assert s(999) == pytest.approx(max(0.05, 2 / math.sqrt(999)))
+    assert s(1000) == pytest.approx(2 / math.sqrt(1000)) and s(1001) == 0.05      # min-lr only past the decay
+    floor = LRSchedule(lr=1.0, min_lr=0.1, warmup=4, decay=1000, decay_style="inverse-square-root")
+    assert floor(900) == 0.1                             # 2 / sqrt(900) = 0.067 is below --min-lr
+    no_warmup = LRSchedule(lr=1.0, decay=100, decay_style="inverse-square-root")
+    assert no_warmup(0) == 1.0 and no_warmup(1) == 1.0 and no_warmup(4) == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize("kwargs, flag", [
