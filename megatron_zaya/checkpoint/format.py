@@ -469,12 +469,6 @@ class CheckpointFolder:
     def global_shape(self, key: str) -> list[int]:
         return self.index[key][0][1]["shape"]
 
-    def local(self, key: str, rank: int) -> torch.Tensor | None:
-        for rf, desc in self.index.get(key, []):
-            if rf.rank == rank:
-                return rf.get(key)
-        return None
-
     def full(self, key: str) -> torch.Tensor:
         """The global tensor, assembled from every piece of every rank."""
         pieces = self.index.get(key)

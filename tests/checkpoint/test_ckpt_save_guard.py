@@ -334,3 +334,28 @@ def test_a_small_file_is_durable_before_it_replaces_the_old_one(tmp_path, monkey
     monkeypatch.setattr(fmt.os, "replace", lambda a, b: calls.append("replace") or real_replace(a, b))
     fmt.atomic_write_bytes(str(tmp_path / "COMPLETE"), b"7\n")
     assert calls == ["fsync", "replace", "fsync"] and (tmp_path / "COMPLETE").read_bytes() == b"7\n"
+
+
+def test_saving_an_iteration_again_replaces_it_and_a_failed_publication_brings_the_old_back(tmp_path, monkeypatch):
+    """The same iteration saved again (a run resumed from iteration 1 that saves at 1): the new copy takes
+    its place, the `.replaced-` folder of the old one is removed, and the latest file names it. When writing
+    the latest file fails after the swap, the old copy comes back and the new one is left unpublished."""
+    save = str(tmp_path)
+    first = saver.CheckpointWriter(save, 0, 1, "a" * 10, log=lambda msg: None)
+    _save(first, 1, 1)
+    second = saver.CheckpointWriter(save, 0, 1, "b" * 10, log=lambda msg: None)
+    _save(second, 1, 2)
+    assert list_complete(save) == [1] and _value(save, 1) == 2 and read_latest(save) == 1
+    assert sorted(os.listdir(save)) == ["iter_0000001", LATEST_FILE]
+
+    def failing_write_latest(save_dir, iteration):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(saver, "write_latest", failing_write_latest)
+    third = saver.CheckpointWriter(save, 0, 1, "c" * 10, log=lambda msg: None)
+    with pytest.raises(OSError, match="No space left"):
+        _save(third, 1, 3)
+    monkeypatch.undo()
+    assert list_complete(save) == [1] and _value(save, 1) == 2 and read_latest(save) == 1
+    assert not any(".replaced-" in name for name in os.listdir(save))
+    assert not any(os.path.exists(os.path.join(save, name, COMPLETE_MARKER))
+                   for name in os.listdir(save) if ".partial-" in name)

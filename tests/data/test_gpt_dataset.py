@@ -391,3 +391,26 @@ def test_a_cached_index_is_not_reused_for_other_documents_or_sizes(tmp_path, fir
     want = GPTDataset(ds, second[0], second[1], opts, seed=1, use_cache=False)
     assert len(got) == len(want) >= second[1]
     assert all(np.array_equal(got[i]["tokens"], want[i]["tokens"]) for i in range(len(want)))
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_pickled_dataset_samples_as_the_original(tmp_path, use_cache):
+    """A loader worker started by spawn or forkserver (macOS; Python 3.14's default on Linux) gets the
+    dataset pickled: with an index cache its index arrays are not sent but read back from the cache,
+    without one they travel by value; either way the worker's samples are the parent's."""
+    import pickle
+
+    prefix, _ = make_corpus(tmp_path)
+    ds = IndexedDataset(prefix)
+    cache = str(tmp_path / "cache") if use_cache else None
+    a = GPTDataset(ds, np.arange(37), 300, SampleOptions(8, 999), seed=3, cache_dir=cache, use_cache=use_cache)
+    blob = pickle.dumps(a)
+    arrays_bytes = sum(np.asarray(getattr(a, k)).nbytes for k in ("document_index", "sample_index", "shuffle_index"))
+    assert (len(blob) < arrays_bytes) == use_cache, (len(blob), arrays_bytes)
+    b = pickle.loads(blob)
+    assert len(b) == len(a) >= 300
+    for k in ("document_index", "sample_index", "shuffle_index"):
+        np.testing.assert_array_equal(getattr(b, k), getattr(a, k))
+    for i in range(len(a)):
+        for key, value in a[i].items():
+            np.testing.assert_array_equal(b[i][key], value)

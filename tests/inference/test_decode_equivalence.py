@@ -259,3 +259,19 @@ def test_interleaved_prompts_are_regrouped_by_their_prefixes(tiny_model, monkeyp
     together = decode.generate(tiny_model, prompts, 3, decode.SamplingParams(greedy=True), return_logprobs=True, top=2)
     assert calls[:4] == [(1, 12), (4, 1), (1, 12), (4, 1)], calls
     assert_rows_as_alone(tiny_model, prompts, together, 3)
+
+
+def test_answers_of_one_length_around_a_longer_one_run_as_their_consecutive_runs(tiny_model, monkeypatch):
+    """Answers " A", " B x", " C", " D" of one question: the one-token answers are not consecutive rows (the
+    two-token one lies between them), so " A" runs alone and " C", " D" as one forward; a forward of rows that
+    are not consecutive would fill another prompt's row. Every row scores and generates as alone (fp32, 1e-5)."""
+    from megatron_zaya.inference import decode
+
+    torch.manual_seed(11)
+    question = torch.randint(0, 500, (12,)).tolist()
+    prompts = [question + answer for answer in ([11], [12, 5], [13], [14])]
+    calls = recorded_forwards(monkeypatch)
+    together = decode.generate(tiny_model, prompts, 2, decode.SamplingParams(greedy=True), return_logprobs=True, top=2)
+    prefill_calls = calls[:-1]                                 # the last call is the decode step of every row
+    assert prefill_calls[0] == (1, 12) and sorted(prefill_calls[1:]) == [(1, 1), (1, 2), (2, 1)], calls
+    assert_rows_as_alone(tiny_model, prompts, together, 2)

@@ -207,3 +207,34 @@ def test_evaluate_names_a_blend_member_whose_split_is_empty(hf_checkpoint, datas
                                     "8000", "--seq-length", str(SEQ), "--eval-iters", "2"])
     assert stopped.value.code == 2
     assert "small_text_document" in capsys.readouterr().err
+
+
+def test_per_dataset_tensorboard_has_each_sets_own_scalars(hf_checkpoint, dataset_prefix, tmp_path):
+    """--per-dataset --tensorboard-dir: each dataset's loss and routing under valid/<its name>, at --step,
+    the values of its entry in the JSON report, which are those of evaluating it alone."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    other = str(tmp_path / "other_text_document")
+    rng = np.random.default_rng(1)
+    with IndexedDatasetWriter(other, np.uint16) as writer:
+        for _ in range(30):
+            writer.add_document(rng.integers(0, 7999, size=int(rng.integers(10, 60))).tolist() + [8000])
+    common = ["--load", str(hf_checkpoint), "--split", "60,40,0", "--tokenizer-type", "NullTokenizer",
+              "--tokenizer-model", "8000", "--seq-length", str(SEQ), "--micro-batch-size", "3", "--eval-iters", "2"]
+    tool = load_tool("evaluate")
+    tb, out_json = tmp_path / "tb", tmp_path / "eval.json"
+    assert tool.main(common + ["--data-path", dataset_prefix, other, "--per-dataset", "--tensorboard-dir", str(tb),
+                               "--step", "11", "--output-json", str(out_json)]) == 0
+    sets = json.loads(out_json.read_text())["datasets"]
+    assert len(sets) == 2
+    acc = EventAccumulator(str(tb))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    for (name, entry), prefix in zip(sets.items(), (dataset_prefix, other)):
+        loss = acc.Scalars(f"valid/{name}/loss")
+        assert [e.step for e in loss] == [11] and loss[0].value == pytest.approx(entry["loss"], rel=1e-6)
+        assert f"valid/{name}-routing/layer_00/skip_rate" in tags
+        alone = tmp_path / f"alone_{name}.json"
+        assert tool.main(common + ["--data-path", prefix, "--output-json", str(alone)]) == 0
+        assert json.loads(alone.read_text())["loss"] == pytest.approx(entry["loss"], abs=1e-6)
+    assert sets[list(sets)[0]]["loss"] != pytest.approx(sets[list(sets)[1]]["loss"], abs=1e-4)

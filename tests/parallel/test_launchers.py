@@ -245,3 +245,39 @@ def test_a_rank_ends_when_its_torchrun_is_killed():
             os.kill(child, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_socket_ifname_picks_interfaces_as_nccl_reads_the_variable(monkeypatch):
+    """NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME (the address rank 0 offers an mpirun job without MASTER_ADDR):
+    "eth" any interface whose name starts so, "=eth0" that one exactly, a comma list several, "^..." an
+    exclusion list that names none; interfaces without an IPv4 address are left out."""
+    addresses = {"lo": "127.0.0.1", "eth0": "10.0.0.5", "eth10": "10.0.1.5", "ib0": "192.168.7.2", "docker0": None}
+    monkeypatch.setattr(launch.socket, "if_nameindex", lambda: list(enumerate(addresses, 1)))
+    monkeypatch.setattr(launch, "_interface_address", addresses.get)
+    for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+        monkeypatch.delenv(var, raising=False)
+    assert launch._socket_ifname_addresses() == []
+    cases = {"eth": ["10.0.0.5", "10.0.1.5"], "=eth1": [], "=eth0": ["10.0.0.5"], "eth1": ["10.0.1.5"],
+             "ib,eth0": ["192.168.7.2", "10.0.0.5"], "=ib0,eth10": ["192.168.7.2", "10.0.1.5"],
+             "^lo,docker": [], "^docker,eth0": [], "docker": [], "": []}
+    for spec, expected in cases.items():
+        monkeypatch.setenv("NCCL_SOCKET_IFNAME", spec)
+        assert launch._socket_ifname_addresses() == expected, spec
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "=lo")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ib")
+    assert launch._socket_ifname_addresses() == ["127.0.0.1", "192.168.7.2"]
+    # what rank 0 offers: the named interface's address before the outward route's
+    monkeypatch.setattr(launch, "_hostname_addresses", lambda: ["127.0.1.1"])
+    monkeypatch.setattr(launch, "_route_addresses", lambda: ["10.9.9.9"])
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "=eth10")
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    assert launch._host_address() == "10.0.1.5"
+
+
+def test_interface_address_reads_the_kernels_ipv4_address():
+    if not sys.platform.startswith("linux"):
+        pytest.skip("SIOCGIFADDR is Linux's")
+    names = [name for _, name in socket.if_nameindex()]
+    if "lo" in names:
+        assert launch._interface_address("lo") == "127.0.0.1"
+    assert launch._interface_address("no-such-if0") is None

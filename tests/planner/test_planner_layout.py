@@ -108,3 +108,29 @@ def test_moe_recompute_is_offered_for_the_32k_phase_on_one_node():
 def test_recompute_module_errors_name_the_flag(kwargs, message):
     with pytest.raises(LayoutError, match=message):
         ParallelLayout(8, 4096, 1, 8, **kwargs).validate(BASE)
+
+
+def test_zero1_with_one_more_change_is_offered_when_no_single_change_fits():
+    """Eight 96 GB GPUs, micro batch 4: neither ZeRO-1 nor any one other change fits, ZeRO-1 with a micro
+    batch of 1 does (with 2 it does not): that pair is the one remedy offered, and its plan is the plan of
+    that layout."""
+    cluster = cluster_from_preset("h100", memory_gb=96)
+    layout = ParallelLayout(8, 4096, 4, 64)
+    plan = make_plan(BASE, layout, cluster)
+    assert not plan.fits and not layout.zero1
+
+    def fits(**changes):
+        import dataclasses
+        return make_plan(BASE, dataclasses.replace(layout, **changes), cluster).fits
+
+    singles = [dict(zero1=True), dict(micro_batch_size=2), dict(micro_batch_size=1), dict(recompute="selective"),
+               dict(recompute="full"), dict(context_parallel=2), dict(context_parallel=4), dict(context_parallel=8),
+               dict(expert_parallel=2), dict(expert_parallel=4), dict(expert_parallel=8),
+               dict(tensor_parallel=2, sequence_parallel=True)]  # (TP 4 and 8 do not divide the 2 KV heads)
+    assert not any(fits(**c) for c in singles)
+    assert fits(zero1=True, micro_batch_size=1) and not fits(zero1=True, micro_batch_size=2)
+    offered = fixes(plan)
+    assert [d for d, _ in offered] == ["enable ZeRO-1 and smaller micro batch (--micro-batch-size 1)"]
+    fixed = offered[0][1]
+    assert fixed.fits and fixed.layout.zero1 and fixed.layout.micro_batch_size == 1
+    assert fixed.memory_total == make_plan(BASE, ParallelLayout(8, 4096, 1, 64, zero1=True), cluster).memory_total
