@@ -67,17 +67,32 @@ class RunConfig:
 
 
 def world_size_from_env() -> int:
-    """WORLD_SIZE when set (torchrun's, or given to plan a cluster's run: `WORLD_SIZE=1024 ... --dry-run`),
-    else the world size the launcher gives this process (parallel.launch.detect_launcher): an sbatch script
-    or salloc shell with SLURM_NTASKS=8 runs ONE process (detect_launcher warns about it at start-up)."""
-    if os.environ.get("WORLD_SIZE"):
-        return int(os.environ["WORLD_SIZE"])
+    """The world size the launcher gives this process (parallel.launch.detect_launcher: torchrun's
+    WORLD_SIZE, mpirun's, srun's); without a launcher, WORLD_SIZE when set (a cluster's run planned on one
+    machine: `WORLD_SIZE=1024 ... --dry-run`), else 1: an sbatch script or salloc shell with SLURM_NTASKS=8
+    runs ONE process (detect_launcher warns about it at start-up). A WORLD_SIZE that another launcher's count
+    contradicts is refused: each rank would plan another layout than the one it runs in."""
     import warnings
 
     from megatron_zaya.parallel.launch import detect_launcher
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        return detect_launcher().world_size
+        info = detect_launcher()
+    given = os.environ.get("WORLD_SIZE", "")
+    if info.launcher == "none":
+        if not given:
+            return 1
+        try:
+            size = int(given)
+        except ValueError:
+            raise UserInputError(f"WORLD_SIZE={given!r}: not a whole number") from None
+        if size < 1:
+            raise UserInputError(f"WORLD_SIZE={size}: must be at least 1")
+        return size
+    if given and given != str(info.world_size):
+        raise UserInputError(f"WORLD_SIZE={given} in the environment, but {info.launcher} started {info.world_size} "
+                             f"processes: unset WORLD_SIZE (it is for planning a run with --dry-run)")
+    return info.world_size
 
 
 def parse_args(argv=None) -> RunConfig:

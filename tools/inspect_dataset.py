@@ -96,8 +96,9 @@ def main(argv=None) -> int:
     try:
         tokenizer, source = report_tokenizer(args, prefix)
         report = dataset_report(prefix, tokenizer, args.documents, args.max_chars, scan=args.scan, progress=progress)
-    except UserInputError as err:       # IndexedDatasetError included
-        parser.error(str(err))
+    except UserInputError as err:       # IndexedDatasetError included: one line, as the docstring says
+        print(f"inspect_dataset.py: error: {err}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps({**report, "decoded_by": source}, indent=1, ensure_ascii=False))
     else:

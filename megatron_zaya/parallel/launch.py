@@ -15,12 +15,14 @@ Launchers understood (first match wins):
 MASTER_ADDR / MASTER_PORT from the environment always win. Otherwise: under MPI, rank 0 picks a
 non-loopback address of its host and a free port and broadcasts them with mpi4py (an error naming
 MASTER_ADDR when it has only a loopback address and the ranks span several hosts); under Slurm the
-first host of SLURM_JOB_NODELIST and a port derived from SLURM_JOB_ID; a single process uses an
-in-memory store.
+first host of the step's node list (SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST) and a port derived from
+SLURM_JOB_ID and the step id (two jobs whose ids differ by a multiple of 17000 get the same one: set
+MASTER_PORT where jobs share a node); a single process uses an in-memory store.
 
 A single process with no launcher still initialises a 1-process group (so every collective in
 the code runs unchanged). Backend: "nccl" when a GPU is visible (RCCL on ROCm), "gloo" otherwise;
-the device is cuda:LOCAL_RANK (or the CPU).
+the device is cuda:LOCAL_RANK (cuda:0 for a task that sees one GPU; more ranks than GPUs on a node is an
+error), or the CPU.
 """
 from __future__ import annotations
 
@@ -85,16 +87,20 @@ def _env_int(env, *names, default=None):
     return default
 
 
-def _rank_and_size(env, rank: str, size: str) -> tuple[int, int]:
-    """An MPI launcher's rank and world size variables, which come in pairs: a clear error for an
-    environment that has one without the other (a half-copied job script) or a value that is no number."""
+def _rank_and_size(env, rank: str, size: str, launcher: str = "mpirun") -> tuple[int, int]:
+    """A launcher's rank and world size variables, which come in pairs: a clear error for an environment
+    that has one without the other (a half-copied job script), a value that is no number, or a rank
+    outside the world."""
     if env.get(size, "") == "":
-        raise UserInputError(f"{rank} is set but {size} is not: a process started by mpirun has both (unset "
+        raise UserInputError(f"{rank} is set but {size} is not: a process started by {launcher} has both (unset "
                              f"{rank} to run as one process, or start the ranks with mpirun, srun or torchrun)")
     try:
-        return int(env[rank]), int(env[size])
+        values = int(env[rank]), int(env[size])
     except ValueError:
         raise UserInputError(f"{rank}={env[rank]!r}, {size}={env[size]!r}: not whole numbers") from None
+    if not 0 <= values[0] < values[1]:
+        raise UserInputError(f"{rank}={values[0]}, {size}={values[1]}: the rank must be in [0, {size})")
+    return values
 
 
 # Slurm's special step ids (slurm.h; 0xfffffffa.. since 20.11, 0xfffffffe/0xffffffff before): the batch
@@ -121,8 +127,8 @@ def detect_launcher(env=None) -> LaunchInfo:
     env = os.environ if env is None else env
     addr = env.get("MASTER_ADDR") or None
     port = _env_int(env, "MASTER_PORT")
-    if "RANK" in env and "WORLD_SIZE" in env:
-        return LaunchInfo("torchrun", int(env["RANK"]), int(env["WORLD_SIZE"]),
+    if env.get("RANK", "") != "":        # (WORLD_SIZE alone plans a run: `WORLD_SIZE=1024 ... --dry-run`)
+        return LaunchInfo("torchrun", *_rank_and_size(env, "RANK", "WORLD_SIZE", "torchrun"),
                           _env_int(env, "LOCAL_RANK", default=0), addr, port)
     if "OMPI_COMM_WORLD_RANK" in env:
         return LaunchInfo("openmpi", *_rank_and_size(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
@@ -140,8 +146,8 @@ def detect_launcher(env=None) -> LaunchInfo:
         if addr is None and nodelist:
             addr = expand_slurm_nodelist(nodelist)[0]
         if port is None and env.get("SLURM_JOB_ID"):   # the same on every task of the step, another per step
-            port = SLURM_PORT_BASE + (int(env["SLURM_JOB_ID"]) + 1009 * _env_int(env, "SLURM_STEP_ID", default=0)) \
-                % SLURM_PORTS
+            step = _env_int(env, "SLURM_STEP_ID", "SLURM_STEPID", default=0)
+            port = SLURM_PORT_BASE + (int(env["SLURM_JOB_ID"]) + 1009 * step) % SLURM_PORTS
         return LaunchInfo("slurm", int(env["SLURM_PROCID"]),
                           _env_int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS", default=1),
                           _env_int(env, "SLURM_LOCALID", default=0), addr, port)
@@ -284,12 +290,21 @@ def end_with_the_launcher(env=None) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def gpu_index(local_rank: int, visible: int) -> int:
+    """This rank's GPU: its local rank among the node's visible GPUs, or the only one a task sees (Slurm's
+    --gpus-per-task). More ranks on a node than GPUs would share them: an error, not NCCL's later one."""
+    if visible > 1 and local_rank >= visible:
+        raise UserInputError(f"local rank {local_rank} but {visible} GPUs visible on this node: start at most one "
+                             f"process per GPU (--ntasks-per-node / --nproc-per-node <= {visible})")
+    return local_rank % max(1, visible)
+
+
 def init_distributed(backend: str | None = None, timeout_minutes: float = DEFAULT_TIMEOUT_MINUTES) -> DistEnv:
     """Initialise torch.distributed from the launcher's environment; returns this process's DistEnv.
     Idempotent: when a group already exists it only reports it."""
     info = detect_launcher()
     use_gpu = torch.cuda.is_available()
-    device = torch.device("cuda", info.local_rank % max(1, torch.cuda.device_count())) if use_gpu \
+    device = torch.device("cuda", gpu_index(info.local_rank, torch.cuda.device_count())) if use_gpu \
         else torch.device("cpu")
     if use_gpu:
         torch.cuda.set_device(device)
@@ -305,8 +320,8 @@ def init_distributed(backend: str | None = None, timeout_minutes: float = DEFAUL
     if info.launcher in ("openmpi", "mpich") and (info.master_addr is None or info.master_port is None):
         info = _agree_with_mpi(info)
     if info.master_addr is None or info.master_port is None:
-        raise RuntimeError(f"launched by {info.launcher}: MASTER_ADDR and MASTER_PORT are needed "
-                           f"(got {info.master_addr}:{info.master_port})")
+        raise UserInputError(f"launched by {info.launcher}: MASTER_ADDR and MASTER_PORT are needed "
+                             f"(got {info.master_addr}:{info.master_port})")
     dist.init_process_group(backend, init_method=f"tcp://{info.master_addr}:{info.master_port}",
                             rank=info.rank, world_size=info.world_size, timeout=timeout)
     return DistEnv(info.rank, info.world_size, info.local_rank, device, backend, info.launcher,

@@ -109,6 +109,62 @@ def test_half_an_mpi_environment_is_a_clear_error():
     assert "error: OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not" in result.stderr
 
 
+def test_torchrun_variables_are_checked_as_the_mpi_ones():
+    """RANK without WORLD_SIZE ran as rank 0 of 1; a value that is no number was a ValueError traceback; a rank
+    outside the world waited for peers until the rendezvous timed out. WORLD_SIZE alone plans a run."""
+    from megatron_zaya.errors import UserInputError
+    with pytest.raises(UserInputError, match="^RANK is set but WORLD_SIZE is not: a process started by torchrun"):
+        detect_launcher({"RANK": "1"})
+    with pytest.raises(UserInputError, match="RANK='x', WORLD_SIZE='2': not whole numbers"):
+        detect_launcher({"RANK": "x", "WORLD_SIZE": "2"})
+    for rank, size in (("2", "2"), ("-1", "2"), ("0", "0")):
+        with pytest.raises(UserInputError, match=rf"RANK={rank}, WORLD_SIZE={size}: the rank must be in \[0, "):
+            detect_launcher({"RANK": rank, "WORLD_SIZE": size})
+    info = detect_launcher({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"})
+    assert (info.launcher, info.rank, info.world_size, info.local_rank) == ("torchrun", 1, 2, 1)
+    assert detect_launcher({"WORLD_SIZE": "1024"}).launcher == "none"
+
+
+def test_a_world_size_the_launcher_contradicts_is_refused(monkeypatch):
+    """WORLD_SIZE=1 exported into an mpirun job of 2: each rank planned a one-process layout and trained alone,
+    both saving into one --save folder; WORLD_SIZE=4 there misreported the layout. Without a launcher,
+    WORLD_SIZE plans the layout (--dry-run)."""
+    from megatron_zaya.arguments import world_size_from_env
+    from megatron_zaya.errors import UserInputError
+    for name in list(os.environ):
+        if name.startswith(("OMPI_", "PMI_", "SLURM_", "MPI_")) or name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            monkeypatch.delenv(name)
+    assert world_size_from_env() == 1
+    monkeypatch.setenv("WORLD_SIZE", "1024")
+    assert world_size_from_env() == 1024
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    for stray in ("1", "4"):
+        monkeypatch.setenv("WORLD_SIZE", stray)
+        with pytest.raises(UserInputError, match=f"WORLD_SIZE={stray} in the environment, but openmpi started 2 "):
+            world_size_from_env()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert world_size_from_env() == 2
+    monkeypatch.delenv("WORLD_SIZE")
+    assert world_size_from_env() == 2
+
+
+def test_more_ranks_on_a_node_than_gpus_is_refused():
+    assert [launch.gpu_index(r, 8) for r in (0, 7)] == [0, 7]
+    assert launch.gpu_index(5, 1) == 0 and launch.gpu_index(0, 0) == 0     # a task that sees one GPU: its own
+    from megatron_zaya.errors import UserInputError
+    with pytest.raises(UserInputError, match=r"local rank 8 but 8 GPUs visible on this node"):
+        launch.gpu_index(8, 8)
+
+
+def test_a_slurm_steps_port_reads_the_older_step_variable_too():
+    base = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "100", "SLURM_NODELIST": "n1"}
+    new = detect_launcher({**base, "SLURM_STEP_ID": "1"}).master_port
+    old = detect_launcher({**base, "SLURM_STEPID": "1"}).master_port
+    assert new == old == launch.SLURM_PORT_BASE + 100 + 1009
+    assert detect_launcher({**base, "SLURM_STEP_ID": "0"}).master_port == launch.SLURM_PORT_BASE + 100
+
+
 def test_mpi4py_of_another_mpi_is_a_clear_error(monkeypatch):
     """mpirun says rank 1 of 2, mpi4py's MPI (e.g. pip's Open MPI under MPICH's mpirun) says a singleton."""
     comm = types.SimpleNamespace(Get_size=lambda: 1, Get_rank=lambda: 0, bcast=lambda *a, **k: None)
