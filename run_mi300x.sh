@@ -280,19 +280,23 @@ else
     add EVAL_ITERS --eval-iters
     [[ -n $TENSORBOARD_DIR ]] && ARGS+=(--tensorboard-dir "$TENSORBOARD_DIR")
 fi
-# The iteration of CKPT_DIR's latest checkpoint, or "none": the one latest_checkpointed_iteration.txt names,
-# else the newest complete iter_N folder (a save stopped between publishing its folder and writing the file,
-# which the trainer's next start completes).
+# The iteration the trainer's --load of CKPT_DIR continues from (checkpoint/format.py's named_latest), or
+# "none": the one latest_checkpointed_iteration.txt names, or a newer complete iter_N folder completed after
+# the file was written (a save stopped between publishing its folder and updating the file, which the
+# trainer's next start completes), or without a readable file the newest complete folder.
 latest_iteration() {
-    local f=$CKPT_DIR/latest_checkpointed_iteration.txt marker it newest=none
+    local f=$CKPT_DIR/latest_checkpointed_iteration.txt marker it named= newest=none
     [[ -z $CKPT_DIR ]] && { echo none; return; }
-    if [[ -s $f ]]; then tr -d '[:space:]' < "$f"; return; fi
+    [[ -s $f ]] && named=$(tr -d '[:space:]' < "$f")
     for marker in "$CKPT_DIR"/iter_*/COMPLETE; do
         it=${marker%/COMPLETE}; it=${it##*/iter_}
         [[ -f $marker && $it =~ ^[0-9]+$ ]] || continue
+        if [[ $named =~ ^[0-9]+$ ]]; then      # only past the named one, completed after the file
+            (( 10#$it > 10#$named )) && ! [[ $f -nt $marker ]] || continue
+        fi
         if [[ $newest == none ]] || (( 10#$it > newest )); then newest=$(( 10#$it )); fi
     done
-    echo "$newest"
+    if [[ $newest != none || -z $named ]]; then echo "$newest"; else echo "$named"; fi
 }
 
 # --load: this run's own checkpoints; before the first one exists, INIT_CKPT_DIR (e.g. the previous phase).

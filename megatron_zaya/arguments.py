@@ -66,20 +66,21 @@ class RunConfig:
     warnings: list[str] = field(default_factory=list)   # printed once by the main rank at start-up
 
 
-def world_size_from_env() -> int:
+def world_size_from_env(planning: bool = False) -> int:
     """The world size the launcher gives this process (parallel.launch.detect_launcher: torchrun's
-    WORLD_SIZE, mpirun's, srun's); without a launcher, WORLD_SIZE when set (a cluster's run planned on one
-    machine: `WORLD_SIZE=1024 ... --dry-run`), else 1: an sbatch script or salloc shell with SLURM_NTASKS=8
-    runs ONE process (detect_launcher warns about it at start-up). A WORLD_SIZE that another launcher's count
-    contradicts is refused: each rank would plan another layout than the one it runs in."""
+    WORLD_SIZE, mpirun's, srun's); without a launcher, or when `planning` (--dry-run, which starts no
+    process group: also inside an `srun --pty bash` step), WORLD_SIZE when set (a cluster's run planned on
+    one machine: `WORLD_SIZE=1024 ... --dry-run`), else 1: an sbatch script or salloc shell with
+    SLURM_NTASKS=8 runs ONE process (detect_launcher warns about it at start-up). A WORLD_SIZE that another
+    launcher's count contradicts is refused: each rank would plan another layout than the one it runs in."""
     import warnings
 
     from megatron_zaya.parallel.launch import detect_launcher
+    given = os.environ.get("WORLD_SIZE", "")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        info = detect_launcher()
-    given = os.environ.get("WORLD_SIZE", "")
-    if info.launcher == "none":
+        info = detect_launcher() if not (planning and given) else None
+    if info is None or info.launcher == "none":
         if not given:
             return 1
         try:
@@ -493,7 +494,8 @@ def validate(args: argparse.Namespace) -> RunConfig:
         warnings.append("--sequence-parallel is off: it splits sequences over tensor-parallel ranks, and "
                         "--tensor-model-parallel-size is 1")
         args.sequence_parallel = False
-    parallel = ParallelSizes(world_size_from_env(), args.tensor_model_parallel_size, args.context_parallel_size,
+    parallel = ParallelSizes(world_size_from_env(planning=args.dry_run), args.tensor_model_parallel_size,
+                             args.context_parallel_size,
                              args.expert_model_parallel_size, args.sequence_parallel, args.use_distributed_optimizer,
                              args.ddp_bucket_size or DEFAULT_BUCKET_SIZE, args.ddp_num_buckets)
     check_layout(parallel.world_size, parallel.tensor_model_parallel_size, parallel.context_parallel_size,

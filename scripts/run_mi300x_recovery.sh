@@ -92,7 +92,7 @@ after_training_step() {
 restart_after_failure() {
     local node rank rc sig f n t ok EXCLUDE BAD_LIST JOB_INFO LIMIT MAIL_TYPE NEW FROM
     local -A BAD=() SEEN=()
-    local OWN=() STOPPED=() HUNG=() REFUSED=() NODES=() SUB=() CARRIED=() GRES=() tres=() sba=() ra=()
+    local OWN=() STOPPED=() HUNG=() NODES=() SUB=() CARRIED=() GRES=() tres=() sba=() ra=()
     if training_done; then
         log "warning: exit code $RC, but the last checkpoint is iteration $(latest_iteration) = END_ITER: the run" \
             "is complete (a rank failed while shutting down; see $ATTEMPT_DIR/exit/)"
@@ -108,10 +108,7 @@ restart_after_failure() {
     #    a trainer can die of the signal before its task wrapper records it; a peer's failure also makes
     #    RCCL/NCCL abort the healthy ranks;
     #  - 124, the trainer's hang watchdog (megatron_zaya/training/watchdog.py): every rank waiting in a hung
-    #    collective fires it, the healthy ones included. HEALTH_CHECK_CMD is the tool that finds a bad node;
-    #  - 2, the trainer refusing its input (a bad flag, file or value: pretrain_zaya.py): every rank would
-    #    refuse it, but srun stops the others once the first has, so it is seldom seen on every node. A
-    #    restart would be refused the same way: the job gives up, blaming no node.
+    #    collective fires it, the healthy ones included. HEALTH_CHECK_CMD is the tool that finds a bad node.
     local SELF_FAULTS="132 135 136 139"
     for f in "$ATTEMPT_DIR"/exit/rank-*; do
         [[ -f $f ]] || continue
@@ -121,8 +118,6 @@ restart_after_failure() {
             continue
         elif [[ $rc == 124 ]]; then
             HUNG+=("$rank")
-        elif [[ $rc == 2 && $sig == none ]]; then
-            REFUSED+=("$rank@$node")
         elif [[ $sig != none || ! $rc =~ ^[0-9]+$ ]] ||
              { (( rc >= 128 )) && [[ " $SELF_FAULTS " != *" $rc "* ]]; }; then
             STOPPED+=("$rank")
@@ -133,12 +128,6 @@ restart_after_failure() {
     done
     log "exit records: ${#OWN[@]} rank(s) failed by themselves${OWN:+ (${OWN[*]})}, ${#STOPPED[@]} stopped by a" \
         "signal, ${#HUNG[@]} stopped by the hang watchdog (124), $(( WORLD - ${#SEEN[@]} )) missing"
-    if (( ${#REFUSED[@]} > 0 && ${#BAD[@]} == 0 )); then
-        log "giving up: rank(s) ${REFUSED[*]} refused the run's input (exit code 2: a bad flag, file or value; the" \
-            "error is the last line of $ATTEMPT_DIR/rank-*.log); a restart would be refused the same way, so no" \
-            "node is blamed"
-        exit 2
-    fi
     if (( ${#BAD[@]} == 0 )); then
         # No rank reported its own failure: blame the nodes whose ranks never reported (lost nodes).
         mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")

@@ -433,6 +433,10 @@ def run(cfg: PreprocessConfig, should_stop: Callable[[], bool] = lambda: False) 
                     consume(result)
         if stats.documents == 0:
             raise EmptyInputError(f"--input {' '.join(cfg.input)}: no documents to write ({_why_empty(cfg, stats)})")
+        textless = [k for k in cfg.json_keys if not stats.key_tokens.get(k)]
+        if textless:       # a misspelt or unused key of several: its output would hold empty documents only
+            raise EmptyInputError(f"--json-keys {' '.join(cfg.json_keys)}: no record has text under "
+                                  f"{textless[0]!r} ({stats.documents:,} documents, every one empty there)")
         # Every output is complete on disk before any existing file is touched (see commit()). The old
         # tokenizer record goes first and the new one comes last: an interruption between them leaves a
         # dataset without a record (not checked), never one with another dataset's.

@@ -180,6 +180,18 @@ def test_several_keys_stay_aligned(tmp_path, workers, extra, capsys):
     assert "key 'a' is not a string: 1" in summary
 
 
+def test_a_key_without_text_in_any_record_writes_nothing(tmp_path, capsys):
+    """With several keys, a key empty in every record would give an output of empty documents only (a
+    dataset that fails much later, in training): refused like an input without documents."""
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"q": "", "a": f"{i} {i + 1}"}) + "\n" for i in range(4)))
+    assert run_tool("--input", path, "--json-keys", "q", "a", "--output-prefix", tmp_path / "o", "--tokenizer-type",
+                    "NullTokenizer", "--tokenizer-model", 100) == 1
+    assert "--json-keys q a: no record has text under 'q' (4 documents, every one empty there)" in \
+        capsys.readouterr().err
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("o_")]
+
+
 def test_several_keys_need_jsonl_only(tmp_path, capsys):
     (tmp_path / "a.jsonl").write_text(json.dumps({"q": "1", "a": "2"}) + "\n")
     (tmp_path / "b.txt").write_text("3 4")

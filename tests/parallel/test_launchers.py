@@ -147,6 +147,14 @@ def test_a_world_size_the_launcher_contradicts_is_refused(monkeypatch):
     assert world_size_from_env() == 2
     monkeypatch.delenv("WORLD_SIZE")
     assert world_size_from_env() == 2
+    # --dry-run starts no process group: WORLD_SIZE plans the run even inside a launcher's step (srun --pty bash)
+    for name in ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(name)
+    for name, value in (("SLURM_PROCID", "0"), ("SLURM_STEP_ID", "0"), ("SLURM_NTASKS", "1"), ("WORLD_SIZE", "1024")):
+        monkeypatch.setenv(name, value)
+    assert world_size_from_env(planning=True) == 1024
+    with pytest.raises(UserInputError, match="WORLD_SIZE=1024 in the environment, but slurm started 1 "):
+        world_size_from_env()
 
 
 def test_more_ranks_on_a_node_than_gpus_is_refused():

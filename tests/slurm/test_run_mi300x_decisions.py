@@ -75,17 +75,6 @@ def test_watchdog_exits_blame_no_node(fake, tmp_path):
     assert arg(sub["argv"], "--exclude") is None
 
 
-def test_a_refused_input_gives_up_blaming_no_node(fake, tmp_path):
-    """Exit code 2 is the trainer refusing a flag, file or value: every rank would, but srun stops the others
-    (143) once the first has. A restart would be refused the same way: no node excluded, no resubmission."""
-    write_latest(str(tmp_path / "ckpt"), 5)
-    r = fake.run_launcher(FAKE_RC="143 2 143 143")
-    log = fake.launcher_log()
-    assert "giving up: rank(s) 1@n1 refused the run's input (exit code 2" in log, log
-    assert "failed nodes" not in log and not fake.calls("sbatch"), log
-    assert r.returncode == 2
-
-
 def test_resubmission_keeps_the_users_settings_and_drops_the_jobs_variables(fake, tmp_path):
     write_latest(str(tmp_path / "ckpt"), 5)
     info = ("JobId=4242 JobName=fake Account=proj QOS=high Partition=mi300x TimeLimit=12:00:00 "
@@ -172,6 +161,32 @@ def test_finished_run_starts_no_training(fake, tmp_path):
     assert len(fake.training_sruns()) == 1
 
 
+def test_a_final_save_stopped_before_the_latest_file_counts_as_the_runs_latest(fake, tmp_path):
+    """iter_0000008 (= END_ITER) was published, COMPLETE written after the latest file that still names 4: the
+    trainer's --load continues from 8 (format.named_latest), so the launcher must not train again. A complete
+    folder the file was written after (the user pointed the file back on purpose) does not count."""
+    import time
+
+    from megatron_zaya.checkpoint.format import named_latest
+    ckpt = tmp_path / "ckpt"
+    for it in (4, 8):
+        (ckpt / f"iter_{it:07d}").mkdir(parents=True)
+        (ckpt / f"iter_{it:07d}" / "COMPLETE").write_text(f"{it}\n")
+        if it == 4:
+            time.sleep(0.05)
+            write_latest(str(ckpt), 4)
+            time.sleep(0.05)
+    assert named_latest(str(ckpt)) == 8
+    fake.run_launcher(END_ITER="8")
+    log = fake.launcher_log()
+    assert fake.training_sruns() == [] and "already at END_ITER=8" in log, log
+    time.sleep(0.05)
+    write_latest(str(ckpt), 4)             # written after iter_0000008 was completed: it names the latest
+    assert named_latest(str(ckpt)) == 4
+    fake.run_launcher(END_ITER="8", FAKE_WRITES_ITER="8")
+    assert len(fake.training_sruns()) == 1, fake.launcher_log()
+
+
 def test_health_check_runs_once_per_node(fake, tmp_path):
     ran = tmp_path / "health"
     write_latest(str(tmp_path / "ckpt"), 5)
@@ -202,13 +217,13 @@ def test_single_node_job_says_what_it_does(fake, tmp_path):
 
 
 def test_a_failure_after_the_time_limit_warning_is_not_requeued(fake, tmp_path):
-    # A short job gets SIGUSR1 within seconds. Every rank then refuses its input (exit 2, a bad flag) with no
+    # A short job gets SIGUSR1 within seconds. Every rank then fails by itself (exit 2, a bad flag) with no
     # new checkpoint and no SIGTERM: a failure (given up at once here), not a requeue up to MAX_REQUEUES.
     write_latest(str(tmp_path / "ckpt"), 5)
     r = fake.run_launcher(FAKE_USR1="1", FAKE_RC="2", TRAIN_ITERS="10", USR1_REPEAT_SECONDS="1")
     log = fake.launcher_log()
     assert "received SIGUSR1" in log and "a failure, not the time limit" in log, log
-    assert "giving up: rank(s) 0@n1 1@n1 2@n2 3@n2 refused the run's input" in log, log
+    assert "giving up: every node failed before a new checkpoint" in log, log
     assert not [c for c in fake.calls("scontrol") if c["argv"][:1] == ["requeue"]], log
     assert r.returncode == 2
     # The trainer saved and exited after the warning: requeued; at MAX_REQUEUES the unfinished run fails.
