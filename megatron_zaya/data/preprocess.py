@@ -221,7 +221,7 @@ class Encoder:
         it = iter(encoded)
         for d, (where, sents) in enumerate(docs):
             doc_ids = [next(it) for _ in sents]
-            if self.trimmer is not None:
+            if self.trimmer is not None and sents:      # (an empty list of sentences: an empty document)
                 if len(sents) != 1:
                     ids, outcome = doc_ids[0], "fit"  # sentence lists are not trimmed
                 else:

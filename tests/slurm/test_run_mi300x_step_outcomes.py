@@ -1,0 +1,130 @@
+"""run_mi300x_recovery.sh's after_training_step with stand-in Slurm commands (fake_slurm.py, about a second per
+case): the time-limit warning on a finished run, srun dying of the warning itself (138), a clean exit before
+END_ITER, and the exit code of a run stopped by SIGTERM.
+
+    python -m pytest -q tests/slurm/test_run_mi300x_step_outcomes.py
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from fake_slurm import FakeSlurm
+
+
+@pytest.fixture
+def fake(tmp_path):
+    return FakeSlurm(tmp_path)
+
+
+def write_latest(ckpt: str, it: int) -> None:
+    os.makedirs(ckpt, exist_ok=True)
+    with open(os.path.join(ckpt, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write(f"{it}\n")
+
+
+def requeues(fake) -> list:
+    return [c for c in fake.calls("scontrol") if c["argv"][:1] == ["requeue"]]
+
+
+def test_the_time_limit_warning_on_a_finished_run_finishes_it(fake, tmp_path):
+    # The trainer wrote its last checkpoint (END_ITER) and exited after Slurm's SIGUSR1: the run is done,
+    # ON_SUCCESS_CMD runs, and the job is not requeued.
+    marker = tmp_path / "next"
+    write_latest(str(tmp_path / "ckpt"), 5)
+    r = fake.run_launcher(FAKE_USR1="1", FAKE_RC="0", FAKE_WRITES_ITER="10", TRAIN_ITERS="10",
+                          USR1_REPEAT_SECONDS="1", ON_SUCCESS_CMD=f"echo next > {marker}")
+    log = fake.launcher_log()
+    assert r.returncode == 0 and "training finished" in log, log
+    assert not requeues(fake) and "requeueing" not in log, log
+    assert marker.read_text().strip() == "next"
+
+
+def test_srun_dying_of_the_warning_itself_is_requeued(fake, tmp_path):
+    # Exit 138 (128 + SIGUSR1) after the warning, with no new checkpoint and no SIGTERM: the warning's doing,
+    # so a requeue, not the failure analysis.
+    write_latest(str(tmp_path / "ckpt"), 5)
+    r = fake.run_launcher(FAKE_USR1="1", FAKE_RC="138", TRAIN_ITERS="10", USR1_REPEAT_SECONDS="1")
+    log = fake.launcher_log()
+    assert len(requeues(fake)) == 1, log
+    assert "a failure, not the time limit" not in log and not fake.calls("sbatch"), log
+    assert r.returncode == 0, log
+
+
+def test_a_clean_exit_before_end_iter_is_requeued_not_finished(fake, tmp_path):
+    marker = tmp_path / "next"
+    write_latest(str(tmp_path / "ckpt"), 2)
+    r = fake.run_launcher(FAKE_RC="0", FAKE_WRITES_ITER="6", TRAIN_ITERS="10", ON_SUCCESS_CMD=f"echo next > {marker}")
+    log = fake.launcher_log()
+    assert "exited cleanly before END_ITER=10" in log and "training finished" not in log, log
+    assert len(requeues(fake)) == 1 and not marker.exists(), log
+    assert r.returncode == 0
+
+
+def arg(argv: list[str], flag: str) -> str | None:
+    values = [a.split("=", 1)[1] for a in argv if a.startswith(flag + "=")]
+    return values[-1] if values else None
+
+
+def test_the_health_check_matches_whole_node_names(fake, tmp_path):
+    # The check fails on n1 only; n10's "OK:n10" must not pass for n1.
+    write_latest(str(tmp_path / "ckpt"), 5)
+    fake.run_launcher(FAKE_RC="143", SLURM_JOB_NODELIST="n1,n10",
+                      HEALTH_CHECK_CMD='[ "$SLURMD_NODENAME" != n1 ]')
+    log = fake.launcher_log()
+    assert "failed nodes: n1" in log, log
+    (sub,) = fake.calls("sbatch")
+    assert arg(sub["argv"], "--exclude") == "n1", sub["argv"]
+
+
+def test_a_restart_keeps_the_nodes_excluded_before_and_lists_each_once(fake, tmp_path):
+    write_latest(str(tmp_path / "ckpt"), 5)
+    fake.run_launcher(FAKE_RC="0 0 0 1", ZAYA_RESTART="1", ZAYA_EXCLUDE="n9", ZAYA_FAILED_AT="4")
+    (sub,) = fake.calls("sbatch")
+    assert arg(sub["argv"], "--exclude") == "n9,n2" and sub["env"]["ZAYA_EXCLUDE"] == "n9,n2", sub["argv"]
+    fake.run_launcher(FAKE_RC="0 0 0 1", EXCLUDE_NODES="n2")
+    (sub,) = fake.calls("sbatch")
+    assert arg(sub["argv"], "--exclude") == "n2", sub["argv"]
+
+
+def test_a_second_failure_at_the_same_checkpoint_gives_up(fake, tmp_path):
+    write_latest(str(tmp_path / "ckpt"), 5)
+    r = fake.run_launcher(FAKE_RC="0 0 0 1", ZAYA_RESTART="1", ZAYA_FAILED_AT="5")
+    log = fake.launcher_log()
+    assert "giving up: failed again at the same checkpoint (5)" in log and not fake.calls("sbatch"), log
+    assert r.returncode == 1
+    fake.run_launcher(FAKE_RC="0 0 0 1", ZAYA_RESTART="1", ZAYA_FAILED_AT="4")
+    assert len(fake.calls("sbatch")) == 1, fake.launcher_log()
+
+
+def test_the_last_allowed_restart_is_used_and_then_it_gives_up(fake, tmp_path):
+    write_latest(str(tmp_path / "ckpt"), 5)
+    fake.run_launcher(FAKE_RC="0 0 0 1", ZAYA_RESTART="2", ZAYA_FAILED_AT="4", MAX_RESTARTS="3")
+    (sub,) = fake.calls("sbatch")
+    assert sub["env"]["ZAYA_RESTART"] == "3"
+    r = fake.run_launcher(FAKE_RC="0 0 0 1", ZAYA_RESTART="3", ZAYA_FAILED_AT="4", MAX_RESTARTS="3")
+    log = fake.launcher_log()
+    assert "giving up: MAX_RESTARTS=3 restarts already used" in log and not fake.calls("sbatch"), log
+    assert r.returncode == 1
+
+
+def test_unset_and_unlimited_job_settings_are_not_carried(fake, tmp_path):
+    write_latest(str(tmp_path / "ckpt"), 5)
+    info = ("JobId=4242 JobName=fake Account=proj Reservation=(null) QOS=N/A TimeLimit=UNLIMITED "
+            "Command=/somewhere/run_mi300x.sh")
+    fake.run_launcher(FAKE_RC="0 0 0 1", FAKE_JOB_INFO=info)
+    (sub,) = fake.calls("sbatch")
+    argv = sub["argv"]
+    assert arg(argv, "--account") == "proj", argv
+    assert arg(argv, "--reservation") is None and arg(argv, "--qos") is None and arg(argv, "--time") is None, argv
+
+
+@pytest.mark.parametrize("fault", ["132", "136"])
+def test_an_illegal_instruction_or_arithmetic_fault_blames_its_node(fake, tmp_path, fault):
+    # 132 (SIGILL) and 136 (SIGFPE) with no signal received: faults of the rank's own execution.
+    write_latest(str(tmp_path / "ckpt"), 5)
+    fake.run_launcher(FAKE_RC=f"143 {fault} 143 137")
+    log = fake.launcher_log()
+    assert "1 rank(s) failed by themselves (1@n1:" in log and "failed nodes: n1" in log, log
+    assert arg(fake.calls("sbatch")[0]["argv"], "--exclude") == "n1"
