@@ -61,7 +61,8 @@ def test_the_first_missing_key_is_named(tmp_path):
 def test_at_most_five_locations_are_remembered_per_reason(tmp_path):
     s = run(tmp_path, ["{broken"] * 7 + ['{"text": "1"}'])
     assert s["skipped"] == {"malformed JSON": 7}
-    assert [e.split(" ")[0].rsplit(":", 1)[1] for e in s["skip_examples"]["malformed JSON"]] == ["1", "2", "3", "4", "5"]
+    lines = [e.split(" ")[0].rsplit(":", 1)[1] for e in s["skip_examples"]["malformed JSON"]]
+    assert lines == ["1", "2", "3", "4", "5"]
 
 
 def test_the_last_id_of_the_vocabulary_is_accepted_and_the_next_refused(tmp_path):
@@ -105,7 +106,8 @@ def config(tmp_path, **kw):
 
 
 @pytest.mark.parametrize("field,value,flag", [("workers", 0, "--workers"), ("vocab_extra_ids", -1, "--vocab-extra-ids"),
-                                              ("chunk_bytes", 0, "--chunk-bytes"), ("trim_max_length", 0, "--trim-max-length")])
+                                              ("chunk_bytes", 0, "--chunk-bytes"),
+                                              ("trim_max_length", 0, "--trim-max-length")])
 def test_the_smallest_invalid_values_are_refused(tmp_path, field, value, flag):
     with pytest.raises(ValueError, match=flag):
         pre.check_config(config(tmp_path, **{field: value}))
@@ -115,8 +117,10 @@ def test_the_smallest_invalid_values_are_refused(tmp_path, field, value, flag):
 def test_the_recorded_flags_hold_absolute_paths_and_the_extra_ids(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tok").mkdir()
-    cfg = pre.PreprocessConfig(input=[], output_prefix="o", tokenizer_type="HuggingFaceTokenizer", tokenizer_model="tok")
-    assert pre.recorded_flags(cfg) == {"--tokenizer-type": "HuggingFaceTokenizer", "--tokenizer-model": str(tmp_path / "tok")}
+    cfg = pre.PreprocessConfig(input=[], output_prefix="o", tokenizer_type="HuggingFaceTokenizer",
+                               tokenizer_model="tok")
+    assert pre.recorded_flags(cfg) == {"--tokenizer-type": "HuggingFaceTokenizer",
+                                       "--tokenizer-model": str(tmp_path / "tok")}
     cfg = pre.PreprocessConfig(input=[], output_prefix="o", tokenizer_type="HuggingFaceTokenizer",
                                tokenizer_model="missing", vocab_extra_ids=3)
     assert pre.recorded_flags(cfg) == {"--tokenizer-type": "HuggingFaceTokenizer", "--tokenizer-model": "missing",
