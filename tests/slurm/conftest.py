@@ -18,7 +18,14 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from local_slurm import LocalSlurm, SlurmError, SlurmUnavailable  # noqa: E402
+from fake_slurm import FakeSlurm  # noqa: E402
 from slurm_jobs import Jobs  # noqa: E402
+
+
+@pytest.fixture
+def fake(tmp_path):
+    """Stand-in Slurm commands (fake_slurm.py) for run_mi300x.sh's decisions."""
+    return FakeSlurm(tmp_path)
 
 
 @pytest.fixture(scope="session")

@@ -162,3 +162,10 @@ class FakeSlurm:
 
     def training_sruns(self) -> list[dict]:
         return [c for c in self.calls("srun") if "--task" in c["argv"]]
+
+
+def write_latest(ckpt: str, it: int) -> None:
+    """A --save folder whose latest_checkpointed_iteration.txt names iteration `it`."""
+    os.makedirs(ckpt, exist_ok=True)
+    with open(os.path.join(ckpt, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write(f"{it}\n")

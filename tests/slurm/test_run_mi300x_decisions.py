@@ -10,23 +10,10 @@ import glob
 import os
 import re
 
-import pytest
-
-from fake_slurm import FakeSlurm
+from fake_slurm import write_latest
 from slurm_jobs import REPO
 
 RECIPE = os.path.join(REPO, "examples", "zaya1_base", "run_zaya1_base.sh")
-
-
-@pytest.fixture
-def fake(tmp_path):
-    return FakeSlurm(tmp_path)
-
-
-def write_latest(ckpt: str, it: int) -> None:
-    os.makedirs(ckpt, exist_ok=True)
-    with open(os.path.join(ckpt, "latest_checkpointed_iteration.txt"), "w") as f:
-        f.write(f"{it}\n")
 
 
 def arg(argv: list[str], flag: str) -> str | None:

@@ -6,22 +6,9 @@ END_ITER, and the exit code of a run stopped by SIGTERM.
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from fake_slurm import FakeSlurm
-
-
-@pytest.fixture
-def fake(tmp_path):
-    return FakeSlurm(tmp_path)
-
-
-def write_latest(ckpt: str, it: int) -> None:
-    os.makedirs(ckpt, exist_ok=True)
-    with open(os.path.join(ckpt, "latest_checkpointed_iteration.txt"), "w") as f:
-        f.write(f"{it}\n")
+from fake_slurm import write_latest
 
 
 def requeues(fake) -> list:
