@@ -133,7 +133,12 @@ def _sentencepiece_json(tokenizer, bos: bool) -> str:
     hf = Tokenizer(models.BPE(vocab=vocab, merges=[(a, b) for *_, a, b in merges], unk_token=pieces[unk_id].piece,
                               byte_fallback=True, fuse_unk=True))
     spec = model.normalizer_spec
-    steps = [normalizers.Precompiled(spec.precompiled_charsmap)] if spec.precompiled_charsmap else []
+    # NFKC before the character map: tokenizers' Precompiled takes the shortest rule where SentencePiece takes
+    # the longest (huggingface/tokenizers#2116), which lost decomposed accents ("Vie\u0323\u0302t" -> "Viẹt").
+    # Composed first, the map sees single characters. Left different: a combining mark after a ligature or
+    # a virama, or after U+2581 (docs/CHECKPOINTING.md).
+    steps = [normalizers.NFKC(), normalizers.Precompiled(spec.precompiled_charsmap)] \
+        if spec.precompiled_charsmap else []
     if spec.remove_extra_whitespaces:     # of spaces only (after the character map), as SentencePiece does
         steps += [normalizers.Replace(Regex(" {2,}"), " "), normalizers.Replace(Regex("\\A | \\z"), "")]
     if spec.add_dummy_prefix:             # always, as SentencePiece (Metaspace skips a text starting with U+2581)

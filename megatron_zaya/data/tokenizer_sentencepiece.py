@@ -191,6 +191,10 @@ class _WordCachedSentencePiece:
         return out
 
 
+def _piece_id(piece: int) -> int | None:
+    return piece if piece >= 0 else None
+
+
 class GPTSentencePieceTokenizer(_WordCachedSentencePiece, BaseTokenizer):
     """SentencePiece ids as is; EOD = EOS (Megatron's GPTSentencePieceTokenizer)."""
 
@@ -202,8 +206,8 @@ class GPTSentencePieceTokenizer(_WordCachedSentencePiece, BaseTokenizer):
         self.sp = _load_sentencepiece(model_path)
         self._vocab_size = self.sp.GetPieceSize()
         self._eod = self.sp.eos_id()
-        self._bos = self.sp.bos_id()
-        self._pad = self.sp.pad_id()
+        self._bos = _piece_id(self.sp.bos_id())      # None where the model has none (SentencePiece says -1)
+        self._pad = _piece_id(self.sp.pad_id())
         self.unk = self.sp.unk_id()
         if self._eod < 0:
             raise UserInputError(f"--tokenizer-model {model_path}: the SentencePiece model has no EOS piece, which GPTSentencePieceTokenizer uses as EOD")
@@ -320,7 +324,7 @@ class Llama2Tokenizer(GPTSentencePieceTokenizer):
 
     def __init__(self, model_path: str, **kw):
         super().__init__(model_path, **kw)
-        if self._bos < 0:
+        if self._bos is None:
             raise UserInputError(f"--tokenizer-model {model_path}: the SentencePiece model has no BOS piece, which "
                                  f"Llama2Tokenizer puts in front of every text")
 

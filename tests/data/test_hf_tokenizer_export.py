@@ -6,6 +6,7 @@ random pieces too; SentencePiece models or types without an exact form are refus
 before anything is read."""
 import random
 import json
+import unicodedata
 
 import pytest
 import torch
@@ -29,6 +30,7 @@ TEXTS = [
     "special text </s> <s> <unk> <|endoftext|> <bos> stays ordinary",
     "\u2581 a literal lower one eighth block\u2581\u2581x, \u00a0nbsp, \uff46\uff55\uff4c\uff4c, \ufb01, \x00\x01 controls",
     "", " ", "\n", "=====  -----  ......  aaaaaaaa",
+    unicodedata.normalize("NFD", "Tiếng Việt, café, Ångström, naïve"),      # decomposed accents (macOS text)
 ]
 
 

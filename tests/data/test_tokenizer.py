@@ -87,6 +87,19 @@ def test_megatron_sentencepiece_conventions(sp_model, text):
     assert tok.encode_batch([text, "plain"]) == [ref_ids, sp.encode_as_ids("plain")]
 
 
+def test_a_sentencepiece_model_without_bos_or_pad_says_none(tmp_path, corpus_dir):
+    """SentencePiece gives -1 for a piece the model lacks; the tokenizer interface says None (generate's
+    --add-bos and the server's add_BOS check `bos is None`: a -1 went in front of the prompt)."""
+    lines = [json.loads(line)["text"] for line in open(corpus_dir / "train.jsonl")]
+    spm.SentencePieceTrainer.Train(sentence_iterator=iter(lines), model_prefix=str(tmp_path / "nobos"), vocab_size=600,
+                                   model_type="bpe", byte_fallback=True, unk_id=0, bos_id=-1, eos_id=1, pad_id=-1,
+                                   num_threads=1, minloglevel=2)
+    tok = build_tokenizer("GPTSentencePieceTokenizer", str(tmp_path / "nobos.model"))
+    assert (tok.bos, tok.pad, tok.eod) == (None, None, 1)
+    with pytest.raises(UserInputError, match="has no BOS piece, which Llama2Tokenizer puts in front"):
+        build_tokenizer("Llama2Tokenizer", str(tmp_path / "nobos.model"))
+
+
 def test_hf_tokenizer_json(tmp_path, hf_tokenizer_dir):
     import shutil
 
