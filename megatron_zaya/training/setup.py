@@ -162,12 +162,10 @@ def _build_and_train(run) -> int:
         save_lock.release()
 
 
-def _ready_trainer(run, tokenizer, datasets, loads_weights: bool, started: float, model, optimizer, runtime,
-                   checkpointer, state):
-    """(Trainer, TrainingLogger, start-up lines) of a run: the checkpoint loaded, the data loaders built from
-    its position, the logger opened."""
-    trainer = Trainer(run, model, optimizer, runtime, None, None, None, checkpointer, state)
-    trainer.run_started = started
+def _ready_trainer(run, trainer, tokenizer, datasets, loads_weights: bool):
+    """(TrainingLogger, start-up lines) of a run, `trainer` readied: the checkpoint loaded, the data loaders
+    built from its position, the logger opened."""
+    runtime, checkpointer = trainer.parallel, trainer.checkpointer
     if run.train.load or run.train.pretrained_checkpoint:
         checkpointer.load(trainer, required=loads_weights)
         trainer.batch_schedule, trainer.total_iters = run_length(run.train, runtime.dp_size, trainer.state.iteration,
@@ -201,7 +199,7 @@ def _ready_trainer(run, tokenizer, datasets, loads_weights: bool, started: float
                                              trainer.state.iteration, run.train.progress_bar,
                                              run.train.tensorboard_queue_size, trainer.state.consumed_samples,
                                              total_samples=ramp_samples, purge=trains)
-    return trainer, logger, summary
+    return logger, summary
 
 
 def _train(run, tokenizer, datasets, loads_weights: bool, started: float) -> int:
@@ -215,9 +213,10 @@ def _train(run, tokenizer, datasets, loads_weights: bool, started: float) -> int
     from megatron_zaya.checkpoint.training import TrainingCheckpointer
     checkpointer = TrainingCheckpointer(run, runtime)
 
+    trainer = Trainer(run, model, optimizer, runtime, None, None, None, checkpointer, state)
+    trainer.run_started = started
     try:
-        trainer, logger, summary = _ready_trainer(run, tokenizer, datasets, loads_weights, started, model, optimizer,
-                                                  runtime, checkpointer, state)
+        logger, summary = _ready_trainer(run, trainer, tokenizer, datasets, loads_weights)
     except BaseException:     # a failure before the loop: the signal handlers and the watchdog end with it
         checkpointer.close()
         raise
