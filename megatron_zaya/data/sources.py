@@ -60,7 +60,8 @@ def holds_json_records(path: str) -> bool:
 
 def _model_folder_kind(folder: str) -> str | None:
     """'a training checkpoint folder' or 'a Hugging Face model folder' for such a folder (by the files that
-    mark one), else None."""
+    mark one), else None. The names are checkpoint/format.py's and hf_format.is_hf_folder's, spelled out here:
+    importing megatron_zaya.checkpoint loads torch, which preprocessing and its workers never import."""
     names = set(os.listdir(folder))     # (a corpus may hold a metadata.json: a checkpoint's comes with COMPLETE)
     if "latest_checkpointed_iteration.txt" in names or {"metadata.json", "COMPLETE"} <= names or \
             any(n.startswith("iter_") and len(n) == 12 and n[5:].isdigit() for n in names):
