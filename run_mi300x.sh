@@ -68,20 +68,20 @@ die() { echo "run_mi300x.sh: error: $*" >&2; exit 2; }
 # signals every process of the step, and the trainer may die before this shell's trap has run. The
 # launcher therefore reads exit codes 128+N as "died of signal N", never as the node's own failure.
 # --------------------------------------------------------------------------------------------
-# The exit status of background process $1 in WAITED. A trapped signal interrupts `wait` (status 128+N,
-# the process still running): wait again. A `wait` that did reap it reports its status once; asking again
-# gives 127 (or -1 from some bash versions), so the last real status is kept.
+# The exit status of background process $1 in WAITED. Not by blocking in `wait`: a trapped signal (the
+# forwarded SIGUSR1, repeated every few seconds) that interrupts it just as the process exits loses the
+# status, and bash then reports 138, 127 or -1 in its place. Instead: poll (a builtin read with a timeout,
+# which a trap interrupts at once, so signals are still forwarded) until bash has reaped the process, then
+# ask once with the trapped signals ($2...) ignored, so that no trap can cut in. (There is nothing left to
+# forward them to.) They stay ignored: the caller sets again what it still needs.
 wait_for() {
-    local status
-    WAITED=0
-    while :; do
-        wait "$1"; status=$?
-        if kill -0 "$1" 2>/dev/null; then continue; fi      # interrupted by a trap: still running
-        WAITED=$status
-        wait "$1" 2>/dev/null; status=$?                      # (reaped between the two: its real status)
-        (( status >= 0 && status != 127 )) && WAITED=$status
-        return 0
+    local pid=$1; shift
+    [[ -n ${IDLE_FD:-} ]] || exec {IDLE_FD}<> <(:)       # a pipe nobody writes to: read -t only times out
+    while kill -0 "$pid" 2>/dev/null; do
+        read -r -t 0.2 -u "$IDLE_FD" _ || :
     done
+    trap '' "$@"
+    wait "$pid"; WAITED=$?
 }
 
 task_main() {
@@ -115,7 +115,7 @@ task_main() {
     fi
     child=$!
     trap 'signalled=USR1; kill -s USR1 $child 2>/dev/null' USR1
-    wait_for "$child"; rc=$WAITED
+    wait_for "$child" USR1 TERM INT; rc=$WAITED
     echo "$node $RANK $rc $signalled $(date +%s)" > "$dir/exit/rank-$RANK"
     exit "$rc"
 }
@@ -414,8 +414,8 @@ if [[ $PENDING_SIGNAL == USR1 ]]; then       # srun has no handler yet: the repe
 elif [[ -n $PENDING_SIGNAL ]]; then
     on_signal "$PENDING_SIGNAL"
 fi
-wait_for "$SRUN_PID"; RC=$WAITED
-trap '' USR1
+wait_for "$SRUN_PID" USR1 TERM; RC=$WAITED
+trap 'on_signal TERM' TERM     # (nothing to do now; so the health check and sbatch do not start with it ignored)
 log "training step ended with exit code $RC after $(( $(date +%s) - START )) s; latest checkpoint: $(latest_iteration)"
 
 after_training_step     # finishes, requeues or resubmits; never returns

@@ -76,9 +76,11 @@ for (( r = 0; r < ntasks; r++ )); do
         SLURM_STEP_ID=0 SLURMD_NODENAME=${NODES[r / per_node]} "$@" &
     pids+=($!)
 done
+# Ignored from here on (the tasks have started, with the default): a trap would interrupt `wait`, and one
+# that does so just as a task exits loses its status (run_mi300x.sh's wait_for says more).
+trap '' USR1
 rc=0
 for p in "${pids[@]}"; do
-    while kill -0 "$p" 2>/dev/null; do wait "$p"; done     # (a trapped signal interrupts a wait)
     wait "$p" || rc=$?
 done
 exit $rc
