@@ -1,8 +1,8 @@
 """Weighted blends of GPT datasets and per-phase blends for a curriculum.
 
 `parse_data_path(["30", "a", "70", "b"])` -> ([0.3, 0.7], ["a", "b"]) (Megatron's --data-path
-syntax; a plain list of prefixes means weights proportional to nothing: equal weights only when
-blended, a single prefix is used directly).
+syntax; a plain list of prefixes (None) is weighed by the datasets' lengths, loaders.blend_weights; a single
+prefix is used directly).
 
 `BlendedDataset` follows Megatron: sample s is taken from the dataset with the largest
 `w_d * max(s, 1) - count_d` (deterministic greedy interleave, no randomness), and each component
@@ -165,10 +165,13 @@ def plan_phases(phase_weights: list[list[float]], sizes: list[int], surplus: flo
                 orders: list[list[int]] | None = None) -> PhasePlan:
     """Greedy blending indices per phase and the number of samples each component must provide.
 
-    A phase given as a single path without a weight takes its samples directly (no surplus), as
-    Megatron does for an unblended dataset (the caller also marks a per-split `--train-data-path 1.0 path`
-    so); otherwise (including `--data-path 1.0 path`) each component is requested
-    ceil(ceil(size * w) * (1+surplus)). Weights that already sum to 1 are used as they are. `orders` gives,
+    A phase whose blend has no weights (`weighted` False) asks for no surplus: a single path takes its samples
+    directly, as Megatron does for an unblended dataset (the caller also marks a per-split
+    `--train-data-path 1.0 path` so), and a list of paths gives each dataset's one-epoch length as its weight
+    (blend_weights) and asks it for exactly ceil(size * length / total lengths) samples, the most the interleave
+    takes: a run shorter than one epoch of each reads one epoch of each, as in Megatron-LM. Otherwise (including
+    `--data-path 1.0 path`) each component is requested ceil(ceil(size * w) * (1+surplus)). Weights that
+    already sum to 1 are used as they are. `orders` gives,
     per phase, its components in the order its blend names them (default: their numbering): the interleave
     numbers them so, and its ties go to the one named first.
     """
@@ -198,8 +201,10 @@ def plan_phases(phase_weights: list[list[float]], sizes: list[int], surplus: flo
         offsets.append(list(used_before))
         counts = component_counts(di, n)
         for k, d in enumerate(active):
-            if len(active) == 1 and not has_weights:
+            if not has_weights and len(active) == 1:
                 need = used_before[d] + size
+            elif not has_weights:      # w: the datasets' lengths (whole numbers), exactly
+                need = used_before[d] + -(-size * int(w[d]) // int(sum(w[a] for a in active)))
             else:
                 need = used_before[d] + ib.surplus_size(size, local_w[k], surplus)
             requests[d] = max(requests[d], need)

@@ -7,23 +7,26 @@ passes over them that the run's training tokens make (share x tokens / its token
 """
 from __future__ import annotations
 
-from megatron_zaya.data.blend import parse_data_path
+from megatron_zaya.data.blend import normalize, parse_data_path
 from megatron_zaya.data.config import DataConfig
 from megatron_zaya.data.indexed import IndexedDataset
-from megatron_zaya.data.loaders import blend_weights, split_documents
+from megatron_zaya.data.loaders import blend_weights, epoch_samples, split_documents
 
 SHOWN = 8       # datasets listed; a longer blend lists its most-read ones
 
 
-def training_passes(cfg: DataConfig, datasets: dict[str, IndexedDataset], train_tokens: int) -> list[dict]:
-    """[{prefix, weight, tokens, passes}] of the train blend, most passes first; [] under data phases (each
-    phase has its own blend and length) or --mock-data."""
+def training_passes(cfg: DataConfig, datasets: dict[str, IndexedDataset], train_tokens: int,
+                    seq_length: int) -> list[dict]:
+    """[{prefix, weight, tokens, passes}] of the train blend, most passes first (weight: the dataset's share;
+    an unweighted list shares by length); [] under data phases (each phase has its own blend and length) or
+    --mock-data."""
     if cfg.phases or cfg.mock_data:
         return []
     blend = cfg.split_blends()[0]
     prefixes = list(dict.fromkeys(parse_data_path(blend)[1]))     # a prefix given twice: one share
     rows = []
-    for prefix, weight in zip(prefixes, blend_weights(blend, prefixes)):
+    weights = blend_weights(blend, prefixes, lambda p: epoch_samples(cfg, datasets[p], p, 0, seq_length))
+    for prefix, weight in zip(prefixes, normalize(weights)):
         data = datasets[prefix]
         ids = split_documents(cfg, data, prefix, 0)[0]
         tokens = 0 if ids is None else data.tokens_in(ids.start, ids.stop)

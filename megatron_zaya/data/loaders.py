@@ -28,7 +28,7 @@ from .mock import MockGPTDataset
 from .config import DataConfig
 from .cache import build_order, cached_arrays
 from .gpt_dataset import (GPTDataset, SampleOptions, default_cache_dir, loss_masked_pad, split_indices,
-                          token_id_outside)
+                          token_id_outside, tokens_in_split)
 from . import index_builders as ib
 from .index_builders import build_blending_indices
 from .index_check import open_checked
@@ -47,18 +47,33 @@ def megatron_num_samples(train_iters: int, global_batch_size: int, eval_interval
     return [train_iters * global_batch_size, evals * global_batch_size, eval_iters * global_batch_size]
 
 
-def blend_weights(data_path: list[str], prefixes: list[str]) -> list[float]:
-    """The share of each of `prefixes` in the blend `data_path` (an unweighted list: equal shares)."""
+def blend_weights(data_path: list[str], prefixes: list[str], epoch_samples=None) -> list[float]:
+    """The weight of each of `prefixes` in the blend `data_path`: a weighted list's weights; an unweighted list
+    of several paths weighs each by its length, `epoch_samples(prefix)` (one epoch of its split: see
+    `epoch_samples`), as Megatron-LM does. Unnormalized: plan_phases normalizes them once, as Megatron-LM."""
     weights, paths = parse_data_path(data_path)
-    if weights is None:
-        if len(paths) > 1:
-            weights = [1.0 / len(paths)] * len(paths)  # unweighted list: equal shares
-        else:
-            weights = [1.0]
+    if weights is None and len(paths) > 1:
+        if epoch_samples is None:
+            raise ValueError("an unweighted blend of several paths needs epoch_samples to weigh them")
+        weights = [float(epoch_samples(p)) for p in paths]
+        if sum(weights) == 0:
+            raise UserInputError(f"no dataset of the blend {' '.join(paths)} holds one sample of this split "
+                                 f"(each needs at least seq-length + 1 tokens in it)")
+    elif weights is None:
+        weights = [1.0]
     w = [0.0] * len(prefixes)
     for weight, p in zip(weights, paths):
         w[prefixes.index(p)] += weight
     return w
+
+
+def epoch_samples(cfg: DataConfig, indexed: IndexedDataset, prefix: str, split_id: int, seq_length: int) -> int:
+    """The samples in one epoch of `prefix`'s split `split_id` (Megatron-LM's length of a dataset built without
+    a sample count, and its weight in an unweighted blend): seq_length + 1 tokens each, overlapping by one."""
+    ids, _ = split_documents(cfg, indexed, prefix, split_id)
+    if ids is None or len(ids) == 0:
+        return 0
+    return max(0, (tokens_in_split(indexed, ids) - 1) // seq_length)
 
 
 def blend_order(data_path: list[str], prefixes: list[str]) -> list[int]:
@@ -89,7 +104,8 @@ def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: li
         return None
     if not cfg.separate_splits and ib.parse_split(cfg.split)[split_id] == 0:
         return None  # Megatron: a split with zero weight has no dataset
-    weights = [blend_weights(b, prefixes) for b in blends]
+    weights = [blend_weights(b, prefixes, lambda p: epoch_samples(cfg, indexed[p], p, split_id, opts.seq_length))
+               for b in blends]
     cache_dir = None if cfg.no_index_cache else (cfg.data_cache_path or default_cache_dir(prefixes[0]))
 
     def blending(w, size):

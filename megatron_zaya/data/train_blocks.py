@@ -21,7 +21,7 @@ import numpy as np
 from .blend import plan_phases
 from .config import DataConfig
 from .gpt_dataset import index_shape
-from .loaders import blend_weights, dataset_prefixes, split_documents, weighted
+from .loaders import blend_weights, dataset_prefixes, epoch_samples, split_documents, weighted
 
 
 def train_blocks(cfg: DataConfig, seq_length: int, blocks: list[int], needed: int, datasets: dict) -> list[int]:
@@ -46,8 +46,9 @@ def index_shapes(cfg: DataConfig, seq_length: int, size: int, datasets: dict) ->
     blend = cfg.split_blends()[0]
     prefixes = dataset_prefixes(cfg)
     no_blending_index = lambda w, n: (np.zeros(0, np.int16), None)      # noqa: E731 (one phase: not needed)
-    plan = plan_phases([blend_weights(blend, prefixes)], [size], cfg.mid_level_dataset_surplus, no_blending_index,
-                       [weighted(cfg, blend)])
+    lengths = lambda p: epoch_samples(cfg, datasets[p], p, 0, seq_length)      # noqa: E731
+    plan = plan_phases([blend_weights(blend, prefixes, lengths)], [size], cfg.mid_level_dataset_surplus,
+                       no_blending_index, [weighted(cfg, blend)])
     shapes = []
     for d, prefix in enumerate(prefixes):
         if plan.requests[d]:

@@ -40,7 +40,7 @@ def startup_lines(run, tokenizer_vocab_size: int, datasets: dict, run_samples: i
         f"batch: {train.global_batch_size} sequences of {model.seq_length} tokens per iteration "
         f"({train.global_batch_size * model.seq_length:,} tokens) = micro-batch {train.micro_batch_size} x "
         f"{accumulation} accumulation x DP {dp}{rampup}",
-    ] + passes_lines(training_passes(run.data, datasets, run_tokens), run_tokens)
+    ] + passes_lines(training_passes(run.data, datasets, run_tokens, model.seq_length), run_tokens)
 
 
 def job_end_lines(run, state, schedule, total_iters: int) -> list[str]:

@@ -1,5 +1,5 @@
 """Small units of the blend arithmetic (data/blend.py, data/loaders.py) against hand-computed values:
-an unweighted list's equal shares, a blend's own dataset order, weights that do not sum to 1, a phase
+an unweighted list's shares by length, a blend's own dataset order, weights that do not sum to 1, a phase
 of no samples, and weights that sum to zero.
 
     python -m pytest -q tests/data/test_blend_weights_units.py
@@ -12,11 +12,25 @@ from megatron_zaya.data.loaders import blend_order, blend_weights
 from megatron_zaya.errors import UserInputError
 
 
-def test_an_unweighted_list_gives_equal_shares():
-    assert blend_weights(["a", "b"], ["a", "b", "c"]) == [0.5, 0.5, 0.0]
-    assert blend_weights(["c", "a", "b"], ["a", "b", "c"]) == pytest.approx([1 / 3] * 3)
-    assert blend_weights(["b"], ["a", "b"]) == [0.0, 1.0]
+def test_an_unweighted_list_is_weighted_by_its_datasets_lengths():
+    lengths = {"a": 30, "b": 10, "c": 0}.get
+    assert blend_weights(["a", "b"], ["a", "b", "c"], lengths) == [30, 10, 0]
+    assert blend_weights(["c", "a", "b"], ["a", "b", "c"], lengths) == [30, 10, 0]
+    assert blend_weights(["b"], ["a", "b"]) == [0.0, 1.0]        # one path: no lengths needed
     assert blend_weights(["30", "b", "10", "a"], ["a", "b"]) == [0.25, 0.75]
+    with pytest.raises(UserInputError, match="no dataset of the blend c c holds one sample"):
+        blend_weights(["c", "c"], ["c"], lengths)
+
+
+def test_an_unweighted_blend_asks_each_dataset_for_what_the_interleave_takes():
+    # Lengths 3 and 5 over 8 samples: one epoch of each (Megatron-LM's blend of that list), no surplus; over
+    # 12 samples ceil(12 * 3 / 8) = 5 and ceil(12 * 5 / 8) = 8, and the interleave takes 5 and 7.
+    plan = blend.plan_phases([[3.0, 5.0]], [8], weighted=[False])
+    assert plan.requests == [3, 5]
+    assert np.bincount(np.asarray(plan.dataset_index[0]), minlength=2).tolist() == [3, 5]
+    plan = blend.plan_phases([[3.0, 5.0]], [12], weighted=[False])
+    assert plan.requests == [5, 8]
+    assert np.bincount(np.asarray(plan.dataset_index[0]), minlength=2).tolist() == [5, 7]
 
 
 def test_a_blend_order_is_the_order_it_names_its_datasets():
