@@ -56,9 +56,6 @@ def blend_weights(data_path: list[str], prefixes: list[str], epoch_samples=None)
         if epoch_samples is None:
             raise ValueError("an unweighted blend of several paths needs epoch_samples to weigh them")
         weights = [float(epoch_samples(p)) for p in paths]
-        if sum(weights) == 0:
-            raise UserInputError(f"no dataset of the blend {' '.join(paths)} holds one sample of this split "
-                                 f"(each needs at least seq-length + 1 tokens in it)")
     elif weights is None:
         weights = [1.0]
     w = [0.0] * len(prefixes)
@@ -106,6 +103,14 @@ def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: li
         return None  # Megatron: a split with zero weight has no dataset
     weights = [blend_weights(b, prefixes, lambda p: epoch_samples(cfg, indexed[p], p, split_id, opts.seq_length))
                for b in blends]
+    split_name = SPLIT_NAMES[split_id]
+    for blend, w in zip(blends, weights):
+        if sum(w) == 0:       # an unweighted list, and not one of its datasets holds a sample of this split
+            if split_id == 2 and not cfg.separate_splits:
+                return None      # (as for a --split share too small to hold a document, below)
+            given = f"--split {cfg.split}" if not cfg.separate_splits else f"--{split_name}-data-path"
+            raise UserInputError(f"{given}: no dataset of {' '.join(blend)} holds a sample ({opts.seq_length + 1} "
+                                 f"tokens) in the {split_name} split")
     cache_dir = None if cfg.no_index_cache else (cfg.data_cache_path or default_cache_dir(prefixes[0]))
 
     def blending(w, size):
@@ -118,7 +123,6 @@ def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: li
 
     plan = plan_phases(weights, sizes, cfg.mid_level_dataset_surplus, blending, [weighted(cfg, b) for b in blends],
                        [blend_order(b, prefixes) for b in blends])
-    split_name = SPLIT_NAMES[split_id]
     ids = {}
     for d, prefix in enumerate(prefixes):
         if plan.requests[d] == 0:

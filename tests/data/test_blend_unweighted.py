@@ -4,6 +4,7 @@ each (its datasets are built without a sample count), against a literal referenc
     python -m pytest -q tests/data/test_blend_unweighted.py
 """
 import numpy as np
+import pytest
 
 import data_megatron_reference as ref
 from megatron_zaya.data import DataConfig, build_train_valid_test_datasets
@@ -11,6 +12,7 @@ from megatron_zaya.data.indexed import write_dataset
 from megatron_zaya.data.loaders import open_datasets
 from megatron_zaya.data.tokenizer import build_tokenizer
 from megatron_zaya.data.train_blocks import train_blocks
+from megatron_zaya.errors import UserInputError
 
 EOD = 1000
 SEQ = 8
@@ -66,3 +68,14 @@ def test_a_resumed_run_needing_more_grows_in_place_while_each_dataset_stays_with
     total = sum((sum(map(len, seqs)) - 1) // SEQ for seqs in (seqs_a, seqs_b))
     assert train_blocks(cfg, SEQ, [total // 2], total, datasets) == [total]         # one epoch of each still
     assert train_blocks(cfg, SEQ, [total], total + 5, datasets) == [total, 5]       # past it: a block of its own
+
+
+def test_a_split_where_no_dataset_of_the_list_holds_a_sample_is_named(tmp_path):
+    (a, _), (b, _) = two_corpora(tmp_path)
+    tokenizer = build_tokenizer("NullTokenizer", EOD)
+    cfg = DataConfig(data_path=[a, b], split="50,0,50", num_workers=0, data_cache_path=str(tmp_path / "cache"))
+    with pytest.raises(UserInputError, match=rf"--split 50,0,50: no dataset of {a} {b} holds a sample \(10001 tokens\) "
+                                             "in the train split"):
+        build_train_valid_test_datasets(cfg, 10000, [5, 0, 0], tokenizer)
+    # the test split gets no evaluation then, as when its share holds no document
+    assert build_train_valid_test_datasets(cfg, 10000, [0, 0, 5], tokenizer)[2] is None
