@@ -26,6 +26,8 @@ def training_passes(cfg: DataConfig, datasets: dict[str, IndexedDataset], train_
     prefixes = list(dict.fromkeys(parse_data_path(blend)[1]))     # a prefix given twice: one share
     rows = []
     weights = blend_weights(blend, prefixes, lambda p: epoch_samples(cfg, datasets[p], p, 0, seq_length))
+    if sum(weights) == 0:      # an unweighted list with no sample in the train split: the build names it
+        return []
     for prefix, weight in zip(prefixes, normalize(weights)):
         data = datasets[prefix]
         ids = split_documents(cfg, data, prefix, 0)[0]

@@ -262,6 +262,32 @@ def missing_eod_warnings(cfg: DataConfig, eod: int, sample: int = 64, datasets=N
     return out
 
 
+def unread_dataset_warnings(cfg: DataConfig, seq_length: int, datasets: dict) -> list[str]:
+    """A warning for each dataset of an unweighted blend of several paths whose split holds no sample
+    (seq_length + 1 tokens): its weight, its length, is 0, so the blend never reads it. (Megatron-LM stops at
+    such a dataset; a blend none of whose datasets holds a sample is the build's error.) `datasets`:
+    open_datasets(cfg)."""
+    if cfg.mock_data:
+        return []
+    train, valid, test = cfg.split_blends()
+    per_split = [[p.data_path for p in cfg.phases] if cfg.phases else [train], [valid], [test]]
+    if cfg.multiple_validation_sets or cfg.full_validation:
+        per_split[1] = []       # each validation dataset on its own
+    shares = [1, 1, 1] if cfg.separate_splits else ib.parse_split(cfg.split)
+    out = []
+    for split_id, blends in enumerate(per_split):
+        for blend in blends if shares[split_id] else []:
+            weights, paths = parse_data_path(blend) if blend else (None, [])
+            if weights is not None or len(paths) < 2:
+                continue
+            lengths = {p: epoch_samples(cfg, datasets[p], p, split_id, seq_length) for p in dict.fromkeys(paths)}
+            if any(lengths.values()):
+                out += [f"{p}: its {SPLIT_NAMES[split_id]} split holds no sample of {seq_length + 1} tokens, so the "
+                        f"blend {' '.join(blend)} (no weights: shares by length) never reads it"
+                        for p, n in lengths.items() if n == 0]
+    return list(dict.fromkeys(out))
+
+
 def check_token_ids(cfg: DataConfig, vocab_size: int, sample_tokens: int = 1 << 20, datasets=None) -> None:
     """UserInputError naming the dataset when one of the first `sample_tokens` tokens of any dataset the
     run reads is not a token id of the tokenizer (the dataset preprocessed with another tokenizer): a

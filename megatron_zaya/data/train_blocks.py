@@ -47,8 +47,10 @@ def index_shapes(cfg: DataConfig, seq_length: int, size: int, datasets: dict) ->
     prefixes = dataset_prefixes(cfg)
     no_blending_index = lambda w, n: (np.zeros(0, np.int16), None)      # noqa: E731 (one phase: not needed)
     lengths = lambda p: epoch_samples(cfg, datasets[p], p, 0, seq_length)      # noqa: E731
-    plan = plan_phases([blend_weights(blend, prefixes, lengths)], [size], cfg.mid_level_dataset_surplus,
-                       no_blending_index, [weighted(cfg, blend)])
+    weights = blend_weights(blend, prefixes, lengths)
+    if sum(weights) == 0:       # an unweighted list with no sample in the train split: the build names it
+        return []
+    plan = plan_phases([weights], [size], cfg.mid_level_dataset_surplus, no_blending_index, [weighted(cfg, blend)])
     shapes = []
     for d, prefix in enumerate(prefixes):
         if plan.requests[d]:

@@ -18,7 +18,8 @@ from megatron_zaya.checkpoint.preflight import check_before_build
 from megatron_zaya.checkpoint.save_lock import SaveFolderLock
 from megatron_zaya.data import build_tokenizer, build_train_valid_test_loaders
 from megatron_zaya.data.dataset_tokenizer import check_dataset_tokenizers
-from megatron_zaya.data.loaders import check_token_ids, missing_eod_warnings, open_datasets
+from megatron_zaya.data.loaders import (check_token_ids, missing_eod_warnings, open_datasets,
+                                        unread_dataset_warnings)
 from megatron_zaya.data.train_blocks import train_blocks
 from megatron_zaya.data.tokenizer import flags_text, tokenizer_flags
 from megatron_zaya.errors import UserInputError
@@ -149,6 +150,7 @@ def _build_and_train(run) -> int:
     check_dataset_tokenizers(datasets, tokenizer, flags_text(tokenizer_flags(run.data)))   # its record says another
     check_token_ids(run.data, tokenizer.vocab_size, datasets=datasets)   # a dataset of another tokenizer
     run.warnings += missing_eod_warnings(run.data, tokenizer.eod, datasets=datasets)   # printed by the main rank
+    run.warnings += unread_dataset_warnings(run.data, run.model.seq_length, datasets)
     from megatron_zaya.parallel.launch import detect_launcher
     first_process = detect_launcher().rank == 0
     # Another run saving into --save: stop now (a dry run only looks)

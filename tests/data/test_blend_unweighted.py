@@ -9,7 +9,7 @@ import pytest
 import data_megatron_reference as ref
 from megatron_zaya.data import DataConfig, build_train_valid_test_datasets
 from megatron_zaya.data.indexed import write_dataset
-from megatron_zaya.data.loaders import open_datasets
+from megatron_zaya.data.loaders import open_datasets, unread_dataset_warnings
 from megatron_zaya.data.tokenizer import build_tokenizer
 from megatron_zaya.data.train_blocks import train_blocks
 from megatron_zaya.errors import UserInputError
@@ -79,3 +79,16 @@ def test_a_split_where_no_dataset_of_the_list_holds_a_sample_is_named(tmp_path):
         build_train_valid_test_datasets(cfg, 10000, [5, 0, 0], tokenizer)
     # the test split gets no evaluation then, as when its share holds no document
     assert build_train_valid_test_datasets(cfg, 10000, [0, 0, 5], tokenizer)[2] is None
+
+
+def test_a_dataset_of_the_list_with_no_sample_in_a_split_is_warned_of(tmp_path):
+    (a, seqs_a), (b, seqs_b) = two_corpora(tmp_path)
+    seq = sum(map(len, seqs_a))       # a holds seq tokens: no sample of seq + 1; b holds more than twice as many
+    cfg, _ = build(tmp_path, [a, b], 1)
+    datasets = open_datasets(cfg)
+    assert unread_dataset_warnings(cfg, seq, datasets) == [
+        f"{a}: its train split holds no sample of {seq + 1} tokens, so the blend {a} {b} (no weights: shares by "
+        f"length) never reads it"]
+    assert unread_dataset_warnings(cfg, SEQ, datasets) == []
+    weighted = DataConfig(data_path=["1", a, "1", b], split="100,0,0")
+    assert unread_dataset_warnings(weighted, seq, open_datasets(weighted)) == []     # read over several epochs
