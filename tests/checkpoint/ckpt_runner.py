@@ -1,6 +1,8 @@
 """pretrain_zaya.py with fault injection for the checkpoint tests (run as a script; single process
 or under torchrun). Environment:
   CKPT_TEST_SLOW_SAVE=S      sleep S seconds inside every save, between a rank's tensor file and its JSON
+  CKPT_TEST_HANG_SAVE_AT=N   hang (sleep for an hour) there in the save of iteration N, on rank
+                             CKPT_TEST_HANG_SAVE_RANK (every rank if unset): a kill lands inside that save
   CKPT_TEST_SLOW_STEP=S      sleep S seconds in every iteration (time for a signal to arrive mid-run)
   CKPT_TEST_SLOW_EVAL=S      sleep S seconds in every evaluation
   CKPT_TEST_HANG_AT=N        hang (sleep for an hour) in iteration N on rank CKPT_TEST_HANG_RANK (0)
@@ -34,13 +36,22 @@ def main() -> int:
     if env.get("CKPT_TEST_PIDDIR"):
         with open(os.path.join(env["CKPT_TEST_PIDDIR"], f"{env.get('RANK', '0')}.pid"), "w") as f:
             f.write(str(os.getpid()))
-    if env.get("CKPT_TEST_SLOW_SAVE"):
-        delay = float(env["CKPT_TEST_SLOW_SAVE"])
+    hang_save = int(env.get("CKPT_TEST_HANG_SAVE_AT", "0"))
+    if env.get("CKPT_TEST_SLOW_SAVE") or hang_save:
+        delay = float(env.get("CKPT_TEST_SLOW_SAVE", "0"))
+        hang_ranks = env.get("CKPT_TEST_HANG_SAVE_RANK")
         original_init = saver.CheckpointWriter.__init__
+
+        def after_tensors(rank, stage, path):
+            if stage != "after_tensors":
+                return
+            if hang_save and f"iter_{hang_save:07d}." in path and hang_ranks in (None, str(rank)):
+                time.sleep(3600)
+            time.sleep(delay)
 
         def init(self, *a, **k):
             original_init(self, *a, **k)
-            self.fault_hook = lambda stage, path: time.sleep(delay) if stage == "after_tensors" else None
+            self.fault_hook = lambda stage, path, rank=self.rank: after_tensors(rank, stage, path)
         saver.CheckpointWriter.__init__ = init
 
     losses = {}

@@ -135,14 +135,17 @@ def test_a_ctrl_c_while_waiting_for_a_background_save_does_not_abandon_it(tmp_pa
     from megatron_zaya.checkpoint.format import Entry
 
     writer = saver.CheckpointWriter(str(tmp_path), 0, 1, "run", finalize_timeout=30)
-    writer.fault_hook = lambda stage, path: time.sleep(1.0) if stage == "before_marker" else None
+    reached, release = threading.Event(), threading.Event()
+    writer.fault_hook = lambda stage, path: (reached.set(), release.wait(60)) if stage == "before_marker" else None
     writer.save_async(5, [Entry("model/w", torch.ones(4), [4], [[[0, 4]]])], {}, {})
-    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
-    with pytest.raises(KeyboardInterrupt):
+    assert reached.wait(60)                                 # the save is held there until released
+    timer = threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT))
+    with pytest.raises(KeyboardInterrupt):                  # (the timer starts inside: its interrupt is caught)
+        timer.start()
         writer.wait(timeout=30)
     timer.join()
     assert writer.in_flight                                 # still writing
+    release.set()
     assert writer.wait(timeout=30) == (5, True)
     assert list_complete(str(tmp_path)) == [5] and read_latest(str(tmp_path)) == 5
 
@@ -151,7 +154,7 @@ def test_kill9_during_save_leaves_previous_latest(ckpt_corpus, ckpt_cache, tmp_p
     save = str(tmp_path / "killed")
     losses = str(tmp_path / "losses.json")
     proc = start(flags(ckpt_corpus, 6, "--save", save, "--save-interval", "3", cache=ckpt_cache),
-                 CKPT_TEST_SLOW_SAVE=2, CKPT_TEST_LOSSES=losses)
+                 CKPT_TEST_HANG_SAVE_AT=6, CKPT_TEST_LOSSES=losses)
     try:
         partial = lambda: [n for n in os.listdir(save) if n.startswith("iter_0000006.partial")] if os.path.isdir(save) else []
         _wait_for(lambda: partial() and os.path.exists(os.path.join(save, partial()[0], "rank_00000.safetensors")),

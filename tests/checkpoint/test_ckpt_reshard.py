@@ -185,7 +185,7 @@ def test_kill9_one_rank_during_a_save_keeps_the_previous_checkpoint(ckpt_corpus,
     piddir = tmp_path / "pids"
     piddir.mkdir()
     env = subprocess_env()
-    env.update(CKPT_TEST_SLOW_SAVE="3", CKPT_TEST_PIDDIR=str(piddir))
+    env.update(CKPT_TEST_HANG_SAVE_AT="4", CKPT_TEST_HANG_SAVE_RANK="1", CKPT_TEST_PIDDIR=str(piddir))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(_free_port()), RUNNER,
            *flags(ckpt_corpus, 6, "--save", save, "--save-interval", "2", cache=ckpt_cache)]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -143,6 +144,8 @@ class LocalSlurm:
             "ClusterName=zayatest",
             f"SlurmctldHost={host}(127.0.0.1)",
             f"SlurmctldPort={ctld_port}",
+            # job ids (so run_mi300x.sh's rendezvous ports) unlike another test cluster's on this machine
+            f"FirstJobId={random.randrange(1, 6000)}",
             "SlurmUser=root",
             "SlurmdUser=root",
             "AuthType=auth/munge",

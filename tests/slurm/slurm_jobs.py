@@ -34,8 +34,9 @@ class Jobs:
     def info(self, job_id: str) -> dict:
         return self.cluster.job_info(job_id)
 
-    def wait(self, job_id: str, timeout: float, until=None) -> dict:
-        """Wait for a terminal state (or for until(info) to be true); returns scontrol's fields."""
+    def wait(self, job_id: str, timeout: float, until=None, poll: float = 1.0) -> dict:
+        """Wait for a terminal state (or for until(info) to be true, asked every `poll` seconds); returns
+        scontrol's fields."""
         deadline = time.time() + timeout
         info: dict = {}
         while time.time() < deadline:
@@ -44,7 +45,7 @@ class Jobs:
                 return info
             if until is None and info.get("JobState") in TERMINAL:
                 return info
-            time.sleep(1)
+            time.sleep(poll)
         raise AssertionError(f"job {job_id} not done after {timeout:.0f}s: {info.get('JobState')}\n"
                              f"{self.output(job_id)[-3000:]}")
 

@@ -145,11 +145,12 @@ def test_sigusr1_save_requeue_resume_same_losses(reference_run, jobs, tiny_datas
 
     def training(info):
         try:
-            return max(losses(read(rank0_log)), default=0) >= 3
+            return max(losses(read(rank0_log)), default=0) >= 2
         except OSError:
             return info.get("JobState") in TERMINAL
 
-    jobs.wait(job, 120, until=training)
+    # Asked often: the signal must reach the trainer before its 16 iterations of ~0.25 s are done.
+    jobs.wait(job, 120, until=training, poll=0.2)
     jobs.cluster.run("scancel", "--batch", "--signal=USR1", job)
 
     def requeued(info):
