@@ -47,15 +47,15 @@ def megatron_num_samples(train_iters: int, global_batch_size: int, eval_interval
     return [train_iters * global_batch_size, evals * global_batch_size, eval_iters * global_batch_size]
 
 
-def blend_weights(data_path: list[str], prefixes: list[str], epoch_samples=None) -> list[float]:
+def blend_weights(data_path: list[str], prefixes: list[str], lengths=None) -> list[float]:
     """The weight of each of `prefixes` in the blend `data_path`: a weighted list's weights; an unweighted list
-    of several paths weighs each by its length, `epoch_samples(prefix)` (one epoch of its split: see
+    of several paths weighs each by its length, `lengths(prefix)` (the samples of one epoch of its split:
     `epoch_samples`), as Megatron-LM does. Unnormalized: plan_phases normalizes them once, as Megatron-LM."""
     weights, paths = parse_data_path(data_path)
     if weights is None and len(paths) > 1:
-        if epoch_samples is None:
-            raise ValueError("an unweighted blend of several paths needs epoch_samples to weigh them")
-        weights = [float(epoch_samples(p)) for p in paths]
+        if lengths is None:
+            raise ValueError("an unweighted blend of several paths needs its datasets' lengths to weigh them")
+        weights = [float(lengths(p)) for p in paths]
     elif weights is None:
         weights = [1.0]
     w = [0.0] * len(prefixes)
