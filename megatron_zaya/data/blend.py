@@ -188,7 +188,8 @@ def plan_phases(phase_weights: list[list[float]], sizes: list[int], surplus: flo
         if not active:
             raise ValueError("a phase has no dataset with a positive weight")
         local_w = [w[d] for d in active]
-        if abs(sum(local_w) - 1.0) > 1e-9:    # normalised once, as Megatron does: again would move ties by an ulp
+        given_total = sum(local_w)     # (an unweighted blend's: the sum of its datasets' lengths, a whole number)
+        if abs(given_total - 1.0) > 1e-9:    # normalised once, as Megatron does: again would move ties by an ulp
             local_w = normalize(local_w)
         if len(active) == 1:      # every sample from one dataset, in order: no index arrays
             di, dsi = np.broadcast_to(np.int16(active[0]), (size,)), Positions(size)
@@ -203,8 +204,8 @@ def plan_phases(phase_weights: list[list[float]], sizes: list[int], surplus: flo
         for k, d in enumerate(active):
             if not has_weights and len(active) == 1:
                 need = used_before[d] + size
-            elif not has_weights:      # w: the datasets' lengths (whole numbers), exactly
-                need = used_before[d] + -(-size * int(w[d]) // int(sum(w[a] for a in active)))
+            elif not has_weights:      # w: the datasets' lengths, exactly
+                need = used_before[d] + -(-size * int(w[d]) // int(given_total))
             else:
                 need = used_before[d] + ib.surplus_size(size, local_w[k], surplus)
             requests[d] = max(requests[d], need)
