@@ -11,7 +11,8 @@ The trainer is a bash stand-in (fake_trainer.sh): FAKE_RC holds one exit code pe
 one for the ranks after it; TERM/KILL/ABRT/SEGV/BUS: the trainer kills itself with that signal, i.e. it
 dies of it before its task wrapper has heard of any signal), FAKE_WRITES_ITER makes rank 0 write
 latest_checkpointed_iteration.txt into --save, FAKE_USR1 makes rank 0 send the launcher Slurm's SIGUSR1
-(then the ranks exit with their FAKE_RC: the stand-in does not save). Every call of a fake command is recorded in
+and wait until launcher.log says it was received (then the ranks exit with their FAKE_RC: the stand-in does not
+save). Every call of a fake command is recorded in
 calls.jsonl with its arguments and environment.
 """
 from __future__ import annotations
@@ -104,7 +105,10 @@ if [[ $RANK == 0 && -n ${FAKE_USR1:-} ]]; then      # Slurm's time-limit warning
         read -r -a stat < "/proc/$p/stat"
         p=${stat[3]}
     done
-    sleep 2           # still running when the launcher hears it (on a loaded machine too)
+    for (( i = 0; i < 600; i++ )); do     # still running until the launcher has heard it (at most 30 s)
+        grep -qs "received SIGUSR1" "$SLURM_SUBMIT_DIR"/logs/*/launcher.log && break
+        sleep 0.05
+    done
 fi
 read -r -a codes <<< "${FAKE_RC:-0}"
 rc=${codes[RANK]:-${codes[-1]}}
