@@ -242,7 +242,9 @@ def apply_tensor_parallel(model: ZayaModel, pstate) -> None:
     model.__class__ = TensorParallelZayaModel
     hkv = model.config.num_query_groups
     kv_group = None
-    if tp > hkv:   # one group per KV head's replicas (new_group is collective: every rank makes all)
+    # One group per KV head's replicas (new_group is collective: every rank makes all); none for a layout
+    # built without a process group (the offline checkpoint writer: it only slices weights).
+    if tp > hkv and pstate.world_group is not None:
         replicas = tp // hkv
         for tp_ranks in pstate.grid["tp"]:
             for g in range(hkv):
