@@ -27,7 +27,7 @@ from megatron_zaya.inference.decode import TokenScores, generate
 from megatron_zaya.inference.sampling import SEED_LIMIT, SamplingParams
 from megatron_zaya.inference.server import (MAX_PROMPTS, RequestError, apply_checked_fields, check_length,
                                             check_unicode, is_int, is_number, request_seed)
-from megatron_zaya.inference.text_offsets import LEFT_CONTEXT, prefix_text_lengths, texts_after
+from megatron_zaya.inference.text_offsets import LEFT_CONTEXT, GrowingText, prefix_text_lengths, texts_after
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOPS = 16          # OpenAI allows 4; evaluation harnesses send more (a task's stop sequences)
@@ -201,6 +201,28 @@ class Completer:
         ended = result.tokens[row][len(kept):len(kept) + 1] == [self.tokenizer.eod]
         return result.scores[row].logprobs[:len(kept) + ended]
 
+    def until_every_row_ends(self, rows: list[list[int]], stops: tuple[str, ...]):
+        """generate's on_step for stop strings: True once every row has sampled EOD or has one of `stops` in
+        its text, so that an answer whose stops all came early does not decode on to max_tokens (as
+        evaluation harnesses ask, with a large max_tokens and `until` strings). cut() trims the rows after.
+        None without stop strings: generate ends at EOD itself."""
+        if not stops:
+            return None
+        texts = [GrowingText(self.decode, row) for row in rows]
+        ended = [False] * len(rows)
+
+        def on_step(tokens, scores) -> bool:
+            for row, token in enumerate(tokens):
+                if token is None or ended[row]:
+                    continue
+                if token == self.tokenizer.eod:
+                    ended[row] = True
+                else:
+                    text = texts[row].append(token)
+                    ended[row] = any(s in text for s in stops)
+            return all(ended)
+        return on_step
+
     def respond(self, request: CompletionRequest) -> dict:
         prompts = self.prompt_ids(request)
         greedy = request.temperature == 0
@@ -216,7 +238,7 @@ class Completer:
             rows = [prompt for prompt in prompts for _ in range(copies)]
             result = generate(self.model, rows, request.max_tokens, sampling, eod=self.tokenizer.eod, seed=seed,
                               vocab_limit=self.tokenizer.vocab_size, return_logprobs=scored or ranked,
-                              top=request.logprobs or 0)
+                              top=request.logprobs or 0, on_step=self.until_every_row_ends(rows, request.stop))
             for i, prompt in enumerate(prompts):
                 candidates = list(range(i * copies, (i + 1) * copies))
                 cuts = {row: self.cut(prompt, result.tokens[row], request.stop) for row in candidates}

@@ -91,3 +91,18 @@ def test_a_streamed_first_tokens_text_keeps_its_leading_space():
     assert "".join(ch["text"] for ch in chunks) == " cat sat"
     assert [t for ch in chunks for t in ch["logprobs"]["tokens"]] == [" cat", " sat"]
     assert [o for ch in chunks for o in ch["logprobs"]["text_offset"]] == [3, 7]
+
+
+def test_generation_ends_once_every_row_has_met_eod_or_a_stop_string():
+    """until_every_row_ends, generate's on_step for an unstreamed request: a row ends at EOD or when a stop
+    string is in its text (across tokens too); generation ends when all have; None without stop strings."""
+    c = completer()
+    assert c.until_every_row_ends([[1]], ()) is None
+    on_step = c.until_every_row_ends([[1], [1], [1]], (" sat", "t!"))
+    assert on_step([2, 2, 2], None) is False                 # " cat" three times
+    assert on_step([5, EOD, 3], None) is False               # " cat on"; EOD; " cat sat" has the stop
+    assert on_step([3, None, 4], None) is True               # " cat on sat": all have ended (row 2 at step 2)
+    on_step = c.until_every_row_ends([[1], [1]], ("t!",))
+    assert on_step([2, 2], None) is False
+    assert on_step([4, 5], None) is False                    # " cat!" has "t!"; " cat on" not
+    assert on_step([None, 0], None) is True                  # row 1 at EOD

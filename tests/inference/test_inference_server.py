@@ -292,6 +292,29 @@ def test_completions_score_a_prompt_and_stop_at_a_stop_string(server_url, tiny_m
     assert cut[1]["choices"][0]["text"] == text[:text.find(stop)] and cut[1]["choices"][0]["finish_reason"] == "stop"
 
 
+def test_completions_stop_decoding_once_every_choice_met_a_stop_string(server_url, monkeypatch):
+    """An unstreamed request with a large max_tokens (as evaluation harnesses send their `until` strings) stops
+    decoding when its stop string appears, as the streamed one does, with the same answer."""
+    from megatron_zaya.inference import decode
+
+    body = {"prompt": "the", "temperature": 0}
+    text = call(server_url, {**body, "max_tokens": 3}, method="POST", path="/v1/completions")[1]["choices"][0]["text"]
+    stop = text.strip()[:2]
+    assert len(stop) == 2, text          # deterministic: the fixture's model and prompt
+    seen = []
+    real = decode._hidden_with_cache
+
+    def counting(model, cache, tokens, *args, **kwargs):
+        seen.append(tokens.numel())
+        return real(model, cache, tokens, *args, **kwargs)
+    monkeypatch.setattr(decode, "_hidden_with_cache", counting)
+    status, answer = call(server_url, {**body, "max_tokens": 60, "stop": ["never there", stop]}, method="POST",
+                          path="/v1/completions")
+    assert status == 200, answer
+    assert answer["choices"][0]["text"] == text[:text.find(stop)] and answer["choices"][0]["finish_reason"] == "stop"
+    assert len(seen) <= 3, seen          # the prefill and at most 2 decode steps (the stop is in 3 tokens), not 60
+
+
 def test_completions_n_samples_and_best_of_keeps_the_most_likely(server_url):
     """n: that many choices per prompt, prompt i's j-th at index i * n + j (greedy: n copies of the one
     completion; sampled: different ones). best_of: the n of best_of samples with the highest mean
