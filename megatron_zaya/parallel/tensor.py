@@ -158,7 +158,10 @@ class ParallelCCA(CompressedConvAttention):
         if self.kv_replicas == 1:
             return super().input_projections(x)
         # The replicated KV head's projections read x through replicated_input (its input gradient
-        # from the first replica only): one matmul for q0, one for the stacked k0 | v_current | v_previous.
+        # from the first replica only): one matmul for q0, one for the stacked k0 | v_current | v_previous,
+        # on one low-precision copy of x under autocast (each matmul casting it would keep two for the backward).
+        if torch.is_autocast_enabled(x.device.type):
+            x = x.to(torch.get_autocast_dtype(x.device.type))
         weights = (self.linear_k.weight, self.linear_v_current.weight, self.linear_v_previous.weight)
         k0, v_current, v_delayed = F.linear(self.replicated_input(x), torch.cat(weights)).split(
             [w.shape[0] for w in weights], dim=-1)
