@@ -76,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     lay.add_argument("--optimizer", choices=[*OPTIMIZERS, "adam"], default="adamw",
                      help="default adamw (the published-facts tables); with --config: muon, training's default; "
                           "Megatron-LM's adam is adamw, as in training")
-    lay.add_argument("--grad-dtype", choices=GRAD_DTYPES, default="fp32")
+    lay.add_argument("--grad-dtype", choices=GRAD_DTYPES, default="fp32",
+                     help="fp32: as training accumulates and reduces gradients; bf16: a what-if only "
+                          "(no training flag)")
     c = p.add_argument_group("cluster (a preset; any field can be overridden)")
     c.add_argument("--cluster", default="mi300x", help=f"one of {sorted(CLUSTERS)}")
     c.add_argument("--gpus-per-node", type=int, default=None)

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from megatron_zaya.config import ModelConfig
 from megatron_zaya.model.experts import bucketed_rows
 from megatron_zaya.model.recompute import DEFAULT_MODULES, check_modules
+from megatron_zaya.planner.layout import tp_rank_config
 
 
 @dataclass(frozen=True)
@@ -262,6 +263,7 @@ def activation_memory(config: ModelConfig, seq_length: int, micro_batch_size: in
     (a math-path core adds the bias without keeping it). `sequence_parallel` (--sequence-parallel): under
     TP > 1, whether the terms of `tp="sequence"` are split too."""
     local_tokens = micro_batch_size * seq_length / context_parallel
+    config = tp_rank_config(config, tensor_parallel)       # TP > KV heads: a whole KV head on each rank
     terms = layer_terms(config, seq_length, policy, context_parallel, routed_fraction, padded_fraction,
                         packed_documents)
     outer_list = outer_terms(config, policy, packed_documents)
@@ -299,7 +301,8 @@ def activation_memory(config: ModelConfig, seq_length: int, micro_batch_size: in
     elif recompute == "selective":
         kept = layers * per_layer(modules) + outer(modules)
         if "moe" in modules:
-            inner = tuple(m for m in modules if m != "moe")
+            # The rerun sublayer keeps what it saves: "moe_act" is off inside it (ZayaModel.set_recompute).
+            inner = tuple(m for m in modules if m not in ("moe", "moe_act"))
             kept += checkpoint_inputs / share["sequence"]
             live = per_rank(t for t in terms if t.moe and t.stored(inner))
     elif recompute == "full":

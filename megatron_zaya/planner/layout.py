@@ -14,6 +14,15 @@ class LayoutError(UserInputError):
     """The layout is impossible; the message names the flag and the value."""
 
 
+def tp_rank_config(config: ModelConfig, tensor_parallel: int) -> ModelConfig:
+    """The model as one TP rank holds it, TP ways: with more TP ranks than KV heads each rank holds a whole
+    KV head, replicated (parallel/tensor.py), as if the model had TP KV heads split TP ways. The planner
+    counts a rank's attention weights, activations, K/V traffic and work with it."""
+    if tensor_parallel <= config.num_query_groups:
+        return config
+    return config.replace(num_query_groups=tensor_parallel)
+
+
 @dataclass(frozen=True)
 class ParallelLayout:
     gpus: int
@@ -90,9 +99,11 @@ class ParallelLayout:
             check_modules(self.recompute_modules)
         except ValueError as err:
             raise LayoutError(str(err)) from None
-        need(config.num_attention_heads % tp == 0 and config.num_query_groups % tp == 0,
+        hkv = config.num_query_groups
+        need(config.num_attention_heads % tp == 0 and (hkv % tp == 0 or tp % hkv == 0),
              f"--tensor-model-parallel-size={tp}: must divide the query heads ({config.num_attention_heads}) "
-             f"and the KV heads ({config.num_query_groups})")
+             f"and divide or be a multiple of the KV heads ({hkv}; replicated when TP > KV heads)")
+        need(tp > 1 or not self.sequence_parallel, "--sequence-parallel needs --tensor-model-parallel-size > 1")
         need(config.moe_ffn_hidden_size % tp == 0 and config.vocab_size % tp == 0,
              f"--tensor-model-parallel-size={tp}: must divide --moe-ffn-hidden-size={config.moe_ffn_hidden_size} "
              f"and the vocabulary ({config.vocab_size})")

@@ -13,9 +13,12 @@ Mixed-precision convention (Megatron's, with its distributed optimizer for ZeRO-
 * ZeRO-1 (--use-distributed-optimizer) shards master weights and optimizer state: each group of
   parameters (dense bf16, dense fp32, expert) is laid out flat in model order, cut into equal
   contiguous shards of ceil(N / ranks) elements over its data-parallel group (dense: DP x CP;
-  experts: DP x CP / EP), and each rank keeps one master/state tensor per parameter piece in its shard.
+  experts: DP x CP / EP), and each rank keeps one master/state tensor per parameter piece in its shard;
+  Muon's matrices are not cut: each has one owner in its group, which keeps its momentum and master
+  (`muon_owner_loads`), so at many ranks the largest owner holds far more than 1/N of them.
 
-Parameter placement: TP shards the attention (all its tensors) and the embedding; experts are split
+Parameter placement: TP shards the attention (all its tensors; with TP > KV heads each rank holds one
+whole KV head, `tp_rank_config`) and the embedding; experts are split
 over EP (E / EP experts per rank) and, when TP > 1, over TP too (expert tensor parallelism = TP);
 the router, norms and residual scales are replicated.
 """
@@ -28,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from megatron_zaya.config import ModelConfig
-from megatron_zaya.planner.layout import ParallelLayout
+from megatron_zaya.planner.layout import ParallelLayout, tp_rank_config
 
 OPTIMIZERS = ("adamw", "muon")
 GRAD_DTYPES = ("fp32", "bf16")
@@ -41,6 +44,7 @@ class ParamInfo:
     storage_bytes: int         # 2 (bf16) or 4 (fp32 router)
     expert: bool
     muon: bool                 # a hidden matrix Muon would update
+    whole: int = 0             # elements with the TP split undone (what DistributedMuon balances owners by)
 
 
 def _kind(name: str) -> str:
@@ -75,13 +79,10 @@ def parameter_inventory(config: ModelConfig, tp: int = 1, ep: int = 1) -> list[P
     params = []
     for name, shape in parameter_shapes(config):
         kind = _kind(name)
-        numel = math.prod(shape)
-        if kind in ("attention", "embedding"):
-            numel = -(-numel // tp)
-        elif kind == "expert":
-            numel = -(-numel // (ep * tp))
+        whole = math.prod(shape) // (ep if kind == "expert" else 1)
+        numel = -(-whole // tp) if kind in ("attention", "embedding", "expert") else whole
         muon = len(shape) >= 2 and kind not in ("embedding",) and ".conv_" not in name
-        params.append(ParamInfo(name, numel, 4 if kind == "router" else 2, kind == "expert", muon))
+        params.append(ParamInfo(name, numel, 4 if kind == "router" else 2, kind == "expert", muon, whole))
     return params
 
 
@@ -129,6 +130,24 @@ def zero1_buffers(params: list[ParamInfo]) -> dict[str, list[ParamInfo]]:
     return buffers
 
 
+def muon_owner_loads(params: list[ParamInfo], layout: ParallelLayout, load) -> list[float]:
+    """Under ZeRO-1, DistributedMuon's whole-matrix owners: per rank of the dense (DP x CP) group, the sum of
+    load(param) over the Muon matrices it owns, dense ones in its group and expert ones in its expert-DP group
+    (rank r holds expert share r mod expert-DP, as the flat shards). Owners as the trainer picks them
+    (parallel.data.owners_of_bucket: largest whole matrix first, to the least-loaded rank)."""
+    from megatron_zaya.parallel.data import owners_of_bucket
+
+    n = layout.dense_shard_group
+    total = [0.0] * n
+    for expert, ranks in ((False, n), (True, layout.expert_data_parallel)):
+        matrices = [p for p in params if p.muon and p.expert == expert]
+        owned = [0.0] * ranks
+        for p, owner in zip(matrices, owners_of_bucket([p.whole for p in matrices], ranks)):
+            owned[owner] += load(p)
+        total = [t + owned[r % ranks] for r, t in enumerate(total)]
+    return total
+
+
 @dataclass
 class StateMemory:
     weights: int
@@ -148,18 +167,22 @@ def state_memory(config: ModelConfig, layout: ParallelLayout, optimizer: str = "
         raise ValueError(f"--optimizer={optimizer}: choose one of {OPTIMIZERS}")
     if grad_dtype not in GRAD_DTYPES:
         raise ValueError(f"--grad-dtype={grad_dtype}: choose one of {GRAD_DTYPES}")
-    params = parameter_inventory(config, layout.tensor_parallel, layout.expert_parallel)
+    params = parameter_inventory(tp_rank_config(config, layout.tensor_parallel), layout.tensor_parallel,
+                                 layout.expert_parallel)
     weights = sum(p.numel * p.storage_bytes for p in params)
     gradients = sum(p.numel * (4 if grad_dtype == "fp32" else p.storage_bytes) for p in params)
     if layout.zero1:
-        per_rank = None
-        for key, group in zero1_buffers(params).items():
+        # AdamW's state in flat element shards; with Muon, its matrices whole on their owners.
+        by_muon = optimizer == "muon"
+        per_rank = [0] * layout.dense_shard_group
+        for key, group in zero1_buffers([p for p in params if not (by_muon and p.muon)]).items():
             ranks = layout.expert_data_parallel if key == "expert" else layout.dense_shard_group
             shards = zero1_optimizer_bytes_per_rank(group, ranks, optimizer)
             # Rank r of the dense group holds expert shard r mod (expert DP group size).
-            n = layout.dense_shard_group
-            column = [shards[r % ranks] for r in range(n)]
-            per_rank = column if per_rank is None else [a + b for a, b in zip(per_rank, column)]
+            per_rank = [total + shards[r % ranks] for r, total in enumerate(per_rank)]
+        if by_muon:
+            owned = muon_owner_loads(params, layout, lambda p: p.numel * optimizer_bytes_per_element(p, "muon"))
+            per_rank = [total + int(b) for total, b in zip(per_rank, owned)]
         optimizer_bytes = max(per_rank)
     else:
         optimizer_bytes = sum(p.numel * optimizer_bytes_per_element(p, optimizer) + optimizer_tensor_overhead(p, optimizer)

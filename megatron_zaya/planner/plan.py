@@ -108,7 +108,7 @@ def _candidates(layout: ParallelLayout):
                dataclasses.replace(layout, recompute="selective", recompute_modules=modules))
     if layout.recompute != "full":
         yield "full", "recompute full (--recompute full; in training: --recompute-granularity full)", \
-            dataclasses.replace(layout, recompute="full")
+            dataclasses.replace(layout, recompute="full", recompute_modules=())
     ep = layout.expert_parallel * 2
     while ep <= layout.gpus:
         yield "ep", f"raise EP to {ep} (--expert-model-parallel-size {ep})", dataclasses.replace(layout, expert_parallel=ep)

@@ -25,8 +25,8 @@ Overlap (Megatron's --overlap-grad-reduce / --overlap-param-gather): the gradien
 behind the backward of the last micro-batch and the weight all-gather behind the forward of the first;
 only the rest is exposed. TP, CP and EP communication is counted as exposed (on the critical path).
 Optimizer: memory-bound, bytes moved per local master element at HBM x Efficiency.hbm; Muon adds
-Newton-Schulz (5 quintic steps) FLOPs, split over the data-parallel ranks under ZeRO-1 (each rank
-orthogonalises the matrices it owns), replicated otherwise.
+Newton-Schulz (5 quintic steps) FLOPs: under ZeRO-1 those of the matrices the busiest rank owns (whole
+matrices, DistributedMuon's owners: at many ranks more than 1/N of them), replicated otherwise.
 """
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from megatron_zaya.config import ModelConfig
 from megatron_zaya.model.accounting import forward_flops_per_token, matmul_macs_per_token, training_flops_per_token
 from megatron_zaya.planner.hardware import ClusterSpec, Efficiency
-from megatron_zaya.planner.layout import ParallelLayout
-from megatron_zaya.planner.memory import parameter_inventory, parameter_shapes
+from megatron_zaya.planner.layout import ParallelLayout, tp_rank_config
+from megatron_zaya.planner.memory import muon_owner_loads, parameter_inventory, parameter_shapes
 
 
 @dataclass
@@ -91,19 +91,21 @@ def step_time(config: ModelConfig, layout: ParallelLayout, cluster: ClusterSpec,
     # Every GPU does an equal share of the work (a TP group splits its tokens' work TP ways).
     tokens_per_gpu = layout.global_batch_size * s / layout.gpus
     model_flops = training_flops_per_token(config, s) * tokens_per_gpu
-    executed = model_flops
+    # What a rank runs: with TP > KV heads, its replicated KV head's work too (not model FLOPs).
+    rank_config = tp_rank_config(config, tp)
+    executed = training_flops_per_token(rank_config, s) * tokens_per_gpu
     if layout.recompute == "full":
-        lm_head = 2 * matmul_macs_per_token(config)["lm_head"]
-        executed += (forward_flops_per_token(config, s) - lm_head) * tokens_per_gpu
+        lm_head = 2 * matmul_macs_per_token(rank_config)["lm_head"]
+        executed += (forward_flops_per_token(rank_config, s) - lm_head) * tokens_per_gpu
     elif layout.recomputes_moe:        # the router and the active expert's matmuls run twice
-        macs = matmul_macs_per_token(config)
+        macs = matmul_macs_per_token(rank_config)
         executed += 2 * (macs["router"] + macs["active_expert"]) * tokens_per_gpu
     compute = executed / (cluster.peak_flops * eff.compute)
     per_micro_batch = compute / layout.micro_batches
     fwd_first, bwd_last = per_micro_batch / 3, per_micro_batch * 2 / 3
 
     # Optimizer: bytes moved per local master element (grad read, master r/w, state r/w, bf16 weight write).
-    params = parameter_inventory(config, tp, ep)
+    params = parameter_inventory(rank_config, tp, ep)
     grad_b = 4 if grad_dtype == "fp32" else 2
     dense = [p for p in params if not p.expert]
     experts = [p for p in params if p.expert]
@@ -115,17 +117,17 @@ def step_time(config: ModelConfig, layout: ParallelLayout, cluster: ClusterSpec,
     opt_bytes = local_master * (grad_b + 8 + state_rw + 2)
     optimizer_time = opt_bytes / (cluster.hbm_tbps * 1e12 * eff.hbm)
     if optimizer == "muon":
-        ns_dense = ns_expert = 0.0
+        # Newton-Schulz on whole matrices (a TP group orthogonalises them whole), of this rank's experts.
+        ns_flops = {}
         for name, shape in parameter_shapes(config):
-            if len(shape) < 2 or name.startswith("embedding.") or name.startswith("output_layer.") or ".conv_" in name:
-                continue
-            rows, cols = shape[-2], shape[-1]
-            count = math.prod(shape) // (rows * cols)
-            if ".moe.experts." in name:
-                ns_expert += count * newton_schulz_flops(rows, cols) / ep
-            else:
-                ns_dense += count * newton_schulz_flops(rows, cols)
-        ns = ns_dense / shard_dense + ns_expert / shard_expert
+            rows, cols = shape[-2:] if len(shape) >= 2 else (0, 0)
+            count = math.prod(shape) // max(1, rows * cols) // (ep if ".moe.experts." in name else 1)
+            ns_flops[name] = count * newton_schulz_flops(rows, cols) if rows else 0.0
+        load = lambda p: ns_flops[p.name]   # noqa: E731
+        if layout.zero1:     # each rank its own matrices (whole, on owners): the busiest rank's share
+            ns = max(muon_owner_loads(params, layout, load))
+        else:
+            ns = sum(load(p) for p in params if p.muon)
         optimizer_time += ns / (cluster.peak_flops * eff.compute)
 
     # Data-parallel gradient reduction and weight gather, once per step.
@@ -151,7 +153,7 @@ def step_time(config: ModelConfig, layout: ParallelLayout, cluster: ClusterSpec,
     layers, mbs = config.num_layers, layout.micro_batches
     forward_repeats = 2 if layout.recompute == "full" else 1
     moe_repeats = 2 if layout.recompute == "full" or layout.recomputes_moe else 1
-    kv_bytes = local_tokens * 2 * config.num_query_groups * config.kv_channels * 2 / tp
+    kv_bytes = local_tokens * 2 * rank_config.num_query_groups * config.kv_channels * 2 / tp
     cp_time = 0.0
     if cp > 1:
         gathered = kv_bytes * cp

@@ -160,3 +160,25 @@ def test_zero1_shards_exact_per_rank(ranks, ep):
     dense = [p for n, p in mp.named if not is_expert(n)]
     assert planned.weights == tensor_bytes(dense) + expert_local * 2
     assert planned.gradients == 4 * (sum(p.numel() for p in dense) + expert_local)
+
+
+def test_zero1_muon_at_1024_ranks_keeps_whole_matrices_on_their_owners():
+    """ZAYA1-base over 1024 ranks: DistributedMuon gives each whole (expert-stacked) matrix to one owner, which
+    keeps its fp32 momentum and master, so the busiest rank holds at least the largest matrix's 8 bytes per
+    element (about 1.07 GB for a layer's experts' gate/up), far above 1/1024 of the state (0.07 GB: the flat cut
+    the planner once made), and its Newton-Schulz time is that rank's."""
+    from megatron_zaya.planner import CLUSTERS, Efficiency
+    from megatron_zaya.planner.memory import parameter_inventory
+    from megatron_zaya.planner.time import newton_schulz_flops, step_time
+
+    config = model_config_from_preset("zaya1-base")
+    layout = ParallelLayout(1024, 4096, 1, 4096, zero1=True).validate(config)
+    largest = max(p.numel for p in parameter_inventory(config) if p.muon)
+    muon = state_memory(config, layout, "muon")
+    assert largest * 8 <= muon.optimizer < 2 * largest * 8
+    assert muon.optimizer > 10 * state_memory(config, layout, "adamw").optimizer
+    experts, d, f = config.num_experts, config.hidden_size, config.moe_ffn_hidden_size
+    cluster, eff = CLUSTERS["mi300x"], Efficiency()
+    muon_time, adamw_time = (step_time(config, layout, cluster, eff, optimizer) for optimizer in ("muon", "adamw"))
+    busiest = muon_time.optimizer - adamw_time.optimizer     # (less: Muon moves fewer state bytes than AdamW)
+    assert busiest >= experts * newton_schulz_flops(2 * f, d) / (cluster.peak_flops * eff.compute) * 0.9

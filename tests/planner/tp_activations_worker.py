@@ -2,7 +2,9 @@
 each rank of TP = 2 (hand-rolled tensor parallelism, gloo), with or without sequence parallelism, and the
 routing fractions the planner takes. Rank 0 prints every rank's numbers as one JSON line.
 
-    torchrun --nproc-per-node 2 tests/planner/tp_activations_worker.py sp|nosp
+    torchrun --nproc-per-node 2 tests/planner/tp_activations_worker.py sp|nosp [KV heads, default 2]
+
+With 1 KV head, TP 2 is more ranks than KV heads: each rank holds the whole KV head (replicated).
 """
 import json
 import sys
@@ -27,7 +29,8 @@ def main() -> None:
     sequence_parallel = sys.argv[1] == "sp"
     env = init_distributed()
     torch.set_num_threads(1)
-    config = model_config_from_preset("zaya1-tiny", **CONFIG)
+    kv_heads = int(sys.argv[2]) if len(sys.argv) > 2 else CONFIG["num_query_groups"]
+    config = model_config_from_preset("zaya1-tiny", **(CONFIG | {"num_query_groups": kv_heads}))
     pstate = ParallelState(2, 1, 1, 2, sequence_parallel=sequence_parallel, model_config=config)
     model = parallelize_model(bf16_model(config), pstate)
     generator = torch.Generator().manual_seed(1)
