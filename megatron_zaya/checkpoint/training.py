@@ -271,6 +271,8 @@ class TrainingCheckpointer:
                              "checkpoint's: " + ", ".join(f"--{n.replace('_', '-')} {now} (checkpoint: {then})"
                                                           for n, then, now in changed)
                              + "; --use-checkpoint-opt_param-scheduler keeps the checkpoint's")
+        if not cfg.finetune and run_flags:
+            notes += batch_size_change_notes(trainer, run_flags)
         data_note = enter_data_phase(trainer.state, data_signature(self.run))
         same_dir = cfg.save and os.path.abspath(os.path.dirname(folder.folder)) == os.path.abspath(cfg.save)
         if same_dir and not cfg.finetune:
@@ -480,3 +482,17 @@ def restore_train_state(state_type, meta: dict):
     if "consumed_tokens" not in saved:
         saved["consumed_tokens"] = saved["consumed_samples"] * meta["model_config"]["seq_length"]
     return state_type(**{f.name: saved[f.name] for f in dataclasses.fields(state_type) if f.name in saved})
+
+
+def batch_size_change_notes(trainer, saved_flags: dict) -> list[str]:
+    """A resume under --train-iters with another --global-batch-size: the schedules go on at the run's
+    iteration, each new step one iteration (ZAYA1's 32K phase), where Megatron-LM counts its schedule in
+    samples and would stand at samples / new batch size. Said once, as the other schedule notes."""
+    then, now = saved_flags.get("global_batch_size"), trainer.cfg.global_batch_size
+    if trainer.lr_schedule.unit != "iters" or then is None or then == now:
+        return []
+    state = trainer.state
+    return [f"--global-batch-size {now} (checkpoint: {then}): the LR / weight-decay schedules go on from "
+            f"iteration {state.scheduled_iterations:g} of --train-iters, one per step of {now} samples; "
+            f"Megatron-LM counts them in samples and would go on from {state.scheduled_samples / now:g} "
+            f"(--train-samples with the --lr-*-samples flags counts samples here too)"]

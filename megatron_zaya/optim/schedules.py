@@ -32,6 +32,9 @@ class LRSchedule:
     wsd_decay_style: str = "exponential"     # Megatron-LM's default
     unit: str = "iters"                 # what positions count: "iters" or "samples" (named in errors)
     warmup_init: float = 0.0            # --lr-warmup-init: the lr the warmup starts from
+    # inverse-square-root's floor on the warmup and the position: one sample, as Megatron-LM counts them
+    # (1 / --global-batch-size in iterations: without a warmup the lr is lr / sqrt(samples consumed)).
+    one_sample: float = 1.0
 
     def __post_init__(self):
         u = self.unit
@@ -59,7 +62,8 @@ class LRSchedule:
         if self.decay_style == "inverse-square-root":      # Megatron-LM's, min-lr only past the decay's end
             if position > self.decay:
                 return self.min_lr
-            return max(self.min_lr, self.lr * math.sqrt(max(self.warmup, 1) / max(position, 1)))
+            floor = self.one_sample
+            return max(self.min_lr, self.lr * math.sqrt(max(self.warmup, floor) / max(position, floor)))
         if position >= self.decay:
             return self.min_lr
         span = self.lr - self.min_lr
@@ -114,7 +118,7 @@ def lr_schedule_from_flags(lr: float, flags, total_iters: int) -> LRSchedule:
             raise ValueError(f"--lr-warmup-fraction={flags.lr_warmup_fraction} must be in [0, 1]")
         warmup = flags.lr_warmup_fraction * decay
     return LRSchedule(lr, flags.min_lr, warmup, decay, flags.lr_decay_style, wsd, flags.lr_wsd_decay_style, unit,
-                      getattr(flags, "lr_warmup_init", 0.0))
+                      getattr(flags, "lr_warmup_init", 0.0), 1.0 if samples else 1.0 / flags.global_batch_size)
 
 
 def decoupled_lr_schedule(schedule: LRSchedule, flags) -> LRSchedule | None:

@@ -12,7 +12,7 @@ from megatron_zaya.optim.schedules import (LRSchedule, counts_samples, decoupled
 def _flags(**kw):
     base = dict(train_iters=None, train_samples=None, min_lr=0.0, lr_decay_style="linear", lr_wsd_decay_style="linear",
                 lr_warmup_iters=0, lr_decay_iters=None, lr_wsd_decay_iters=0, lr_warmup_samples=0,
-                lr_decay_samples=None, lr_wsd_decay_samples=0, lr_warmup_fraction=None,
+                lr_decay_samples=None, lr_wsd_decay_samples=0, lr_warmup_fraction=None, global_batch_size=1,
                 weight_decay_incr_style="linear", start_weight_decay=0.0, end_weight_decay=0.1)
     return SimpleNamespace(**{**base, **kw})
 

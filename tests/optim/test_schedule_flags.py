@@ -11,7 +11,8 @@ from megatron_zaya.optim.schedules import LRSchedule, decoupled_lr_schedule, lr_
 def _flags(**kw):
     base = dict(train_iters=None, train_samples=None, min_lr=0.0, lr_decay_style="linear", lr_wsd_decay_style="linear",
                 lr_warmup_iters=0, lr_decay_iters=None, lr_wsd_decay_iters=0, lr_warmup_samples=0,
-                lr_decay_samples=None, lr_wsd_decay_samples=0, lr_warmup_fraction=None, lr_warmup_init=0.0)
+                lr_decay_samples=None, lr_wsd_decay_samples=0, lr_warmup_fraction=None, lr_warmup_init=0.0,
+                global_batch_size=1)
     return SimpleNamespace(**{**base, **kw})
 
 

@@ -54,6 +54,22 @@ def test_inverse_square_root_as_megatron_lm():
     assert no_warmup(0) == 1.0 and no_warmup(1) == 1.0 and no_warmup(4) == pytest.approx(0.5)
 
 
+def test_inverse_square_root_without_warmup_counts_samples_under_train_iters():
+    """Without a warmup Megatron-LM's lr is lr / sqrt(samples consumed) (its floors are one sample), under
+    --train-iters too: iteration k of global batch 4 trains at lr / sqrt(4 (k - 1)), not lr / sqrt(k - 1)
+    (the first step at lr). With a warmup the two units agree, and under --train-samples nothing changes."""
+    flags = _flags(train_iters=100, lr_decay_style="inverse-square-root", global_batch_size=4)
+    s = lr_schedule_from_flags(1.0, flags, 100)
+    assert [s(k) for k in range(5)] == pytest.approx([1.0, 1 / math.sqrt(4), 1 / math.sqrt(8), 1 / math.sqrt(12),
+                                                      1 / math.sqrt(16)])
+    warm = lr_schedule_from_flags(1.0, _flags(train_iters=100, lr_decay_style="inverse-square-root",
+                                              lr_warmup_iters=4, global_batch_size=4), 100)
+    assert warm(16) == pytest.approx(0.5)                # sqrt(16 samples / 64 samples), as in samples
+    samples = lr_schedule_from_flags(1.0, _flags(train_samples=400, lr_decay_style="inverse-square-root",
+                                                 global_batch_size=4), 0)
+    assert samples(0) == 1.0 and samples(4) == pytest.approx(0.5)
+
+
 @pytest.mark.parametrize("kwargs, flag", [
     (dict(decay_style="bogus"), "--lr-decay-style"),
     (dict(min_lr=2.0), "--min-lr"),
@@ -67,7 +83,7 @@ def test_bad_schedules_name_the_flag(kwargs, flag):
 def _flags(**kw):
     base = dict(train_iters=None, train_samples=None, min_lr=0.0, lr_decay_style="linear", lr_wsd_decay_style="linear",
                 lr_warmup_iters=0, lr_decay_iters=None, lr_wsd_decay_iters=0, lr_warmup_samples=0,
-                lr_decay_samples=None, lr_wsd_decay_samples=0, lr_warmup_fraction=None)
+                lr_decay_samples=None, lr_wsd_decay_samples=0, lr_warmup_fraction=None, global_batch_size=1)
     return SimpleNamespace(**{**base, **kw})
 
 

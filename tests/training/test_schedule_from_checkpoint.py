@@ -62,6 +62,24 @@ def test_resume_without_the_flag_follows_this_runs_flags(first_run, tiny_corpus,
     assert "--use-checkpoint-opt_param-scheduler keeps the checkpoint's" in out
 
 
+def test_a_resume_with_another_global_batch_size_says_how_the_schedule_goes_on(first_run, tiny_corpus, tmp_path,
+                                                                               capsys):
+    """--train-iters with --global-batch-size 8 after 4 iterations of 4: the schedule goes on at iteration 4,
+    one iteration per step (as the LRs show), and the warning says where Megatron-LM's, counted in samples,
+    would be: 16 samples / 8 = iteration 2."""
+    first, out = _resumed(first_run, tiny_corpus, tmp_path, capsys, ["--global-batch-size", "8"])
+    second = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{**FIRST, **SECOND}))
+    schedule = lr_schedule_from_flags(second.optim.lr, second.train, 8)
+    lrs = _lrs(out)
+    assert sorted(lrs) == [5, 6, 7, 8]
+    assert all(lr == pytest.approx(schedule(it - 1), rel=1e-3) for it, lr in lrs.items()), lrs
+    assert ("--global-batch-size 8 (checkpoint: 4): the LR / weight-decay schedules go on from iteration 4 of "
+            "--train-iters, one per step of 8 samples; Megatron-LM counts them in samples and would go on from 2 "
+            "(--train-samples with the --lr-*-samples flags counts samples here too)") in out
+    _, same = _resumed(first_run, tiny_corpus, tmp_path / "same", capsys, [])
+    assert "--global-batch-size" not in same
+
+
 @pytest.mark.parametrize("extra, message", [
     ([], "--use-checkpoint-opt_param-scheduler needs --load"),
     (["--load", "x", "--finetune"], "--use-checkpoint-opt_param-scheduler and --finetune exclude each other"),
