@@ -13,15 +13,9 @@ import pytest
 
 from ckpt_harness import ROOT, subprocess_env
 from megatron_zaya.checkpoint import inspect_checkpoint, load_full_model_state
+from tests.parallel.parallel_launcher import free_port
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ckpt_reshard_worker.py")
-
-
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run(cmd, timeout=300, **env):
@@ -34,13 +28,13 @@ def _run(cmd, timeout=300, **env):
 def test_save_under_4_processes_load_under_other_layouts_and_1(tmp_path):
     d = str(tmp_path)
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
-          "--master-port", str(_free_port()), WORKER, d,
+          "--master-port", str(free_port()), WORKER, d,
           "save:tp2-ep2-zero", "load:cp2-ep2", "load:dp-zero", "save:cp2-ep2:b", "load:tp2-ep2-zero:b",
           "save:tp4-zero:c", "load:tp2-ep2-zero:c", "loadfail:dp-zero", "loadfailstep:dp-zero", "save:dp-zero:e",
           "load:dp-zero:e", "loadbadjson:dp-zero:e", "save:dp-zero:f", "save:dp-zero:w:whole", "load:dp-zero:w"],
          CKPT_TEST_MIN_SHARE_BYTES="0")     # tensors over an even share: row shares
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-          "--master-port", str(_free_port()), WORKER, d, "load:dp-zero:f"])
+          "--master-port", str(free_port()), WORKER, d, "load:dp-zero:f"])
     _run([sys.executable, WORKER, d, "load:single", "load:single:b", "load:single:c"])
     results = {r["task"]: r for r in json.load(open(os.path.join(d, "losses.json")))}
     for saver, loaders in (("save:tp2-ep2-zero", ["load:cp2-ep2", "load:dp-zero", "load:single"]),
@@ -145,7 +139,7 @@ def test_pretrain_under_torchrun_sigusr1_saves_and_resumes(ckpt_corpus, ckpt_cac
     piddir.mkdir()
     env.update(CKPT_TEST_SLOW_STEP="0.05", CKPT_TEST_LOSSES=losses, CKPT_TEST_PIDDIR=str(piddir))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), RUNNER,
+           "--master-port", str(free_port()), RUNNER,
            *flags(ckpt_corpus, 500, "--save", save, "--use-distributed-optimizer", cache=ckpt_cache)]
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -187,7 +181,7 @@ def test_kill9_one_rank_during_a_save_keeps_the_previous_checkpoint(ckpt_corpus,
     env = subprocess_env()
     env.update(CKPT_TEST_HANG_SAVE_AT="4", CKPT_TEST_HANG_SAVE_RANK="1", CKPT_TEST_PIDDIR=str(piddir))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), RUNNER,
+           "--master-port", str(free_port()), RUNNER,
            *flags(ckpt_corpus, 6, "--save", save, "--save-interval", "2", cache=ckpt_cache)]
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
