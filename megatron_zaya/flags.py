@@ -287,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument(flag, action="store_true", help="accepted for Megatron-LM scripts: always logged here")
     g.add_argument("--log-params-norm", action="store_true",
                    help="the parameters' norm on the console line too (TensorBoard's 'params-norm' is always written)")
-    g.add_argument("--progress-bar", action="store_true", help="tqdm progress bar (short local runs)")
+    g.add_argument("--progress-bar", action="store_true",
+                   help="tqdm progress bar on a terminal (short local runs; not drawn when stderr is a file or pipe)")
     g.add_argument("--log-num-zeros-in-grad", action="store_true",
                    help="count the exactly-zero elements of the reduced gradient every step (console and "
                         "TensorBoard 'num-zeros'; one more pass over the gradients)")

@@ -91,6 +91,7 @@ class TrainingCheckpointer:
         self.rank = getattr(runtime, "rank", 0)
         self.world_size = getattr(runtime, "world_size", 1)
         self.is_main = getattr(runtime, "is_main", self.rank == 0)
+        self.console = None      # a print for console lines (setup: the training logger's, once it exists)
         self.signals = SignalMonitor(rank=self.rank)
         self.watchdog = Watchdog(self.cfg.watchdog_timeout_factor, self.cfg.watchdog_min_seconds, self.rank)
         if self.cfg.save and self.is_main:
@@ -134,7 +135,11 @@ class TrainingCheckpointer:
         return f"{int(self._max(mine)):010x}"
 
     def log(self, msg: str) -> None:
-        if self.is_main:
+        if not self.is_main:
+            return
+        if self.console is not None:       # the training logger's: through its progress bar, if one is drawn
+            self.console(msg)
+        else:
             print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}", flush=True)
 
     def _log_error(self, msg: str) -> None:
@@ -225,6 +230,7 @@ class TrainingCheckpointer:
             self.log(f"WARNING: --load {cfg.load}: no checkpoint found; training from scratch"
                      + ("" if resume_idiom else hub_name_hint(cfg.load, then=HUB_LOAD_STEPS)))
             return
+        self.log(f"loading checkpoint {folder.folder} (iteration {folder.iteration})")
         meta = folder.metadata
         config_notes = check_model_config(meta, self.run, cfg.finetune, folder.folder)
         check_weights_only(meta, cfg, folder.folder)
@@ -337,6 +343,7 @@ class TrainingCheckpointer:
             if self._promote(iteration, reason):
                 return True
             # that non-persistent save failed: saved again below, as a persistent one
+        self.log(f"saving checkpoint at iteration {iteration} ({reason}) to {self.writer.final_dir(iteration)}")
         started = time.time()
         with self.watchdog.paused():
             entries, objects = self.collect(trainer)

@@ -29,6 +29,10 @@ MAX_POLL_S = 2.0          # a waiter looks for the finished files at most this o
 SLOW_BUILD_S = 10.0       # a build taking longer says how long, naming its files
 
 
+def _now() -> str:
+    return f"[{time.strftime('%Y-%m-%d %H:%M:%S')}]"
+
+
 def _speaks() -> bool:
     """Only the first process of a node prints waiting notices (all its ranks wait on one builder)."""
     from megatron_zaya.parallel.launch import detect_launcher
@@ -123,8 +127,8 @@ def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: li
             if not noticed and time.time() - started > WAIT_NOTICE_S:
                 noticed = True
                 if _speaks():
-                    print(f"waiting for {_holder(lock)} to build {base}-*.npy (its lock: {lock})", file=sys.stderr,
-                          flush=True)
+                    print(f"{_now()} waiting for {_holder(lock)} to build {base}-*.npy (its lock: {lock})",
+                          file=sys.stderr, flush=True)
             if time.time() > deadline:
                 raise TimeoutError(
                     f"--data-cache-path {cache_dir}: waited {timeout_s:.0f}s for another process to build "
@@ -139,10 +143,12 @@ def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: li
             if os.path.exists(done) and all(os.path.exists(p) for p in paths.values()):
                 return load()  # someone finished between our check and the lock
             built_at = time.time()
+            if _speaks():       # (a large corpus takes minutes: said before, not only after)
+                print(f"{_now()} building {base}-*.npy ...", file=sys.stderr, flush=True)
             arrays = build()
             if time.time() - built_at > SLOW_BUILD_S:
-                print(f"built {base}-*.npy in {time.time() - built_at:.0f} s (later runs read them)", file=sys.stderr,
-                      flush=True)
+                print(f"{_now()} built {base}-*.npy in {time.time() - built_at:.0f} s (later runs read them)",
+                      file=sys.stderr, flush=True)
             tmp_suffix = f".tmp{os.getpid()}.npy"
             for n, p in paths.items():
                 np.save(p[:-4] + tmp_suffix, np.ascontiguousarray(arrays[n]), allow_pickle=False)

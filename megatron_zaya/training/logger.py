@@ -25,7 +25,8 @@ class TrainingLogger:
     def __init__(self, is_main: bool, tensorboard_dir: str | None, total_iters: int, start_iter: int,
                  progress_bar: bool = False, queue_size: int = 1000, start_samples: int = 0,
                  total_samples: int | None = None, purge: bool = True):
-        """`total_samples` (with --rampup-batch-size): the progress bar counts samples, whose pace gives an
+        """`progress_bar`: a tqdm bar on stderr when it is a terminal (else the console lines alone);
+        `total_samples` (with --rampup-batch-size): the bar counts samples, whose pace gives an
         ETA when iterations grow; `purge` False for a job that trains nothing (--skip-train, a finished
         run), which must not drop the points an earlier job wrote past its iteration."""
         self.is_main = is_main
@@ -43,7 +44,7 @@ class TrainingLogger:
                                                 max_queue=queue_size, flush_secs=10,
                                                 purge_step=start_samples + 1 if purge else None)
         self.bar_counts_samples = total_samples is not None
-        if progress_bar:
+        if progress_bar and sys.stderr.isatty():     # (redrawn with carriage returns: not into a log file)
             from tqdm import tqdm
             total, initial, unit = ((total_samples, start_samples, "sample") if self.bar_counts_samples
                                     else (total_iters, start_iter, "it"))

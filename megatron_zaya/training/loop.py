@@ -134,6 +134,8 @@ class Trainer:
         self.last_validation: dict[str, float] | None = None
         self.evaluation_interrupted = False      # a stop signal cut an evaluation short
         self.interval = IntervalMeter()
+        self.last_result: StepResult | None = None     # the last step logged, and its global batch size
+        self.last_batch_size = 0
         self.stragglers = (StragglerMeter(self.device, self.cfg.straggler_minmax_count) if self.cfg.log_straggler
                            else None)
 
@@ -330,17 +332,23 @@ class Trainer:
         it = self.state.iteration
         tokens = batch_size * self.run.model.seq_length
         self.interval.add(result.loss, step_seconds, tokens, result.skipped)
+        self.last_result, self.last_batch_size = result, batch_size
         if self.cfg.tensorboard_dir and (it % self.cfg.tensorboard_log_interval == 0 or it == self.total_iters):
             self.write_scalars(result, step_seconds, tokens, batch_size)
         if it % self.cfg.log_interval == 0 or it == self.total_iters:
-            # --log-params-norm: on the console line too (a collective: every rank takes part)
-            params_norm = self.parallel.params_norm() if self.cfg.log_params_norm else None
-            self.print_interval(result, started, params_norm)
-            self.interval = IntervalMeter()
-            if self.stragglers is not None:      # every rank: the report gathers from all of them
-                report = self.stragglers.report(self.parallel)
-                self.logger.print(report.line())
-                self.logger.scalars(report.scalars(), it)
+            self.end_interval(started)
+
+    def end_interval(self, started: float) -> None:
+        """The console line of the iterations since the last one (every rank: collectives), and the
+        straggler report."""
+        # --log-params-norm: on the console line too (a collective: every rank takes part)
+        params_norm = self.parallel.params_norm() if self.cfg.log_params_norm else None
+        self.print_interval(self.last_result, started, params_norm)
+        self.interval = IntervalMeter()
+        if self.stragglers is not None:      # every rank: the report gathers from all of them
+            report = self.stragglers.report(self.parallel)
+            self.logger.print(report.line())
+            self.logger.scalars(report.scalars(), self.state.iteration)
 
     def throughput(self, tokens: int, seconds: float) -> tuple[float, float, float]:
         """(tokens/s per device, model TFLOP/s per device, MFU) of `tokens` processed in `seconds`."""
@@ -395,7 +403,8 @@ class Trainer:
         eta = remaining * (time.time() - started) / max(1, self.state.consumed_samples - self.start_samples)
         self.logger.print(
             f"iteration {it:>7}/{self.total_iters} | consumed samples {self.state.consumed_samples:>9} | "
-            f"tokens {self.state.consumed_tokens:>11} | time/iteration {1000 * m.seconds_per_iteration:.1f} ms | "
+            f"global batch size {self.last_batch_size:>5} | tokens {self.state.consumed_tokens:>11} | "
+            f"time/iteration {1000 * m.seconds_per_iteration:.1f} ms | "
             f"lm loss {m.mean_loss:.4f} | lr {self.last_lr:.3e} | grad norm {result.grad_norm:.3f} | "
             + (f"num zeros {result.num_zeros} | " if result.num_zeros is not None else "")
             + (f"params norm {params_norm:.3f} | " if params_norm is not None else "") +
@@ -464,6 +473,8 @@ class Trainer:
                 self.checkpointer.after_step(self, trained)
             reason = self.exit_reason = self.should_exit()
             if reason:
+                if self.interval.iterations:     # the iterations since the last console line (every rank exits here)
+                    self.end_interval(started)
                 self.logger.print(f"exiting: {reason}")
                 if self.checkpointer is not None:
                     self.checkpointer.on_exit(self)

@@ -165,8 +165,9 @@ def _build_and_train(run) -> int:
 
 
 def _ready_trainer(run, trainer, tokenizer, datasets, loads_weights: bool):
-    """(TrainingLogger, start-up lines) of a run, `trainer` readied: the checkpoint loaded, the data loaders
-    built from its position, the logger opened."""
+    """The TrainingLogger of a run, `trainer` readied: the checkpoint loaded, the logger opened and the
+    start-up lines printed (before the data indices are built, which can take minutes), the data loaders
+    built from its position."""
     runtime, checkpointer = trainer.parallel, trainer.checkpointer
     if run.train.load or run.train.pretrained_checkpoint:
         checkpointer.load(trainer, required=loads_weights)
@@ -177,10 +178,26 @@ def _ready_trainer(run, trainer, tokenizer, datasets, loads_weights: bool):
     gbs = run.train.global_batch_size
     # Sized from the schedule (never the raw --train-samples: a partial last batch is not trained on).
     consumed, train_samples = train_data_position(trainer.state, trainer.batch_schedule, trainer.total_iters)
+    consumed_now = trainer.state.consumed_samples      # the bar's total: these plus the samples still to come
+    ramp_samples = consumed_now + trainer.batch_schedule.samples_consumed(
+        consumed_now, max(0, trainer.total_iters - trainer.state.iteration)) if run.train.rampup_batch_size else None
+    trains = not run.train.skip_train and trainer.state.iteration < trainer.total_iters
+    # A finished run started again (a job chain resubmitting until done) validates again on the console only:
+    # its points at this iteration are the job's that trained it, and a second copy would make two per step.
+    finished = not run.train.skip_train and not trains
+    logger = trainer.logger = TrainingLogger(runtime.is_main, None if finished else run.train.tensorboard_dir,
+                                             trainer.total_iters, trainer.state.iteration, run.train.progress_bar,
+                                             run.train.tensorboard_queue_size, trainer.state.consumed_samples,
+                                             total_samples=ramp_samples, purge=trains)
+    checkpointer.console = logger.print
     # the data's samples: those of this data phase read so far (at the batch sizes of the jobs before) and
     # those to come, as the loader reads them (a resume on new data starts a phase: docs/DATA.md)
-    summary = startup_lines(run, tokenizer.vocab_size, datasets, train_samples)
-    summary += job_end_lines(run, trainer.state, trainer.batch_schedule, trainer.total_iters)
+    for line in (startup_lines(run, tokenizer.vocab_size, datasets, train_samples)
+                 + job_end_lines(run, trainer.state, trainer.batch_schedule, trainer.total_iters)):
+        logger.print(line)
+    if finished and run.train.tensorboard_dir:
+        logger.print(f"the run is complete at iteration {trainer.state.iteration}: its validation is printed, not "
+                     f"written to --tensorboard-dir again")
     valid_samples = run.train.eval_iters * gbs if run.train.eval_iters else 0
     # the phase's dataset as the jobs before this one sized it, grown or extended for this one's samples
     blocks = trainer.state.data_blocks = train_blocks(run.data, seq, trainer.state.data_blocks, train_samples,
@@ -193,15 +210,7 @@ def _ready_trainer(run, trainer, tokenizer, datasets, loads_weights: bool):
     # Validation always reads the same samples of each set, so successive values compare.
     trainer.valid_loaders = valid_loaders
     trainer.test_loader = test_loader        # a split with a share in --split (or --test-data-path)
-    consumed_now = trainer.state.consumed_samples      # the bar's total: these plus the samples still to come
-    ramp_samples = consumed_now + trainer.batch_schedule.samples_consumed(
-        consumed_now, max(0, trainer.total_iters - trainer.state.iteration)) if run.train.rampup_batch_size else None
-    trains = not run.train.skip_train and trainer.state.iteration < trainer.total_iters
-    logger = trainer.logger = TrainingLogger(runtime.is_main, run.train.tensorboard_dir, trainer.total_iters,
-                                             trainer.state.iteration, run.train.progress_bar,
-                                             run.train.tensorboard_queue_size, trainer.state.consumed_samples,
-                                             total_samples=ramp_samples, purge=trains)
-    return logger, summary
+    return logger
 
 
 def _train(run, tokenizer, datasets, loads_weights: bool, started: float) -> int:
@@ -218,13 +227,13 @@ def _train(run, tokenizer, datasets, loads_weights: bool, started: float) -> int
     trainer = Trainer(run, model, optimizer, runtime, None, None, None, checkpointer, state)
     trainer.run_started = started
     try:
-        logger, summary = _ready_trainer(run, trainer, tokenizer, datasets, loads_weights)
+        logger = _ready_trainer(run, trainer, tokenizer, datasets, loads_weights)
     except BaseException:     # a failure before the loop: the signal handlers and the watchdog end with it
         checkpointer.close()
+        if trainer.logger is not None:
+            trainer.logger.close()
         raise
     del datasets
-    for line in summary:
-        logger.print(line)
     try:
         if run.train.skip_train:         # Megatron-LM's --skip-train: evaluate the loaded model, save nothing
             logger.print(f"--skip-train: evaluating the model of iteration {trainer.state.iteration} only")

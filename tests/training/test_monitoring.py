@@ -1,5 +1,6 @@
 """Monitoring details: the MFU peak table, the progress bar, --exit-duration-in-mins."""
 import re
+import sys
 import time
 
 import pytest
@@ -26,7 +27,8 @@ def test_mfu_peak_from_the_device_table(monkeypatch):
     assert metrics.device_peak_tflops(cuda) == (42.0, "measured matmul (Some Future GPU)")
 
 
-def test_progress_bar_line(tiny_corpus, tmp_path, capsys):
+def test_progress_bar_line(tiny_corpus, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)       # (captured: a terminal for the bar)
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": 3, "--eval-iters": 0,
                                                                "--progress-bar": ""}))
     assert build_and_train(run) == 0
@@ -35,8 +37,20 @@ def test_progress_bar_line(tiny_corpus, tmp_path, capsys):
     assert "iteration       3/3" in captured.out + captured.err      # console lines go through the bar
 
 
-def test_with_ramp_up_the_progress_bar_counts_samples(tiny_corpus, tmp_path, capsys):
+def test_without_a_terminal_the_progress_bar_is_not_drawn(tiny_corpus, tmp_path, capsys):
+    """--progress-bar with stderr in a file (a Slurm output, CI): no carriage-return redraws, the console lines
+    as without the flag."""
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": 3, "--eval-iters": 0,
+                                                               "--progress-bar": ""}))
+    assert build_and_train(run) == 0
+    captured = capsys.readouterr()
+    assert "\r" not in captured.err and "train:" not in captured.err, captured.err[-500:]
+    assert "iteration       3/3" in captured.out
+
+
+def test_with_ramp_up_the_progress_bar_counts_samples(tiny_corpus, tmp_path, capsys, monkeypatch):
     """Ramp-up iterations grow (2, 2, 4, 4, ... samples): the bar counts samples, so its rate and ETA hold."""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": None, "--train-samples": 16,
                                                                "--rampup-batch-size": ["2", "2", "8"],
                                                                "--eval-iters": 0, "--progress-bar": ""}))

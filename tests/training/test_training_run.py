@@ -61,17 +61,22 @@ def test_tensorboard_scalars_written(tiny_corpus, tmp_path, capsys):
 
 def test_a_job_that_trains_nothing_keeps_the_runs_tensorboard_curves(tiny_corpus, tmp_path):
     """--skip-train on an older checkpoint (and a finished run started again) opened its writers with
-    purge_step = its iteration + 1, so TensorBoard dropped every later point of the run in that folder."""
+    purge_step = its iteration + 1, so TensorBoard dropped every later point of the run in that folder; and a
+    finished run started again (a job chain resubmitting until done) wrote its final validation a second time."""
     tb, save = tmp_path / "tb", tmp_path / "ckpt"
     flags = tiny_run_flags(tiny_corpus, tmp_path, **{"--tensorboard-dir": tb, "--save": save, "--save-interval": 3})
     assert build_and_train(parse_args(flags)) == 0
     before = scalars(tb)["lm loss"]
     assert [s for s, _ in before] == [1, 2, 3, 4, 5, 6]
-    for extra in (["--load", str(save), "--ckpt-step", "3", "--skip-train"], ["--load", str(save)]):
+    validation = scalars(tb)["lm loss validation"]
+    assert [s for s, _ in validation] == [3, 6]
+    for extra in (["--load", str(save)], ["--load", str(save), "--ckpt-step", "3", "--skip-train"]):
         assert build_and_train(parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--tensorboard-dir": tb})
                                           + extra)) == 0
         assert scalars(tb)["lm loss"] == before
         assert [s for s, _ in scalars(tb / "vs_samples")["lm loss vs samples"]] == [4, 8, 12, 16, 20, 24]
+        if "--skip-train" not in extra:      # the finished run again: its validation on the console only
+            assert scalars(tb)["lm loss validation"] == validation
 
 
 def test_exit_interval_stops_early(tiny_corpus, tmp_path, capsys):
@@ -80,6 +85,13 @@ def test_exit_interval_stops_early(tiny_corpus, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "iteration       2/6" in out and "iteration       3/6" not in out
     assert "--exit-interval 2 reached" in out
+    # an exit before a --log-interval multiple prints the iterations since the last line first
+    assert build_and_train(parse_args(tiny_run_flags(tiny_corpus, tmp_path / "long", **{
+        "--exit-interval": 4, "--eval-iters": 0, "--log-interval": 100}))) == 0
+    lines = capsys.readouterr().out.splitlines()
+    line = next(i for i, text in enumerate(lines) if "iteration       4/6 | consumed samples        16 | "
+                                                    "global batch size     4 |" in text)
+    assert "exiting: --exit-interval 4 reached" in lines[line + 1] and "iteration       3/6" not in "".join(lines)
     # the start-up summary says what this job reads (the data line counts the run's 6 iterations)
     assert "this job stops at iteration 2 (--exit-interval 2) of 6: its 8 samples (256 tokens) start at the " \
            "phase's sample 0" in out
@@ -199,9 +211,14 @@ def test_a_run_resumed_at_its_end_says_so_and_still_validates(tiny_corpus, tmp_p
     save = tmp_path / "ckpt"
     flags = tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": 3, "--save": save, "--load": save})
     assert build_and_train(parse_args(flags)) == 0
-    first = [line for line in capsys.readouterr().out.splitlines() if "final validation loss" in line]
+    captured = capsys.readouterr()
+    first = [line for line in captured.out.splitlines() if "final validation loss" in line]
+    # long operations are announced before they start, not only once done (minutes on a real corpus)
+    assert f"saving checkpoint at iteration 3 (end of training) to {save}" in captured.out, captured.out
+    assert re.search(r"\] building .*-train-.*\.npy \.\.\.", captured.err), captured.err
     assert build_and_train(parse_args(flags)) == 0
     out = capsys.readouterr().out
+    assert f"loading checkpoint {save}" in out
     assert "nothing to train: the run is at iteration 3 of 3" in out and "iteration       1/3" not in out
     again = [line for line in out.splitlines() if "final validation loss" in line]
     assert len(first) == len(again) == 1 and again[0].split("]", 1)[1] == first[0].split("]", 1)[1]
