@@ -31,8 +31,8 @@ GIVEN_CORPUS=${CORPUS:-}
 cd "$REPO"
 
 PYTHON=${PYTHON:-python3}
-DATA_DIR=${DATA_DIR:-data}
-OUT=${OUT:-runs/quickstart_cpu}
+DATA_DIR=${DATA_DIR:-$REPO/data}
+OUT=${OUT:-$REPO/runs/quickstart_cpu}      # (absolute: the paths printed at the end work from any folder)
 NPROC=${NPROC:-2}
 CORPUS=${CORPUS:-$DATA_DIR/shakespeare.jsonl}
 NAME=$(basename "${CORPUS%.jsonl}")
@@ -73,6 +73,14 @@ ARGS=(--config examples/cpu_zaya1_tiny.yaml --data-path "${PREFIX}_text_document
 [[ -n ${TRAIN_ITERS:-} ]] && ARGS+=(--train-iters "$TRAIN_ITERS" --lr-warmup-iters $(( TRAIN_ITERS / 10 )))
 [[ -t 2 ]] && ARGS+=(--progress-bar)
 mkdir -p "$OUT"
+# Every flag checked first, in one process for the run's WORLD_SIZE (seconds): a mistake is one clear line and
+# exit status 2, not a torchrun traceback per rank.
+STATUS=0
+WORLD_SIZE=$NPROC "$PYTHON" pretrain_zaya.py "${ARGS[@]}" "$@" --dry-run > "$OUT/dry_run.log" 2>&1 || STATUS=$?
+if (( STATUS != 0 )); then
+    cat "$OUT/dry_run.log" >&2
+    exit "$STATUS"
+fi
 # tee -i: Ctrl-C goes to the trainer (which saves, then stops), not to the log's writer, whose end would
 # leave the ranks writing to a broken pipe; -a: a resumed run's log follows the earlier one's.
 set +e
@@ -83,8 +91,12 @@ set -e
 LATEST=$(cat "$OUT/ckpt/latest_checkpointed_iteration.txt" 2>/dev/null || echo none)
 echo
 if (( STATUS != 0 )); then
-    echo "training stopped (exit status $STATUS); the latest checkpoint is iteration $LATEST in $OUT/ckpt:"
-    echo "run the same command again to resume from it"
+    if [[ $LATEST =~ ^[0-9]+$ ]]; then
+        echo "training stopped (exit status $STATUS); the latest checkpoint is iteration $LATEST in $OUT/ckpt:"
+        echo "run the same command again to resume from it"
+    else
+        echo "training stopped (exit status $STATUS) before its first checkpoint: see the error above ($OUT/train.log)"
+    fi
     exit "$STATUS"
 fi
 echo "checkpoint: $OUT/ckpt (latest iteration $LATEST)"

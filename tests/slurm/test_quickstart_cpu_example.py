@@ -76,6 +76,18 @@ def test_cpu_quickstart_trains_two_processes(corpus, tmp_path):
     assert transformers.AutoTokenizer.from_pretrained(hf).encode(text) == ours.encode(text)
 
 
+def test_a_bad_flag_is_one_line_and_exit_status_2_before_torchrun(corpus, tmp_path):
+    """The flags are checked in one process first (--dry-run for the run's world size): a mistake is the
+    trainer's one line and status 2, with no torchrun traceback per rank and no advice to resume."""
+    env = clean_env(CORPUS=corpus, DATA_DIR=str(tmp_path / "data"), OUT=str(tmp_path / "run"), VOCAB_SIZE="800",
+                    PYTHON=sys.executable)
+    r = subprocess.run(["bash", os.path.join(EX, "quickstart_cpu.sh"), "--lr", "-1"], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2, (r.stdout[-3000:], r.stderr[-3000:])
+    assert "--lr=-1.0: must be >= 0" in r.stderr
+    assert "Traceback" not in r.stderr and "resume" not in r.stdout + r.stderr
+
+
 def test_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(corpus, tmp_path):
     """Ctrl-C reaches the terminal's whole foreground group: the script, torchrun and the log's tee. tee killed
     with them left the ranks writing to a broken pipe, so they died without saving; and torchrun's non-zero exit
