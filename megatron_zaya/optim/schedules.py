@@ -117,6 +117,15 @@ def lr_schedule_from_flags(lr: float, flags, total_iters: int) -> LRSchedule:
         if not 0 <= flags.lr_warmup_fraction <= 1:
             raise ValueError(f"--lr-warmup-fraction={flags.lr_warmup_fraction} must be in [0, 1]")
         warmup = flags.lr_warmup_fraction * decay
+    elif flags.lr_decay_style != "constant" and decay < warmup:
+        # (named by the flags that set them: the decay is the run's length unless --lr-decay-* is given)
+        given = flags.lr_decay_samples if samples else flags.lr_decay_iters
+        length = f"--lr-decay-{unit}={decay:g}" if given else \
+            f"--train-{unit}={decay:g} (the decay's length without --lr-decay-{unit})"
+        config = getattr(flags, "config", None)
+        raise ValueError(f"{length} is shorter than the warmup, --lr-warmup-{unit}={warmup:g}"
+                         + (f" (from --config {config} unless given)" if config else "")
+                         + ": lower the warmup too, or lengthen the decay")
     return LRSchedule(lr, flags.min_lr, warmup, decay, flags.lr_decay_style, wsd, flags.lr_wsd_decay_style, unit,
                       getattr(flags, "lr_warmup_init", 0.0), 1.0 if samples else 1.0 / flags.global_batch_size)
 

@@ -122,3 +122,15 @@ def test_weight_decay_increment_styles():
     with pytest.raises(ValueError, match="needs --end-weight-decay"):
         weight_decay_schedule_from_flags(_flags(train_iters=100, weight_decay_incr_style="linear",
                                                 start_weight_decay=0.0, end_weight_decay=None), 100)
+
+
+def test_a_decay_shorter_than_the_warmup_names_the_flags_that_set_them():
+    """--train-iters 20 over a config's --lr-warmup-iters 30: the decay is the run's length (no --lr-decay-iters
+    given), so the error names --train-iters and where the warmup came from, not a flag the user never gave."""
+    flags = _flags(train_iters=20, lr_warmup_iters=30, config="examples/cpu_zaya1_tiny.yaml")
+    with pytest.raises(ValueError, match=r"^--train-iters=20 \(the decay's length without --lr-decay-iters\) is "
+                                         r"shorter than the warmup, --lr-warmup-iters=30 \(from --config "
+                                         r"examples/cpu_zaya1_tiny.yaml unless given\)"):
+        lr_schedule_from_flags(1.0, flags, 20)
+    with pytest.raises(ValueError, match=r"^--lr-decay-samples=64 is shorter than the warmup, --lr-warmup-samples=80:"):
+        lr_schedule_from_flags(1.0, _flags(train_samples=100, lr_decay_samples=64, lr_warmup_samples=80), 0)
