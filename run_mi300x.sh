@@ -19,7 +19,8 @@
 #             TENSORBOARD_DIR [$CKPT_DIR/tensorboard]
 #             LOG_DIR [$SLURM_SUBMIT_DIR/logs]: per job $LOG_DIR/<name>-<jobid>/ holds launcher.log,
 #             command.sh and attempt-<k>/rank-<r>.log
-#   layout    NTASKS_PER_NODE [Slurm's, else 8]  CPUS_PER_TASK [cpus on node / tasks]  SRUN_ARGS  SRUN_MPI
+#   layout    NNODES [Slurm's; outside a job, for --dry-run/--check: 128]
+#             NTASKS_PER_NODE [Slurm's, else 8]  CPUS_PER_TASK [cpus on node / tasks]  SRUN_ARGS  SRUN_MPI
 #             MASTER_ADDR [first node of the allocation]  MASTER_PORT [20000 + f(job id)]
 #   RCCL/ROCm NCCL_IB_GID_INDEX [3]  NCCL_IB_HCA [RCCL's choice]  NCCL_SOCKET_IFNAME [default-route NIC]
 #             HSA_NO_SCRATCH_RECLAIM [1]  GPU_MAX_HW_QUEUES [2]  HIP_FORCE_DEV_KERNARG [1]
@@ -349,7 +350,8 @@ if (( DRY_RUN )); then
     (( IN_SLURM )) || echo "# (outside Slurm: sbatch provides the node list; NNODES/NTASKS_PER_NODE set the sizes shown)"
     print_command
     if (( CHECK )); then     # every check of the job's start, as its rank 0 would make it, without GPUs
-        echo "# run_mi300x.sh --check: pretrain_zaya.py --dry-run here, for WORLD_SIZE=$WORLD"
+        echo "# run_mi300x.sh --check: pretrain_zaya.py --dry-run here, for WORLD_SIZE=$WORLD ($NNODES nodes x" \
+             "$NTASKS_PER_NODE; outside Slurm set NNODES to your sbatch --nodes)"
         exec env WORLD_SIZE="$WORLD" "${TRAIN_CMD[@]}" --dry-run
     fi
     exit 0

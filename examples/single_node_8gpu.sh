@@ -5,7 +5,7 @@
 #       bash examples/single_node_8gpu.sh                          # config: examples/single_node_8gpu.yaml
 #   bash examples/single_node_8gpu.sh --preset zaya1-base-4l --train-iters 50 \
 #       --lr-warmup-iters 5 --lr-wsd-decay-iters 10            # extra flags go to the trainer (they win)
-#   DRY_RUN=1 bash examples/single_node_8gpu.sh                    # print the command only
+#   DRY_RUN=1 DATA_PATH=... TOKENIZER_MODEL=... bash examples/single_node_8gpu.sh   # print the command only
 #
 # Environment: DATA_PATH (a prefix or a blend "w1 p1 w2 p2"), TOKENIZER_MODEL, NPROC (8), OUT
 # (runs/single_node_8gpu: checkpoints in $OUT/ckpt, TensorBoard in $OUT/tb), CONFIG, PYTHON.

@@ -259,6 +259,8 @@ def main(argv=None) -> int:
             ("tokenizer_model" in training_keys or "vocab_file" in training_keys) and args.vocab_size is None:
         print("--config: the run's vocabulary is its tokenizer's, which the planner does not read: the plan uses "
               "the preset's; pass --vocab-size N (pretrain_zaya.py --dry-run prints N)", file=sys.stderr)
+    if args.preset not in PRESETS:       # (named first: a typo'd preset is the mistake to fix, not the batch size)
+        parser.error(f"--preset={args.preset}: choose one of {sorted(PRESETS)}")
     if args.global_batch_size is None:
         parser.error("--global-batch-size is required (on the command line or in --config)")
     try:

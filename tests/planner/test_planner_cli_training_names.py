@@ -59,3 +59,12 @@ def test_seq_length_past_the_presets_positions_is_planned(cli, capsys):
                   "--micro-batch-size", "1")
     past = plan(cli, capsys, "--seq-length", str(longer), "--global-batch-size", "4", "--micro-batch-size", "1")
     assert past["activations_gb"] > 1.9 * at_max["activations_gb"]     # twice the tokens per micro batch
+
+
+def test_a_typed_wrong_preset_is_named_before_the_missing_batch_size(cli, capsys):
+    """--preset zaya1-bse without --global-batch-size: the preset is the mistake named (it said only that the
+    batch size is required, and the preset's typo came after the user added one)."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--preset", "zaya1-bse", "--gpus", "8"])
+    assert exit_info.value.code == 2
+    assert "--preset=zaya1-bse: choose one of" in capsys.readouterr().err
