@@ -101,6 +101,11 @@ def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: li
         return None
     if not cfg.separate_splits and ib.parse_split(cfg.split)[split_id] == 0:
         return None  # Megatron: a split with zero weight has no dataset
+    if split_id == 2 and not cfg.separate_splits and not any(
+            epoch_samples(cfg, indexed[p], p, split_id, opts.seq_length) for p in prefixes):
+        # a --split test share without one sample (seq_length + 1 tokens) in any dataset: no test evaluation,
+        # as tools/evaluate.py refuses that split (its samples would be one short text repeated)
+        return None
     weights = [blend_weights(b, prefixes, lambda p: epoch_samples(cfg, indexed[p], p, split_id, opts.seq_length))
                for b in blends]
     split_name = SPLIT_NAMES[split_id]
