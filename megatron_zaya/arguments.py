@@ -37,6 +37,7 @@ from megatron_zaya.optim.schedules import (decoupled_lr_schedule, lr_schedule_fr
                                           weight_decay_schedule_from_flags)
 from megatron_zaya.training.batch_schedule import BatchSizeSchedule
 from megatron_zaya.training.config import TrainConfig
+from megatron_zaya.training.host_memory import check_host_memory, ranks_on_this_machine
 from megatron_zaya.training.profiling import check_profile_flags
 
 @dataclass
@@ -518,6 +519,11 @@ def validate(args: argparse.Namespace) -> RunConfig:
     if args.distributed_backend == "nccl" and not torch.cuda.is_available() and not args.dry_run:
         raise UserInputError("--distributed-backend nccl needs GPUs (NCCL/RCCL), and torch sees none here: give "
                              "gloo, or drop the flag (gloo on CPU, NCCL/RCCL on GPUs)")
+    if not torch.cuda.is_available() and not args.dry_run:      # (a dry run checks a GPU job on a login node)
+        chosen = (f"--config {args.config}" if args.config else "--use-checkpoint-args" if source is not None
+                  else f"--preset {args.preset or DEFAULT_PRESET}")
+        check_host_memory(model, parallel.tensor_model_parallel_size, parallel.expert_model_parallel_size,
+                          ranks_on_this_machine(), chosen)
 
     if (args.train_iters is None) == (args.train_samples is None):
         raise UserInputError("give exactly one of --train-iters and --train-samples")

@@ -45,7 +45,8 @@ out = {}
 for config, world in json.loads(sys.argv[1]):
     os.environ["WORLD_SIZE"] = str(world)
     r = parse_args(["--config", config, "--data-path", sys.argv[2],   # any tokenizer: the files name none
-                    "--tokenizer-type", "NullTokenizer", "--tokenizer-model", "800"])
+                    "--tokenizer-type", "NullTokenizer", "--tokenizer-model", "800",
+                    "--dry-run"])      # (checked as a login node checks a GPU job: no host-memory refusal)
     out[os.path.basename(config)] = dict(
         seq=r.model.seq_length, rope=r.model.rotary_base, cp=r.parallel.context_parallel_size,
         dp=r.parallel.data_parallel_size, gbs=r.train.global_batch_size, mbs=r.train.micro_batch_size,
