@@ -1,4 +1,4 @@
-"""Byte counts as people read them (the inspection tools, cleanup messages)."""
+"""Byte counts and durations as people read them (the inspection tools, cleanup messages, ETAs)."""
 
 
 def human_bytes(n: int | None) -> str:
@@ -9,3 +9,13 @@ def human_bytes(n: int | None) -> str:
         if n >= size:
             return f"{n / size:.2f} {unit}"
     return f"{n} B"
+
+
+def format_duration(seconds: float) -> str:
+    """12345 -> "3h25m45s", 75 -> "1m15s"; for ETAs."""
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m{secs:02d}s"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"

@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 
 from megatron_zaya.paths import nearest_existing
+from megatron_zaya.units import format_duration
 
 from .dataset_tokenizer import remove_record, tokenizer_record, write_record
 from .indexed import IndexedDatasetWriter, existing_outputs, optimal_dtype, remove_temporaries
@@ -352,6 +353,7 @@ class Progress:
 
     def __init__(self, total_bytes: int | None, enabled: bool | None, log_interval: int):
         self.start = time.time()
+        self.total_bytes, self.done_bytes = total_bytes, 0      # of the input (None: compressed, not known)
         self.log_interval = max(1, log_interval)
         self.next_log = self.log_interval
         if enabled is None:
@@ -365,14 +367,25 @@ class Progress:
 
     def update(self, stats: Stats, chunk_bytes: int) -> None:
         dt = max(time.time() - self.start, 1e-9)
+        self.done_bytes += chunk_bytes
         if self.bar is not None:
             self.bar.update(chunk_bytes)
             self.bar.set_postfix_str(f"{stats.documents / dt:,.0f} docs/s, {stats.tokens / dt / 1e6:.2f}M tok/s", refresh=False)
         elif stats.documents >= self.next_log:
             print(f"processed {stats.documents:,} documents ({stats.documents / dt:,.0f} docs/s, "
-                  f"{stats.tokens / dt / 1e6:.2f}M tokens/s, {stats.bytes / dt / 1e6:.1f} MB/s)", file=sys.stderr)
+                  f"{stats.tokens / dt / 1e6:.2f}M tokens/s, {stats.bytes / dt / 1e6:.1f} MB/s){self.share(dt)}",
+                  file=sys.stderr, flush=True)
             while self.next_log <= stats.documents:
                 self.next_log += self.log_interval
+
+    def share(self, elapsed: float) -> str:
+        """', 42% of 1.20 GB, ETA 3m10s' of the input read in `elapsed` seconds (nothing when its size is
+        unknown)."""
+        if not self.total_bytes:
+            return ""
+        done = min(1.0, self.done_bytes / self.total_bytes)
+        left = elapsed * (1 - done) / max(done, 1e-9)
+        return f", {100 * done:.0f}% of {self.total_bytes / 1e9:.2f} GB, ETA {format_duration(left)}"
 
     def close(self) -> None:
         if self.bar is not None:

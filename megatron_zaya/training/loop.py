@@ -25,13 +25,14 @@ from megatron_zaya.optim.schedules import (SCHEDULE_FLAGS, decoupled_lr_schedule
                                            weight_decay_schedule_from_flags)
 from megatron_zaya.training.batch_schedule import run_length
 from megatron_zaya.training.logger import TrainingLogger
-from megatron_zaya.training.metrics import (IntervalMeter, device_peak_tflops, empty_unused_memory, format_duration,
+from megatron_zaya.training.metrics import (IntervalMeter, device_peak_tflops, empty_unused_memory,
                                            megatron_memory_scalars, peak_memory_bytes, routing_statistics,
                                            synchronize)
 from megatron_zaya.training.nonfinite import diagnose
 from megatron_zaya.training.profiling import StepProfiler
 from megatron_zaya.training.stragglers import StragglerMeter
 from megatron_zaya.training.validation_report import evaluation_line, evaluation_scalars, perplexity
+from megatron_zaya.units import format_duration
 
 
 @dataclass

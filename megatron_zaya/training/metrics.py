@@ -148,16 +148,6 @@ class IntervalMeter:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def format_duration(seconds: float) -> str:
-    """12345 -> "3h25m45s", 75 -> "1m15s"; for ETAs."""
-    seconds = max(0, int(round(seconds)))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m{secs:02d}s"
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
-
-
 def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work, so that a host clock measures it (no-op on CPU)."""
     if device.type == "cuda":

@@ -141,3 +141,18 @@ def test_the_summary_lists_the_most_frequent_skip_reason_first(tmp_path):
     lines = pre.format_summary(s).splitlines()
     at = lines.index("skipped:   4")
     assert lines[at + 1].startswith("  malformed JSON: 3") and lines[at + 2].startswith("  not a JSON object: 1"), lines
+
+
+def test_progress_lines_give_the_share_read_and_an_eta_when_the_input_size_is_known(capsys, monkeypatch):
+    """Without a terminal (a Slurm or CI log) the lines say how much of the input is read and when it ends,
+    as the bar does; for a compressed input, whose size is not known, only the rates."""
+    clock = iter([100.0, 110.0, 130.0, 200.0, 210.0])
+    monkeypatch.setattr(pre.time, "time", lambda: next(clock))
+    progress = pre.Progress(4_000_000_000, False, log_interval=1)     # started at 100 s
+    progress.update(pre.Stats(documents=1, tokens=10, bytes=1_000_000_000), 1_000_000_000)   # at 110 s: 25%
+    assert capsys.readouterr().err.rstrip().endswith(", 25% of 4.00 GB, ETA 30s")
+    progress.update(pre.Stats(documents=2, tokens=20, bytes=3_000_000_000), 2_000_000_000)   # at 130 s: 75%
+    assert capsys.readouterr().err.rstrip().endswith(", 75% of 4.00 GB, ETA 10s")
+    unknown = pre.Progress(None, False, log_interval=1)
+    unknown.update(pre.Stats(documents=1, tokens=10, bytes=5), 5)
+    assert capsys.readouterr().err.rstrip().endswith("MB/s)")

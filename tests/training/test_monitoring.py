@@ -9,6 +9,7 @@ import torch
 from megatron_zaya.arguments import parse_args
 from megatron_zaya.training import metrics
 from megatron_zaya.training.setup import build_and_train
+from megatron_zaya.units import format_duration
 from tests.training.helpers import tiny_run_flags
 
 
@@ -167,7 +168,7 @@ def test_interval_meter_averages_and_durations():
     m.add(float("nan"), 1.5, 100, skipped=True)      # a skipped step: time and tokens count, its loss does not
     m.add(4.0, 1.0, 100, skipped=False)
     assert (m.mean_loss, m.seconds_per_iteration, m.tokens_per_second(), m.skipped) == (3.0, 1.0, 100.0, 1)
-    assert [metrics.format_duration(s) for s in (5, 75, 12345)] == ["5s", "1m15s", "3h25m45s"]
+    assert [format_duration(s) for s in (5, 75, 12345)] == ["5s", "1m15s", "3h25m45s"]
 
 
 def test_straggler_report_names_the_ends_and_the_ratio():
