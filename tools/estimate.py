@@ -148,6 +148,10 @@ def plan_from_args(args) -> Plan:
                                   peak_bf16_tflops=args.peak_tflops, hbm_tbps=args.hbm_tbps,
                                   intra_node_gbps=args.intra_node_gbps, inter_node_gbps=args.inter_node_gbps)
     check_whole_nodes(args.gpus, cluster.gpus_per_node)
+    if args.sequence_parallel and args.tensor_model_parallel_size == 1:     # as training turns it off
+        print("--sequence-parallel is off: it splits sequences over tensor-parallel ranks, and "
+              "--tensor-model-parallel-size is 1", file=sys.stderr)
+        args.sequence_parallel = False
     layout = ParallelLayout(args.gpus, seq, args.micro_batch_size, args.global_batch_size,
                             args.tensor_model_parallel_size, args.context_parallel_size,
                             args.expert_model_parallel_size, args.use_distributed_optimizer, args.recompute,

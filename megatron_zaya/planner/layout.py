@@ -103,7 +103,6 @@ class ParallelLayout:
         need(config.num_attention_heads % tp == 0 and (hkv % tp == 0 or tp % hkv == 0),
              f"--tensor-model-parallel-size={tp}: must divide the query heads ({config.num_attention_heads}) "
              f"and divide or be a multiple of the KV heads ({hkv}; replicated when TP > KV heads)")
-        need(tp > 1 or not self.sequence_parallel, "--sequence-parallel needs --tensor-model-parallel-size > 1")
         need(config.moe_ffn_hidden_size % tp == 0 and config.vocab_size % tp == 0,
              f"--tensor-model-parallel-size={tp}: must divide --moe-ffn-hidden-size={config.moe_ffn_hidden_size} "
              f"and the vocabulary ({config.vocab_size})")

@@ -68,3 +68,15 @@ def test_a_typed_wrong_preset_is_named_before_the_missing_batch_size(cli, capsys
         cli.main(["--preset", "zaya1-bse", "--gpus", "8"])
     assert exit_info.value.code == 2
     assert "--preset=zaya1-bse: choose one of" in capsys.readouterr().err
+
+
+def test_sequence_parallel_without_tensor_parallelism_is_turned_off_with_trainings_warning(cli, capsys):
+    """pretrain_zaya.py turns --sequence-parallel off at TP 1 with a warning (Megatron-LM's rule): the planner
+    says the same, and plans the run without it."""
+    base = ["--preset", "zaya1-tiny", "--gpus", "8", "--global-batch-size", "8", "--cluster", "h100"]
+    cli.main(base + ["--sequence-parallel"])
+    captured = capsys.readouterr()
+    assert "--sequence-parallel is off: it splits sequences over tensor-parallel ranks" in captured.err
+    cli.main(base)
+    assert capsys.readouterr().out == captured.out
+

@@ -77,7 +77,6 @@ def test_recompute_and_cp_shrink_activations_in_order():
 @pytest.mark.parametrize("kwargs,flag", [
     (dict(tensor_parallel=3), "--gpus=1024"),
     (dict(tensor_parallel=16), "--tensor-model-parallel-size=16"),
-    (dict(sequence_parallel=True), "--sequence-parallel needs --tensor-model-parallel-size > 1"),
     (dict(expert_parallel=3), "--expert-model-parallel-size=3"),
     (dict(global_batch_size=1000), "--global-batch-size=1000"),
     (dict(recompute="some"), "--recompute=some"),
