@@ -71,7 +71,8 @@ ARGS=(--config examples/cpu_zaya1_tiny.yaml --data-path "${PREFIX}_text_document
       --tokenizer-model "$TOKENIZER.model" --save "$OUT/ckpt" --load "$OUT/ckpt" --tensorboard-dir "$OUT/tb"
       --distributed-backend gloo)
 [[ -n ${TRAIN_ITERS:-} ]] && ARGS+=(--train-iters "$TRAIN_ITERS" --lr-warmup-iters $(( TRAIN_ITERS / 10 )))
-[[ -t 2 ]] && ARGS+=(--progress-bar)
+# A progress bar when this terminal shows the run (it reaches it through tee below, so the ranks see a pipe).
+if [[ -t 2 ]]; then ARGS+=(--progress-bar); export MEGATRON_ZAYA_PROGRESS_BAR_BEHIND_PIPE=1; fi
 mkdir -p "$OUT"
 # Every flag checked first, in one process for the run's WORLD_SIZE (seconds): a mistake is one clear line and
 # exit status 2, not a torchrun traceback per rank.

@@ -543,7 +543,8 @@ class Trainer:
                 gc.collect()
         self.last_validation = metrics
         if metrics:
-            self.logger.scalars(evaluation_scalars(metrics), self.state.iteration, self.state.consumed_samples)
+            self.logger.evaluation_scalars("validation", evaluation_scalars(metrics), self.state.iteration,
+                                           self.state.consumed_samples)
             self.logger.print(f"validation at iteration {self.state.iteration} | {evaluation_line(metrics)}")
         return metrics
 
@@ -557,7 +558,8 @@ class Trainer:
                 self.logger.print("test evaluation stopped: a stop signal came")
                 metrics = None
         if metrics:
-            self.logger.scalars(evaluation_scalars(metrics, "test"), self.state.iteration, self.state.consumed_samples)
+            self.logger.evaluation_scalars("test", evaluation_scalars(metrics, "test"), self.state.iteration,
+                                           self.state.consumed_samples)
             self.logger.print(f"test loss at iteration {self.state.iteration} | {evaluation_line(metrics)}")
         return metrics
 

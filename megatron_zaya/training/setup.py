@@ -182,11 +182,8 @@ def _ready_trainer(run, trainer, tokenizer, datasets, loads_weights: bool):
     ramp_samples = consumed_now + trainer.batch_schedule.samples_consumed(
         consumed_now, max(0, trainer.total_iters - trainer.state.iteration)) if run.train.rampup_batch_size else None
     trains = not run.train.skip_train and trainer.state.iteration < trainer.total_iters
-    # A finished run started again (a job chain resubmitting until done) validates again on the console only:
-    # its points at this iteration are the job's that trained it, and a second copy would make two per step.
-    finished = not run.train.skip_train and not trains
-    logger = trainer.logger = TrainingLogger(runtime.is_main, None if finished else run.train.tensorboard_dir,
-                                             trainer.total_iters, trainer.state.iteration, run.train.progress_bar,
+    logger = trainer.logger = TrainingLogger(runtime.is_main, run.train.tensorboard_dir, trainer.total_iters,
+                                             trainer.state.iteration, run.train.progress_bar,
                                              run.train.tensorboard_queue_size, trainer.state.consumed_samples,
                                              total_samples=ramp_samples, purge=trains)
     checkpointer.console = logger.print
@@ -195,9 +192,6 @@ def _ready_trainer(run, trainer, tokenizer, datasets, loads_weights: bool):
     for line in (startup_lines(run, tokenizer.vocab_size, datasets, train_samples)
                  + job_end_lines(run, trainer.state, trainer.batch_schedule, trainer.total_iters)):
         logger.print(line)
-    if finished and run.train.tensorboard_dir:
-        logger.print(f"the run is complete at iteration {trainer.state.iteration}: its validation is printed, not "
-                     f"written to --tensorboard-dir again")
     valid_samples = run.train.eval_iters * gbs if run.train.eval_iters else 0
     # the phase's dataset as the jobs before this one sized it, grown or extended for this one's samples
     blocks = trainer.state.data_blocks = train_blocks(run.data, seq, trainer.state.data_blocks, train_samples,

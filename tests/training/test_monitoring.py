@@ -49,6 +49,16 @@ def test_without_a_terminal_the_progress_bar_is_not_drawn(tiny_corpus, tmp_path,
     assert "iteration       3/3" in captured.out
 
 
+def test_a_launcher_piping_to_a_terminal_gets_the_bar(tiny_corpus, tmp_path, capsys, monkeypatch):
+    """examples/quickstart_cpu.sh shows the run on its terminal through tee: stderr is a pipe, and the variable
+    it sets draws the bar anyway."""
+    monkeypatch.setenv("MEGATRON_ZAYA_PROGRESS_BAR_BEHIND_PIPE", "1")
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": 3, "--eval-iters": 0,
+                                                               "--progress-bar": ""}))
+    assert build_and_train(run) == 0
+    assert re.search(r"train: 100%\|.*\| 3/3 \[", capsys.readouterr().err)
+
+
 def test_with_ramp_up_the_progress_bar_counts_samples(tiny_corpus, tmp_path, capsys, monkeypatch):
     """Ramp-up iterations grow (2, 2, 4, 4, ... samples): the bar counts samples, so its rate and ETA hold."""
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)

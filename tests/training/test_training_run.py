@@ -75,8 +75,25 @@ def test_a_job_that_trains_nothing_keeps_the_runs_tensorboard_curves(tiny_corpus
                                           + extra)) == 0
         assert scalars(tb)["lm loss"] == before
         assert [s for s, _ in scalars(tb / "vs_samples")["lm loss vs samples"]] == [4, 8, 12, 16, 20, 24]
-        if "--skip-train" not in extra:      # the finished run again: its validation on the console only
+        if "--skip-train" not in extra:      # the finished run again: its last validation is written already
             assert scalars(tb)["lm loss validation"] == validation
+
+
+def test_the_last_iterations_evaluations_are_written_once_across_jobs(tiny_corpus, tmp_path):
+    """A job chain: the first job stops at its --exit-interval, the last iteration, so it skips the final
+    validation and test; the job started after it (nothing left to train) evaluates and writes them; a third
+    writes nothing more. Every step has one point."""
+    tb, save = tmp_path / "tb", tmp_path / "ckpt"
+    flags = tiny_run_flags(tiny_corpus, tmp_path, **{"--tensorboard-dir": tb, "--save": save, "--load": save,
+                                                     "--exit-interval": 6, "--eval-interval": 4, "--split": "8,1,1"})
+    assert build_and_train(parse_args(flags)) == 0
+    assert [s for s, _ in scalars(tb)["lm loss validation"]] == [4] and "lm loss test" not in scalars(tb)
+    for _ in range(2):
+        assert build_and_train(parse_args(flags)) == 0
+        values = scalars(tb)
+        assert [s for s, _ in values["lm loss validation"]] == [4, 6]
+        assert [s for s, _ in values["lm loss test"]] == [6]
+        assert [s for s, _ in scalars(tb / "vs_samples")["lm loss test vs samples"]] == [24]
 
 
 def test_exit_interval_stops_early(tiny_corpus, tmp_path, capsys):
