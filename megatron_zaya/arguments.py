@@ -523,7 +523,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
         chosen = (f"--config {args.config}" if args.config else "--use-checkpoint-args" if source is not None
                   else f"--preset {args.preset or DEFAULT_PRESET}")
         check_host_memory(model, parallel.tensor_model_parallel_size, parallel.expert_model_parallel_size,
-                          ranks_on_this_machine(), chosen)
+                          ranks_on_this_machine(), chosen, bool(args.bf16 and args.use_distributed_optimizer))
 
     if (args.train_iters is None) == (args.train_samples is None):
         raise UserInputError("give exactly one of --train-iters and --train-samples")

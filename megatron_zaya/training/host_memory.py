@@ -8,9 +8,11 @@ import os
 from megatron_zaya.data.index_builders import physical_memory_bytes
 from megatron_zaya.errors import UserInputError
 
-# The least a training rank holds per parameter of its share: an fp32 weight and its fp32 gradient (no
-# optimizer state, no activations, no bf16 copies: a lower bound, so that no run that fits is refused).
-BYTES_PER_PARAMETER = 8
+# The least a training rank holds per parameter of its share (no optimizer state, no activations: a lower
+# bound, so that no run that fits is refused): its fp32 gradient and its weight, fp32, or bf16 under --bf16
+# with the distributed optimizer (whose fp32 masters are sharded over the data-parallel ranks).
+def bytes_per_parameter(bf16_weights: bool) -> int:
+    return 4 + (2 if bf16_weights else 4)
 
 
 def parameters_per_rank(config, tensor_parallel: int, expert_parallel: int) -> int:
@@ -24,18 +26,19 @@ def parameters_per_rank(config, tensor_parallel: int, expert_parallel: int) -> i
 
 
 def check_host_memory(config, tensor_parallel: int, expert_parallel: int, local_ranks: int, source: str,
-                      limit: int | None = None) -> None:
+                      bf16_weights: bool = False, limit: int | None = None) -> None:
     """UserInputError when the `local_ranks` ranks of this machine cannot hold their parameters' weights and
-    gradients in its memory (`limit`, default its physical memory). `source`: the flag that chose the model."""
+    gradients in its memory (`limit`, default its physical memory). `source`: the flag that chose the model;
+    `bf16_weights`: --bf16 with --use-distributed-optimizer."""
     limit = physical_memory_bytes() if limit is None else limit
     per_rank = parameters_per_rank(config, tensor_parallel, expert_parallel)
-    need = per_rank * BYTES_PER_PARAMETER * local_ranks
+    need = per_rank * bytes_per_parameter(bf16_weights) * local_ranks
     if limit is not None and need > limit:
         raise UserInputError(
             f"{source}: torch sees no GPU, and {local_ranks} rank(s) of {per_rank / 1e9:.2f}B parameters each "
-            f"(attention and experts) need at least {need / 2**30:,.0f} GiB for their fp32 weights and gradients, more "
-            f"than this machine's {limit / 2**30:,.0f} GiB: run it on GPUs, or train a smaller --preset on CPU "
-            f"(zaya1-tiny, zaya1-100m)")
+            f"(attention and experts) need at least {need / 2**30:,.0f} GiB for their weights and fp32 gradients, "
+            f"more than this machine's {limit / 2**30:,.0f} GiB: run it on GPUs, or train a smaller --preset on "
+            f"CPU (zaya1-tiny, zaya1-100m)")
 
 
 def ranks_on_this_machine(env=None) -> int:

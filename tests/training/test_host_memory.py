@@ -33,6 +33,10 @@ def test_a_model_too_large_for_the_machine_names_the_flag_and_the_sizes():
     host_memory.check_host_memory(config, 1, 1, 1, "--preset zaya1-base", limit=80 * GIB)       # fits: no error
     host_memory.check_host_memory(model_config_from_preset("zaya1-tiny"), 1, 1, 8, "--preset zaya1-tiny",
                                   limit=1 * GIB)
+    # --bf16 under ZeRO-1: bf16 weights (their fp32 masters sharded), 6 bytes a parameter: 8.26B fits 48 GiB
+    host_memory.check_host_memory(config, 1, 1, 1, "--preset zaya1-base", bf16_weights=True, limit=48 * GIB)
+    with pytest.raises(UserInputError, match="need at least 62 GiB"):
+        host_memory.check_host_memory(config, 1, 1, 1, "--preset zaya1-base", limit=48 * GIB)
 
 
 def test_ranks_on_this_machine_from_the_launchers():
