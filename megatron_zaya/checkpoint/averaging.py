@@ -79,5 +79,6 @@ def average_to_hf(folders: list[str], output_dir: str, weights: list[float] | No
     if progress is not None:
         progress.note(f"writing {output_dir}")
     card = model_card(config, metas, folders, weights, dtype or torch.float32, tokenizer is not None)
-    save_hf_folder(total, config, output_dir, dtype, tokenizer, max_shard_bytes, {"README.md": card})
+    save_hf_folder(total, config, output_dir, dtype, tokenizer, max_shard_bytes, {"README.md": card},
+                   progress.wrote_file if progress else None)
     return {"folders": folders, "weights": weights, "iterations": [meta.get("iteration") for meta in metas]}

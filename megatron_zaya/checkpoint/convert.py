@@ -40,7 +40,8 @@ def checkpoint_to_hf(path: str, output_dir: str, dtype: torch.dtype | None = Non
         progress.note(f"writing {output_dir}")
     card = model_card(config, [read_json(os.path.join(info["folder"], METADATA_FILE))], [info["folder"]], None,
                       dtype or state["embedding.weight"].dtype, tokenizer is not None)
-    save_hf_folder(state, config, output_dir, dtype, tokenizer, max_shard_bytes, {"README.md": card})
+    save_hf_folder(state, config, output_dir, dtype, tokenizer, max_shard_bytes, {"README.md": card},
+                   progress.wrote_file if progress else None)
     return info
 
 
@@ -177,9 +178,16 @@ class ConversionProgress:
         import time
         self.stream, self.clock = stream or sys.stderr, time.time
         self.start, self.reported = self.clock(), -1
+        self.noted = self.start          # the last note's time
 
     def note(self, what: str) -> None:
-        print(f"[convert {self.clock() - self.start:6.1f} s] {what}", file=self.stream, flush=True)
+        self.noted = self.clock()
+        print(f"[convert {self.noted - self.start:6.1f} s] {what}", file=self.stream, flush=True)
+
+    def wrote_file(self, done: int, total: int, name: str) -> None:
+        """A Hugging Face weight file written, and the time left at the pace of the last one."""
+        left = (self.clock() - self.noted) * (total - done) / done
+        self.note(f"wrote {name} ({done}/{total} files, ~{left:.0f} s left)")
 
     def reading(self, done: int, total: int, nbytes: int) -> None:
         tenth = done * 10 // max(total, 1)

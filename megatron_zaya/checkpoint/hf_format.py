@@ -262,10 +262,11 @@ def warn_of_skip_biases(state_dict: dict) -> None:
 
 def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: torch.dtype | None = None,
                    tokenizer=None, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-                   extra_files: dict[str, str] | None = None) -> None:
+                   extra_files: dict[str, str] | None = None, on_file=None) -> None:
     """Write config.json + model.safetensors (or shards and their index past `max_shard_bytes`) for
     transformers' ZayaForCausalLM; with `tokenizer` (one of ours) also its Hugging Face files and special
-    token ids (checkpoint/hf_tokenizer.py); `extra_files` {name: text} too (e.g. the README.md model card)."""
+    token ids (checkpoint/hf_tokenizer.py); `extra_files` {name: text} too (e.g. the README.md model card).
+    `on_file(done, total, name)` after each weight file is written (progress)."""
     if max_shard_bytes < 1:
         raise ValueError(f"max_shard_bytes={max_shard_bytes} must be >= 1")
     warn_of_skip_biases(state_dict)
@@ -288,8 +289,10 @@ def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: tor
     files = shard_files(tensors, max_shard_bytes)
 
     def write(folder: Path) -> None:
-        for file, names in files.items():
+        for done, (file, names) in enumerate(files.items(), 1):
             save_file({n: tensors[n] for n in names}, str(folder / file), metadata={"format": "pt"})
+            if on_file is not None:
+                on_file(done, len(files), file)
         if len(files) > 1:
             total = sum(t.numel() * t.element_size() for t in tensors.values())
             index = {"metadata": {"total_size": total},

@@ -431,3 +431,27 @@ def test_a_reshard_with_context_parallelism_records_its_data_parallel_size(tmp_p
     assert layout["world_size"] == 8 and layout["tensor_model_parallel_size"] == 2
     assert layout["context_parallel_size"] == 2 and layout["data_parallel_size"] == 8 // (2 * 2)
     _same(load_full_model_state(out)[0], state)
+
+
+def test_a_sharded_export_says_each_file_written_with_the_time_left(tmp_path):
+    """ConversionProgress.wrote_file, through save_hf_folder's on_file: one line per weight file, in order, with
+    the count and an estimate of the time left (a 17 GB export writes for minutes)."""
+    import io
+
+    from megatron_zaya.checkpoint import hf_format
+    from megatron_zaya.checkpoint.convert import ConversionProgress
+    from megatron_zaya.config import model_config_from_preset
+    from megatron_zaya.model import ZayaModel
+
+    config = model_config_from_preset("zaya1-tiny", num_layers=2, hidden_size=32, num_attention_heads=2,
+                                      num_query_groups=2, kv_channels=16, vocab_size=128, num_experts=2,
+                                      moe_ffn_hidden_size=32, router_hidden_size=8, seq_length=16)
+    stream = io.StringIO()
+    progress = ConversionProgress(stream)
+    hf_format.save_hf_folder(ZayaModel(config).state_dict(), config, tmp_path / "hf", max_shard_bytes=20_000,
+                             on_file=progress.wrote_file)
+    files = sorted(n for n in os.listdir(tmp_path / "hf") if n.endswith(".safetensors"))
+    lines = [line for line in stream.getvalue().splitlines() if "] wrote " in line]
+    assert len(files) > 2 and len(lines) == len(files)
+    for done, (line, name) in enumerate(zip(lines, files), 1):
+        assert f"wrote {name} ({done}/{len(files)} files, ~" in line and line.endswith(" s left)")
