@@ -1,4 +1,6 @@
-"""Byte counts and durations as people read them (the inspection tools, cleanup messages, ETAs)."""
+"""Byte counts, durations and times as people read them (the inspection tools, cleanup messages, ETAs, log
+lines)."""
+import time
 
 
 def human_bytes(n: int | None) -> str:
@@ -19,3 +21,8 @@ def format_duration(seconds: float) -> str:
     if hours:
         return f"{hours}h{minutes:02d}m{secs:02d}s"
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def timestamp() -> str:
+    """'[2026-12-06 23:04:29]': the prefix of a console line."""
+    return f"[{time.strftime('%Y-%m-%d %H:%M:%S')}]"

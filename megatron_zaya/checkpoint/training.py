@@ -34,6 +34,7 @@ from megatron_zaya.checkpoint.state import (balancer_entries, load_balancer, loa
 from megatron_zaya.errors import hub_name_hint
 from megatron_zaya.training.data_phase import data_signature, enter_data_phase
 from megatron_zaya.training.progress_log import ProgressLog
+from megatron_zaya.units import timestamp
 from megatron_zaya.training.signals import SignalMonitor
 from megatron_zaya.training.watchdog import Watchdog
 
@@ -140,10 +141,10 @@ class TrainingCheckpointer:
         if self.console is not None:       # the training logger's: through its progress bar, if one is drawn
             self.console(msg)
         else:
-            print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}", flush=True)
+            print(f"{timestamp()} {msg}", flush=True)
 
     def _log_error(self, msg: str) -> None:
-        sys.stderr.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}\n")
+        sys.stderr.write(f"{timestamp()} {msg}\n")
         sys.stderr.flush()
 
     # -- load ----------------------------------------------------------------------------------------

@@ -22,15 +22,12 @@ from typing import Callable
 import numpy as np
 
 from megatron_zaya.processes import process_running
+from megatron_zaya.units import timestamp
 
 FORMAT_VERSION = 1
 WAIT_NOTICE_S = 30.0      # a process waiting this long for another's build says so (once)
 MAX_POLL_S = 2.0          # a waiter looks for the finished files at most this often at the end of its backoff
 SLOW_BUILD_S = 10.0       # a build taking longer says how long, naming its files
-
-
-def _now() -> str:
-    return f"[{time.strftime('%Y-%m-%d %H:%M:%S')}]"
 
 
 def _speaks() -> bool:
@@ -127,7 +124,7 @@ def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: li
             if not noticed and time.time() - started > WAIT_NOTICE_S:
                 noticed = True
                 if _speaks():
-                    print(f"{_now()} waiting for {_holder(lock)} to build {base}-*.npy (its lock: {lock})",
+                    print(f"{timestamp()} waiting for {_holder(lock)} to build {base}-*.npy (its lock: {lock})",
                           file=sys.stderr, flush=True)
             if time.time() > deadline:
                 raise TimeoutError(
@@ -144,10 +141,10 @@ def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: li
                 return load()  # someone finished between our check and the lock
             built_at = time.time()
             if _speaks():       # (a large corpus takes minutes: said before, not only after)
-                print(f"{_now()} building {base}-*.npy ...", file=sys.stderr, flush=True)
+                print(f"{timestamp()} building {base}-*.npy ...", file=sys.stderr, flush=True)
             arrays = build()
             if time.time() - built_at > SLOW_BUILD_S:
-                print(f"{_now()} built {base}-*.npy in {time.time() - built_at:.0f} s (later runs read them)",
+                print(f"{timestamp()} built {base}-*.npy in {time.time() - built_at:.0f} s (later runs read them)",
                       file=sys.stderr, flush=True)
             tmp_suffix = f".tmp{os.getpid()}.npy"
             for n, p in paths.items():

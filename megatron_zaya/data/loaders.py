@@ -101,21 +101,19 @@ def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: li
         return None
     if not cfg.separate_splits and ib.parse_split(cfg.split)[split_id] == 0:
         return None  # Megatron: a split with zero weight has no dataset
-    weights = [blend_weights(b, prefixes, lambda p: epoch_samples(cfg, indexed[p], p, split_id, opts.seq_length))
-               for b in blends]
+    lengths = functools.cache(lambda p: epoch_samples(cfg, indexed[p], p, split_id, opts.seq_length))
+    weights = [blend_weights(b, prefixes, lengths) for b in blends]
     if split_id == 2 and not cfg.separate_splits:
         # A dataset whose --split test share holds no sample (seq_length + 1 tokens) has no part in the test blend
         # (its samples would be one short text repeated; an unweighted list weighs it 0 already), and without any
         # such sample there is no test evaluation, as tools/evaluate.py refuses that split.
-        sampled = [epoch_samples(cfg, indexed[p], p, split_id, opts.seq_length) > 0 for p in prefixes]
+        sampled = [lengths(p) > 0 for p in prefixes]
         if not any(sampled):
             return None
         weights = [[w if has else 0.0 for w, has in zip(ws, sampled)] for ws in weights]
     split_name = SPLIT_NAMES[split_id]
     for blend, w in zip(blends, weights):
         if sum(w) == 0:       # an unweighted list, and not one of its datasets holds a sample of this split
-            if split_id == 2 and not cfg.separate_splits:
-                return None      # (as for a --split share too small to hold a document, below)
             given = f"--split {cfg.split}" if not cfg.separate_splits else f"--{split_name}-data-path"
             raise UserInputError(f"{given}: no dataset of {' '.join(blend)} holds a sample ({opts.seq_length + 1} "
                                  f"tokens) in the {split_name} split")

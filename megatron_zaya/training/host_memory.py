@@ -20,9 +20,9 @@ def parameters_per_rank(config, tensor_parallel: int, expert_parallel: int) -> i
     of the attention projections and of the experts, most of a ZAYA model (the embedding aside: its
     vocabulary is the tokenizer's, not known yet)."""
     from megatron_zaya.model.accounting import matmul_macs_per_token
-    attention = matmul_macs_per_token(config)["attention_projections"]   # (a weight's elements: its MACs per token)
-    experts = config.num_layers * config.num_experts * 3 * config.hidden_size * config.moe_ffn_hidden_size
-    return attention // tensor_parallel + experts // (expert_parallel * tensor_parallel)
+    macs = matmul_macs_per_token(config)     # a weight's elements are its MACs per token (one expert each)
+    experts = macs["active_expert"] * config.num_experts
+    return macs["attention_projections"] // tensor_parallel + experts // (expert_parallel * tensor_parallel)
 
 
 def check_host_memory(config, tensor_parallel: int, expert_parallel: int, local_ranks: int, source: str,

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
+
+from megatron_zaya.checkpoint.format import atomic_write_json
+from megatron_zaya.units import timestamp
 
 # In the TensorBoard folder: the evaluations written at a run's last iteration ({"validation": N, "test": N}), so
 # that a finished run started again (a job chain resubmitting until done) writes only what no job wrote there.
@@ -79,7 +81,7 @@ class TrainingLogger:
 
     def print_any_rank(self, message: str) -> None:
         """A console line from whichever rank calls (e.g. the ranks that profile)."""
-        line = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {message}"
+        line = f"{timestamp()} {message}"
         if self.bar is not None:
             self.bar.write(line)
         else:
@@ -121,10 +123,7 @@ class TrainingLogger:
 
     def _record_last_evaluations(self, done: dict[str, int]) -> None:
         os.makedirs(os.path.dirname(self.last_evaluations), exist_ok=True)
-        temporary = f"{self.last_evaluations}.tmp{os.getpid()}"
-        with open(temporary, "w") as f:
-            json.dump(done, f)
-        os.replace(temporary, self.last_evaluations)
+        atomic_write_json(self.last_evaluations, done)
 
     def advance(self, loss: float | None, samples: int) -> None:
         """One iteration of `samples` more on the progress bar (loss None: an iteration without a loss)."""
