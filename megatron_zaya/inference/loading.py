@@ -87,10 +87,11 @@ def compute_dtype(model: ZayaModel) -> torch.dtype:
 
 
 def inference_autocast(model: ZayaModel):
-    """Autocast to the model's weight dtype when it is not fp32 (a no-op context for fp32 models)."""
+    """Autocast to the model's weight dtype when it is a half-precision one (a no-op context for fp32 and fp64
+    models: autocast has no fp64 and would warn on every call)."""
     dtype = compute_dtype(model)
     device_type = model.embedding.weight.device.type
-    return torch.autocast(device_type=device_type, dtype=dtype, enabled=dtype != torch.float32)
+    return torch.autocast(device_type=device_type, dtype=dtype, enabled=dtype in (torch.bfloat16, torch.float16))
 
 
 def load_model_for_inference(path, device="cpu", dtype: torch.dtype | None = None

@@ -118,3 +118,19 @@ def test_bf16_stored_checkpoint_loads_as_stored(tiny_model, tmp_path):
     cache = InferenceCache(model.config, 1, 4, dtype=torch.bfloat16)
     last = prefill(model, cache, 0, [1, 2, 3, 4])
     assert (last - reference).abs().max().item() < 0.1 * reference.abs().max().item()
+
+
+def test_float64_decode_runs_without_autocast(tiny_model):
+    """A float64 model (an exact reference) decodes with autocast off: autocast has no fp64 and would warn on
+    every call ("In CPU autocast, but the target dtype is not supported")."""
+    import copy
+    import warnings
+    model = copy.deepcopy(tiny_model).double().eval()
+    tokens = torch.randint(0, 8000, (1, 8))
+    cache = InferenceCache(model.config, 1, 8, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        last = prefill(model, cache, 0, tokens[0])
+    with torch.no_grad():
+        reference = tiny_model(tokens).logits[0, -1]
+    assert (last.float() - reference).abs().max().item() < 1e-4 * reference.abs().max().item()
