@@ -384,6 +384,10 @@ def make_loader(dataset, consumed_samples: int, micro_batch_size: int, dp_rank: 
         prefetch_factor=cfg.prefetch_factor if workers > 0 else None,
         persistent_workers=workers > 0,
         worker_init_fn=leave_stop_signals_to_the_trainer if workers > 0 else None,
+        # Each iter() draws its workers' base seed from this generator: from torch's global one, a resumed
+        # job (which makes its train iterator after the checkpoint restored the RNG) would save a random
+        # state one draw apart from the uninterrupted run's.
+        generator=torch.Generator().manual_seed(cfg.seed),
     )
 
 

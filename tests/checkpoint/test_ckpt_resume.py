@@ -46,6 +46,11 @@ def test_exact_resume_bit_identical_sync_and_async(ckpt_corpus, ckpt_cache, tmp_
     for it in (3, 6):
         assert_same_tensors(folder_tensors(os.path.join(straight, f"iter_{it:07d}")),
                             folder_tensors(os.path.join(split, f"iter_{it:07d}")))
+        # and the random state, which the resumed job's data loaders must not have drawn from
+        straight_rng, split_rng = (CheckpointFolder(os.path.join(run, f"iter_{it:07d}")).ranks[0]
+                                   for run in (straight, split))
+        assert torch.equal(straight_rng.get("rng/torch_cpu"), split_rng.get("rng/torch_cpu")), it
+        assert straight_rng.meta["objects"]["rng"] == split_rng.meta["objects"]["rng"], it
     assert read_latest(split) == 6 and list_complete(split) == [3, 6]
     assert not [n for n in os.listdir(split) if "partial" in n]
     report = inspect_checkpoint(split)
