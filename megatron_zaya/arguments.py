@@ -157,6 +157,8 @@ NUMBER_DOMAINS = (
     ("non_persistent_save_interval", _ge1, "must be >= 1"), ("mid_level_dataset_surplus", _ge0, "must be >= 0"),
     ("num_dataset_builder_threads", _ge1, "must be >= 1"),
     ("logging_level", _ge0, "must be >= 0 (e.g. 20 for INFO)"),
+    ("max_consecutive_nonfinite", _ge1, "must be >= 1"), ("watchdog_timeout_factor", _gt0, "must be > 0"),
+    ("watchdog_min_seconds", _gt0, "must be > 0"), ("watchdog_first_iteration_seconds", _gt0, "must be > 0"),
 )
 
 

@@ -17,6 +17,7 @@ from megatron_zaya.optim.builder import MUON_TP_MODES
 from megatron_zaya.optim.muon import MUON_SCALE_MODES
 from megatron_zaya.optim.schedules import DECAY_STYLES, WD_INCR_STYLES, WSD_DECAY_STYLES
 from megatron_zaya.parallel.launch import DEFAULT_TIMEOUT_MINUTES, detect_launcher
+from megatron_zaya.training.config import TrainConfig
 
 DEFAULT_PRESET = "zaya1-tiny"
 MODEL_FLAGS = {  # flag -> type; None means "keep the preset's value"
@@ -316,6 +317,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--empty-unused-memory-level", type=int, default=0, choices=(0, 1, 2),
                    help="GPU: return the allocator's unused blocks after forward+backward (1), and after the "
                         "optimizer step too (2), against fragmentation (as in Megatron-LM)")
+    g = p.add_argument_group("fault tolerance (docs/CHECKPOINTING.md)")
+    g.add_argument("--max-consecutive-nonfinite", type=int, default=TrainConfig.max_consecutive_nonfinite,
+                   help="non-finite steps in a row (each skipped) that stop the run with NonFiniteLossError")
+    g.add_argument("--watchdog-timeout-factor", type=float, default=TrainConfig.watchdog_timeout_factor,
+                   help="a rank whose iteration takes this many times the median iteration time (and at least "
+                        "--watchdog-min-seconds) prints every thread's stack and exits with code 124")
+    g.add_argument("--watchdog-min-seconds", type=float, default=TrainConfig.watchdog_min_seconds,
+                   help="the watchdog's shortest timeout")
+    g.add_argument("--watchdog-first-iteration-seconds", type=float,
+                   default=TrainConfig.watchdog_first_iteration_seconds,
+                   help="the first iteration's allowance (compilation, first collectives; at least "
+                        "--watchdog-min-seconds)")
     g = p.add_argument_group("profiling (megatron_zaya/training/profiling.py)")
     g.add_argument("--profile", action="store_true",
                    help="profile the iterations run while the completed count is in [--profile-step-start, "

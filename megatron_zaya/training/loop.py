@@ -578,4 +578,5 @@ class Trainer:
         if self.state.consecutive_nonfinite >= self.cfg.max_consecutive_nonfinite:
             raise NonFiniteLossError(
                 f"{self.state.consecutive_nonfinite} consecutive steps with a non-finite loss or gradient at iteration "
-                f"{self.state.iteration}: {result.diagnosis}")
+                f"{self.state.iteration} (--max-consecutive-nonfinite {self.cfg.max_consecutive_nonfinite}): "
+                f"{result.diagnosis}")

@@ -2,8 +2,8 @@
 dump the stack of every thread to stderr and exit non-zero, so that the launcher restarts the job
 from the last checkpoint instead of a hung rank holding the whole allocation.
 
-Timeout = max(watchdog_min_seconds, watchdog_timeout_factor x median of the recent iteration times).
-Armed when training starts (`arm`), with max(watchdog_min_seconds, watchdog_first_iteration_seconds)
+Timeout = max(--watchdog-min-seconds, --watchdog-timeout-factor x median of the recent iteration times).
+Armed when training starts (`arm`), with max(--watchdog-min-seconds, --watchdog-first-iteration-seconds)
 for the first iteration (compilation, first collectives); paused during evaluation and checkpoint
 saves. Exit code: WATCHDOG_EXIT_CODE (124, like timeout(1)).
 """
@@ -106,10 +106,10 @@ class Watchdog:
     def _fire(self, waited: float, limit: float) -> None:
         self.fired = True
         err = sys.stderr
-        rule = (f"max(watchdog_min_seconds {self.min_seconds:g}, watchdog_first_iteration_seconds {self.first_limit:g})"
-                if self.first_limit is not None else
-                f"max(watchdog_min_seconds {self.min_seconds:g}, {self.factor:g} x median iteration "
-                f"{(statistics.median(self.durations) if self.durations else 0.0):.3f} s)")
+        rule = (f"max(--watchdog-min-seconds {self.min_seconds:g}, --watchdog-first-iteration-seconds "
+                f"{self.first_limit:g})" if self.first_limit is not None else
+                f"max(--watchdog-min-seconds {self.min_seconds:g}, --watchdog-timeout-factor {self.factor:g} x median "
+                f"iteration {(statistics.median(self.durations) if self.durations else 0.0):.3f} s)")
         err.write(f"\n[rank {self.rank}] WATCHDOG: no iteration finished for {waited:.1f} s (limit {limit:.1f} s = "
                   f"{rule}); "
                   f"a rank or a collective is hung. Stacks of every thread of rank {self.rank} (pid {os.getpid()}):\n")

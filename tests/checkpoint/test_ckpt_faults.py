@@ -514,11 +514,12 @@ def _assert_watchdog_dump(stderr: str, rank: int):
 
 def test_watchdog_dumps_stacks_and_exits_nonzero_on_a_hang(ckpt_corpus, ckpt_cache, tmp_path):
     """A hang in the FIRST iteration: the watchdog is armed when training starts."""
-    result = run_script(flags(ckpt_corpus, 6, cache=ckpt_cache), timeout=120, CKPT_TEST_HANG_AT=1,
-                        CKPT_TEST_WATCHDOG="1,5,3")
+    result = run_script(flags(ckpt_corpus, 6, "--watchdog-min-seconds", "1", "--watchdog-timeout-factor", "5",
+                              "--watchdog-first-iteration-seconds", "3", cache=ckpt_cache),
+                        timeout=120, CKPT_TEST_HANG_AT=1)
     assert result.returncode == WATCHDOG_EXIT_CODE, result.stderr[-3000:]
     _assert_watchdog_dump(result.stderr, 0)
-    assert "watchdog_first_iteration_seconds 3" in result.stderr
+    assert "--watchdog-first-iteration-seconds 3)" in result.stderr
     assert "train_step" in result.stderr and "Current thread" in result.stderr
 
 

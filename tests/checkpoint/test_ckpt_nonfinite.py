@@ -49,10 +49,12 @@ def test_nan_step_is_skipped_and_repeated_nans_stop(ckpt_corpus, ckpt_cache, tmp
 
     monkeypatch.setattr(loop.Trainer, "train_step", _nan_gradient_at({2, 3, 4, 5}))
     save2 = str(tmp_path / "nan2")
-    with pytest.raises(NonFiniteLossError, match=r"3 consecutive .*rank 0.*layers\.1\.moe\.router\.fc1\.weight"):
-        train(flags(ckpt_corpus, 6, "--save", save2, "--save-interval", "1", cache=ckpt_cache))
-    assert read_latest(save2) == 3          # checkpoints hold no garbage: the skipped steps changed nothing
-    for i in (1, 2, 3):
+    with pytest.raises(NonFiniteLossError, match=r"2 consecutive .* at iteration 3 \(--max-consecutive-nonfinite 2\): "
+                                                 r".*rank 0.*layers\.1\.moe\.router\.fc1\.weight"):
+        train(flags(ckpt_corpus, 6, "--save", save2, "--save-interval", "1", "--max-consecutive-nonfinite", "2",
+                    cache=ckpt_cache))
+    assert read_latest(save2) == 2          # checkpoints hold no garbage: the skipped steps changed nothing
+    for i in (1, 2):
         state = load_full_model_state(os.path.join(save2, f"iter_000000{i}"))[0]
         assert all(torch.isfinite(t).all() for t in state.values())
 
@@ -67,7 +69,7 @@ def test_a_run_resumed_in_a_streak_of_nonfinite_steps_stops_where_the_uninterrup
     rec = train(flags(ckpt_corpus, 8, "--save", save, "--exit-interval", "3", cache=ckpt_cache))
     assert rec.trainer.state.iteration == 3 and rec.trainer.state.consecutive_nonfinite == 2
     assert read_latest(save) == 3
-    with pytest.raises(NonFiniteLossError, match=r"^3 consecutive steps .* at iteration 4:"):
+    with pytest.raises(NonFiniteLossError, match=r"^3 consecutive steps .* at iteration 4 \(--max-consecutive-nonfinite 3\):"):
         train(flags(ckpt_corpus, 8, "--save", save, "--load", save, cache=ckpt_cache))
 
 

@@ -75,6 +75,8 @@ def error_of(argv, capsys) -> str:
     ({"--ddp-num-buckets": "4", "--ddp-bucket-size": "1000"},
      "--ddp-num-buckets=4 and --ddp-bucket-size=1000 set the same thing"),
     ({"--ddp-num-buckets": "0"}, "--ddp-num-buckets=0: must be >= 1"),
+    ({"--max-consecutive-nonfinite": "0"}, "--max-consecutive-nonfinite=0: must be >= 1"),
+    ({"--watchdog-first-iteration-seconds": "0"}, "--watchdog-first-iteration-seconds=0.0: must be > 0"),
     # 0 would be silently ignored (the loop tests the flag for truth), not the immediate exit it reads as
     ({"--exit-duration-in-mins": "0"}, "--exit-duration-in-mins=0.0: must be > 0"),
     ({"--use-mp-args-from-checkpoint-args": ""}, "--use-mp-args-from-checkpoint-args needs --use-checkpoint-args"),
@@ -210,6 +212,16 @@ def test_ddp_bucket_size_reaches_the_layout(tiny_corpus, tmp_path):
     assert (run.parallel.ddp_bucket_size, run.parallel.ddp_num_buckets) == (1000, None)
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--ddp-num-buckets": "2"}))
     assert (run.parallel.ddp_bucket_size, run.parallel.ddp_num_buckets) == (40_000_000, 2)
+
+
+def test_fault_tolerance_flags_reach_the_train_config(tiny_corpus, tmp_path):
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path))
+    assert (run.train.max_consecutive_nonfinite, run.train.watchdog_first_iteration_seconds) == (3, 1800.0)
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{
+        "--max-consecutive-nonfinite": "5", "--watchdog-timeout-factor": "4", "--watchdog-min-seconds": "120",
+        "--watchdog-first-iteration-seconds": "7200"}))
+    assert (run.train.max_consecutive_nonfinite, run.train.watchdog_timeout_factor, run.train.watchdog_min_seconds,
+            run.train.watchdog_first_iteration_seconds) == (5, 4.0, 120.0, 7200.0)
 
 
 def test_ddp_num_buckets_sizes_the_buckets():
