@@ -124,6 +124,12 @@ class OptimizerSet:
         for opt in self.optimizers.values():
             opt.zero_grad(set_to_none=True)
 
+    def owned_masters(self) -> dict:
+        """ZeRO-1's fp32 masters of the weights stored below fp32, by weight: the pieces this rank owns
+        (`DistributedOptimizer.owned_masters`); empty for the unsharded optimizers (fp32 weights)."""
+        return {p: pieces for opt in self.optimizers.values() if hasattr(opt, "owned_masters")
+                for p, pieces in opt.owned_masters().items()}
+
     def state_dict(self) -> dict:
         return {name: opt.state_dict() for name, opt in self.optimizers.items()}
 

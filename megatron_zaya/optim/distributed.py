@@ -110,6 +110,15 @@ class DistributedOptimizer:
             for i, p in enumerate(bucket.params):
                 p.copy_(full[bucket.offsets[i]:bucket.offsets[i] + p.numel()].view_as(p))
 
+    def owned_masters(self) -> dict:
+        """Each weight stored below fp32 (bf16 under --bf16): [(start, end, fp32 master)] of the pieces of the
+        flat weight this rank owns (maybe none); the ranks of its gradient group hold all of it, once."""
+        masters = {p: [] for p in self.params if p.dtype != torch.float32}
+        for p, a, b, m in self.pieces:
+            if p in masters:
+                masters[p].append((a, b, m.detach()))
+        return masters
+
     # -- checkpointing: one state per rank (its shard) --------------------------------------------
     def state_dict(self) -> dict:
         return {"inner": self.inner.state_dict() if self.inner is not None else None,

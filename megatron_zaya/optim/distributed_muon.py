@@ -185,6 +185,16 @@ class DistributedMuon:
     def zero_grad(self, set_to_none: bool = True) -> None:
         pass   # gradients live in the reducer's buckets, cleared by the reducer
 
+    def owned_masters(self) -> dict:
+        """As DistributedOptimizer.owned_masters: a weight stored below fp32 has its whole master on its
+        owner (before the first step, which makes it, the weight is its value) and none elsewhere."""
+        masters = {}
+        for p, (bucket, _, owner) in self.owner.items():
+            if p.dtype != torch.float32:
+                master = self.state.get(p, {}).get("master", p.detach()) if owner == bucket.rank else None
+                masters[p] = [] if master is None else [(0, p.numel(), master.reshape(-1))]
+        return masters
+
     def state_dict(self) -> dict:
         """Momentum (and fp32 master, for bf16 weights) of the matrices this rank owns, keyed by their
         position in the parameter list."""

@@ -133,17 +133,24 @@ class DistributedRuntime:
     def count_zero_grads(self) -> int:
         return count_zero_grads(list(self.model.parameters()), self.pstate, self.device)
 
-    def params_norm(self) -> float:
-        """Global parameter norm, each element counted on exactly one rank."""
+    def params_norm(self, masters: dict | None = None) -> float:
+        """Global parameter norm, each element counted on exactly one rank; of the fp32 masters where ZeRO-1
+        keeps them (`OptimizerSet.owned_masters`: each on the rank of its gradient group that owns it), as
+        Megatron-LM reports it, not of the bf16 rounding."""
+        masters = masters or {}
         square = torch.zeros((), dtype=torch.float64, device=self.device)
         for p in self.model.parameters():
-            sliced = getattr(p, "tensor_model_parallel", False) or self.pstate.tp_rank == 0
+            if not (getattr(p, "tensor_model_parallel", False) or self.pstate.tp_rank == 0):
+                continue        # a replica of tensor-parallel rank 0's
             replica = self.pstate.expert_dp_rank if is_expert(p) else self.pstate.dp_cp_rank
-            if sliced and replica == 0:
-                square += sum_of_squares(p.detach()).double()
-                rows = getattr(p, "tp_replicated_rows", None)   # KV heads shared by TP ranks (TP > HKV)
-                if rows is not None and not getattr(p, "tp_replica_primary", True):
-                    square -= sum_of_squares(p.detach()[rows[0]:rows[1]]).double()
+            pieces = masters.get(p, [(0, p.numel(), p.detach().reshape(-1))] if replica == 0 else [])
+            rows = getattr(p, "tp_replicated_rows", None)   # KV heads shared by TP ranks (TP > HKV)
+            shared = (rows[0] * p[0].numel(), rows[1] * p[0].numel()) if (
+                rows is not None and not getattr(p, "tp_replica_primary", True)) else None
+            for start, end, values in pieces:
+                square += sum_of_squares(values).double()
+                if shared is not None and max(start, shared[0]) < min(end, shared[1]):  # counted on the primary
+                    square -= sum_of_squares(values[max(start, shared[0]) - start:min(end, shared[1]) - start]).double()
         dist.all_reduce(square)
         return math.sqrt(square.item())
 

@@ -343,7 +343,7 @@ class Trainer:
         """The console line of the iterations since the last one (every rank: collectives), and the
         straggler report."""
         # --log-params-norm: on the console line too (a collective: every rank takes part)
-        params_norm = self.parallel.params_norm() if self.cfg.log_params_norm else None
+        params_norm = self.parallel.params_norm(self.optimizer.owned_masters()) if self.cfg.log_params_norm else None
         self.print_interval(self.last_result, started, params_norm)
         self.interval = IntervalMeter()
         if self.stragglers is not None:      # every rank: the report gathers from all of them
@@ -360,7 +360,7 @@ class Trainer:
     def write_scalars(self, result: StepResult, step_seconds: float, tokens: int, batch_size: int) -> None:
         """This iteration's scalars. Every rank takes part in the parameter norm (a collective); only
         the writing rank computes the rest."""
-        params_norm = self.parallel.params_norm()
+        params_norm = self.parallel.params_norm(self.optimizer.owned_masters())
         if not self.logger.writes_scalars:
             return
         it = self.state.iteration

@@ -84,9 +84,13 @@ class SingleProcess:
     def count_zero_grads(self) -> int:
         return data_parallel.count_zero_grads(self.model.parameters(), self.layout, self.device)
 
-    def params_norm(self) -> float:
+    def params_norm(self, masters: dict | None = None) -> float:
+        """The weights' norm; of their fp32 masters where ZeRO-1 keeps them (`OptimizerSet.owned_masters`), as
+        Megatron-LM reports it, not of the bf16 rounding."""
         # (no float64 copy of every weight: sum_of_squares sums fp32 rows in fp64, the gradient clip's way)
-        squares = torch.stack([data_parallel.sum_of_squares(p.detach()) for p in self.model.parameters()])
+        masters = masters or {}
+        squares = torch.stack([data_parallel.sum_of_squares(values) for p in self.model.parameters()
+                               for _, _, values in masters.get(p, [(0, p.numel(), p.detach())])])
         return math.sqrt(squares.double().sum().item())      # one device sync, not one per parameter
 
     def check_replicas_equal(self) -> None:

@@ -269,6 +269,19 @@ def test_fp32_zero1_ranks_all_start_from_a_bf16_checkpoints_masters(tiny_corpus,
                   "--use-distributed-optimizer")
     full = train(tiny_corpus, tmp_path, "zero1-full", 2, "--load", ckpt, "--use-distributed-optimizer")
     assert len(plain) == 1 and fresh == plain and full == plain, (plain, fresh, full)
+    # The logged params norm is that of the fp32 masters (Megatron-LM's), each counted once over the two ranks'
+    # shards, not of the bf16 weights: within 1e-6 of the float64 norm of the checkpoint's masters.
+    from megatron_zaya.checkpoint import load_full_model_state
+    from megatron_zaya.model import ZayaModel
+    state, config, info = load_full_model_state(ckpt)
+    with torch.device("meta"):
+        names = [name for name, _ in ZayaModel(config).named_parameters()]
+    assert info["iteration"] == 3 and info["masters"] > 0
+    masters_norm = torch.cat([state[n].double().reshape(-1) for n in names]).norm().item()
+    bf16_norm = torch.cat([state[n].to(torch.bfloat16).double().reshape(-1) for n in names]).norm().item()
+    logged = scalar(tmp_path / "bf16-zero1", "params-norm")[-1]
+    assert logged == pytest.approx(masters_norm, rel=1e-6) and bf16_norm != pytest.approx(masters_norm, rel=1e-5), (
+        logged, masters_norm, bf16_norm)
 
 
 def test_data_parallel_params_norm_counts_each_weight_once(tiny_corpus, tmp_path, reference_run):
