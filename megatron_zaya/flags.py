@@ -419,7 +419,19 @@ def apply_training_config(parser: argparse.ArgumentParser, argv, unused: str) ->
 
 class _WordLoader(yaml.SafeLoader):
     """YAML whose plain numbers (and dates) stay the words they are written as, for argparse to convert
-    as it converts them on a command line: YAML 1.1 reads `0777` as 511 and `1:30` as 90."""
+    as it converts them on a command line: YAML 1.1 reads `0777` as 511 and `1:30` as 90. A key given
+    twice in one mapping is an error (PyYAML would keep the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in getattr(node, "value", []):
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float, bool)):
+                continue          # (an unhashable key: the base class names it)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 _WordLoader.yaml_implicit_resolvers = {
@@ -436,15 +448,19 @@ def apply_yaml_defaults(parser: argparse.ArgumentParser, path: str, ignore=froze
     if not os.path.isfile(path):
         parser.error(f"--config {path}: file not found")
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             values = yaml.load(f, Loader=_WordLoader) or {}
     except yaml.YAMLError as err:
-        parser.error(f"--config {path}: not valid YAML ({err})")
+        parser.error(f"--config {path}: not valid YAML ({' '.join(str(err).split())})")     # on one line
+    except UnicodeDecodeError as err:
+        parser.error(f"--config {path}: not UTF-8 text (byte {err.start}: {err.reason}); is it the YAML file?")
+    except OSError as err:
+        parser.error(f"--config {path}: cannot be read ({err.strerror or err})")
     if not isinstance(values, dict):
         parser.error(f"--config {path}: expected a mapping of flag names to values")
     actions = {a.dest: a for a in parser._actions if not isinstance(a, argparse._HelpAction)}
     by_flag = {option: a for a in actions.values() for option in a.option_strings}
-    defaults, skipped = {}, {}
+    defaults, skipped, key_of = {}, {}, {}
     for key, value in values.items():
         dest = str(key).lstrip("-").replace("-", "_")
         flag = by_flag.get("--" + dest.replace("_", "-"))
@@ -454,6 +470,10 @@ def apply_yaml_defaults(parser: argparse.ArgumentParser, path: str, ignore=froze
             continue
         if action is None or action.dest == "config":
             parser.error(f"--config {path}: unknown key {key!r}")
+        if action.dest in key_of:      # `train-iters` and `train_iters`, or a flag and its alias
+            setting = action.option_strings[0] if action.option_strings else action.dest
+            parser.error(f"--config {path}: keys {key_of[action.dest]!r} and {key!r} both set {setting}")
+        key_of[action.dest] = key
         defaults[action.dest] = _yaml_value(parser, path, key, action, value, names_setting=flag is None)
         if isinstance(action, argparse._StoreTrueAction) and defaults[action.dest] is True:
             _add_off_switch(parser, action)

@@ -85,3 +85,16 @@ def test_bad_yaml_values_name_key_and_file(tiny_corpus, tmp_path, capsys, text, 
     cfg.write_text(text)
     line = error_of(tiny_run_flags(tiny_corpus, tmp_path) + ["--config", str(cfg)], capsys)
     assert f"--config {cfg}: {expected}" in line, line
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"# caf\xe9\nlr: 0.1\n", "not UTF-8 text (byte 5"),                       # a Latin-1 comment
+    (b"train-iters: 3\nlr: 0.1\ntrain-iters: 5\n", "not valid YAML (key 'train-iters' given twice in"),
+    (b"train-iters: 3\ntrain_iters: 5\n", "keys 'train-iters' and 'train_iters' both set --train-iters"),
+])
+def test_a_config_file_read_wrongly_or_setting_a_key_twice_is_named(tiny_corpus, tmp_path, capsys, content, expected):
+    """One line, not a traceback (a .bin given as --config) or the last of two values kept silently."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_bytes(content)
+    line = error_of(tiny_run_flags(tiny_corpus, tmp_path) + ["--config", str(cfg)], capsys)
+    assert f"--config {cfg}: {expected}" in line, line
