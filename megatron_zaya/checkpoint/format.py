@@ -392,6 +392,22 @@ def read_rank_meta(folder: str, rank: int, manifest: dict) -> dict:
     return meta
 
 
+def manifest_size_problems(folder: str, manifest: dict) -> list[str]:
+    """The files of a checkpoint folder's manifest that are missing or of another size than it records, one
+    line each: a look at the sizes only (the loader checks every crc32)."""
+    problems = []
+    for name, entry in manifest.items():
+        path = os.path.join(folder, name)
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            problems.append(f"{path}: missing")
+            continue
+        if isinstance(entry, dict) and size != entry.get("bytes", size):      # (a malformed entry: the loader's)
+            problems.append(f"{path}: corrupt (size {size}, expected {entry['bytes']})")
+    return problems
+
+
 def metadata_problems(meta, path: str) -> list[str]:
     """What makes a metadata.json unusable (a missing part, wrong JSON types), one line each naming `path`."""
     if not isinstance(meta, dict):

@@ -16,7 +16,9 @@ files every rank sees alike, so every rank raises the same error:
   - --save holding checkpoints that this run would overwrite or prune (it does not continue from
     that folder's latest checkpoint);
   - --load of a checkpoint whose model config does not fit this run (check_model_config);
-  - --load of a weights-only checkpoint (offline conversions) by a run that would load its optimizer.
+  - --load of a weights-only checkpoint (offline conversions) by a run that would load its optimizer;
+  - --load whose checkpoints are all unreadable (their metadata; in a dry run also a file of the manifest
+    missing or of another size), named as TrainingCheckpointer.load would name them after the build.
 
 TrainingCheckpointer.load repeats the last two checks on the folder it actually loads (it may fall
 back past a damaged one), together with the optimizer-state checks that need the rank files.
@@ -28,7 +30,7 @@ import os
 
 from megatron_zaya.checkpoint.format import (COMPLETE_MARKER, ITER_RE, LATEST_FILE, METADATA_FILE, CheckpointError,
                                              checkpoint_candidates, is_iteration_folder, iter_dir_name, list_complete,
-                                             list_replaced_complete, named_latest, read_json)
+                                             list_replaced_complete, manifest_size_problems, named_latest, read_json)
 from megatron_zaya.checkpoint.hf_format import is_hf_folder
 from megatron_zaya.checkpoint.recorded_tokenizer import recorded_tokenizer
 from megatron_zaya.config import ModelConfig
@@ -106,13 +108,20 @@ def check_save_folder(save: str | None, load: str | None, finetune: bool) -> Non
         f"checkpoints away first")
 
 
-def first_candidate_metadata(load: str, damaged: list | None = None) -> tuple[str, dict] | None:
-    """(folder, metadata.json) of the checkpoint --load would try first that has readable metadata;
-    None when there is none (TrainingCheckpointer.load reports what it finds). `damaged` collects the
-    errors naming the candidates' unreadable metadata files."""
+def first_candidate_metadata(load: str, damaged: list | None = None,
+                             check_sizes: bool = False) -> tuple[str, dict] | None:
+    """(folder, metadata.json) of the checkpoint --load would try first that has readable metadata (and with
+    `check_sizes`, every file of its manifest there at its size: a dry run's look, where one process stats
+    them); None when there is none (TrainingCheckpointer.load reports what it finds). `damaged` collects the
+    errors naming what is wrong with the candidates passed over."""
     for folder in checkpoint_candidates(load):
         try:
-            return folder, read_json(os.path.join(folder, METADATA_FILE))
+            meta = read_json(os.path.join(folder, METADATA_FILE))
+            files = meta.get("files") if isinstance(meta, dict) else None
+            problems = manifest_size_problems(folder, files) if check_sizes and isinstance(files, dict) else []
+            if problems:
+                raise CheckpointError("; ".join(problems))
+            return folder, meta
         except CheckpointError as err:
             if damaged is not None:
                 damaged.append(err)
@@ -170,14 +179,15 @@ def check_before_build(run) -> bool:
     run will start from a checkpoint's weights (--load or --pretrained-checkpoint holds one)."""
     cfg, found, damaged = run.train, None, []
     for path, source_cfg in start_sources(cfg):      # what TrainingCheckpointer.load will start from
-        found = first_candidate_metadata(path, damaged)
+        found = first_candidate_metadata(path, damaged, check_sizes=cfg.dry_run)
         if found is not None:
             cfg = source_cfg
             break
     check_save_folder(cfg.save, cfg.load, cfg.finetune)
     if found is None:
-        if damaged and (cfg.pretrained_checkpoint or (cfg.load and requires_checkpoint(cfg))):
-            raise damaged[0]        # a checkpoint is there, unreadable: name its file, not "no checkpoint"
+        if damaged:                 # checkpoints are there, none loadable: as TrainingCheckpointer.load says, now
+            where = f"--load {cfg.load}" if cfg.load else f"--pretrained-checkpoint {cfg.pretrained_checkpoint}"
+            raise CheckpointError(f"{where}: no loadable checkpoint; " + "; ".join(map(str, damaged)))
         if cfg.pretrained_checkpoint:
             raise CheckpointError(no_pretrained_checkpoint_message(cfg))
         if cfg.load and requires_checkpoint(cfg):
@@ -200,8 +210,8 @@ def start_sources(train_cfg) -> list:
 
 
 def no_pretrained_checkpoint_message(train_cfg) -> str:
-    return (f"--pretrained-checkpoint {train_cfg.pretrained_checkpoint}: no checkpoint found (nor in --load "
-            f"{train_cfg.load})")
+    return (f"--pretrained-checkpoint {train_cfg.pretrained_checkpoint}: no checkpoint found"
+            + (f" (nor in --load {train_cfg.load})" if train_cfg.load else ""))
 
 
 def latest_iteration_folder(path: str) -> str | None:

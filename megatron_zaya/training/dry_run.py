@@ -13,7 +13,8 @@ from megatron_zaya.training.batch_schedule import run_length
 from megatron_zaya.training.run_summary import startup_lines
 
 
-def dry_run(run, tokenizer, datasets, print_line) -> int:
+def dry_run(run, tokenizer, datasets, print_line, loads_weights: bool) -> int:
+    """`loads_weights`: check_before_build found the checkpoint the run would start from."""
     train, seq = run.train, run.model.seq_length
     dp = run.parallel.data_parallel_size
     schedule, total_iters = run_length(train, dp)
@@ -21,6 +22,8 @@ def dry_run(run, tokenizer, datasets, print_line) -> int:
     valid_samples = train.eval_iters * train.global_batch_size if train.eval_iters else 0
     for warning in run.warnings:
         print_line(f"WARNING {warning}")
+    if train.load and not loads_weights:        # (a typo'd --load: the run would start from scratch)
+        print_line(f"WARNING --load {train.load}: no checkpoint found; the run would train from scratch")
     for line in startup_lines(run, tokenizer.vocab_size, datasets, run_samples):   # first: they explain a failed build
         print_line(line)
     build_train_valid_test_loaders(run.data, train.global_batch_size, train.micro_batch_size, seq, 0, dp,

@@ -158,7 +158,8 @@ def _build_and_train(run) -> int:
     try:
         loads_weights = check_before_build(run)   # --save / --load problems: before process groups and the model
         if run.train.dry_run:
-            return dry_run(run, tokenizer, datasets, lambda line: first_process and print(line, flush=True))
+            return dry_run(run, tokenizer, datasets, lambda line: first_process and print(line, flush=True),
+                           loads_weights)
         return _train(run, tokenizer, datasets, loads_weights, started)
     finally:
         save_lock.release()

@@ -253,9 +253,29 @@ def test_a_checkpoint_with_damaged_metadata_is_named_not_called_missing(ckpt_cor
     with open(metadata, "w") as f:
         f.write('{"format_version": 1')
     monkeypatch.setattr("megatron_zaya.training.setup.build_runtime", no_build)
-    for extra in (["--finetune"], ["--exit-on-missing-checkpoint"], ["--skip-train", "--eval-iters", "1"]):
-        with pytest.raises(CheckpointError, match=rf"{metadata}: corrupt JSON"):
-            train(flags(ckpt_corpus, 1, "--load", save, *extra, cache=ckpt_cache))
+    for extra in ([], ["--finetune"], ["--exit-on-missing-checkpoint"], ["--skip-train", "--eval-iters", "1"]):
+        with pytest.raises(CheckpointError, match=rf"--load {save}: no loadable checkpoint; {metadata}: corrupt JSON"):
+            train(flags(ckpt_corpus, 1, "--load", save, *extra, cache=ckpt_cache))    # plain --load too: not later
+
+
+def test_a_dry_run_finds_a_truncated_checkpoint_and_says_when_load_holds_none(ckpt_corpus, ckpt_cache, tmp_path,
+                                                                             capsys):
+    """--dry-run looks at the sizes of the files --load would read (a truncated rank file was found only by the
+    real run's load, after the model), and says when --load holds no checkpoint (a typo'd path)."""
+    from pretrain_zaya import main
+    save = str(tmp_path / "ckpt")
+    train(flags(ckpt_corpus, 1, "--save", save, cache=ckpt_cache))
+    assert main(flags(ckpt_corpus, 2, "--load", save, "--dry-run", cache=ckpt_cache)) == 0
+    assert "no checkpoint found" not in capsys.readouterr().out
+    shard = os.path.join(save, "iter_0000001", "rank_00000.safetensors")
+    size = os.path.getsize(shard)
+    os.truncate(shard, 100)
+    assert main(flags(ckpt_corpus, 2, "--load", save, "--dry-run", cache=ckpt_cache)) == 2
+    assert (f"--load {save}: no loadable checkpoint; {shard}: corrupt (size 100, expected {size})"
+            in capsys.readouterr().err)
+    typo = str(tmp_path / "ckpt-typo")
+    assert main(flags(ckpt_corpus, 2, "--load", typo, "--dry-run", cache=ckpt_cache)) == 0
+    assert f"WARNING --load {typo}: no checkpoint found; the run would train from scratch" in capsys.readouterr().out
 
 
 def test_pretrained_checkpoint_starts_a_fine_tune_until_load_has_one(ckpt_corpus, ckpt_cache, tmp_path, capsys):
