@@ -88,6 +88,14 @@ def split_documents(cfg: DataConfig, indexed: IndexedDataset, prefix: str, split
     return split_indices(indexed, cfg.split)[split_id], f"--split {cfg.split}: the {split_name} split of {prefix}"
 
 
+def no_sample_error(cfg: DataConfig, blend: list[str], split_id: int, seq_length: int) -> UserInputError:
+    """An unweighted list of which not one dataset holds a sample of split `split_id`."""
+    split_name = SPLIT_NAMES[split_id]
+    given = f"--split {cfg.split}" if not cfg.separate_splits else f"--{split_name}-data-path"
+    return UserInputError(f"{given}: no dataset of {' '.join(blend)} holds a sample ({seq_length + 1} tokens) in the "
+                          f"{split_name} split")
+
+
 def weighted(cfg: DataConfig, blend: list[str]) -> bool:
     """Whether `blend` is read as weighted (each dataset asked for a surplus); Megatron reads a per-split blend
     of one path (`--train-data-path 1.0 P`) as the path itself."""
@@ -114,9 +122,7 @@ def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: li
     split_name = SPLIT_NAMES[split_id]
     for blend, w in zip(blends, weights):
         if sum(w) == 0:       # an unweighted list, and not one of its datasets holds a sample of this split
-            given = f"--split {cfg.split}" if not cfg.separate_splits else f"--{split_name}-data-path"
-            raise UserInputError(f"{given}: no dataset of {' '.join(blend)} holds a sample ({opts.seq_length + 1} "
-                                 f"tokens) in the {split_name} split")
+            raise no_sample_error(cfg, blend, split_id, opts.seq_length)
     cache_dir = None if cfg.no_index_cache else (cfg.data_cache_path or default_cache_dir(prefixes[0]))
 
     def blending(w, size):

@@ -20,6 +20,7 @@ from megatron_zaya.data import build_tokenizer, build_train_valid_test_loaders
 from megatron_zaya.data.dataset_tokenizer import check_dataset_tokenizers
 from megatron_zaya.data.loaders import (check_token_ids, missing_eod_warnings, open_datasets,
                                         unread_dataset_warnings)
+from megatron_zaya.data.split_checks import check_splits_before_build, evaluation_warnings
 from megatron_zaya.data.train_blocks import train_blocks
 from megatron_zaya.data.tokenizer import flags_text, tokenizer_flags
 from megatron_zaya.errors import UserInputError
@@ -151,6 +152,9 @@ def _build_and_train(run) -> int:
     check_token_ids(run.data, tokenizer.vocab_size, datasets=datasets)   # a dataset of another tokenizer
     run.warnings += missing_eod_warnings(run.data, tokenizer.eod, datasets=datasets)   # printed by the main rank
     run.warnings += unread_dataset_warnings(run.data, run.model.seq_length, datasets)
+    check_splits_before_build(run.data, datasets, run.model.seq_length, trains=not run.train.skip_train,
+                              evaluates=run.train.eval_iters > 0)      # an empty split: now, not after the model
+    run.warnings += evaluation_warnings(run.data, run.train.eval_iters)
     from megatron_zaya.parallel.launch import detect_launcher
     first_process = detect_launcher().rank == 0
     # Another run saving into --save: stop now (a dry run only looks)
