@@ -8,6 +8,7 @@ do both.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import sys
@@ -49,6 +50,11 @@ class TrainingLogger:
         if not is_main:
             return
         if tensorboard_dir:
+            earlier = glob.glob(os.path.join(glob.escape(tensorboard_dir), "events.out.tfevents.*"))
+            if purge and start_iter == 0 and earlier:
+                self.print(f"WARNING: --tensorboard-dir {tensorboard_dir} holds an earlier run's event files; this run "
+                           f"starts at iteration 0, so TensorBoard shows its points in their place (the files stay; "
+                           f"another --tensorboard-dir keeps both in view)")
             self.last_evaluations = os.path.join(tensorboard_dir, LAST_EVALUATIONS_FILE)
             recorded = self._last_evaluations()
             kept = {kind: step for kind, step in recorded.items() if step <= start_iter}

@@ -28,3 +28,15 @@ def test_the_last_iterations_evaluation_is_written_once_and_again_after_a_purge(
     resumed.evaluation_scalars("validation", {"lm loss validation": 4.0}, 6, 24)
     resumed.close()
     assert json.loads((tb / LAST_EVALUATIONS_FILE).read_text()) == {"validation": 6}
+
+
+def test_a_run_from_iteration_0_into_a_folder_with_events_says_it_hides_them(tmp_path, capsys):
+    """A new run (iteration 0) writing into another run's --tensorboard-dir purges its points from view (the
+    files stay): a warning names the folder. A resume (iteration > 0) and a first run into an empty folder: none."""
+    tb = tmp_path / "tb"
+    _job(tb, 0).close()
+    assert "WARNING" not in capsys.readouterr().out
+    _job(tb, 3).close()
+    assert "WARNING" not in capsys.readouterr().out
+    _job(tb, 0).close()
+    assert f"WARNING: --tensorboard-dir {tb} holds an earlier run's event files" in capsys.readouterr().out
