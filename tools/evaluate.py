@@ -23,7 +23,6 @@ micro-batches (default: about ten lines per run; 0: none).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -42,7 +41,7 @@ from megatron_zaya.errors import UserInputError  # noqa: E402
 from megatron_zaya.interrupts import say  # noqa: E402
 from megatron_zaya.inference.cli_checks import (  # noqa: E402
     OWN_TOKENIZER, add_tokenizer_arguments, check_device, check_threads, check_tokenizer_fits, check_writable_output,
-    peek_model_config, tokenizer_from_flags, tokenizer_of_checkpoint)
+    peek_model_config, tokenizer_from_flags, tokenizer_of_checkpoint, write_output_json)
 from megatron_zaya.inference.evaluation import evaluate, format_table, write_tensorboard  # noqa: E402
 from megatron_zaya.inference.loading import DTYPES, load_model_for_inference, parse_dtype  # noqa: E402
 
@@ -240,9 +239,11 @@ def main(argv=None) -> int:
             say(f"{name:<{width}}  {result.samples:>8}  {result.loss:>8.4f}  {result.perplexity:>10.3f}")
         report = {"datasets": {name: result.as_dict() for name, result in results.items()}}
     if args.output_json:
-        with open(args.output_json, "w", encoding="utf-8") as f:
-            json.dump({"checkpoint": info, "split": args.split_name, "seq_length": seq_length, "step": step,
-                       **report}, f, indent=2, default=str)
+        try:
+            write_output_json("--output-json", args.output_json, {"checkpoint": info, "split": args.split_name,
+                                                                  "seq_length": seq_length, "step": step, **report})
+        except UserInputError as err:
+            parser.error(str(err))
     return 0
 
 

@@ -17,7 +17,6 @@ generated ids (and text when a tokenizer is given). --stream prints one prompt's
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -30,7 +29,7 @@ from megatron_zaya.errors import UserInputError  # noqa: E402
 from megatron_zaya.interrupts import say  # noqa: E402
 from megatron_zaya.inference.cli_checks import (  # noqa: E402
     OWN_TOKENIZER, add_tokenizer_arguments, check_device, check_prompts_fit, check_threads, check_tokenizer_fits,
-    check_writable_output, peek_model_config, tokenizer_from_flags)
+    check_writable_output, peek_model_config, tokenizer_from_flags, write_output_json)
 from megatron_zaya.inference.decode import generate  # noqa: E402
 from megatron_zaya.inference.loading import DTYPES, load_model_for_inference, parse_dtype  # noqa: E402
 from megatron_zaya.inference.sampling import SamplingParams, check_seed  # noqa: E402
@@ -213,9 +212,11 @@ def main(argv=None) -> int:
                 record["prompt"]) else tokenizer.decode([t for t in new if t != eod])
         records.append(record)
     if args.output_json:              # before the prints: written even when their reader has gone (`| head`)
-        with open(args.output_json, "w", encoding="utf-8") as f:
-            json.dump({"checkpoint": info, "sampling": vars(sampling), "seed": args.seed, "samples": records}, f,
-                      indent=2, default=str)
+        try:
+            write_output_json("--output-json", args.output_json,
+                              {"checkpoint": info, "sampling": vars(sampling), "seed": args.seed, "samples": records})
+        except UserInputError as err:
+            parser.error(str(err))
     for i, (prompt, new, record) in enumerate(zip(result.prompts, result.tokens, records)):
         if streamed:
             break

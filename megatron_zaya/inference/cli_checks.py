@@ -7,6 +7,8 @@ tools/run_text_generation_server.py), made before a checkpoint is loaded. Each r
     config = peek_model_config(args.load)     # ModelConfig or None, without reading any tensor
     tokenizer = tokenizer_from_flags(args)    # the flags of add_tokenizer_arguments(parser)
     check_tokenizer_fits(tokenizer, config, args)
+    ...
+    write_output_json("--output-json", args.output_json, report)   # after the run: atomic, errors one line
 """
 from __future__ import annotations
 
@@ -160,8 +162,8 @@ def check_device(name: str) -> torch.device:
 
 
 def check_writable_output(flag: str, path: str | None, is_dir: bool = False) -> None:
-    """An output file whose folder exists and is writable (a folder, `is_dir`, may be created:
-    its closest existing ancestor must be a writable folder)."""
+    """An output file whose folder exists and is writable, and which, when it exists, is writable itself
+    (a folder, `is_dir`, may be created: its closest existing ancestor must be a writable folder)."""
     if path is None:
         return
     target = Path(path)
@@ -179,6 +181,20 @@ def check_writable_output(flag: str, path: str | None, is_dir: bool = False) -> 
         raise UserInputError(f"{flag} {path}: {base} is not a folder")
     if not os.access(base, os.W_OK | os.X_OK):
         raise UserInputError(f"{flag} {path}: cannot write in {base}")
+    if not is_dir and target.exists() and not os.access(target, os.W_OK):
+        raise UserInputError(f"{flag} {path}: exists and cannot be written (read-only, or another user's file)")
+
+
+def write_output_json(flag: str, path: str, obj) -> None:
+    """`obj` as indented JSON in `path`, written atomically (a temporary file in its folder renamed over it:
+    an existing file is kept whole until the new one is complete). An OSError (a file made read-only or a
+    folder removed since check_writable_output) becomes a one-line UserInputError naming `flag`."""
+    from megatron_zaya.checkpoint.format import atomic_write_bytes
+    data = (json.dumps(obj, indent=2, default=str) + "\n").encode("utf-8")
+    try:
+        atomic_write_bytes(str(path), data)
+    except OSError as err:
+        raise UserInputError(f"{flag} {path}: cannot write ({err.strerror or err})") from err
 
 
 def peek_model_config(path) -> ModelConfig | None:

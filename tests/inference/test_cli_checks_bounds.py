@@ -1,14 +1,18 @@
 """The inference tools' cheap flag checks (megatron_zaya/inference/cli_checks.py) at their boundaries:
 the last id inside a vocabulary, the position limit met exactly, a tokenizer exactly the size of the
-embedding, and output paths that are folders."""
+embedding, output paths that are folders or read-only files, and the atomic --output-json write."""
+import json
+import os
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from megatron_zaya.config import model_config_from_preset
 from megatron_zaya.errors import UserInputError
-from megatron_zaya.inference.cli_checks import check_prompts_fit, check_tokenizer_fits, check_writable_output
+from megatron_zaya.inference.cli_checks import (check_prompts_fit, check_tokenizer_fits, check_writable_output,
+                                             write_output_json)
 
 CONFIG = model_config_from_preset("zaya1-tiny", vocab_size=512, seq_length=64, max_position_embeddings=64)
 
@@ -52,3 +56,29 @@ def test_writable_output_refuses_a_folder_for_a_file_and_a_file_for_a_folder(tmp
     (tmp_path / "file").write_text("x")
     with pytest.raises(UserInputError, match="exists and is not a folder"):
         check_writable_output("--tensorboard-dir", str(tmp_path / "file"), is_dir=True)
+
+
+def test_writable_output_refuses_an_existing_file_that_cannot_be_written(tmp_path, monkeypatch):
+    """A read-only --output-json (chmod 444, another user's file) is refused up front; as root chmod blocks
+    nothing, so os.access stands in for it."""
+    target = tmp_path / "results.json"
+    target.write_text('{"old": true}')
+    check_writable_output("--output-json", str(target))
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == target else real_access(path, mode))
+    with pytest.raises(UserInputError, match="results.json: exists and cannot be written"):
+        check_writable_output("--output-json", str(target))
+
+
+def test_output_json_is_replaced_whole_or_kept_and_a_failed_write_is_one_line(tmp_path, monkeypatch):
+    target = tmp_path / "results.json"
+    target.write_text('{"old": true}')
+    write_output_json("--output-json", str(target), {"new": Path("p")})     # default=str for odd values
+    assert json.loads(target.read_text()) == {"new": "p"}
+
+    def refuse(src, dst):
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(UserInputError, match=r"--output-json .*results.json: cannot write \(Operation not permitted"):
+        write_output_json("--output-json", str(target), {"newer": 1})
+    assert json.loads(target.read_text()) == {"new": "p"} and os.listdir(tmp_path) == ["results.json"]

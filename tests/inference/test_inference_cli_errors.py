@@ -2,6 +2,7 @@
 one `error:` line naming the flag or file (exit status 2, or 1 for a damaged checkpoint under
 inspection), and for flags, before the checkpoint's tensors are loaded."""
 import json
+import os
 import shutil
 import struct
 
@@ -289,3 +290,20 @@ def test_null_tokenizer_takes_megatrons_vocab_size_flag():
     add_tokenizer_arguments(parser)
     tokenizer = tokenizer_from_flags(parser.parse_args(["--tokenizer-type", "NullTokenizer", "--vocab-size", "50"]))
     assert (tokenizer.vocab_size, tokenizer.eod) == (51, 50)
+
+
+def test_generate_output_json_that_became_unwritable_during_the_run(hf_checkpoint, tmp_path, capsys):
+    """--output-json passed the start-up check but cannot be written at the end (here a folder took its
+    place): one error line, exit status 2, not a traceback after the whole run."""
+    tool = load_tool("generate")
+    out_json = tmp_path / "gen.json"
+    real_generate = tool.generate
+
+    def generate_then_block_the_output(*args, **kwargs):
+        (tmp_path / "gen.json").mkdir()
+        return real_generate(*args, **kwargs)
+    tool.generate = generate_then_block_the_output
+    code, line = error_line(tool, ["--load", str(hf_checkpoint), "--prompt-ids", "1 2", "--max-new-tokens", "2",
+                                   "--output-json", str(out_json)], capsys)
+    assert code == 2 and f"--output-json {out_json}: cannot write (" in line, line
+    assert sorted(os.listdir(tmp_path)) == ["gen.json"]
