@@ -211,6 +211,9 @@ def _main(argv=None) -> int:
                                         **layout)
         print(f"wrote {folder}")
         return 0
+    except UserInputError as err:    # a flag's value (--weights, --last, a layout, --iteration): a usage error
+        print(f"convert_checkpoint.py: error: {err}", file=sys.stderr)
+        return 2
     except (CheckpointError, FileNotFoundError, FileExistsError, ValueError) as err:
         print(f"convert_checkpoint.py: error: {err}", file=sys.stderr)
         return 1

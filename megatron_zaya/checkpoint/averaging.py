@@ -20,6 +20,7 @@ from megatron_zaya.checkpoint.format import METADATA_FILE, CheckpointError, iter
 from megatron_zaya.checkpoint.hf_format import DEFAULT_MAX_SHARD_BYTES, check_new_output_folder, save_hf_folder
 from megatron_zaya.checkpoint.inspection import load_full_model_state, resolve_folder
 from megatron_zaya.checkpoint.model_card import model_card
+from megatron_zaya.errors import UserInputError
 
 
 def checkpoints_to_average(sources: list[str], last: int | None = None) -> list[str]:
@@ -29,11 +30,11 @@ def checkpoints_to_average(sources: list[str], last: int | None = None) -> list[
     if last is None:
         return [resolve_folder(source) for source in sources]
     if len(sources) != 1:
-        raise CheckpointError(f"--last {last} takes one --save folder, got {len(sources)} paths")
+        raise UserInputError(f"--last {last} takes one --save folder, got {len(sources)} paths")
     done = list_complete(sources[0])
     if last < 1 or len(done) < last:
-        raise CheckpointError(f"{sources[0]}: {len(done)} complete checkpoints, --last {last} asks for "
-                              f"{'at least one' if last < 1 else 'more'}")
+        raise UserInputError(f"{sources[0]}: {len(done)} complete checkpoints, --last {last} asks for "
+                             f"{'at least one' if last < 1 else 'more'}")
     return [os.path.join(os.path.abspath(sources[0]), iter_dir_name(i)) for i in done[-last:]]
 
 
@@ -41,9 +42,9 @@ def normalized_weights(weights: list[float] | None, count: int) -> list[float]:
     if weights is None:
         return [1.0 / count] * count
     if len(weights) != count:
-        raise ValueError(f"--weights: {len(weights)} weights for {count} checkpoints")
+        raise UserInputError(f"--weights: {len(weights)} weights for {count} checkpoints")
     if not all(math.isfinite(w) and w >= 0 for w in weights) or sum(weights) <= 0:
-        raise ValueError(f"--weights {' '.join(map(str, weights))}: finite numbers >= 0 with a positive sum")
+        raise UserInputError(f"--weights {' '.join(map(str, weights))}: finite numbers >= 0 with a positive sum")
     return [w / sum(weights) for w in weights]
 
 

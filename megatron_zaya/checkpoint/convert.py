@@ -20,6 +20,7 @@ from megatron_zaya.checkpoint.saver import CheckpointWriter
 from megatron_zaya.checkpoint.state import model_entries
 from megatron_zaya.config import ModelConfig
 from megatron_zaya.data.tokenizer import TOKENIZER_DESTS
+from megatron_zaya.errors import UserInputError
 from megatron_zaya.parallel.state import LayoutError, check_layout
 
 
@@ -84,7 +85,7 @@ def check_sharded_output(save_dir: str, config: ModelConfig, tp: int = 1, cp: in
     world = tp * cp if world_size is None else world_size
     check_layout(world, tp, cp, ep, config)         # before anything is written (one rank splits nothing itself)
     if iteration is not None and iteration < 0:
-        raise CheckpointError(f"--iteration={iteration}: must be >= 0")
+        raise UserInputError(f"--iteration={iteration}: must be >= 0")
     check_output_folder(save_dir)
     # A folder a training run is saving into (its first checkpoint not complete yet, so not refused above):
     # the conversion's pruning would take the run's save in progress for debris, and its checkpoint would

@@ -152,17 +152,20 @@ def test_a_training_checkpoint_is_not_written_into_a_hugging_face_folder(tmp_pat
     (["--tensor-model-parallel-size", "0"], "--tensor-model-parallel-size=0: must be >= 1"),
     (["--world-size", "0"], "--world-size=0: must be >= 1"),
     (["--iteration", "-5"], "--iteration=-5: must be >= 0"),
+    (["--tensor-model-parallel-size", "3", "--world-size", "3"], "--tensor-model-parallel-size=3 must divide "
+                                                                 "--num-attention-heads=4"),
 ])
 def test_an_impossible_output_layout_is_refused_before_anything_is_written(tmp_path, capsys, layout, message):
     """One rank splits nothing itself, so EP 8 on a world of 1 was written (and recorded) as if split; TP 0
-    crashed after creating the output folder; a negative iteration was written as iter_-000005."""
+    crashed after creating the output folder; a negative iteration was written as iter_-000005. Each is a
+    usage error (exit status 2, as the tool's docstring says; it was 1, a checkpoint problem's)."""
     from megatron_zaya.checkpoint.hf_format import save_hf_folder
     from megatron_zaya.config import model_config_from_preset
     from megatron_zaya.model import ZayaModel
 
     model = ZayaModel(model_config_from_preset("zaya1-tiny", num_layers=1, vocab_size=256))
     save_hf_folder(model.state_dict(), model.config, tmp_path / "hf")
-    assert _tool().main(["from-hf", str(tmp_path / "hf"), str(tmp_path / "out"), "--no-progress", *layout]) == 1
+    assert _tool().main(["from-hf", str(tmp_path / "hf"), str(tmp_path / "out"), "--no-progress", *layout]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -187,16 +190,17 @@ def test_a_bad_output_or_layout_is_refused_before_any_weight_is_read(tmp_path, c
         raise AssertionError("a weight was read")
     monkeypatch.setattr(convert, "load_full_model_state", no_weights)
     monkeypatch.setattr(convert, "load_hf_folder", no_weights)
-    for argv, message in (
-            (["to-hf", ckpt, str(tmp_path / "full")], "full: exists and is not empty"),
-            (["to-hf", ckpt, str(tmp_path / "notes.txt" / "out")], "notes.txt is a file, not a folder"),
-            (["reshard", ckpt, str(tmp_path / "r"), "--expert-model-parallel-size", "3", "--world-size", "3"],
+    for argv, status, message in (
+            (["to-hf", ckpt, str(tmp_path / "full")], 1, "full: exists and is not empty"),
+            (["to-hf", ckpt, str(tmp_path / "notes.txt" / "out")], 1, "notes.txt is a file, not a folder"),
+            (["reshard", ckpt, str(tmp_path / "r"), "--expert-model-parallel-size", "3", "--world-size", "3"], 2,
              "--expert-model-parallel-size=3 must divide --num-experts=4"),
-            (["reshard", ckpt, str(tmp_path / "r"), "--iteration", "-1"], "--iteration=-1: must be >= 0"),
-            (["reshard", ckpt, ckpt], "already holds checkpoints"),
-            (["from-hf", str(tmp_path / "hf"), str(tmp_path / "r"), "--world-size", "-1"], "--world-size=-1"),
-            (["from-hf", str(tmp_path / "hf"), ckpt], "already holds checkpoints")):
-        assert _tool().main([*argv, "--no-progress"]) == 1, argv
+            (["reshard", ckpt, str(tmp_path / "r"), "--iteration", "-1"], 2, "--iteration=-1: must be >= 0"),
+            (["reshard", ckpt, str(tmp_path / "r"), "--world-size", "0"], 2, "--world-size=0: must be >= 1"),
+            (["reshard", ckpt, ckpt], 1, "already holds checkpoints"),
+            (["from-hf", str(tmp_path / "hf"), str(tmp_path / "r"), "--world-size", "-1"], 2, "--world-size=-1"),
+            (["from-hf", str(tmp_path / "hf"), ckpt], 1, "already holds checkpoints")):
+        assert _tool().main([*argv, "--no-progress"]) == status, argv
         assert message in capsys.readouterr().err, argv
     assert (tmp_path / "full" / "mine.txt").read_text() == "mine" and not (tmp_path / "r").exists()
 
@@ -359,10 +363,15 @@ def test_average_of_checkpoints_is_their_weighted_mean(ckpt_corpus, ckpt_cache, 
     assert "its model differs" in capsys.readouterr().err and not (tmp_path / "bad").exists()
     assert tool.main(["average", save, str(tmp_path / "last2"), "--last", "2"]) == 1
     assert "refusing to overwrite" in capsys.readouterr().err
-    assert tool.main(["average", save, str(tmp_path / "x"), "--last", "5"]) == 1
+    # flag values are usage errors (exit status 2), a checkpoint problem's is 1
+    assert tool.main(["average", save, str(tmp_path / "x"), "--last", "5"]) == 2
     assert "3 complete checkpoints, --last 5" in capsys.readouterr().err
-    assert tool.main(["average", *given, str(tmp_path / "y"), "--weights", "1"]) == 1
+    assert tool.main(["average", save, str(tmp_path / "x"), "--last", "0"]) == 2
+    assert "3 complete checkpoints, --last 0 asks for at least one" in capsys.readouterr().err
+    assert tool.main(["average", *given, str(tmp_path / "y"), "--weights", "1"]) == 2
     assert "--weights: 1 weights for 2 checkpoints" in capsys.readouterr().err
+    assert tool.main(["average", *given, str(tmp_path / "y"), "--weights", "1", "-1"]) == 2
+    assert "finite numbers >= 0 with a positive sum" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("text", ["5GB", "500MB", "2GiB", "3MiB", "7KiB", "12KB", "1.5KB", "2.5GB"])
