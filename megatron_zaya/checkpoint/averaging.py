@@ -6,8 +6,10 @@ last checkpoints of a decay phase) before evaluation or release.
     average_to_hf(folders, "hf/x-avg3")
 
 Every checkpoint must hold the same model config (checked from the metadata before any weight is
-read); a weight saved in bf16 with an fp32 master enters as its master. The average is accumulated
-and written in fp32 (the mean of bf16 weights is not a bf16 value) unless `dtype` says otherwise.
+read); a weight saved in bf16 with an fp32 master enters as its master. Each weight is read from every
+checkpoint in turn and its weighted mean accumulated in float64, then rounded once to fp32, the dtype
+it is written in (the mean of bf16 weights is not a bf16 value) unless `dtype` says otherwise. Memory
+holds the averaged model and one weight at a time, not a whole checkpoint.
 """
 from __future__ import annotations
 
@@ -16,9 +18,10 @@ import os
 
 import torch
 
-from megatron_zaya.checkpoint.format import METADATA_FILE, CheckpointError, iter_dir_name, list_complete, read_json
+from megatron_zaya.checkpoint.format import (METADATA_FILE, CheckpointError, CheckpointFolder, iter_dir_name,
+                                             list_complete, read_json)
 from megatron_zaya.checkpoint.hf_format import DEFAULT_MAX_SHARD_BYTES, check_new_output_folder, save_hf_folder
-from megatron_zaya.checkpoint.inspection import load_full_model_state, resolve_folder
+from megatron_zaya.checkpoint.inspection import model_config_of, resolve_folder, trained_value
 from megatron_zaya.checkpoint.model_card import model_card
 from megatron_zaya.errors import UserInputError
 
@@ -53,7 +56,7 @@ def average_to_hf(folders: list[str], output_dir: str, weights: list[float] | No
                   max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> dict:
     """Write the weighted mean of `folders`' model weights to the Hugging Face folder `output_dir`
     (new or empty; written atomically). Returns {"folders", "weights", "iterations"}."""
-    weights = normalized_weights(weights, len(folders))
+    normalized = normalized_weights(weights, len(folders))
     check_new_output_folder(output_dir)
     metas = [read_json(os.path.join(folder, METADATA_FILE)) for folder in folders]
     first = metas[0]["model_config"]
@@ -65,21 +68,40 @@ def average_to_hf(folders: list[str], output_dir: str, weights: list[float] | No
     if tokenizer is not None and tokenizer.vocab_size > first["vocab_size"]:
         raise CheckpointError(f"the tokenizer's {tokenizer.vocab_size} tokens do not fit the checkpoints' "
                               f"{first['vocab_size']} embedding rows: not the tokenizer this model was trained with")
-    total, config = None, None
-    for weight, folder in zip(weights, folders):
-        if progress is not None:
-            progress.note(f"reading {folder} (weight {weight:.4g})")
-        state, config, _ = load_full_model_state(folder, progress.reading if progress else None)
-        if total is None:
-            total = {k: v.float() * weight if v.is_floating_point() else v for k, v in state.items()}
-        else:
-            for k, v in state.items():
-                if v.is_floating_point():
-                    total[k].add_(v.float(), alpha=weight)
-        del state
+    if progress is not None:
+        progress.note(f"reading {len(folders)} checkpoints (weights {', '.join(f'{w:.4g}' for w in normalized)})")
+    opened = [CheckpointFolder(folder) for folder in folders]
+    averaged = weighted_mean(opened, [1.0] * len(folders) if weights is None else weights,
+                             progress.reading if progress else None)
     if progress is not None:
         progress.note(f"writing {output_dir}")
-    card = model_card(config, metas, folders, weights, dtype or torch.float32, tokenizer is not None)
-    save_hf_folder(total, config, output_dir, dtype, tokenizer, max_shard_bytes, {"README.md": card},
+    config = model_config_of(opened[0])
+    card = model_card(config, metas, folders, normalized, dtype or torch.float32, tokenizer is not None)
+    save_hf_folder(averaged, config, output_dir, dtype, tokenizer, max_shard_bytes, {"README.md": card},
                    progress.wrote_file if progress else None)
-    return {"folders": folders, "weights": weights, "iterations": [meta.get("iteration") for meta in metas]}
+    return {"folders": folders, "weights": normalized, "iterations": [meta.get("iteration") for meta in metas]}
+
+
+def weighted_mean(folders: list[CheckpointFolder], weights: list[float], progress=None) -> dict[str, torch.Tensor]:
+    """{name: sum(weight * value) / sum(weights)} of every model weight of `folders`, computed in float64 (a
+    product, then a sum, checkpoint by checkpoint) and rounded once to fp32. A weight that is not floating
+    point (none in ZAYA) is the first checkpoint's. `progress(done, total, nbytes)` after each weight."""
+    total_weight = sum(weights)
+    averaged, nbytes = {}, 0
+    keys = folders[0].keys("model/")
+    for done, key in enumerate(keys, 1):
+        name, accumulated = key[len("model/"):], None
+        for weight, folder in zip(weights, folders):
+            value = trained_value(folder, key)
+            nbytes += value.numel() * value.element_size()
+            if not value.is_floating_point():
+                accumulated = value
+                break
+            product = value.double() * weight
+            accumulated = product if accumulated is None else accumulated.add_(product)
+        if accumulated.is_floating_point():
+            accumulated = (accumulated / total_weight).float()
+        averaged[name] = accumulated
+        if progress is not None:
+            progress(done, len(keys), nbytes)
+    return averaged

@@ -55,6 +55,20 @@ def model_config_of(folder: CheckpointFolder) -> ModelConfig:
     return ModelConfig(**folder.metadata["model_config"])
 
 
+def master_key(key: str) -> str:
+    """The key of model weight `key`'s fp32 master (saved only for weights that are not fp32)."""
+    return f"optim/{key[len('model/'):]}/master"
+
+
+def trained_value(folder: CheckpointFolder, key: str) -> torch.Tensor:
+    """Model weight `key` ("model/NAME") of `folder`, whole: its fp32 master where it has one (a bf16 weight of
+    a --bf16 ZeRO-1 run), the trained value rather than its rounding."""
+    master = master_key(key)
+    if folder.has(master):
+        return folder.full(master).reshape(folder.global_shape(key))
+    return folder.full(key)
+
+
 def load_full_model_state(path: str, progress=None) -> tuple[dict, ModelConfig, dict]:
     """(single-device state dict on CPU, ModelConfig, info) from a checkpoint of any layout.
     A weight saved in bf16 with an fp32 master (a --bf16 ZeRO-1 run) comes as its master: the
@@ -66,12 +80,9 @@ def load_full_model_state(path: str, progress=None) -> tuple[dict, ModelConfig, 
     state, masters, nbytes = {}, 0, 0
     keys = folder.keys("model/")
     for done, key in enumerate(keys, 1):   # each weight read once: its master where it has one
-        name, master = key[len("model/"):], f"optim/{key[len('model/'):]}/master"
-        if folder.has(master):             # saved only for weights that are not fp32
-            state[name] = folder.full(master).reshape(folder.global_shape(key))
-            masters += 1
-        else:
-            state[name] = folder.full(key)
+        name = key[len("model/"):]
+        state[name] = trained_value(folder, key)
+        masters += folder.has(master_key(key))
         if progress is not None:
             nbytes += state[name].numel() * state[name].element_size()
             progress(done, len(keys), nbytes)
