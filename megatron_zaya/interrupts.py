@@ -11,7 +11,8 @@ leaves that behind. Two ways to turn it into the KeyboardInterrupt the cleanup a
   (inside multiprocessing's bookkeeping, or an import lock's callback) can be lost or leave a half-built
   object behind. A second signal raises at once.
 
-While a finished output replaces an old one, `signals_held()` makes both signals wait (merge_datasets).
+While a finished output replaces an old one, `signals_held()` makes both signals wait (merge_datasets,
+train_tokenizer); a signal that comes after is said with what is already in place (`in_place`).
 
 Training (pretrain_zaya.py) has its own handling: a checkpoint, then a clean exit (training/signals.py).
 
@@ -62,16 +63,24 @@ class StopOnSignal:
         self._previous = {}
 
 
-def interrupt_on_sigterm(main: Callable[[list | None], int], argv: list | None, tool: str) -> int:
+def interrupt_on_sigterm(main: Callable[[list | None], int], argv: list | None, tool: str,
+                         in_place: Callable[[], str | None] | None = None) -> int:
     """main(argv) with SIGTERM raising KeyboardInterrupt; an interruption (either signal) prints one line
-    naming `tool` and gives exit status 130. The previous SIGTERM handler comes back afterwards."""
+    naming `tool` and gives exit status 130. The line says "no output written" unless `in_place()` names an
+    output already put in place (the point of no return passed: old files replaced), which it then says.
+    The previous SIGTERM handler comes back afterwards."""
     installed = threading.current_thread() is threading.main_thread()   # handlers only install from there
     if installed:
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         return main(argv)
     except KeyboardInterrupt:
-        print(f"{tool}: interrupted: no output written (temporary files removed)", file=sys.stderr)
+        done = in_place() if in_place is not None else None
+        if done:
+            print(f"{tool}: interrupted after the output was put in place: {done} (the rest of the run skipped; "
+                  f"temporary files removed)", file=sys.stderr)
+        else:
+            print(f"{tool}: interrupted: no output written (temporary files removed)", file=sys.stderr)
         return 130
     finally:
         if installed:

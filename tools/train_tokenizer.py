@@ -24,7 +24,9 @@ JSON, missing keys, not UTF-8, lone surrogates) are skipped and counted. Existin
 --overwrite is given; training writes to a temporary prefix and renames into place (.vocab, then
 .model; or the .json), so a failed run leaves any old tokenizer untouched (the hidden temporary folder of a
 run killed by SIGKILL is removed by the next run for the same output, megatron_zaya/leftovers.py). Ctrl-C
-or SIGTERM removes it and ends with exit status 130.
+or SIGTERM removes it and ends with exit status 130; one that comes while the new files are renamed into place
+waits for both, and once they are in place the line says so (the old tokenizer is replaced) instead of "no
+output written".
 """
 
 from __future__ import annotations
@@ -203,12 +205,19 @@ def _announce_end(lines, counts: dict, t0: float):
           file=sys.stderr, flush=True)
 
 
-def _install(tmp_prefix: str, prefix: str, extensions=(".vocab", ".model")) -> None:
+def _install(tmp_prefix: str, prefix: str, extensions=(".vocab", ".model"), installed: list | None = None) -> None:
     """Rename the trained files into place: .vocab first, .model (what users load) last; a signal waits for
-    both (a new .vocab beside the old .model otherwise)."""
-    with signals_held():
+    both (a new .vocab beside the old .model otherwise) and then stops the run (KeyboardInterrupt). Each file
+    put in place is appended to `installed` ("P.model (replaced)" where an old one was there), for the
+    interruption's line: from here on the output is written, whatever interrupts the run."""
+    installed = [] if installed is None else installed
+    with signals_held() as held:
         for ext in extensions:
+            replaced = os.path.exists(prefix + ext)
             os.replace(tmp_prefix + ext, prefix + ext)
+            installed.append(prefix + ext + (" (replaced)" if replaced else ""))
+    if held:
+        raise KeyboardInterrupt     # acted on now that the new tokenizer is whole
 
 
 def train_tiktoken(args, lines, tmp_prefix: str) -> int:
@@ -221,11 +230,14 @@ def train_tiktoken(args, lines, tmp_prefix: str) -> int:
 
 
 def main(argv=None) -> int:
-    # Ctrl-C and SIGTERM (scancel, a time limit) remove the temporary folder and end with one line, exit 130
-    return interrupt_on_sigterm(_main, argv, "train_tokenizer.py")
+    # Ctrl-C and SIGTERM (scancel, a time limit) remove the temporary folder and end with one line, exit 130;
+    # once the new files are in place (after _install) the line names them instead of "no output written"
+    installed: list[str] = []
+    return interrupt_on_sigterm(lambda argv: _main(argv, installed), argv, "train_tokenizer.py",
+                                in_place=lambda: ", ".join(installed) + " written, complete" if installed else None)
 
 
-def _main(argv=None) -> int:
+def _main(argv=None, installed: list | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True, help="files, directories or globs (.jsonl[.gz|.zst], .parquet or text)")
     p.add_argument("--vocab-size", type=int, required=True)
@@ -283,7 +295,7 @@ def _main(argv=None) -> int:
             if args.input_sentence_size:
                 sample = itertools.islice(sample, args.input_sentence_size)
             ranks = train_tiktoken(args, sample, tmp_prefix)
-            _install(tmp_prefix, args.output_prefix, extensions)
+            _install(tmp_prefix, args.output_prefix, extensions, installed)
         except InputError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
@@ -314,7 +326,7 @@ def _main(argv=None) -> int:
             num_threads=max(1, args.num_threads),
             minloglevel=2,
         )
-        _install(tmp_prefix, args.output_prefix)
+        _install(tmp_prefix, args.output_prefix, installed=installed)
     except (RuntimeError, InputError) as e:
         msg = str(e) + vocab_size_hint(str(e))
         print(f"error: SentencePiece training failed: {msg}", file=sys.stderr)

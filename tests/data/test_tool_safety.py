@@ -258,6 +258,51 @@ def test_train_tokenizer_ended_by_sigterm_removes_its_folder_and_says_so(tmp_pat
     assert signal.getsignal(signal.SIGTERM) == before
 
 
+def test_train_tokenizer_interrupted_after_the_new_files_replaced_the_old_says_so(tmp_path, tok_corpus, monkeypatch,
+                                                                                  capsys):
+    """--overwrite, Ctrl-C during the export check after the renames (its import of hf_tokenizer and torch takes
+    seconds): exit 130 with a line saying the new files are in place (it said "no output written" though the
+    old tokenizer was already replaced)."""
+    from megatron_zaya.checkpoint import hf_tokenizer
+    prefix = tmp_path / "sp"
+    for name in ("sp.model", "sp.vocab"):
+        (tmp_path / name).write_bytes(b"the old tokenizer")
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(hf_tokenizer, "sentencepiece_export_problem", interrupted)
+    capsys.readouterr()
+    assert _train(tok_corpus, prefix, "--overwrite") == 130
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == (f"train_tokenizer.py: interrupted after the output was put in place: {prefix}.vocab (replaced), "
+                    f"{prefix}.model (replaced) written, complete (the rest of the run skipped; temporary files "
+                    f"removed)"), line
+    assert (tmp_path / "sp.model").read_bytes() != b"the old tokenizer"
+    assert sorted(os.listdir(tmp_path)) == ["sp.model", "sp.vocab"]
+
+
+@pytest.mark.parametrize("model_type, names", [("bpe", ["sp.model", "sp.vocab"]), ("tiktoken", ["sp.json"])])
+def test_train_tokenizer_acts_on_a_signal_held_during_the_renames(tmp_path, tok_corpus, monkeypatch, capsys,
+                                                                 model_type, names):
+    """A SIGTERM between the renames waits for the new tokenizer to be whole, then stops the run (exit 130, the
+    line naming the files in place); it was dropped and the tool went on to exit 0."""
+    import signal
+    real = os.replace
+
+    def signalled_after_the_vocab_or_json(src, dst):
+        real(src, dst)
+        if os.path.basename(dst) == names[-1]:
+            os.kill(os.getpid(), signal.SIGTERM)
+    monkeypatch.setattr(TRAIN.os, "replace", signalled_after_the_vocab_or_json)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    assert _train(tok_corpus, tmp_path / "sp", "--model-type", model_type) == 130
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("train_tokenizer.py: interrupted after the output was put in place: ") and \
+        f"{tmp_path / names[0]} written, complete" in line, line
+    assert sorted(os.listdir(tmp_path)) == names
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
 def test_train_tokenizer_removes_a_killed_runs_hidden_folder(tmp_path, tok_corpus, capsys):
     import subprocess
     import sys
