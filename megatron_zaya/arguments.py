@@ -19,7 +19,7 @@ from megatron_zaya import kernels
 from megatron_zaya.checkpoint.preflight import (check_load_path, checkpoint_args_source, checkpoint_at_step,
                                                 model_config_from_checkpoint, tensor_parallel_from_checkpoint,
                                                 tokenizer_args_from_checkpoint)
-from megatron_zaya.config import ConfigError, ModelConfig, model_config_from_preset, pad_vocab_size
+from megatron_zaya.config import ConfigError, ModelConfig, model_config_from_preset
 from megatron_zaya.data.blend import parse_data_path
 from megatron_zaya.data.gpt_dataset import default_cache_dir
 from megatron_zaya.data.index_builders import parse_split
@@ -29,6 +29,7 @@ from megatron_zaya.errors import UserInputError
 from megatron_zaya.flags import DEFAULT_PRESET, MODEL_FLAGS, apply_yaml_defaults, build_parser, let_the_command_line_win
 from megatron_zaya.megatron_flags import check_megatron_flags, preset_shape_warning, resolve_aliases
 from megatron_zaya.model import recompute
+from megatron_zaya.model_vocab import megatron_tokenizer_vocab_size, pad_placeholder_vocab
 from megatron_zaya.optim.builder import OptimizerConfig
 from megatron_zaya.parallel.data import DEFAULT_BUCKET_SIZE
 from megatron_zaya.parallel.state import LayoutError, check_layout
@@ -195,26 +196,6 @@ def check_creatable_dir(flag: str, path: str) -> None:
         os.rmdir(tempfile.mkdtemp(prefix=".megatron-zaya-check-", dir=probe))
     except OSError as err:
         raise UserInputError(f"{flag} {path}: cannot create folders in {probe} ({err.strerror})") from None
-
-
-def _megatron_tokenizer_vocab_size(args: argparse.Namespace) -> str | None:
-    """Where Megatron-LM reads --vocab-size as the TOKENIZER's size, not the model's, whose
-    vocabulary is then the tokenizer's padded, as Megatron pads it:
-    - `--tokenizer-type NullTokenizer --vocab-size N` (no --tokenizer-model): ids 0..N-1, EOD = N;
-      rewritten into this project's form, --tokenizer-model N;
-    - `--tokenizer-type TikTokenizer --vocab-size N`: special tokens and ranks together; moved to
-      `tokenizer_vocab_size`.
-    With the other types Megatron-LM ignores --vocab-size; here it is the model's padded vocabulary: said in
-    the returned warning."""
-    args.tokenizer_vocab_size = None
-    if args.tokenizer_type == "NullTokenizer" and args.tokenizer_model is None and args.vocab_size is not None:
-        args.tokenizer_model, args.vocab_size = str(args.vocab_size), None
-    elif args.tokenizer_type == "TikTokenizer" and args.vocab_size is not None:
-        args.tokenizer_vocab_size, args.vocab_size = args.vocab_size, None
-    elif args.vocab_size is not None and args.tokenizer_type != "NullTokenizer":
-        return (f"--vocab-size={args.vocab_size} with --tokenizer-type {args.tokenizer_type}: the model's vocabulary "
-                f"(embedding rows) here, where Megatron-LM ignores the flag for this type and pads the tokenizer's")
-    return None
 
 
 def _check_sequence_splits(args: argparse.Namespace, model: ModelConfig) -> None:
@@ -453,7 +434,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
     if kernels.environment_problem():
         raise UserInputError(kernels.environment_problem())
     warnings = resolve_aliases(args)
-    vocab_warning = _megatron_tokenizer_vocab_size(args)
+    vocab_warning = megatron_tokenizer_vocab_size(args)
     if vocab_warning:
         warnings.append(vocab_warning)
     _read_data_args_files(args)
@@ -475,10 +456,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
     else:
         preset = args.preset or DEFAULT_PRESET
         preset_model = model_config_from_preset(preset)
-        if args.vocab_size is None and overrides.get("make_vocab_size_divisible_by", 0) >= 1:
-            # the preset's vocabulary is a placeholder (the tokenizer's, padded, replaces it: setup.resolve_vocab):
-            # padded to the new multiple, not refused as a --vocab-size nobody gave
-            overrides["vocab_size"] = pad_vocab_size(preset_model.vocab_size, overrides["make_vocab_size_divisible_by"])
+        pad_placeholder_vocab(preset_model, overrides)     # (the tokenizer's, padded, replaces it: setup.py)
         model = model_config_from_preset(preset, **overrides)
         shape_warning = preset_shape_warning(args, model, preset_model, preset)
         if shape_warning:

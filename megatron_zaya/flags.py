@@ -60,6 +60,16 @@ class NodeLeaderParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def add_tokenizer_arguments(group, default_type: str | None) -> None:
+    """The tokenizer flags (--tokenizer-type `default_type`), for pretrain_zaya.py and the tools that size the
+    model's vocabulary as it does (model_vocab.py); TikTokenizer's size is --vocab-size (see validate)."""
+    group.add_argument("--tokenizer-type", default=default_type)
+    group.add_argument("--tokenizer-model", default=None)
+    group.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: GPT-2's vocab.json")
+    group.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: GPT-2's merges.txt")
+    add_tiktoken_arguments(group, vocab_size_flag=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = NodeLeaderParser(prog="pretrain_zaya.py", description="Pretrain a ZAYA1-style MoE model.",
                          allow_abbrev=False)
@@ -197,11 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a JSON file {\"train\": blend, \"valid\": blend, \"test\": blend} instead of "
                         "--train/valid/test-data-path (each blend a list or a whitespace-separated string)")
     g.add_argument("--split", default="969,30,1")
-    g.add_argument("--tokenizer-type", default="GPTSentencePieceTokenizer")
-    g.add_argument("--tokenizer-model", default=None)
-    g.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: GPT-2's vocab.json")
-    g.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: GPT-2's merges.txt")
-    add_tiktoken_arguments(g, vocab_size_flag=False)    # TikTokenizer's size is --vocab-size (see validate)
+    add_tokenizer_arguments(g, "GPTSentencePieceTokenizer")
     g.add_argument("--data-cache-path", default=None)
     g.add_argument("--mid-level-dataset-surplus", type=float, default=0.005,
                    help="extra share of samples each blended dataset builds, so the blend never runs short")

@@ -5,7 +5,10 @@
     python tools/model_stats.py --config examples/zaya1_base/phase1_4k.yaml
 
 Model flags are pretrain_zaya.py's (Megatron-LM's names, e.g. --num-query-groups, --moe-ffn-hidden-size or
---ffn-hidden-size); --config reads a training YAML for them, leaving its other keys out.
+--ffn-hidden-size); --config reads a training YAML for them, leaving its other keys out. With tokenizer flags
+(--tokenizer-type, --tokenizer-model, ...; a training YAML has them) the vocabulary is the tokenizer's, padded as
+pretrain_zaya.py pads it (--make-vocab-size-divisible-by, --tensor-model-parallel-size), unless --vocab-size gives
+it; without --tokenizer-model (nor GPT-2's --vocab-file), the preset's.
 """
 from __future__ import annotations
 
@@ -15,12 +18,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_zaya.config import PRESETS, ConfigError, model_config_from_preset  # noqa: E402
-from megatron_zaya.flags import MODEL_FLAGS, apply_training_config  # noqa: E402
+from megatron_zaya.config import PRESETS, ConfigError  # noqa: E402
+from megatron_zaya.errors import UserInputError  # noqa: E402
+from megatron_zaya.flags import MODEL_FLAGS, add_tokenizer_arguments, apply_training_config  # noqa: E402
 from megatron_zaya.model.accounting import (  # noqa: E402
     attention_macs_per_token, count_parameters, decode_state_bytes_per_sequence, forward_flops_per_token,
     kv_cache_bytes_per_token, matmul_macs_per_token)
 from megatron_zaya.interrupts import quiet_when_the_reader_leaves  # noqa: E402
+from megatron_zaya.model_vocab import model_config_as_trained  # noqa: E402
 
 
 def human(n: float) -> str:
@@ -28,6 +33,20 @@ def human(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.4g}{unit}"
     return f"{n:.4g}"
+
+
+def vocabulary_line(config, tokenizer, args) -> str:
+    """Where the vocabulary comes from: the tokenizer's, padded (as pretrain_zaya.py sizes it), --vocab-size, or
+    the preset's when no tokenizer file is given."""
+    if tokenizer is None:
+        source = "the preset's" if args.vocab_size is None else "--vocab-size"
+        return (f"vocabulary: {config.vocab_size:,}, {source} (no --tokenizer-model given; pretrain_zaya.py pads "
+                f"its tokenizer's)")
+    name = f"{args.tokenizer_type} {args.tokenizer_model or args.vocab_file}"
+    if args.vocab_size is not None:
+        return f"vocabulary: {config.vocab_size:,}, --vocab-size (the tokenizer {name} has {tokenizer.vocab_size:,})"
+    return (f"vocabulary: {config.vocab_size:,}, the tokenizer's {tokenizer.vocab_size:,} ({name}) padded as "
+            f"pretrain_zaya.py pads it")
 
 
 def main(argv=None) -> int:
@@ -40,6 +59,10 @@ def main(argv=None) -> int:
                             help="for attention FLOPs (default: the preset's)" if flag == "seq_length" else None)
     parser.add_argument("--ffn-hidden-size", type=int, default=None, help="--moe-ffn-hidden-size when that is not given")
     parser.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    tokenizer = parser.add_argument_group("tokenizer (the vocabulary, as pretrain_zaya.py sizes it)")
+    add_tokenizer_arguments(tokenizer, None)
+    tokenizer.add_argument("--tensor-model-parallel-size", type=int, default=1,
+                           help="the padded vocabulary is a multiple of it too (as in training)")
     apply_training_config(parser, argv, "keys that do not change the model")
     args = parser.parse_args(argv)
     if args.seq_length is not None and args.seq_length < 1:
@@ -49,10 +72,15 @@ def main(argv=None) -> int:
         overrides["moe_ffn_hidden_size"] = args.ffn_hidden_size
     if args.untie_embeddings_and_output_weights:
         overrides["untie_embeddings_and_output_weights"] = True
+    if args.tensor_model_parallel_size < 1:
+        parser.error(f"--tensor-model-parallel-size={args.tensor_model_parallel_size} must be >= 1")
     try:
-        config = model_config_from_preset(args.preset, **overrides)
-    except ConfigError as err:
+        config, tokenizer, warning = model_config_as_trained(args.preset, overrides, args,
+                                                             args.tensor_model_parallel_size)
+    except (ConfigError, UserInputError) as err:
         parser.error(str(err))
+    if warning:
+        print(f"WARNING {warning}", file=sys.stderr)
     seq = args.seq_length if args.seq_length is not None else config.seq_length
     counts = count_parameters(config)
     active = counts.active_non_embedding(config.num_experts)
@@ -60,6 +88,7 @@ def main(argv=None) -> int:
     print(f"model: {args.preset}  layers={config.num_layers} hidden={config.hidden_size} "
           f"heads={config.num_attention_heads}/{config.num_query_groups}x{config.kv_channels} "
           f"experts={config.num_experts}x{config.moe_ffn_hidden_size} vocab={config.vocab_size}")
+    print(vocabulary_line(config, tokenizer, args))
     print(f"non-embedding parameters, total:   {counts.non_embedding:>16,}  ({human(counts.non_embedding)})")
     print(f"non-embedding parameters, active:  {active:>16,}  ({human(active)})")
     print(f"embedding parameters:              {counts.embedding:>16,}  ({human(counts.embedding)})")

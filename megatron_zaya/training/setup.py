@@ -23,9 +23,9 @@ from megatron_zaya.data.loaders import (check_token_ids, missing_eod_warnings, o
 from megatron_zaya.data.split_checks import check_splits_before_build, evaluation_warnings
 from megatron_zaya.data.train_blocks import train_blocks
 from megatron_zaya.data.tokenizer import flags_text, tokenizer_flags
-from megatron_zaya.errors import UserInputError
 from megatron_zaya.kernels.capability import slow_bf16_warning
 from megatron_zaya.model import ZayaModel
+from megatron_zaya.model_vocab import vocab_from_tokenizer
 from megatron_zaya.training.batch_schedule import run_length
 from megatron_zaya.training.cpu_allocator import keep_freed_memory
 from megatron_zaya.training.data_phase import data_signature, train_data_position
@@ -38,13 +38,9 @@ from megatron_zaya.training.run_summary import job_end_lines, startup_lines
 
 def resolve_vocab(run, tokenizer) -> None:
     """The model's vocabulary is the tokenizer's, padded to a multiple of --make-vocab-size-divisible-by that
-    --tensor-model-parallel-size divides (tokenizer_base.pad_vocab_size)."""
-    padded = tokenizer.padded_vocab_size
-    if run.args.vocab_size is None:
-        run.model = run.model.replace(vocab_size=padded)
-    elif run.model.vocab_size < tokenizer.vocab_size:
-        raise UserInputError(f"--vocab-size={run.model.vocab_size} is smaller than the tokenizer's vocabulary "
-                             f"({tokenizer.vocab_size} tokens in {getattr(tokenizer, 'model_path', run.data.tokenizer_model)})")
+    --tensor-model-parallel-size divides (tokenizer_base.pad_vocab_size), or --vocab-size when given
+    (model_vocab.vocab_from_tokenizer, which the tools counting parameters use too)."""
+    run.model = vocab_from_tokenizer(run.model, run.args.vocab_size, tokenizer, run.data.tokenizer_model)
 
 
 def build_runtime(run):

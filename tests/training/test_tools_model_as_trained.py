@@ -1,0 +1,58 @@
+"""tools/model_stats.py counts the model pretrain_zaya.py trains: with a tokenizer (flags or a training YAML's
+keys) the vocabulary is the tokenizer's, padded as the trainer pads it, not the preset's placeholder."""
+import re
+
+import torch
+
+from megatron_zaya.arguments import parse_args
+from megatron_zaya.data.tokenizer import build_tokenizer, tiktoken_options
+from megatron_zaya.model import ZayaModel
+from megatron_zaya.training.setup import resolve_vocab
+from tests.training.conftest import run_tool
+from tests.training.helpers import tiny_run_flags
+
+
+def trainer_parameters(argv) -> tuple[int, int]:
+    """(parameters, vocabulary) of the model pretrain_zaya.py builds from `argv` (on the meta device)."""
+    run = parse_args(argv)
+    tokenizer = build_tokenizer(run.data.tokenizer_type, run.data.tokenizer_model,
+                                run.model.make_vocab_size_divisible_by, run.parallel.tensor_model_parallel_size,
+                                vocab_file=run.data.vocab_file, merge_file=run.data.merge_file,
+                                **tiktoken_options(run.args))
+    resolve_vocab(run, tokenizer)
+    with torch.device("meta"):
+        model = ZayaModel(run.model)
+    return sum(p.numel() for p in model.parameters()), run.model.vocab_size
+
+
+def model_stats_total(argv, capsys) -> tuple[int, str]:
+    capsys.readouterr()
+    assert run_tool("model_stats", argv) == 0
+    out = capsys.readouterr().out
+    return int(re.search(r"total parameters:\s+([\d,]+)", out).group(1).replace(",", "")), out
+
+
+def test_model_stats_sizes_the_vocabulary_as_the_trainer(tiny_corpus, tmp_path, capsys):
+    """A training YAML with a 500-piece SentencePiece tokenizer and --make-vocab-size-divisible-by 7: the trainer's
+    model has 504 rows (the preset's placeholder has 8,192); model_stats counts the same parameters and says where
+    the vocabulary comes from. Megatron-LM's NullTokenizer --vocab-size N (N + 1 ids, padded) likewise."""
+    prefix, sp_model = tiny_corpus
+    config = tmp_path / "run.yaml"
+    config.write_text(f"preset: zaya1-tiny\nnum-layers: 2\nseq-length: 32\nmake-vocab-size-divisible-by: 7\n"
+                      f"tokenizer-type: GPTSentencePieceTokenizer\ntokenizer-model: {sp_model}\nlr: 3.0e-3\n")
+    trained, vocab = trainer_parameters(["--config", str(config)] + tiny_run_flags(
+        tiny_corpus, tmp_path, **{"--preset": None, "--num-layers": None, "--seq-length": None,
+                                  "--tokenizer-model": None}))
+    assert vocab == 504
+    total, out = model_stats_total(["--config", str(config)], capsys)
+    assert total == trained
+    assert "vocabulary: 504, the tokenizer's 500 (GPTSentencePieceTokenizer " in out
+    null = {"--tokenizer-type": "NullTokenizer", "--vocab-size": "1000", "--num-layers": "2"}
+    trained, vocab = trainer_parameters(tiny_run_flags(tiny_corpus, tmp_path, **null, **{"--tokenizer-model": None}))
+    assert vocab == 1024
+    total, out = model_stats_total(["--preset", "zaya1-tiny"] + [w for kv in null.items() for w in kv], capsys)
+    assert total == trained and "vocabulary: 1,024, the tokenizer's 1,001" in out
+    total, out = model_stats_total(["--preset", "zaya1-tiny"], capsys)    # no tokenizer: the preset's, said so
+    assert "vocabulary: 8,192, the preset's (no --tokenizer-model given" in out
+    total, out = model_stats_total(["--preset", "zaya1-tiny", "--tokenizer-type", "HuggingFaceTokenizer"], capsys)
+    assert "vocabulary: 8,192, the preset's (no --tokenizer-model given" in out    # a config whose launch adds it
