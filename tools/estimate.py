@@ -9,7 +9,9 @@
 --config reads pretrain_zaya.py's YAML config of the run: the keys the plan depends on (preset, model
 sizes, seq-length, batch sizes, parallel layout, ZeRO-1, recomputation, optimizer, packed documents)
 set those flags (the command line still wins); its other training keys (lr, data, logging, ...) are
-listed and left out, and a key pretrain_zaya.py does not know either stops the run.
+listed and left out, and a key pretrain_zaya.py does not know either stops the run. The Megatron-LM switches
+pretrain_zaya.py accepts for compatibility (--swiglu, --normalization RMSNorm, --group-query-attention, ...:
+megatron_zaya/megatron_flags.py) are accepted, and refused as there when a value asks for something else.
 Prints weights, gradients, optimizer shards and activations (with and without recomputation) per GPU,
 whether the layout fits (HBM minus --memory-reserve-fraction), and if not the single changes that make
 it fit; then the step time split into compute, optimizer and communication, tokens/s and MFU.
@@ -33,6 +35,7 @@ from megatron_zaya.planner.layout import RECOMPUTE_CHOICES, LayoutError, Paralle
 from megatron_zaya.planner.memory import GRAD_DTYPES, OPTIMIZERS  # noqa: E402
 from megatron_zaya.planner.plan import Plan, PlanOptions, fixes, make_plan  # noqa: E402
 from megatron_zaya.interrupts import quiet_when_the_reader_leaves  # noqa: E402
+from megatron_zaya.megatron_flags import add_megatron_flags, check_megatron_flags  # noqa: E402
 
 MODEL_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size",
                "num_experts", "moe_ffn_hidden_size", "router_hidden_size", "make_vocab_size_divisible_by")
@@ -46,8 +49,6 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--preset", default="zaya1-base", help=f"one of {sorted(PRESETS)}")
     for flag in MODEL_FLAGS:
         m.add_argument("--" + flag.replace("_", "-"), type=int, default=None, help="override the preset")
-    m.add_argument("--ffn-hidden-size", type=int, default=None, help="the experts' size when --moe-ffn-hidden-size "
-                                                                     "is not given (as in training)")
     m.add_argument("--untie-embeddings-and-output-weights", action="store_true", help="a separate output layer")
     lay = p.add_argument_group("layout")
     lay.add_argument("--gpus", type=int, required=True)
@@ -103,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--no-overlap", action="store_true", help="expose the data-parallel collectives entirely")
     a.add_argument("--hierarchical-collectives", action="store_true", help="two-level (node, then network) rings")
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    add_megatron_flags(p)        # --ffn-hidden-size, --swiglu, --normalization RMSNorm, ... as pretrain_zaya.py
     return p
 
 
@@ -263,6 +265,10 @@ def main(argv=None) -> int:
             ("tokenizer_model" in training_keys or "vocab_file" in training_keys) and args.vocab_size is None:
         print("--config: the run's vocabulary is its tokenizer's, which the planner does not read: the plan uses "
               "the preset's; pass --vocab-size N (pretrain_zaya.py --dry-run prints N)", file=sys.stderr)
+    try:
+        check_megatron_flags(args)
+    except ValueError as err:
+        parser.error(str(err))
     if args.preset not in PRESETS:       # (named first: a typo'd preset is the mistake to fix, not the batch size)
         parser.error(f"--preset={args.preset}: choose one of {sorted(PRESETS)}")
     if args.global_batch_size is None:

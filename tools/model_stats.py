@@ -5,7 +5,9 @@
     python tools/model_stats.py --config examples/zaya1_base/phase1_4k.yaml
 
 Model flags are pretrain_zaya.py's (Megatron-LM's names, e.g. --num-query-groups, --moe-ffn-hidden-size or
---ffn-hidden-size); --config reads a training YAML for them, leaving its other keys out. With tokenizer flags
+--ffn-hidden-size), and so are the Megatron-LM switches it accepts for compatibility (--swiglu,
+--normalization RMSNorm, ...: megatron_zaya/megatron_flags.py), refused here as there when a value asks for
+something else; --config reads a training YAML for them, leaving its other keys out. With tokenizer flags
 (--tokenizer-type, --tokenizer-model, ...; a training YAML has them) the vocabulary is the tokenizer's, padded as
 pretrain_zaya.py pads it (--make-vocab-size-divisible-by, --tensor-model-parallel-size), unless --vocab-size gives
 it; without --tokenizer-model (nor GPT-2's --vocab-file), the preset's.
@@ -25,6 +27,7 @@ from megatron_zaya.model.accounting import (  # noqa: E402
     attention_macs_per_token, count_parameters, decode_state_bytes_per_sequence, forward_flops_per_token,
     kv_cache_bytes_per_token, matmul_macs_per_token)
 from megatron_zaya.interrupts import quiet_when_the_reader_leaves  # noqa: E402
+from megatron_zaya.megatron_flags import add_megatron_flags, check_megatron_flags  # noqa: E402
 from megatron_zaya.model_vocab import model_config_as_trained  # noqa: E402
 
 
@@ -57,14 +60,18 @@ def main(argv=None) -> int:
     for flag, kind in MODEL_FLAGS.items():
         parser.add_argument("--" + flag.replace("_", "-"), type=kind, default=None,
                             help="for attention FLOPs (default: the preset's)" if flag == "seq_length" else None)
-    parser.add_argument("--ffn-hidden-size", type=int, default=None, help="--moe-ffn-hidden-size when that is not given")
     parser.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     tokenizer = parser.add_argument_group("tokenizer (the vocabulary, as pretrain_zaya.py sizes it)")
     add_tokenizer_arguments(tokenizer, None)
     tokenizer.add_argument("--tensor-model-parallel-size", type=int, default=1,
                            help="the padded vocabulary is a multiple of it too (as in training)")
+    add_megatron_flags(parser)      # --ffn-hidden-size, --swiglu, --normalization RMSNorm, ... as pretrain_zaya.py
     apply_training_config(parser, argv, "keys that do not change the model")
     args = parser.parse_args(argv)
+    try:
+        check_megatron_flags(args)
+    except ValueError as err:
+        parser.error(str(err))
     if args.seq_length is not None and args.seq_length < 1:
         parser.error(f"--seq-length={args.seq_length} must be >= 1 (omit it for the preset's)")
     overrides = {flag: getattr(args, flag) for flag in MODEL_FLAGS if flag != "seq_length" and getattr(args, flag) is not None}

@@ -1,7 +1,9 @@
 """tools/model_stats.py counts the model pretrain_zaya.py trains: with a tokenizer (flags or a training YAML's
-keys) the vocabulary is the tokenizer's, padded as the trainer pads it, not the preset's placeholder."""
+keys) the vocabulary is the tokenizer's, padded as the trainer pads it, not the preset's placeholder; it and
+tools/estimate.py take the Megatron-LM model switches as pretrain_zaya.py takes them."""
 import re
 
+import pytest
 import torch
 
 from megatron_zaya.arguments import parse_args
@@ -10,6 +12,7 @@ from megatron_zaya.model import ZayaModel
 from megatron_zaya.training.setup import resolve_vocab
 from tests.training.conftest import run_tool
 from tests.training.helpers import tiny_run_flags
+from tests.training.test_arguments import error_of
 
 
 def trainer_parameters(argv) -> tuple[int, int]:
@@ -56,3 +59,40 @@ def test_model_stats_sizes_the_vocabulary_as_the_trainer(tiny_corpus, tmp_path, 
     assert "vocabulary: 8,192, the preset's (no --tokenizer-model given" in out
     total, out = model_stats_total(["--preset", "zaya1-tiny", "--tokenizer-type", "HuggingFaceTokenizer"], capsys)
     assert "vocabulary: 8,192, the preset's (no --tokenizer-model given" in out    # a config whose launch adds it
+
+
+# The model block of a Megatron-LM MoE launch script (with ZAYA1's values).
+MEGATRON_MODEL_BLOCK = ["--num-layers", "2", "--hidden-size", "128", "--num-attention-heads", "4",
+                        "--group-query-attention", "--num-query-groups", "2", "--ffn-hidden-size", "64", "--swiglu",
+                        "--normalization", "RMSNorm", "--disable-bias-linear", "--position-embedding-type", "rope",
+                        "--untie-embeddings-and-output-weights", "--moe-router-load-balancing-type", "none",
+                        "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall", "--attention-dropout", "0",
+                        "--hidden-dropout", "0", "--use-flash-attn", "--moe-layer-freq", "1"]
+
+
+def tool_error(name, argv, capsys) -> str:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        run_tool(name, argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1].split(" error: ", 1)[1]
+
+
+def test_tools_take_megatron_model_switches_as_the_trainer(tiny_corpus, tmp_path, capsys):
+    """model_stats and estimate accept the Megatron-LM compatibility switches pretrain_zaya.py accepts (they were
+    unrecognized arguments), also from a --config file, and refuse a value pretrain refuses with its words."""
+    planner = ["--preset", "zaya1-tiny", "--gpus", "1", "--global-batch-size", "1", "--json"]
+    trained, _ = trainer_parameters(tiny_run_flags(tiny_corpus, tmp_path) + MEGATRON_MODEL_BLOCK)
+    assert model_stats_total(["--preset", "zaya1-tiny"] + MEGATRON_MODEL_BLOCK +
+                             ["--tokenizer-model", tiny_corpus[1]], capsys)[0] == trained
+    assert run_tool("estimate", planner + MEGATRON_MODEL_BLOCK) == 0
+    config = tmp_path / "switches.yaml"
+    config.write_text("preset: zaya1-tiny\ngroup-query-attention: true\nswiglu: true\nnormalization: RMSNorm\n")
+    capsys.readouterr()
+    assert run_tool("model_stats", ["--config", str(config)]) == 0
+    assert "swiglu" not in capsys.readouterr().err          # read, not left out
+    for refused in (["--normalization", "LayerNorm"], ["--position-embedding-type", "learned_absolute"],
+                    ["--squared-relu"]):
+        expected = error_of(tiny_run_flags(tiny_corpus, tmp_path) + refused, capsys).split(" error: ", 1)[1]
+        assert tool_error("model_stats", ["--preset", "zaya1-tiny"] + refused, capsys) == expected
+        assert tool_error("estimate", planner + refused, capsys) == expected
