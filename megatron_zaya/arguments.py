@@ -27,7 +27,8 @@ from megatron_zaya.data.indexed import IndexedDatasetError, check_indexed_datase
 from megatron_zaya.data.tokenizer import check_tokenizer_flags, tiktoken_options
 from megatron_zaya.errors import UserInputError
 from megatron_zaya.flags import DEFAULT_PRESET, MODEL_FLAGS, apply_yaml_defaults, build_parser, let_the_command_line_win
-from megatron_zaya.megatron_flags import check_megatron_flags, preset_shape_warning, resolve_aliases
+from megatron_zaya.megatron_flags import (check_megatron_flags, preset_shape_warning, resolve_aliases,
+                                         typed_flag_message)
 from megatron_zaya.model import recompute
 from megatron_zaya.model_vocab import megatron_tokenizer_vocab_size, pad_placeholder_vocab
 from megatron_zaya.optim.builder import OptimizerConfig
@@ -109,7 +110,7 @@ def parse_args(argv=None) -> RunConfig:
     try:
         return validate(args)
     except (ConfigError, LayoutError, ValueError) as err:
-        parser.error(str(err))
+        parser.error(typed_flag_message(str(err), args))
 
 
 def _ge0(v) -> bool:

@@ -353,15 +353,36 @@ def add_megatron_flags(parser: argparse.ArgumentParser) -> None:
         g.add_argument(flag, action="store_true", help=f"accepted with a warning: {why}")
 
 
-def resolve_aliases(args: argparse.Namespace) -> list[str]:
-    """Fold the Megatron-LM aliases into this code's settings (in place); returns warnings to print.
-    ValueError when an alias and its own flag disagree."""
+def fold_ffn_hidden_size(args: argparse.Namespace) -> None:
+    """--ffn-hidden-size as --moe-ffn-hidden-size when that is not given (in place; also for the tools that
+    take the model flags), remembered for typed_flag_message."""
     if args.moe_ffn_hidden_size is None and args.ffn_hidden_size is not None:
         args.moe_ffn_hidden_size = args.ffn_hidden_size
+        args.typed_aliases = getattr(args, "typed_aliases", {}) | {"--moe-ffn-hidden-size": "--ffn-hidden-size"}
+
+
+def typed_flag_message(message: str, args: argparse.Namespace) -> str:
+    """An error message that starts with a setting's flag and value (`--moe-ffn-hidden-size=0: ...`) where that
+    value came from a Megatron-LM alias names the flag the user typed: `--ffn-hidden-size=0
+    (--moe-ffn-hidden-size): ...`. Other messages are returned as they are."""
+    for setting, alias in getattr(args, "typed_aliases", {}).items():
+        value, separator, rest = message[len(setting) + 1:].partition(": ")
+        if message.startswith(setting + "=") and separator:
+            return f"{alias}={value} ({setting}): {rest}"
+    return message
+
+
+def resolve_aliases(args: argparse.Namespace) -> list[str]:
+    """Fold the Megatron-LM aliases into this code's settings (in place; typed_flag_message names the alias in
+    an error about its value); returns warnings to print. ValueError when an alias and its own flag disagree."""
+    fold_ffn_hidden_size(args)
     rate, lr = args.moe_router_bias_update_rate, args.moe_router_bias_lr
     if rate is not None and lr is not None and rate != lr:
         raise ValueError(f"--moe-router-bias-update-rate={rate} and --moe-router-bias-lr={lr} set the same step: "
                          f"give one of them")
+    if rate is not None and lr is None:
+        args.typed_aliases = getattr(args, "typed_aliases", {}) | {
+            "--moe-router-bias-lr": "--moe-router-bias-update-rate"}
     args.moe_router_bias_lr = rate if rate is not None else lr if lr is not None else TrainConfig.moe_router_bias_lr
     if args.optimizer == "adam":          # Megatron-LM's adam is AdamW (decoupled weight decay)
         args.optimizer = "adamw"

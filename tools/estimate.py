@@ -35,7 +35,8 @@ from megatron_zaya.planner.layout import RECOMPUTE_CHOICES, LayoutError, Paralle
 from megatron_zaya.planner.memory import GRAD_DTYPES, OPTIMIZERS  # noqa: E402
 from megatron_zaya.planner.plan import Plan, PlanOptions, fixes, make_plan  # noqa: E402
 from megatron_zaya.interrupts import quiet_when_the_reader_leaves  # noqa: E402
-from megatron_zaya.megatron_flags import add_megatron_flags, check_megatron_flags  # noqa: E402
+from megatron_zaya.megatron_flags import (  # noqa: E402
+    add_megatron_flags, check_megatron_flags, fold_ffn_hidden_size, typed_flag_message)
 
 MODEL_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size",
                "num_experts", "moe_ffn_hidden_size", "router_hidden_size", "make_vocab_size_divisible_by")
@@ -137,8 +138,6 @@ def resolve_training_names(args, num_layers: int) -> None:
 
 def plan_from_args(args) -> Plan:
     overrides = {f: getattr(args, f) for f in MODEL_FLAGS if getattr(args, f) is not None}
-    if args.moe_ffn_hidden_size is None and args.ffn_hidden_size is not None:
-        overrides["moe_ffn_hidden_size"] = args.ffn_hidden_size
     if args.untie_embeddings_and_output_weights:
         overrides["untie_embeddings_and_output_weights"] = True
     config = model_config_from_preset(args.preset, **overrides)
@@ -269,6 +268,7 @@ def main(argv=None) -> int:
         check_megatron_flags(args)
     except ValueError as err:
         parser.error(str(err))
+    fold_ffn_hidden_size(args)
     if args.preset not in PRESETS:       # (named first: a typo'd preset is the mistake to fix, not the batch size)
         parser.error(f"--preset={args.preset}: choose one of {sorted(PRESETS)}")
     if args.global_batch_size is None:
@@ -276,7 +276,7 @@ def main(argv=None) -> int:
     try:
         plan = plan_from_args(args)
     except (ConfigError, LayoutError, ValueError) as err:
-        parser.error(str(err))
+        parser.error(typed_flag_message(str(err), args))
     print(json.dumps(summary(plan), indent=2) if args.json else report(plan))
     return 0 if plan.fits else 1
 

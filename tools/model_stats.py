@@ -27,7 +27,8 @@ from megatron_zaya.model.accounting import (  # noqa: E402
     attention_macs_per_token, count_parameters, decode_state_bytes_per_sequence, forward_flops_per_token,
     kv_cache_bytes_per_token, matmul_macs_per_token)
 from megatron_zaya.interrupts import quiet_when_the_reader_leaves  # noqa: E402
-from megatron_zaya.megatron_flags import add_megatron_flags, check_megatron_flags  # noqa: E402
+from megatron_zaya.megatron_flags import (  # noqa: E402
+    add_megatron_flags, check_megatron_flags, fold_ffn_hidden_size, typed_flag_message)
 from megatron_zaya.model_vocab import model_config_as_trained  # noqa: E402
 
 
@@ -72,11 +73,10 @@ def main(argv=None) -> int:
         check_megatron_flags(args)
     except ValueError as err:
         parser.error(str(err))
+    fold_ffn_hidden_size(args)
     if args.seq_length is not None and args.seq_length < 1:
         parser.error(f"--seq-length={args.seq_length} must be >= 1 (omit it for the preset's)")
     overrides = {flag: getattr(args, flag) for flag in MODEL_FLAGS if flag != "seq_length" and getattr(args, flag) is not None}
-    if args.moe_ffn_hidden_size is None and args.ffn_hidden_size is not None:
-        overrides["moe_ffn_hidden_size"] = args.ffn_hidden_size
     if args.untie_embeddings_and_output_weights:
         overrides["untie_embeddings_and_output_weights"] = True
     if args.tensor_model_parallel_size < 1:
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
         config, tokenizer, warning = model_config_as_trained(args.preset, overrides, args,
                                                              args.tensor_model_parallel_size)
     except (ConfigError, UserInputError) as err:
-        parser.error(str(err))
+        parser.error(typed_flag_message(str(err), args))
     if warning:
         print(f"WARNING {warning}", file=sys.stderr)
     seq = args.seq_length if args.seq_length is not None else config.seq_length

@@ -139,3 +139,20 @@ def test_moe_layer_freq_list_forms():
 
     assert _every_layer("(([1]*40))", 40) and _every_layer(" ( [1] * 3 ) ", None) and _every_layer("[1,1]", None)
     assert not _every_layer("[]", None) and not _every_layer("([])", None) and not _every_layer("[1, 1]", 3)
+
+
+def test_an_aliases_bad_value_names_the_flag_typed(tiny_corpus, tmp_path, capsys):
+    """A value given by Megatron-LM's alias and refused under this code's name is named by the alias the user
+    typed (it said --moe-ffn-hidden-size=0 for --ffn-hidden-size 0); the tools name it the same way."""
+    base = tiny_run_flags(tiny_corpus, tmp_path)
+    assert error_of(base + ["--ffn-hidden-size", "0"], capsys).endswith(
+        "error: --ffn-hidden-size=0 (--moe-ffn-hidden-size): must be positive")
+    assert error_of(base + ["--moe-router-bias-update-rate", "-1"], capsys).endswith(
+        "error: --moe-router-bias-update-rate=-1.0 (--moe-router-bias-lr): must be >= 0")
+    assert error_of(base + ["--moe-ffn-hidden-size", "0"], capsys).endswith(
+        "error: --moe-ffn-hidden-size=0: must be positive")
+    from tests.training.conftest import run_tool
+    with pytest.raises(SystemExit):
+        run_tool("model_stats", ["--preset", "zaya1-tiny", "--ffn-hidden-size", "0"])
+    assert capsys.readouterr().err.strip().endswith(
+        "error: --ffn-hidden-size=0 (--moe-ffn-hidden-size): must be positive")
