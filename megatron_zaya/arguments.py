@@ -27,8 +27,8 @@ from megatron_zaya.data.indexed import IndexedDatasetError, check_indexed_datase
 from megatron_zaya.data.tokenizer import check_tokenizer_flags, tiktoken_options
 from megatron_zaya.errors import UserInputError
 from megatron_zaya.flags import DEFAULT_PRESET, MODEL_FLAGS, apply_yaml_defaults, build_parser, let_the_command_line_win
-from megatron_zaya.megatron_flags import (check_megatron_flags, preset_shape_warning, resolve_aliases,
-                                         typed_flag_message)
+from megatron_zaya.megatron_flags import (check_megatron_flags, check_moe_layer_freq, preset_shape_warning,
+                                         resolve_aliases, typed_flag_message)
 from megatron_zaya.model import recompute
 from megatron_zaya.model_vocab import megatron_tokenizer_vocab_size, pad_placeholder_vocab
 from megatron_zaya.optim.builder import OptimizerConfig
@@ -462,6 +462,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
         shape_warning = preset_shape_warning(args, model, preset_model, preset)
         if shape_warning:
             warnings.append(shape_warning)
+    check_moe_layer_freq(args, model.num_layers)
 
     if args.ddp_num_buckets is not None and args.ddp_bucket_size is not None:
         raise UserInputError(f"--ddp-num-buckets={args.ddp_num_buckets} and --ddp-bucket-size={args.ddp_bucket_size} "

@@ -293,9 +293,9 @@ WARNED_SWITCHES = {
 }
 
 
-def _every_layer(pattern: str, num_layers: int | None) -> bool:
-    """Whether --moe-layer-freq's list form ("[1]*40", "([1]*40)", "[1,1,1]") makes every block MoE (and has
-    --num-layers entries, when that is given)."""
+def moe_layer_entries(pattern: str) -> int | None:
+    """The number of blocks --moe-layer-freq's list form ("[1]*40", "([1]*40)", "[1,1,1]") makes MoE when it
+    makes every one MoE; None for any other value (a 0 in it, an empty list, the pattern form "1")."""
     import ast
     import re
 
@@ -309,9 +309,9 @@ def _every_layer(pattern: str, num_layers: int | None) -> bool:
         try:
             ones = ast.literal_eval(text)
         except (ValueError, SyntaxError):
-            return False
-    return isinstance(ones, list) and len(ones) > 0 and all(v == 1 for v in ones) and \
-        (num_layers is None or len(ones) == num_layers)
+            return None
+    every = isinstance(ones, list) and len(ones) > 0 and all(v == 1 for v in ones)
+    return len(ones) if every else None
 
 
 def _same(word: str, accepted: str) -> bool:
@@ -417,10 +417,22 @@ def preset_shape_warning(args: argparse.Namespace, model, preset_model, preset: 
             f"give the flags to choose")
 
 
+def check_moe_layer_freq(args: argparse.Namespace, num_layers: int) -> None:
+    """--moe-layer-freq's list form against the model's layers (--num-layers', the preset's or the checkpoint's):
+    one entry per layer, as Megatron-LM requires, then Megatron-LM's pattern form of "every block is MoE", "1".
+    ValueError naming both counts otherwise."""
+    entries = None if args.moe_layer_freq is None else moe_layer_entries(args.moe_layer_freq)
+    if entries is None:
+        return
+    if entries != num_layers:
+        raise ValueError(f"--moe-layer-freq={args.moe_layer_freq} has {entries} entries, and the model {num_layers} "
+                         f"layers: one entry per layer (as in Megatron-LM)")
+    args.moe_layer_freq = "1"
+
+
 def check_megatron_flags(args: argparse.Namespace) -> None:
-    """ValueError naming the first flag whose value this code does not do."""
-    if args.moe_layer_freq is not None and _every_layer(args.moe_layer_freq, args.num_layers):
-        args.moe_layer_freq = "1"         # Megatron-LM's pattern form of "every block is MoE"
+    """ValueError naming the first flag whose value this code does not do; --moe-layer-freq's list form of all
+    ones is counted against the model's layers once those are known (check_moe_layer_freq)."""
     for flag, instead in REFUSED_SWITCHES.items():
         if getattr(args, flag[2:].replace("-", "_")):
             raise ValueError(f"{flag} is not supported: {instead}")
@@ -430,6 +442,8 @@ def check_megatron_flags(args: argparse.Namespace) -> None:
                          f"tensor-parallel group (--tensor-model-parallel-size={tp}); give the same size or drop it")
     for flag, (dest, accepted, why) in FIXED_VALUES.items():
         value = getattr(args, dest)
+        if dest == "moe_layer_freq" and value is not None and moe_layer_entries(value) is not None:
+            continue
         if value is not None and accepted is not None and not any(_same(value, a) for a in accepted):
             only = f"only {' or '.join(accepted)}" if accepted else "drop the flag"
             raise ValueError(f"{flag}={value} is not supported: {only}" + (f" ({why})" if why else ""))

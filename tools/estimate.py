@@ -36,7 +36,7 @@ from megatron_zaya.planner.memory import GRAD_DTYPES, OPTIMIZERS  # noqa: E402
 from megatron_zaya.planner.plan import Plan, PlanOptions, fixes, make_plan  # noqa: E402
 from megatron_zaya.interrupts import quiet_when_the_reader_leaves  # noqa: E402
 from megatron_zaya.megatron_flags import (  # noqa: E402
-    add_megatron_flags, check_megatron_flags, fold_ffn_hidden_size, typed_flag_message)
+    add_megatron_flags, check_megatron_flags, check_moe_layer_freq, fold_ffn_hidden_size, typed_flag_message)
 
 MODEL_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size",
                "num_experts", "moe_ffn_hidden_size", "router_hidden_size", "make_vocab_size_divisible_by")
@@ -141,6 +141,7 @@ def plan_from_args(args) -> Plan:
     if args.untie_embeddings_and_output_weights:
         overrides["untie_embeddings_and_output_weights"] = True
     config = model_config_from_preset(args.preset, **overrides)
+    check_moe_layer_freq(args, config.num_layers)
     resolve_training_names(args, config.num_layers)
     seq = config.seq_length if args.seq_length is None else args.seq_length
     if seq > config.max_position_embeddings:

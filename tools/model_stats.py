@@ -21,14 +21,13 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_zaya.config import PRESETS, ConfigError  # noqa: E402
-from megatron_zaya.errors import UserInputError  # noqa: E402
 from megatron_zaya.flags import MODEL_FLAGS, add_tokenizer_arguments, apply_training_config  # noqa: E402
 from megatron_zaya.model.accounting import (  # noqa: E402
     attention_macs_per_token, count_parameters, decode_state_bytes_per_sequence, forward_flops_per_token,
     kv_cache_bytes_per_token, matmul_macs_per_token)
 from megatron_zaya.interrupts import quiet_when_the_reader_leaves  # noqa: E402
 from megatron_zaya.megatron_flags import (  # noqa: E402
-    add_megatron_flags, check_megatron_flags, fold_ffn_hidden_size, typed_flag_message)
+    add_megatron_flags, check_megatron_flags, check_moe_layer_freq, fold_ffn_hidden_size, typed_flag_message)
 from megatron_zaya.model_vocab import model_config_as_trained  # noqa: E402
 
 
@@ -84,7 +83,8 @@ def main(argv=None) -> int:
     try:
         config, tokenizer, warning = model_config_as_trained(args.preset, overrides, args,
                                                              args.tensor_model_parallel_size)
-    except (ConfigError, UserInputError) as err:
+        check_moe_layer_freq(args, config.num_layers)
+    except (ConfigError, ValueError) as err:      # (UserInputError is a ValueError)
         parser.error(typed_flag_message(str(err), args))
     if warning:
         print(f"WARNING {warning}", file=sys.stderr)

@@ -119,8 +119,18 @@ def test_megatron_spellings_of_what_this_code_does(tiny_corpus, tmp_path, capsys
     for pattern in ("[1]*2", "([1]*2)", "[1, 1]"):
         assert parse_args(base + ["--moe-layer-freq", pattern]).args.moe_layer_freq == "1"
     for pattern, message in (("[1,0]", "--moe-layer-freq=[1,0] is not supported"),
-                             ("[1]*3", "--moe-layer-freq=[1]*3 is not supported")):
+                             ("[1]*3", "--moe-layer-freq=[1]*3 has 3 entries, and the model 2 layers")):
         assert message in error_of(base + ["--moe-layer-freq", pattern], capsys)
+    # the preset's 4 layers (no --num-layers) count too: Megatron-LM refuses a pattern of another length
+    preset_layers = tiny_run_flags(tiny_corpus, tmp_path, **{"--num-layers": None})
+    assert "--moe-layer-freq=[1]*3 has 3 entries, and the model 4 layers: one entry per layer" in error_of(
+        preset_layers + ["--moe-layer-freq", "[1]*3"], capsys)
+    assert parse_args(preset_layers + ["--moe-layer-freq", "[1]*4"]).args.moe_layer_freq == "1"
+    from tests.training.conftest import run_tool
+    for tool, flags in (("model_stats", []), ("estimate", ["--gpus", "1", "--global-batch-size", "1"])):
+        with pytest.raises(SystemExit):
+            run_tool(tool, ["--preset", "zaya1-tiny", "--moe-layer-freq", "[1]*3"] + flags)
+        assert "--moe-layer-freq=[1]*3 has 3 entries, and the model 4 layers" in capsys.readouterr().err
     import torch
     if not torch.cuda.is_available():
         assert "--distributed-backend nccl needs GPUs" in error_of(base + ["--distributed-backend", "nccl"], capsys)
@@ -133,12 +143,13 @@ def test_megatron_spellings_of_what_this_code_does(tiny_corpus, tmp_path, capsys
 
 
 def test_moe_layer_freq_list_forms():
-    """--moe-layer-freq's list form: every block MoE, through any number of parentheses; an empty list is no
-    pattern, and the count must match --num-layers when it is given."""
-    from megatron_zaya.megatron_flags import _every_layer
+    """--moe-layer-freq's list form: every block MoE, through any number of parentheses, counted; an empty list
+    or a 0 is no such pattern."""
+    from megatron_zaya.megatron_flags import moe_layer_entries
 
-    assert _every_layer("(([1]*40))", 40) and _every_layer(" ( [1] * 3 ) ", None) and _every_layer("[1,1]", None)
-    assert not _every_layer("[]", None) and not _every_layer("([])", None) and not _every_layer("[1, 1]", 3)
+    assert moe_layer_entries("(([1]*40))") == 40 and moe_layer_entries(" ( [1] * 3 ) ") == 3
+    assert moe_layer_entries("[1,1]") == 2
+    assert moe_layer_entries("[]") is moe_layer_entries("([])") is moe_layer_entries("[1, 0]") is None
 
 
 def test_an_aliases_bad_value_names_the_flag_typed(tiny_corpus, tmp_path, capsys):
