@@ -69,7 +69,8 @@ def test_a_run_resumed_in_a_streak_of_nonfinite_steps_stops_where_the_uninterrup
     rec = train(flags(ckpt_corpus, 8, "--save", save, "--exit-interval", "3", cache=ckpt_cache))
     assert rec.trainer.state.iteration == 3 and rec.trainer.state.consecutive_nonfinite == 2
     assert read_latest(save) == 3
-    with pytest.raises(NonFiniteLossError, match=r"^3 consecutive steps .* at iteration 4 \(--max-consecutive-nonfinite 3\):"):
+    with pytest.raises(NonFiniteLossError,
+                       match=r"^3 consecutive steps .* at iteration 4 \(--max-consecutive-nonfinite 3\):"):
         train(flags(ckpt_corpus, 8, "--save", save, "--load", save, cache=ckpt_cache))
 
 

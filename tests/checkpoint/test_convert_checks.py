@@ -9,6 +9,7 @@ import pytest
 from megatron_zaya.checkpoint import convert
 from megatron_zaya.checkpoint.format import CheckpointError
 from megatron_zaya.config import model_config_from_preset
+from megatron_zaya.errors import UserInputError
 from megatron_zaya.model import ZayaModel
 
 
@@ -87,6 +88,6 @@ def test_from_hf_refuses_a_negative_iteration_before_reading_a_weight(tmp_path, 
     def no_weights(*args, **kwargs):
         raise AssertionError("a weight was read")
     monkeypatch.setattr(convert, "load_hf_folder", no_weights)
-    with pytest.raises(CheckpointError, match="--iteration=-1: must be >= 0"):
+    with pytest.raises(UserInputError, match="--iteration=-1: must be >= 0"):
         convert.hf_to_checkpoint(str(tmp_path / "hf"), str(tmp_path / "out"), iteration=-1)
     assert not (tmp_path / "out").exists()
