@@ -21,7 +21,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LOSS = re.compile(r"iteration +(\d+)/ *\d+ .*\| lm loss ([0-9.]+)")
+LOSS = re.compile(r"iteration +(\d+)/ *\d+ .*\| lm loss: ([0-9.E+-]+)")
 
 
 def train(out: str, *extra: str) -> tuple[dict[int, float], str]:

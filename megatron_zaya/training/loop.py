@@ -402,16 +402,24 @@ class Trainer:
         # in samples: ramp-up iterations are smaller than the ones left (an ETA in iterations was 3-5x short)
         remaining = self.batch_schedule.samples_consumed(self.state.consumed_samples, self.total_iters - it)
         eta = remaining * (time.time() - started) / max(1, self.state.consumed_samples - self.start_samples)
+        # Megatron-LM's fields, in its order and words (its log parsers read these lines), then this trainer's
         self.logger.print(
-            f"iteration {it:>7}/{self.total_iters} | consumed samples {self.state.consumed_samples:>9} | "
-            f"global batch size {self.last_batch_size:>5} | tokens {self.state.consumed_tokens:>11} | "
-            f"time/iteration {1000 * m.seconds_per_iteration:.1f} ms | "
-            f"lm loss {m.mean_loss:.4f} | lr {self.last_lr:.3e} | grad norm {result.grad_norm:.3f} | "
-            + (f"num zeros {result.num_zeros} | " if result.num_zeros is not None else "")
-            + (f"params norm {params_norm:.3f} | " if params_norm is not None else "") +
-            f"tokens/s/device {tokens_per_device:,.0f} | TFLOP/s/device {tflops:.3f} | MFU {100 * mfu:.1f}% | "
-            f"routing entropy {entropy:.3f} | skip {skip:.3f} | mem {peak_memory_bytes(self.device) / 2 ** 30:.2f} GB | "
-            f"ETA {format_duration(eta)}" + (f" | skipped iterations {m.skipped}" if m.skipped else ""))
+            f"{self.iteration_field()} | consumed samples: {self.state.consumed_samples:12d} | "
+            f"elapsed time per iteration (ms): {1000 * m.seconds_per_iteration:.1f} | "
+            f"throughput per GPU (TFLOP/s/GPU): {tflops:.3f} | learning rate: {self.last_lr:.6E} | "
+            + (f"decoupled learning rate: {self.last_decoupled_lr:.6E} | " if self.decoupled_schedule else "") +
+            f"global batch size: {self.last_batch_size:5d} | lm loss: {m.mean_loss:.6E} | loss scale: 1.0 | "
+            f"grad norm: {result.grad_norm:.3f} | "
+            + (f"num zeros: {result.num_zeros:.1f} | " if result.num_zeros is not None else "")
+            + (f"params norm: {params_norm:.3f} | " if params_norm is not None else "") +
+            f"number of skipped iterations: {m.skipped:3d} | number of nan iterations: {m.nan_losses:3d} | "
+            f"tokens: {self.state.consumed_tokens} | tokens/s/device: {tokens_per_device:,.0f} | "
+            f"MFU: {100 * mfu:.1f}% | routing entropy: {entropy:.3f} | skip: {skip:.3f} | "
+            f"mem: {peak_memory_bytes(self.device) / 2 ** 30:.2f} GB | ETA: {format_duration(eta)} |")
+
+    def iteration_field(self) -> str:
+        """'iteration        7/     100', as Megatron-LM starts its console lines."""
+        return f"iteration {self.state.iteration:8d}/{self.total_iters:8d}"
 
     def should_exit(self) -> str | None:
         it = self.state.iteration
@@ -517,7 +525,7 @@ class Trainer:
         self.state.consumed_samples += batch_size
         self.state.consumed_tokens += batch_size * self.run.model.seq_length
         self.state.skipped_train_samples += batch_size
-        self.logger.print(f"iteration {self.state.iteration:>7}/{self.total_iters} | SKIPPED (--iterations-to-skip): "
+        self.logger.print(f"{self.iteration_field()} | SKIPPED (--iterations-to-skip): "
                           f"its {batch_size} samples dropped | consumed samples {self.state.consumed_samples:>9}")
         self.logger.scalars({"skipped-train-samples": self.state.skipped_train_samples,
                              "consumed-samples": self.state.consumed_samples}, self.state.iteration)
@@ -569,11 +577,11 @@ class Trainer:
             return
         self.state.skipped_iterations += 1
         if result.no_loss_tokens:      # the data's doing, not the model's: not counted towards the stop
-            self.logger.print(f"iteration {self.state.iteration:>7}/{self.total_iters} | SKIPPED: no loss tokens in "
+            self.logger.print(f"{self.iteration_field()} | SKIPPED: no loss tokens in "
                               f"the global batch (every loss mask 0); no update")
             return
         self.state.consecutive_nonfinite += 1
-        self.logger.print(f"iteration {self.state.iteration:>7}/{self.total_iters} | SKIPPED (non-finite) "
+        self.logger.print(f"{self.iteration_field()} | SKIPPED (non-finite) "
                           f"{result.diagnosis}")
         if self.state.consecutive_nonfinite >= self.cfg.max_consecutive_nonfinite:
             raise NonFiniteLossError(

@@ -122,6 +122,7 @@ class IntervalMeter:
     loss_steps: int = 0
     seconds: float = 0.0
     tokens: int = 0
+    nan_losses: int = 0         # skipped steps whose loss itself was not finite (Megatron-LM's nan iterations)
 
     def add(self, loss: float, seconds: float, tokens: int, skipped: bool) -> None:
         self.iterations += 1
@@ -130,6 +131,8 @@ class IntervalMeter:
         if not skipped:
             self.loss_sum += loss
             self.loss_steps += 1
+        elif not math.isfinite(loss):
+            self.nan_losses += 1
 
     @property
     def skipped(self) -> int:

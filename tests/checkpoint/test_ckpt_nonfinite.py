@@ -37,7 +37,10 @@ def test_nan_step_is_skipped_and_repeated_nans_stop(ckpt_corpus, ckpt_cache, tmp
     monkeypatch.setattr(loop.Trainer, "train_step", _nan_gradient_at({3}))
     rec = train(flags(ckpt_corpus, 4, "--save", save, "--save-interval", "1", cache=ckpt_cache))
     assert rec.trainer.state.skipped_iterations == 1 and rec.trainer.state.iteration == 4
-    assert "SKIPPED (non-finite)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "SKIPPED (non-finite)" in out            # (a NaN gradient, the loss finite: not a nan iteration)
+    assert "iteration        3/       4 | " in out
+    assert "| number of skipped iterations:   1 | number of nan iterations:   0 |" in out
     # The skipped step did not move the LR schedule (Megatron-LM's scheduler steps on successful
     # updates only): step 4 ran at the lr of position 2, and 3 steps' samples are scheduled.
     assert rec.trainer.state.scheduled_samples == 3 * 4
@@ -91,7 +94,10 @@ def test_a_global_batch_without_loss_tokens_is_not_applied(ckpt_corpus, ckpt_cac
     rec = train(flags(ckpt_corpus, 5, "--save", save, "--save-interval", "1", cache=ckpt_cache))
     assert rec.trainer.state.skipped_iterations == 3 and rec.trainer.state.iteration == 5
     assert rec.trainer.state.scheduled_samples == 2 * 4                # only steps 1 and 5 moved the schedule
-    assert "SKIPPED: no loss tokens in the global batch" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "SKIPPED: no loss tokens in the global batch" in out
+    assert "iteration        2/       5 | " in out
+    assert "| number of skipped iterations:   1 | number of nan iterations:   1 |" in out
     w1, w4 = (load_full_model_state(os.path.join(save, f"iter_000000{i}"))[0] for i in (1, 4))
     assert all(torch.equal(w1[k], w4[k]) for k in w1)                  # (balancing biases included)
 

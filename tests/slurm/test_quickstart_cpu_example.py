@@ -108,7 +108,7 @@ def test_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(corpus, tmp_path):
         while time.time() < deadline:
             line = proc.stdout.readline()
             lines.append(line)
-            if "iteration       3/5000" in line:
+            if "iteration        3/    5000" in line:
                 os.killpg(proc.pid, signal.SIGINT)            # what Ctrl-C in the terminal does
                 break
         rest, _ = proc.communicate(timeout=120)

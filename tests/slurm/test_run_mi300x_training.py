@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif(not os.path.isfile(os.path.join(REPO, "pretrain_
                                 reason="pretrain_zaya.py is not in the repository yet")
 
 TRAIN_ITERS = 16
-LOSS_RE = re.compile(r"iteration\s+(\d+)/\s*(\d+) \|.*?\| lm loss ([0-9.]+|nan|inf)")
+LOSS_RE = re.compile(r"iteration\s+(\d+)/\s*(\d+) \|.*?\| lm loss: ([0-9.E+-]+|nan|inf)")
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ def test_train_samples_not_a_multiple_of_the_batch(tiny_corpus, tmp_path, capsys
     argv += ["--rampup-batch-size", *rampup] if rampup else []
     assert build_and_train(parse_args(argv)) == 0
     out = capsys.readouterr().out
-    assert f"iteration {iterations:>7}/{iterations}" in out
+    assert f"iteration {iterations:8d}/{iterations:8d}" in out
     assert f"iteration {iterations + 1:>7}" not in out
 
 

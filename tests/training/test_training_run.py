@@ -100,15 +100,16 @@ def test_exit_interval_stops_early(tiny_corpus, tmp_path, capsys):
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--exit-interval": 2, "--eval-iters": 0}))
     assert build_and_train(run) == 0
     out = capsys.readouterr().out
-    assert "iteration       2/6" in out and "iteration       3/6" not in out
+    assert "iteration        2/       6" in out and "iteration        3/       6" not in out
     assert "--exit-interval 2 reached" in out
     # an exit before a --log-interval multiple prints the iterations since the last line first
     assert build_and_train(parse_args(tiny_run_flags(tiny_corpus, tmp_path / "long", **{
         "--exit-interval": 4, "--eval-iters": 0, "--log-interval": 100}))) == 0
     lines = capsys.readouterr().out.splitlines()
-    line = next(i for i, text in enumerate(lines) if "iteration       4/6 | consumed samples        16 | "
-                                                    "global batch size     4 |" in text)
-    assert "exiting: --exit-interval 4 reached" in lines[line + 1] and "iteration       3/6" not in "".join(lines)
+    line = next(i for i, text in enumerate(lines) if "iteration        4/       6 | consumed samples:           16 | "
+                in text and "| global batch size:     4 |" in text)
+    assert "exiting: --exit-interval 4 reached" in lines[line + 1]
+    assert "iteration        3/       6" not in "".join(lines)
     # the start-up summary says what this job reads (the data line counts the run's 6 iterations)
     assert "this job stops at iteration 2 (--exit-interval 2) of 6: its 8 samples (256 tokens) start at the " \
            "phase's sample 0" in out
@@ -131,7 +132,7 @@ def test_a_resumed_job_names_the_exit_interval_multiple_it_stops_at(tiny_corpus,
     assert build_and_train(parse_args(tiny_run_flags(tiny_corpus, tmp_path, **flags, **{"--exit-interval": 3,
                                                                                          "--load": save}))) == 0
     out = capsys.readouterr().out
-    assert "iteration       6/10" in out and "iteration       7/10" not in out
+    assert "iteration        6/      10" in out and "iteration        7/      10" not in out
     assert "this job stops at iteration 6 (--exit-interval 3) of 10: its 4 samples (128 tokens) start at the " \
            "phase's sample 20" in out
 
@@ -145,7 +146,7 @@ def test_rampup_schedule_boundaries():
 
 
 def console_lines(out: str) -> dict[int, str]:
-    return {int(m.group(1)): line for line in out.splitlines() if (m := re.search(r"iteration +(\d+)/\d+ \|", line))}
+    return {int(m.group(1)): line for line in out.splitlines() if (m := re.search(r"iteration +(\d+)/ *\d+ \|", line))}
 
 
 def test_console_averages_the_interval_and_counts_every_token(tiny_corpus, tmp_path, capsys, monkeypatch):
@@ -180,13 +181,13 @@ def test_console_averages_the_interval_and_counts_every_token(tiny_corpus, tmp_p
         assert values["throughput/mfu"][step] == pytest.approx(values["throughput/tflops-per-device"][step] / 50,
                                                                rel=1e-5)
     for last in (3, 6, 7):
-        printed = float(re.search(r"\| skip (\S+) \|", lines[last]).group(1))
+        printed = float(re.search(r"\| skip: (\S+) \|", lines[last]).group(1))
         layers = [values[f"moe/layer{layer:02d}/skip_rate"][last] for layer in range(2)]
         assert 0.01 < printed < 0.99 and printed == pytest.approx(sum(layers) / 2, abs=6e-4), (last, printed, layers)
     assert sorted(lines) == [3, 6, 7]
     loss = values["lm loss"]
     for last, steps in ((3, (1, 2, 3)), (6, (4, 5, 6)), (7, (7,))):
-        printed = float(re.search(r"lm loss (\S+) \|", lines[last]).group(1))
+        printed = float(re.search(r"lm loss: (\S+) \|", lines[last]).group(1))
         assert printed == pytest.approx(sum(loss[s] for s in steps) / len(steps), abs=1e-4), (last, printed)
     tokens = 4 * 32                                    # global batch x sequence length
     for step in range(1, 8):
@@ -236,7 +237,7 @@ def test_a_run_resumed_at_its_end_says_so_and_still_validates(tiny_corpus, tmp_p
     assert build_and_train(parse_args(flags)) == 0
     out = capsys.readouterr().out
     assert f"loading checkpoint {save}" in out
-    assert "nothing to train: the run is at iteration 3 of 3" in out and "iteration       1/3" not in out
+    assert "nothing to train: the run is at iteration 3 of 3" in out and "iteration        1/       3" not in out
     again = [line for line in out.splitlines() if "final validation loss" in line]
     assert len(first) == len(again) == 1 and again[0].split("]", 1)[1] == first[0].split("]", 1)[1]
 
