@@ -56,10 +56,13 @@ class BatchSizeSchedule:
         The one difference: Megatron counts every ramp-up step even when --train-samples ends inside
         the ramp-up; here the run never consumes more than --train-samples."""
         iterations, consumed = 0, start_consumed
-        while consumed + self.batch_size(consumed) <= train_samples:
+        while self.batch_size(consumed) < self.global_batch_size:       # the ramp-up's steps, one by one
+            if consumed + self.batch_size(consumed) > train_samples:
+                return iterations
             consumed += self.batch_size(consumed)
             iterations += 1
-        return iterations
+        # then full batches, counted at once (a loop over them took seconds at millions of iterations)
+        return iterations + max(0, train_samples - consumed) // self.global_batch_size
 
 
 def run_length(cfg, dp_size: int, iteration: int = 0, consumed_samples: int = 0) -> tuple[BatchSizeSchedule, int]:

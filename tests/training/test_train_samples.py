@@ -16,6 +16,24 @@ def test_iterations_for_samples_drop_the_partial_batch():
     assert ramp.samples_consumed(0, 4) == 12 and ramp.samples_consumed(4, 2) == 8
 
 
+def test_iterations_for_samples_equal_stepping_through_every_batch():
+    """The full batches after the ramp-up are counted at once: equal to stepping batch by batch (the
+    reference), from resumed positions inside and after the ramp-up, and at 30M iterations at once."""
+    import random
+    rng = random.Random(0)
+    for _ in range(200):
+        micro, gbs = rng.choice([(1, 8), (2, 8), (1, 12), (4, 32)])
+        rampup = rng.choice([None, [micro, micro, rng.randint(1, 300)], [2 * micro, micro, rng.randint(1, 300)]])
+        schedule = BatchSizeSchedule(gbs, micro, 1, rampup)
+        start, samples = rng.randint(0, 200), rng.randint(0, 2000)
+        steps, consumed = 0, start
+        while consumed + schedule.batch_size(consumed) <= samples:
+            consumed += schedule.batch_size(consumed)
+            steps += 1
+        assert schedule.iterations_for_samples(samples, start) == steps, (gbs, micro, rampup, start, samples)
+    assert BatchSizeSchedule(1, 1, 1).iterations_for_samples(30_000_000) == 30_000_000
+
+
 @pytest.mark.parametrize("gbs, rampup, consumed, size", [(7, [1, 1, 100], 50, 4), (6, [1, 1, 12345678], 12345678, 6)])
 def test_rampup_rounds_the_step_count_as_megatron(gbs, rampup, consumed, size):
     """int(consumed / samples per increment), as Megatron-LM: where the quotient is a whole number (50 / (100 / 6)
