@@ -1,5 +1,6 @@
-"""Time and peak memory of a GPT dataset's sample index (index_builders.build_sample_index), found in
-chunks of SAMPLE_INDEX_CHUNK boundaries or in one pass (--whole, as before the chunking).
+"""Time and peak memory of a GPT dataset's sample index (index_builders.build_sample_index), its document
+index walked in chunks of DOCUMENT_INDEX_CHUNK entries or in one pass (--whole: the int64 lengths and
+cumulative ends of the whole index at once, as before the chunking).
 
     python bench/sample_index.py --documents 2000000 --seq-length 16            # 128M samples
     python bench/sample_index.py --documents 2000000 --seq-length 16 --whole
@@ -26,10 +27,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--documents", type=int, default=2_000_000)
     p.add_argument("--seq-length", type=int, default=16)
-    p.add_argument("--whole", action="store_true", help="one pass over every boundary (the old way)")
+    p.add_argument("--whole", action="store_true", help="one pass over the whole document index (the old way)")
     args = p.parse_args(argv)
     if args.whole:
-        ib.SAMPLE_INDEX_CHUNK = 1 << 62
+        ib.DOCUMENT_INDEX_CHUNK = 1 << 62
     sizes = np.random.default_rng(0).integers(50, 2000, args.documents).astype(np.int32)
     document_index = np.arange(args.documents, dtype=np.int32)
     start = time.perf_counter()

@@ -45,10 +45,12 @@ def make_corpus(tmp_path, n_docs=37, seed=0, eod=999, name="c", zero_len=False):
     (9, 50, False),     # (epochs-1) * T a multiple of 9: 44 samples before the separately shuffled final epoch
     (9, 79, False),     # 79 - 44 == int(0.8 * 44): the final epoch is just large enough to shuffle together
 ])
-@pytest.mark.parametrize("chunk", [None, 7])       # sample boundaries found 7 at a time: the same samples
-def test_samples_match_reference(tmp_path, monkeypatch, seq_length, num_samples, zero_len, chunk):
-    if chunk:
-        monkeypatch.setattr("megatron_zaya.data.index_builders.SAMPLE_INDEX_CHUNK", chunk)
+# the document index walked 1 or 3 entries at a time, the boundaries found 2 or 7 at a time: the same samples
+@pytest.mark.parametrize("documents, boundaries", [(None, None), (1, 7), (3, 2)])
+def test_samples_match_reference(tmp_path, monkeypatch, seq_length, num_samples, zero_len, documents, boundaries):
+    if documents:
+        monkeypatch.setattr("megatron_zaya.data.index_builders.DOCUMENT_INDEX_CHUNK", documents)
+        monkeypatch.setattr("megatron_zaya.data.index_builders.SAMPLE_INDEX_CHUNK", boundaries)
     prefix, seqs = make_corpus(tmp_path, zero_len=zero_len)
     ds = IndexedDataset(prefix)
     docs = np.arange(5, 33)
