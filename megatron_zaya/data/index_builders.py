@@ -146,7 +146,8 @@ def build_sample_index(sizes: np.ndarray, document_index: np.ndarray, seq_length
         )
     sizes = np.asarray(sizes)
     longest = int(sizes.max()) if len(sizes) else 0
-    out = np.empty((num_samples + 1, 2), dtype=np.int32 if len(document_index) < 2**31 and longest < 2**31 else np.int64)
+    small = len(document_index) < 2**31 and longest < 2**31
+    out = np.empty((num_samples + 1, 2), dtype=np.int32 if small else np.int64)
     before = 0          # tokens of the document index before the chunk
     for first in range(0, len(document_index), DOCUMENT_INDEX_CHUNK):
         lengths = sizes[document_index[first:first + DOCUMENT_INDEX_CHUNK]].astype(np.int64)
