@@ -149,8 +149,9 @@ class DistributedRuntime:
                 rows is not None and not getattr(p, "tp_replica_primary", True)) else None
             for start, end, values in pieces:
                 square += sum_of_squares(values).double()
-                if shared is not None and max(start, shared[0]) < min(end, shared[1]):  # counted on the primary
-                    square -= sum_of_squares(values[max(start, shared[0]) - start:min(end, shared[1]) - start]).double()
+                lo, hi = (max(start, shared[0]), min(end, shared[1])) if shared is not None else (0, 0)
+                if lo < hi:         # rows the primary replica counts
+                    square -= sum_of_squares(values[lo - start:hi - start]).double()
         dist.all_reduce(square)
         return math.sqrt(square.item())
 

@@ -137,6 +137,7 @@ class Trainer:
         self.interval = IntervalMeter()
         self.last_result: StepResult | None = None     # the last step logged, and its global batch size
         self.last_batch_size = 0
+        self.norm_at: tuple[int, float] = (-1, 0.0)      # (iteration, params norm): params_norm's last
         self.stragglers = (StragglerMeter(self.device, self.cfg.straggler_minmax_count) if self.cfg.log_straggler
                            else None)
 
@@ -343,13 +344,20 @@ class Trainer:
         """The console line of the iterations since the last one (every rank: collectives), and the
         straggler report."""
         # --log-params-norm: on the console line too (a collective: every rank takes part)
-        params_norm = self.parallel.params_norm(self.optimizer.owned_masters()) if self.cfg.log_params_norm else None
+        params_norm = self.params_norm() if self.cfg.log_params_norm else None
         self.print_interval(self.last_result, started, params_norm)
         self.interval = IntervalMeter()
         if self.stragglers is not None:      # every rank: the report gathers from all of them
             report = self.stragglers.report(self.parallel)
             self.logger.print(report.line())
             self.logger.scalars(report.scalars(), self.state.iteration)
+
+    def params_norm(self) -> float:
+        """The weights' norm at this iteration (their ZeRO-1 masters' where kept), computed once for TensorBoard
+        and the console line alike: a collective, which every rank calls at the same iterations."""
+        if self.norm_at[0] != self.state.iteration:
+            self.norm_at = (self.state.iteration, self.parallel.params_norm(self.optimizer.owned_masters()))
+        return self.norm_at[1]
 
     def throughput(self, tokens: int, seconds: float) -> tuple[float, float, float]:
         """(tokens/s per device, model TFLOP/s per device, MFU) of `tokens` processed in `seconds`."""
@@ -360,7 +368,7 @@ class Trainer:
     def write_scalars(self, result: StepResult, step_seconds: float, tokens: int, batch_size: int) -> None:
         """This iteration's scalars. Every rank takes part in the parameter norm (a collective); only
         the writing rank computes the rest."""
-        params_norm = self.parallel.params_norm(self.optimizer.owned_masters())
+        params_norm = self.params_norm()
         if not self.logger.writes_scalars:
             return
         it = self.state.iteration

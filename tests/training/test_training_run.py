@@ -167,12 +167,17 @@ def test_console_averages_the_interval_and_counts_every_token(tiny_corpus, tmp_p
             block.moe.router.balancing_bias[-1] = 0.0
         return model
     monkeypatch.setattr(setup, "build_model", skipping_build)
+    from megatron_zaya.training.runtime import SingleProcess
+    norms, real_norm = [], SingleProcess.params_norm      # (a collective on many ranks: once an iteration)
+    monkeypatch.setattr(SingleProcess, "params_norm",
+                        lambda self, masters=None: norms.append(1) or real_norm(self, masters))
     tb = tmp_path / "tb"
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{
         "--tensorboard-dir": tb, "--train-iters": 7, "--log-interval": 3, "--tensorboard-log-interval": 1,
         "--eval-iters": 0, "--eod-mask-loss": "", "--log-throughput": "", "--log-params-norm": "",
         "--peak-tflops": 50}))
     assert build_and_train(run) == 0
+    assert len(norms) == 7      # TensorBoard's every iteration and the console's every third share one
     values = {tag: dict(points) for tag, points in scalars(tb).items()}
     out = capsys.readouterr().out
     lines = console_lines(out)
