@@ -108,12 +108,14 @@ class BlendedDataset:
     """Samples `dataset_index[i]`'s sample `offset + dataset_sample_index[i]`."""
 
     def __init__(self, datasets: list, dataset_index: np.ndarray, dataset_sample_index: np.ndarray,
-                 offsets: list[int] | None = None):
+                 offsets: list[int] | None = None, counts: np.ndarray | None = None):
+        """`counts`: component_counts(dataset_index) where the caller has it (plan_phases does): reading a
+        run-sized index again costs seconds per rank at every start."""
         self.datasets = datasets
         self.dataset_index = dataset_index
         self.dataset_sample_index = dataset_sample_index
         self.offsets = offsets or [0] * len(datasets)
-        used = component_counts(dataset_index, len(datasets))
+        used = component_counts(dataset_index, len(datasets)) if counts is None else counts
         for d, (ds, off) in enumerate(zip(datasets, self.offsets)):
             if used[d] and off + int(used[d]) > len(ds):
                 raise ValueError(f"blend component {d} has {len(ds)} samples, {off + int(used[d])} needed")
@@ -158,6 +160,7 @@ class PhasePlan:
     dataset_sample_index: list[np.ndarray]
     offsets: list[list[int]]            # per phase, per component: samples used by earlier phases
     requests: list[int]                 # per component: samples to build
+    counts: list[np.ndarray]            # per phase, per component: samples its dataset_index takes
 
 
 def plan_phases(phase_weights: list[list[float]], sizes: list[int], surplus: float = 0.005,
@@ -182,7 +185,7 @@ def plan_phases(phase_weights: list[list[float]], sizes: list[int], surplus: flo
         orders = [list(range(n))] * len(phase_weights)
     used_before = [0] * n
     requests = [0] * n
-    dis, dsis, offsets = [], [], []
+    dis, dsis, offsets, phase_counts = [], [], [], []
     for w, size, has_weights, order in zip(phase_weights, sizes, weighted, orders):
         active = [d for d in order if w[d] > 0]
         if not active:
@@ -212,4 +215,5 @@ def plan_phases(phase_weights: list[list[float]], sizes: list[int], surplus: flo
             used_before[d] += int(counts[d])
         dis.append(di)
         dsis.append(dsi)
-    return PhasePlan(phase_weights, sizes, dis, dsis, offsets, requests)
+        phase_counts.append(counts)
+    return PhasePlan(phase_weights, sizes, dis, dsis, offsets, requests, phase_counts)

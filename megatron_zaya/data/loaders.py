@@ -151,8 +151,8 @@ def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: li
                            cfg.data_cache_path, use_cache=not cfg.no_index_cache)
              for d in build_order(list(ids), per_node=True)}
     components = [built.get(d) for d in range(len(prefixes))]
-    phases = [BlendedDataset(components, plan.dataset_index[p], plan.dataset_sample_index[p], plan.offsets[p])
-              for p in range(len(sizes))]
+    phases = [BlendedDataset(components, plan.dataset_index[p], plan.dataset_sample_index[p], plan.offsets[p],
+                             plan.counts[p]) for p in range(len(sizes))]
     return phases[0] if len(phases) == 1 else PhasedDataset(phases)
 
 

@@ -52,3 +52,22 @@ def test_a_components_request_is_the_most_any_phase_needs():
             want[d] = max(want[d], used[d] + math.ceil(math.ceil(size * w[d]) * 1.005))
             used[d] += int(counts[d])
     assert plan.requests == want == [503, 503]
+
+
+def test_each_phases_index_is_counted_once_per_build(tmp_path, monkeypatch):
+    """Counting a run-sized blend index reads all of it (3.42B samples at ZAYA1's size): plan_phases counts it,
+    and the BlendedDataset it becomes takes those counts instead of reading the index again."""
+    from megatron_zaya.data import DataConfig, blend, build_train_valid_test_datasets
+    from megatron_zaya.data.indexed import write_dataset
+    from megatron_zaya.data.tokenizer import build_tokenizer
+    for name, base in (("a", 0), ("b", 100)):
+        write_dataset(str(tmp_path / name), [[base + i % 7] * 5 + [999] for i in range(30)], dtype=np.uint16)
+    counted = []
+    real_counts = blend.component_counts
+    monkeypatch.setattr(blend, "component_counts", lambda index, n: counted.append(len(index)) or real_counts(index, n))
+    cfg = DataConfig(data_path=["0.3", str(tmp_path / "a"), "0.7", str(tmp_path / "b")], split="100,0,0",
+                     num_workers=0, data_cache_path=str(tmp_path / "cache"))
+    train = build_train_valid_test_datasets(cfg, 4, [40, 0, 0], build_tokenizer("NullTokenizer", 999))[0]
+    assert counted == [40]
+    from_a = sum(int(train[i]["tokens"].min()) < 100 for i in range(len(train)))
+    assert from_a == 12      # the counts passed on still check and index the same samples (0.3 x 40)
