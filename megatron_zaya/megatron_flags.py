@@ -447,3 +447,13 @@ def check_megatron_flags(args: argparse.Namespace) -> None:
         if value is not None and accepted is not None and not any(_same(value, a) for a in accepted):
             only = f"only {' or '.join(accepted)}" if accepted else "drop the flag"
             raise ValueError(f"{flag}={value} is not supported: {only}" + (f" ({why})" if why else ""))
+
+
+def check_tool_megatron_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What a tool that takes the model flags (model_stats.py, estimate.py) does after parsing: check_megatron_flags,
+    its refusal as the parser's one-line error (exit 2), then --ffn-hidden-size folded in."""
+    try:
+        check_megatron_flags(args)
+    except ValueError as err:
+        parser.error(str(err))
+    fold_ffn_hidden_size(args)

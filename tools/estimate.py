@@ -36,7 +36,7 @@ from megatron_zaya.planner.memory import GRAD_DTYPES, OPTIMIZERS  # noqa: E402
 from megatron_zaya.planner.plan import Plan, PlanOptions, fixes, make_plan  # noqa: E402
 from megatron_zaya.interrupts import quiet_when_the_reader_leaves  # noqa: E402
 from megatron_zaya.megatron_flags import (  # noqa: E402
-    add_megatron_flags, check_megatron_flags, check_moe_layer_freq, fold_ffn_hidden_size, typed_flag_message)
+    add_megatron_flags, check_moe_layer_freq, check_tool_megatron_flags, typed_flag_message)
 
 MODEL_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size",
                "num_experts", "moe_ffn_hidden_size", "router_hidden_size", "make_vocab_size_divisible_by")
@@ -265,11 +265,7 @@ def main(argv=None) -> int:
             ("tokenizer_model" in training_keys or "vocab_file" in training_keys) and args.vocab_size is None:
         print("--config: the run's vocabulary is its tokenizer's, which the planner does not read: the plan uses "
               "the preset's; pass --vocab-size N (pretrain_zaya.py --dry-run prints N)", file=sys.stderr)
-    try:
-        check_megatron_flags(args)
-    except ValueError as err:
-        parser.error(str(err))
-    fold_ffn_hidden_size(args)
+    check_tool_megatron_flags(parser, args)
     if args.preset not in PRESETS:       # (named first: a typo'd preset is the mistake to fix, not the batch size)
         parser.error(f"--preset={args.preset}: choose one of {sorted(PRESETS)}")
     if args.global_batch_size is None:

@@ -27,7 +27,7 @@ from megatron_zaya.model.accounting import (  # noqa: E402
     kv_cache_bytes_per_token, matmul_macs_per_token)
 from megatron_zaya.interrupts import quiet_when_the_reader_leaves  # noqa: E402
 from megatron_zaya.megatron_flags import (  # noqa: E402
-    add_megatron_flags, check_megatron_flags, check_moe_layer_freq, fold_ffn_hidden_size, typed_flag_message)
+    add_megatron_flags, check_moe_layer_freq, check_tool_megatron_flags, typed_flag_message)
 from megatron_zaya.model_vocab import model_config_as_trained  # noqa: E402
 
 
@@ -68,11 +68,7 @@ def main(argv=None) -> int:
     add_megatron_flags(parser)      # --ffn-hidden-size, --swiglu, --normalization RMSNorm, ... as pretrain_zaya.py
     apply_training_config(parser, argv, "keys that do not change the model")
     args = parser.parse_args(argv)
-    try:
-        check_megatron_flags(args)
-    except ValueError as err:
-        parser.error(str(err))
-    fold_ffn_hidden_size(args)
+    check_tool_megatron_flags(parser, args)
     if args.seq_length is not None and args.seq_length < 1:
         parser.error(f"--seq-length={args.seq_length} must be >= 1 (omit it for the preset's)")
     overrides = {flag: getattr(args, flag) for flag in MODEL_FLAGS if flag != "seq_length" and getattr(args, flag) is not None}
