@@ -221,12 +221,12 @@ def _atomic_folder_write(output_dir: Path, write) -> None:
         raise
 
 
-def shard_files(tensors: dict, max_shard_bytes: int) -> dict[str, list[str]]:
-    """File name -> tensor names: in order, each file filled up to max_shard_bytes (a larger tensor
-    gets a file of its own); one file is model.safetensors, more are model-0000i-of-0000N.safetensors."""
+def shard_files(sizes: dict[str, int], max_shard_bytes: int) -> dict[str, list[str]]:
+    """File name -> tensor names, from each tensor's size in bytes as written: in order, each file filled up to
+    max_shard_bytes (a larger tensor gets a file of its own); one file is model.safetensors, more are
+    model-0000i-of-0000N.safetensors."""
     groups, size = [[]], 0
-    for name, tensor in tensors.items():
-        nbytes = tensor.numel() * tensor.element_size()
+    for name, nbytes in sizes.items():
         if groups[-1] and size + nbytes > max_shard_bytes:
             groups.append([])
             size = 0
@@ -270,12 +270,11 @@ def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: tor
     if max_shard_bytes < 1:
         raise ValueError(f"max_shard_bytes={max_shard_bytes} must be >= 1")
     warn_of_skip_biases(state_dict)
-    tensors = {}
-    for name, tensor in state_dict.items():
-        t = tensor.detach().cpu().contiguous()
-        if dtype is not None and t.is_floating_point() and not name.endswith("balancing_bias"):
-            t = t.to(dtype)
-        tensors[ours_to_hf_name(name)] = t
+    tensors = {ours_to_hf_name(name): tensor.detach() for name, tensor in state_dict.items()}
+    # Each weight is cast to `dtype` as its file is written, not all up front: a bf16 export of an fp32 state
+    # then holds one file's copies beside the state, not the whole model's (1.5x the fp32 model).
+    dtypes = {hf_name: dtype if dtype is not None and t.is_floating_point() and not name.endswith("balancing_bias")
+              else t.dtype for (name, t), hf_name in zip(state_dict.items(), tensors)}
     config_dict = hf_config_dict(config, dtype or bulk_dtype(tensors))
     text_files = {}       # the tokenizer's files and generation_config.json
     if tokenizer is not None:       # built before anything is written: a refusal leaves no folder
@@ -286,15 +285,18 @@ def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: tor
         generation = hf_generation_config(token_ids, tokenizer.vocab_size, config.vocab_size)
         text_files["generation_config.json"] = json.dumps(generation, indent=2) + "\n"
 
-    files = shard_files(tensors, max_shard_bytes)
+    sizes = {n: t.numel() * dtypes[n].itemsize for n, t in tensors.items()}
+    files = shard_files(sizes, max_shard_bytes)
 
     def write(folder: Path) -> None:
         for done, (file, names) in enumerate(files.items(), 1):
-            save_file({n: tensors[n] for n in names}, str(folder / file), metadata={"format": "pt"})
+            as_written = {n: tensors[n].to(device="cpu", dtype=dtypes[n]).contiguous() for n in names}
+            save_file(as_written, str(folder / file), metadata={"format": "pt"})
+            del as_written
             if on_file is not None:
                 on_file(done, len(files), file)
         if len(files) > 1:
-            total = sum(t.numel() * t.element_size() for t in tensors.values())
+            total = sum(sizes.values())
             index = {"metadata": {"total_size": total},
                      "weight_map": {n: file for file, names in files.items() for n in names}}
             (folder / HF_INDEX).write_text(json.dumps(index, indent=2) + "\n")
