@@ -32,6 +32,7 @@ from megatron_zaya.checkpoint.state import (balancer_entries, load_balancer, loa
                                             load_saved_masters, model_entries, optimizer_entries, optimizer_slots,
                                             rng_entries_and_objects, unwrap)
 from megatron_zaya.errors import hub_name_hint
+from megatron_zaya.optim.schedules import SCHEDULE_FLAGS
 from megatron_zaya.training.data_phase import data_signature, enter_data_phase
 from megatron_zaya.training.progress_log import ProgressLog
 from megatron_zaya.units import timestamp
@@ -265,14 +266,15 @@ class TrainingCheckpointer:
         else:
             trainer.state = restore_train_state(type(trainer.state), meta)
         run_flags = None if meta.get("converted_from") else meta.get("args")   # a conversion records a tokenizer only
+        saved_schedule = run_flags and schedule_flags_of(meta)
         if cfg.use_checkpoint_opt_param_scheduler:
             if not run_flags:
                 raise CheckpointError(f"--use-checkpoint-opt_param-scheduler: {folder.folder} holds no flags of "
                                       f"the run that saved it (converted or written by a tool): give the "
                                       f"schedule flags instead")
-            notes += trainer.take_schedules_from(run_flags)
+            notes += trainer.take_schedules_from(saved_schedule)
         elif not cfg.finetune and run_flags:
-            changed = trainer.schedule_differences(run_flags)
+            changed = trainer.schedule_differences(saved_schedule)
             if changed:
                 notes.append("the LR / weight-decay schedules follow this run's flags, which differ from the "
                              "checkpoint's: " + ", ".join(f"--{n.replace('_', '-')} {now} (checkpoint: {then})"
@@ -313,6 +315,9 @@ class TrainingCheckpointer:
             "model_config": run.model.to_dict(),
             "optimizer_config": _jsonable(dataclasses.asdict(run.optim)),
             "args": _jsonable(vars(run.args)) if getattr(run, "args", None) is not None else {},
+            # the flags the schedules were built from: this run's, or a checkpoint's under
+            # --use-checkpoint-opt_param-scheduler (whose next resume must find that schedule, not these flags)
+            "schedule_flags": _jsonable(getattr(trainer, "schedule_flags", {})),
             "working_directory": os.getcwd(),     # where the relative paths in "args" start
             "layout": {"world_size": self.world_size, "tensor_model_parallel_size": tp, "context_parallel_size": cp,
                        "expert_model_parallel_size": ep, "data_parallel_size": self.world_size // (tp * cp),
@@ -490,6 +495,14 @@ def restore_train_state(state_type, meta: dict):
     if "consumed_tokens" not in saved:
         saved["consumed_tokens"] = saved["consumed_samples"] * meta["model_config"]["seq_length"]
     return state_type(**{f.name: saved[f.name] for f in dataclasses.fields(state_type) if f.name in saved})
+
+
+def schedule_flags_of(meta: dict) -> dict:
+    """The schedule flags a checkpoint's run trained with: its "schedule_flags", else (a checkpoint saved
+    before they were kept) those of its "args"."""
+    if "schedule_flags" in meta:
+        return meta["schedule_flags"]
+    return {name: value for name, value in meta.get("args", {}).items() if name in SCHEDULE_FLAGS}
 
 
 def batch_size_change_notes(trainer, saved_flags: dict) -> list[str]:

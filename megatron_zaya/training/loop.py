@@ -111,6 +111,7 @@ class Trainer:
         self.lr_schedule = lr_schedule_from_flags(run.optim.lr, self.cfg, self.total_iters)
         self.decoupled_schedule = decoupled_lr_schedule(self.lr_schedule, self.cfg)   # --decoupled-lr
         self.wd_schedule = weight_decay_schedule_from_flags(self.cfg, self.total_iters)
+        self.schedule_flags = self.schedule_flag_values()    # what the schedules are built from (checkpoints keep it)
         self.last_lr = float("nan")       # the lr of the last step (set by train() and every update)
         self.last_decoupled_lr = float("nan")
         biases = [block.moe.router.balancing_bias for block in model.layers]
@@ -211,9 +212,9 @@ class Trainer:
 
     def take_schedules_from(self, saved_flags: dict) -> list[str]:
         """--use-checkpoint-opt_param-scheduler: the LR and weight-decay schedules of the run that saved
-        the checkpoint, built from its flags (`saved_flags`: the checkpoint's metadata "args") instead
-        of this run's. Returns notes: the schedule flags the checkpoint does not hold (this run's value
-        is used for those) and the values that differ from this run's."""
+        the checkpoint, built from the flags its schedules were built from (`saved_flags`) instead of this
+        run's, and kept so in this run's checkpoints. Returns notes: the schedule flags the checkpoint does
+        not hold (this run's value is used for those) and the values that differ from this run's."""
         flags = copy.copy(self.cfg)
         values = self.schedule_flag_values()
         missing = [name for name in SCHEDULE_FLAGS if name not in saved_flags]
@@ -229,6 +230,7 @@ class Trainer:
         self.wd_schedule = weight_decay_schedule_from_flags(flags, flags.train_iters or 0)
         if self.wd_schedule is None:
             self.optimizer.set_weight_decay(values["weight_decay"])
+        self.schedule_flags = values
         notes = []
         if changed:
             notes.append("--use-checkpoint-opt_param-scheduler: the schedules follow the checkpoint's "

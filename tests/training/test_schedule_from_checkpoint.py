@@ -80,6 +80,29 @@ def test_a_resume_with_another_global_batch_size_says_how_the_schedule_goes_on(f
     assert "--global-batch-size" not in same
 
 
+def test_a_requeued_resume_with_the_flag_keeps_the_checkpoints_schedule(first_run, tiny_corpus, tmp_path, capsys):
+    """The resumed run's checkpoints keep the schedule it follows (the first run's), not its own flags: the same
+    command run again after a stop at iteration 6 goes on with it, and a resume without the flag is told that
+    its flags differ from that schedule."""
+    first, save = first_run
+    schedule = lr_schedule_from_flags(first.optim.lr, first.train, 8)
+    second = {**FIRST, **SECOND, "--save": tmp_path / "b"}
+    flag = ["--use-checkpoint-opt_param-scheduler"]
+    assert build_and_train(parse_args(tiny_run_flags(tiny_corpus, tmp_path, **second, **{"--load": save,
+                                                                                         "--exit-interval": 6})
+                                      + flag)) == 0
+    capsys.readouterr()
+    assert build_and_train(parse_args(tiny_run_flags(tiny_corpus, tmp_path, **second, **{"--load": tmp_path / "b"})
+                                      + flag)) == 0
+    lrs = _lrs(capsys.readouterr().out)
+    assert sorted(lrs) == [7, 8]
+    assert all(lr == pytest.approx(schedule(it - 1), rel=1e-3) for it, lr in lrs.items()), lrs
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{**second, "--load": tmp_path / "b",
+                                                                "--save": tmp_path / "c"}))
+    assert build_and_train(run) == 0
+    assert "--lr 0.01 (checkpoint: 0.003)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("extra, message", [
     ([], "--use-checkpoint-opt_param-scheduler needs --load"),
     (["--load", "x", "--finetune"], "--use-checkpoint-opt_param-scheduler and --finetune exclude each other"),
