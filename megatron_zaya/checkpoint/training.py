@@ -281,7 +281,7 @@ class TrainingCheckpointer:
                                                           for n, then, now in changed)
                              + "; --use-checkpoint-opt_param-scheduler keeps the checkpoint's")
         if not cfg.finetune and run_flags:
-            notes += batch_size_change_notes(trainer, run_flags)
+            notes += batch_size_change_notes(trainer, run_flags) + seed_change_notes(trainer, run_flags)
         data_note = enter_data_phase(trainer.state, data_signature(self.run))
         same_dir = cfg.save and os.path.abspath(os.path.dirname(folder.folder)) == os.path.abspath(cfg.save)
         if same_dir and not cfg.finetune:
@@ -503,6 +503,17 @@ def schedule_flags_of(meta: dict) -> dict:
     if "schedule_flags" in meta:
         return meta["schedule_flags"]
     return {name: value for name, value in meta.get("args", {}).items() if name in SCHEDULE_FLAGS}
+
+
+def seed_change_notes(trainer, saved_flags: dict) -> list[str]:
+    """A resume with another --seed: the data goes on at the run's sample count in the new seed's shuffle, so the
+    rest of the epoch is another permutation (as in Megatron-LM, which says nothing)."""
+    then, now = saved_flags.get("seed"), trainer.cfg.seed
+    if then is None or then == now:
+        return []
+    return [f"--seed {now} (checkpoint: {then}): the data goes on from sample {trainer.state.consumed_samples} of "
+            f"this seed's shuffle, not the checkpoint's: the rest of the epoch may repeat samples already trained "
+            f"on and leave out others (the RNG state still comes from the checkpoint)"]
 
 
 def batch_size_change_notes(trainer, saved_flags: dict) -> list[str]:

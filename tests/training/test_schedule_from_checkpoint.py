@@ -77,7 +77,12 @@ def test_a_resume_with_another_global_batch_size_says_how_the_schedule_goes_on(f
             "--train-iters, one per step of 8 samples; Megatron-LM counts them in samples and would go on from 2 "
             "(--train-samples with the --lr-*-samples flags counts samples here too)") in out
     _, same = _resumed(first_run, tiny_corpus, tmp_path / "same", capsys, [])
-    assert "--global-batch-size" not in same
+    assert "--global-batch-size" not in same and "--seed" not in same
+
+
+def test_a_resume_with_another_seed_says_the_data_order_changes(first_run, tiny_corpus, tmp_path, capsys):
+    _, out = _resumed(first_run, tiny_corpus, tmp_path, capsys, ["--seed", "7"])
+    assert "--seed 7 (checkpoint: 1234): the data goes on from sample 16 of this seed's shuffle" in out
 
 
 def test_a_requeued_resume_with_the_flag_keeps_the_checkpoints_schedule(first_run, tiny_corpus, tmp_path, capsys):
