@@ -186,13 +186,19 @@ def check_writable_output(flag: str, path: str | None, is_dir: bool = False) -> 
 
 
 def write_output_json(flag: str, path: str, obj) -> None:
-    """`obj` as indented JSON in `path`, written atomically (a temporary file in its folder renamed over it:
-    an existing file is kept whole until the new one is complete). An OSError (a file made read-only or a
-    folder removed since check_writable_output) becomes a one-line UserInputError naming `flag`."""
+    """`obj` as indented JSON in `path`. A new or regular file is written atomically (a temporary file in its
+    folder renamed over it: an existing file is kept whole until the new one is complete); through a symlink,
+    the file it names; anything else (a pipe such as `/dev/fd/N` or `/dev/stdout`) is written as it is. An
+    OSError (a file made read-only or a folder removed since check_writable_output) becomes a one-line
+    UserInputError naming `flag`."""
     from megatron_zaya.checkpoint.format import atomic_write_bytes
     data = (json.dumps(obj, indent=2, default=str) + "\n").encode("utf-8")
     try:
-        atomic_write_bytes(str(path), data)
+        if not os.path.exists(path) or os.path.isfile(path):     # (both follow symlinks)
+            atomic_write_bytes(os.path.realpath(path), data)
+        else:
+            with open(path, "wb") as f:
+                f.write(data)
     except OSError as err:
         raise UserInputError(f"{flag} {path}: cannot write ({err.strerror or err})") from err
 

@@ -82,3 +82,25 @@ def test_output_json_is_replaced_whole_or_kept_and_a_failed_write_is_one_line(tm
     with pytest.raises(UserInputError, match=r"--output-json .*results.json: cannot write \(Operation not permitted"):
         write_output_json("--output-json", str(target), {"newer": 1})
     assert json.loads(target.read_text()) == {"new": "p"} and os.listdir(tmp_path) == ["results.json"]
+
+
+def test_output_json_through_a_symlink_or_into_a_pipe(tmp_path):
+    """A symlinked --output-json replaces the file it names (the link stays); a pipe (`--output-json >(jq .)`,
+    /dev/fd/N; /dev/stdout) is written as it is, not renamed over."""
+    (tmp_path / "real.json").write_text("{}\n")
+    (tmp_path / "link.json").symlink_to("real.json")
+    write_output_json("--output-json", str(tmp_path / "link.json"), {"a": 1})
+    assert (tmp_path / "link.json").is_symlink() and json.loads((tmp_path / "real.json").read_text()) == {"a": 1}
+    read_end, write_end = os.pipe()
+    try:
+        check_writable_output("--output-json", f"/dev/fd/{write_end}")
+        write_output_json("--output-json", f"/dev/fd/{write_end}", {"b": 2})
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as pipe:
+            assert json.loads(pipe.read()) == {"b": 2}
+    finally:
+        for fd in (read_end, write_end):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
