@@ -49,7 +49,7 @@ def test_train_samples_not_a_multiple_of_the_batch(tiny_corpus, tmp_path, capsys
     assert build_and_train(parse_args(argv)) == 0
     out = capsys.readouterr().out
     assert f"iteration {iterations:8d}/{iterations:8d}" in out
-    assert f"iteration {iterations + 1:>7}" not in out
+    assert f"iteration {iterations + 1:8d}/" not in out
 
 
 def test_the_lr_schedule_counts_samples_through_a_batch_rampup(tiny_corpus, tmp_path):
