@@ -188,17 +188,21 @@ def check_weights_only(meta: dict, train_cfg, where: str) -> None:
 def check_before_build(run) -> bool:
     """Every check of --save and --load that needs no model (see the module docstring). True when the
     run will start from a checkpoint's weights (--load or --pretrained-checkpoint holds one)."""
-    cfg, found, damaged = run.train, None, []
+    cfg, found, unloadable = run.train, None, None
     for path, source_cfg in start_sources(cfg):      # what TrainingCheckpointer.load will start from
+        damaged = []
         found = first_candidate_metadata(path, damaged, check_sizes=cfg.dry_run)
         if found is not None:
             cfg = source_cfg
             break
+        if damaged:      # checkpoints are there, none loadable: TrainingCheckpointer.load stops at this source too
+            flag = "--load" if source_cfg is cfg else "--pretrained-checkpoint"
+            unloadable = f"{flag} {path}: no loadable checkpoint; " + "; ".join(map(str, damaged))
+            break
     check_save_folder(cfg.save, cfg.load, cfg.finetune)
     if found is None:
-        if damaged:                 # checkpoints are there, none loadable: as TrainingCheckpointer.load says, now
-            where = f"--load {cfg.load}" if cfg.load else f"--pretrained-checkpoint {cfg.pretrained_checkpoint}"
-            raise CheckpointError(f"{where}: no loadable checkpoint; " + "; ".join(map(str, damaged)))
+        if unloadable:
+            raise CheckpointError(unloadable)
         if cfg.pretrained_checkpoint:
             raise CheckpointError(no_pretrained_checkpoint_message(cfg))
         if cfg.load and requires_checkpoint(cfg):

@@ -149,9 +149,9 @@ class TrainingCheckpointer:
         sys.stderr.flush()
 
     # -- load ----------------------------------------------------------------------------------------
-    def open_for_load(self, path: str) -> CheckpointFolder | None:
-        """The newest loadable checkpoint under PATH (all ranks agree), falling back past missing or
-        corrupt ones with an error naming the file; None when PATH holds no checkpoint at all."""
+    def open_for_load(self, path: str, flag: str = "--load") -> CheckpointFolder | None:
+        """The newest loadable checkpoint under PATH (given as `flag`; all ranks agree), falling back past
+        missing or corrupt ones with an error naming the file; None when PATH holds no checkpoint at all."""
         candidates = checkpoint_candidates(path)
         if not candidates:
             return None
@@ -178,7 +178,7 @@ class TrainingCheckpointer:
                     rf.verified = True      # checked by the rank that owns its share
                 return folder
             problems.append(problem or f"{folder_path}: rejected by another rank (see its error)")
-        raise CheckpointError(f"--load {path}: no loadable checkpoint; " + "; ".join(problems))
+        raise CheckpointError(f"{flag} {path}: no loadable checkpoint; " + "; ".join(problems))
 
     def _shared_rank_metas(self, folder: str) -> tuple[dict, list[dict]]:
         """(metadata.json, the rank JSONs) of `folder`, each rank JSON read and checked by one rank and
@@ -215,7 +215,7 @@ class TrainingCheckpointer:
             if source_cfg is not cfg:      # --pretrained-checkpoint (start_sources: --load's config is cfg itself)
                 self.log(f"--load {cfg.load}: no checkpoint; starting from --pretrained-checkpoint {path} as a "
                          f"fine-tune (weights only, iteration 0)")
-            folder = self.open_for_load(path)
+            folder = self.open_for_load(path, "--load" if source_cfg is cfg else "--pretrained-checkpoint")
             if folder is not None:
                 cfg = source_cfg
                 break

@@ -256,6 +256,17 @@ def test_a_checkpoint_with_damaged_metadata_is_named_not_called_missing(ckpt_cor
     for extra in ([], ["--finetune"], ["--exit-on-missing-checkpoint"], ["--skip-train", "--eval-iters", "1"]):
         with pytest.raises(CheckpointError, match=rf"--load {save}: no loadable checkpoint; {metadata}: corrupt JSON"):
             train(flags(ckpt_corpus, 1, "--load", save, *extra, cache=ckpt_cache))    # plain --load too: not later
+    # as --pretrained-checkpoint (named so), and as --load beside a good --pretrained-checkpoint, which the load
+    # would not fall back to (refused before the model too)
+    monkeypatch.undo()
+    good = str(tmp_path / "good")
+    train(flags(ckpt_corpus, 1, "--save", good, cache=ckpt_cache))
+    monkeypatch.setattr("megatron_zaya.training.setup.build_runtime", no_build)
+    empty = str(tmp_path / "empty")
+    with pytest.raises(CheckpointError, match=rf"^--pretrained-checkpoint {save}: no loadable checkpoint; {metadata}"):
+        train(flags(ckpt_corpus, 1, "--load", empty, "--pretrained-checkpoint", save, cache=ckpt_cache))
+    with pytest.raises(CheckpointError, match=rf"^--load {save}: no loadable checkpoint; {metadata}"):
+        train(flags(ckpt_corpus, 1, "--load", save, "--pretrained-checkpoint", good, cache=ckpt_cache))
 
 
 def test_a_dry_run_finds_a_truncated_checkpoint_and_says_when_load_holds_none(ckpt_corpus, ckpt_cache, tmp_path,
