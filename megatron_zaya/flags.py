@@ -431,6 +431,8 @@ class _WordLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in getattr(node, "value", []):
+            if key_node.tag == "tag:yaml.org,2002:merge":      # `<<: *anchor`: its keys may be overridden here
+                continue
             key = self.construct_object(key_node, deep=deep)
             if not isinstance(key, (str, int, float, bool)):
                 continue          # (an unhashable key: the base class names it)

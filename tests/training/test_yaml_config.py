@@ -98,3 +98,14 @@ def test_a_config_file_read_wrongly_or_setting_a_key_twice_is_named(tiny_corpus,
     cfg.write_bytes(content)
     line = error_of(tiny_run_flags(tiny_corpus, tmp_path) + ["--config", str(cfg)], capsys)
     assert f"--config {cfg}: {expected}" in line, line
+
+
+def test_yaml_merge_keys_load_and_may_be_overridden():
+    """`<<: *anchor` is not a key given twice (the duplicate-key check once refused every merge key)."""
+    import yaml
+
+    from megatron_zaya.flags import _WordLoader
+    text = "base: &base {lr: 0.1, train-iters: 3}\nrun:\n  <<: *base\n  lr: 0.2\n"
+    assert yaml.load(text, Loader=_WordLoader)["run"] == {"lr": "0.2", "train-iters": "3"}
+    with pytest.raises(yaml.constructor.ConstructorError, match="key 'lr' given twice"):
+        yaml.load(text + "  lr: 0.3\n", Loader=_WordLoader)
