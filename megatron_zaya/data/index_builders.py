@@ -163,6 +163,8 @@ def build_sample_index(sizes: np.ndarray, document_index: np.ndarray, seq_length
             out[start:stop, 1] = positions - (ends[where] - lengths[where])
         before = after
     out[0] = (0, 0)
+    if num_samples * seq_length == before:    # (add_extra_token 0) a last boundary at the stream's end lies in no
+        out[num_samples] = (len(document_index) - 1, sizes[document_index[-1]])      # chunk: the last document's end
     return out
 
 

@@ -63,6 +63,18 @@ def test_samples_match_reference(tmp_path, monkeypatch, seq_length, num_samples,
         assert s["labels"].tolist() == expected[i][1:]
 
 
+@pytest.mark.parametrize("seq_length, num_samples", [(9, 45), (8, 20)])     # 45 x 9: the stream's end exactly
+def test_samples_without_the_extra_token_cut_the_token_stream(tmp_path, seq_length, num_samples):
+    """add_extra_token 0 (Megatron-LM's add_extra_token_to_sequence False): the samples, in index order, are the
+    document stream cut into seq_length pieces, the last one included when it ends the stream exactly."""
+    prefix, seqs = make_corpus(tmp_path)
+    gd = GPTDataset(IndexedDataset(prefix), np.arange(5, 33), num_samples, SampleOptions(seq_length, eod=999),
+                    seed=1234, use_cache=False, add_extra_token=0)
+    stream = [t for d in gd.document_index for t in seqs[int(d)]]
+    pieces = sorted(tuple(stream[k * seq_length:(k + 1) * seq_length]) for k in range(len(gd)))
+    assert len(gd) >= num_samples and sorted(tuple(gd.text(i).tolist()) for i in range(len(gd))) == pieces
+
+
 def test_separate_final_epoch_is_exercised():
     tpe, seq = 400, 16
     assert ib.separate_final_epoch(2, tpe, seq, 26)[0]          # 26 - 24 = 2 < 0.8 * 24
