@@ -524,9 +524,10 @@ def test_watchdog_dumps_stacks_and_exits_nonzero_on_a_hang(ckpt_corpus, ckpt_cac
 
 
 def test_watchdog_is_paused_during_evaluation_and_saves(ckpt_corpus, ckpt_cache, tmp_path):
-    """An evaluation and a save each far longer than the watchdog's limit (2 s) do not fire it."""
+    """An evaluation and a save each far longer than the watchdog's limit do not fire it: 2.5 s each against
+    max(1.5 s, 3 x the median iteration), 1.5 s while an iteration takes under 0.5 s (these take ~0.05 s)."""
     result = run_script(flags(ckpt_corpus, 3, "--eval-interval", "3", "--save", str(tmp_path / "s"), cache=ckpt_cache),
-                        timeout=120, CKPT_TEST_WATCHDOG="2,5,30", CKPT_TEST_SLOW_EVAL=4, CKPT_TEST_SLOW_SAVE=4)
+                        timeout=120, CKPT_TEST_WATCHDOG="1.5,3,30", CKPT_TEST_SLOW_EVAL=2.5, CKPT_TEST_SLOW_SAVE=2.5)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "WATCHDOG" not in result.stderr and read_latest(str(tmp_path / "s")) == 3
 
