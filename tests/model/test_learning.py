@@ -1,4 +1,4 @@
-"""A tiny model's loss falls clearly on real English text within a few hundred CPU steps.
+"""A tiny model's loss falls clearly on real English text within about a hundred CPU steps.
 
 The text is Python's own documentation (pydoc_data.topics, shipped with every CPython), as bytes."""
 import math
@@ -19,7 +19,8 @@ def test_loss_falls_on_real_text():
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     gen = torch.Generator().manual_seed(0)
     losses = []
-    for step in range(200):
+    # 120 steps: the mean of the last 10 losses is ~2.35 nats there (2.03 after 200), the bound ~2.76.
+    for step in range(120):
         starts = torch.randint(0, len(data) - 65, (16,), generator=gen)
         batch = torch.stack([data[s: s + 65] for s in starts])
         out = model(batch[:, :-1], labels=batch[:, 1:])
