@@ -50,6 +50,19 @@ def train(corpus, tmp_path, name, nproc, *extra) -> list[float]:
 
 
 @pytest.fixture(scope="module")
+def shared_train(tiny_corpus, tmp_path_factory):
+    """train(), each command run once in this module: a run two tests make (the same processes and flags, in
+    the same order) gives both the same losses."""
+    runs = {}
+
+    def run(nproc, *extra):
+        if (nproc, extra) not in runs:
+            runs[nproc, extra] = train(tiny_corpus, tmp_path_factory.mktemp("shared"), "run", nproc, *extra)
+        return runs[nproc, extra]
+    return run
+
+
+@pytest.fixture(scope="module")
 def reference_run(tiny_corpus, tmp_path_factory):
     """The single-process run: (its losses, its TensorBoard folder)."""
     folder = tmp_path_factory.mktemp("single")
@@ -81,10 +94,10 @@ def eod_reference_run(tiny_corpus, tmp_path_factory):
     # the whole MoE sublayer runs again in the backward, its EP all-to-all included
     ("ep2-moe-recompute", ["--expert-model-parallel-size", "2", "--moe-layer-recompute"]),
 ])
-def test_two_processes_match_one(tiny_corpus, tmp_path, reference_losses, name, extra, request):
+def test_two_processes_match_one(shared_train, reference_losses, name, extra, request):
     if "--eod-mask-loss" in extra:
         reference_losses = request.getfixturevalue("eod_reference_run")[0]
-    got = train(tiny_corpus, tmp_path, name, 2, *extra)
+    got = shared_train(2, *extra)
     assert len(got) == len(reference_losses) == 4
     assert got[:2] == pytest.approx(reference_losses[:2], rel=1e-5), (got, reference_losses)
     assert got == pytest.approx(reference_losses, rel=1e-3), (got, reference_losses)
@@ -123,13 +136,15 @@ def test_the_micro_batch_size_changes_neither_the_loss_nor_the_gradient(tiny_cor
     # sequence-parallel parameters are sharded over TP x DP: every TP rank writes its pieces; bf16
     # weights (TP slices) with fp32 masters, and fp32 routers reduced over the world group
     (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--optimizer", "adamw", "--bf16"]),
-    (2, ["--bf16"]),     # bf16 weights: the fp32 masters (AdamW pieces, Muon matrices) must come back
+    # bf16 weights: the fp32 masters (AdamW pieces, Muon matrices) must come back; the replicas' weights are
+    # compared after every step (the run of test_zero1_with_bf16_weights_trains_like_one_process, shared with it)
+    (2, ["--bf16", "--check-weight-hash-across-dp-replicas-interval", "1"]),
     (1, ["--bf16"]),     # the same on one process (DP 1)
 ], ids=["dp2", "tp2-sp-adamw-bf16", "dp2-bf16", "dp1-bf16"])
-def test_zero1_stop_and_resume_is_exact(tiny_corpus, tmp_path, nproc, layout):
+def test_zero1_stop_and_resume_is_exact(tiny_corpus, tmp_path, shared_train, nproc, layout):
     """Under ZeRO-1 (sharded AdamW masters + distributed Muon momentum), stopping after 2 steps and
     resuming from the checkpoint gives bit-identical losses to the uninterrupted run."""
-    straight = train(tiny_corpus, tmp_path, "straight", nproc, "--use-distributed-optimizer", *layout)
+    straight = shared_train(nproc, "--use-distributed-optimizer", *layout)
     save = ["--use-distributed-optimizer", *layout, "--save", str(tmp_path / "ckpt"), "--load", str(tmp_path / "ckpt")]
     first = train(tiny_corpus, tmp_path, "first", nproc, *save, "--exit-interval", "2")
     second = train(tiny_corpus, tmp_path, "second", nproc, *save)
@@ -228,7 +243,7 @@ def test_log_straggler_names_the_slow_rank(tiny_corpus, tmp_path):
         assert (slowest, fastest) == ("1", "0") and float(ratio) > 1.5, line
 
 
-def test_zero1_with_bf16_weights_trains_like_one_process(tiny_corpus, tmp_path):
+def test_zero1_with_bf16_weights_trains_like_one_process(tiny_corpus, tmp_path, shared_train):
     """--bf16 under ZeRO-1 stores the weights in bf16 (masters in the optimizer shards); one process
     keeps fp32 weights under the same autocast, whose matmuls see the same bf16-rounded weights. The
     losses differ by the rounding of the rest (embedding, norms, scales) and of each update: 6e-6
@@ -236,8 +251,8 @@ def test_zero1_with_bf16_weights_trains_like_one_process(tiny_corpus, tmp_path):
     ranks' weights are compared bit for bit after every step (--check-weight-hash-across-dp-replicas-
     interval 1): the shards' all-gathers and DistributedMuon's gathers leave identical replicas."""
     single = train(tiny_corpus, tmp_path, "single-bf16", 1, "--bf16")
-    zero1 = train(tiny_corpus, tmp_path, "zero1-bf16", 2, "--bf16", "--use-distributed-optimizer",
-                  "--check-weight-hash-across-dp-replicas-interval", "1")
+    zero1 = shared_train(2, "--use-distributed-optimizer", "--bf16", "--check-weight-hash-across-dp-replicas-interval",
+                         "1")
     assert zero1[0] == pytest.approx(single[0], rel=1e-4), (zero1, single)
     assert zero1 == pytest.approx(single, rel=2e-3), (zero1, single)
 
