@@ -2,18 +2,24 @@
 
 Files are named `{md5 of the description}-{kind}-{name}.npy`, with the description saved beside them
 as `{hash}-{kind}-description.json`, written LAST: it marks the entry complete. The first process to
-create `{hash}.lock` (O_EXCL) builds and writes (temporary names + rename); every other process or
-rank waits for the description file and memory-maps the arrays. A lock left by a dead process on
-the same host is taken over. Works across data-parallel ranks without collective calls. At a large run's
+create `{hash}.lock` (O_EXCL) holds an exclusive flock on it, builds and writes (temporary names + rename);
+every other process or rank waits for the description file and memory-maps the arrays. The operating
+system drops a flock when its process dies, however it dies, for the processes of every node sharing a
+filesystem with flock (NFS, Lustre mounted with it): a lock file nobody holds is a killed builder's, taken
+over at once (by one process: the takeover is the flock), and the killed build's temporary files are
+removed. Without flock, a lock left by a dead process on the same host is taken over. Works across
+data-parallel ranks without collective calls. At a large run's
 first start a build takes minutes: a waiter says once (the first process of each node) whom it waits
 for, and a build longer than SLOW_BUILD_S says how long it took.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -28,6 +34,8 @@ FORMAT_VERSION = 1
 WAIT_NOTICE_S = 30.0      # a process waiting this long for another's build says so (once)
 MAX_POLL_S = 2.0          # a waiter looks for the finished files at most this often at the end of its backoff
 SLOW_BUILD_S = 10.0       # a build taking longer says how long, naming its files
+NEW_LOCK_S = 60.0         # an empty lock file nobody holds is a builder's that has not locked it yet, this long
+_NO_LOCKS = (errno.ENOLCK, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)     # a filesystem without flock
 
 
 def _speaks() -> bool:
@@ -80,12 +88,93 @@ def array_digest(*arrays: np.ndarray, chunk_bytes: int = 1 << 24) -> str:
 
 
 def _lock_is_stale(lock_path: str) -> bool:
+    """Without flock: whether `lock_path` names a process of this host that no longer exists."""
     try:
         with open(lock_path) as f:
             host, pid = f.read().strip().rsplit(":", 1)
         return host == socket.gethostname() and not process_running(int(pid))
     except (OSError, ValueError):
         return False
+
+
+def _flock(fd: int, wait: bool) -> bool | None:
+    """An exclusive flock on `fd`: True when held, False when another process holds it (`wait` False), None on a
+    filesystem without flock."""
+    import fcntl
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    except OSError as err:
+        if err.errno in _NO_LOCKS:
+            return None
+        raise
+
+
+def _names_file(fd: int, path: str) -> bool:
+    """Whether `path` is still the file open as `fd` (a builder removes its lock file when done)."""
+    try:
+        mine, there = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _claim(lock_path: str) -> tuple[int, bool] | None:
+    """(descriptor, flocked) of the entry's lock when this process is to build it, its host:pid written in the
+    file; None while another process builds it (or the lock changed hands: look again)."""
+    try:
+        fd = os.open(lock_path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+        new = True
+    except FileExistsError:
+        try:
+            fd = os.open(lock_path, os.O_RDWR)
+        except FileNotFoundError:
+            return None
+        new = False
+    try:
+        flocked = _flock(fd, wait=new)     # (a new file: a waiter's look at it lasts a moment)
+        if flocked is None and not new:    # no flock here: a dead process's lock on this host is taken over
+            if _lock_is_stale(lock_path):
+                os.remove(lock_path)
+            flocked = False
+        if flocked is False or not _names_file(fd, lock_path):
+            os.close(fd)
+            return None
+        if not new:      # nobody holds it: its builder died, or has just created it (empty) and not yet locked it
+            info = os.fstat(fd)
+            if info.st_size == 0 and time.time() - info.st_mtime < NEW_LOCK_S:
+                os.close(fd)
+                return None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{socket.gethostname()}:{os.getpid()}".encode(), 0)
+        return fd, bool(flocked)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _release(lock_path: str, fd: int) -> None:
+    try:
+        if _names_file(fd, lock_path):
+            os.remove(lock_path)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove_killed_builds_files(cache_dir: str, key: str, kind: str) -> None:
+    """The temporary files of a killed build of this entry (`KEY-KIND-NAME.tmpPID.npy`, the description's
+    `.tmpPID`): called while holding its flock, so no live process writes them."""
+    pattern = re.compile(re.escape(f"{key}-{kind}-") + r"[\w.]+?\.tmp\d+(\.npy)?")
+    for name in os.listdir(cache_dir):
+        if pattern.fullmatch(name):
+            try:
+                os.remove(os.path.join(cache_dir, name))
+            except FileNotFoundError:
+                pass
 
 
 def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: list[str],
@@ -112,15 +201,8 @@ def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: li
     while True:
         if os.path.exists(done) and all(os.path.exists(p) for p in paths.values()):
             return load()
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            if _lock_is_stale(lock):
-                try:
-                    os.remove(lock)
-                except FileNotFoundError:
-                    pass
-                continue
+        claimed = _claim(lock)
+        if claimed is None:
             if not noticed and time.time() - started > WAIT_NOTICE_S:
                 noticed = True
                 if _speaks():
@@ -134,11 +216,12 @@ def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: li
             time.sleep(poll_s)
             poll_s = min(poll_s * 1.5, max(poll_s, MAX_POLL_S))
             continue
+        fd, flocked = claimed
         try:
-            with os.fdopen(fd, "w") as f:
-                f.write(f"{socket.gethostname()}:{os.getpid()}")
             if os.path.exists(done) and all(os.path.exists(p) for p in paths.values()):
                 return load()  # someone finished between our check and the lock
+            if flocked:
+                _remove_killed_builds_files(cache_dir, key, kind)
             built_at = time.time()
             if _speaks():       # (a large corpus takes minutes: said before, not only after)
                 print(f"{timestamp()} building {base}-*.npy ...", file=sys.stderr, flush=True)
@@ -154,8 +237,5 @@ def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: li
                 json.dump({"format": FORMAT_VERSION, **description}, f, sort_keys=True, indent=1)
             os.replace(done + f".tmp{os.getpid()}", done)
         finally:
-            try:
-                os.remove(lock)
-            except FileNotFoundError:
-                pass
+            _release(lock, fd)
         return load()

@@ -295,12 +295,13 @@ def test_a_long_wait_and_a_slow_build_are_said(tmp_path, monkeypatch, capsys):
     d = tmp_path / "c"
     d.mkdir()
     lock = d / f"{description_hash({'k': 3})}.lock"
-    lock.write_text("otherhost:4242")          # another node's builder: never taken over
+    holder = held_lock(lock, "otherhost:4242")          # another node's live builder
     monkeypatch.setattr(cache, "WAIT_NOTICE_S", 0.0)
     with pytest.raises(TimeoutError):
         cached_arrays(str(d), "Test", {"k": 3}, ["x"], lambda: {"x": np.ones(3)}, timeout_s=0.2, poll_s=0.01)
     err = capsys.readouterr().err
     assert err.count("waiting for process otherhost pid 4242 to build") == 1 and str(lock) in err, err
+    os.close(holder)
     lock.unlink()
     monkeypatch.setattr(cache, "SLOW_BUILD_S", -1.0)
     cached_arrays(str(d), "Test", {"k": 3}, ["x"], lambda: {"x": np.ones(3)})
@@ -314,7 +315,7 @@ def test_a_waiter_looks_less_and_less_often(tmp_path, monkeypatch):
     from megatron_zaya.data.cache import description_hash
     d = tmp_path / "c"
     d.mkdir()
-    (d / f"{description_hash({'k': 4})}.lock").write_text("otherhost:4242")
+    holder = held_lock(d / f"{description_hash({'k': 4})}.lock", "otherhost:4242")
     clock, sleeps = [1000.0], []
     monkeypatch.setattr(cache.time, "time", lambda: clock[0])
     monkeypatch.setattr(cache.time, "sleep", lambda s: sleeps.append(s) or clock.__setitem__(0, clock[0] + s))
@@ -323,6 +324,66 @@ def test_a_waiter_looks_less_and_less_often(tmp_path, monkeypatch):
         cached_arrays(str(d), "Test", {"k": 4}, ["x"], lambda: {"x": np.ones(3)}, timeout_s=60.0)
     assert sleeps[:3] == pytest.approx([0.05, 0.075, 0.1125]) and max(sleeps) == cache.MAX_POLL_S
     assert 30 < len(sleeps) < 50
+    os.close(holder)
+
+
+def held_lock(path, holder: str) -> int:
+    """A build lock held (flock) through a descriptor of this process: a live builder for cached_arrays, whose
+    own descriptor of the file is another open file (flock locks conflict between the two)."""
+    import fcntl
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, holder.encode())
+    return fd
+
+
+def test_a_killed_builders_lock_of_any_host_is_taken_over_and_its_files_removed(tmp_path):
+    """A builder killed on another node (a requeued job lands elsewhere) left its lock file and a temporary
+    .npy: nobody holds the lock's flock, so the next run builds at once (it waited an hour, then failed), and
+    removes the temporary file. The build's own files and other entries' are kept."""
+    from megatron_zaya.data.cache import description_hash
+    d = tmp_path / "c"
+    d.mkdir()
+    key = description_hash({"k": 5})
+    (d / f"{key}.lock").write_text("othernode:1")
+    (d / f"{key}-Test-x.tmp1.npy").write_bytes(b"partial")
+    (d / f"{key}-Test-description.json.tmp1").write_text("{")
+    (d / f"{description_hash({'k': 6})}-Test-x.tmp1.npy").write_bytes(b"another entry's")
+    started = time.time()
+    out = cached_arrays(str(d), "Test", {"k": 5}, ["x"], lambda: {"x": np.ones(3)}, timeout_s=30)
+    assert out["x"].tolist() == [1, 1, 1] and time.time() - started < 5
+    assert sorted(os.listdir(d)) == sorted([f"{key}-Test-x.npy", f"{key}-Test-description.json",
+                                            f"{description_hash({'k': 6})}-Test-x.tmp1.npy"])
+
+
+def _hold_then_die(lock, ready):
+    held_lock(lock, f"othernode:{os.getpid()}")
+    ready.set()
+    time.sleep(60)
+
+
+def test_a_builder_is_waited_for_until_it_dies_then_replaced_by_one_process(tmp_path):
+    """A live builder's lock is waited for; when it is killed (SIGKILL), exactly one of the waiters builds."""
+    from megatron_zaya.data.cache import description_hash
+    ctx = mp.get_context("fork")
+    cache_dir = tmp_path / "c"
+    cache_dir.mkdir()
+    ready = ctx.Event()
+    holder = ctx.Process(target=_hold_then_die, args=(str(cache_dir / f"{description_hash({'k': 1})}.lock"), ready))
+    holder.start()
+    assert ready.wait(20)
+    counter, results = ctx.Value("i", 0), ctx.Array("i", 3)
+    procs = [ctx.Process(target=_racer, args=(str(cache_dir), counter, results, r)) for r in range(3)]
+    for p in procs:
+        p.start()
+    time.sleep(0.5)
+    assert counter.value == 0 and all(p.is_alive() for p in procs)        # waiting on the live builder
+    holder.kill()
+    holder.join()
+    for p in procs:
+        p.join(20)
+    assert all(p.exitcode == 0 for p in procs)
+    assert counter.value == 1 and list(results) == [135] * 3
 
 
 def test_stale_lock_is_taken_over(tmp_path):
