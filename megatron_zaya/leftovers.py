@@ -2,19 +2,23 @@
 
 Writers here work under temporary names that carry their process id (a dataset's `PREFIX.bin.tmpPID`
 beside `.lengths`, `.docs` and `.idx`; a Hugging Face folder's hidden `.NAME.tmpPID-XXXX`; train_tokenizer's
-`.NAME.train_tokenizer.tmpPID-XXXX`; the quickstart corpus's `OUTPUT.tmpPID`) and remove them on any error or interrupt. A SIGKILL (the OOM killer, a job past its time limit, a lost node)
-gives them no chance, and what stays is as large as what was written. The next writer of the same
-output removes the leftovers of a process that no longer exists on this machine and whose files have
-not changed for `QUIET_SECONDS` (a run on another machine sharing the folder may be writing them: its
-process is not visible from here, but its files keep changing). Other outputs' files, and a live
-process's, are never touched.
+`.NAME.train_tokenizer.tmpPID-XXXX`; the quickstart corpus's `OUTPUT.tmpPID`) and remove them on any error or
+interrupt. A SIGKILL (the OOM killer, a job past its time limit, a lost node) gives them no chance, and what
+stays is as large as what was written. The next writer of the same output removes the leftovers of a process
+that no longer exists on this machine and whose files have not changed for `QUIET_SECONDS` (a run on another
+machine sharing the folder may be writing them: its process is not visible from here, but its files keep
+changing; a writer whose files stay unchanged for long, as train_tokenizer's folder while SentencePiece trains,
+touches them every HEARTBEAT_SECONDS: `kept_fresh`). Other outputs' files, and a live process's, are never
+touched.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import sys
+import threading
 import time
 from typing import Callable
 
@@ -23,6 +27,30 @@ from megatron_zaya.processes import process_running
 from megatron_zaya.units import human_bytes
 
 QUIET_SECONDS = 600
+HEARTBEAT_SECONDS = 60       # kept_fresh: well inside QUIET_SECONDS, so a live writer's files are never quiet
+
+
+@contextlib.contextmanager
+def kept_fresh(path: str):
+    """While the block runs, a daemon thread sets the modification time of `path` to now every HEARTBEAT_SECONDS,
+    so that a writer whose files stay unchanged for long (train_tokenizer's folder stays empty while SentencePiece
+    trains) is not taken for a killed one by a run on another machine (find_leftovers: quiet for QUIET_SECONDS)."""
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(HEARTBEAT_SECONDS):
+            try:
+                os.utime(path)
+            except OSError:       # gone, or not ours to touch: the run goes on
+                pass
+
+    thread = threading.Thread(target=beat, name=f"kept_fresh {path}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def find_leftovers(folder: str, pattern: re.Pattern) -> tuple[list[str], list[str]]:

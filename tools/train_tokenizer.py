@@ -23,7 +23,8 @@ files). Bad records (malformed
 JSON, missing keys, not UTF-8, lone surrogates) are skipped and counted. Existing outputs are refused unless
 --overwrite is given; training writes to a temporary prefix and renames into place (.vocab, then
 .model; or the .json), so a failed run leaves any old tokenizer untouched (the hidden temporary folder of a
-run killed by SIGKILL is removed by the next run for the same output, megatron_zaya/leftovers.py). Ctrl-C
+run killed by SIGKILL is removed by the next run for the same output, megatron_zaya/leftovers.py; a live run
+touches its folder every minute while it trains, so a run on another machine sharing the folder leaves it). Ctrl-C
 or SIGTERM removes it and ends with exit status 130; one that comes while the new files are renamed into place
 waits for both, and once they are in place the line says so (the old tokenizer is replaced) instead of "no
 output written".
@@ -47,7 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from megatron_zaya.data.sources import (InputError, check_json_keys, check_parquet_columns, expand_inputs,  # noqa: E402
                                          iter_records)
 from megatron_zaya.interrupts import interrupt_on_sigterm, signals_held  # noqa: E402
-from megatron_zaya.leftovers import remove_leftovers  # noqa: E402
+from megatron_zaya.leftovers import kept_fresh, remove_leftovers  # noqa: E402
 
 
 CHUNK_CHARS = 1 << 16      # tiktoken training: documents in pieces of whole lines up to this size
@@ -291,10 +292,11 @@ def _main(argv=None, installed: list | None = None) -> int:
     tmp_prefix = os.path.join(tmp_dir, "sp")
     if args.model_type == "tiktoken":
         try:
-            sample = _announce_end(itertools.chain([first], lines), counts, t0)   # streamed: its first pieces
-            if args.input_sentence_size:
-                sample = itertools.islice(sample, args.input_sentence_size)
-            ranks = train_tiktoken(args, sample, tmp_prefix)
+            with kept_fresh(tmp_dir):   # touched while training: a run on another machine sees it live
+                sample = _announce_end(itertools.chain([first], lines), counts, t0)   # streamed: its first pieces
+                if args.input_sentence_size:
+                    sample = itertools.islice(sample, args.input_sentence_size)
+                ranks = train_tiktoken(args, sample, tmp_prefix)
             _install(tmp_prefix, args.output_prefix, extensions, installed)
         except InputError as e:
             print(f"error: {e}", file=sys.stderr)
@@ -310,22 +312,23 @@ def _main(argv=None, installed: list | None = None) -> int:
                 f"or --tiktoken-num-special-tokens S with --vocab-size {ranks} + S)")
         return 0
     try:
-        sample = uniform_sample(_announce_end(itertools.chain([first], lines), counts, t0),
-                                args.input_sentence_size, args.seed)
-        spm.SentencePieceTrainer.Train(
-            sentence_iterator=iter(sample),
-            model_prefix=tmp_prefix,
-            vocab_size=args.vocab_size,
-            model_type=args.model_type,
-            byte_fallback=not args.no_byte_fallback,
-            character_coverage=args.character_coverage,
-            input_sentence_size=0,            # the sample above, all of it
-            max_sentence_length=args.max_sentence_length,
-            unk_id=0, bos_id=1, eos_id=2, pad_id=3,
-            user_defined_symbols=args.user_defined_symbols or [],
-            num_threads=max(1, args.num_threads),
-            minloglevel=2,
-        )
+        with kept_fresh(tmp_dir):   # empty until SentencePiece writes at the end: touched meanwhile
+            sample = uniform_sample(_announce_end(itertools.chain([first], lines), counts, t0),
+                                    args.input_sentence_size, args.seed)
+            spm.SentencePieceTrainer.Train(
+                sentence_iterator=iter(sample),
+                model_prefix=tmp_prefix,
+                vocab_size=args.vocab_size,
+                model_type=args.model_type,
+                byte_fallback=not args.no_byte_fallback,
+                character_coverage=args.character_coverage,
+                input_sentence_size=0,            # the sample above, all of it
+                max_sentence_length=args.max_sentence_length,
+                unk_id=0, bos_id=1, eos_id=2, pad_id=3,
+                user_defined_symbols=args.user_defined_symbols or [],
+                num_threads=max(1, args.num_threads),
+                minloglevel=2,
+            )
         _install(tmp_prefix, args.output_prefix, installed=installed)
     except (RuntimeError, InputError) as e:
         msg = str(e) + vocab_size_hint(str(e))
