@@ -1,21 +1,23 @@
 """Temporary files and folders that a killed writer left behind, found and removed by the next run.
 
-Writers here work under temporary names that carry their process id (a dataset's `PREFIX.bin.tmpPID`
-beside `.lengths`, `.docs` and `.idx`; a Hugging Face folder's hidden `.NAME.tmpPID-XXXX`; train_tokenizer's
-`.NAME.train_tokenizer.tmpPID-XXXX`; the quickstart corpus's `OUTPUT.tmpPID`) and remove them on any error or
-interrupt. A SIGKILL (the OOM killer, a job past its time limit, a lost node) gives them no chance, and what
-stays is as large as what was written. The next writer of the same output removes the leftovers of a process
-that no longer exists on this machine and whose files have not changed for `QUIET_SECONDS` (a run on another
-machine sharing the folder may be writing them: its process is not visible from here, but its files keep
-changing; a writer whose files stay unchanged for long, as train_tokenizer's folder while SentencePiece trains,
-touches them every HEARTBEAT_SECONDS: `kept_fresh`). Other outputs' files, and a live process's, are never
-touched.
+Writers here work under temporary names that carry their process id (a dataset's `PREFIX.bin.tmpPID-TOKEN`
+beside `.lengths`, `.docs` and `.idx`, TOKEN drawn once per process (`temporary_suffix`: processes on two
+machines sharing the folder may have the same id, in containers); a Hugging Face folder's hidden
+`.NAME.tmpPID-XXXX`; train_tokenizer's `.NAME.train_tokenizer.tmpPID-XXXX`; the quickstart corpus's
+`OUTPUT.tmpPID`) and remove them on any error or interrupt. A SIGKILL (the OOM killer, a job past its time
+limit, a lost node) gives them no chance, and what stays is as large as what was written. The next writer of
+the same output removes the leftovers of a process that no longer exists on this machine and whose files have
+not changed for `QUIET_SECONDS` (a run on another machine sharing the folder may be writing them: its process
+is not visible from here, but its files keep changing; a writer whose files stay unchanged for long, as
+train_tokenizer's folder while SentencePiece trains, touches them every HEARTBEAT_SECONDS: `kept_fresh`).
+Other outputs' files, and a live process's, are never touched.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import re
+import secrets
 import shutil
 import sys
 import threading
@@ -28,6 +30,16 @@ from megatron_zaya.units import human_bytes
 
 QUIET_SECONDS = 600
 HEARTBEAT_SECONDS = 60       # kept_fresh: well inside QUIET_SECONDS, so a live writer's files are never quiet
+# `temporary_suffix()` in a leftovers pattern: the process id, then the token (absent in older writers' names)
+TEMPORARY_SUFFIX_PATTERN = r"\.tmp(?P<pid>\d+)(?:-[0-9a-f]+)?"
+_PROCESS_TOKEN = secrets.token_hex(4)
+
+
+def temporary_suffix() -> str:
+    """`.tmpPID-TOKEN`, what makes a temporary file this process's own. The process id finds the leftovers of a
+    killed writer; the token, drawn once per process, keeps apart two processes of one id on machines that share
+    the folder (containers number their processes alike): they wrote into the same files, a corrupt output."""
+    return f".tmp{os.getpid()}-{_PROCESS_TOKEN}"
 
 
 @contextlib.contextmanager

@@ -25,6 +25,7 @@ import numpy as np
 from megatron_zaya.data.indexed import strip_suffix
 from megatron_zaya.data.tokenizer import flags_text
 from megatron_zaya.errors import UserInputError
+from megatron_zaya.leftovers import temporary_suffix
 
 SUFFIX = ".tokenizer.json"
 IDENTITY_KEYS = ("vocab_size", "eod", "probe_sha256")
@@ -67,7 +68,7 @@ def describe(record: dict) -> str:
 def write_record(prefix: str, record: dict) -> None:
     """Writes PREFIX.tokenizer.json whole or not at all (a temporary file renamed into place)."""
     path = record_path(prefix)
-    temporary = f"{path}.tmp{os.getpid()}"
+    temporary = path + temporary_suffix()      # another machine's process of the same id has another name
     try:
         with open(temporary, "w", encoding="utf-8") as f:
             json.dump(record, f, indent=1, ensure_ascii=False)

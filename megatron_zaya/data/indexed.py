@@ -23,7 +23,7 @@ from typing import Iterable, NamedTuple, Sequence
 import numpy as np
 
 from megatron_zaya.errors import UserInputError
-from megatron_zaya.leftovers import remove_leftovers
+from megatron_zaya.leftovers import TEMPORARY_SUFFIX_PATTERN, remove_leftovers, temporary_suffix
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -556,13 +556,13 @@ class IndexedDatasetWriter:
 
 
 def _temporary_bases(prefix: str) -> list[str]:
-    """The files a writer of `prefix` works in, before the `.tmpPID` that makes them its own."""
+    """The files a writer of `prefix` works in, before the `.tmpPID-TOKEN` that makes them its own."""
     return [bin_path(prefix), prefix + ".lengths", prefix + ".docs", idx_path(prefix)]
 
 
 def temporary_paths(path_prefix: str) -> list[str]:
-    """The temporary files an `IndexedDatasetWriter` of this process uses for `path_prefix`."""
-    return [p + f".tmp{os.getpid()}" for p in _temporary_bases(strip_suffix(str(path_prefix)))]
+    """The temporary files an `IndexedDatasetWriter` of this process uses for `path_prefix` (temporary_suffix)."""
+    return [p + temporary_suffix() for p in _temporary_bases(strip_suffix(str(path_prefix)))]
 
 
 def remove_leftover_temporaries(path_prefix: str, log=None) -> int:
@@ -571,7 +571,7 @@ def remove_leftover_temporaries(path_prefix: str, log=None) -> int:
     Every `IndexedDatasetWriter` does this as it starts."""
     prefix = strip_suffix(str(path_prefix))
     names = "|".join(re.escape(os.path.basename(p)) for p in _temporary_bases(prefix))
-    pattern = re.compile(f"(?:{names})\\.tmp(?P<pid>\\d+)")
+    pattern = re.compile(f"(?:{names}){TEMPORARY_SUFFIX_PATTERN}")
     return remove_leftovers(os.path.dirname(prefix) or ".", pattern, prefix, log)
 
 

@@ -91,3 +91,15 @@ def test_kept_fresh_touches_until_the_block_ends(tmp_path, monkeypatch):
     os.utime(tmp_path, (old, old))
     time.sleep(0.05)
     assert os.stat(tmp_path).st_mtime == old            # the heartbeat stopped with the block
+
+
+# Two runs writing one output: temporary names of their own ------------------------------------------------------
+
+def test_processes_of_one_id_on_two_machines_have_their_own_temporary_files():
+    """Containers on two machines number their processes alike; the temporary files were PREFIX.bin.tmpPID, so
+    two preprocess runs of one output with the same process id wrote into the same files (a corrupt dataset)."""
+    code = ("import os; os.getpid = lambda: 4242; from megatron_zaya.data.indexed import temporary_paths; "
+            "print(temporary_paths('/x/o_text_document')[0])")
+    names = [subprocess.run([sys.executable, "-c", code], check=True, timeout=60, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": REPO}).stdout.strip() for _ in range(2)]
+    assert names[0] != names[1] and all(n.startswith("/x/o_text_document.bin.tmp4242-") for n in names), names

@@ -3,6 +3,7 @@ output (megatron_zaya/leftovers.py); a live process's, a recently changed one's 
 prefix's are left alone."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -42,7 +43,7 @@ def test_the_next_run_removes_what_a_sigkilled_run_left(tmp_path, capsys):
     killed.send_signal(signal.SIGKILL)   # no cleanup can run
     killed.wait()
     left = sorted(f for f in os.listdir(tmp_path) if ".tmp" in f)
-    assert left and all(f.endswith(f".tmp{killed.pid}") for f in left), left
+    assert left and all(re.search(rf"\.tmp{killed.pid}-[0-9a-f]+$", f) for f in left), left
     other = tmp_path / f"o_text_document_v2.bin.tmp{_dead_pid()}"   # another prefix: not this output's
     other.write_bytes(b"x")
     _age([tmp_path / f for f in left] + [other], 3600)
