@@ -6,9 +6,10 @@
 --input takes dataset prefixes (with or without .bin/.idx) or directories (every .idx inside,
 sorted by name, as Megatron's merge_datasets.py does). All inputs must share one dtype. Memory use
 is bounded; the output appears only when complete. An existing output is refused unless
---overwrite is given, and the output may never be one of the inputs (compared after stripping
-.bin/.idx and resolving links). Inputs preprocessed with different tokenizers (their PREFIX.tokenizer.json,
-megatron_zaya/data/dataset_tokenizer.py) are refused; the output gets their record when every input has one.
+--overwrite is given (also one another run writes while this one merges: one line naming it), and
+the output may never be one of the inputs (compared after stripping .bin/.idx and resolving links).
+Inputs preprocessed with different tokenizers (their PREFIX.tokenizer.json, megatron_zaya/data/
+dataset_tokenizer.py) are refused; the output gets their record when every input has one.
 Exit status: 0 merged, 2 on a bad input or output, 130 when interrupted (Ctrl-C or SIGTERM: no output is
 left, temporary files removed; one that comes while the finished output replaces the old one waits, and the
 merge completes).
@@ -93,8 +94,13 @@ def merge(prefixes: list[str], output_prefix: str, overwrite: bool = False, log=
     # (cut in the middle, it left neither dataset whole and still said "no output written").
     with signals_held() as held:
         try:
-            remove_record(writer.path_prefix)     # a failure from here on leaves no record, never a stale one
-            writer.commit()
+            if overwrite:
+                remove_record(writer.path_prefix)     # a failure from here on leaves no record, never a stale one
+            writer.commit(replace=overwrite)          # without --overwrite, nothing is replaced
+        except FileExistsError as err:                # another run wrote the output since check_output
+            writer.abort()
+            raise IndexedDatasetError(f"--output-prefix {output_prefix}: {err.filename} was written meanwhile by "
+                                      f"another run (pass --overwrite to replace it)") from None
         except BaseException:
             writer.abort()
             raise

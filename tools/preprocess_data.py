@@ -14,8 +14,9 @@ document per file (--text-mode file, as written), per blank-line-separated block
 joined by LF) or per line (CR LF ends a line as LF does). A directory gives only its .jsonl/.json/.ndjson/.txt
 files (optionally compressed) and .parquet files, recursively; the count taken is logged.
 Token ids must lie in [0, vocab size): an id outside (NullTokenizer input) stops the run, naming
-the file and line. Existing outputs are refused unless --overwrite is given; a replaced dataset is
-swapped in only once every output is complete.
+the file and line. Existing outputs are refused unless --overwrite is given, also one that another run of
+the same output (a job submitted twice) writes meanwhile (one line naming it, exit 2, its own files removed);
+a replaced dataset is swapped in only once every output is complete.
 Reasoning trimming: --trim-max-length 4096 --reasoning-markers '<think>' '</think>'.
 Exit status: 0 on success, 1 when nothing could be written, 2 on bad flags or inputs, 3 when a
 worker process failed or died, 130 when interrupted (SIGTERM or Ctrl-C stops the run after the chunk in

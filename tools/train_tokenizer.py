@@ -21,7 +21,8 @@ Inputs are read as in preprocess_data.py (JSONL by suffix or by a first line tha
 .parquet with pyarrow, otherwise plain text; directories give their .jsonl/.json/.ndjson/.txt/.parquet
 files). Bad records (malformed
 JSON, missing keys, not UTF-8, lone surrogates) are skipped and counted. Existing outputs are refused unless
---overwrite is given; training writes to a temporary prefix and renames into place (.vocab, then
+--overwrite is given, also ones that another run of the same output writes while this one trains (one line
+naming the file, exit 2); training writes to a temporary prefix and renames into place (.vocab, then
 .model; or the .json), so a failed run leaves any old tokenizer untouched (the hidden temporary folder of a
 run killed by SIGKILL is removed by the next run for the same output, megatron_zaya/leftovers.py; a live run
 touches its folder every minute while it trains, so a run on another machine sharing the folder leaves it). Ctrl-C
@@ -49,6 +50,7 @@ from megatron_zaya.data.sources import (InputError, check_json_keys, check_parqu
                                          iter_records)
 from megatron_zaya.interrupts import interrupt_on_sigterm, signals_held  # noqa: E402
 from megatron_zaya.leftovers import kept_fresh, remove_leftovers  # noqa: E402
+from megatron_zaya.publish import put_in_place  # noqa: E402
 
 
 CHUNK_CHARS = 1 << 16      # tiktoken training: documents in pieces of whole lines up to this size
@@ -206,19 +208,28 @@ def _announce_end(lines, counts: dict, t0: float):
           file=sys.stderr, flush=True)
 
 
-def _install(tmp_prefix: str, prefix: str, extensions=(".vocab", ".model"), installed: list | None = None) -> None:
+def _install(tmp_prefix: str, prefix: str, extensions=(".vocab", ".model"), installed: list | None = None,
+             overwrite: bool = True) -> None:
     """Rename the trained files into place: .vocab first, .model (what users load) last; a signal waits for
-    both (a new .vocab beside the old .model otherwise) and then stops the run (KeyboardInterrupt). Each file
-    put in place is appended to `installed` ("P.model (replaced)" where an old one was there), for the
-    interruption's line: from here on the output is written, whatever interrupts the run."""
+    both (a new .vocab beside the old .model otherwise) and then stops the run (KeyboardInterrupt). The files
+    put in place are appended to `installed` ("P.model (replaced)" where an old one was there), for the
+    interruption's line: from here on the output is written, whatever interrupts the run. Not `overwrite`: no
+    existing file is replaced; one another run wrote since check_output is a FileExistsError naming it, with
+    none of this run's files in place (publish.put_in_place)."""
     installed = [] if installed is None else installed
     with signals_held() as held:
-        for ext in extensions:
-            replaced = os.path.exists(prefix + ext)
-            os.replace(tmp_prefix + ext, prefix + ext)
-            installed.append(prefix + ext + (" (replaced)" if replaced else ""))
+        replaced = [os.path.exists(prefix + ext) for ext in extensions]
+        put_in_place([(tmp_prefix + ext, prefix + ext) for ext in extensions], overwrite)
+        installed.extend(prefix + ext + (" (replaced)" if old else "") for ext, old in zip(extensions, replaced))
     if held:
         raise KeyboardInterrupt     # acted on now that the new tokenizer is whole
+
+
+def _written_meanwhile(prefix: str, err: FileExistsError) -> int:
+    """The line for an output that another run of it (a job submitted twice) wrote while this one trained."""
+    print(f"error: --output-prefix {prefix}: {err.filename} was written meanwhile by another run (pass --overwrite "
+          f"to replace it)", file=sys.stderr)
+    return 2
 
 
 def train_tiktoken(args, lines, tmp_prefix: str) -> int:
@@ -297,10 +308,12 @@ def _main(argv=None, installed: list | None = None) -> int:
                 if args.input_sentence_size:
                     sample = itertools.islice(sample, args.input_sentence_size)
                 ranks = train_tiktoken(args, sample, tmp_prefix)
-            _install(tmp_prefix, args.output_prefix, extensions, installed)
+            _install(tmp_prefix, args.output_prefix, extensions, installed, args.overwrite)
         except InputError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
+        except FileExistsError as e:
+            return _written_meanwhile(args.output_prefix, e)
         finally:
             shutil.rmtree(tmp_dir, ignore_errors=True)
         skipped = _format_counts(counts)
@@ -329,11 +342,13 @@ def _main(argv=None, installed: list | None = None) -> int:
                 num_threads=max(1, args.num_threads),
                 minloglevel=2,
             )
-        _install(tmp_prefix, args.output_prefix, installed=installed)
+        _install(tmp_prefix, args.output_prefix, installed=installed, overwrite=args.overwrite)
     except (RuntimeError, InputError) as e:
         msg = str(e) + vocab_size_hint(str(e))
         print(f"error: SentencePiece training failed: {msg}", file=sys.stderr)
         return 1
+    except FileExistsError as e:
+        return _written_meanwhile(args.output_prefix, e)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     skipped = _format_counts(counts)

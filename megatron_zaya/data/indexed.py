@@ -24,6 +24,7 @@ import numpy as np
 
 from megatron_zaya.errors import UserInputError
 from megatron_zaya.leftovers import TEMPORARY_SUFFIX_PATTERN, remove_leftovers, temporary_suffix
+from megatron_zaya.publish import put_in_place
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -515,20 +516,20 @@ class IndexedDatasetWriter:
             os.remove(p)
         self._prepared = True
 
-    def commit(self) -> None:
+    def commit(self, replace: bool = True) -> None:
         """Rename the prepared files into place: remove any old `.idx`, then the `.bin`, the `.idx`
         last. A reader therefore sees the old pair, no `.idx` at all, or the new pair, never a
         mismatched pair; the residual window is these three renames (a crash inside it leaves the
         prefix without an `.idx`: the old dataset, which the caller chose to replace, is gone and the
-        run must be repeated)."""
+        run must be repeated). Not `replace` (no --overwrite): no existing file is replaced; one that
+        another run wrote since the caller's check is a FileExistsError naming it (publish.put_in_place)."""
         if not self._prepared:
             raise RuntimeError(f"{self.path_prefix}: commit() before prepare()")
-        try:
-            os.remove(idx_path(self.path_prefix))
-        except FileNotFoundError:
-            pass
-        os.replace(self._bin_tmp, bin_path(self.path_prefix))
-        os.replace(self._idx_tmp, idx_path(self.path_prefix))
+        if replace:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(idx_path(self.path_prefix))
+        put_in_place([(self._bin_tmp, bin_path(self.path_prefix)), (self._idx_tmp, idx_path(self.path_prefix))],
+                     replace)
         self._prepared = False
 
     def abort(self) -> None:

@@ -452,15 +452,22 @@ def run(cfg: PreprocessConfig, should_stop: Callable[[], bool] = lambda: False) 
                                   f"{textless[0]!r} ({stats.documents:,} documents, every one empty there)")
         # Every output is complete on disk before any existing file is touched (see commit()). The old
         # tokenizer record goes first and the new one comes last: an interruption between them leaves a
-        # dataset without a record (not checked), never one with another dataset's.
+        # dataset without a record (not checked), never one with another dataset's. Without --overwrite
+        # nothing is replaced: an output another run wrote since check_config (a job submitted twice) stops
+        # this run before its record or any further file, and that run's files stay as it wrote them.
         record = tokenizer_record(main_encoder.tokenizer, recorded_flags(cfg))
         if should_stop():   # the last point at which nothing has been replaced
             raise KeyboardInterrupt
         for w in writers.values():
             w.prepare()
         for w in writers.values():
-            remove_record(w.path_prefix)
-            w.commit()
+            if cfg.overwrite:
+                remove_record(w.path_prefix)
+            try:
+                w.commit(replace=cfg.overwrite)
+            except FileExistsError as err:
+                raise FileExistsError(f"--output-prefix {cfg.output_prefix}: {err.filename} was written meanwhile "
+                                      f"by another run (pass --overwrite to replace it)") from None
             write_record(w.path_prefix, record)
     except BaseException:   # the workers are already stopped: OrderedWorkers kills them on the way out
         for k in cfg.json_keys:

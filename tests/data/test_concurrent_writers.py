@@ -3,6 +3,7 @@ neither removes the other's live temporary files, and they never both report suc
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -93,7 +94,15 @@ def test_kept_fresh_touches_until_the_block_ends(tmp_path, monkeypatch):
     assert os.stat(tmp_path).st_mtime == old            # the heartbeat stopped with the block
 
 
-# Two runs writing one output: temporary names of their own ------------------------------------------------------
+# Two runs writing one output: temporary names of their own, and no second run replacing the first's output -------
+
+PRE = load_tool("preprocess_data")
+MERGE = load_tool("merge_datasets")
+
+
+def _files(prefix):
+    return {ext: open(prefix + ext, "rb").read() for ext in (".bin", ".idx")}
+
 
 def test_processes_of_one_id_on_two_machines_have_their_own_temporary_files():
     """Containers on two machines number their processes alike; the temporary files were PREFIX.bin.tmpPID, so
@@ -103,3 +112,140 @@ def test_processes_of_one_id_on_two_machines_have_their_own_temporary_files():
     names = [subprocess.run([sys.executable, "-c", code], check=True, timeout=60, capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": REPO}).stdout.strip() for _ in range(2)]
     assert names[0] != names[1] and all(n.startswith("/x/o_text_document.bin.tmp4242-") for n in names), names
+
+
+def test_two_writers_of_one_prefix_at_once_leave_the_first_ones_dataset(tmp_path, monkeypatch):
+    """Two writers of one prefix, of one process id on two machines (another token), interleaved: the first to
+    commit writes the dataset whole; the second, which does not replace (no --overwrite), gets FileExistsError
+    naming the .bin, and its abort() leaves the first's pair and no temporary file."""
+    from megatron_zaya.data.indexed import IndexedDataset, IndexedDatasetWriter
+    prefix = str(tmp_path / "o_text_document")
+    first = IndexedDatasetWriter(prefix)
+    monkeypatch.setattr(leftovers, "_PROCESS_TOKEN", "0ther")
+    second = IndexedDatasetWriter(prefix)
+    for i in range(50):
+        first.add_document([1, 2, i])
+        second.add_document([7] * 5)
+    first.prepare()
+    second.prepare()
+    first.commit(replace=False)
+    with pytest.raises(FileExistsError) as err:
+        second.commit(replace=False)
+    assert err.value.filename == prefix + ".bin"
+    second.abort()
+    ds = IndexedDataset(prefix)
+    assert [ds.document(i).tolist() for i in range(ds.num_documents)] == [[1, 2, i] for i in range(50)]
+    assert sorted(os.listdir(tmp_path)) == ["o_text_document.bin", "o_text_document.idx"]
+
+
+def test_put_in_place_takes_back_what_it_put_when_a_later_name_exists(tmp_path):
+    """A pair stays one run's: the .idx's name taken, the .bin this call linked is removed again."""
+    from megatron_zaya.publish import put_in_place
+    for name, text in (("a.bin.tmp", "mine"), ("a.idx.tmp", "mine"), ("a.idx", "theirs")):
+        (tmp_path / name).write_text(text)
+    with pytest.raises(FileExistsError) as err:
+        put_in_place([(str(tmp_path / "a.bin.tmp"), str(tmp_path / "a.bin")),
+                      (str(tmp_path / "a.idx.tmp"), str(tmp_path / "a.idx"))], replace=False)
+    assert err.value.filename == str(tmp_path / "a.idx")
+    assert sorted(os.listdir(tmp_path)) == ["a.bin.tmp", "a.idx", "a.idx.tmp"]
+    assert (tmp_path / "a.idx").read_text() == "theirs"
+
+
+def test_put_in_place_without_hard_links_still_refuses_an_existing_name(tmp_path, monkeypatch):
+    from megatron_zaya.publish import put_in_place
+
+    def no_links(src, dst):
+        raise PermissionError(1, "Operation not permitted", src)
+    monkeypatch.setattr(os, "link", no_links)
+    (tmp_path / "a.tmp").write_text("new")
+    (tmp_path / "b.tmp").write_text("new")
+    (tmp_path / "b").write_text("theirs")
+    put_in_place([(str(tmp_path / "a.tmp"), str(tmp_path / "a"))], replace=False)
+    with pytest.raises(FileExistsError):
+        put_in_place([(str(tmp_path / "b.tmp"), str(tmp_path / "b"))], replace=False)
+    assert sorted(os.listdir(tmp_path)) == ["a", "b", "b.tmp"] and (tmp_path / "b").read_text() == "theirs"
+
+
+@pytest.fixture
+def other_runs_dataset(tmp_path_factory):
+    """A dataset, with its tokenizer record, that "another run" puts at this run's output while it works."""
+    from megatron_zaya.data.indexed import write_dataset
+    prefix = str(tmp_path_factory.mktemp("other") / "o_text_document")
+    write_dataset(prefix, [[9, 9, 9]])
+    with open(prefix + ".tokenizer.json", "w") as f:
+        f.write("{}\n")
+    return prefix
+
+
+def _written_by_the_other_run_during_prepare(monkeypatch, other, output):
+    """Hooks IndexedDatasetWriter.prepare: the other run's files appear at `output` between this run's start
+    check and its commit."""
+    from megatron_zaya.data.indexed import IndexedDatasetWriter
+    real = IndexedDatasetWriter.prepare
+
+    def prepare(self):
+        real(self)
+        for ext in (".bin", ".idx", ".tokenizer.json"):
+            shutil.copyfile(other + ext, output + ext)
+    monkeypatch.setattr(IndexedDatasetWriter, "prepare", prepare)
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_preprocess_does_not_replace_an_output_another_run_wrote_meanwhile(tmp_path, monkeypatch, capsys,
+                                                                         other_runs_dataset, overwrite):
+    """Without --overwrite, the second of two runs of one output (a job submitted twice) exited 0 saying "wrote:"
+    and had replaced the first's output: now one line naming the file, exit 2, the other run's files untouched and
+    no temporary file left. With --overwrite it replaces the output, as asked."""
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"text": "1 2 3"}) + "\n" for _ in range(10)))
+    out = str(tmp_path / "o")
+    _written_by_the_other_run_during_prepare(monkeypatch, other_runs_dataset, out + "_text_document")
+    status = PRE.main(["--input", str(inp), "--output-prefix", out, "--tokenizer-type", "NullTokenizer",
+                       "--tokenizer-model", "100", "--no-progress"] + (["--overwrite"] if overwrite else []))
+    err = capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl", "o_text_document.bin", "o_text_document.idx",
+                                            "o_text_document.tokenizer.json"]
+    theirs = _files(other_runs_dataset)
+    if overwrite:
+        assert status == 0 and _files(out + "_text_document") != theirs
+        return
+    assert status == 2
+    assert err.strip().splitlines()[-1] == (f"error: --output-prefix {out}: {out}_text_document.bin was written "
+                                            f"meanwhile by another run (pass --overwrite to replace it)")
+    assert _files(out + "_text_document") == theirs
+    assert open(out + "_text_document.tokenizer.json").read() == "{}\n"
+
+
+def test_merge_does_not_replace_an_output_another_run_wrote_meanwhile(tmp_path, monkeypatch, capsys,
+                                                                      other_runs_dataset):
+    from megatron_zaya.data.indexed import write_dataset
+    write_dataset(str(tmp_path / "a"), [[1, 2]])
+    out = str(tmp_path / "m")
+    _written_by_the_other_run_during_prepare(monkeypatch, other_runs_dataset, out)
+    assert MERGE.main(["--input", str(tmp_path / "a"), "--output-prefix", out]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: --output-prefix {out}: {out}.bin was written meanwhile by another run (pass --overwrite to "
+        f"replace it)")
+    assert _files(out) == _files(other_runs_dataset)
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "a.idx", "m.bin", "m.idx", "m.tokenizer.json"]
+
+
+@pytest.mark.parametrize("model_type", ["bpe", "tiktoken"])
+def test_train_tokenizer_does_not_replace_a_tokenizer_another_run_wrote_meanwhile(tmp_path, tok_corpus, monkeypatch,
+                                                                                  capsys, model_type):
+    """Two runs of one output without --overwrite both exited 0, the second replacing the first's tokenizer: now
+    the second says so in one line (exit 2), the first's files stay and no hidden folder is left."""
+    names = ["sp.json"] if model_type == "tiktoken" else ["sp.model", "sp.vocab"]
+    real = TRAIN._install
+
+    def install(*args, **kwargs):
+        for name in names:
+            (tmp_path / name).write_text("the other run's")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(TRAIN, "_install", install)
+    assert _train(tok_corpus, tmp_path / "sp", "--model-type", model_type) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: --output-prefix {tmp_path / 'sp'}: {tmp_path / names[-1]} was written meanwhile by another run "
+        f"(pass --overwrite to replace it)")
+    assert sorted(os.listdir(tmp_path)) == names
+    assert all((tmp_path / name).read_text() == "the other run's" for name in names)

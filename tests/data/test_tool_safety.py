@@ -287,13 +287,15 @@ def test_train_tokenizer_acts_on_a_signal_held_during_the_renames(tmp_path, tok_
     """A SIGTERM between the renames waits for the new tokenizer to be whole, then stops the run (exit 130, the
     line naming the files in place); it was dropped and the tool went on to exit 0."""
     import signal
-    real = os.replace
 
-    def signalled_after_the_vocab_or_json(src, dst):
-        real(src, dst)
-        if os.path.basename(dst) == names[-1]:
-            os.kill(os.getpid(), signal.SIGTERM)
-    monkeypatch.setattr(TRAIN.os, "replace", signalled_after_the_vocab_or_json)
+    def signalled_after_the_vocab_or_json(real):    # a rename, or the link that puts a file in place (no --overwrite)
+        def put(src, dst):
+            real(src, dst)
+            if os.path.basename(dst) == names[-1]:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return put
+    monkeypatch.setattr(os, "replace", signalled_after_the_vocab_or_json(os.replace))
+    monkeypatch.setattr(os, "link", signalled_after_the_vocab_or_json(os.link))
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     assert _train(tok_corpus, tmp_path / "sp", "--model-type", model_type) == 130
     line = capsys.readouterr().err.strip().splitlines()[-1]
