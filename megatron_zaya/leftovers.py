@@ -4,7 +4,7 @@ Writers here work under temporary names that carry their process id (a dataset's
 beside `.lengths`, `.docs` and `.idx`, TOKEN drawn once per process (`temporary_suffix`: processes on two
 machines sharing the folder may have the same id, in containers); a Hugging Face folder's hidden
 `.NAME.tmpPID-XXXX`; train_tokenizer's `.NAME.train_tokenizer.tmpPID-XXXX`; the quickstart corpus's
-`OUTPUT.tmpPID`) and remove them on any error or interrupt. A SIGKILL (the OOM killer, a job past its time
+`OUTPUT.tmpPID-TOKEN`) and remove them on any error or interrupt. A SIGKILL (the OOM killer, a job past its time
 limit, a lost node) gives them no chance, and what stays is as large as what was written. The next writer of
 the same output removes the leftovers of a process that no longer exists on this machine and whose files have
 not changed for `QUIET_SECONDS` (a run on another machine sharing the folder may be writing them: its process

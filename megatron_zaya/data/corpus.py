@@ -73,10 +73,10 @@ def iter_documents(sdist_path: str, min_chars: int = 2000, max_chars: int = 8000
 
 
 def temporary_name(output: str) -> str:
-    """The name write_jsonl writes `output` under until it is complete: OUTPUT.tmpPID (megatron_zaya/leftovers.py
-    removes it once that process is gone, after a SIGKILL)."""
-    import os
-    return f"{output}.tmp{os.getpid()}"
+    """The name write_jsonl writes `output` under until it is complete: OUTPUT.tmpPID-TOKEN
+    (megatron_zaya/leftovers.py removes it once that process is gone, after a SIGKILL)."""
+    from megatron_zaya.leftovers import temporary_suffix
+    return output + temporary_suffix()
 
 
 def write_jsonl(sdist_path: str, output: str, **kw) -> tuple[int, int]:
@@ -84,13 +84,13 @@ def write_jsonl(sdist_path: str, output: str, **kw) -> tuple[int, int]:
     and a killed earlier run's removed first); returns (documents, characters)."""
     import os
 
-    from megatron_zaya.leftovers import remove_leftovers
+    from megatron_zaya.leftovers import TEMPORARY_SUFFIX_PATTERN, remove_leftovers
 
     tmp = temporary_name(output)
     n = chars = 0
     folder = os.path.dirname(os.path.abspath(output))
     os.makedirs(folder, exist_ok=True)
-    remove_leftovers(folder, re.compile(re.escape(os.path.basename(output)) + r"\.tmp(?P<pid>\d+)"), output)
+    remove_leftovers(folder, re.compile(re.escape(os.path.basename(output)) + TEMPORARY_SUFFIX_PATTERN), output)
     try:
         with io.open(tmp, "w", encoding="utf-8") as f:
             for doc in iter_documents(sdist_path, **kw):

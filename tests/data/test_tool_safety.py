@@ -526,19 +526,23 @@ def test_quickstart_corpus_interrupted_keeps_the_old_output_and_says_one_line(tm
 
 
 def test_write_jsonl_removes_what_a_killed_run_left(tmp_path, monkeypatch, capsys):
-    """The temporary file is named OUTPUT.tmpPID; one a SIGKILLed run left (its process gone, quiet for
-    QUIET_SECONDS) is removed by the next write of the same output, another output's is not."""
+    """The temporary file is named OUTPUT.tmpPID-TOKEN; one a SIGKILLed run left (its process gone, quiet for
+    QUIET_SECONDS; named with a token or, by an older writer, without) is removed by the next write of the same
+    output, another output's is not."""
+    from megatron_zaya.leftovers import temporary_suffix
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
-    stale, other = tmp_path / f"c.jsonl.tmp{proc.pid}", tmp_path / f"d.jsonl.tmp{proc.pid}"
-    for path in (stale, other):
+    stale, older, other = (tmp_path / f"c.jsonl.tmp{proc.pid}-0a1b", tmp_path / f"c.jsonl.tmp{proc.pid}",
+                           tmp_path / f"d.jsonl.tmp{proc.pid}")
+    for path in (stale, older, other):
         path.write_text("partial")
         os.utime(path, (time.time() - QUIET_SECONDS - 60,) * 2)
     monkeypatch.setattr(corpus, "iter_documents", lambda *a, **k: iter([{"text": "one"}]))
-    assert corpus.temporary_name(str(tmp_path / "c.jsonl")) == f"{tmp_path / 'c.jsonl'}.tmp{os.getpid()}"
+    assert corpus.temporary_name(str(tmp_path / "c.jsonl")) == f"{tmp_path / 'c.jsonl'}{temporary_suffix()}"
+    assert temporary_suffix().startswith(f".tmp{os.getpid()}-")
     assert corpus.write_jsonl("x", str(tmp_path / "c.jsonl")) == (1, 3)
     assert sorted(os.listdir(tmp_path)) == ["c.jsonl", other.name]
-    assert f"removed 1 temporary file(s) of {tmp_path / 'c.jsonl'}" in capsys.readouterr().err
+    assert f"removed 2 temporary file(s) of {tmp_path / 'c.jsonl'}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("vocab_size, hint", [(100, "raise it"), (50000, "lower it")])
