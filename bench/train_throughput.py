@@ -53,7 +53,7 @@ from megatron_zaya.optim.builder import OptimizerConfig, build_optimizer  # noqa
 from megatron_zaya.training.config import TrainConfig  # noqa: E402
 from megatron_zaya.training.loop import Trainer  # noqa: E402
 from megatron_zaya.training.setup import build_runtime  # noqa: E402
-from megatron_zaya.training.metrics import PEAK_TFLOPS_BF16, measure_matmul_tflops  # noqa: E402
+from megatron_zaya.training.metrics import measure_matmul_tflops, rated_peak_tflops  # noqa: E402
 from megatron_zaya.parallel.launch import exit_process  # noqa: E402
 from bench.step_phases import PHASES, PhaseClock, instrument, time_collectives  # noqa: E402
 
@@ -100,11 +100,9 @@ def matmul_peaks(device: torch.device, sizes=(1024, 2048), repeats: int = 10) ->
             peaks[key] = measure_matmul_tflops(dtype, 8192, repeats, device="cuda")
         else:
             peaks[key] = max(measure_matmul_tflops(dtype, s, repeats) for s in sizes)
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device).upper().replace(" ", "")
-        for key, peak in PEAK_TFLOPS_BF16.items():
-            if key in name:
-                peaks["bf16_table"] = peak
+    rated = rated_peak_tflops(device) if device.type == "cuda" else None
+    if rated is not None:
+        peaks["bf16_table"] = rated[0]
     return peaks
 
 

@@ -22,6 +22,12 @@ from megatron_zaya.kernels.capability import bf16_matmul_is_native
 PEAK_TFLOPS_BF16 = {"MI355X": 2516.6, "MI350X": 2306.9, "MI325X": 1307.0, "MI300X": 1307.0, "MI250X": 383.0,
                     "H200NVL": 835.0, "H200": 989.0, "H100PCIE": 756.0, "H100NVL": 835.0, "H100": 989.0, "A100": 312.0}
 
+# On ROCm, dense bf16 peak TFLOP/s per compute unit of an architecture (gcnArchName), times the device's compute
+# units: ROCm shows each MI250X die and each partition of a partitioned MI300X as a device of its own (the
+# table's figure is the whole module's), and some setups name an MI300X "AMD Radeon Graphics" or nothing.
+# gfx942: MI300X / MI325X 1307.4 over 304 CUs (MI300A: 228 CUs, 980.6); gfx90a: MI250X 383 over 220 CUs.
+PEAK_TFLOPS_BF16_PER_CU = {"gfx942": 1307.4 / 304, "gfx90a": 383.0 / 220}
+
 _cpu_peak_cache: dict[torch.dtype, float] = {}
 
 
@@ -61,11 +67,24 @@ def table_peak_tflops(device_name: str) -> tuple[float, str] | None:
     return None
 
 
+def rated_peak_tflops(device: torch.device, name: str | None = None) -> tuple[float, str] | None:
+    """(the vendor's dense bf16 peak of GPU `device`, where it came from): on ROCm by its architecture and compute
+    units where PEAK_TFLOPS_BF16_PER_CU knows the architecture, else by its name (`name`, or
+    torch.cuda.get_device_name's: table_peak_tflops); None when neither is known."""
+    if torch.version.hip:
+        properties = torch.cuda.get_device_properties(device)
+        arch = getattr(properties, "gcnArchName", "").split(":")[0]
+        if arch in PEAK_TFLOPS_BF16_PER_CU:
+            units = properties.multi_processor_count
+            return PEAK_TFLOPS_BF16_PER_CU[arch] * units, f"table ({arch}, {units} compute units)"
+    return table_peak_tflops(torch.cuda.get_device_name(device) if name is None else name)
+
+
 def device_peak_tflops(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> tuple[float, str]:
     """(peak TFLOP/s, where it came from)."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        known = table_peak_tflops(name)
+        known = rated_peak_tflops(device, name)
         if known is not None:
             return known
         return measure_matmul_tflops(dtype, 8192, device="cuda"), f"measured matmul ({name})"

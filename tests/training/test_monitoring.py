@@ -28,6 +28,29 @@ def test_mfu_peak_from_the_device_table(monkeypatch):
     assert metrics.device_peak_tflops(cuda) == (42.0, "measured matmul (Some Future GPU)")
 
 
+def test_mfu_peak_on_rocm_from_the_architecture_and_compute_units(monkeypatch):
+    """ROCm shows each MI250X die and each MI300X partition as a device, and may name an MI300X generically: the
+    peak is the architecture's per compute unit times the device's units; an unknown architecture goes by name."""
+    from types import SimpleNamespace
+    devices = iter([("gfx942:sramecc+:xnack-", 304, "AMD Radeon Graphics"), ("gfx942", 38, "AMD Instinct MI300X"),
+                    ("gfx90a:sramecc+:xnack-", 110, "AMD Instinct MI250X / MI250"),
+                    ("gfx950", 256, "AMD Instinct MI355X")])
+    current = {}
+
+    def name(device=None):          # (asked first: the next device)
+        current["arch"], current["units"], current["name"] = next(devices)
+        return current["name"]
+    monkeypatch.setattr(torch.version, "hip", "6.4.0")
+    monkeypatch.setattr(torch.cuda, "get_device_name", name)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(
+        gcnArchName=current["arch"], multi_processor_count=current["units"]))
+    cuda = torch.device("cuda")
+    assert metrics.device_peak_tflops(cuda) == (pytest.approx(1307.4), "table (gfx942, 304 compute units)")
+    assert metrics.device_peak_tflops(cuda)[0] == pytest.approx(1307.4 / 8)     # one partition of 8 (CPX)
+    assert metrics.device_peak_tflops(cuda) == (pytest.approx(191.5), "table (gfx90a, 110 compute units)")  # a die
+    assert metrics.device_peak_tflops(cuda) == (2516.6, "table (MI355X)")
+
+
 def test_progress_bar_line(tiny_corpus, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)       # (captured: a terminal for the bar)
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": 3, "--eval-iters": 0,
