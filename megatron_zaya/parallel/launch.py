@@ -304,6 +304,13 @@ def init_distributed(backend: str | None = None, timeout_minutes: float = DEFAUL
     Idempotent: when a group already exists it only reports it."""
     info = detect_launcher()
     use_gpu = torch.cuda.is_available()
+    if not use_gpu and os.environ.get("MEGATRON_ZAYA_REQUIRE_GPU", "0") == "1":     # (run_mi300x.sh sets it)
+        build = f"ROCm {torch.version.hip}" if torch.version.hip else (f"CUDA {torch.version.cuda}"
+                                                                        if torch.version.cuda else "CPU-only")
+        raise UserInputError(f"rank {info.rank} on {socket.gethostname()}: no GPU visible to torch {torch.__version__} "
+                             f"({build} build), and MEGATRON_ZAYA_REQUIRE_GPU=1 (run_mi300x.sh: REQUIRE_GPU) "
+                             f"refuses to train on CPU: install the ROCm build of torch, give the job its GPUs "
+                             f"(--gpus-per-node / GRES, /dev/kfd in a container), or set REQUIRE_GPU=0")
     device = torch.device("cuda", gpu_index(info.local_rank, torch.cuda.device_count())) if use_gpu \
         else torch.device("cpu")
     if use_gpu:

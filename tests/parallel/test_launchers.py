@@ -165,6 +165,25 @@ def test_more_ranks_on_a_node_than_gpus_is_refused():
         launch.gpu_index(8, 8)
 
 
+def test_a_launch_that_requires_a_gpu_and_sees_none_is_refused(monkeypatch):
+    """run_mi300x.sh exports MEGATRON_ZAYA_REQUIRE_GPU=1: a task without a GPU (a CUDA or CPU-only torch wheel on
+    AMD nodes, a job without GPUs) stops before the process group, naming the torch build, instead of training
+    on CPU with gloo; without the variable a CPU run goes on."""
+    from megatron_zaya.errors import UserInputError
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(launch.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(launch.torch.version, "hip", None)
+    monkeypatch.setattr(launch.torch.version, "cuda", "12.8")
+    monkeypatch.setenv("MEGATRON_ZAYA_REQUIRE_GPU", "1")
+    monkeypatch.setattr(launch.dist, "init_process_group", lambda *a, **k: pytest.fail("the group was started"))
+    with pytest.raises(UserInputError, match=r"rank 0 on .*: no GPU visible to torch .* \(CUDA 12.8 build\)"):
+        launch.init_distributed()
+    monkeypatch.setenv("MEGATRON_ZAYA_REQUIRE_GPU", "0")
+    with pytest.raises(pytest.fail.Exception, match="the group was started"):
+        launch.init_distributed()
+
+
 def test_a_slurm_steps_port_reads_the_older_step_variable_too():
     base = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "100", "SLURM_NODELIST": "n1"}
     new = detect_launcher({**base, "SLURM_STEP_ID": "1"}).master_port

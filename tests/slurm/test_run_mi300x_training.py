@@ -79,7 +79,7 @@ def train_env(dataset: dict, ckpt: str) -> dict:
         EVAL_INTERVAL="8", EVAL_ITERS="1", CKPT_DIR=ckpt,
         EXTRA_ARGS="--num-workers 0 --lr-warmup-iters 2 --data-cache-path "
                    + os.path.join(os.path.dirname(ckpt), "cache"),
-        OMP_NUM_THREADS="1", USR1_REPEAT_SECONDS="10",
+        OMP_NUM_THREADS="1", USR1_REPEAT_SECONDS="10", REQUIRE_GPU="0",     # (a CPU test cluster)
     )
 
 
