@@ -10,8 +10,10 @@ Each profiled step is a named range, "iteration N", in the trace.
   `rank<R>_iterations<A>-<B>.pt.trace.json` (TensorBoard's profiler plugin, chrome://tracing,
   Perfetto) and `rank<R>_iterations<A>-<B>.ops.txt`, the ops by self time (and by input shape with
   --pytorch-profiler-collect-shapes), readable with no viewer at all.
-- Without it (GPU only), the CUDA/HIP profiler API is started and stopped around the window, with an
-  NVTX range per op, for `nsys profile --capture-range=cudaProfilerApi` or rocprof.
+- Without it (GPU only), the CUDA profiler API is started and stopped around the window, with an
+  NVTX range per op, for `nsys profile --capture-range=cudaProfilerApi`. On ROCm those calls do nothing
+  (PyTorch's ROCm build stubs them): rocprof records the whole run, with the roctx ranges marking the
+  window, as a warning says.
 - --record-memory-history (GPU only): the caching allocator records every allocation from the first
   iteration on; the profiled ranks dump a snapshot to --memory-snapshot-path (rank-suffixed when
   several ranks record) at the window's end, or at the end of training when no window ran
@@ -118,6 +120,10 @@ class StepProfiler:
                 with_stack=self.cfg.pytorch_profiler_collect_callstack)
             self._torch_profiler.start()
         else:
+            if torch.version.hip:      # PyTorch's ROCm build makes cudaProfilerStart/Stop return success, doing nothing
+                self.print(f"WARNING: --profile on ROCm: the profiler API does not start or stop rocprof, which "
+                           f"records the whole run; the window's ranges (iteration {completed + 1}, ...) mark it. "
+                           f"--use-pytorch-profiler records the window alone")
             torch.cuda.profiler.start()
             self._nvtx = torch.autograd.profiler.emit_nvtx(record_shapes=self.cfg.pytorch_profiler_collect_shapes)
             self._nvtx.__enter__()

@@ -88,3 +88,22 @@ def test_profile_flag_errors_name_the_flag(tiny_corpus, tmp_path, capsys, flags,
 def test_use_pytorch_profiler_alone_warns(tiny_corpus, tmp_path):
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--use-pytorch-profiler": ""}))
     assert "--use-pytorch-profiler without --profile: nothing is profiled" in run.warnings
+
+
+def test_the_profiler_api_window_on_rocm_says_rocprof_records_the_whole_run(tmp_path, monkeypatch):
+    """PyTorch's ROCm build makes cudaProfilerStart/Stop succeed doing nothing: --profile without
+    --use-pytorch-profiler says so (on CUDA it does not)."""
+    import contextlib
+    calls = []
+    monkeypatch.setattr(torch.cuda.profiler, "start", lambda: calls.append("start"))
+    monkeypatch.setattr(torch.cuda.profiler, "stop", lambda: calls.append("stop"))
+    monkeypatch.setattr(torch.autograd.profiler, "emit_nvtx", lambda **kw: contextlib.nullcontext())
+    for hip, warned in (("6.4.0", True), (None, False)):
+        monkeypatch.setattr(torch.version, "hip", hip)
+        lines = []
+        run_steps(StepProfiler(fake_config(tensorboard_dir=str(tmp_path), use_pytorch_profiler=False), 0, 1,
+                               lines.append), 0, 6)
+        assert calls[-2:] == ["start", "stop"]
+        assert any("WARNING: --profile on ROCm: the profiler API does not start or stop rocprof" in line
+                   and "iteration 2" in line for line in lines) == warned, lines
+        assert lines[-1] == "profiled iterations 2-4 on rank 0 (CUDA profiler API, for nsys / rocprof)"
