@@ -142,3 +142,11 @@ def test_use_checkpoint_args_keeps_a_tokenizer_model_this_run_names():
     assert tokenizer_args_from_checkpoint(own, source) == {}
     off = SimpleNamespace(tokenizer_model=None, use_tokenizer_model_from_checkpoint_args=False)
     assert tokenizer_args_from_checkpoint(off, source) == {}
+
+
+def test_a_pretrained_checkpoint_without_a_checkpoint_is_refused_before_the_build(tmp_path):
+    """--pretrained-checkpoint naming an empty folder (and --load holding none) stops before the build."""
+    own = str(tmp_path / "own")
+    (tmp_path / "base").mkdir()
+    with pytest.raises(CheckpointError, match=r"--pretrained-checkpoint .*base: no checkpoint found \(nor in --load"):
+        check_before_build(run_of(load=own, save=own, pretrained_checkpoint=str(tmp_path / "base")))

@@ -489,3 +489,24 @@ def test_pickled_dataset_samples_as_the_original(tmp_path, use_cache):
     for i in range(len(a)):
         for key, value in a[i].items():
             np.testing.assert_array_equal(b[i][key], value)
+
+
+@pytest.mark.parametrize("tpe, seq, n, epochs", [(405, 4, 101, 1), (405, 2, 202, 1), (810, 4, 202, 1),
+                                                 (405, 4, 102, 2), (405, 9, 45, 2)])
+def test_num_epochs_at_exact_multiples(tpe, seq, n, epochs):
+    """N * seq + 1 tokens exactly fill the epochs: no extra epoch."""
+    assert ib.num_epochs(tpe, seq, n) == epochs
+
+
+def test_offsets_past_int32_in_one_long_document():
+    """A document of 2^31+ tokens: its boundary offsets need int64 (int32 would wrap negative)."""
+    sizes = np.array([2**31 + 10], dtype=np.int64)
+    out = ib.build_sample_index(sizes, np.array([0], dtype=np.int32), 2**30, 1, 2**31 + 10)
+    assert out.tolist() == [[0, 0], [0, 2**30], [0, 2**31]]
+
+
+def test_an_empty_split_is_a_user_error():
+    """No tokens is a UserInputError naming it, not a ZeroDivisionError."""
+    from megatron_zaya.errors import UserInputError
+    with pytest.raises(UserInputError, match="holds no tokens"):
+        ib.num_epochs(0, 8, 10)

@@ -104,3 +104,28 @@ def test_output_json_through_a_symlink_or_into_a_pipe(tmp_path):
                 os.close(fd)
             except OSError:
                 pass
+
+
+def test_threads_zero_keeps_torchs_default():
+    """--threads 0 is allowed (torch's default); -1 is refused."""
+    from megatron_zaya.errors import UserInputError
+    from megatron_zaya.inference.cli_checks import check_threads
+    check_threads(0)
+    check_threads(None)
+    with pytest.raises(UserInputError):
+        check_threads(-1)
+
+
+def test_a_missing_folder_is_named(tmp_path):
+    """The message says the folder does not exist."""
+    with pytest.raises(UserInputError, match=r"folder .*nope does not exist"):
+        check_writable_output("--output-json", str(tmp_path / "nope" / "x.json"))
+
+
+def test_an_unwritable_folder_is_refused(tmp_path, monkeypatch):
+    """A folder the user cannot write in is refused up front (as root, os.access stands in for chmod)."""
+    real = os.access
+    monkeypatch.setattr(os, "access",
+                        lambda p, mode: False if Path(p) == tmp_path and mode & os.W_OK else real(p, mode))
+    with pytest.raises(UserInputError, match="cannot write in"):
+        check_writable_output("--output-json", str(tmp_path / "x.json"))

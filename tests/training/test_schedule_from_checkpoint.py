@@ -202,3 +202,41 @@ def test_a_converted_checkpoint_has_no_schedule_to_keep(first_run, tiny_corpus, 
                      + ["--use-checkpoint-opt_param-scheduler"])
     with pytest.raises(CheckpointError, match="holds no flags of the run that saved it"):
         build_and_train(run)
+
+
+def test_schedule_flags_of_a_checkpoint_saved_before_they_were_kept():
+    """A checkpoint without "schedule_flags": its run's schedule flags come from its "args"."""
+    from megatron_zaya.checkpoint.training import schedule_flags_of
+    meta = {"args": {"lr": 0.003, "min_lr": 0.0003, "seed": 1234, "global_batch_size": 4}}
+    assert schedule_flags_of(meta) == {"lr": 0.003, "min_lr": 0.0003}
+    assert schedule_flags_of({"schedule_flags": {"lr": 1.0}, "args": {"lr": 2.0}}) == {"lr": 1.0}
+
+
+def _trainer(unit, gbs, **state):
+    from types import SimpleNamespace
+    from megatron_zaya.training.loop import TrainState
+    return SimpleNamespace(lr_schedule=SimpleNamespace(unit=unit), cfg=SimpleNamespace(global_batch_size=gbs),
+                           state=TrainState(**state))
+
+
+def test_no_batch_size_note_when_the_schedules_count_samples():
+    """Under --train-samples (schedule unit samples) a new --global-batch-size changes nothing: no note."""
+    from megatron_zaya.checkpoint.training import batch_size_change_notes
+    trainer = _trainer("samples", 8, iteration=4, consumed_samples=16, scheduled_samples=16, scheduled_iterations=4.0)
+    assert batch_size_change_notes(trainer, {"global_batch_size": 4}) == []
+
+
+def test_the_batch_size_note_counts_the_scheduled_samples():
+    """The note names the schedules' position (skipped steps left out), not the data position."""
+    from megatron_zaya.checkpoint.training import batch_size_change_notes
+    trainer = _trainer("iters", 8, iteration=5, consumed_samples=20, scheduled_samples=16, scheduled_iterations=4.0)
+    (note,) = batch_size_change_notes(trainer, {"global_batch_size": 4})
+    assert "go on from iteration 4 of --train-iters" in note and "would go on from 2 " in note, note
+
+
+def test_a_finetune_is_not_told_how_its_flags_differ_from_the_checkpoints(first_run, tiny_corpus, tmp_path, capsys):
+    """--finetune starts its own schedules, data and RNG from the checkpoint's weights: no note compares its
+    schedule, batch size or seed with the checkpoint's."""
+    _, out = _resumed(first_run, tiny_corpus, tmp_path, capsys, ["--finetune", "--global-batch-size", "8",
+                                                                  "--seed", "7"])
+    assert "(checkpoint: " not in out and "iteration and samples reset to 0" in out, out

@@ -46,3 +46,30 @@ def test_eval_iters_without_a_validation_split_is_warned_about(tiny_corpus, tmp_
     extra = {k: v and v.format(prefix=tiny_corpus[0]) for k, v in extra.items()}
     assert main(tiny_run_flags(tiny_corpus, tmp_path, **extra, **{"--dry-run": ""})) == 0
     assert f"WARNING {expected}" in capsys.readouterr().out
+
+
+def test_skip_train_does_not_check_the_train_split(tiny_corpus, tmp_path, capsys):
+    """--skip-train reads no train split: an empty one is not the error; the missing checkpoint is."""
+    from pretrain_zaya import main
+    code = main(tiny_run_flags(tiny_corpus, tmp_path, **{"--split": "1,999,0", "--skip-train": "",
+                                                          "--load": str(tmp_path / "none")}))
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "train split" not in err and "holds no checkpoint" in err, err
+
+
+def test_eval_iters_zero_is_not_warned_about(tiny_corpus, tmp_path, capsys):
+    """--eval-iters 0 asks for no validation: no warning that no split gives it."""
+    from pretrain_zaya import main
+    assert main(tiny_run_flags(tiny_corpus, tmp_path, **{"--split": "100,0,0", "--eval-iters": "0",
+                                                         "--dry-run": ""})) == 0
+    assert "--eval-iters 0" not in capsys.readouterr().out
+
+
+def test_a_valid_data_path_is_not_called_missing(tiny_corpus, tmp_path, capsys):
+    """--train-data-path with --valid-data-path: no 'no --valid-data-path is given' warning."""
+    from pretrain_zaya import main
+    prefix = tiny_corpus[0]
+    assert main(tiny_run_flags(tiny_corpus, tmp_path, **{"--data-path": None, "--train-data-path": prefix,
+                                                         "--valid-data-path": prefix, "--dry-run": ""})) == 0
+    assert "no --valid-data-path is given" not in capsys.readouterr().out

@@ -109,3 +109,41 @@ def test_yaml_merge_keys_load_and_may_be_overridden():
     assert yaml.load(text, Loader=_WordLoader)["run"] == {"lr": "0.2", "train-iters": "3"}
     with pytest.raises(yaml.constructor.ConstructorError, match="key 'lr' given twice"):
         yaml.load(text + "  lr: 0.3\n", Loader=_WordLoader)
+
+
+def test_a_yaml_key_may_keep_the_flags_dashes(tmp_path):
+    """`--train-iters: 3` names the flag as `train-iters: 3` does."""
+    from megatron_zaya.flags import apply_yaml_defaults, build_parser
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("--train-iters: 3\n")
+    parser = build_parser()
+    apply_yaml_defaults(parser, str(cfg))
+    assert parser.get_default("train_iters") == 3
+
+
+def test_a_config_key_inside_a_config_file_is_refused(tmp_path, capsys):
+    """`config: other.yaml` in a --config file is an unknown key (it would be ignored silently)."""
+    from megatron_zaya.flags import apply_yaml_defaults, build_parser
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("config: other.yaml\n")
+    with pytest.raises(SystemExit):
+        apply_yaml_defaults(build_parser(), str(cfg))
+    assert "unknown key 'config'" in capsys.readouterr().err
+
+
+def test_a_config_file_of_comments_only_sets_nothing(tmp_path):
+    """A --config file with no keys (all commented out) is an empty mapping, not an error."""
+    from megatron_zaya.flags import apply_yaml_defaults, build_parser
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("# train-iters: 3\n")
+    assert apply_yaml_defaults(build_parser(), str(cfg)) == {}
+
+
+def test_a_yaml_boolean_in_a_list_is_refused(tmp_path, capsys):
+    """`on` in a list is YAML 1.1's true, not the word 'on': named, not passed on as 'True'."""
+    from megatron_zaya.flags import apply_yaml_defaults, build_parser
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("data-path: [1, on]\n")
+    with pytest.raises(SystemExit):
+        apply_yaml_defaults(build_parser(), str(cfg))
+    assert "expects numbers or strings" in capsys.readouterr().err
