@@ -43,14 +43,14 @@ def temporary_suffix() -> str:
 
 
 @contextlib.contextmanager
-def kept_fresh(path: str):
-    """While the block runs, a daemon thread sets the modification time of `path` to now every HEARTBEAT_SECONDS,
-    so that a writer whose files stay unchanged for long (train_tokenizer's folder stays empty while SentencePiece
+def kept_fresh(path: str, every: float = HEARTBEAT_SECONDS):
+    """While the block runs, a daemon thread sets the modification time of `path` to now every `every` seconds
+    (HEARTBEAT_SECONDS by default), so that a writer whose files stay unchanged for long (train_tokenizer's folder stays empty while SentencePiece
     trains) is not taken for a killed one by a run on another machine (find_leftovers: quiet for QUIET_SECONDS)."""
     stop = threading.Event()
 
     def beat():
-        while not stop.wait(HEARTBEAT_SECONDS):
+        while not stop.wait(every):
             try:
                 os.utime(path)
             except OSError:       # gone, or not ours to touch: the run goes on

@@ -3,14 +3,14 @@
 Files are named `{md5 of the description}-{kind}-{name}.npy`, with the description saved beside them
 as `{hash}-{kind}-description.json`, written LAST: it marks the entry complete. The first process to
 create `{hash}.lock` (O_EXCL) holds an exclusive flock on it, builds and writes (temporary names + rename);
-every other process or rank waits for the description file and memory-maps the arrays. The operating
-system drops a flock when its process dies, however it dies, for the processes of every node sharing a
-filesystem with flock (NFS, Lustre mounted with it): a lock file nobody holds is a killed builder's, taken
-over at once (by one process: the takeover is the flock), and the killed build's temporary files are
-removed. Without flock, a lock left by a dead process on the same host is taken over. Works across
-data-parallel ranks without collective calls. At a large run's
-first start a build takes minutes: a waiter says once (the first process of each node) whom it waits
-for, and a build longer than SLOW_BUILD_S says how long it took.
+every other process or rank waits for the description file and memory-maps the arrays. A builder touches
+its lock every LOCK_HEARTBEAT_S. A lock that no process holds an flock on (the operating system drops a
+flock when its process dies, however it dies) is a killed builder's when its host is this one and its
+process is gone, or when it has not changed for STALE_LOCK_S (a builder on another node, where flock is per
+node, or on a filesystem without one, still touches it): one waiter takes it over (the flock makes it one
+process's) and removes that build's temporary files. Works across data-parallel ranks without collective
+calls. At a large run's first start a build takes minutes: a waiter says once (the first process of each
+node) whom it waits for, and a build longer than SLOW_BUILD_S says how long it took.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Callable
 
 import numpy as np
 
+from megatron_zaya.leftovers import TEMPORARY_SUFFIX_PATTERN, kept_fresh, temporary_suffix
 from megatron_zaya.processes import process_running
 from megatron_zaya.units import timestamp
 
@@ -34,7 +35,8 @@ FORMAT_VERSION = 1
 WAIT_NOTICE_S = 30.0      # a process waiting this long for another's build says so (once)
 MAX_POLL_S = 2.0          # a waiter looks for the finished files at most this often at the end of its backoff
 SLOW_BUILD_S = 10.0       # a build taking longer says how long, naming its files
-NEW_LOCK_S = 60.0         # an empty lock file nobody holds is a builder's that has not locked it yet, this long
+LOCK_HEARTBEAT_S = 10.0   # a builder touches its lock file this often
+STALE_LOCK_S = 60.0       # a lock nobody holds that has not changed for this long is a dead builder's
 _NO_LOCKS = (errno.ENOLCK, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)     # a filesystem without flock
 
 
@@ -87,16 +89,6 @@ def array_digest(*arrays: np.ndarray, chunk_bytes: int = 1 << 24) -> str:
     return h.hexdigest()
 
 
-def _lock_is_stale(lock_path: str) -> bool:
-    """Without flock: whether `lock_path` names a process of this host that no longer exists."""
-    try:
-        with open(lock_path) as f:
-            host, pid = f.read().strip().rsplit(":", 1)
-        return host == socket.gethostname() and not process_running(int(pid))
-    except (OSError, ValueError):
-        return False
-
-
 def _flock(fd: int, wait: bool) -> bool | None:
     """An exclusive flock on `fd`: True when held, False when another process holds it (`wait` False), None on a
     filesystem without flock."""
@@ -121,32 +113,41 @@ def _names_file(fd: int, path: str) -> bool:
     return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
 
 
-def _claim(lock_path: str) -> tuple[int, bool] | None:
+def _abandoned(fd: int, observed: dict) -> bool:
+    """Whether the lock open as `fd`, which no process holds an flock on (or on a filesystem without flock), is
+    a dead builder's: one of this host whose process is gone, or one unchanged for STALE_LOCK_S by this
+    process's clock (`observed`: when each state of the file was first seen). A live builder touches its lock
+    every LOCK_HEARTBEAT_S: a free flock alone proves nothing where flock is per node (BeeGFS by default, NFS
+    mounted nolock, Lustre with localflock) or the builder runs a version that takes none."""
+    host, _, pid = os.pread(fd, 256, 0).decode(errors="replace").strip().rpartition(":")
+    if host == socket.gethostname() and pid.isdigit() and not process_running(int(pid)):
+        return True
+    info = os.fstat(fd)
+    first_seen = observed.setdefault((info.st_ino, info.st_mtime_ns, info.st_size), time.monotonic())
+    return time.monotonic() - first_seen >= STALE_LOCK_S
+
+
+def _claim(lock_path: str, observed: dict) -> tuple[int, bool] | None:
     """(descriptor, flocked) of the entry's lock when this process is to build it, its host:pid written in the
     file; None while another process builds it (or the lock changed hands: look again)."""
     try:
-        fd = os.open(lock_path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+        fd = os.open(lock_path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o666)
         new = True
     except FileExistsError:
         try:
             fd = os.open(lock_path, os.O_RDWR)
-        except FileNotFoundError:
+        except (FileNotFoundError, PermissionError):     # gone (look again), or another user's: wait for it
             return None
         new = False
     try:
         flocked = _flock(fd, wait=new)     # (a new file: a waiter's look at it lasts a moment)
-        if flocked is None and not new:    # no flock here: a dead process's lock on this host is taken over
-            if _lock_is_stale(lock_path):
-                os.remove(lock_path)
-            flocked = False
-        if flocked is False or not _names_file(fd, lock_path):
+        if flocked is False or not _names_file(fd, lock_path) or not (new or _abandoned(fd, observed)):
             os.close(fd)
             return None
-        if not new:      # nobody holds it: its builder died, or has just created it (empty) and not yet locked it
-            info = os.fstat(fd)
-            if info.st_size == 0 and time.time() - info.st_mtime < NEW_LOCK_S:
-                os.close(fd)
-                return None
+        if flocked is None and not new:    # no flock to make the takeover one process's: removed, then created
+            os.remove(lock_path)
+            os.close(fd)
+            return None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{socket.gethostname()}:{os.getpid()}".encode(), 0)
         return fd, bool(flocked)
@@ -166,15 +167,35 @@ def _release(lock_path: str, fd: int) -> None:
 
 
 def _remove_killed_builds_files(cache_dir: str, key: str, kind: str) -> None:
-    """The temporary files of a killed build of this entry (`KEY-KIND-NAME.tmpPID.npy`, the description's
-    `.tmpPID`): called while holding its flock, so no live process writes them."""
-    pattern = re.compile(re.escape(f"{key}-{kind}-") + r"[\w.]+?\.tmp\d+(\.npy)?")
+    """The temporary files of a killed build of this entry (`KEY-KIND-NAME.tmpPID-TOKEN.npy`, the description's
+    `.tmpPID-TOKEN`) that have not changed for STALE_LOCK_S (a live writer's, wrongly taken for dead, keeps changing)."""
+    pattern = re.compile(re.escape(f"{key}-{kind}-") + r"[\w.]+?" + TEMPORARY_SUFFIX_PATTERN + r"(\.npy)?")
     for name in os.listdir(cache_dir):
-        if pattern.fullmatch(name):
-            try:
-                os.remove(os.path.join(cache_dir, name))
-            except FileNotFoundError:
-                pass
+        path = os.path.join(cache_dir, name)
+        try:
+            if pattern.fullmatch(name) and time.time() - os.path.getmtime(path) >= STALE_LOCK_S:
+                os.remove(path)
+        except FileNotFoundError:
+            pass
+
+
+def _build_and_write(build: Callable[[], dict[str, np.ndarray]], base: str, paths: dict, done: str,
+                     description: dict) -> None:
+    """Build the arrays and write them under temporary names renamed into place, the description last."""
+    built_at = time.time()
+    if _speaks():       # (a large corpus takes minutes: said before, not only after)
+        print(f"{timestamp()} building {base}-*.npy ...", file=sys.stderr, flush=True)
+    arrays = build()
+    if time.time() - built_at > SLOW_BUILD_S:
+        print(f"{timestamp()} built {base}-*.npy in {time.time() - built_at:.0f} s (later runs read them)",
+              file=sys.stderr, flush=True)
+    suffix = temporary_suffix()
+    for n, p in paths.items():
+        np.save(p[:-4] + suffix + ".npy", np.ascontiguousarray(arrays[n]), allow_pickle=False)
+        os.replace(p[:-4] + suffix + ".npy", p)
+    with open(done + suffix, "w") as f:
+        json.dump({"format": FORMAT_VERSION, **description}, f, sort_keys=True, indent=1)
+    os.replace(done + suffix, done)
 
 
 def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: list[str],
@@ -197,11 +218,11 @@ def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: li
         return {n: np.load(p, mmap_mode="r", allow_pickle=False) for n, p in paths.items()}
 
     started = time.time()
-    deadline, noticed = started + timeout_s, False
+    deadline, noticed, observed = started + timeout_s, False, {}
     while True:
         if os.path.exists(done) and all(os.path.exists(p) for p in paths.values()):
             return load()
-        claimed = _claim(lock)
+        claimed = _claim(lock, observed)
         if claimed is None:
             if not noticed and time.time() - started > WAIT_NOTICE_S:
                 noticed = True
@@ -220,22 +241,9 @@ def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: li
         try:
             if os.path.exists(done) and all(os.path.exists(p) for p in paths.values()):
                 return load()  # someone finished between our check and the lock
-            if flocked:
-                _remove_killed_builds_files(cache_dir, key, kind)
-            built_at = time.time()
-            if _speaks():       # (a large corpus takes minutes: said before, not only after)
-                print(f"{timestamp()} building {base}-*.npy ...", file=sys.stderr, flush=True)
-            arrays = build()
-            if time.time() - built_at > SLOW_BUILD_S:
-                print(f"{timestamp()} built {base}-*.npy in {time.time() - built_at:.0f} s (later runs read them)",
-                      file=sys.stderr, flush=True)
-            tmp_suffix = f".tmp{os.getpid()}.npy"
-            for n, p in paths.items():
-                np.save(p[:-4] + tmp_suffix, np.ascontiguousarray(arrays[n]), allow_pickle=False)
-                os.replace(p[:-4] + tmp_suffix, p)
-            with open(done + f".tmp{os.getpid()}", "w") as f:
-                json.dump({"format": FORMAT_VERSION, **description}, f, sort_keys=True, indent=1)
-            os.replace(done + f".tmp{os.getpid()}", done)
+            _remove_killed_builds_files(cache_dir, key, kind)
+            with kept_fresh(lock, every=LOCK_HEARTBEAT_S):      # (a waiter sees the build alive: _abandoned)
+                _build_and_write(build, base, paths, done, description)
         finally:
             _release(lock, fd)
         return load()

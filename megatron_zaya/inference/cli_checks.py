@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -185,20 +186,39 @@ def check_writable_output(flag: str, path: str | None, is_dir: bool = False) -> 
         raise UserInputError(f"{flag} {path}: exists and cannot be written (read-only, or another user's file)")
 
 
+def _own_descriptor(path: str) -> int | None:
+    """The descriptor of this process that `path` names (/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N);
+    None for any other path. Opening such a path anew would write at offset 0 of a redirected log."""
+    named = {"/dev/stdout": 1, "/dev/stderr": 2}.get(os.path.abspath(path))
+    match = re.fullmatch(r"/(?:dev/fd|proc/self/fd)/(\d+)", os.path.abspath(path))
+    return named if named is not None else int(match.group(1)) if match else None
+
+
 def write_output_json(flag: str, path: str, obj) -> None:
     """`obj` as indented JSON in `path`. A new or regular file is written atomically (a temporary file in its
     folder renamed over it: an existing file is kept whole until the new one is complete); through a symlink,
-    the file it names; anything else (a pipe such as `/dev/fd/N` or `/dev/stdout`) is written as it is. An
-    OSError (a file made read-only or a folder removed since check_writable_output) becomes a one-line
-    UserInputError naming `flag`."""
+    the file it names. A stream is written through this process's own descriptor where `path` names one
+    (`/dev/stdout`, `/dev/fd/N` of `>(jq .)`), else appended to (a named pipe): the stdout of a job may be
+    its log file, which a rename or a write at offset 0 would lose. An OSError (a file made
+    read-only or a folder removed since check_writable_output) becomes a one-line UserInputError naming
+    `flag`."""
     from megatron_zaya.checkpoint.format import atomic_write_bytes
     data = (json.dumps(obj, indent=2, default=str) + "\n").encode("utf-8")
+    stream = os.path.abspath(path).startswith(("/dev/", "/proc/")) or (os.path.exists(path)
+                                                                      and not os.path.isfile(path))
     try:
-        if not os.path.exists(path) or os.path.isfile(path):     # (both follow symlinks)
-            atomic_write_bytes(os.path.realpath(path), data)
-        else:
-            with open(path, "wb") as f:
+        descriptor = _own_descriptor(path)
+        if descriptor is not None:        # written through it: at its offset, between what is printed before and after
+            sys.stdout.flush()
+            sys.stderr.flush()
+            view = memoryview(data)
+            while view:
+                view = view[os.write(descriptor, view):]
+        elif stream:
+            with open(path, "ab") as f:
                 f.write(data)
+        else:                                     # (os.path.realpath: through a symlink, the file it names)
+            atomic_write_bytes(os.path.realpath(path), data)
     except OSError as err:
         raise UserInputError(f"{flag} {path}: cannot write ({err.strerror or err})") from err
 

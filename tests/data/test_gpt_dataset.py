@@ -337,20 +337,25 @@ def held_lock(path, holder: str) -> int:
     return fd
 
 
-def test_a_killed_builders_lock_of_any_host_is_taken_over_and_its_files_removed(tmp_path):
+def test_a_killed_builders_lock_of_any_host_is_taken_over_and_its_files_removed(tmp_path, monkeypatch):
     """A builder killed on another node (a requeued job lands elsewhere) left its lock file and a temporary
-    .npy: nobody holds the lock's flock, so the next run builds at once (it waited an hour, then failed), and
-    removes the temporary file. The build's own files and other entries' are kept."""
+    .npy: nobody holds the lock's flock and it stays unchanged, so the next run builds once STALE_LOCK_S has
+    passed (it waited an hour, then failed), and removes the stale temporary files (old and new names). The
+    build's own files and other entries' are kept."""
+    from megatron_zaya.data import cache
     from megatron_zaya.data.cache import description_hash
+    monkeypatch.setattr(cache, "STALE_LOCK_S", 0.3)
     d = tmp_path / "c"
     d.mkdir()
     key = description_hash({"k": 5})
     (d / f"{key}.lock").write_text("othernode:1")
-    (d / f"{key}-Test-x.tmp1.npy").write_bytes(b"partial")
+    (d / f"{key}-Test-x.tmp1-0a1b.npy").write_bytes(b"partial")
     (d / f"{key}-Test-description.json.tmp1").write_text("{")
     (d / f"{description_hash({'k': 6})}-Test-x.tmp1.npy").write_bytes(b"another entry's")
+    for path in d.iterdir():
+        os.utime(path, (time.time() - 10,) * 2)
     started = time.time()
-    out = cached_arrays(str(d), "Test", {"k": 5}, ["x"], lambda: {"x": np.ones(3)}, timeout_s=30)
+    out = cached_arrays(str(d), "Test", {"k": 5}, ["x"], lambda: {"x": np.ones(3)}, timeout_s=30, poll_s=0.01)
     assert out["x"].tolist() == [1, 1, 1] and time.time() - started < 5
     assert sorted(os.listdir(d)) == sorted([f"{key}-Test-x.npy", f"{key}-Test-description.json",
                                             f"{description_hash({'k': 6})}-Test-x.tmp1.npy"])
@@ -362,9 +367,11 @@ def _hold_then_die(lock, ready):
     time.sleep(60)
 
 
-def test_a_builder_is_waited_for_until_it_dies_then_replaced_by_one_process(tmp_path):
+def test_a_builder_is_waited_for_until_it_dies_then_replaced_by_one_process(tmp_path, monkeypatch):
     """A live builder's lock is waited for; when it is killed (SIGKILL), exactly one of the waiters builds."""
+    from megatron_zaya.data import cache
     from megatron_zaya.data.cache import description_hash
+    monkeypatch.setattr(cache, "STALE_LOCK_S", 0.3)
     ctx = mp.get_context("fork")
     cache_dir = tmp_path / "c"
     cache_dir.mkdir()
@@ -396,6 +403,59 @@ def test_stale_lock_is_taken_over(tmp_path):
     (d / f"{description_hash({'k': 2})}.lock").write_text(f"{socket.gethostname()}:{p}")
     out = cached_arrays(str(d), "Test", {"k": 2}, ["x"], lambda: {"x": np.ones(3)}, timeout_s=5)
     assert out["x"].tolist() == [1, 1, 1]
+
+
+def _build_slowly(cache_dir, counter, results, rank, per_node_flock):
+    from megatron_zaya.data import cache
+    if per_node_flock:         # this process runs on another node where flock is per node: it always gets it
+        cache._flock = lambda fd, wait: True
+
+    def build():
+        with counter.get_lock():
+            counter.value += 1
+        time.sleep(1.5)
+        return {"x": np.arange(10) * 3}
+    results[rank] = int(cached_arrays(cache_dir, "Test", {"k": 7}, ["x"], build, poll_s=0.01)["x"].sum())
+
+
+def test_a_live_builder_is_not_taken_over_where_flock_is_per_node(tmp_path, monkeypatch):
+    """On BeeGFS (by default), NFS mounted nolock or Lustre with localflock, a process on another node gets the
+    lock's flock while its builder lives: the builder's heartbeat keeps the lock changing, so the other waits
+    (it took the build over and deleted the live builder's files, which then failed)."""
+    from megatron_zaya.data import cache
+    monkeypatch.setattr(cache, "LOCK_HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(cache, "STALE_LOCK_S", 0.5)
+    ctx = mp.get_context("fork")
+    counter, results = ctx.Value("i", 0), ctx.Array("i", 2)
+    builder = ctx.Process(target=_build_slowly, args=(str(tmp_path), counter, results, 0, False))
+    builder.start()
+    while counter.value == 0:
+        time.sleep(0.01)
+    other = ctx.Process(target=_build_slowly, args=(str(tmp_path), counter, results, 1, True))
+    other.start()
+    for p in (builder, other):
+        p.join(30)
+    assert builder.exitcode == other.exitcode == 0
+    assert counter.value == 1 and list(results) == [135, 135]
+
+
+def test_another_users_lock_is_waited_for(tmp_path, monkeypatch):
+    """A lock file this process may not open for writing (another user's, in a shared cache folder) is waited
+    for, not a PermissionError traceback."""
+    from megatron_zaya.data.cache import description_hash
+    lock = str(tmp_path / f"{description_hash({'k': 8})}.lock")
+    held = held_lock(lock, "othernode:1")
+    real_open = os.open
+
+    def as_another_user(path, flags, *args):
+        if path == lock and flags & os.O_RDWR and not flags & os.O_CREAT:
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, flags, *args)
+    monkeypatch.setattr(os, "open", as_another_user)
+    with pytest.raises(TimeoutError):
+        cached_arrays(str(tmp_path), "Test", {"k": 8}, ["x"], lambda: {"x": np.ones(3)}, timeout_s=0.2,
+                      poll_s=0.01)
+    os.close(held)
 
 
 def ctx_dead_pid():

@@ -129,3 +129,18 @@ def test_an_unwritable_folder_is_refused(tmp_path, monkeypatch):
                         lambda p, mode: False if Path(p) == tmp_path and mode & os.W_OK else real(p, mode))
     with pytest.raises(UserInputError, match="cannot write in"):
         check_writable_output("--output-json", str(tmp_path / "x.json"))
+
+
+def test_output_json_to_dev_stdout_redirected_to_a_log_appends_to_it(tmp_path):
+    """`--output-json /dev/stdout` in a job whose stdout is its log file (Slurm's, `> log`): the JSON goes after
+    what was printed, and what is printed later follows it (a rename over the log lost both)."""
+    import subprocess
+    import sys
+    log = tmp_path / "job.log"
+    code = ("from megatron_zaya.inference.cli_checks import write_output_json\n"
+            "print('line 1', flush=True)\n"
+            "write_output_json('--output-json', '/dev/stdout', {'a': 1})\n"
+            "print('line 2', flush=True)\n")
+    with open(log, "w") as out:
+        subprocess.run([sys.executable, "-c", code], stdout=out, check=True, timeout=120)
+    assert log.read_text() == 'line 1\n{\n  "a": 1\n}\nline 2\n'
