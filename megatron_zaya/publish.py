@@ -26,18 +26,20 @@ def put_in_place(pairs: list[tuple[str, str]], replace: bool) -> None:
         for temporary, final in pairs:
             os.replace(temporary, final)
         return
-    linked = []
+    placed = []          # (temporary, final, hard-linked: else renamed)
     try:
         for temporary, final in pairs:
-            if _link(temporary, final):
-                linked.append((temporary, final))
+            placed.append((temporary, final, _link(temporary, final)))
     except FileExistsError:
-        for temporary, final in linked:
-            if _same_file(temporary, final):
+        for temporary, final, linked in placed:
+            if not linked:                        # renamed there (no hard links): renamed back
+                os.rename(final, temporary)
+            elif _same_file(temporary, final):
                 os.remove(final)
         raise
-    for temporary, _ in linked:
-        os.remove(temporary)
+    for temporary, _, linked in placed:
+        if linked:
+            os.remove(temporary)
 
 
 def _link(temporary: str, final: str) -> bool:

@@ -138,9 +138,15 @@ def test_two_writers_of_one_prefix_at_once_leave_the_first_ones_dataset(tmp_path
     assert sorted(os.listdir(tmp_path)) == ["o_text_document.bin", "o_text_document.idx"]
 
 
-def test_put_in_place_takes_back_what_it_put_when_a_later_name_exists(tmp_path):
-    """A pair stays one run's: the .idx's name taken, the .bin this call linked is removed again."""
+@pytest.mark.parametrize("hard_links", [True, False])
+def test_put_in_place_takes_back_what_it_put_when_a_later_name_exists(tmp_path, monkeypatch, hard_links):
+    """A pair stays one run's: the .idx's name taken, the .bin this call linked (or, on a file system without
+    hard links, renamed) is taken back."""
     from megatron_zaya.publish import put_in_place
+    if not hard_links:
+        def no_links(src, dst):
+            raise PermissionError(1, "Operation not permitted", src)
+        monkeypatch.setattr(os, "link", no_links)
     for name, text in (("a.bin.tmp", "mine"), ("a.idx.tmp", "mine"), ("a.idx", "theirs")):
         (tmp_path / name).write_text(text)
     with pytest.raises(FileExistsError) as err:
