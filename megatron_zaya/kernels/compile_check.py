@@ -8,8 +8,10 @@ through Triton's real compiler (TTIR -> TTGIR -> LLVM -> PTX/cubin or AMDGCN/hsa
 argument types, constexprs and autotune configs that the wrappers actually launch with. It runs
 each wrapper forward and backward on CPU tensors at ZAYA1-like sizes with the kernel launches
 replaced by a recorder (nothing executes, the outputs are left uninitialised), then compiles
-each recorded specialisation with `triton.compile` for each target. Must run in a process where
-TRITON_INTERPRET is unset, since @triton.jit decides at definition time.
+each recorded specialisation with `triton.compile` for each target. For each compiled kernel it
+prints the registers and spill bytes per thread (from ptxas for CUDA, from the AMDGPU metadata for
+HIP) and lists the kernels that spill at the end; a spill is slow, not wrong, so it does not fail the
+check. Must run in a process where TRITON_INTERPRET is unset, since @triton.jit decides at definition time.
 """
 from __future__ import annotations
 
@@ -136,6 +138,25 @@ def ptxas_usage(ptx: str, arch: int) -> str:
     return f"regs {regs.group(1) if regs else '?'} spill {spill.group(1) if spill else '?'}B"
 
 
+def amdgcn_usage(amdgcn: str) -> str:
+    """Registers and spill bytes per thread from the AMDGPU metadata at the end of the kernel's assembly:
+    `.vgpr_count` (vector registers, accumulation registers included) and `.private_segment_fixed_size` (the
+    scratch memory each thread gets, which holds the VGPR spills and any SGPR spills that found no free VGPR lane;
+    SGPR spills into VGPR lanes cost no memory access and are not counted)."""
+    import re
+
+    regs = re.search(r"^\s*\.vgpr_count:\s+(\d+)", amdgcn, re.MULTILINE)
+    spill = re.search(r"^\s*\.private_segment_fixed_size:\s+(\d+)", amdgcn, re.MULTILINE)
+    return f"regs {regs.group(1) if regs else '?'} spill {spill.group(1) if spill else '?'}B"
+
+
+def register_usage(kernel, target) -> str:
+    """`regs N spill MB` (per thread) of a compiled kernel: from ptxas for CUDA, from the AMDGPU metadata for HIP."""
+    if target.backend == "cuda":
+        return ptxas_usage(kernel.asm["ptx"], target.arch)
+    return amdgcn_usage(kernel.asm["amdgcn"])
+
+
 # Shared memory one program may use (bytes): MI300X's 64 KiB LDS per workgroup; H100/H200's 227 KiB and A100's
 # 163 KiB of opt-in shared memory per block. A config above it compiles but cannot launch.
 SHARED_MEMORY_LIMITS = {("hip", "gfx942"): 65536, ("hip", "gfx90a"): 65536, ("cuda", 90): 232448,
@@ -204,14 +225,13 @@ def main(argv=None) -> int:
                     status += f" smem {kernel.metadata.shared}B"
                     status += " EXCEEDS the target's limit" if fits is False else ""
                     launchable[launch] = launchable.get(launch, False) or fits is not False
-                    if target.backend == "cuda":
-                        usage = ptxas_usage(kernel.asm["ptx"], target.arch)
-                        status += " " + usage
-                        if not usage.endswith(" 0B"):
-                            spills.append(f"{label} {target.arch} {usage}")
-                        if ".tf32" in kernel.asm["ptx"]:      # the references multiply fp32 in full fp32
-                            failures += 1
-                            status = "FAIL fp32 operands rounded to TF32 (tl.dot without input_precision='ieee')"
+                    usage = register_usage(kernel, target)
+                    status += " " + usage
+                    if not usage.endswith(" 0B"):
+                        spills.append(f"{label} {target.arch} {usage}")
+                    if target.backend == "cuda" and ".tf32" in kernel.asm["ptx"]:  # the references: fp32 in fp32
+                        failures += 1
+                        status = "FAIL fp32 operands rounded to TF32 (tl.dot without input_precision='ieee')"
                 except Exception as exc:  # report every failure, then fail the run
                     failures += 1
                     status = "FAIL " + repr(exc).splitlines()[-1][:300]
