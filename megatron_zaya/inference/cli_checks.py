@@ -204,8 +204,7 @@ def write_output_json(flag: str, path: str, obj) -> None:
     `flag`."""
     from megatron_zaya.checkpoint.format import atomic_write_bytes
     data = (json.dumps(obj, indent=2, default=str) + "\n").encode("utf-8")
-    stream = os.path.abspath(path).startswith(("/dev/", "/proc/")) or (os.path.exists(path)
-                                                                      and not os.path.isfile(path))
+    stream = os.path.exists(path) and not os.path.isfile(path)      # (a regular file under /dev/shm is a file)
     try:
         descriptor = _own_descriptor(path)
         if descriptor is not None:        # written through it: at its offset, between what is printed before and after

@@ -144,3 +144,17 @@ def test_output_json_to_dev_stdout_redirected_to_a_log_appends_to_it(tmp_path):
     with open(log, "w") as out:
         subprocess.run([sys.executable, "-c", code], stdout=out, check=True, timeout=120)
     assert log.read_text() == 'line 1\n{\n  "a": 1\n}\nline 2\n'
+
+
+def test_output_json_to_a_regular_file_under_dev_shm_is_replaced(tmp_path):
+    """Only a stream is written in place: a regular file is replaced whole wherever it is (tmpfs under /dev)."""
+    if not os.path.isdir("/dev/shm") or not os.access("/dev/shm", os.W_OK):
+        pytest.skip("no writable /dev/shm")
+    target = f"/dev/shm/megatron-zaya-test-{os.getpid()}.json"
+    try:
+        with open(target, "w") as f:
+            f.write('{"old": true}\n')
+        write_output_json("--output-json", target, {"new": 1})
+        assert json.loads(open(target).read()) == {"new": 1}
+    finally:
+        os.remove(target)
