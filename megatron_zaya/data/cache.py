@@ -15,6 +15,7 @@ node) whom it waits for, and a build longer than SLOW_BUILD_S says how long it t
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -35,8 +36,9 @@ FORMAT_VERSION = 1
 WAIT_NOTICE_S = 30.0      # a process waiting this long for another's build says so (once)
 MAX_POLL_S = 2.0          # a waiter looks for the finished files at most this often at the end of its backoff
 SLOW_BUILD_S = 10.0       # a build taking longer says how long, naming its files
-LOCK_HEARTBEAT_S = 10.0   # a builder touches its lock file this often
-STALE_LOCK_S = 60.0       # a lock nobody holds that has not changed for this long is a dead builder's
+LOCK_HEARTBEAT_S = 30.0   # a builder touches its lock file this often (from a thread: a step holding the GIL,
+STALE_LOCK_S = 600.0      # as a shuffle of 1e9 samples for a minute, delays it); a lock nobody holds that has
+                          # not changed for this long is a dead builder's
 _NO_LOCKS = (errno.ENOLCK, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)     # a filesystem without flock
 
 
@@ -145,13 +147,16 @@ def _claim(lock_path: str, observed: dict) -> tuple[int, bool] | None:
             os.close(fd)
             return None
         if flocked is None and not new:    # no flock to make the takeover one process's: removed, then created
-            os.remove(lock_path)
-            os.close(fd)
+            os.close(fd)                   # (two waiters may both get here: the second's lock may be the first's
+            with contextlib.suppress(FileNotFoundError):     # new one, and two builds then write alike)
+                os.remove(lock_path)
             return None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{socket.gethostname()}:{os.getpid()}".encode(), 0)
         return fd, bool(flocked)
     except BaseException:
+        if new and _names_file(fd, lock_path):      # (an empty new lock would hold the entry for STALE_LOCK_S)
+            os.remove(lock_path)
         os.close(fd)
         raise
 
@@ -175,7 +180,7 @@ def _remove_killed_builds_files(cache_dir: str, key: str, kind: str) -> None:
         try:
             if pattern.fullmatch(name) and time.time() - os.path.getmtime(path) >= STALE_LOCK_S:
                 os.remove(path)
-        except FileNotFoundError:
+        except OSError:          # gone, or another user's in a shared folder: left (the build does not need it)
             pass
 
 
@@ -190,12 +195,18 @@ def _build_and_write(build: Callable[[], dict[str, np.ndarray]], base: str, path
         print(f"{timestamp()} built {base}-*.npy in {time.time() - built_at:.0f} s (later runs read them)",
               file=sys.stderr, flush=True)
     suffix = temporary_suffix()
-    for n, p in paths.items():
-        np.save(p[:-4] + suffix + ".npy", np.ascontiguousarray(arrays[n]), allow_pickle=False)
-        os.replace(p[:-4] + suffix + ".npy", p)
-    with open(done + suffix, "w") as f:
-        json.dump({"format": FORMAT_VERSION, **description}, f, sort_keys=True, indent=1)
-    os.replace(done + suffix, done)
+    try:
+        for n, p in paths.items():
+            np.save(p[:-4] + suffix + ".npy", np.ascontiguousarray(arrays[n]), allow_pickle=False)
+            os.replace(p[:-4] + suffix + ".npy", p)
+        with open(done + suffix, "w") as f:
+            json.dump({"format": FORMAT_VERSION, **description}, f, sort_keys=True, indent=1)
+        os.replace(done + suffix, done)
+    except BaseException:        # (a full disk, an interrupt): this build's temporary files go with it
+        for temporary in [p[:-4] + suffix + ".npy" for p in paths.values()] + [done + suffix]:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(temporary)
+        raise
 
 
 def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: list[str],

@@ -458,6 +458,42 @@ def test_another_users_lock_is_waited_for(tmp_path, monkeypatch):
     os.close(held)
 
 
+def test_lock_edge_cases_end_in_a_build_not_a_traceback_or_a_left_lock(tmp_path, monkeypatch):
+    """Without flock, a dead lock another waiter removed first (it was a FileNotFoundError); a stale temporary
+    file this process may not remove (another user's in a shared folder: left, the build goes on); an error
+    while taking the lock leaves no empty lock behind (the next run waited STALE_LOCK_S for nobody)."""
+    import errno
+    from megatron_zaya.data import cache
+    from megatron_zaya.data.cache import description_hash
+    ones = lambda: {"x": np.ones(3)}      # noqa: E731
+    key = description_hash({"k": 9})
+    (tmp_path / f"{key}.lock").write_text("othernode:1")
+    monkeypatch.setattr(cache, "_flock", lambda fd, wait: None)
+
+    def removed_by_another_waiter(fd, observed):
+        os.remove(tmp_path / f"{key}.lock")
+        return True
+    monkeypatch.setattr(cache, "_abandoned", removed_by_another_waiter)
+    assert cached_arrays(str(tmp_path), "Test", {"k": 9}, ["x"], ones, timeout_s=10, poll_s=0.01)["x"].sum() == 3
+    monkeypatch.undo()
+
+    other = tmp_path / f"{description_hash({'k': 10})}-Test-x.tmp1-0a1b.npy"
+    other.write_bytes(b"another user's")
+    os.utime(other, (time.time() - 10_000,) * 2)
+    real_remove = os.remove
+    monkeypatch.setattr(os, "remove", lambda path: (_ for _ in ()).throw(PermissionError(errno.EPERM, "no", path))
+                        if str(path) == str(other) else real_remove(path))
+    assert cached_arrays(str(tmp_path), "Test", {"k": 10}, ["x"], ones, timeout_s=10)["x"].sum() == 3
+    monkeypatch.undo()
+
+    def broken_flock(fd, wait):
+        raise OSError(errno.EIO, "I/O error")
+    monkeypatch.setattr(cache, "_flock", broken_flock)
+    with pytest.raises(OSError, match="I/O error"):
+        cached_arrays(str(tmp_path), "Test", {"k": 11}, ["x"], ones, timeout_s=10)
+    assert not (tmp_path / f"{description_hash({'k': 11})}.lock").exists()
+
+
 def ctx_dead_pid():
     proc = mp.get_context("fork").Process(target=lambda: None)
     proc.start()
