@@ -168,6 +168,11 @@ def check_writable_output(flag: str, path: str | None, is_dir: bool = False) -> 
     if path is None:
         return
     target = Path(path)
+    stream = target.exists() and not target.is_file() and not target.is_dir()
+    if not is_dir and (stream or _own_descriptor(path) is not None):
+        if not os.access(target, os.W_OK):       # a stream (/dev/stdout, a pipe): written in place, not in /dev
+            raise UserInputError(f"{flag} {path}: cannot be written")
+        return
     if is_dir:
         if target.exists() and not target.is_dir():
             raise UserInputError(f"{flag} {path}: exists and is not a folder")
@@ -187,11 +192,25 @@ def check_writable_output(flag: str, path: str | None, is_dir: bool = False) -> 
 
 
 def _own_descriptor(path: str) -> int | None:
-    """The descriptor of this process that `path` names (/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N);
-    None for any other path. Opening such a path anew would write at offset 0 of a redirected log."""
+    """The descriptor of this process that `path` names (/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N,
+    or any other name of the file stdout or stderr writes to, a symlink to /dev/stdout among them); None for any
+    other path. Opening such a path anew would write at offset 0 of a redirected log, and renaming over it would
+    replace the log."""
     named = {"/dev/stdout": 1, "/dev/stderr": 2}.get(os.path.abspath(path))
     match = re.fullmatch(r"/(?:dev/fd|proc/self/fd)/(\d+)", os.path.abspath(path))
-    return named if named is not None else int(match.group(1)) if match else None
+    if named is not None or match:
+        return named if named is not None else int(match.group(1))
+    try:
+        target = os.stat(path)
+    except OSError:
+        return None
+    for descriptor in (1, 2):
+        try:
+            if os.path.samestat(target, os.fstat(descriptor)):
+                return descriptor
+        except OSError:          # (closed)
+            continue
+    return None
 
 
 def write_output_json(flag: str, path: str, obj) -> None:

@@ -136,14 +136,27 @@ def test_output_json_to_dev_stdout_redirected_to_a_log_appends_to_it(tmp_path):
     what was printed, and what is printed later follows it (a rename over the log lost both)."""
     import subprocess
     import sys
-    log = tmp_path / "job.log"
-    code = ("from megatron_zaya.inference.cli_checks import write_output_json\n"
+    (tmp_path / "out.json").symlink_to("/dev/stdout")
+    code = ("import os, sys\n"
+            "from megatron_zaya.inference.cli_checks import write_output_json\n"
             "print('line 1', flush=True)\n"
-            "write_output_json('--output-json', '/dev/stdout', {'a': 1})\n"
+            "write_output_json('--output-json', sys.argv[1].replace('PID', str(os.getpid())), {'a': 1})\n"
             "print('line 2', flush=True)\n")
-    with open(log, "w") as out:
-        subprocess.run([sys.executable, "-c", code], stdout=out, check=True, timeout=120)
-    assert log.read_text() == 'line 1\n{\n  "a": 1\n}\nline 2\n'
+    # by its name, through a symlink to it, and as /proc/<pid>/fd/1 (both resolve to the log itself)
+    for name in ("/dev/stdout", str(tmp_path / "out.json"), "/proc/PID/fd/1"):
+        log = tmp_path / "job.log"
+        with open(log, "w") as out:
+            subprocess.run([sys.executable, "-c", code, name], stdout=out, check=True, timeout=120)
+        assert log.read_text() == 'line 1\n{\n  "a": 1\n}\nline 2\n', name
+
+
+def test_output_json_to_a_stream_needs_no_writable_dev_folder(monkeypatch):
+    """`--output-json /dev/stdout` of a user who may not write in /dev (everyone but root) is accepted: a
+    stream is written in place, so only the stream itself must be writable."""
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == "/dev" else real_access(p, mode))
+    check_writable_output("--output-json", "/dev/stdout")
+    check_writable_output("--output-json", "/dev/stderr")
 
 
 def test_output_json_to_a_regular_file_under_dev_shm_is_replaced(tmp_path):
