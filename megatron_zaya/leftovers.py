@@ -45,8 +45,9 @@ def temporary_suffix() -> str:
 @contextlib.contextmanager
 def kept_fresh(path: str, every: float | None = None):
     """While the block runs, a daemon thread sets the modification time of `path` to now every `every` seconds
-    (HEARTBEAT_SECONDS by default), so that a writer whose files stay unchanged for long (train_tokenizer's folder stays empty while SentencePiece
-    trains) is not taken for a killed one by a run on another machine (find_leftovers: quiet for QUIET_SECONDS)."""
+    (HEARTBEAT_SECONDS by default), so that a writer whose files stay unchanged for long (train_tokenizer's
+    folder stays empty while SentencePiece trains) is not taken for a killed one by a run on another machine
+    (find_leftovers: quiet for QUIET_SECONDS)."""
     stop = threading.Event()
     every = HEARTBEAT_SECONDS if every is None else every
 

@@ -129,9 +129,9 @@ def _abandoned(fd: int, observed: dict) -> bool:
     return time.monotonic() - first_seen >= STALE_LOCK_S
 
 
-def _claim(lock_path: str, observed: dict) -> tuple[int, bool] | None:
-    """(descriptor, flocked) of the entry's lock when this process is to build it, its host:pid written in the
-    file; None while another process builds it (or the lock changed hands: look again)."""
+def _claim(lock_path: str, observed: dict) -> int | None:
+    """A descriptor of the entry's lock when this process is to build it, its host:pid written in the file;
+    None while another process builds it (or the lock changed hands: look again)."""
     try:
         fd = os.open(lock_path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o666)
         new = True
@@ -153,7 +153,7 @@ def _claim(lock_path: str, observed: dict) -> tuple[int, bool] | None:
             return None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{socket.gethostname()}:{os.getpid()}".encode(), 0)
-        return fd, bool(flocked)
+        return fd
     except BaseException:
         if new and _names_file(fd, lock_path):      # (an empty new lock would hold the entry for STALE_LOCK_S)
             os.remove(lock_path)
@@ -172,8 +172,9 @@ def _release(lock_path: str, fd: int) -> None:
 
 
 def _remove_killed_builds_files(cache_dir: str, key: str, kind: str) -> None:
-    """The temporary files of a killed build of this entry (`KEY-KIND-NAME.tmpPID-TOKEN.npy`, the description's
-    `.tmpPID-TOKEN`) that have not changed for STALE_LOCK_S (a live writer's, wrongly taken for dead, keeps changing)."""
+    """The temporary files of a killed build of this entry (`KEY-KIND-NAME.tmpPID-TOKEN.npy`, the
+    description's `.tmpPID-TOKEN`) that have not changed for STALE_LOCK_S (a live writer's, wrongly taken for
+    dead, keeps changing)."""
     pattern = re.compile(re.escape(f"{key}-{kind}-") + r"[\w.]+?" + TEMPORARY_SUFFIX_PATTERN + r"(\.npy)?")
     for name in os.listdir(cache_dir):
         path = os.path.join(cache_dir, name)
@@ -233,8 +234,8 @@ def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: li
     while True:
         if os.path.exists(done) and all(os.path.exists(p) for p in paths.values()):
             return load()
-        claimed = _claim(lock, observed)
-        if claimed is None:
+        fd = _claim(lock, observed)
+        if fd is None:
             if not noticed and time.time() - started > WAIT_NOTICE_S:
                 noticed = True
                 if _speaks():
@@ -248,7 +249,6 @@ def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: li
             time.sleep(poll_s)
             poll_s = min(poll_s * 1.5, max(poll_s, MAX_POLL_S))
             continue
-        fd, flocked = claimed
         try:
             if os.path.exists(done) and all(os.path.exists(p) for p in paths.values()):
                 return load()  # someone finished between our check and the lock
