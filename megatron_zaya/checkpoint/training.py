@@ -32,7 +32,7 @@ from megatron_zaya.checkpoint.state import (balancer_entries, load_balancer, loa
                                             load_saved_masters, model_entries, optimizer_entries, optimizer_slots,
                                             rng_entries_and_objects, unwrap)
 from megatron_zaya.errors import hub_name_hint
-from megatron_zaya.optim.schedules import SCHEDULE_FLAGS
+from megatron_zaya.optim.schedules import SCHEDULE_FLAGS, flag_value_text
 from megatron_zaya.training.data_phase import data_signature, enter_data_phase
 from megatron_zaya.training.progress_log import ProgressLog
 from megatron_zaya.units import timestamp
@@ -277,7 +277,8 @@ class TrainingCheckpointer:
             changed = trainer.schedule_differences(saved_schedule)
             if changed:
                 notes.append("the LR / weight-decay schedules follow this run's flags, which differ from the "
-                             "checkpoint's: " + ", ".join(f"--{n.replace('_', '-')} {now} (checkpoint: {then})"
+                             "checkpoint's: " + ", ".join(f"--{n.replace('_', '-')} {flag_value_text(now)} "
+                                                          f"(checkpoint: {flag_value_text(then)})"
                                                           for n, then, now in changed)
                              + "; --use-checkpoint-opt_param-scheduler keeps the checkpoint's")
         if not cfg.finetune and run_flags:

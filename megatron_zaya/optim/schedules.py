@@ -90,6 +90,11 @@ SCHEDULE_FLAGS = ("lr", "min_lr", "lr_decay_style", "lr_warmup_iters", "lr_decay
                   "decoupled_min_lr")
 
 
+def flag_value_text(value) -> str:
+    """A schedule flag's value in a message: "not given" for a flag left out (None)."""
+    return "not given" if value is None else str(value)
+
+
 def counts_samples(flags) -> bool:
     """Whether the schedules count samples (a --train-samples run) rather than global batches."""
     return flags.train_samples is not None and not flags.train_iters

@@ -21,8 +21,8 @@ import torch
 
 from megatron_zaya.model.weight_casts import WeightCasts
 from megatron_zaya.optim.balancing import BalancingBiasUpdater
-from megatron_zaya.optim.schedules import (SCHEDULE_FLAGS, decoupled_lr_schedule, lr_schedule_from_flags,
-                                           weight_decay_schedule_from_flags)
+from megatron_zaya.optim.schedules import (SCHEDULE_FLAGS, decoupled_lr_schedule, flag_value_text,
+                                           lr_schedule_from_flags, weight_decay_schedule_from_flags)
 from megatron_zaya.training.batch_schedule import run_length
 from megatron_zaya.training.logger import TrainingLogger
 from megatron_zaya.training.metrics import (IntervalMeter, device_peak_tflops, empty_unused_memory,
@@ -218,7 +218,7 @@ class Trainer:
         flags = copy.copy(self.cfg)
         values = self.schedule_flag_values()
         missing = [name for name in SCHEDULE_FLAGS if name not in saved_flags]
-        changed = [f"--{name.replace('_', '-')} {saved} (this run: {current})"
+        changed = [f"--{name.replace('_', '-')} {flag_value_text(saved)} (this run: {flag_value_text(current)})"
                    for name, saved, current in self.schedule_differences(saved_flags)]
         for name in SCHEDULE_FLAGS:
             if name in saved_flags:

@@ -240,3 +240,12 @@ def test_a_finetune_is_not_told_how_its_flags_differ_from_the_checkpoints(first_
     _, out = _resumed(first_run, tiny_corpus, tmp_path, capsys, ["--finetune", "--global-batch-size", "8",
                                                                   "--seed", "7"])
     assert "(checkpoint: " not in out and "iteration and samples reset to 0" in out, out
+
+
+def test_a_schedule_flag_left_out_is_named_so(first_run, tiny_corpus, tmp_path, capsys):
+    """A flag one run left out is "not given" in the note, not its None."""
+    _, out = _resumed(first_run, tiny_corpus, tmp_path, capsys, ["--lr-decay-iters", "6"])
+    assert "--lr-decay-iters 6 (checkpoint: not given)" in out, out
+    _, out = _resumed(first_run, tiny_corpus, tmp_path / "b", capsys, ["--lr-decay-iters", "6",
+                                                                        "--use-checkpoint-opt_param-scheduler"])
+    assert "--lr-decay-iters not given (this run: 6)" in out, out
