@@ -64,3 +64,9 @@ def _same_file(a: str, b: str) -> bool:
         return os.path.samefile(a, b)
     except FileNotFoundError:
         return False
+
+
+def written_meanwhile(output_prefix: str, err: FileExistsError) -> str:
+    """The one-line error for an output (`--output-prefix`) that another run of it wrote while this one ran."""
+    return (f"--output-prefix {output_prefix}: {err.filename} was written meanwhile by another run (pass "
+            f"--overwrite to replace it)")

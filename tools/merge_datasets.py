@@ -36,6 +36,7 @@ from megatron_zaya.data.indexed import (  # noqa: E402
 )
 from megatron_zaya.errors import UserInputError  # noqa: E402
 from megatron_zaya.interrupts import interrupt_on_sigterm, signals_held  # noqa: E402
+from megatron_zaya.publish import written_meanwhile  # noqa: E402
 
 
 def collect_prefixes(inputs: list[str]) -> list[str]:
@@ -99,8 +100,7 @@ def merge(prefixes: list[str], output_prefix: str, overwrite: bool = False, log=
             writer.commit(replace=overwrite)          # without --overwrite, nothing is replaced
         except FileExistsError as err:                # another run wrote the output since check_output
             writer.abort()
-            raise IndexedDatasetError(f"--output-prefix {output_prefix}: {err.filename} was written meanwhile by "
-                                      f"another run (pass --overwrite to replace it)") from None
+            raise IndexedDatasetError(written_meanwhile(output_prefix, err)) from None
         except BaseException:
             writer.abort()
             raise

@@ -50,7 +50,7 @@ from megatron_zaya.data.sources import (InputError, check_json_keys, check_parqu
                                          iter_records)
 from megatron_zaya.interrupts import interrupt_on_sigterm, signals_held  # noqa: E402
 from megatron_zaya.leftovers import kept_fresh, remove_leftovers  # noqa: E402
-from megatron_zaya.publish import put_in_place  # noqa: E402
+from megatron_zaya.publish import put_in_place, written_meanwhile  # noqa: E402
 
 
 CHUNK_CHARS = 1 << 16      # tiktoken training: documents in pieces of whole lines up to this size
@@ -227,8 +227,7 @@ def _install(tmp_prefix: str, prefix: str, extensions=(".vocab", ".model"), inst
 
 def _written_meanwhile(prefix: str, err: FileExistsError) -> int:
     """The line for an output that another run of it (a job submitted twice) wrote while this one trained."""
-    print(f"error: --output-prefix {prefix}: {err.filename} was written meanwhile by another run (pass --overwrite "
-          f"to replace it)", file=sys.stderr)
+    print(f"error: {written_meanwhile(prefix, err)}", file=sys.stderr)
     return 2
 
 

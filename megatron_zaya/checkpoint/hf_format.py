@@ -270,11 +270,14 @@ def save_hf_folder(state_dict: dict, config: ModelConfig, output_dir, dtype: tor
     if max_shard_bytes < 1:
         raise ValueError(f"max_shard_bytes={max_shard_bytes} must be >= 1")
     warn_of_skip_biases(state_dict)
-    tensors = {ours_to_hf_name(name): tensor.detach() for name, tensor in state_dict.items()}
     # Each weight is cast to `dtype` as its file is written, not all up front: a bf16 export of an fp32 state
     # then holds one file's copies beside the state, not the whole model's (1.5x the fp32 model).
-    dtypes = {hf_name: dtype if dtype is not None and t.is_floating_point() and not name.endswith("balancing_bias")
-              else t.dtype for (name, t), hf_name in zip(state_dict.items(), tensors)}
+    tensors, dtypes = {}, {}
+    for name, tensor in state_dict.items():
+        hf_name = ours_to_hf_name(name)
+        tensors[hf_name] = tensor.detach()
+        cast = dtype is not None and tensor.is_floating_point() and not name.endswith("balancing_bias")
+        dtypes[hf_name] = dtype if cast else tensor.dtype
     config_dict = hf_config_dict(config, dtype or bulk_dtype(tensors))
     text_files = {}       # the tokenizer's files and generation_config.json
     if tokenizer is not None:       # built before anything is written: a refusal leaves no folder

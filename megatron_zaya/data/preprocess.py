@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 
 from megatron_zaya.paths import nearest_existing
+from megatron_zaya.publish import written_meanwhile
 from megatron_zaya.units import format_duration
 
 from .dataset_tokenizer import remove_record, tokenizer_record, write_record
@@ -466,8 +467,7 @@ def run(cfg: PreprocessConfig, should_stop: Callable[[], bool] = lambda: False) 
             try:
                 w.commit(replace=cfg.overwrite)
             except FileExistsError as err:
-                raise FileExistsError(f"--output-prefix {cfg.output_prefix}: {err.filename} was written meanwhile "
-                                      f"by another run (pass --overwrite to replace it)") from None
+                raise FileExistsError(written_meanwhile(cfg.output_prefix, err)) from None
             write_record(w.path_prefix, record)
     except BaseException:   # the workers are already stopped: OrderedWorkers kills them on the way out
         for k in cfg.json_keys:

@@ -168,8 +168,7 @@ def check_writable_output(flag: str, path: str | None, is_dir: bool = False) -> 
     if path is None:
         return
     target = Path(path)
-    stream = target.exists() and not target.is_file() and not target.is_dir()
-    if not is_dir and (stream or _own_descriptor(path) is not None):
+    if not is_dir and (_is_stream(path) or _own_descriptor(path) is not None):
         if not os.access(target, os.W_OK):       # a stream (/dev/stdout, a pipe): written in place, not in /dev
             raise UserInputError(f"{flag} {path}: cannot be written")
         return
@@ -189,6 +188,11 @@ def check_writable_output(flag: str, path: str | None, is_dir: bool = False) -> 
         raise UserInputError(f"{flag} {path}: cannot write in {base}")
     if not is_dir and target.exists() and not os.access(target, os.W_OK):
         raise UserInputError(f"{flag} {path}: exists and cannot be written (read-only, or another user's file)")
+
+
+def _is_stream(path: str) -> bool:
+    """Whether `path` exists and is neither a regular file nor a folder (a pipe, a terminal, /dev/null)."""
+    return os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path)
 
 
 def _own_descriptor(path: str) -> int | None:
@@ -223,7 +227,6 @@ def write_output_json(flag: str, path: str, obj) -> None:
     `flag`."""
     from megatron_zaya.checkpoint.format import atomic_write_bytes
     data = (json.dumps(obj, indent=2, default=str) + "\n").encode("utf-8")
-    stream = os.path.exists(path) and not os.path.isfile(path)      # (a regular file under /dev/shm is a file)
     try:
         descriptor = _own_descriptor(path)
         if descriptor is not None:        # written through it: at its offset, between what is printed before and after
@@ -232,7 +235,7 @@ def write_output_json(flag: str, path: str, obj) -> None:
             view = memoryview(data)
             while view:
                 view = view[os.write(descriptor, view):]
-        elif stream:
+        elif _is_stream(path):          # (a regular file under /dev/shm is a file: replaced atomically)
             with open(path, "ab") as f:
                 f.write(data)
         else:                                     # (os.path.realpath: through a symlink, the file it names)

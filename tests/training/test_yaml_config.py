@@ -121,14 +121,19 @@ def test_a_yaml_key_may_keep_the_flags_dashes(tmp_path):
     assert parser.get_default("train_iters") == 3
 
 
-def test_a_config_key_inside_a_config_file_is_refused(tmp_path, capsys):
-    """`config: other.yaml` in a --config file is an unknown key (it would be ignored silently)."""
+@pytest.mark.parametrize("text, message", [
+    # `config: other.yaml` in a --config file is an unknown key (it would be ignored silently)
+    ("config: other.yaml\n", "unknown key 'config'"),
+    # `on` in a list is YAML 1.1's true, not the word 'on': named, not passed on as 'True'
+    ("data-path: [1, on]\n", "expects numbers or strings"),
+])
+def test_a_config_key_or_value_read_otherwise_than_written_is_refused(tmp_path, capsys, text, message):
     from megatron_zaya.flags import apply_yaml_defaults, build_parser
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("config: other.yaml\n")
+    cfg.write_text(text)
     with pytest.raises(SystemExit):
         apply_yaml_defaults(build_parser(), str(cfg))
-    assert "unknown key 'config'" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 def test_a_config_file_of_comments_only_sets_nothing(tmp_path):
@@ -137,13 +142,3 @@ def test_a_config_file_of_comments_only_sets_nothing(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("# train-iters: 3\n")
     assert apply_yaml_defaults(build_parser(), str(cfg)) == {}
-
-
-def test_a_yaml_boolean_in_a_list_is_refused(tmp_path, capsys):
-    """`on` in a list is YAML 1.1's true, not the word 'on': named, not passed on as 'True'."""
-    from megatron_zaya.flags import apply_yaml_defaults, build_parser
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text("data-path: [1, on]\n")
-    with pytest.raises(SystemExit):
-        apply_yaml_defaults(build_parser(), str(cfg))
-    assert "expects numbers or strings" in capsys.readouterr().err
