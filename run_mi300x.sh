@@ -70,17 +70,21 @@ die() { echo "run_mi300x.sh: error: $*" >&2; exit 2; }
 # signals every process of the step, and the trainer may die before this shell's trap has run. The
 # launcher therefore reads exit codes 128+N as "died of signal N", never as the node's own failure.
 # --------------------------------------------------------------------------------------------
-# The exit status of background process $1 in WAITED. Not by blocking in `wait`: a trapped signal (the
-# forwarded SIGUSR1, repeated every few seconds) that interrupts it just as the process exits loses the
-# status, and bash then reports 138, 127 or -1 in its place. Instead: poll (a builtin read with a timeout,
-# which a trap interrupts at once, so signals are still forwarded) until bash has reaped the process, then
-# ask once with the trapped signals ($2...) ignored, so that no trap can cut in. (There is nothing left to
-# forward them to.) They stay ignored: the caller sets again what it still needs.
+# The exit status of background process $1 in WAITED, calling $2 between polls. Not by blocking in `wait`: a
+# trapped signal (the forwarded SIGUSR1, repeated every few seconds) that interrupts it just as the process
+# exits loses the status, and bash then reports 138, 127 or -1 in its place. Instead: poll (a builtin read
+# with a timeout, which a trap interrupts at once) until bash has reaped the process, then ask once with the
+# trapped signals ($3...) ignored, so that no trap can cut in. (There is nothing left to forward them to.)
+# They stay ignored: the caller sets again what it still needs.
+# A trap that runs during the read must not fork (no pipe, no $(...), no subshell, no external command):
+# in bash 5.2 the forked child can take the read's timeout for its own and go on running the script as a
+# second copy of it, while the trap's work in the parent is lost. Such work belongs in the hook ($2).
 wait_for() {
-    local pid=$1; shift
+    local pid=$1 hook=$2; shift 2
     [[ -n ${IDLE_FD:-} ]] || exec {IDLE_FD}<> <(:)       # a pipe nobody writes to: read -t only times out
     while kill -0 "$pid" 2>/dev/null; do
         read -r -t 0.2 -u "$IDLE_FD" _ || :
+        "$hook"
     done
     trap '' "$@"
     wait "$pid"; WAITED=$?
@@ -117,7 +121,7 @@ task_main() {
     fi
     child=$!
     trap 'signalled=USR1; kill -s USR1 $child 2>/dev/null' USR1
-    wait_for "$child" USR1 TERM INT; rc=$WAITED
+    wait_for "$child" : USR1 TERM INT; rc=$WAITED
     echo "$node $RANK $rc $signalled $(date +%s)" > "$dir/exit/rank-$RANK"
     exit "$rc"
 }
@@ -386,13 +390,22 @@ if training_done; then
     finish
 fi
 
+# >>> signal forwarding and srun's start (cut out by tests/slurm/test_run_mi300x_wait.py)
+# The traps only count; pass_on_signals, wait_for's hook, forwards between polls (see wait_for).
 GOT_SIGNAL=""
 SAW_USR1=0
 SRUN_PID=""
 USR1_REPEAT=${USR1_REPEAT_SECONDS:-20}
-PENDING_SIGNAL=""
-on_signal() {
-    if [[ -z $SRUN_PID ]]; then PENDING_SIGNAL=$1; return 0; fi     # srun is starting: passed on once it has
+declare -A RECEIVED=([USR1]=0 [TERM]=0) PASSED_ON=([USR1]=0 [TERM]=0)
+pass_on_signals() {
+    local sig
+    for sig in TERM USR1; do
+        (( RECEIVED[$sig] > PASSED_ON[$sig] )) || continue
+        PASSED_ON[$sig]=${RECEIVED[$sig]}
+        forward_signal "$sig"
+    done
+}
+forward_signal() {
     kill -0 "$SRUN_PID" 2>/dev/null || return 0
     [[ $GOT_SIGNAL == TERM ]] || GOT_SIGNAL=$1      # a repeated SIGUSR1 does not hide a SIGTERM
     if [[ $1 == USR1 ]]; then
@@ -405,23 +418,22 @@ on_signal() {
     fi
     kill -s "$1" "$SRUN_PID" 2>/dev/null
 }
-trap 'on_signal USR1' USR1
-trap 'on_signal TERM' TERM
+trap '(( ++RECEIVED[USR1] ))' USR1
+trap '(( ++RECEIVED[TERM] ))' TERM
 
 START=$(date +%s)
 LATEST_AT_START=$(latest_iteration)
 "${SRUN[@]}" &
 SRUN_PID=$!
-if [[ $PENDING_SIGNAL == USR1 ]]; then       # srun has no handler yet: the repeat passes it on, not now
-    SAW_USR1=1 GOT_SIGNAL=USR1
+if (( RECEIVED[USR1] )); then       # came as srun started, which has no handler yet: the repeat passes it on
+    PASSED_ON[USR1]=${RECEIVED[USR1]} SAW_USR1=1 GOT_SIGNAL=USR1
     log "received SIGUSR1 (time limit near) as srun started: passing it on in ${USR1_REPEAT}s, then every" \
         "${USR1_REPEAT}s"
     ( sleep "$USR1_REPEAT"; kill -s USR1 $$ 2>/dev/null ) &
-elif [[ -n $PENDING_SIGNAL ]]; then
-    on_signal "$PENDING_SIGNAL"
 fi
-wait_for "$SRUN_PID" USR1 TERM; RC=$WAITED
-trap 'on_signal TERM' TERM     # (nothing to do now; so the health check and sbatch do not start with it ignored)
+# <<< signal forwarding
+wait_for "$SRUN_PID" pass_on_signals USR1 TERM; RC=$WAITED
+trap '(( ++RECEIVED[TERM] ))' TERM     # (nothing to do now; the health check and sbatch start without it ignored)
 log "training step ended with exit code $RC after $(( $(date +%s) - START )) s; latest checkpoint: $(latest_iteration)"
 
 after_training_step     # finishes, requeues or resubmits; never returns
