@@ -90,6 +90,15 @@ wait_for() {
     wait "$pid"; WAITED=$?
 }
 
+# wait_for's hook in task_main: a record as soon as a signal comes, replaced by the final one. A trainer
+# stuck in a collective outlives Slurm's KillWait and is killed with this task, which then never wrote its
+# record; a missing record blames the node as lost (with several tasks per node, every node).
+record_signal() {
+    [[ $signalled != "$recorded" ]] || return 0
+    recorded=$signalled
+    echo "$node $RANK 137 $signalled $(date +%s)" > "$dir/exit/rank-$RANK"
+}
+
 task_main() {
     local dir=$1; shift
     [[ ${1:-} == -- ]] && shift
@@ -104,11 +113,11 @@ task_main() {
         set +u     # a setup file written for a plain shell may read unset variables (PATH=...:$LD_LIBRARY_PATH)
         # shellcheck disable=SC1090
         source "$TRAIN_ENV_SETUP" || { echo "$node $RANK 97 none $(date +%s)" > "$dir/exit/rank-$RANK"; exit 97; }
-        set -u
+        set +e -u -o pipefail      # this script's options: a `set -e` there ended this task, unrecorded, at `wait`
     fi
     mkdir -p ${TRITON_CACHE_DIR:+"$TRITON_CACHE_DIR"} ${MIOPEN_USER_DB_PATH:+"$MIOPEN_USER_DB_PATH"} \
         ${MIOPEN_CUSTOM_CACHE_DIR:+"$MIOPEN_CUSTOM_CACHE_DIR"} 2>/dev/null || true      # on this node's disk
-    local signalled=none
+    local signalled=none recorded=none
     trap 'signalled=TERM; kill -s TERM $child 2>/dev/null' TERM
     # Not passed on: Slurm delivers SIGINT to the trainer too, and a second one means "stop at once"
     # (training/signals.py), which would cut its checkpoint short (a repeated SIGTERM is ignored there).
@@ -121,7 +130,7 @@ task_main() {
     fi
     child=$!
     trap 'signalled=USR1; kill -s USR1 $child 2>/dev/null' USR1
-    wait_for "$child" : USR1 TERM INT; rc=$WAITED
+    wait_for "$child" record_signal USR1 TERM INT; rc=$WAITED
     echo "$node $RANK $rc $signalled $(date +%s)" > "$dir/exit/rank-$RANK"
     exit "$rc"
 }
