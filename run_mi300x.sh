@@ -442,6 +442,7 @@ if (( RECEIVED[USR1] )); then       # came as srun started, which has no handler
 fi
 # <<< signal forwarding
 wait_for "$SRUN_PID" pass_on_signals USR1 TERM; RC=$WAITED
+(( RECEIVED[TERM] )) && GOT_SIGNAL=TERM     # also one not passed on: Slurm signals srun first, then this shell
 trap '(( ++RECEIVED[TERM] ))' TERM     # (nothing to do now; the health check and sbatch start without it ignored)
 log "training step ended with exit code $RC after $(( $(date +%s) - START )) s; latest checkpoint: $(latest_iteration)"
 

@@ -57,10 +57,35 @@ training_done() {          # 2: unknown (no END_ITER, or no CKPT_DIR to read the
     [[ $it =~ ^[0-9]+$ ]] && (( it >= END_ITER ))
 }
 
+# Seconds in Slurm's [D-][HH:]MM:SS; nothing for UNLIMITED or anything else.
+slurm_seconds() {
+    local d=0 t=$1 h=0 m s
+    [[ $t == *-* ]] && { d=${t%%-*}; t=${t#*-}; }
+    [[ $t =~ ^([0-9]+:)?([0-9]+):([0-9]+)$ ]] || return 0
+    h=${BASH_REMATCH[1]%:}; m=${BASH_REMATCH[2]}; s=${BASH_REMATCH[3]}
+    echo $(( 10#$d * 86400 + 10#${h:-0} * 3600 + 10#$m * 60 + 10#$s ))
+}
+
+# True when Slurm says the job ended more than a few seconds before its time limit: its SIGTERM was a
+# cancellation (scancel) or a preemption, not the limit's. (Its state says COMPLETING for all three;
+# its run time stops at the cancellation.) False when unknown.
+ended_before_time_limit() {
+    local info run limit
+    info=$(scontrol show job -o "$JOB_ID" 2>/dev/null | head -n1)
+    run=$(slurm_seconds "$(grep -o 'RunTime=[^ ]*' <<< "$info" | cut -d= -f2)")
+    limit=$(slurm_seconds "$(grep -o 'TimeLimit=[^ ]*' <<< "$info" | cut -d= -f2)")
+    [[ -n $run && -n $limit ]] && (( run < limit - 10 ))
+}
+
 # The decision after the step: the time-limit warning, a cancellation, a clean exit, or a failure.
 after_training_step() {
     if (( SAW_USR1 )); then       # the time-limit warning came (even if Slurm's SIGTERM followed): requeue
         training_done && finish
+        if [[ $GOT_SIGNAL == TERM ]] && ended_before_time_limit; then
+            log "stopped by SIGTERM after the time-limit warning but before the limit (cancelled or preempted);" \
+                "not requeueing"
+            exit "$RC"
+        fi
         # Unless the trainer failed by itself: an error exit with no new checkpoint and no SIGTERM from Slurm
         # (a short job gets the warning within seconds) goes to the failure analysis below, whose bounds hold.
         # (138: srun itself died of the SIGUSR1 passed on, before it had its handler: the warning's doing)
@@ -241,6 +266,10 @@ restart_after_failure() {
     fi
     SUB+=("$SCRIPT_PATH" "${TRAINER_EXTRA[@]}")
     log "the resubmission carries: ${CARRIED[*]:-no settings of this job}${SBATCH_ARGS:+; SBATCH_ARGS=$SBATCH_ARGS}"
+    if (( RECEIVED[TERM] )); then
+        log "SIGTERM came while the failure was analysed (cancelled or preempted); not resubmitting"
+        exit "$RC"
+    fi
     NEW=$(run_clean ZAYA_RESTART=$(( RESTART + 1 )) ZAYA_EXCLUDE="$EXCLUDE" ZAYA_FAILED_AT="$(latest_iteration)" \
           LAUNCHER_PATH="$SCRIPT_PATH" "${SUB[@]}" 2>&1)
     if [[ $? -ne 0 ]]; then

@@ -1,0 +1,74 @@
+"""run_mi300x.sh after a cancellation (scancel) or preemption, with stand-in Slurm commands (fake_slurm.py).
+
+    python -m pytest -q tests/slurm/test_run_mi300x_cancel.py
+
+Slurm signals the job's step before its batch shell, so the launcher's SIGTERM can come after srun has ended
+(in 1 of 14 two-node scancels under the real Slurm). It was only counted then, and the launcher took the
+ranks' 143s for a failure and resubmitted the cancelled job. After the time-limit warning, any SIGTERM was
+taken for the limit's, so a scancel in the warning's last minutes requeued the job.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from fake_slurm import write_latest
+
+
+def term_to_launcher(fake, when: str) -> None:
+    """srun runs as usual; the launcher (the training srun's parent) gets SIGTERM right after the training
+    srun ends ("after-srun"), or from the failure analysis's health check ("during-analysis")."""
+    real = os.path.join(fake.bin, "srun.real")
+    os.rename(os.path.join(fake.bin, "srun"), real)
+    pid_file = os.path.join(fake.dir, "launcher.pid")
+    with open(os.path.join(fake.bin, "srun"), "w") as f:
+        f.write(f'''#!/usr/bin/env bash
+trap ':' USR1     # as the real srun, which passes it on
+if [[ " $* " != *" --task "* ]]; then
+    [[ {when} == during-analysis ]] && kill -s TERM "$(< {pid_file})"
+    exec "{real}" "$@"
+fi
+echo $PPID > {pid_file}
+"{real}" "$@"; rc=$?
+[[ {when} == after-srun ]] && kill -s TERM $PPID
+exit $rc
+''')
+    os.chmod(os.path.join(fake.bin, "srun"), 0o755)
+
+
+@pytest.mark.parametrize("when", ["after-srun", "during-analysis"])
+def test_a_sigterm_after_srun_ended_is_a_cancellation_not_a_failure(fake, tmp_path, when):
+    term_to_launcher(fake, when)
+    write_latest(str(tmp_path / "ckpt"), 5)
+    r = fake.run_launcher(FAKE_RC="143", TRAIN_ITERS="10", HEALTH_CHECK_CMD="true")
+    log = fake.launcher_log()
+    if when == "after-srun":
+        assert "stopped by SIGTERM (cancelled or preempted); not restarting" in log, log
+    else:
+        assert "health check on every node" in log, log
+        assert "SIGTERM came while the failure was analysed (cancelled or preempted); not resubmitting" in log, log
+    assert not fake.calls("sbatch"), log
+    assert r.returncode == 143, log
+
+
+def job_info(run: str, limit: str) -> str:
+    return f"JobId=4242 JobState=COMPLETING RunTime={run} TimeLimit={limit} Command=/x/run_mi300x.sh"
+
+
+@pytest.mark.parametrize("run, limit, requeued", [
+    ("00:08:20", "00:10:00", False),      # scancel 100 s before the limit
+    ("1-00:00:02", "1-00:00:00", True),   # the limit's own SIGTERM (Slurm's check comes a little late)
+    ("00:08:20", "UNLIMITED", True),      # unknown: as before, the warning's requeue
+])
+def test_a_sigterm_after_the_warning_requeues_only_at_the_time_limit(fake, tmp_path, run, limit, requeued):
+    term_to_launcher(fake, "after-srun")
+    write_latest(str(tmp_path / "ckpt"), 5)
+    r = fake.run_launcher(FAKE_USR1="1", FAKE_RC="0", FAKE_WRITES_ITER="7", TRAIN_ITERS="10",
+                          USR1_REPEAT_SECONDS="1", FAKE_JOB_INFO=job_info(run, limit))
+    log = fake.launcher_log()
+    requeues = [c for c in fake.calls("scontrol") if c["argv"][:1] == ["requeue"]]
+    assert len(requeues) == int(requeued), log
+    assert ("before the limit (cancelled or preempted); not requeueing" in log) == (not requeued), log
+    assert not fake.calls("sbatch"), log
+    assert r.returncode == 0, log
