@@ -10,13 +10,13 @@ once: it raises KeyboardInterrupt as Python would (a save cut short leaves the p
 the atomic checkpoint protocol of megatron_zaya.checkpoint.format covers it, as it covers SIGKILL,
 which cannot be caught). So does a SIGTERM after a Ctrl-C: torchrun passes a person's second Ctrl-C
 on to its ranks as SIGTERM. The handler's message never fails the run: a console pipe that is gone
-(`| tee` killed by the same Ctrl-C) loses the line, not the checkpoint.
+(`| tee` killed by the same Ctrl-C) loses the line, not the checkpoint, and a signal that comes while the
+rank is blocked writing to a full one (`| tee` behind) is said once the pipe drains.
 """
 from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
 
@@ -24,10 +24,18 @@ DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
 
 
 def _say(message: str) -> None:
+    """The message straight to file descriptor 2, never through sys.stderr: a signal that comes while the main
+    thread is blocked writing to stderr (a full pipe: `| tee` behind, a slow terminal) runs the handler inside
+    that stream's lock, where a second write raises RuntimeError ('reentrant call'). Nothing here raises: a
+    closed or broken stderr loses the message, and the save goes on."""
     try:
-        sys.stderr.write(message)
-        sys.stderr.flush()
-    except (OSError, ValueError):     # a closed or broken stderr: the message is lost, the save goes on
+        data = message.encode("utf-8", "replace")
+        while data:
+            written = os.write(2, data)
+            if written <= 0:
+                break
+            data = data[written:]
+    except Exception:
         pass
 
 
