@@ -175,7 +175,8 @@ fi
 # Where this script really lives: Slurm runs a spooled copy, so ask Slurm for the submitted path.
 SCRIPT_PATH=${LAUNCHER_PATH:-}
 if [[ -z $SCRIPT_PATH && $IN_SLURM == 1 && -n ${SLURM_JOB_ID:-} ]]; then
-    SCRIPT_PATH=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | tr ' ' '\n' | sed -n 's/^Command=//p' | head -n1)
+    # Not -o: there Command= runs into the next field, and a path with a space would be cut; here it has a line.
+    SCRIPT_PATH=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *Command=//p' | head -n1)
     [[ -f $SCRIPT_PATH ]] || SCRIPT_PATH=""
 fi
 [[ -z $SCRIPT_PATH ]] && SCRIPT_PATH=$(readlink -f "${BASH_SOURCE[0]}")

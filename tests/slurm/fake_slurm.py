@@ -48,7 +48,11 @@ if a[:2] == ["show", "hostnames"]:      # n[1-2],x7 -> n1 n2 x7, g[01-02] -> g01
         if plain:
             print(plain)
 elif a[:2] == ["show", "job"]:
-    print(os.environ.get("FAKE_JOB_INFO") or f"JobId={a[-1]} Command={os.environ['FAKE_LAUNCHER']}")
+    info = os.environ.get("FAKE_JOB_INFO") or f"JobId={a[-1]} Command={os.environ['FAKE_LAUNCHER']}"
+    if "-o" not in a:       # the multi-line form: as real Slurm's Command=, each field on a line of its own
+        import re
+        info = re.sub(r" (?=[A-Za-z:/]+=)", "\n   ", info)
+    print(info)
 '''
 
 SRUN = r'''#!/usr/bin/env bash
