@@ -19,17 +19,25 @@ pytestmark = pytest.mark.skipif(not os.path.isfile(os.path.join(REPO, "pretrain_
                                 reason="pretrain_zaya.py is not in the repository yet")
 
 
-@pytest.fixture
-def corpus(tmp_path):
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
     sys.path.insert(0, REPO)
     from megatron_zaya.data.synthetic import TextGenerator
 
     gen = TextGenerator(seed=2, lexicon_size=1500)
-    path = tmp_path / "c.jsonl"
+    path = tmp_path_factory.mktemp("quickstart_corpus") / "c.jsonl"
     with open(path, "w") as f:
         for _ in range(200):
             f.write(json.dumps({"text": gen.document(max_sentences=8)}) + "\n")
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """DATA_DIR for the tests that train on `corpus`: the first one to run trains the tokenizer and writes the
+    dataset (steps 2 and 3), the others find them and skip both, as a second run of the script does. Their
+    trainings and checkpoints stay apart (OUT under each test's tmp_path)."""
+    return str(tmp_path_factory.mktemp("quickstart_data"))
 
 
 def clean_env(**extra) -> dict:
@@ -50,9 +58,9 @@ def test_a_corpus_given_relative_to_the_callers_folder_and_missing_is_an_error(t
     assert not (tmp_path / "mine" / "typo.jsonl").exists() and not os.path.exists(os.path.join(REPO, "mine"))
 
 
-def test_cpu_quickstart_trains_two_processes(corpus, tmp_path):
+def test_cpu_quickstart_trains_two_processes(corpus, data_dir, tmp_path):
     out = tmp_path / "run"
-    env = clean_env(CORPUS=corpus, DATA_DIR=str(tmp_path / "data"), OUT=str(out), TRAIN_ITERS="4",
+    env = clean_env(CORPUS=corpus, DATA_DIR=data_dir, OUT=str(out), TRAIN_ITERS="4",
                     VOCAB_SIZE="800", PYTHON=sys.executable)
     r = subprocess.run(["bash", os.path.join(EX, "quickstart_cpu.sh"), "--eval-interval", "4", "--eval-iters", "1",
                         "--save-interval", "4", "--seq-length", "128", "--num-workers", "0"],
@@ -71,15 +79,15 @@ def test_cpu_quickstart_trains_two_processes(corpus, tmp_path):
     from megatron_zaya.data import build_tokenizer
 
     # (VOCAB_SIZE 800: named sp800; it was sp0k, the name every size under 1000 got)
-    ours = build_tokenizer("GPTSentencePieceTokenizer", str(tmp_path / "data" / "tokenizer" / "c_sp800.model"))
+    ours = build_tokenizer("GPTSentencePieceTokenizer", os.path.join(data_dir, "tokenizer", "c_sp800.model"))
     text = json.loads(open(corpus).readline())["text"]
     assert transformers.AutoTokenizer.from_pretrained(hf).encode(text) == ours.encode(text)
 
 
-def test_a_bad_flag_is_one_line_and_exit_status_2_before_torchrun(corpus, tmp_path):
+def test_a_bad_flag_is_one_line_and_exit_status_2_before_torchrun(corpus, data_dir, tmp_path):
     """The flags are checked in one process first (--dry-run for the run's world size): a mistake is the
     trainer's one line and status 2, with no torchrun traceback per rank and no advice to resume."""
-    env = clean_env(CORPUS=corpus, DATA_DIR=str(tmp_path / "data"), OUT=str(tmp_path / "run"), VOCAB_SIZE="800",
+    env = clean_env(CORPUS=corpus, DATA_DIR=data_dir, OUT=str(tmp_path / "run"), VOCAB_SIZE="800",
                     PYTHON=sys.executable)
     r = subprocess.run(["bash", os.path.join(EX, "quickstart_cpu.sh"), "--lr", "-1"], env=env, capture_output=True,
                        text=True, timeout=300)
@@ -88,7 +96,7 @@ def test_a_bad_flag_is_one_line_and_exit_status_2_before_torchrun(corpus, tmp_pa
     assert "Traceback" not in r.stderr and "resume" not in r.stdout + r.stderr
 
 
-def test_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(corpus, tmp_path):
+def test_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(corpus, data_dir, tmp_path):
     """Ctrl-C reaches the terminal's whole foreground group: the script, torchrun and the log's tee. tee killed
     with them left the ranks writing to a broken pipe, so they died without saving; and torchrun's non-zero exit
     stopped the script without a word. Now the trainer saves, and the script names the checkpoint to resume."""
@@ -96,7 +104,7 @@ def test_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(corpus, tmp_path):
     import time
 
     out = tmp_path / "run"
-    env = clean_env(CORPUS=corpus, DATA_DIR=str(tmp_path / "data"), OUT=str(out), TRAIN_ITERS="5000",
+    env = clean_env(CORPUS=corpus, DATA_DIR=data_dir, OUT=str(out), TRAIN_ITERS="5000",
                     VOCAB_SIZE="800", PYTHON=sys.executable)
     proc = subprocess.Popen(["bash", os.path.join(EX, "quickstart_cpu.sh"), "--eval-iters", "0", "--log-interval", "1",
                              "--save-interval", "100000", "--seq-length", "64", "--num-workers", "0"],
