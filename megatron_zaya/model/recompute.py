@@ -37,10 +37,11 @@ cheap ones are on (`DEFAULT_MODULES`; Megatron-LM's default is core_attn alone).
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.utils.checkpoint
 from torch.nn.attention import SDPBackend
-from torch.nn.attention.bias import CausalBias, CausalVariant
 
 
 MODULES = ("layernorm", "core_attn", "moe_act", "moe")
@@ -135,8 +136,11 @@ def sdpa_keeps_scores(q, k, v, attn_mask, enable_gqa: bool) -> bool:
     mask for SDPA when neither fused kernel takes it: a stand-in of the same shape, dtype and last-dim
     stride, one row expanded, is asked about instead of an S x S allocation)."""
     is_causal = attn_mask is None
-    if isinstance(attn_mask, CausalBias):
-        if attn_mask.seq_len_q == attn_mask.seq_len_kv or attn_mask.variant == CausalVariant.UPPER_LEFT:
+    # torch.nn.attention.bias imports torch._dynamo (1.5 s of every process's start): not imported here. A
+    # CausalBias mask exists only once its module has been imported by whoever made it.
+    bias = sys.modules.get("torch.nn.attention.bias")
+    if bias is not None and isinstance(attn_mask, bias.CausalBias):
+        if attn_mask.seq_len_q == attn_mask.seq_len_kv or attn_mask.variant == bias.CausalVariant.UPPER_LEFT:
             attn_mask, is_causal = None, True
         else:
             from torch.backends.cuda import SDPAParams, can_use_efficient_attention, can_use_flash_attention

@@ -28,7 +28,6 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch.nn.attention.bias import causal_lower_right
 
 from megatron_zaya.model.cca import LeftContext
 from megatron_zaya.model.documents import (PackedDocuments, additive_bias, document_attention_mask,
@@ -163,6 +162,9 @@ def context_parallel_attention(attn, x, cos, sin, pstate, documents: PackedDocum
     k_all, v_all = k_all.index_select(1, order), v_all.index_select(1, order)
     # Chunk c's queries see keys [0, end of chunk c): causal aligned to the bottom right, which
     # SDPA handles without a materialised mask (flash / memory-efficient kernels on GPUs).
+    # (imported here: torch.nn.attention.bias imports torch._dynamo, 1.5 s of every process's start)
+    from torch.nn.attention.bias import causal_lower_right
+
     outputs = []
     for part, chunk in enumerate(chunks):
         end = (chunk + 1) * half
