@@ -38,7 +38,15 @@ ALWAYS_LOGGED = ("--log-throughput", "--log-timers-to-tensorboard", "--log-valid
                  "--moe-per-layer-logging", "--log-world-size-to-tensorboard")
 
 
-class NodeLeaderParser(argparse.ArgumentParser):
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line naming the flag, with exit status 2: argparse prints the
+    whole usage first, hundreds of lines of Megatron-LM's flags (`--help` has them)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class NodeLeaderParser(OneLineErrorParser):
     """An ArgumentParser that prints (help, usage, errors) on the first process of each node only (local
     rank 0) of a multi-process launch: every rank parses the same flags and would print the same
     message, once per GPU; files, which validation also checks, can differ between nodes but not
@@ -53,11 +61,6 @@ class NodeLeaderParser(argparse.ArgumentParser):
             local_rank = 0
         if local_rank == 0:
             super()._print_message(message, file)
-
-    def error(self, message):
-        """One line naming the flag and exit status 2 (argparse prints the whole usage, hundreds of lines of
-        flags, before it; `--help` has them)."""
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def add_tokenizer_arguments(group, default_type: str | None) -> None:

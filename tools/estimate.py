@@ -28,7 +28,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_zaya.config import PRESETS, ConfigError, model_config_from_preset  # noqa: E402
-from megatron_zaya.flags import apply_training_config  # noqa: E402
+from megatron_zaya.flags import OneLineErrorParser, apply_training_config  # noqa: E402
 from megatron_zaya.planner.activations import DEFAULT_MODULES, POLICIES  # noqa: E402
 from megatron_zaya.planner.hardware import CLUSTERS, Efficiency, cluster_from_preset  # noqa: E402
 from megatron_zaya.planner.layout import RECOMPUTE_CHOICES, LayoutError, ParallelLayout  # noqa: E402
@@ -43,7 +43,7 @@ MODEL_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_gr
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=None, metavar="FILE.yaml",
                    help="pretrain_zaya.py's YAML config: the keys the plan depends on, the rest left out")
     m = p.add_argument_group("model")

@@ -21,7 +21,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_zaya.config import PRESETS, ConfigError  # noqa: E402
-from megatron_zaya.flags import MODEL_FLAGS, add_tokenizer_arguments, apply_training_config  # noqa: E402
+from megatron_zaya.flags import (  # noqa: E402
+    MODEL_FLAGS, OneLineErrorParser, add_tokenizer_arguments, apply_training_config)
 from megatron_zaya.model.accounting import (  # noqa: E402
     attention_macs_per_token, count_parameters, decode_state_bytes_per_sequence, forward_flops_per_token,
     kv_cache_bytes_per_token, matmul_macs_per_token)
@@ -53,7 +54,7 @@ def vocabulary_line(config, tokenizer, args) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=None, metavar="FILE.yaml",
                         help="pretrain_zaya.py's YAML config: its model keys, the rest left out")
     parser.add_argument("--preset", default="zaya1-base", help=f"one of {sorted(PRESETS)}")

@@ -96,3 +96,17 @@ def test_tools_take_megatron_model_switches_as_the_trainer(tiny_corpus, tmp_path
         expected = error_of(tiny_run_flags(tiny_corpus, tmp_path) + refused, capsys).split(" error: ", 1)[1]
         assert tool_error("model_stats", ["--preset", "zaya1-tiny"] + refused, capsys) == expected
         assert tool_error("estimate", planner + refused, capsys) == expected
+
+
+@pytest.mark.parametrize("name, argv", [("model_stats", ["--preset", "zaya1-tiny"]),
+                                        ("estimate", ["--preset", "zaya1-tiny", "--gpus", "1",
+                                                      "--global-batch-size", "1"])])
+def test_a_tool_error_is_one_line_not_the_usage_of_every_megatron_flag(name, argv, capsys):
+    """argparse printed the usage first: some 170 lines of Megatron-LM's flags above the one that says what is
+    wrong (pretrain_zaya.py prints the one line)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        run_tool(name, argv + ["--no-such-flag"])
+    lines = capsys.readouterr().err.splitlines()
+    assert exc.value.code == 2 and len(lines) == 1, lines[-3:]
+    assert lines[0].endswith(": error: unrecognized arguments: --no-such-flag"), lines
