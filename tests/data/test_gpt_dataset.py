@@ -9,7 +9,7 @@ import torch
 import data_megatron_reference as ref
 from megatron_zaya.data import index_builders as ib
 from megatron_zaya.data.gpt_dataset import (GPTDataset, SampleOptions, gpt_sample, ltor_masks_and_position_ids,
-                                            split_indices)
+                                            split_indices, token_id_outside)
 from megatron_zaya.data.indexed import IndexedDataset, write_dataset
 from megatron_zaya.errors import UserInputError
 from megatron_zaya.model.documents import document_attention_mask
@@ -186,6 +186,15 @@ def test_token_ids_outside_the_vocabulary_are_named(tmp_path):
         for i in range(len(gd)):
             seen.append(gd[i]["tokens"].max())
     assert all(t < 100 for t in seen)
+
+
+def test_token_id_outside_names_ids_at_both_ends_of_the_vocabulary():
+    """[0, vocab_size) is the vocabulary: vocab_size itself is outside, and so is a negative id (a signed
+    dtype's, e.g. an int32 dataset written by another tool)."""
+    assert token_id_outside(np.array([1, 2, 7], np.uint16), 8) is None
+    assert token_id_outside(np.array([1, 8, 2], np.uint16), 8) == 8
+    assert token_id_outside(np.array([3, -1, 2], np.int32), 8) == -1
+    assert token_id_outside(np.zeros(0, np.int32), 8) is None
 
 
 def test_sample_too_short_dataset_is_clear(tmp_path):

@@ -148,7 +148,9 @@ def _patch(path, offset, data):
         (lambda p: _patch(p + ".idx", 17, bytes([9])), "unknown dtype code 9"),
         (lambda p: open(p + ".idx", "r+b").truncate(70), "inconsistent"),
         (lambda p: open(p + ".idx", "r+b").truncate(20), "truncated index"),
+        (lambda p: open(p + ".idx", "ab").write(b"\0" * 5), "inconsistent"),      # neither layout's size
         (lambda p: open(p + ".bin", "r+b").truncate(8), "does not match the index"),
+        (lambda p: open(p + ".bin", "ab").write(b"xx"), "does not match the index"),   # a .bin too long
         (lambda p: _patch(p + ".idx", 34 + 8 + 8, struct.pack("<q", 4)), "sequence pointer 1"),
         (lambda p: _patch(p + ".idx", 34 + 24 + 16, struct.pack("<q", 7)), "document indices"),
         (lambda p: os.remove(p + ".bin"), "file not found"),
@@ -216,8 +218,17 @@ def test_empty_dataset(tmp_path):
     prefix = str(tmp_path / "e")
     write_dataset(prefix, [], dtype=np.uint16)
     ds = IndexedDataset(prefix)
-    assert len(ds) == 0 and ds.num_documents == 0
+    assert len(ds) == 0 and ds.num_documents == 0 and not ds.multimodal     # its size is also base + 0 modes
     assert check_indexed_dataset(prefix).num_sequences == 0
+    # a preprocessing shard that got no documents merges with a full one, on either side
+    full, out = str(tmp_path / "full"), str(tmp_path / "out")
+    write_dataset(full, [[1, 2, 3], [4, 5]], dtype=np.uint16)
+    with IndexedDatasetWriter(out, np.uint16) as w:
+        w.add_index(full)
+        w.add_index(prefix)
+        w.add_index(full)
+    merged = IndexedDataset(out)
+    assert [merged[i].tolist() for i in range(len(merged))] == [[1, 2, 3], [4, 5]] * 2 and not merged.multimodal
 
 
 def test_spilling_and_merge_via_add_index(tmp_path, monkeypatch):

@@ -42,6 +42,18 @@ def test_negative_indices_and_slices_read_as_a_list_does(dataset):
         ds[1.0]
 
 
+def test_part_of_a_sequence_stays_inside_it(dataset):
+    """get(i, offset, length) reads within sequence i; a slice past its end (which would read the next
+    sequence's tokens, or past the .bin) or a negative offset or length is an IndexError."""
+    ds, _, sequences = dataset
+    np.testing.assert_array_equal(ds.get(1, 1, 3), sequences[1][1:4])
+    np.testing.assert_array_equal(ds.get(1, 2), sequences[1][2:])
+    assert ds.get(0, 3, 0).size == 0                     # the empty slice at the end
+    for bad in ((0, 2, 2), (0, 4, 0), (6, 1, 2), (0, -1, 1), (0, 1, -1)):
+        with pytest.raises(IndexError, match="outside sequence"):
+            ds.get(*bad)
+
+
 def test_token_counts_runs_and_documents(dataset):
     ds, docs, sequences = dataset
     n = len(sequences)
