@@ -7,7 +7,8 @@ import torch
 
 from megatron_zaya.config import model_config_from_preset
 from megatron_zaya.model import ZayaModel
-from megatron_zaya.optim.builder import OptimizerConfig, apex_fused_adam_available, build_optimizer, split_parameters
+from megatron_zaya.optim.builder import (OptimizerConfig, apex_fused_adam_available, build_optimizer, muon_tp_group,
+                                         split_parameters)
 
 
 def tiny_model():
@@ -107,6 +108,19 @@ def test_fresh_optimizer_decays_every_matrix_and_no_vector(optimizer):
     for name, p in model.named_parameters():
         want = before[name] * 0.9 if p.ndim >= 2 else before[name]
         torch.testing.assert_close(p.detach(), want, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_muon_gathers_over_the_tp_group_only_in_duplicated_mode_under_tp():
+    """--muon-tp-mode duplicated gathers a TP-split matrix over the TP group to orthogonalise it whole;
+    blockwise orthogonalises each rank's block (no group); without TP there is nothing to gather."""
+    tp2, tp1 = types.SimpleNamespace(tp_size=2, tp_group="tp-group"), types.SimpleNamespace(tp_size=1, tp_group="g")
+    assert muon_tp_group(OptimizerConfig(muon_tp_mode="duplicated"), tp2) == "tp-group"
+    assert muon_tp_group(OptimizerConfig(muon_tp_mode="blockwise"), tp2) is None
+    for mode in ("duplicated", "blockwise"):
+        assert muon_tp_group(OptimizerConfig(muon_tp_mode=mode), tp1) is None
+        assert muon_tp_group(OptimizerConfig(muon_tp_mode=mode), None) is None
+    with pytest.raises(ValueError, match="--muon-tp-mode=distributed: choose one of duplicated, blockwise"):
+        muon_tp_group(OptimizerConfig(muon_tp_mode="distributed"), tp2)
 
 
 def parse_optim_flags(*flags):
