@@ -1,4 +1,5 @@
-"""The balancing-bias update balances a router that training skews; without it the skew stays."""
+"""The balancing-bias update balances a router that training skews; without it the skew stays; and
+--no-moe-router-bias-update turns it off in a training run."""
 import torch
 from pydoc_data.topics import topics
 
@@ -75,3 +76,31 @@ def test_bias_update_is_mean_centred_adam_on_the_load_error():
     got = torch.stack([b[:-1] for b in biases]).double()
     assert (got - want).abs().max() < 1e-6
     assert all(b[-1] == -1.0 for b in biases)
+
+
+def test_no_moe_router_bias_update_leaves_the_biases_of_a_training_run_as_initialised(tmp_path, monkeypatch):
+    """Two steps of a tiny --mock-data run: the balancing biases move after each step by default, and with
+    --no-moe-router-bias-update (Megatron-LM's flag) they stay as initialised."""
+    from megatron_zaya.arguments import parse_args
+    from megatron_zaya.training import loop
+    from megatron_zaya.training.setup import build_and_train
+
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    real_step, moved = loop.Trainer.train_step, []
+
+    def recording_step(trainer, micro_batches):
+        before = [b.clone() for b in trainer.balancer.biases]
+        result = real_step(trainer, micro_batches)
+        moved.append(any(not torch.equal(a, b) for a, b in zip(before, trainer.balancer.biases)))
+        return result
+
+    monkeypatch.setattr(loop.Trainer, "train_step", recording_step)
+    for flags, update in (([], True), (["--no-moe-router-bias-update"], False)):
+        run = parse_args(["--mock-data", "--tokenizer-type", "NullTokenizer", "--tokenizer-model", "100",
+                          "--preset", "zaya1-tiny", "--num-layers", "1", "--seq-length", "32",
+                          "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "2",
+                          "--eval-iters", "0", "--num-workers", "0", "--data-cache-path", str(tmp_path), *flags])
+        assert run.train.moe_router_bias_update is update
+        moved.clear()
+        assert build_and_train(run) == 0
+        assert moved == [update, update]
