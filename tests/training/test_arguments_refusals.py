@@ -1,0 +1,23 @@
+"""More flag values that validation refuses before anything is built, each with one line naming the flag
+(tests/training/test_arguments.py holds the rest; it is at its size limit)."""
+import pytest
+
+from tests.training.helpers import tiny_run_flags
+from tests.training.test_arguments import error_of
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ({"--lr-decay-iters": "0"}, "--lr-decay-iters=0: must be >= 1"),
+    # a blend is checked to its last prefix, not only its first
+    ({"--data-path": ["1", "{P}", "1", "/nonexistent/second"]}, "--data-path /nonexistent/second: "),
+    ({"--train-iters": None, "--train-samples": "3"},          # the global batch is 4
+     "--train-samples=3 is less than one global batch: no iteration to run"),
+    ({"--skip-train": ""}, "--skip-train evaluates a trained model: give --load (or --pretrained-checkpoint)"),
+])
+def test_refused_naming_the_flag(tiny_corpus, tmp_path, capsys, extra, expected):
+    multi = {k: [w.replace("{P}", tiny_corpus[0]) for w in v] for k, v in extra.items() if isinstance(v, list)}
+    argv = tiny_run_flags(tiny_corpus, tmp_path, **{k: v for k, v in extra.items() if k not in multi})
+    for k, values in multi.items():
+        argv += [k, *values]
+    line = error_of(argv, capsys)
+    assert line.startswith("pretrain_zaya.py: error:") and expected in line, line
