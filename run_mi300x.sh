@@ -175,9 +175,12 @@ fi
 # Where this script really lives: Slurm runs a spooled copy, so ask Slurm for the submitted path.
 SCRIPT_PATH=${LAUNCHER_PATH:-}
 if [[ -z $SCRIPT_PATH && $IN_SLURM == 1 && -n ${SLURM_JOB_ID:-} ]]; then
-    # Not -o: there Command= runs into the next field, and a path with a space would be cut; here it has a line.
+    # Not -o: there Command= runs into the next field, and a path with a space would be cut; here it has a line:
+    # the path, then the script's arguments, all joined by spaces. The longest part before a space that is a file.
     SCRIPT_PATH=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *Command=//p' | head -n1)
-    [[ -f $SCRIPT_PATH ]] || SCRIPT_PATH=""
+    while [[ -n $SCRIPT_PATH && ! -f $SCRIPT_PATH ]]; do
+        [[ $SCRIPT_PATH == *" "* ]] && SCRIPT_PATH=${SCRIPT_PATH% *} || SCRIPT_PATH=""
+    done
 fi
 [[ -z $SCRIPT_PATH ]] && SCRIPT_PATH=$(readlink -f "${BASH_SOURCE[0]}")
 [[ $SCRIPT_PATH == /* ]] || SCRIPT_PATH="${SLURM_SUBMIT_DIR:-$PWD}/$SCRIPT_PATH"
