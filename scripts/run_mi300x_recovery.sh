@@ -66,22 +66,25 @@ slurm_seconds() {
     echo $(( 10#$d * 86400 + 10#${h:-0} * 3600 + 10#$m * 60 + 10#$s ))
 }
 
-# True when Slurm says the job ended more than a few seconds before its time limit: its SIGTERM was a
-# cancellation (scancel) or a preemption, not the limit's. (Its state says COMPLETING for all three;
-# its run time stops at the cancellation.) False when unknown.
-ended_before_time_limit() {
+# Whether a SIGTERM was the time limit's: Slurm's RunTime against TimeLimit (its state says COMPLETING
+# after a cancellation, a preemption and the limit alike; the run time stops at a cancellation). "limit" when
+# RunTime is within 10 s of TimeLimit or past it, "before" when it is short of it, "unknown" (no limit, or
+# scontrol could not say).
+time_limit_reached() {
     local info run limit
     info=$(scontrol show job -o "$JOB_ID" 2>/dev/null | head -n1)
     run=$(slurm_seconds "$(grep -o 'RunTime=[^ ]*' <<< "$info" | cut -d= -f2)")
     limit=$(slurm_seconds "$(grep -o 'TimeLimit=[^ ]*' <<< "$info" | cut -d= -f2)")
-    [[ -n $run && -n $limit ]] && (( run < limit - 10 ))
+    if [[ -z $run || -z $limit ]]; then echo unknown
+    elif (( run < limit - 10 )); then echo before
+    else echo limit; fi
 }
 
 # The decision after the step: the time-limit warning, a cancellation, a clean exit, or a failure.
 after_training_step() {
     if (( SAW_USR1 )); then       # the time-limit warning came (even if Slurm's SIGTERM followed): requeue
         training_done && finish
-        if [[ $GOT_SIGNAL == TERM ]] && ended_before_time_limit; then
+        if [[ $GOT_SIGNAL == TERM && $(time_limit_reached) == before ]]; then
             log "stopped by SIGTERM after the time-limit warning but before the limit (cancelled or preempted);" \
                 "not requeueing"
             exit "$RC"
@@ -266,7 +269,7 @@ restart_after_failure() {
     fi
     SUB+=("$SCRIPT_PATH" "${TRAINER_EXTRA[@]}")
     log "the resubmission carries: ${CARRIED[*]:-no settings of this job}${SBATCH_ARGS:+; SBATCH_ARGS=$SBATCH_ARGS}"
-    if (( RECEIVED[TERM] )); then
+    if (( RECEIVED[TERM] )) && [[ $(time_limit_reached) != limit ]]; then     # (the limit's: resubmitted)
         log "SIGTERM came while the failure was analysed (cancelled or preempted); not resubmitting"
         exit "$RC"
     fi

@@ -41,7 +41,8 @@ exit $rc
 def test_a_sigterm_after_srun_ended_is_a_cancellation_not_a_failure(fake, tmp_path, when):
     term_to_launcher(fake, when)
     write_latest(str(tmp_path / "ckpt"), 5)
-    r = fake.run_launcher(FAKE_RC="143", TRAIN_ITERS="10", HEALTH_CHECK_CMD="true")
+    r = fake.run_launcher(FAKE_RC="143", TRAIN_ITERS="10", HEALTH_CHECK_CMD="true",
+                          FAKE_JOB_INFO=job_info("00:20:00", "01:00:00"))
     log = fake.launcher_log()
     if when == "after-srun":
         assert "stopped by SIGTERM (cancelled or preempted); not restarting" in log, log
@@ -72,3 +73,16 @@ def test_a_sigterm_after_the_warning_requeues_only_at_the_time_limit(fake, tmp_p
     assert ("before the limit (cancelled or preempted); not requeueing" in log) == (not requeued), log
     assert not fake.calls("sbatch"), log
     assert r.returncode == 0, log
+
+
+def test_the_time_limits_sigterm_during_the_failure_analysis_still_resubmits(fake, tmp_path):
+    """A rank failed by itself near the time limit, and the limit's SIGTERM came during the health check: the
+    failure is resubmitted (without the node), as before, not taken for a cancellation."""
+    term_to_launcher(fake, "during-analysis")
+    write_latest(str(tmp_path / "ckpt"), 5)
+    fake.run_launcher(FAKE_RC="0 0 1 0", TRAIN_ITERS="10", HEALTH_CHECK_CMD="true",
+                      FAKE_JOB_INFO=job_info("01:00:31", "01:00:00"))
+    log = fake.launcher_log()
+    assert "failed nodes: n2" in log and "not resubmitting" not in log, log
+    (sbatch,) = fake.calls("sbatch")
+    assert "--exclude=n2" in sbatch["argv"], sbatch["argv"]
