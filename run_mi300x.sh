@@ -90,13 +90,13 @@ wait_for() {
     wait "$pid"; WAITED=$?
 }
 
-# wait_for's hook in task_main: a record as soon as a signal comes, replaced by the final one. A trainer
-# stuck in a collective outlives Slurm's KillWait and is killed with this task, which then never wrote its
-# record; a missing record blames the node as lost (with several tasks per node, every node).
+# wait_for's hook in task_main: a "pending" record as soon as srun's SIGTERM (or SIGINT) comes, replaced by
+# the final one. A trainer stuck in a collective outlives Slurm's KillWait and is killed with this task, which
+# then never wrote its record (see restart_after_failure for how pending records are read).
 record_signal() {
-    [[ $signalled != "$recorded" ]] || return 0
+    [[ $signalled == TERM || $signalled == INT ]] && [[ $signalled != "$recorded" ]] || return 0
     recorded=$signalled
-    echo "$node $RANK 137 $signalled $(date +%s)" > "$dir/exit/rank-$RANK"
+    echo "$node $RANK 137 $signalled $(date +%s) pending" > "$dir/exit/rank-$RANK"
 }
 
 task_main() {

@@ -118,15 +118,15 @@ after_training_step() {
 
 # Failure: find the nodes to blame, then resubmit without them (a bounded number of times).
 restart_after_failure() {
-    local node rank rc sig f n t ok EXCLUDE BAD_LIST JOB_INFO LIMIT MAIL_TYPE NEW FROM
-    local -A BAD=() SEEN=()
-    local OWN=() STOPPED=() HUNG=() NODES=() SUB=() CARRIED=() GRES=() tres=() sba=() ra=()
+    local node rank rc sig state f n t ok PENDING_NOTE EXCLUDE BAD_LIST JOB_INFO LIMIT MAIL_TYPE NEW FROM
+    local -A BAD=() SEEN=() PENDING_NODES=()
+    local OWN=() STOPPED=() HUNG=() PENDING=() NODES=() SUB=() CARRIED=() GRES=() tres=() sba=() ra=()
     if training_done; then
         log "warning: exit code $RC, but the last checkpoint is iteration $(latest_iteration) = END_ITER: the run" \
             "is complete (a rank failed while shutting down; see $ATTEMPT_DIR/exit/)"
         finish
     fi
-    # Each rank's record: "<node> <rank> <exit code> <signal received or none> <time>". Only the trainer's
+    # Each rank's record: "<node> <rank> <exit code> <signal received or none> <time> [pending]". Only the trainer's
     # own failures blame its node: its exit codes (1, 2, 97, ...: an exception, a bad flag,
     # TRAIN_ENV_SETUP), and the faults of its own execution, which no peer or srun sends: 139 (SIGSEGV),
     # 135 (SIGBUS: often a memory error), 132 (SIGILL), 136 (SIGFPE), when the task received no signal.
@@ -137,10 +137,17 @@ restart_after_failure() {
     #    RCCL/NCCL abort the healthy ranks;
     #  - 124, the trainer's hang watchdog (megatron_zaya/training/watchdog.py): every rank waiting in a hung
     #    collective fires it, the healthy ones included. HEALTH_CHECK_CMD is the tool that finds a bad node.
+    # A record still "pending" (its task got srun's SIGTERM, and its trainer did not exit before Slurm's KillWait
+    # ran out) counts as stopped by a signal when every node has one (ranks stuck in collectives after one
+    # failed), and as missing otherwise: only that node's trainers did not stop.
     local SELF_FAULTS="132 135 136 139"
     for f in "$ATTEMPT_DIR"/exit/rank-*; do
         [[ -f $f ]] || continue
-        read -r node rank rc sig _ < "$f" || continue
+        read -r node rank rc sig _ state < "$f" || continue
+        if [[ $state == pending ]]; then
+            PENDING+=("$rank") PENDING_NODES[$node]=1
+            continue
+        fi
         SEEN[$rank]=1
         if [[ $rc == 0 ]]; then
             continue
@@ -154,8 +161,18 @@ restart_after_failure() {
             BAD[$node]=1
         fi
     done
+    PENDING_NOTE=""
+    if (( ${#PENDING[@]} )); then
+        PENDING_NOTE=" (${#PENDING[@]} killed while stopping, on ${#PENDING_NODES[@]} of $NNODES nodes: counted as"
+        if (( ${#PENDING_NODES[@]} >= NNODES )); then
+            for rank in "${PENDING[@]}"; do SEEN[$rank]=1; STOPPED+=("$rank"); done
+            PENDING_NOTE+=" stopped)"
+        else
+            PENDING_NOTE+=" missing)"
+        fi
+    fi
     log "exit records: ${#OWN[@]} rank(s) failed by themselves${OWN:+ (${OWN[*]})}, ${#STOPPED[@]} stopped by a" \
-        "signal, ${#HUNG[@]} stopped by the hang watchdog (124), $(( WORLD - ${#SEEN[@]} )) missing"
+        "signal, ${#HUNG[@]} stopped by the hang watchdog (124), $(( WORLD - ${#SEEN[@]} )) missing$PENDING_NOTE"
     if (( ${#BAD[@]} == 0 )); then
         # No rank reported its own failure: blame the nodes whose ranks never reported (lost nodes).
         mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")

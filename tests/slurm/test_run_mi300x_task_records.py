@@ -14,6 +14,9 @@ import signal
 import subprocess
 import time
 
+import pytest
+
+from fake_slurm import write_latest
 from slurm_jobs import LAUNCHER
 
 
@@ -44,7 +47,7 @@ def test_a_task_killed_after_ignoring_sigterm_has_a_record_naming_the_signal(tmp
             time.sleep(0.05)
         os.kill(task.pid, signal.SIGTERM)                 # srun stopping the step
         got = wait_for_record(tmp_path)
-        assert got[:4] == ["node7", "1", "137", "TERM"], got
+        assert got[:4] == ["node7", "1", "137", "TERM"] and got[5:] == ["pending"], got
     finally:
         os.killpg(task.pid, signal.SIGKILL)              # Slurm after KillWait: the wrapper too
         task.wait(timeout=10)
@@ -58,7 +61,22 @@ def test_the_final_record_replaces_the_first_when_the_trainer_exits(tmp_path):
         time.sleep(0.05)
     os.kill(task.pid, signal.SIGTERM)
     assert task.wait(timeout=20) == 3, task.stdout.read()
-    assert record(tmp_path)[:4] == ["node7", "1", "3", "TERM"]
+    assert record(tmp_path)[:4] == ["node7", "1", "3", "TERM"] and len(record(tmp_path)) == 5
+
+
+def test_the_time_limit_warning_leaves_no_early_record(tmp_path):
+    """SIGUSR1 never leads to Slurm's SIGKILL: a node lost while its trainer saves has no record and is blamed."""
+    ready = tmp_path / "ready"
+    task = start_task(tmp_path, f"trap 'exit 0' USR1; touch {ready}; sleep 30 & wait")
+    try:
+        while not ready.exists():
+            time.sleep(0.05)
+        os.kill(task.pid, signal.SIGUSR1)
+        time.sleep(0.6)       # three of wait_for's polls
+        assert not os.path.exists(tmp_path / "exit" / "rank-1")
+    finally:
+        os.killpg(task.pid, signal.SIGKILL)
+        task.wait(timeout=10)
 
 
 def test_set_e_in_train_env_setup_still_leaves_the_record(tmp_path):
@@ -69,3 +87,47 @@ def test_set_e_in_train_env_setup_still_leaves_the_record(tmp_path):
     assert task.returncode == 1, out
     assert "setup: 1" in (tmp_path / "rank-1.log").read_text()
     assert record(tmp_path)[:4] == ["node7", "1", "1", "none"], out
+
+
+# srun with --kill-on-bad-exit and a KillWait of 1.5 s: once a task has exited non-zero, every task's process
+# group gets SIGTERM, and SIGKILL 1.5 s later (the task wrappers too).
+KILLWAIT_SRUN = r"""#!/usr/bin/env bash
+[[ " $* " == *" --task "* ]] || exec "$SRUN_REAL" "$@"
+while [[ $1 == -* ]]; do shift; done
+NODES=(n1 n1 n2 n2); pids=()
+for r in 0 1 2 3; do
+    setsid env SLURM_PROCID=$r SLURM_LOCALID=$(( r % 2 )) SLURM_NODEID=$(( r / 2 )) SLURM_NTASKS=4 \
+        SLURMD_NODENAME=${NODES[r]} "$@" & pids+=($!)
+done
+wait -n; rc=$?
+sleep 0.3
+for p in "${pids[@]}"; do kill -TERM -- -$p 2>/dev/null; done
+sleep 1.5
+for p in "${pids[@]}"; do kill -KILL -- -$p 2>/dev/null; done
+wait
+exit $rc
+"""
+
+STUCK = "trap '' TERM; sleep 30"       # a trainer in a hung collective, or a bad GPU's driver: deaf to SIGTERM
+
+
+@pytest.mark.parametrize("trainer, expected", [
+    # rank 1 aborts; the others hang in a collective until they are killed: the node of none is lost
+    (f"(( RANK == 1 )) && {{ sleep 0.5; exit 134; }}; {STUCK}",
+     ["3 killed while stopping, on 2 of 2 nodes: counted as stopped", "failed nodes: none identified"]),
+    # n1's ranks fire the hang watchdog and exit; n2's never stop: n2 is the node to leave out
+    (f"(( RANK < 2 )) && {{ sleep 0.5; exit 124; }}; {STUCK}",
+     ["2 killed while stopping, on 1 of 2 nodes: counted as missing", "failed nodes: n2"]),
+], ids=["every-node-stuck", "one-node-deaf"])
+def test_ranks_killed_after_killwait_blame_a_node_only_when_it_alone_did_not_stop(fake, tmp_path, trainer, expected):
+    real = os.path.join(fake.bin, "srun.real")
+    os.rename(os.path.join(fake.bin, "srun"), real)
+    for name, text in (("srun", KILLWAIT_SRUN), ("trainer.sh", f"#!/usr/bin/env bash\n{trainer}\n")):
+        with open(os.path.join(fake.bin, name), "w") as f:
+            f.write(text)
+        os.chmod(os.path.join(fake.bin, name), 0o755)
+    write_latest(str(tmp_path / "ckpt"), 5)
+    fake.run_launcher(TRAIN_ITERS="10", SRUN_REAL=real, TRAIN_SCRIPT=os.path.join(fake.bin, "trainer.sh"))
+    log = fake.launcher_log()
+    assert all(e in log for e in expected), log
+    assert len(fake.calls("sbatch")) == 1 and "giving up" not in log, log
