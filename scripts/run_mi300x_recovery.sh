@@ -100,6 +100,12 @@ after_training_step() {
         log "the trainer exited $RC after SIGUSR1 without a new checkpoint or a SIGTERM: a failure, not the time limit"
     fi
     if [[ $GOT_SIGNAL == TERM ]]; then
+        if [[ $(time_limit_reached) == limit ]]; then     # no warning came (no --signal=B:USR1@...)
+            training_done && finish
+            log "stopped by the time limit's SIGTERM without a warning first (RunTime at TimeLimit): resuming" \
+                "from the latest complete checkpoint"
+            requeue
+        fi
         log "stopped by SIGTERM (cancelled or preempted); not restarting"
         exit "$RC"
     fi

@@ -86,3 +86,18 @@ def test_the_time_limits_sigterm_during_the_failure_analysis_still_resubmits(fak
     assert "failed nodes: n2" in log and "not resubmitting" not in log, log
     (sbatch,) = fake.calls("sbatch")
     assert "--exclude=n2" in sbatch["argv"], sbatch["argv"]
+
+
+def test_the_time_limits_sigterm_without_a_warning_requeues(fake, tmp_path):
+    """No --signal warning: Slurm's SIGTERM at the limit (RunTime at TimeLimit) stops the trainer, which saves; the
+    job is requeued to resume, not taken for a cancellation (also when the SIGTERM reaches the launcher after srun
+    has ended)."""
+    term_to_launcher(fake, "after-srun")
+    write_latest(str(tmp_path / "ckpt"), 5)
+    r = fake.run_launcher(FAKE_RC="143", FAKE_WRITES_ITER="7", TRAIN_ITERS="10",
+                          FAKE_JOB_INFO=job_info("01:00:31", "01:00:00"))
+    log = fake.launcher_log()
+    assert "stopped by the time limit's SIGTERM without a warning first" in log, log
+    requeues = [c for c in fake.calls("scontrol") if c["argv"][:1] == ["requeue"]]
+    assert len(requeues) == 1 and not fake.calls("sbatch"), log
+    assert r.returncode == 0, log
