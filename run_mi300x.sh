@@ -178,6 +178,8 @@ if [[ -z $SCRIPT_PATH && $IN_SLURM == 1 && -n ${SLURM_JOB_ID:-} ]]; then
     # Not -o: there Command= runs into the next field, and a path with a space would be cut; here it has a line:
     # the path, then the script's arguments, all joined by spaces. The longest part before a space that is a file.
     SCRIPT_PATH=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *Command=//p' | head -n1)
+    # (relative to where sbatch ran, not to --chdir's folder, this script's working directory)
+    [[ -z $SCRIPT_PATH || $SCRIPT_PATH == /* ]] || SCRIPT_PATH=${SLURM_SUBMIT_DIR:-$PWD}/$SCRIPT_PATH
     while [[ -n $SCRIPT_PATH && ! -f $SCRIPT_PATH ]]; do
         [[ $SCRIPT_PATH == *" "* ]] && SCRIPT_PATH=${SCRIPT_PATH% *} || SCRIPT_PATH=""
     done
