@@ -80,6 +80,35 @@ time_limit_reached() {
     else echo limit; fi
 }
 
+# The time limit's SIGTERM without a warning first: requeued to resume, if this attempt wrote a checkpoint
+# (otherwise each attempt would end the same way, MAX_REQUEUES times over).
+requeue_at_time_limit() {
+    training_done && finish
+    if [[ $(latest_iteration) == "$LATEST_AT_START" ]]; then
+        log "stopped by the time limit's SIGTERM without a new checkpoint in this attempt (latest:" \
+            "$(latest_iteration)): not requeueing. A save must end before the limit and Slurm's KillWait:" \
+            "a shorter --save-interval, or --signal=B:USR1@<seconds> for a warning"
+        (( RC )) && exit "$RC"
+        exit 3
+    fi
+    log "stopped by the time limit's SIGTERM without a warning first (RunTime at TimeLimit): resuming from" \
+        "the latest complete checkpoint"
+    requeue
+}
+
+# In the failure analysis, a SIGTERM that came after the step ended (Slurm signals the step first): the time
+# limit's is a requeue when no rank failed by itself (with one that did, the resubmission goes on); any other
+# means cancelled or preempted.
+stop_for_late_sigterm() {
+    (( RECEIVED[TERM] )) || return 0
+    if [[ $(time_limit_reached) == limit ]]; then
+        (( ${#OWN[@]} )) || requeue_at_time_limit
+        return 0
+    fi
+    log "SIGTERM came while the failure was analysed (cancelled or preempted); not resubmitting"
+    exit "$RC"
+}
+
 # The decision after the step: the time-limit warning, a cancellation, a clean exit, or a failure.
 after_training_step() {
     if (( SAW_USR1 )); then       # the time-limit warning came (even if Slurm's SIGTERM followed): requeue
@@ -100,12 +129,7 @@ after_training_step() {
         log "the trainer exited $RC after SIGUSR1 without a new checkpoint or a SIGTERM: a failure, not the time limit"
     fi
     if [[ $GOT_SIGNAL == TERM ]]; then
-        if [[ $(time_limit_reached) == limit ]]; then     # no warning came (no --signal=B:USR1@...)
-            training_done && finish
-            log "stopped by the time limit's SIGTERM without a warning first (RunTime at TimeLimit): resuming" \
-                "from the latest complete checkpoint"
-            requeue
-        fi
+        [[ $(time_limit_reached) == limit ]] && requeue_at_time_limit     # no warning came (no --signal)
         log "stopped by SIGTERM (cancelled or preempted); not restarting"
         exit "$RC"
     fi
@@ -145,7 +169,8 @@ restart_after_failure() {
     #    collective fires it, the healthy ones included. HEALTH_CHECK_CMD is the tool that finds a bad node.
     # A record still "pending" (its task got srun's SIGTERM, and its trainer did not exit before Slurm's KillWait
     # ran out) counts as stopped by a signal when every node has one (ranks stuck in collectives after one
-    # failed), and as missing otherwise: only that node's trainers did not stop.
+    # failed) or when some rank left no record at all (a lost node: the others were stuck waiting for it), and
+    # as missing otherwise: only that node's trainers did not stop.
     local SELF_FAULTS="132 135 136 139"
     for f in "$ATTEMPT_DIR"/exit/rank-*; do
         [[ -f $f ]] || continue
@@ -170,7 +195,7 @@ restart_after_failure() {
     PENDING_NOTE=""
     if (( ${#PENDING[@]} )); then
         PENDING_NOTE=" (${#PENDING[@]} killed while stopping, on ${#PENDING_NODES[@]} of $NNODES nodes: counted as"
-        if (( ${#PENDING_NODES[@]} >= NNODES )); then
+        if (( ${#PENDING_NODES[@]} >= NNODES || ${#SEEN[@]} + ${#PENDING[@]} < WORLD )); then
             for rank in "${PENDING[@]}"; do SEEN[$rank]=1; STOPPED+=("$rank"); done
             PENDING_NOTE+=" stopped)"
         else
@@ -179,6 +204,7 @@ restart_after_failure() {
     fi
     log "exit records: ${#OWN[@]} rank(s) failed by themselves${OWN:+ (${OWN[*]})}, ${#STOPPED[@]} stopped by a" \
         "signal, ${#HUNG[@]} stopped by the hang watchdog (124), $(( WORLD - ${#SEEN[@]} )) missing$PENDING_NOTE"
+    stop_for_late_sigterm      # (again before the resubmission: one can come during the health check)
     if (( ${#BAD[@]} == 0 )); then
         # No rank reported its own failure: blame the nodes whose ranks never reported (lost nodes).
         mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
@@ -213,10 +239,15 @@ restart_after_failure() {
         # One task per node: the job's SLURM_NTASKS (inherited by srun) would otherwise run it once per task.
         ok=$(timeout "${HEALTH_CHECK_TIMEOUT:-120}" srun --nodes="$NNODES" --ntasks="$NNODES" --ntasks-per-node=1 \
              --kill-on-bad-exit=0 bash -c "( $HEALTH_CHECK_CMD
-    ) >/dev/null 2>&1 && echo OK:\${SLURMD_NODENAME:-\$(hostname)}" 2>/dev/null)
-        while read -r n; do
-            grep -qx "OK:$n" <<< "$ok" || BAD[$n]=1
-        done < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    ) >/dev/null 2>&1 && echo OK:\${SLURMD_NODENAME:-\$(hostname)} || echo FAILED:\${SLURMD_NODENAME:-\$(hostname)}" \
+             2>/dev/null)
+        if [[ $ok != *OK:* && $ok != *FAILED:* ]]; then     # e.g. "job has expired": at its time limit
+            log "the health check ran on no node (its srun failed): not used to blame nodes"
+        else
+            while read -r n; do
+                grep -qx "OK:$n" <<< "$ok" || BAD[$n]=1
+            done < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+        fi
     fi
 
     EXCLUDE=${ZAYA_EXCLUDE:-${EXCLUDE_NODES:-}}
@@ -292,10 +323,7 @@ restart_after_failure() {
     fi
     SUB+=("$SCRIPT_PATH" "${TRAINER_EXTRA[@]}")
     log "the resubmission carries: ${CARRIED[*]:-no settings of this job}${SBATCH_ARGS:+; SBATCH_ARGS=$SBATCH_ARGS}"
-    if (( RECEIVED[TERM] )) && [[ $(time_limit_reached) != limit ]]; then     # (the limit's: resubmitted)
-        log "SIGTERM came while the failure was analysed (cancelled or preempted); not resubmitting"
-        exit "$RC"
-    fi
+    stop_for_late_sigterm
     NEW=$(run_clean ZAYA_RESTART=$(( RESTART + 1 )) ZAYA_EXCLUDE="$EXCLUDE" ZAYA_FAILED_AT="$(latest_iteration)" \
           LAUNCHER_PATH="$SCRIPT_PATH" "${SUB[@]}" 2>&1)
     if [[ $? -ne 0 ]]; then

@@ -101,3 +101,44 @@ def test_the_time_limits_sigterm_without_a_warning_requeues(fake, tmp_path):
     requeues = [c for c in fake.calls("scontrol") if c["argv"][:1] == ["requeue"]]
     assert len(requeues) == 1 and not fake.calls("sbatch"), log
     assert r.returncode == 0, log
+
+
+def test_the_time_limits_sigterm_without_a_new_checkpoint_does_not_requeue(fake, tmp_path):
+    """Each attempt would end at the limit the same way, MAX_REQUEUES times over (a save slower than KillWait, a
+    --save-interval longer than the limit)."""
+    term_to_launcher(fake, "after-srun")
+    write_latest(str(tmp_path / "ckpt"), 5)
+    r = fake.run_launcher(FAKE_RC="143", TRAIN_ITERS="10", FAKE_JOB_INFO=job_info("01:00:31", "01:00:00"))
+    log = fake.launcher_log()
+    assert "without a new checkpoint in this attempt (latest: 5): not requeueing" in log, log
+    assert not [c for c in fake.calls("scontrol") if c["argv"][:1] == ["requeue"]] and not fake.calls("sbatch"), log
+    assert r.returncode == 143, log
+
+
+def test_the_time_limits_sigterm_after_the_step_requeues_when_no_rank_failed(fake, tmp_path):
+    """Slurm's SIGTERM reached the launcher only after srun had ended, during the failure analysis: no rank failed
+    by itself, so the limit stopped the run, and it is requeued (not resubmitted as a failure). The health check's
+    srun fails as the real Slurm's does past the limit ("job has expired"), and blames nobody."""
+    real = os.path.join(fake.bin, "srun.real")
+    os.rename(os.path.join(fake.bin, "srun"), real)
+    pid_file = os.path.join(fake.dir, "launcher.pid")
+    with open(os.path.join(fake.bin, "srun"), "w") as f:
+        f.write(f'''#!/usr/bin/env bash
+if [[ " $* " != *" --task "* ]]; then
+    kill -s TERM "$(< {pid_file})"; sleep 0.3
+    echo "srun: error: Slurm job $SLURM_JOB_ID has expired" >&2; exit 1
+fi
+echo $PPID > {pid_file}
+exec "{real}" "$@"
+''')
+    os.chmod(os.path.join(fake.bin, "srun"), 0o755)
+    write_latest(str(tmp_path / "ckpt"), 5)
+    for rc, requeued in (("143", True), ("0 0 1 0", False)):      # the second: n2's rank failed by itself
+        fake.run_launcher(FAKE_RC=rc, FAKE_WRITES_ITER="7", TRAIN_ITERS="10", HEALTH_CHECK_CMD="true",
+                          FAKE_JOB_INFO=job_info("01:00:31", "01:00:00"))
+        log = fake.launcher_log()
+        assert "the health check ran on no node (its srun failed): not used to blame nodes" in log, log
+        requeues = [c for c in fake.calls("scontrol") if c["argv"][:1] == ["requeue"]]
+        assert len(requeues) == requeued and len(fake.calls("sbatch")) == (not requeued), log
+        if not requeued:
+            assert "--exclude=n2" in fake.calls("sbatch")[0]["argv"], log
