@@ -5,7 +5,8 @@
 Slurm signals the job's step before its batch shell, so the launcher's SIGTERM can come after srun has ended
 (in 1 of 14 two-node scancels under the real Slurm). It was only counted then, and the launcher took the
 ranks' 143s for a failure and resubmitted the cancelled job. After the time-limit warning, any SIGTERM was
-taken for the limit's, so a scancel in the warning's last minutes requeued the job.
+taken for the limit's, so a scancel in the warning's last minutes requeued the job. A SIGTERM is the limit's when
+Slurm's RunTime has reached TimeLimit (FAKE_JOB_INFO here): then the job is requeued, not taken for cancelled.
 """
 from __future__ import annotations
 
