@@ -148,9 +148,10 @@ after_training_step() {
 
 # Failure: find the nodes to blame, then resubmit without them (a bounded number of times).
 restart_after_failure() {
-    local node rank rc sig state f n t ok PENDING_NOTE EXCLUDE BAD_LIST JOB_INFO LIMIT MAIL_TYPE NEW FROM
+    local node rank rc sig state f n t ok HC_RC TERMS_BEFORE PENDING_NOTE EXCLUDE BAD_LIST JOB_INFO LIMIT
+    local MAIL_TYPE NEW FROM
     local -A BAD=() SEEN=() PENDING_NODES=()
-    local OWN=() STOPPED=() HUNG=() PENDING=() NODES=() SUB=() CARRIED=() GRES=() tres=() sba=() ra=()
+    local OWN=() STOPPED=() HUNG=() PENDING=() HC_BAD=() NODES=() SUB=() CARRIED=() GRES=() tres=() sba=() ra=()
     if training_done; then
         log "warning: exit code $RC, but the last checkpoint is iteration $(latest_iteration) = END_ITER: the run" \
             "is complete (a rank failed while shutting down; see $ATTEMPT_DIR/exit/)"
@@ -237,16 +238,28 @@ restart_after_failure() {
     if [[ -n ${HEALTH_CHECK_CMD:-} ]]; then
         log "health check on every node: $HEALTH_CHECK_CMD"
         # One task per node: the job's SLURM_NTASKS (inherited by srun) would otherwise run it once per task.
+        TERMS_BEFORE=${RECEIVED[TERM]}
         ok=$(timeout "${HEALTH_CHECK_TIMEOUT:-120}" srun --nodes="$NNODES" --ntasks="$NNODES" --ntasks-per-node=1 \
              --kill-on-bad-exit=0 bash -c "( $HEALTH_CHECK_CMD
     ) >/dev/null 2>&1 && echo OK:\${SLURMD_NODENAME:-\$(hostname)} || echo FAILED:\${SLURMD_NODENAME:-\$(hostname)}" \
              2>/dev/null)
-        if [[ $ok != *OK:* && $ok != *FAILED:* ]]; then     # e.g. "job has expired": at its time limit
-            log "the health check ran on no node (its srun failed): not used to blame nodes"
+        HC_RC=$?
+        HC_BAD=()
+        while read -r n; do
+            grep -qx "OK:$n" <<< "$ok" || HC_BAD+=("$n")
+        done < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+        # Not used: a check that Slurm cut short (a SIGTERM came: it ends the job's steps), one whose srun ran
+        # nowhere (past the time limit: "job has expired"; a hang that timed out is a failure), and one that failed
+        # on every node of a multi-node job (the check's own fault, more likely than every node's).
+        if (( RECEIVED[TERM] > TERMS_BEFORE )); then
+            log "a SIGTERM came during the health check, which Slurm then ends: its result is not used"
+        elif (( HC_RC != 124 )) && [[ $ok != *OK:* && $ok != *FAILED:* ]]; then
+            log "the health check ran on no node (its srun exited $HC_RC): not used to blame nodes"
+        elif (( NNODES > 1 && ${#HC_BAD[@]} >= NNODES )); then
+            log "the health check failed on every node: taken for a fault of the check ($HEALTH_CHECK_CMD), not" \
+                "of every node; no node excluded for it"
         else
-            while read -r n; do
-                grep -qx "OK:$n" <<< "$ok" || BAD[$n]=1
-            done < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+            for n in "${HC_BAD[@]}"; do BAD[$n]=1; done
         fi
     fi
 

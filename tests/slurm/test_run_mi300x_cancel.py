@@ -116,20 +116,79 @@ def test_the_time_limits_sigterm_without_a_new_checkpoint_does_not_requeue(fake,
     assert r.returncode == 143, log
 
 
-def test_the_time_limits_sigterm_after_the_step_requeues_when_no_rank_failed(fake, tmp_path):
-    """Slurm's SIGTERM reached the launcher only after srun had ended, during the failure analysis: no rank failed
-    by itself, so the limit stopped the run, and it is requeued (not resubmitted as a failure). The health check's
-    srun fails as the real Slurm's does past the limit ("job has expired"), and blames nobody."""
+def term_while_the_exit_records_are_logged(fake) -> None:
+    """The launcher's SIGTERM arrives while it logs the exit records (after srun ended, before the analysis goes
+    on): a tee stand-in sends it."""
+    with open(os.path.join(fake.bin, "tee"), "w") as f:
+        f.write('''#!/usr/bin/env bash
+text=$(cat); printf '%s\\n' "$text" | /usr/bin/tee "$@"
+[[ $text == *"exit records:"* ]] && kill -s TERM $PPID
+exit 0
+''')
+    os.chmod(os.path.join(fake.bin, "tee"), 0o755)
+
+
+def test_a_late_cancellation_runs_no_health_check(fake, tmp_path):
+    term_while_the_exit_records_are_logged(fake)
+    write_latest(str(tmp_path / "ckpt"), 5)
+    fake.run_launcher(FAKE_RC="143", TRAIN_ITERS="10", HEALTH_CHECK_CMD="true",
+                      FAKE_JOB_INFO=job_info("00:20:00", "01:00:00"))
+    log = fake.launcher_log()
+    assert "health check on every node" not in log and "not resubmitting" in log, log
+
+
+def test_a_late_time_limit_sigterm_requeues_before_the_restart_limit_is_read(fake, tmp_path):
+    """The last allowed restart ends at the limit with every rank's hang watchdog (124: no rank failed by itself),
+    after a new checkpoint: a requeue, not "giving up: MAX_RESTARTS"."""
+    term_while_the_exit_records_are_logged(fake)
+    write_latest(str(tmp_path / "ckpt"), 5)
+    fake.run_launcher(FAKE_RC="124", FAKE_WRITES_ITER="7", TRAIN_ITERS="10", ZAYA_RESTART="3", ZAYA_FAILED_AT="4",
+                      FAKE_JOB_INFO=job_info("01:00:31", "01:00:00"))
+    log = fake.launcher_log()
+    requeues = [c for c in fake.calls("scontrol") if c["argv"][:1] == ["requeue"]]
+    assert len(requeues) == 1 and "giving up" not in log, log
+
+
+def test_a_health_check_cut_short_by_the_time_limit_blames_no_node(fake, tmp_path):
+    """n2's rank fails by itself near the limit; the health check answers at once on n2 and takes 2 s on n1; the
+    limit's SIGTERM comes 0.5 s in, and Slurm ends every step (here: timeout 0.5 around srun). n1 did not answer
+    because the check was cut: only n2 is left out."""
     real = os.path.join(fake.bin, "srun.real")
     os.rename(os.path.join(fake.bin, "srun"), real)
     pid_file = os.path.join(fake.dir, "launcher.pid")
     with open(os.path.join(fake.bin, "srun"), "w") as f:
         f.write(f'''#!/usr/bin/env bash
 if [[ " $* " != *" --task "* ]]; then
-    kill -s TERM "$(< {pid_file})"; sleep 0.3
-    echo "srun: error: Slurm job $SLURM_JOB_ID has expired" >&2; exit 1
+    ( sleep 0.5; kill -s TERM "$(< {pid_file})" ) &
+    timeout 0.5 "{real}" "$@"; exit $?
 fi
 echo $PPID > {pid_file}
+exec "{real}" "$@"
+''')
+    os.chmod(os.path.join(fake.bin, "srun"), 0o755)
+    write_latest(str(tmp_path / "ckpt"), 5)
+    fake.run_launcher(FAKE_RC="0 0 1 0", TRAIN_ITERS="10", FAKE_WRITES_ITER="7",
+                      HEALTH_CHECK_CMD='[ "$SLURMD_NODENAME" != n1 ] || sleep 2',
+                      FAKE_JOB_INFO=job_info("01:00:31", "01:00:00"))
+    log = fake.launcher_log()
+    assert "a SIGTERM came during the health check, which Slurm then ends: its result is not used" in log, log
+    (sbatch,) = fake.calls("sbatch")
+    assert [a for a in sbatch["argv"] if a.startswith("--exclude")] == ["--exclude=n2"], log
+
+
+def test_the_time_limits_sigterm_after_the_step_requeues_when_no_rank_failed(fake, tmp_path):
+    """Slurm's SIGTERM reached the launcher only after srun had ended: no rank failed by itself, so the limit stopped
+    the run, and it is requeued, not resubmitted as a failure. With a rank that failed by itself the resubmission
+    goes on; its health check's srun fails as the real Slurm's does past the limit ("job has expired") and blames
+    nobody."""
+    term_while_the_exit_records_are_logged(fake)
+    real = os.path.join(fake.bin, "srun.real")
+    os.rename(os.path.join(fake.bin, "srun"), real)
+    with open(os.path.join(fake.bin, "srun"), "w") as f:
+        f.write(f'''#!/usr/bin/env bash
+if [[ " $* " != *" --task "* ]]; then
+    echo "srun: error: Slurm job $SLURM_JOB_ID has expired" >&2; exit 1
+fi
 exec "{real}" "$@"
 ''')
     os.chmod(os.path.join(fake.bin, "srun"), 0o755)
@@ -138,8 +197,8 @@ exec "{real}" "$@"
         fake.run_launcher(FAKE_RC=rc, FAKE_WRITES_ITER="7", TRAIN_ITERS="10", HEALTH_CHECK_CMD="true",
                           FAKE_JOB_INFO=job_info("01:00:31", "01:00:00"))
         log = fake.launcher_log()
-        assert "the health check ran on no node (its srun failed): not used to blame nodes" in log, log
         requeues = [c for c in fake.calls("scontrol") if c["argv"][:1] == ["requeue"]]
         assert len(requeues) == requeued and len(fake.calls("sbatch")) == (not requeued), log
         if not requeued:
-            assert "--exclude=n2" in fake.calls("sbatch")[0]["argv"], log
+            assert "the health check ran on no node (its srun exited 1): not used to blame nodes" in log, log
+            assert [a for a in fake.calls("sbatch")[0]["argv"] if a.startswith("--exclude")] == ["--exclude=n2"], log

@@ -115,3 +115,28 @@ def test_an_illegal_instruction_or_arithmetic_fault_blames_its_node(fake, tmp_pa
     log = fake.launcher_log()
     assert "1 rank(s) failed by themselves (1@n1:" in log and "failed nodes: n1" in log, log
     assert arg(fake.calls("sbatch")[0]["argv"], "--exclude") == "n1"
+
+
+SINGLE_NODE = dict(SLURM_JOB_NODELIST="n1", SLURM_JOB_NUM_NODES="1", SLURM_NNODES="1", SLURM_NTASKS="2",
+                   SLURM_NPROCS="2", SLURM_NTASKS_PER_NODE="2")
+
+
+def test_a_health_check_that_hangs_on_the_only_node_excludes_it(fake, tmp_path):
+    """A wedged GPU: the check never answers, and HEALTH_CHECK_TIMEOUT ends it. That is a failure of the node (it
+    was taken for a check that ran nowhere)."""
+    write_latest(str(tmp_path / "ckpt"), 3)
+    fake.run_launcher(FAKE_RC="1", FAKE_WRITES_ITER="7", HEALTH_CHECK_CMD="sleep 30", HEALTH_CHECK_TIMEOUT="1",
+                      **SINGLE_NODE)
+    (sbatch,) = fake.calls("sbatch")
+    assert "--exclude=n1" in sbatch["argv"], fake.launcher_log()
+
+
+def test_a_health_check_that_fails_on_every_node_excludes_none(fake, tmp_path):
+    """On a multi-node job, a check that fails everywhere (a typo in it) says more about the check than the nodes:
+    excluding every node would leave the resubmission nowhere to run."""
+    write_latest(str(tmp_path / "ckpt"), 3)
+    fake.run_launcher(FAKE_RC="0 0 1 0", FAKE_WRITES_ITER="7", HEALTH_CHECK_CMD="no-such-check")
+    log = fake.launcher_log()
+    assert "the health check failed on every node: taken for a fault of the check" in log, log
+    (sbatch,) = fake.calls("sbatch")
+    assert [a for a in sbatch["argv"] if a.startswith("--exclude")] == ["--exclude=n2"], log
