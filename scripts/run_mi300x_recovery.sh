@@ -80,8 +80,8 @@ time_limit_reached() {
     else echo limit; fi
 }
 
-# The time limit's SIGTERM without a warning first: requeued to resume, if this attempt wrote a checkpoint
-# (otherwise each attempt would end the same way, MAX_REQUEUES times over).
+# The time limit's SIGTERM, without a warning first or after a failure: requeued to resume, if this attempt
+# wrote a checkpoint (otherwise each attempt would end the same way, MAX_REQUEUES times over).
 requeue_at_time_limit() {
     training_done && finish
     if [[ $(latest_iteration) == "$LATEST_AT_START" ]]; then
@@ -91,8 +91,7 @@ requeue_at_time_limit() {
         (( RC )) && exit "$RC"
         exit 3
     fi
-    log "stopped by the time limit's SIGTERM without a warning first (RunTime at TimeLimit): resuming from" \
-        "the latest complete checkpoint"
+    log "stopped by the time limit's SIGTERM (RunTime at TimeLimit): resuming from the latest complete checkpoint"
     requeue
 }
 

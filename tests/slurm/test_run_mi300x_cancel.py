@@ -98,7 +98,7 @@ def test_the_time_limits_sigterm_without_a_warning_requeues(fake, tmp_path):
     r = fake.run_launcher(FAKE_RC="143", FAKE_WRITES_ITER="7", TRAIN_ITERS="10",
                           FAKE_JOB_INFO=job_info("01:00:31", "01:00:00"))
     log = fake.launcher_log()
-    assert "stopped by the time limit's SIGTERM without a warning first" in log, log
+    assert "stopped by the time limit's SIGTERM (RunTime at TimeLimit): resuming from the latest" in log, log
     requeues = [c for c in fake.calls("scontrol") if c["argv"][:1] == ["requeue"]]
     assert len(requeues) == 1 and not fake.calls("sbatch"), log
     assert r.returncode == 0, log
