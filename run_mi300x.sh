@@ -406,8 +406,9 @@ if training_done; then
 fi
 
 # >>> signal forwarding and srun's start (cut out by tests/slurm/test_run_mi300x_wait.py)
-# The traps only count; pass_on_signals, wait_for's hook, forwards between polls (see wait_for).
-GOT_SIGNAL=""
+# The traps only count; pass_on_signals, wait_for's hook, forwards between polls (see wait_for). The
+# recovery reads RECEIVED[TERM] as it is when it decides: also a SIGTERM that came after srun ended (Slurm
+# signals the step first, then this shell), which nothing passed on.
 SAW_USR1=0
 SRUN_PID=""
 USR1_REPEAT=${USR1_REPEAT_SECONDS:-20}
@@ -422,7 +423,6 @@ pass_on_signals() {
 }
 forward_signal() {
     kill -0 "$SRUN_PID" 2>/dev/null || return 0
-    [[ $GOT_SIGNAL == TERM ]] || GOT_SIGNAL=$1      # a repeated SIGUSR1 does not hide a SIGTERM
     if [[ $1 == USR1 ]]; then
         (( SAW_USR1 )) || log "received SIGUSR1 (time limit near): forwarding it to the training processes" \
                               "(they save a checkpoint and exit); repeated every ${USR1_REPEAT}s until they do"
@@ -441,14 +441,13 @@ LATEST_AT_START=$(latest_iteration)
 "${SRUN[@]}" &
 SRUN_PID=$!
 if (( RECEIVED[USR1] )); then       # came as srun started, which has no handler yet: the repeat passes it on
-    PASSED_ON[USR1]=${RECEIVED[USR1]} SAW_USR1=1 GOT_SIGNAL=USR1
+    PASSED_ON[USR1]=${RECEIVED[USR1]} SAW_USR1=1
     log "received SIGUSR1 (time limit near) as srun started: passing it on in ${USR1_REPEAT}s, then every" \
         "${USR1_REPEAT}s"
     ( sleep "$USR1_REPEAT"; kill -s USR1 $$ 2>/dev/null ) &
 fi
 # <<< signal forwarding
 wait_for "$SRUN_PID" pass_on_signals USR1 TERM; RC=$WAITED
-(( RECEIVED[TERM] )) && GOT_SIGNAL=TERM     # also one not passed on: Slurm signals srun first, then this shell
 trap '(( ++RECEIVED[TERM] ))' TERM     # (nothing to do now; the health check and sbatch start without it ignored)
 log "training step ended with exit code $RC after $(( $(date +%s) - START )) s; latest checkpoint: $(latest_iteration)"
 

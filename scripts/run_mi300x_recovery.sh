@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run_mi300x_recovery.sh: what run_mi300x.sh does once its training step has ended (sourced by it, not run):
 # finish, requeue at the time limit, or find the failed nodes and resubmit the job without them.
-# It reads run_mi300x.sh's settings (CKPT_DIR, END_ITER, RC, GOT_SIGNAL, SAW_USR1, LATEST_AT_START,
+# It reads run_mi300x.sh's settings (CKPT_DIR, END_ITER, RC, RECEIVED, SAW_USR1, LATEST_AT_START,
 # ATTEMPT_DIR, the layout and the job's identity) and its log / latest_iteration / die functions.
 # The variables and their defaults are documented at the top of run_mi300x.sh and in docs/LAUNCH.md.
 
@@ -112,7 +112,7 @@ stop_for_late_sigterm() {
 after_training_step() {
     if (( SAW_USR1 )); then       # the time-limit warning came (even if Slurm's SIGTERM followed): requeue
         training_done && finish
-        if [[ $GOT_SIGNAL == TERM && $(time_limit_reached) == before ]]; then
+        if (( RECEIVED[TERM] )) && [[ $(time_limit_reached) == before ]]; then
             log "stopped by SIGTERM after the time-limit warning but before the limit (cancelled or preempted);" \
                 "not requeueing"
             exit "$RC"
@@ -120,14 +120,14 @@ after_training_step() {
         # Unless the trainer failed by itself: an error exit with no new checkpoint and no SIGTERM from Slurm
         # (a short job gets the warning within seconds) goes to the failure analysis below, whose bounds hold.
         # (138: srun itself died of the SIGUSR1 passed on, before it had its handler: the warning's doing)
-        if (( RC == 0 || RC == 138 )) || [[ $GOT_SIGNAL == TERM || $(latest_iteration) != "$LATEST_AT_START" ]]; then
+        if (( RC == 0 || RC == 138 || RECEIVED[TERM] )) || [[ $(latest_iteration) != "$LATEST_AT_START" ]]; then
             (( RC == 0 )) || log "warning: the trainer exited $RC after SIGUSR1; resuming from the latest complete" \
                                  "checkpoint"
             requeue
         fi
         log "the trainer exited $RC after SIGUSR1 without a new checkpoint or a SIGTERM: a failure, not the time limit"
     fi
-    if [[ $GOT_SIGNAL == TERM ]]; then
+    if (( RECEIVED[TERM] )); then
         [[ $(time_limit_reached) == limit ]] && requeue_at_time_limit     # no warning came (no --signal)
         log "stopped by SIGTERM (cancelled or preempted); not restarting"
         exit "$RC"

@@ -130,10 +130,7 @@ class FakeSlurm:
         os.makedirs(self.bin, exist_ok=True)
         for name, text in (("srun", SRUN), ("sbatch", SBATCH), ("scontrol", SCONTROL), ("squeue", SQUEUE),
                            ("sleep", SLEEP), ("fake_trainer.sh", TRAINER)):
-            path = os.path.join(self.bin, name)
-            with open(path, "w") as f:
-                f.write(text)
-            os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC | stat.S_IXGRP | stat.S_IXOTH)
+            self.install(name, text)
         self.calls_file = os.path.join(self.dir, "calls.jsonl")
         self.submit_dir = os.path.join(self.dir, "submit")
         os.makedirs(self.submit_dir, exist_ok=True)
@@ -150,6 +147,20 @@ class FakeSlurm:
             CKPT_DIR=os.path.join(self.dir, "ckpt"), OMP_NUM_THREADS="1", NCCL_SOCKET_IFNAME="lo")
         env.update(extra)
         return env
+
+    def install(self, name: str, text: str) -> str:
+        """An executable `name` in the stand-in commands' folder (replacing one there); its path."""
+        path = os.path.join(self.bin, name)
+        with open(path, "w") as f:
+            f.write(text)
+        os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC | stat.S_IXGRP | stat.S_IXOTH)
+        return path
+
+    def move_srun_aside(self) -> str:
+        """The stand-in srun's new path, for a test's own srun (install) that calls it."""
+        real = os.path.join(self.bin, "srun.real")
+        os.rename(os.path.join(self.bin, "srun"), real)
+        return real
 
     def run_launcher(self, *args: str, timeout: float = 60, **extra) -> subprocess.CompletedProcess:
         if os.path.exists(self.calls_file):

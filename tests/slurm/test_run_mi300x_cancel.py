@@ -20,11 +20,9 @@ from fake_slurm import write_latest
 def term_to_launcher(fake, when: str) -> None:
     """srun runs as usual; the launcher (the training srun's parent) gets SIGTERM right after the training
     srun ends ("after-srun"), or from the failure analysis's health check ("during-analysis")."""
-    real = os.path.join(fake.bin, "srun.real")
-    os.rename(os.path.join(fake.bin, "srun"), real)
+    real = fake.move_srun_aside()
     pid_file = os.path.join(fake.dir, "launcher.pid")
-    with open(os.path.join(fake.bin, "srun"), "w") as f:
-        f.write(f'''#!/usr/bin/env bash
+    fake.install("srun", f'''#!/usr/bin/env bash
 trap ':' USR1     # as the real srun, which passes it on
 if [[ " $* " != *" --task "* ]]; then
     [[ {when} == during-analysis ]] && kill -s TERM "$(< {pid_file})"
@@ -35,7 +33,6 @@ echo $PPID > {pid_file}
 [[ {when} == after-srun ]] && kill -s TERM $PPID
 exit $rc
 ''')
-    os.chmod(os.path.join(fake.bin, "srun"), 0o755)
 
 
 @pytest.mark.parametrize("when", ["after-srun", "during-analysis"])
@@ -119,13 +116,11 @@ def test_the_time_limits_sigterm_without_a_new_checkpoint_does_not_requeue(fake,
 def term_while_the_exit_records_are_logged(fake) -> None:
     """The launcher's SIGTERM arrives while it logs the exit records (after srun ended, before the analysis goes
     on): a tee stand-in sends it."""
-    with open(os.path.join(fake.bin, "tee"), "w") as f:
-        f.write('''#!/usr/bin/env bash
+    fake.install("tee", '''#!/usr/bin/env bash
 text=$(cat); printf '%s\\n' "$text" | /usr/bin/tee "$@"
 [[ $text == *"exit records:"* ]] && kill -s TERM $PPID
 exit 0
 ''')
-    os.chmod(os.path.join(fake.bin, "tee"), 0o755)
 
 
 def test_a_late_cancellation_runs_no_health_check(fake, tmp_path):
@@ -153,11 +148,9 @@ def test_a_health_check_cut_short_by_the_time_limit_blames_no_node(fake, tmp_pat
     """n2's rank fails by itself near the limit; the health check answers at once on n2 and takes 2 s on n1; the
     limit's SIGTERM comes 0.5 s in, and Slurm ends every step (here: timeout 0.5 around srun). n1 did not answer
     because the check was cut: only n2 is left out."""
-    real = os.path.join(fake.bin, "srun.real")
-    os.rename(os.path.join(fake.bin, "srun"), real)
+    real = fake.move_srun_aside()
     pid_file = os.path.join(fake.dir, "launcher.pid")
-    with open(os.path.join(fake.bin, "srun"), "w") as f:
-        f.write(f'''#!/usr/bin/env bash
+    fake.install("srun", f'''#!/usr/bin/env bash
 if [[ " $* " != *" --task "* ]]; then
     ( sleep 0.5; kill -s TERM "$(< {pid_file})" ) &
     timeout 0.5 "{real}" "$@"; exit $?
@@ -165,7 +158,6 @@ fi
 echo $PPID > {pid_file}
 exec "{real}" "$@"
 ''')
-    os.chmod(os.path.join(fake.bin, "srun"), 0o755)
     write_latest(str(tmp_path / "ckpt"), 5)
     fake.run_launcher(FAKE_RC="0 0 1 0", TRAIN_ITERS="10", FAKE_WRITES_ITER="7",
                       HEALTH_CHECK_CMD='[ "$SLURMD_NODENAME" != n1 ] || sleep 2',
@@ -182,16 +174,13 @@ def test_the_time_limits_sigterm_after_the_step_requeues_when_no_rank_failed(fak
     goes on; its health check's srun fails as the real Slurm's does past the limit ("job has expired") and blames
     nobody."""
     term_while_the_exit_records_are_logged(fake)
-    real = os.path.join(fake.bin, "srun.real")
-    os.rename(os.path.join(fake.bin, "srun"), real)
-    with open(os.path.join(fake.bin, "srun"), "w") as f:
-        f.write(f'''#!/usr/bin/env bash
+    real = fake.move_srun_aside()
+    fake.install("srun", f'''#!/usr/bin/env bash
 if [[ " $* " != *" --task "* ]]; then
     echo "srun: error: Slurm job $SLURM_JOB_ID has expired" >&2; exit 1
 fi
 exec "{real}" "$@"
 ''')
-    os.chmod(os.path.join(fake.bin, "srun"), 0o755)
     write_latest(str(tmp_path / "ckpt"), 5)
     for rc, requeued in (("143", True), ("0 0 1 0", False)):      # the second: n2's rank failed by itself
         fake.run_launcher(FAKE_RC=rc, FAKE_WRITES_ITER="7", TRAIN_ITERS="10", HEALTH_CHECK_CMD="true",

@@ -123,14 +123,11 @@ STUCK = "trap '' TERM; sleep 30"       # a trainer in a hung collective, or a ba
      ["2 killed while stopping, on 1 of 2 nodes: counted as stopped", "failed nodes: n2"]),
 ], ids=["every-node-stuck", "one-node-deaf", "one-node-lost"])
 def test_ranks_killed_after_killwait_blame_a_node_only_when_it_alone_did_not_stop(fake, tmp_path, trainer, expected):
-    real = os.path.join(fake.bin, "srun.real")
-    os.rename(os.path.join(fake.bin, "srun"), real)
-    for name, text in (("srun", KILLWAIT_SRUN), ("trainer.sh", f"#!/usr/bin/env bash\n{trainer}\n")):
-        with open(os.path.join(fake.bin, name), "w") as f:
-            f.write(text)
-        os.chmod(os.path.join(fake.bin, name), 0o755)
+    real = fake.move_srun_aside()
+    fake.install("srun", KILLWAIT_SRUN)
+    trainer_path = fake.install("trainer.sh", f"#!/usr/bin/env bash\n{trainer}\n")
     write_latest(str(tmp_path / "ckpt"), 5)
-    fake.run_launcher(TRAIN_ITERS="10", SRUN_REAL=real, TRAIN_SCRIPT=os.path.join(fake.bin, "trainer.sh"))
+    fake.run_launcher(TRAIN_ITERS="10", SRUN_REAL=real, TRAIN_SCRIPT=trainer_path)
     log = fake.launcher_log()
     assert all(e in log for e in expected), log
     assert len(fake.calls("sbatch")) == 1 and "giving up" not in log, log
