@@ -129,7 +129,8 @@ after_training_step() {
     fi
     if (( RECEIVED[TERM] )); then
         [[ $(time_limit_reached) == limit ]] && requeue_at_time_limit     # no warning came (no --signal)
-        log "stopped by SIGTERM (cancelled or preempted); not restarting"
+        log "stopped by SIGTERM (cancelled, preempted or a node failed; Slurm itself requeues a job whose node" \
+            "failed); not restarting"
         exit "$RC"
     fi
     if (( RC == 0 )); then
@@ -148,7 +149,7 @@ after_training_step() {
 # Failure: find the nodes to blame, then resubmit without them (a bounded number of times).
 restart_after_failure() {
     local node rank rc sig state f n t ok HC_RC TERMS_BEFORE PENDING_NOTE EXCLUDE BAD_LIST JOB_INFO LIMIT
-    local MAIL_TYPE NEW FROM
+    local MAIL_TYPE NEW FROM SUBMITTED
     local -A BAD=() SEEN=() PENDING_NODES=()
     local OWN=() STOPPED=() HUNG=() PENDING=() HC_BAD=() NODES=() SUB=() CARRIED=() GRES=() tres=() sba=() ra=()
     if training_done; then
@@ -336,9 +337,21 @@ restart_after_failure() {
     SUB+=("$SCRIPT_PATH" "${TRAINER_EXTRA[@]}")
     log "the resubmission carries: ${CARRIED[*]:-no settings of this job}${SBATCH_ARGS:+; SBATCH_ARGS=$SBATCH_ARGS}"
     stop_for_late_sigterm
+    TERMS_BEFORE=${RECEIVED[TERM]}
     NEW=$(run_clean ZAYA_RESTART=$(( RESTART + 1 )) ZAYA_EXCLUDE="$EXCLUDE" ZAYA_FAILED_AT="$(latest_iteration)" \
           LAUNCHER_PATH="$SCRIPT_PATH" "${SUB[@]}" 2>&1)
-    if [[ $? -ne 0 ]]; then
+    SUBMITTED=$?
+    # A cancellation (or preemption) whose SIGTERM came while sbatch ran: take the resubmission back.
+    if (( RECEIVED[TERM] > TERMS_BEFORE )) && [[ $(time_limit_reached) != limit ]]; then
+        if (( SUBMITTED == 0 )); then
+            scancel "${NEW%%;*}" || log "warning: scancel ${NEW%%;*} failed: cancel it by hand"
+            log "SIGTERM came while the resubmission was submitted (cancelled or preempted): cancelled job ${NEW%%;*}"
+        else
+            log "SIGTERM came while the resubmission was submitted (cancelled or preempted); sbatch said: $NEW"
+        fi
+        exit "$RC"
+    fi
+    if (( SUBMITTED != 0 )); then
         log "error: resubmission failed: $NEW"
         exit "$RC"
     fi

@@ -1,4 +1,4 @@
-"""Stand-in srun / scontrol / sbatch / squeue for fast tests of run_mi300x.sh's decisions (no Slurm).
+"""Stand-in srun / scontrol / sbatch / squeue / scancel for fast tests of run_mi300x.sh's decisions (no Slurm).
 
     fake = FakeSlurm(tmp_path)                       # writes the commands into tmp_path/bin
     r = fake.run_launcher(FAKE_RC="0 0 143 1")       # run_mi300x.sh as the batch script of a 2 x 2 job
@@ -27,8 +27,9 @@ from slurm_jobs import LAUNCHER
 
 RECORD = r'''#!/usr/bin/env python3
 import json, os, sys
+name = os.path.basename(sys.argv[0]).removesuffix(".real")     # (a test's wrapper runs it as NAME.real)
 with open(os.environ["FAKE_CALLS"], "a") as f:
-    f.write(json.dumps({"cmd": os.path.basename(sys.argv[0]), "argv": sys.argv[1:], "env": dict(os.environ)}) + "\n")
+    f.write(json.dumps({"cmd": name, "argv": sys.argv[1:], "env": dict(os.environ)}) + "\n")
 '''
 
 SBATCH = RECORD + 'print(os.environ.get("FAKE_SBATCH_OUTPUT", "999"))\n'
@@ -129,7 +130,7 @@ class FakeSlurm:
         self.bin = os.path.join(self.dir, "bin")
         os.makedirs(self.bin, exist_ok=True)
         for name, text in (("srun", SRUN), ("sbatch", SBATCH), ("scontrol", SCONTROL), ("squeue", SQUEUE),
-                           ("sleep", SLEEP), ("fake_trainer.sh", TRAINER)):
+                           ("scancel", RECORD), ("sleep", SLEEP), ("fake_trainer.sh", TRAINER)):
             self.install(name, text)
         self.calls_file = os.path.join(self.dir, "calls.jsonl")
         self.submit_dir = os.path.join(self.dir, "submit")
@@ -156,10 +157,10 @@ class FakeSlurm:
         os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC | stat.S_IXGRP | stat.S_IXOTH)
         return path
 
-    def move_srun_aside(self) -> str:
-        """The stand-in srun's new path, for a test's own srun (install) that calls it."""
-        real = os.path.join(self.bin, "srun.real")
-        os.rename(os.path.join(self.bin, "srun"), real)
+    def move_aside(self, name: str) -> str:
+        """The stand-in `name`'s new path, for a test's own `name` (install) that calls it."""
+        real = os.path.join(self.bin, f"{name}.real")
+        os.rename(os.path.join(self.bin, name), real)
         return real
 
     def run_launcher(self, *args: str, timeout: float = 60, **extra) -> subprocess.CompletedProcess:

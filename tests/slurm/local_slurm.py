@@ -102,6 +102,29 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 class LocalSlurm:
     """A Slurm cluster of `nodes` emulated nodes (lnode1..N) on localhost, files under `root`."""
 
@@ -229,16 +252,67 @@ class LocalSlurm:
                 raise SlurmError(f"slurmctld failed ({r.returncode}): {r.stderr.strip()}; see {self.root}/slurmctld.log")
             self.pidfiles.append(f"{self.root}/slurmctld.pid")
             for n in self.node_names:
-                r = subprocess.run([_which("slurmd"), "-N", n, "-f", self.conf], env=env, capture_output=True, text=True)
-                if r.returncode != 0:
-                    raise SlurmError(f"slurmd -N {n} failed ({r.returncode}): {r.stderr.strip()}; "
-                                     f"see {self.root}/slurmd-{n}.log")
+                self._start_slurmd(n)
                 self.pidfiles.append(f"{self.root}/slurmd-{n}.pid")
             self.wait_idle(timeout)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _start_slurmd(self, node: str) -> None:
+        r = subprocess.run([_which("slurmd"), "-N", node, "-f", self.conf], env=self.env, capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            raise SlurmError(f"slurmd -N {node} failed ({r.returncode}): {r.stderr.strip()}; "
+                             f"see {self.root}/slurmd-{node}.log")
+
+    # -- faults ---------------------------------------------------------------------------------
+    def job_processes(self, job_id: str, node: str, steps_only: bool = False) -> list[int]:
+        """PIDs of job `job_id`'s processes on emulated `node`, found by their Slurm environment in /proc
+        (all emulated nodes share this machine): with steps_only, only srun's tasks (not the batch script)."""
+        pids = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/environ", "rb") as f:
+                    env = dict(x.split(b"=", 1) for x in f.read().split(b"\0") if b"=" in x)
+            except OSError:
+                continue
+            if env.get(b"SLURM_JOB_ID") != job_id.encode() or env.get(b"SLURMD_NODENAME") != node.encode():
+                continue
+            if steps_only and b"SLURM_STEP_ID" not in env:
+                continue
+            pids.append(int(name))
+        return pids
+
+    def kill_tasks(self, job_id: str, node: str) -> list[int]:
+        """SIGKILL job `job_id`'s srun tasks on `node` (trainers and their task wrappers), as an out-of-memory
+        kill of the whole job's cgroup would: slurmd stays up and srun sees the tasks die of SIGKILL."""
+        pids = self.job_processes(job_id, node, steps_only=True)
+        for pid in pids:
+            _kill(pid, signal.SIGKILL)
+        return pids
+
+    def fail_node(self, job_id: str, node: str) -> None:
+        """The node dies under job `job_id`: SIGKILL its slurmd, the job's slurmstepds there and every process
+        of the job there. Then mark it DOWN, as slurmctld does once the node has not answered for
+        SlurmdTimeout (300 s by default), which kills and (with --requeue) requeues the jobs on it."""
+        pids = self.job_processes(job_id, node)
+        stepds = {_parent(p) for p in pids}
+        stepds = [p for p in stepds if p and _command(p).startswith("slurmstepd")]
+        with open(f"{self.root}/slurmd-{node}.pid") as f:
+            slurmd = int(f.read().split()[0])
+        for pid in [slurmd, *stepds, *pids]:
+            _kill(pid, signal.SIGKILL)
+        self.run("scontrol", "update", f"nodename={node}", "state=down", "reason=fail_node (test)")
+
+    def revive_node(self, node: str, timeout: float = 60) -> None:
+        """Undo fail_node: start the node's slurmd again, resume it, and wait until every node is idle."""
+        self._start_slurmd(node)
+        self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)   # (ReturnToService=2)
+        self.wait_idle(timeout)
 
     def node_states(self) -> dict:
         r = self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False)
@@ -313,10 +387,7 @@ class LocalSlurm:
             pids = [p for p in pids if _pid_alive(p)]
             time.sleep(0.2)
         for p in pids:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _kill(p, signal.SIGKILL)
         self.pidfiles = []
 
 

@@ -1,6 +1,8 @@
-"""Helpers shared by the launcher tests: paths, and sbatch/scontrol wrappers for run_mi300x.sh jobs."""
+"""Helpers shared by the launcher tests: paths, sbatch/scontrol wrappers for run_mi300x.sh jobs, and the
+stand-in trainer's environment and output."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -9,6 +11,7 @@ from local_slurm import LocalSlurm
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCHER = os.path.join(REPO, "run_mi300x.sh")
+STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin_trainer.py")
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
             "DEADLINE"}
 
@@ -49,6 +52,11 @@ class Jobs:
         raise AssertionError(f"job {job_id} not done after {timeout:.0f}s: {info.get('JobState')}\n"
                              f"{self.output(job_id)[-3000:]}")
 
+    def named(self, name: str) -> list[str]:
+        """Ids of every job called `name` that Slurm still knows (ended ones too, for MinJobAge)."""
+        r = self.cluster.run("squeue", "-h", "--states=all", f"--name={name}", "-o", "%i", check=False)
+        return r.stdout.split()
+
     def output(self, job_id: str) -> str:
         """The job's Slurm output file (run_mi300x.sh writes %x-%j.out in the submit dir)."""
         for name in os.listdir(self.workdir):
@@ -56,3 +64,25 @@ class Jobs:
                 with open(os.path.join(self.workdir, name), errors="replace") as f:
                     return f.read()
         return ""
+
+
+def read(path: str) -> str:
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+def latest(ckpt: str) -> int:
+    return int(read(os.path.join(ckpt, "latest_checkpointed_iteration.txt")).strip())
+
+
+def standin_views(text: str) -> list[dict]:
+    return [json.loads(line.split("standin: ", 1)[1]) for line in text.splitlines()
+            if line.startswith("standin: {")]
+
+
+def standin_env(tmp: str, **extra) -> dict:
+    # Resubmissions get run_mi300x.sh's own B:USR1@600 unless told otherwise (see Jobs.submit).
+    env = dict(TRAIN_SCRIPT=STANDIN, CKPT_DIR=os.path.join(tmp, "ckpt"), OMP_NUM_THREADS="1",
+               RESUBMIT_ARGS="--signal=B:USR1@5")
+    env.update(extra)
+    return env

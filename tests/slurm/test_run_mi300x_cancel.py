@@ -19,8 +19,9 @@ from fake_slurm import write_latest
 
 def term_to_launcher(fake, when: str) -> None:
     """srun runs as usual; the launcher (the training srun's parent) gets SIGTERM right after the training
-    srun ends ("after-srun"), or from the failure analysis's health check ("during-analysis")."""
-    real = fake.move_srun_aside()
+    srun ends ("after-srun"), or from the failure analysis's health check ("during-analysis"), or not at all
+    ("never": the launcher's pid is only written to launcher.pid, for the test's own stand-ins)."""
+    real = fake.move_aside("srun")
     pid_file = os.path.join(fake.dir, "launcher.pid")
     fake.install("srun", f'''#!/usr/bin/env bash
 trap ':' USR1     # as the real srun, which passes it on
@@ -43,7 +44,7 @@ def test_a_sigterm_after_srun_ended_is_a_cancellation_not_a_failure(fake, tmp_pa
                           FAKE_JOB_INFO=job_info("00:20:00", "01:00:00"))
     log = fake.launcher_log()
     if when == "after-srun":
-        assert "stopped by SIGTERM (cancelled or preempted); not restarting" in log, log
+        assert "stopped by SIGTERM (cancelled, preempted or a node failed;" in log and "not restarting" in log, log
     else:
         assert "health check on every node" in log, log
         assert "SIGTERM came while the failure was analysed (cancelled or preempted); not resubmitting" in log, log
@@ -148,7 +149,7 @@ def test_a_health_check_cut_short_by_the_time_limit_blames_no_node(fake, tmp_pat
     """n2's rank fails by itself near the limit; the health check answers at once on n2 and takes 2 s on n1; the
     limit's SIGTERM comes 0.5 s in, and Slurm ends every step (here: timeout 0.5 around srun). n1 did not answer
     because the check was cut: only n2 is left out."""
-    real = fake.move_srun_aside()
+    real = fake.move_aside("srun")
     pid_file = os.path.join(fake.dir, "launcher.pid")
     fake.install("srun", f'''#!/usr/bin/env bash
 if [[ " $* " != *" --task "* ]]; then
@@ -174,7 +175,7 @@ def test_the_time_limits_sigterm_after_the_step_requeues_when_no_rank_failed(fak
     goes on; its health check's srun fails as the real Slurm's does past the limit ("job has expired") and blames
     nobody."""
     term_while_the_exit_records_are_logged(fake)
-    real = fake.move_srun_aside()
+    real = fake.move_aside("srun")
     fake.install("srun", f'''#!/usr/bin/env bash
 if [[ " $* " != *" --task "* ]]; then
     echo "srun: error: Slurm job $SLURM_JOB_ID has expired" >&2; exit 1
@@ -191,3 +192,23 @@ exec "{real}" "$@"
         if not requeued:
             assert "the health check ran on no node (its srun exited 1): not used to blame nodes" in log, log
             assert [a for a in fake.calls("sbatch")[0]["argv"] if a.startswith("--exclude")] == ["--exclude=n2"], log
+
+
+@pytest.mark.parametrize("run, cancelled", [("00:20:00", True), ("01:00:31", False)])
+def test_a_sigterm_while_sbatch_resubmits_takes_the_resubmission_back(fake, tmp_path, run, cancelled):
+    """n2's rank failed by itself and the launcher resubmits; a scancel's SIGTERM comes while sbatch runs (here:
+    the stand-in sbatch sends it, then submits job 777). The new job is cancelled; at the time limit it stays."""
+    term_to_launcher(fake, "never")
+    real = fake.move_aside("sbatch")
+    fake.install("sbatch", f'''#!/usr/bin/env bash
+kill -s TERM "$(< {os.path.join(fake.dir, "launcher.pid")})"
+python3 "{real}" "$@"
+''')
+    write_latest(str(tmp_path / "ckpt"), 5)
+    fake.run_launcher(FAKE_RC="0 0 1 0", TRAIN_ITERS="10", FAKE_SBATCH_OUTPUT="777",
+                      FAKE_JOB_INFO=job_info(run, "01:00:00"))
+    log = fake.launcher_log()
+    assert len(fake.calls("sbatch")) == 1, log
+    assert [c["argv"] for c in fake.calls("scancel")] == ([["777"]] if cancelled else []), log
+    assert ("while the resubmission was submitted (cancelled or preempted): cancelled job 777" in log) == cancelled, log
+    assert ("resubmitted as job 777" in log) == (not cancelled), log

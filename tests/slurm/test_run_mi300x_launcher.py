@@ -8,15 +8,12 @@ the restart bound, and SIGUSR1 -> checkpoint -> scontrol requeue -> resume.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 import sys
 
-from slurm_jobs import LAUNCHER, REPO
-
-STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin_trainer.py")
+from slurm_jobs import LAUNCHER, REPO, latest, read, standin_env, standin_views
 
 
 def clean_env(**extra) -> dict:
@@ -24,20 +21,6 @@ def clean_env(**extra) -> dict:
            and k not in ("TRITON_CACHE_DIR", "MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR")}
     env.update(extra)
     return env
-
-
-def standin_views(text: str) -> list[dict]:
-    return [json.loads(line.split("standin: ", 1)[1]) for line in text.splitlines()
-            if line.startswith("standin: {")]
-
-
-def read(path: str) -> str:
-    with open(path, errors="replace") as f:
-        return f.read()
-
-
-def latest(ckpt: str) -> int:
-    return int(read(os.path.join(ckpt, "latest_checkpointed_iteration.txt")).strip())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,14 +126,6 @@ def test_a_copy_of_the_launcher_outside_the_repository_needs_repo_dir(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Real sbatch jobs with the stand-in trainer
 # ---------------------------------------------------------------------------------------------
-
-def standin_env(tmp: str, **extra) -> dict:
-    # Resubmissions get run_mi300x.sh's own B:USR1@600 unless told otherwise (see Jobs.submit).
-    env = dict(TRAIN_SCRIPT=STANDIN, CKPT_DIR=os.path.join(tmp, "ckpt"), OMP_NUM_THREADS="1",
-               RESUBMIT_ARGS="--signal=B:USR1@5")
-    env.update(extra)
-    return env
-
 
 def test_two_nodes_two_tasks_layout_and_logs(jobs):
     marker = os.path.join(jobs.workdir, "next-phase")

@@ -123,7 +123,7 @@ STUCK = "trap '' TERM; sleep 30"       # a trainer in a hung collective, or a ba
      ["2 killed while stopping, on 1 of 2 nodes: counted as stopped", "failed nodes: n2"]),
 ], ids=["every-node-stuck", "one-node-deaf", "one-node-lost"])
 def test_ranks_killed_after_killwait_blame_a_node_only_when_it_alone_did_not_stop(fake, tmp_path, trainer, expected):
-    real = fake.move_srun_aside()
+    real = fake.move_aside("srun")
     fake.install("srun", KILLWAIT_SRUN)
     trainer_path = fake.install("trainer.sh", f"#!/usr/bin/env bash\n{trainer}\n")
     write_latest(str(tmp_path / "ckpt"), 5)

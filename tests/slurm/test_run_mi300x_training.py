@@ -31,7 +31,7 @@ import tempfile
 
 import pytest
 
-from slurm_jobs import REPO, TERMINAL, Jobs
+from slurm_jobs import REPO, TERMINAL, Jobs, read
 
 pytestmark = pytest.mark.skipif(not os.path.isfile(os.path.join(REPO, "pretrain_zaya.py")),
                                 reason="pretrain_zaya.py is not in the repository yet")
@@ -85,11 +85,6 @@ def train_env(dataset: dict, ckpt: str) -> dict:
 
 def losses(text: str) -> dict[int, str]:
     return {int(m.group(1)): m.group(3) for m in LOSS_RE.finditer(text)}
-
-
-def read(path: str) -> str:
-    with open(path, errors="replace") as f:
-        return f.read()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,88 @@
+"""A node lost in the middle of training, on the real local Slurm (3 emulated nodes, stand-in trainer).
+
+    python -m pytest -q tests/slurm/test_run_mi300x_node_loss.py
+
+1. The node's training processes die (SIGKILL, as an out-of-memory kill of the job takes the trainers and
+   their task wrappers together) while its slurmd lives on: its ranks leave no exit record, srun stops the
+   other node's ranks, and the launcher blames the silent node, resubmits without it (sbatch --exclude,
+   --dependency=afterany) and the resubmission resumes from the latest checkpoint on the third node.
+2. The node itself dies (slurmd, slurmstepd and the job's processes killed, then marked DOWN as slurmctld
+   does after SlurmdTimeout): Slurm ends the job and, as run_mi300x.sh asks for --requeue, requeues it
+   itself. The launcher must neither resubmit nor requeue on top of that (two copies of one run would write
+   one checkpoint folder), and Slurm's requeued job resumes on healthy nodes.
+The fake-Slurm tests (test_run_mi300x_task_records.py) cover the exit-record rules case by case; these
+check that Slurm really behaves as those rules assume.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+from slurm_jobs import TERMINAL, latest, read, standin_env, standin_views
+
+TRAIN_ITERS = 80
+
+
+def submit_and_wait_for_training(jobs, name: str, **extra):
+    """A 2-node x 2-task stand-in job on lnode[1-2], returned once it has written its first checkpoint."""
+    env = standin_env(jobs.workdir, TRAIN_ARGS=f"--train-iters {TRAIN_ITERS} --save-interval 5",
+                      STANDIN_ITER_SECONDS="0.1", STANDIN_RESUME_ITER_SECONDS="0.02", **extra)
+    job = jobs.submit(["--nodes=2", "--ntasks-per-node=2", "--time=3", f"--job-name={name}"], env)
+    ckpt = env["CKPT_DIR"]
+
+    def saved(info):
+        return os.path.exists(os.path.join(ckpt, "latest_checkpointed_iteration.txt")) \
+            or info.get("JobState") in TERMINAL
+
+    info = jobs.wait(job, 60, until=saved, poll=0.2)
+    assert info["JobState"] == "RUNNING" and info["NodeList"] == "lnode[1-2]", (info, jobs.output(job)[-3000:])
+    return job, env
+
+
+def test_lost_training_processes_blame_their_node_and_the_resubmission_excludes_it(jobs):
+    job, env = submit_and_wait_for_training(jobs, "zlosttasks")
+    killed = jobs.cluster.kill_tasks(job, "lnode2")
+    assert len(killed) == 4, killed                      # 2 task wrappers and their 2 trainers
+    info = jobs.wait(job, 60)
+    logdir = os.path.join(jobs.workdir, "logs", f"zlosttasks-{job}")
+    log = read(os.path.join(logdir, "launcher.log"))
+    assert info["JobState"] == "FAILED", log
+    # Only lnode1's ranks recorded how they ended (srun's SIGTERM: they saved and exited).
+    assert sorted(os.listdir(os.path.join(logdir, "attempt-0", "exit"))) == ["rank-0", "rank-1"], log
+    assert "2 missing" in log and "failed nodes: lnode2" in log, log
+    m = re.search(r"resubmitted as job (\d+) \(restart 1/3, excluding lnode2\), resuming from iteration (\d+)", log)
+    assert m, log
+    second, resume_at = m.group(1), int(m.group(2))
+    info2 = jobs.wait(second, 60)
+    assert info2["JobState"] == "COMPLETED", jobs.output(second)[-3000:]
+    assert info2["ExcNodeList"] == "lnode2" and info2["NodeList"] == "lnode[1,3]", info2
+    views = standin_views(read(os.path.join(jobs.workdir, "logs", f"zlosttasks-{second}", "attempt-0",
+                                            "rank-0.log")))
+    assert views[0]["ZAYA_RESTART"] == "1" and views[0]["resumed_from"] == resume_at >= 5, views[0]
+    assert latest(env["CKPT_DIR"]) == TRAIN_ITERS
+
+
+def test_a_dead_node_is_left_to_slurms_own_requeue(jobs):
+    job, env = submit_and_wait_for_training(jobs, "zdeadnode")
+    try:
+        jobs.cluster.fail_node(job, "lnode2")
+        # Slurm requeues the job (Restarts=1) and starts it again on the two nodes still up.
+        info = jobs.wait(job, 120, until=lambda i: i.get("Restarts") == "1" and i.get("JobState") in TERMINAL)
+    finally:
+        jobs.cluster.revive_node("lnode2")
+    logdir = os.path.join(jobs.workdir, "logs", f"zdeadnode-{job}")
+    log = read(os.path.join(logdir, "launcher.log"))
+    assert info["JobState"] == "COMPLETED" and info["NodeList"] == "lnode[1,3]", (info, log)
+    lines = log.splitlines()
+    k = next(i for i, line in enumerate(lines) if " attempt 1 (requeues 1/" in line)
+    first_attempt, second_attempt = "\n".join(lines[:k]), "\n".join(lines[k:])
+    # The first attempt's launcher forwards the SIGTERM and stops: it neither finishes the run (which would
+    # start ON_SUCCESS_CMD), nor requeues, nor resubmits it.
+    assert "received SIGTERM" in first_attempt and "not restarting" in lines[k - 1], log
+    assert "resubmitted" not in log and "requeueing" not in log, log
+    assert jobs.named("zdeadnode") == [job], "a second copy of the run was submitted"
+    saved = int(re.search(r"ended with exit code \d+ after \d+ s; latest checkpoint: (\d+)", first_attempt).group(1))
+    views = standin_views(read(os.path.join(logdir, "attempt-1", "rank-0.log")))
+    assert views[0]["SLURM_RESTART_COUNT"] == "1" and views[0]["resumed_from"] == saved >= 5, (views[0], log)
+    assert "training finished" in second_attempt
+    assert latest(env["CKPT_DIR"]) == TRAIN_ITERS
