@@ -12,12 +12,14 @@ Several processes: launch the same command with torchrun, mpirun or srun (see do
 from __future__ import annotations
 
 import sys
+import traceback
 
 from megatron_zaya.arguments import parse_args
 from megatron_zaya.checkpoint.format import CheckpointError
 from megatron_zaya.errors import UserInputError
 from megatron_zaya.training.setup import build_and_train, seed_everything
 from megatron_zaya.parallel.launch import detect_launcher, end_with_the_launcher, exit_process
+from megatron_zaya.parallel.peer_loss import PEER_LOST_EXIT_CODE, peer_lost
 
 PROG = "pretrain_zaya.py"
 
@@ -40,7 +42,8 @@ def main(argv=None) -> int:
     once per node, by its first process, every rank exiting with status 2), then train. Errors in
     the user's input found later (a corrupt dataset or checkpoint, an unusable path) end the run with
     one `error:` line per rank that met it (naming the rank in a multi-process run) and exit status
-    2, like a bad flag."""
+    2, like a bad flag. A collective that failed because another rank is gone ends this rank with
+    PEER_LOST_EXIT_CODE (123; parallel/peer_loss.py), after its traceback."""
     end_with_the_launcher()       # a SIGKILLed torchrun leaves no rank behind (holding the --save lock)
     run = parse_args(argv)
     seed_everything(run.train.seed)
@@ -54,6 +57,15 @@ def main(argv=None) -> int:
         where = f" (rank {launch.rank} of {launch.world_size})" if launch.world_size > 1 else ""
         print(f"{PROG}: error{where}: {' '.join(line.splitlines())}", file=sys.stderr, flush=True)
         return 2
+    except RuntimeError as err:
+        if not peer_lost(err):
+            raise
+        traceback.print_exc()
+        launch = detect_launcher()
+        print(f"{PROG}: rank {launch.rank} of {launch.world_size}: another process of the job is gone (a collective "
+              f"failed: {str(err).strip().splitlines()[0][:200]}); exiting with {PEER_LOST_EXIT_CODE}, which "
+              "run_mi300x.sh does not blame on this node", file=sys.stderr, flush=True)
+        return PEER_LOST_EXIT_CODE
 
 
 if __name__ == "__main__":

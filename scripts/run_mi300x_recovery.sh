@@ -151,7 +151,7 @@ restart_after_failure() {
     local node rank rc sig state f n t ok HC_RC TERMS_BEFORE PENDING_NOTE EXCLUDE BAD_LIST JOB_INFO LIMIT
     local MAIL_TYPE NEW FROM SUBMITTED
     local -A BAD=() SEEN=() PENDING_NODES=()
-    local OWN=() STOPPED=() HUNG=() PENDING=() HC_BAD=() NODES=() SUB=() CARRIED=() GRES=() tres=() sba=() ra=()
+    local OWN=() STOPPED=() HUNG=() PEER_LOST=() PENDING=() HC_BAD=() NODES=() SUB=() CARRIED=() GRES=() tres=() sba=() ra=()
     if training_done; then
         log "warning: exit code $RC, but the last checkpoint is iteration $(latest_iteration) = END_ITER: the run" \
             "is complete (a rank failed while shutting down; see $ATTEMPT_DIR/exit/)"
@@ -167,7 +167,9 @@ restart_after_failure() {
     #    a trainer can die of the signal before its task wrapper records it; a peer's failure also makes
     #    RCCL/NCCL abort the healthy ranks;
     #  - 124, the trainer's hang watchdog (megatron_zaya/training/watchdog.py): every rank waiting in a hung
-    #    collective fires it, the healthy ones included. HEALTH_CHECK_CMD is the tool that finds a bad node.
+    #    collective fires it, the healthy ones included. HEALTH_CHECK_CMD is the tool that finds a bad node;
+    #  - 123, a trainer whose collective failed because another rank is gone (megatron_zaya/parallel/peer_loss.py:
+    #    gloo raises at once when a peer's socket closes, often before srun's SIGTERM arrives).
     # A record still "pending" (its task got srun's SIGTERM, and its trainer did not exit before Slurm's KillWait
     # ran out) counts as stopped by a signal when every node has one (ranks stuck in collectives after one
     # failed) or when some rank left no record at all (a lost node: the others were stuck waiting for it), and
@@ -185,6 +187,8 @@ restart_after_failure() {
             continue
         elif [[ $rc == 124 ]]; then
             HUNG+=("$rank")
+        elif [[ $rc == 123 ]]; then
+            PEER_LOST+=("$rank")
         elif [[ $sig != none || ! $rc =~ ^[0-9]+$ ]] ||
              { (( rc >= 128 )) && [[ " $SELF_FAULTS " != *" $rc "* ]]; }; then
             STOPPED+=("$rank")
@@ -204,7 +208,8 @@ restart_after_failure() {
         fi
     fi
     log "exit records: ${#OWN[@]} rank(s) failed by themselves${OWN:+ (${OWN[*]})}, ${#STOPPED[@]} stopped by a" \
-        "signal, ${#HUNG[@]} stopped by the hang watchdog (124), $(( WORLD - ${#SEEN[@]} )) missing$PENDING_NOTE"
+        "signal, ${#HUNG[@]} stopped by the hang watchdog (124), ${#PEER_LOST[@]} stopped by a lost peer (123)," \
+        "$(( WORLD - ${#SEEN[@]} )) missing$PENDING_NOTE"
     stop_for_late_sigterm      # (again before the resubmission: one can come during the health check)
     if (( ${#BAD[@]} == 0 )); then
         # No rank reported its own failure: blame the nodes whose ranks never reported (lost nodes).

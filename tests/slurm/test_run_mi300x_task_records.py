@@ -121,7 +121,12 @@ STUCK = "trap '' TERM; sleep 30"       # a trainer in a hung collective, or a ba
     # n2 is lost (its task wrappers die with their trainers, no record); n1's ranks hang waiting for it
     (f"(( RANK >= 2 )) && {{ sleep 0.5; kill -KILL $PPID $$; }}; {STUCK}",
      ["2 killed while stopping, on 1 of 2 nodes: counted as stopped", "failed nodes: n2"]),
-], ids=["every-node-stuck", "one-node-deaf", "one-node-lost"])
+    # n2 is lost; n1's ranks find their peers gone (gloo's "Connection closed by peer") and exit 123 before
+    # srun's SIGTERM: not their node's fault
+    ("(( RANK >= 2 )) && { sleep 0.5; kill -KILL $PPID $$; }; sleep 0.6; exit 123",
+     ["0 rank(s) failed by themselves, 0 stopped by a signal, 0 stopped by the hang watchdog (124), 2 stopped by "
+      "a lost peer (123), 2 missing", "failed nodes: n2"]),
+], ids=["every-node-stuck", "one-node-deaf", "one-node-lost", "one-node-lost-peers-raise"])
 def test_ranks_killed_after_killwait_blame_a_node_only_when_it_alone_did_not_stop(fake, tmp_path, trainer, expected):
     real = fake.move_aside("srun")
     fake.install("srun", KILLWAIT_SRUN)

@@ -230,9 +230,9 @@ def test_log_straggler_names_the_slow_rank(tiny_corpus, tmp_path):
     timed, so rank 0's wait for rank 1 does not count)."""
     argv = tiny_run_flags(tiny_corpus, tmp_path, **{"--train-iters": 3, "--eval-iters": 0, "--micro-batch-size": 1,
                                                       "--global-batch-size": 4, "--log-straggler": ""})
-    env = dict(os.environ, OMP_NUM_THREADS="1", MEGATRON_ZAYA_KERNELS="torch", SLOW_RANK="1", SLOW_SECONDS="0.25")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MEGATRON_ZAYA_KERNELS="torch", FAULT_RANK="1", SLOW_SECONDS="0.25")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), "tests/training/slow_rank_pretrain.py", *argv]
+           "--master-port", str(free_port()), "tests/training/faulty_rank_pretrain.py", *argv]
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = [line for line in result.stdout.splitlines() if "stragglers (forward+backward per iteration)" in line]

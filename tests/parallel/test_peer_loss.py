@@ -1,0 +1,44 @@
+"""peer_lost (parallel/peer_loss.py) on the errors torch raises when another rank is gone, as gloo, NCCL and the
+TCP store word them, and on look-alikes that are this process's own.
+
+    python -m pytest -q tests/parallel/test_peer_loss.py
+
+tests/training/test_peer_loss_exit.py runs it for real: a gloo rank whose peer was SIGKILLed.
+"""
+import pytest
+import torch.distributed as dist
+
+from megatron_zaya.parallel.peer_loss import peer_lost
+
+GLOO = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:7363. This is typically caused by a remote worker crashing.")
+
+
+def chained(outer: BaseException, inner: BaseException) -> BaseException:
+    try:
+        try:
+            raise inner
+        except BaseException as e:
+            raise outer from e
+    except BaseException as e:
+        return e
+
+
+@pytest.mark.parametrize("err, lost", [
+    (RuntimeError(GLOO), True),
+    (RuntimeError("[gloo/transport/tcp/pair.cc:534] Read error [10.0.0.2]:4431: Connection reset by peer"), True),
+    (RuntimeError("[gloo/transport/tcp/pair.cc:589] Write error [10.0.0.2]:4431: Broken pipe"), True),
+    (dist.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:1971, remote process exited or there was a "
+                           "network error, NCCL version 2.21.5\nncclRemoteError: A call failed possibly due to a "
+                           "network error or a remote process exiting prematurely."), True),
+    (dist.DistNetworkError("failed to recv from the store: Connection reset by peer"), True),
+    (chained(ValueError("while reducing the loss"), RuntimeError(GLOO)), True),
+    (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), False),
+    (RuntimeError("Timed out waiting 1800000ms for recv operation to complete"), False),
+    (BrokenPipeError(32, "Broken pipe"), False),                    # this process's own stdout pipe
+    (ConnectionResetError(104, "Connection reset by peer"), False),    # an OSError: a file system or data server
+    (ValueError("connection closed by peer"), False),
+], ids=["gloo-closed", "gloo-reset", "gloo-pipe", "nccl-remote", "store", "chained", "oom", "timeout",
+        "own-pipe", "oserror", "not-runtime"])
+def test_which_errors_are_a_lost_peer(err, lost):
+    assert peer_lost(err) is lost
