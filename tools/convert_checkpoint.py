@@ -32,7 +32,8 @@ same model config), from-hf and reshard one without checkpoints (and without a
 latest_checkpointed_iteration.txt); the output, and the layout from the source's config, are checked before any
 weight is read. Sharded outputs hold model weights only (no optimizer state).
 Progress lines (weights read, ranks written) go to stderr unless --no-progress.
-Exit status 0 on success, 1 on a checkpoint problem (the message names the file), 2 on usage errors, 130 when
+Exit status 0 on success, 1 on a checkpoint problem (the message names the file), 2 on usage errors (an output
+that exists included), 130 when
 interrupted (Ctrl-C or SIGTERM: the temporary folder is removed; after a SIGKILL, e.g. the OOM killer, the next
 conversion to the same output removes it).
 """
@@ -211,10 +212,10 @@ def _main(argv=None) -> int:
                                         **layout)
         print(f"wrote {folder}")
         return 0
-    except UserInputError as err:    # a flag's value (--weights, --last, a layout, --iteration): a usage error
-        print(f"convert_checkpoint.py: error: {err}", file=sys.stderr)
+    except (UserInputError, FileExistsError) as err:    # a flag's value (--weights, --last, a layout, --iteration)
+        print(f"convert_checkpoint.py: error: {err}", file=sys.stderr)   # or an output that exists: a usage error
         return 2
-    except (CheckpointError, FileNotFoundError, FileExistsError, ValueError) as err:
+    except (CheckpointError, FileNotFoundError, ValueError) as err:
         print(f"convert_checkpoint.py: error: {err}", file=sys.stderr)
         return 1
     except OSError as err:           # a full disk, a folder not writable (the partial output is removed)

@@ -62,11 +62,12 @@ def _sharded_model(state: dict, config: ModelConfig, tp: int, cp: int, ep: int, 
 
 
 def check_output_folder(save_dir: str) -> None:
-    """A conversion writes only into a folder without checkpoints and without a latest file."""
+    """A conversion writes only into a folder without checkpoints and without a latest file (a usage error
+    otherwise, like any output that exists)."""
     held = held_iterations(save_dir)
     if held or os.path.exists(os.path.join(save_dir, LATEST_FILE)):
         what = f"checkpoints (iterations {held})" if held else LATEST_FILE
-        raise CheckpointError(f"{save_dir}: already holds {what}; refusing to write a converted checkpoint into it "
+        raise UserInputError(f"{save_dir}: already holds {what}; refusing to write a converted checkpoint into it "
                               f"(choose a new output folder)")
 
 

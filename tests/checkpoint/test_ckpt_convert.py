@@ -41,7 +41,7 @@ def test_sharded_to_hf_and_back_into_any_layout(ckpt_corpus, ckpt_cache, tmp_pat
     _same(original, hf_state)
     assert hf_config.hidden_size == config.hidden_size and hf_config.num_experts == config.num_experts
     assert hf_config.seq_length == config.seq_length != 4096   # the trained length, evaluate.py's default
-    assert tool.main(["to-hf", src, hf]) == 1            # refuses to overwrite
+    assert tool.main(["to-hf", src, hf]) == 2            # refuses to overwrite (a usage error)
     assert "refusing to overwrite" in capsys.readouterr().err
     # --max-shard-size: shards and their index, read back the same (from-hf below takes either form)
     shards = str(tmp_path / "hf-shards")
@@ -191,15 +191,15 @@ def test_a_bad_output_or_layout_is_refused_before_any_weight_is_read(tmp_path, c
     monkeypatch.setattr(convert, "load_full_model_state", no_weights)
     monkeypatch.setattr(convert, "load_hf_folder", no_weights)
     for argv, status, message in (
-            (["to-hf", ckpt, str(tmp_path / "full")], 1, "full: exists and is not empty"),
-            (["to-hf", ckpt, str(tmp_path / "notes.txt" / "out")], 1, "notes.txt is a file, not a folder"),
+            (["to-hf", ckpt, str(tmp_path / "full")], 2, "full: exists and is not empty"),
+            (["to-hf", ckpt, str(tmp_path / "notes.txt" / "out")], 2, "notes.txt is a file, not a folder"),
             (["reshard", ckpt, str(tmp_path / "r"), "--expert-model-parallel-size", "3", "--world-size", "3"], 2,
              "--expert-model-parallel-size=3 must divide --num-experts=4"),
             (["reshard", ckpt, str(tmp_path / "r"), "--iteration", "-1"], 2, "--iteration=-1: must be >= 0"),
             (["reshard", ckpt, str(tmp_path / "r"), "--world-size", "0"], 2, "--world-size=0: must be >= 1"),
-            (["reshard", ckpt, ckpt], 1, "already holds checkpoints"),
+            (["reshard", ckpt, ckpt], 2, "already holds checkpoints"),
             (["from-hf", str(tmp_path / "hf"), str(tmp_path / "r"), "--world-size", "-1"], 2, "--world-size=-1"),
-            (["from-hf", str(tmp_path / "hf"), ckpt], 1, "already holds checkpoints")):
+            (["from-hf", str(tmp_path / "hf"), ckpt], 2, "already holds checkpoints")):
         assert _tool().main([*argv, "--no-progress"]) == status, argv
         assert message in capsys.readouterr().err, argv
     assert (tmp_path / "full" / "mine.txt").read_text() == "mine" and not (tmp_path / "r").exists()
@@ -362,7 +362,7 @@ def test_average_of_checkpoints_is_their_weighted_mean(ckpt_corpus, ckpt_cache, 
     capsys.readouterr()
     assert tool.main(["average", given[0], other, str(tmp_path / "bad"), "--no-progress"]) == 1
     assert "its model differs" in capsys.readouterr().err and not (tmp_path / "bad").exists()
-    assert tool.main(["average", save, str(tmp_path / "last3"), "--last", "2"]) == 1
+    assert tool.main(["average", save, str(tmp_path / "last3"), "--last", "2"]) == 2
     assert "refusing to overwrite" in capsys.readouterr().err
     # flag values are usage errors (exit status 2), a checkpoint problem's is 1
     assert tool.main(["average", save, str(tmp_path / "x"), "--last", "5"]) == 2

@@ -97,13 +97,13 @@ def test_conversion_into_a_folder_with_checkpoints_is_refused(ckpt_corpus, ckpt_
     train(flags(ckpt_corpus, 1, "--save", src, cache=ckpt_cache))
     train(flags(ckpt_corpus, 2, "--save", later, cache=ckpt_cache))
     before = sorted(os.listdir(later))
-    assert _tool().main(["reshard", src, later, "--iteration", "0"]) == 1
+    assert _tool().main(["reshard", src, later, "--iteration", "0"]) == 2
     assert f"{later}: already holds checkpoints (iterations [2])" in capsys.readouterr().err
     assert sorted(os.listdir(later)) == before and read_latest(later) == 2
     lonely = tmp_path / "lonely"
     lonely.mkdir()
     (lonely / "latest_checkpointed_iteration.txt").write_text("5\n")
-    assert _tool().main(["reshard", src, str(lonely)]) == 1
+    assert _tool().main(["reshard", src, str(lonely)]) == 2
     assert "already holds latest_checkpointed_iteration.txt" in capsys.readouterr().err
 
 

@@ -21,7 +21,7 @@ def tiny():
 def test_a_folder_holding_only_a_latest_file_is_refused(tmp_path):
     convert.check_output_folder(str(tmp_path))
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("3\n")
-    with pytest.raises(CheckpointError, match="already holds latest_checkpointed_iteration.txt"):
+    with pytest.raises(UserInputError, match="already holds latest_checkpointed_iteration.txt"):
         convert.check_output_folder(str(tmp_path))
 
 
