@@ -170,10 +170,10 @@ def main(argv=None) -> int:
             ids = [tokenizer.bos] + ids
         prompts.append(ids)
     for spec in args.prompt_ids:
-        try:
-            prompts.append([int(t) for t in spec.replace(",", " ").split()])
-        except ValueError:
+        words = spec.replace(",", " ").split()
+        if not all(w.isascii() and w.isdigit() for w in words):    # (int() also reads "1_2" as 12, and "+3")
             parser.error(f"--prompt-ids {spec!r}: expected space-separated integers")
+        prompts.append([int(w) for w in words])
     if args.stream and tokenizer is None:
         parser.error("--stream needs --tokenizer-type and --tokenizer-model (it prints text)")
     if args.stream and len(prompts) != 1:

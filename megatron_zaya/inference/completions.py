@@ -5,7 +5,7 @@ Request fields: prompt (a string, a list of strings, a list of token ids or a li
 max_tokens (default 16), temperature (default 1; 0 is greedy), top_p (default 1), logprobs (null,
 or 0 to 20: also the most likely tokens at each position), echo (default false: the prompt is
 part of text and logprobs too), stop (a string or a list of up to 16), seed, n (completions per
-prompt, up to 16) and best_of (that many sampled per prompt, the n with the highest mean
+prompt, up to 20) and best_of (that many sampled per prompt, the n with the highest mean
 log-probability per returned token returned; default n), stream (server-sent events as the tokens are
 sampled: inference/streaming.py); model and user are ignored; a null field is its default. Response:
 {"id", "object": "text_completion", "created", "model", "choices": [{"index", "text", "logprobs",
@@ -31,7 +31,7 @@ from megatron_zaya.inference.text_offsets import LEFT_CONTEXT, GrowingText, pref
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOPS = 16          # OpenAI allows 4; evaluation harnesses send more (a task's stop sequences)
-MAX_CHOICES = 16        # n and best_of: sequences generated per prompt
+MAX_CHOICES = 20        # n and best_of: sequences generated per prompt (OpenAI's bound on best_of)
 IGNORED = {"model", "user"}
 OFF_VALUES = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {}, "suffix": None}
 
@@ -93,15 +93,17 @@ def parse_completion_request(body) -> CompletionRequest:
         "seed": (lambda v: v is None or (is_int(v) and 0 <= v < SEED_LIMIT),
                  "null or an integer in [0, 2**64)"),
         "n": (lambda v: is_int(v) and 1 <= v <= MAX_CHOICES, f"an integer in [1, {MAX_CHOICES}]"),
-        "best_of": (lambda v: v is None or (is_int(v) and 1 <= v <= MAX_CHOICES), f"null or an integer in [1, {MAX_CHOICES}]"),
+        "best_of": (lambda v: v is None or (is_int(v) and 1 <= v <= MAX_CHOICES),
+                    f"null or an integer in [1, {MAX_CHOICES}]"),
     }
     apply_checked_fields(body, request, checks)
+    per_prompt = f"best_of={request.best_of}" if request.best_of is not None else f"n={request.n}"
     request.best_of = request.n if request.best_of is None else request.best_of
     if request.best_of < request.n:
         raise RequestError(f"best_of={request.best_of} must be >= n={request.n}")
     rows = len(request.prompts) * request.best_of
     if rows > MAX_PROMPTS:          # what bounds the decode cache of one request, as /api's prompt count does
-        raise RequestError(f"this request generates {len(request.prompts)} prompt(s) x best_of={request.best_of} = "
+        raise RequestError(f"this request generates {len(request.prompts)} prompt(s) x {per_prompt} = "
                            f"{rows} sequences; at most {MAX_PROMPTS} per request")
     if request.stream and request.echo:
         raise RequestError("echo is not supported with stream (ask without stream for the prompt's text and scores)")

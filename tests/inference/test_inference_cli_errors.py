@@ -54,6 +54,8 @@ def bad_utf8_file(tmp_path_factory):
     (["--seed", str(2 ** 64)], "--seed=18446744073709551616 must be an integer in [0, 2**64)"),
     (["--temperature", "nan"], "--temperature=nan"),
     (["--prompt-ids", ""], "prompt 1 is empty"),
+    (["--prompt-ids", "1_2"], "--prompt-ids '1_2': expected space-separated integers"),     # not token 12
+    (["--prompt-ids", "-3"], "--prompt-ids '-3': expected space-separated integers"),
     (["--prompt-ids", "3 600", "--tokenizer-type", "NullTokenizer", "--tokenizer-model", "500"],
      "prompt 1: token ids [600] outside the tokenizer's vocabulary [0, 501)"),
     # an EOD the tokenizer cannot give (its padded rows are never picked): generation would never stop there

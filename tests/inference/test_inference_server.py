@@ -406,7 +406,7 @@ def test_streamed_completions_join_to_the_unstreamed_answer(server_url, sp_model
 @pytest.mark.parametrize("body, message", [
     ({"max_tokens": 4}, "prompt is required"),
     ({"prompt": []}, "prompt must be a string"),
-    ({"prompt": "a", "n": 17}, "n must be an integer in [1, 16]"),
+    ({"prompt": "a", "n": 21}, "n must be an integer in [1, 20]"),
     ({"prompt": "a", "n": 3, "best_of": 2}, "best_of=2 must be >= n=3"),
     ({"prompt": "a", "stream": 1}, "stream must be a boolean"),
     ({"prompt": "a", "stream": True, "n": 2, "best_of": 3}, "best_of > n is not supported with stream"),
@@ -415,13 +415,14 @@ def test_streamed_completions_join_to_the_unstreamed_answer(server_url, sp_model
     ({"prompt": [1, 600]}, "token ids [600] outside the tokenizer's vocabulary [0, 500)"),
     ({"prompt": "a", "stop": ["x"] * 17}, "stop must be a non-empty string or a list of up to 16"),
     ({"prompt": "a", "stop": [""]}, "stop must be a non-empty string"),
-    ({"prompt": "a", "best_of": 0}, "best_of must be null or an integer in [1, 16]"),
+    ({"prompt": "a", "best_of": 21}, "best_of must be null or an integer in [1, 20]"),
     ({"prompt": "a", "seed": 2 ** 70}, "seed must be null or an integer in [0, 2**64)"),
     ({"prompt": "a", "seed": 2 ** 70, "stream": True}, "seed must be null or an integer in [0, 2**64)"),
     ({"prompt": "a\ud800"}, "prompt[0] is not valid Unicode"),
     ({"prompt": "a\ud800", "stream": True}, "prompt[0] is not valid Unicode"),       # a 400, not a closed connection
-    ({"prompt": ["a"] * 9, "n": 16}, "9 prompt(s) x best_of=16 = 144 sequences; at most 128 per request"),
-    ({"prompt": ["a"] * 129}, "129 prompt(s) x best_of=1 = 129 sequences"),
+    ({"prompt": ["a"] * 9, "n": 16}, "9 prompt(s) x n=16 = 144 sequences; at most 128 per request"),
+    ({"prompt": ["a"] * 7, "n": 2, "best_of": 20}, "7 prompt(s) x best_of=20 = 140 sequences"),
+    ({"prompt": ["a"] * 129}, "129 prompt(s) x n=1 = 129 sequences"),
 ])
 def test_bad_completion_requests_get_400(server_url, body, message):
     """As OpenAI answers them: {"error": {"message", "type", "param", "code"}}, which OpenAI clients read."""
