@@ -32,7 +32,7 @@ from megatron_zaya.inference.cli_checks import (  # noqa: E402
     OWN_TOKENIZER, add_tokenizer_arguments, check_device, check_threads, check_tokenizer_fits, peek_model_config,
     tokenizer_from_flags)
 from megatron_zaya.inference.loading import DTYPES, load_model_for_inference, parse_dtype  # noqa: E402
-from megatron_zaya.inference.server import TextGenerationService, make_server  # noqa: E402
+from megatron_zaya.inference.server import CLIENT_TIMEOUT, TextGenerationService, make_server  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (checked before loading)")
     p.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="cast parameters (default: as stored)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--client-timeout", type=float, default=CLIENT_TIMEOUT,
+                   help="seconds a read from or a write to a client may block before its connection is dropped "
+                        "(a streaming client that stops reading would hold the model for everyone)")
     p.add_argument("--quiet", action="store_true", help="no line per request on stderr")
     return p
 
@@ -55,6 +58,8 @@ def prepare(argv=None):
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port={args.port} must be in [0, 65535]")
+    if not 0 < args.client_timeout < float("inf"):
+        parser.error(f"--client-timeout={args.client_timeout} must be a number of seconds > 0")
     try:
         check_threads(args.threads)
         check_device(args.device)
@@ -73,7 +78,7 @@ def prepare(argv=None):
     service = TextGenerationService(None, tokenizer,
                                     log=None if args.quiet else lambda line: print(line, file=sys.stderr, flush=True))
     try:
-        server = make_server(service, args.host, args.port)
+        server = make_server(service, args.host, args.port, client_timeout=args.client_timeout)
     except OSError as err:
         parser.error(f"--host {args.host} --port {args.port}: cannot listen ({err.strerror or err})")
     try:

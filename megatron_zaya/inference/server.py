@@ -34,6 +34,7 @@ from megatron_zaya.inference.text_offsets import LEFT_CONTEXT, texts_after
 MAX_PROMPTS = 128                # as Megatron-LM
 OPENAI_PATHS = ("/v1/completions", "/completions")
 MAX_BODY_BYTES = 64 << 20
+CLIENT_TIMEOUT = 60.0            # seconds a connection may block a read or a write (a client that stops reading)
 # Megatron-LM fields this server does not implement: accepted only at their "off" value.
 UNSUPPORTED = {"beam_width": None, "stop_on_eol": False, "stop_on_double_eol": False,
                "prevent_newline_after_colon": False, "top_p_decay": 0.0, "top_p_bound": 0.0, "top_n_logprobs": 0}
@@ -194,10 +195,14 @@ class TextGenerationService:
         }
 
 
-def make_server(service: TextGenerationService, host: str, port: int) -> ThreadingHTTPServer:
-    """An HTTP server answering PUT/POST /api with `service` (port 0: any free port)."""
+def make_server(service: TextGenerationService, host: str, port: int,
+                client_timeout: float = CLIENT_TIMEOUT) -> ThreadingHTTPServer:
+    """An HTTP server answering PUT/POST /api with `service` (port 0: any free port). A read from or a write to
+    a client that blocks for `client_timeout` seconds drops the connection: a streaming client that stops
+    reading would otherwise hold the model's lock, and every other request wait, for as long as it stays."""
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = client_timeout        # socketserver sets it on each connection
         def reply(self, status: int, payload) -> None:
             """`payload` as JSON; an error (a status of 400 or more: its message) in the form of the endpoint's API:
             Megatron-LM's /api sends the message itself, the OpenAI endpoints {"error": {"message", "type", ...}}
@@ -268,15 +273,21 @@ def make_server(service: TextGenerationService, host: str, port: int) -> Threadi
                 self.wfile.write(b"data: " + json.dumps(event).encode("utf-8") + b"\n\n")
                 self.wfile.flush()
             try:
-                stream_completion(completer, request, prompts, send)
-            except (BrokenPipeError, ConnectionResetError):
-                return service.log("the client closed the stream")
-            except Exception as err:      # headers are sent: the error goes into the stream
-                service.log(f"error: {type(err).__name__}: {err}")
-                send({"error": {"message": str(err), "type": "invalid_request_error" if isinstance(err, RequestError)
-                                else type(err).__name__}})
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
+                try:
+                    stream_completion(completer, request, prompts, send)
+                except OSError:           # the connection's: below
+                    raise
+                except Exception as err:      # headers are sent: the error goes into the stream
+                    service.log(f"error: {type(err).__name__}: {err}")
+                    send({"error": {"message": str(err), "type": "invalid_request_error"
+                                    if isinstance(err, RequestError) else type(err).__name__}})
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+            except TimeoutError:          # (the model's lock is released: the write was inside the generation)
+                service.log(f"{self.address_string()}: the client read nothing for {self.timeout:g} s: "
+                            f"its stream is dropped")
+            except OSError:               # BrokenPipeError, ConnectionResetError
+                service.log("the client closed the stream")
 
         def do_GET(self):
             path = self.path.split("?")[0].rstrip("/")

@@ -1,0 +1,65 @@
+"""The text generation server against clients that misbehave: a streaming client that stops reading."""
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from megatron_zaya.data.tokenizer import build_tokenizer
+from megatron_zaya.inference.server import TextGenerationService, make_server
+
+from inference_helpers import one_cpu_thread, sp_model, tiny_model  # noqa: F401 (fixtures)
+
+CLIENT_TIMEOUT = 0.5
+
+
+@pytest.fixture()
+def served(tiny_model, sp_model):
+    """(address, log lines) of a server on the tiny model whose client timeout is CLIENT_TIMEOUT."""
+    lines = []
+    service = TextGenerationService(tiny_model, build_tokenizer("GPTSentencePieceTokenizer", sp_model),
+                                    log=lines.append)
+    server = make_server(service, "127.0.0.1", 0, client_timeout=CLIENT_TIMEOUT)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[:2], lines
+    server.shutdown()
+    server.server_close()
+
+
+def send_request(address, path, body, receive_buffer=None) -> socket.socket:
+    conn = socket.socket()
+    if receive_buffer:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    conn.connect(address)
+    data = json.dumps(body).encode()
+    conn.sendall(b"PUT %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (path.encode(), len(data)) + data)
+    return conn
+
+
+def answer_of(conn, timeout) -> bytes:
+    conn.settimeout(timeout)
+    answer = b""
+    while chunk := conn.recv(1 << 16):
+        answer += chunk
+    return answer
+
+
+def test_a_stream_the_client_stopped_reading_is_dropped_and_others_are_served(served):
+    """The stalled stream's write times out inside the generation: the model's lock is released, the other
+    request is answered, and the log says why the stream ended."""
+    address, lines = served
+    stalled = send_request(address, "/v1/completions", {"prompt": ["the king"] * 16, "max_tokens": 400,
+                                                          "logprobs": 20, "temperature": 0, "stream": True},
+                           receive_buffer=4096)
+    try:
+        time.sleep(0.3)                   # the stream has begun and holds the lock
+        start = time.monotonic()
+        with send_request(address, "/api", {"prompts": ["the king"], "tokens_to_generate": 2, "top_k": 1}) as other:
+            answer = answer_of(other, timeout=10)
+        assert answer.startswith(b"HTTP/1.0 200"), answer[:200]
+        assert time.monotonic() - start < 8
+        assert any(f"the client read nothing for {CLIENT_TIMEOUT:g} s: its stream is dropped" in line
+                   for line in lines), lines
+    finally:
+        stalled.close()
