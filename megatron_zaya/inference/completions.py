@@ -146,9 +146,9 @@ def logprobs_object(texts: list[str], token_logprobs: list, tops: list | None, t
 class Completer:
     """Tokenizes, generates, cuts at stop strings and scores, for one completions request."""
 
-    def __init__(self, service):
+    def __init__(self, service, client_closed=None):
         self.model, self.tokenizer = service.model, service.tokenizer
-        self.service = service
+        self.service, self.client_closed = service, client_closed
 
     def prompt_ids(self, request: CompletionRequest) -> list[list[int]]:
         config, vocab, out = self.model.config, self.tokenizer.vocab_size, []
@@ -240,7 +240,9 @@ class Completer:
             rows = [prompt for prompt in prompts for _ in range(copies)]
             result = generate(self.model, rows, request.max_tokens, sampling, eod=self.tokenizer.eod, seed=seed,
                               vocab_limit=self.tokenizer.vocab_size, return_logprobs=scored or ranked,
-                              top=request.logprobs or 0, on_step=self.until_every_row_ends(rows, request.stop))
+                              top=request.logprobs or 0,
+                              on_step=self.service.stoppable(self.until_every_row_ends(rows, request.stop),
+                                                             self.client_closed))
             for i, prompt in enumerate(prompts):
                 candidates = list(range(i * copies, (i + 1) * copies))
                 cuts = {row: self.cut(prompt, result.tokens[row], request.stop) for row in candidates}
@@ -272,13 +274,14 @@ def mean_logprob(logprobs: list[float]) -> float:
     return sum(logprobs) / len(logprobs) if logprobs else 0.0
 
 
-def complete(service, body) -> dict:
-    """POST /v1/completions: the response for a JSON body (RequestError for a bad one). The HTTP server
-    answers "stream": true itself (inference/streaming.py)."""
+def complete(service, body, client_closed=None) -> dict:
+    """POST /v1/completions: the response for a JSON body (RequestError for a bad one; server.ClientClosed
+    when client_closed() says its client left during the generation). The HTTP server answers "stream": true
+    itself (inference/streaming.py)."""
     request = parse_completion_request(body)
     if request.stream:
         raise RequestError("stream: true is answered by the HTTP server as server-sent events")
     service.log(json.dumps({"completions": len(request.prompts), "max_tokens": request.max_tokens,
                             "logprobs": request.logprobs, "echo": request.echo, "n": request.n,
                             "best_of": request.best_of}))
-    return Completer(service).respond(request)
+    return Completer(service, client_closed).respond(request)

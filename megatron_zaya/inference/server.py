@@ -21,8 +21,11 @@ time (a lock around the model), as in Megatron-LM.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import select
+import socket
 import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,6 +38,7 @@ MAX_PROMPTS = 128                # as Megatron-LM
 OPENAI_PATHS = ("/v1/completions", "/completions")
 MAX_BODY_BYTES = 64 << 20
 CLIENT_TIMEOUT = 60.0            # seconds a connection may block a read or a write (a client that stops reading)
+CLIENT_CHECK_STEPS = 4           # decode steps between two checks that the client waiting for an answer is there
 # Megatron-LM fields this server does not implement: accepted only at their "off" value.
 UNSUPPORTED = {"beam_width": None, "stop_on_eol": False, "stop_on_double_eol": False,
                "prevent_newline_after_colon": False, "top_p_decay": 0.0, "top_p_bound": 0.0, "top_n_logprobs": 0}
@@ -45,6 +49,10 @@ KNOWN = {"prompts", "tokens_to_generate", "logprobs", "temperature", "top_k", "t
 
 class RequestError(ValueError):
     """A bad request: answered with HTTP 400 and this message."""
+
+
+class ClientClosed(Exception):
+    """Raised from a generation's on_step: the client closed its connection, nobody waits for the answer."""
 
 
 @dataclass
@@ -171,7 +179,19 @@ class TextGenerationService:
             prompts.append(ids)
         return prompts
 
-    def respond(self, request: GenerationRequest) -> dict:
+    def stoppable(self, on_step=None, client_closed=None):
+        """An on_step for `generate`: raises ClientClosed, which ends the generation, when client_closed()
+        (asked every CLIENT_CHECK_STEPS steps) says the client has left; otherwise `on_step`'s answer."""
+        steps = itertools.count(1)
+
+        def checked(tokens, scores) -> bool:
+            if client_closed is not None and next(steps) % CLIENT_CHECK_STEPS == 0 and client_closed():
+                raise ClientClosed("the client closed its connection")
+            return bool(on_step is not None and on_step(tokens, scores))
+        return checked
+
+    def respond(self, request: GenerationRequest, client_closed=None) -> dict:
+        """Megatron-LM's answer to `request`; `client_closed()`: whether its client has left (ClientClosed)."""
         prompts = self.prompt_ids(request)
         sampling = SamplingParams(temperature=request.temperature, top_k=request.top_k,
                                   top_p=request.top_p if request.top_p > 0 else 1.0)
@@ -182,7 +202,8 @@ class TextGenerationService:
                 self.log(json.dumps({"prompts": len(prompts), "tokens_to_generate": request.tokens_to_generate,
                                      "logprobs": request.logprobs, "seed": seed}))
             result = generate(self.model, prompts, request.tokens_to_generate, sampling, eod=eod, seed=seed,
-                              vocab_limit=self.tokenizer.vocab_size, return_logprobs=request.logprobs)
+                              vocab_limit=self.tokenizer.vocab_size, return_logprobs=request.logprobs,
+                              on_step=self.stoppable(client_closed=client_closed))
         tokens = [prompt + new for prompt, new in zip(result.prompts, result.tokens)]
         decode = self.tokenizer.decode
         return {      # (Megatron-LM sends logprobs null when not asked for)
@@ -211,17 +232,30 @@ def make_server(service: TextGenerationService, host: str, port: int,
                 payload = {"error": {"message": payload, "type": "invalid_request_error" if status < 500 else
                                      "server_error", "param": None, "code": None}}
             body = json.dumps(payload).encode("utf-8")
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except OSError as err:        # BrokenPipeError, ConnectionResetError, TimeoutError: nobody reads it
+                service.log(f"{self.address_string()}: the client closed before its answer ({type(err).__name__})")
+
+        def client_closed(self) -> bool:
+            """Whether the client has closed (or reset) its connection: readable, with nothing left to read.
+            Bytes it sent after its request stay unread. (A client that half-closes its side after sending
+            its request counts as gone.)"""
+            try:
+                readable, _, _ = select.select([self.connection], [], [], 0)
+                return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                return True
 
         def do_PUT(self):
             from megatron_zaya.inference.completions import complete      # it imports this module
-            endpoints = {"/api": lambda body: service.respond(parse_request(body)),
-                         "/v1/completions": lambda body: complete(service, body),
-                         "/completions": lambda body: complete(service, body)}
+            endpoints = {"/api": lambda body: service.respond(parse_request(body), self.client_closed),
+                         "/v1/completions": lambda body: complete(service, body, self.client_closed),
+                         "/completions": lambda body: complete(service, body, self.client_closed)}
             endpoint = endpoints.get(self.path.split("?")[0].rstrip("/"))
             if endpoint is None:
                 return self.reply(404, f"no endpoint {self.path}: use PUT /api or POST /v1/completions")
@@ -240,12 +274,15 @@ def make_server(service: TextGenerationService, host: str, port: int,
             if self.path.split("?")[0].rstrip("/") != "/api" and isinstance(body, dict) and body.get("stream") is True:
                 return self.stream(body)
             try:
-                return self.reply(200, endpoint(body))
+                answer = endpoint(body)
             except RequestError as err:
                 return self.reply(400, str(err))
+            except ClientClosed:          # the generation stopped a few steps after the client left
+                return service.log(f"{self.address_string()}: client closed its connection: generation stopped")
             except Exception as err:      # a failed generation must not take the server down
                 service.log(f"error: {type(err).__name__}: {err}")
                 return self.reply(500, f"{type(err).__name__}: {err}")
+            self.reply(200, answer)
 
         do_POST = do_PUT
 

@@ -2,7 +2,6 @@
 Completer.cut (EOD, stop strings, a piece's leading space), what best_of ranks a sample on, the usage
 counts, and a streamed first token's text at its place. The tokenizer is SentencePiece-like: each id is a
 piece, and decode drops the leading space of the text's first piece, as SentencePiece does."""
-import threading
 from types import SimpleNamespace
 
 import pytest
@@ -10,7 +9,7 @@ import pytest
 from megatron_zaya.inference import completions
 from megatron_zaya.inference.completions import Completer, mean_logprob, parse_completion_request
 from megatron_zaya.inference.decode import GenerationOutput, TokenScores
-from megatron_zaya.inference.server import MAX_PROMPTS, RequestError
+from megatron_zaya.inference.server import MAX_PROMPTS, RequestError, TextGenerationService
 from megatron_zaya.inference.streaming import ChoiceStream
 
 EOD = 0
@@ -27,10 +26,9 @@ class PieceTokenizer:
         return [next(i for i, p in PIECES.items() if p and p.strip() == word) for word in text.split()]
 
 
-def completer(**service_fields):
-    service = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=64)),
-                              tokenizer=PieceTokenizer(), lock=threading.Lock(), name="zaya", **service_fields)
-    return Completer(service)
+def completer():
+    model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=64))
+    return Completer(TextGenerationService(model, PieceTokenizer()))
 
 
 def test_request_fields_at_their_bounds():

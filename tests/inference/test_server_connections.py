@@ -1,4 +1,5 @@
-"""The text generation server against clients that misbehave: a streaming client that stops reading."""
+"""The text generation server against clients that misbehave: a streaming client that stops reading, a client
+that hangs up before its answer."""
 import json
 import socket
 import threading
@@ -63,3 +64,28 @@ def test_a_stream_the_client_stopped_reading_is_dropped_and_others_are_served(se
                    for line in lines), lines
     finally:
         stalled.close()
+
+
+def wait_for_line(lines, text, timeout) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if any(text in line for line in lines):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/api", {"prompts": ["the king"] * 16, "tokens_to_generate": 3000, "top_k": 1}),
+    ("/v1/completions", {"prompt": ["the king"] * 16, "max_tokens": 3000, "temperature": 0}),
+])
+def test_a_client_that_hangs_up_stops_its_generation(served, path, body, capsys):
+    """The generation ends a few steps after the client closed its connection (not some 30 s later, at its
+    end): one log line, no error or traceback, and the next request is served at once."""
+    address, lines = served
+    send_request(address, path, body).close()
+    assert wait_for_line(lines, "client closed its connection: generation stopped", timeout=10), lines
+    with send_request(address, "/api", {"prompts": ["the king"], "tokens_to_generate": 2, "top_k": 1}) as other:
+        assert answer_of(other, timeout=10).startswith(b"HTTP/1.0 200")
+    assert not [line for line in lines if "error" in line.lower()], lines
+    assert "Traceback" not in capsys.readouterr().err          # (socketserver prints a handler's exception)
