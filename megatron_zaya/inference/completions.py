@@ -233,7 +233,7 @@ class Completer:
         copies, ranked = request.best_of, request.best_of > request.n
         scored = request.logprobs is not None
         choices, generated = [], 0
-        with self.service.lock:
+        with self.service.generating():
             # The log-probabilities come with the generation: the prompt's from its prefill, the completion's
             # from the decode steps (max_tokens 0: the prefill alone, one pass, as evaluation harnesses score).
             # best_of > n ranks each prompt's samples by their generated tokens' mean log-probability.

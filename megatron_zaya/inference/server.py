@@ -21,6 +21,7 @@ time (a lock around the model), as in Megatron-LM.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -53,6 +54,10 @@ class RequestError(ValueError):
 
 class ClientClosed(Exception):
     """Raised from a generation's on_step: the client closed its connection, nobody waits for the answer."""
+
+
+class ServerStopping(Exception):
+    """Raised from a generation's on_step: the server is stopping (TextGenerationService.stop)."""
 
 
 @dataclass
@@ -162,7 +167,21 @@ class TextGenerationService:
     def __init__(self, model, tokenizer, log=None, name: str = "zaya"):
         self.model, self.tokenizer, self.name = model, tokenizer, name
         self.lock = threading.Lock()
+        self.stopping = threading.Event()
         self.log = log or (lambda message: None)
+
+    def stop(self) -> None:
+        """The generation under way ends at its next decode step (a prefill runs to its end) and none starts
+        after this: ServerStopping. A server calls it before it joins its handler threads, when it stops."""
+        self.stopping.set()
+
+    @contextlib.contextmanager
+    def generating(self):
+        """The model's lock, held for one generation (ServerStopping once stop() was called)."""
+        with self.lock:
+            if self.stopping.is_set():
+                raise ServerStopping("the server is stopping")
+            yield
 
     def prompt_ids(self, request: GenerationRequest) -> list[list[int]]:
         config = self.model.config
@@ -180,11 +199,14 @@ class TextGenerationService:
         return prompts
 
     def stoppable(self, on_step=None, client_closed=None):
-        """An on_step for `generate`: raises ClientClosed, which ends the generation, when client_closed()
-        (asked every CLIENT_CHECK_STEPS steps) says the client has left; otherwise `on_step`'s answer."""
+        """An on_step for `generate`: raises ServerStopping once stop() is called, and ClientClosed when
+        client_closed() (asked every CLIENT_CHECK_STEPS steps) says the client has left, either of which ends
+        the generation; otherwise `on_step`'s answer."""
         steps = itertools.count(1)
 
         def checked(tokens, scores) -> bool:
+            if self.stopping.is_set():
+                raise ServerStopping("the server is stopping")
             if client_closed is not None and next(steps) % CLIENT_CHECK_STEPS == 0 and client_closed():
                 raise ClientClosed("the client closed its connection")
             return bool(on_step is not None and on_step(tokens, scores))
@@ -197,7 +219,7 @@ class TextGenerationService:
                                   top_p=request.top_p if request.top_p > 0 else 1.0)
         seed = request_seed(request.random_seed)
         eod = self.tokenizer.eod
-        with self.lock:
+        with self.generating():
             if not request.no_log:
                 self.log(json.dumps({"prompts": len(prompts), "tokens_to_generate": request.tokens_to_generate,
                                      "logprobs": request.logprobs, "seed": seed}))
@@ -220,7 +242,10 @@ def make_server(service: TextGenerationService, host: str, port: int,
                 client_timeout: float = CLIENT_TIMEOUT) -> ThreadingHTTPServer:
     """An HTTP server answering PUT/POST /api with `service` (port 0: any free port). A read from or a write to
     a client that blocks for `client_timeout` seconds drops the connection: a streaming client that stops
-    reading would otherwise hold the model's lock, and every other request wait, for as long as it stays."""
+    reading would otherwise hold the model's lock, and every other request wait, for as long as it stays.
+    Its handler threads are not daemons: server_close() waits for them (after service.stop(), a generation
+    ends at its next step), as an interpreter that exits under a thread inside torch aborts ("terminate
+    called without an active exception", exit status 134)."""
 
     class Handler(BaseHTTPRequestHandler):
         timeout = client_timeout        # socketserver sets it on each connection
@@ -279,6 +304,8 @@ def make_server(service: TextGenerationService, host: str, port: int,
                 return self.reply(400, str(err))
             except ClientClosed:          # the generation stopped a few steps after the client left
                 return service.log(f"{self.address_string()}: client closed its connection: generation stopped")
+            except ServerStopping as err:
+                return self.reply(503, str(err))
             except Exception as err:      # a failed generation must not take the server down
                 service.log(f"error: {type(err).__name__}: {err}")
                 return self.reply(500, f"{type(err).__name__}: {err}")
@@ -338,4 +365,6 @@ def make_server(service: TextGenerationService, host: str, port: int,
         def log_message(self, format, *args):
             service.log(f"{self.address_string()} {format % args}")
 
-    return ThreadingHTTPServer((host, port), Handler)
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = False       # (ThreadingHTTPServer's are daemons)
+    return server

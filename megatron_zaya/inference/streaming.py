@@ -106,10 +106,10 @@ def stream_completion(completer, request, prompts: list[list[int]], send) -> Non
         return all(c.finish_reason is not None for c in choices)
 
     sampling = SamplingParams(greedy=request.temperature == 0, temperature=request.temperature, top_p=request.top_p)
-    with completer.service.lock:
+    with completer.service.generating():
         generate(completer.model, rows, request.max_tokens, sampling, eod=eod, seed=request_seed(request.seed),
                  vocab_limit=completer.tokenizer.vocab_size, return_logprobs=request.logprobs is not None,
-                 top=request.logprobs or 0, on_step=on_step)
+                 top=request.logprobs or 0, on_step=completer.service.stoppable(on_step))
     for choice in choices:
         if choice.finish_reason is None:
             emit(choice.finish("length"))

@@ -204,7 +204,9 @@ def test_prompt_logprobs_do_not_depend_on_the_prefill_chunk(tiny_model):
 
 
 def test_the_script_serves_until_sigterm(hf_checkpoint, sp_model):
-    """The entry script as users run it: it prints its address, answers, and stops cleanly on SIGTERM."""
+    """The entry script as users run it: it prints its address, answers, and stops cleanly on SIGTERM, also
+    during a generation, which it stops and answers with 503 first (an interpreter that exits under a thread
+    inside torch aborts, status 134)."""
     import os
     import re
     import signal
@@ -216,18 +218,27 @@ def test_the_script_serves_until_sigterm(hf_checkpoint, sp_model):
                                 "--load", str(hf_checkpoint), "--tokenizer-type", "GPTSentencePieceTokenizer",
                                 "--tokenizer-model", sp_model, "--port", "0", "--threads", "1"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    long_request = socket.socket()
     try:
         line = process.stdout.readline()
         url = re.search(r"on (http://\S+)/api", line).group(1)
         status, answer = call(url, {"prompts": ["the"], "tokens_to_generate": 2, "top_k": 1})
         assert status == 200 and len(answer["tokens"][0]) >= 2
+        assert '"tokens_to_generate": 2' in process.stderr.readline()     # the request log line (no --quiet)
+        body = json.dumps({"prompts": ["the"] * 16, "tokens_to_generate": 3000, "top_k": 1}).encode()
+        long_request.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+        long_request.sendall(b"PUT /api HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        while (logged := process.stderr.readline()) and '"tokens_to_generate": 3000' not in logged:
+            pass
+        assert logged, "the long request was not logged"          # it is being generated
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=60)
+        assert long_request.recv(1 << 16).startswith(b"HTTP/1.0 503"), err       # stopped, and told so
     finally:
         process.kill()
+        long_request.close()
     assert process.returncode == 0, err
     assert "server stopped" in out
-    assert '"tokens_to_generate": 2' in err          # the request log line (no --quiet)
 
 
 # --- OpenAI completions (POST /v1/completions) -------------------------------------------------------
