@@ -33,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from megatron_zaya.inference.decode import generate
 from megatron_zaya.inference.sampling import SEED_LIMIT, SamplingParams
-from megatron_zaya.inference.text_offsets import LEFT_CONTEXT, texts_after
+from megatron_zaya.inference.text_offsets import token_texts
 
 MAX_PROMPTS = 128                # as Megatron-LM
 OPENAI_PATHS = ("/v1/completions", "/completions")
@@ -231,9 +231,9 @@ class TextGenerationService:
         return {      # (Megatron-LM sends logprobs null when not asked for)
             "text": [decode([t for t in ids if t != eod]) for ids in tokens],
             "tokens": tokens,
-            # each token's text where it stands, a piece's leading space kept: a sequence's segments join to its text
-            "segments": [[texts_after(decode, ids[max(0, k - LEFT_CONTEXT):k], [t])[0] for k, t in enumerate(ids)]
-                         for ids in tokens],
+            # each token's text where it stands, a piece's leading space kept, a character split over byte
+            # tokens the last one's: a sequence's segments join to its text
+            "segments": [token_texts(decode, ids) for ids in tokens],
             "logprobs": [p + g for p, g in zip(result.prompt_logprobs, result.logprobs)] if request.logprobs else None,
         }
 

@@ -15,8 +15,9 @@ before it, which holds for every tokenizer type here. As a guard against others,
 at its end, where the next block's exact start is known; a block whose window arithmetic misses it is
 decoded prefix by prefix instead. O(n^1.5) token decodes in all.
 
-GrowingText applies the same locality to a streamed completion's text, token by token, and texts_after
-to the text of one token, or of its alternatives, at its place.
+GrowingText applies the same locality to a streamed completion's text, token by token, texts_after
+to the text of one token, or of its alternatives, at its place, and token_texts to the texts of all the
+tokens of a sequence, which join to its text.
 """
 from __future__ import annotations
 
@@ -75,6 +76,23 @@ def texts_after(decode: Callable[[Sequence[int]], str], context: Sequence[int], 
     texts = []
     for token in tokens:
         after = decode(left + [token])
+        texts.append(after[len(before):] if after.startswith(before) else decode([token]))
+    return texts
+
+
+def token_texts(decode: Callable[[Sequence[int]], str], ids: Sequence[int]) -> list[str]:
+    """The text each of `ids` adds where it stands (texts_after, after its last LEFT_CONTEXT tokens), so
+    that they join to decode(ids): a character split over several tokens (byte fallback: each of its bytes
+    alone decodes to U+FFFD) is the text of the last of them, the earlier ones ''. The text of a prefix
+    is taken without its trailing U+FFFD, the last token's excepted (a U+FFFD that stays in the text
+    goes with the token after it)."""
+    ids = list(ids)
+    texts = []
+    for k, token in enumerate(ids):
+        left = ids[max(0, k - LEFT_CONTEXT):k]
+        before, after = decode(left).rstrip("\ufffd"), decode(left + [token])
+        if k < len(ids) - 1:
+            after = after.rstrip("\ufffd")
         texts.append(after[len(before):] if after.startswith(before) else decode([token]))
     return texts
 
