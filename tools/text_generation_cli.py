@@ -7,7 +7,9 @@
 Each prompt goes to the server's PUT /api (tools/run_text_generation_server.py) and the answer's text is
 printed. Without --tokens-to-generate the length is asked for each prompt, as Megatron-LM's client does.
 Prompts are read until end of input (Ctrl-D). A request the server refuses prints its message and the
-next prompt is read; a server that cannot be reached ends the client with exit status 1.
+next prompt is read; a server that cannot be reached ends the client with exit status 1. A flag value the
+server would refuse in every request (its own checks, server.FIELD_CHECKS) is a usage error (exit status 2)
+before any prompt is read.
 """
 from __future__ import annotations
 
@@ -72,9 +74,15 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.tokens_to_generate is not None and args.tokens_to_generate < 1:
         build_parser().error(f"--tokens-to-generate={args.tokens_to_generate}: must be >= 1")
-    # What the server refuses in every request (server.parse_request), said once before any prompt is read
-    if args.temperature is not None and not 0 < args.temperature <= 100:
-        build_parser().error(f"--temperature={args.temperature}: the server takes (0, 100]")
+    # What the server refuses in every request (server.parse_request, by its own checks), said once before any
+    # prompt is read
+    from megatron_zaya.inference.server import FIELD_CHECKS
+    for flag, field in (("--temperature", "temperature"), ("--top-k", "top_k"), ("--top-p", "top_p"),
+                        ("--random-seed", "random_seed")):
+        value = getattr(args, field)
+        valid, what = FIELD_CHECKS[field]
+        if value is not None and not valid(value):
+            build_parser().error(f"{flag}={value}: the server takes {what}")
     if args.top_k and args.top_p:
         build_parser().error("--top-k and --top-p: the server takes one of them, not both")
     url, interactive = api_url(args.address), sys.stdin.isatty()

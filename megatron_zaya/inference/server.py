@@ -104,6 +104,22 @@ def request_seed(seed: int | None) -> int:
     return seed if seed is not None and seed >= 0 else int.from_bytes(os.urandom(4), "little")
 
 
+# {field: (valid, what it must be)}: the checks of a request's fields besides prompts (also those of
+# tools/text_generation_cli.py's flags, made before it sends a request)
+FIELD_CHECKS = {
+    "tokens_to_generate": (lambda v: is_int(v) and v >= 0, "an integer >= 0"),
+    "logprobs": (lambda v: isinstance(v, bool), "a boolean"),
+    "temperature": (lambda v: is_number(v) and 0.0 < v <= 100.0, "a number in (0, 100]"),
+    "top_k": (lambda v: is_int(v) and 0 <= v <= 1000, "an integer in [0, 1000]"),
+    "top_p": (lambda v: is_number(v) and 0.0 <= v <= 1.0, "a number in [0, 1]"),
+    "add_BOS": (lambda v: isinstance(v, bool), "a boolean"),
+    "random_seed": (lambda v: is_int(v) and -1 <= v < SEED_LIMIT, "an integer in [0, 2**64) (or -1: a fresh seed)"),
+    "no_log": (lambda v: isinstance(v, bool), "a boolean"),
+    "stop_token": (is_int, "an integer"),
+    "length_penalty": (is_number, "a number"),
+}
+
+
 def parse_request(body) -> GenerationRequest:
     """The request of a JSON body, every field checked (RequestError names the first bad one)."""
     if not isinstance(body, dict):
@@ -128,20 +144,7 @@ def parse_request(body) -> GenerationRequest:
         raise RequestError(f"Maximum number of prompts is {MAX_PROMPTS}")
     check_unicode(prompts, "prompts")
     request = GenerationRequest(prompts)
-    checks = {
-        "tokens_to_generate": (lambda v: is_int(v) and v >= 0, "an integer >= 0"),
-        "logprobs": (lambda v: isinstance(v, bool), "a boolean"),
-        "temperature": (lambda v: is_number(v) and 0.0 < v <= 100.0, "a number in (0, 100]"),
-        "top_k": (lambda v: is_int(v) and 0 <= v <= 1000, "an integer in [0, 1000]"),
-        "top_p": (lambda v: is_number(v) and 0.0 <= v <= 1.0, "a number in [0, 1]"),
-        "add_BOS": (lambda v: isinstance(v, bool), "a boolean"),
-        "random_seed": (lambda v: is_int(v) and -1 <= v < SEED_LIMIT,
-                        "an integer in [0, 2**64) (or -1: a fresh seed)"),
-        "no_log": (lambda v: isinstance(v, bool), "a boolean"),
-        "stop_token": (is_int, "an integer"),
-        "length_penalty": (is_number, "a number"),
-    }
-    apply_checked_fields(body, request, checks)      # stop_token, length_penalty: beam search's, unused
+    apply_checked_fields(body, request, FIELD_CHECKS)      # stop_token, length_penalty: beam search's, unused
     if request.top_k > 0 and request.top_p > 0.0:
         raise RequestError("cannot set both top_k and top_p")
     if request.tokens_to_generate == 0 and not request.logprobs:
