@@ -12,6 +12,8 @@
    checkpoint and logs the same per-iteration losses as the uninterrupted run. The time-limit
    delivery itself is tested with the stand-in trainer (test_run_mi300x_launcher.py), which cannot
    finish before the warning comes.
+3. The same job loses one node's trainers (SIGKILLed after a checkpoint): the launcher blames that node
+   only, resubmits without it, and the new job resumes with the uninterrupted run's losses.
 
 A tiny corpus, SentencePiece model and indexed dataset are built in a temp folder with the
 project's own data tools. Skipped (with the reason) when pretrain_zaya.py is absent or Slurm
@@ -183,3 +185,40 @@ def test_sigusr1_save_requeue_resume_same_losses(reference_run, jobs, tiny_datas
     # Resumed exactly: every iteration after the requeue has the uninterrupted run's loss.
     assert l2 == {i: ref[i] for i in l2}, "the resumed run's losses differ from the uninterrupted run's"
     assert read(os.path.join(jobs.workdir, "ckpt", "latest_checkpointed_iteration.txt")).strip() == str(TRAIN_ITERS)
+
+
+def test_a_node_lost_mid_training_is_excluded_and_the_resumed_run_has_the_same_losses(reference_run, jobs,
+                                                                                         tiny_dataset):
+    """lnode2's trainers and task wrappers are SIGKILLed after the checkpoint at iteration 4 (an out-of-memory
+    kill; slurmd lives on). lnode1's ranks lose their gloo peers: they exit 123 (a lost peer) or die of srun's
+    SIGTERM, and neither blames lnode1. The launcher resubmits without lnode2, and the new job resumes on
+    lnode[1,3] from that checkpoint with the uninterrupted run's losses."""
+    ref = losses(read(os.path.join(reference_run["work"], "logs", f"ztrain-{reference_run['job']}",
+                                   "attempt-0", "rank-0.log")))
+    ckpt = os.path.join(jobs.workdir, "ckpt")
+    env = dict(train_env(tiny_dataset, ckpt), SAVE_INTERVAL="4", RESUBMIT_ARGS="--signal=B:USR1@5")
+    job = jobs.submit(["--nodes=2", "--ntasks-per-node=2", "--time=5", "--job-name=zlost"], env)
+    rank0_log = os.path.join(jobs.workdir, "logs", f"zlost-{job}", "attempt-0", "rank-0.log")
+
+    def past_first_checkpoint(info):
+        try:
+            return max(losses(read(rank0_log)), default=0) >= 5 and read(
+                os.path.join(ckpt, "latest_checkpointed_iteration.txt")).strip() == "4"
+        except OSError:
+            return info.get("JobState") in TERMINAL
+
+    info = jobs.wait(job, 120, until=past_first_checkpoint, poll=0.1)
+    assert info["JobState"] == "RUNNING" and info["NodeList"] == "lnode[1-2]", (info, jobs.output(job)[-3000:])
+    assert len(jobs.cluster.kill_tasks(job, "lnode2")) == 4
+    assert jobs.wait(job, 60)["JobState"] == "FAILED"
+    log = read(os.path.join(jobs.workdir, "logs", f"zlost-{job}", "launcher.log"))
+    assert "0 rank(s) failed by themselves" in log and "failed nodes: lnode2\n" in log, log
+    m = re.search(r"resubmitted as job (\d+) \(restart 1/3, excluding lnode2\), resuming from iteration (\d+)", log)
+    assert m, log
+    second, resumed_at = m.group(1), int(m.group(2))
+    assert resumed_at >= 4 and resumed_at % 4 == 0, log
+    info2 = jobs.wait(second, 200)
+    assert info2["JobState"] == "COMPLETED" and info2["NodeList"] == "lnode[1,3]", jobs.output(second)[-4000:]
+    resumed = losses(read(os.path.join(jobs.workdir, "logs", f"zlost-{second}", "attempt-0", "rank-0.log")))
+    assert sorted(resumed) == list(range(resumed_at + 1, TRAIN_ITERS + 1)), resumed
+    assert resumed == {i: ref[i] for i in resumed}, "the resumed run's losses differ from the uninterrupted run's"
