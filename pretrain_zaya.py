@@ -19,7 +19,8 @@ from megatron_zaya.checkpoint.format import CheckpointError
 from megatron_zaya.errors import UserInputError
 from megatron_zaya.training.setup import build_and_train, seed_everything
 from megatron_zaya.parallel.launch import detect_launcher, end_with_the_launcher, exit_process
-from megatron_zaya.parallel.peer_loss import PEER_LOST_EXIT_CODE, peer_lost
+from megatron_zaya.parallel.collective_failures import PEER_LOST_EXIT_CODE, collective_timed_out, peer_lost
+from megatron_zaya.training.watchdog import WATCHDOG_EXIT_CODE
 
 PROG = "pretrain_zaya.py"
 
@@ -43,7 +44,8 @@ def main(argv=None) -> int:
     the user's input found later (a corrupt dataset or checkpoint, an unusable path) end the run with
     one `error:` line per rank that met it (naming the rank in a multi-process run) and exit status
     2, like a bad flag. A collective that failed because another rank is gone ends this rank with
-    PEER_LOST_EXIT_CODE (123; parallel/peer_loss.py), after its traceback."""
+    PEER_LOST_EXIT_CODE (123), one that timed out with the hang watchdog's 124, after its traceback
+    (parallel/collective_failures.py)."""
     end_with_the_launcher()       # a SIGKILLed torchrun leaves no rank behind (holding the --save lock)
     run = parse_args(argv)
     seed_everything(run.train.seed)
@@ -58,14 +60,17 @@ def main(argv=None) -> int:
         print(f"{PROG}: error{where}: {' '.join(line.splitlines())}", file=sys.stderr, flush=True)
         return 2
     except RuntimeError as err:
-        if not peer_lost(err):
+        if collective_timed_out(err):       # checked first: gloo's peers of a rank that timed out lose it
+            what, code = "a collective timed out: a rank is hung", WATCHDOG_EXIT_CODE
+        elif peer_lost(err):
+            what, code = "another process of the job is gone", PEER_LOST_EXIT_CODE
+        else:
             raise
         traceback.print_exc()
         launch = detect_launcher()
-        print(f"{PROG}: rank {launch.rank} of {launch.world_size}: another process of the job is gone (a collective "
-              f"failed: {str(err).strip().splitlines()[0][:200]}); exiting with {PEER_LOST_EXIT_CODE}, which "
-              "run_mi300x.sh does not blame on this node", file=sys.stderr, flush=True)
-        return PEER_LOST_EXIT_CODE
+        print(f"{PROG}: rank {launch.rank} of {launch.world_size}: {what} ({str(err).strip().splitlines()[0][:200]}); "
+              f"exiting with {code}, which run_mi300x.sh does not blame on this node", file=sys.stderr, flush=True)
+        return code
 
 
 if __name__ == "__main__":

@@ -35,7 +35,8 @@
 #             that failed added to --exclude, and resumes from the latest checkpoint. Only a trainer's own
 #             exit code (1, 2, ...) or crash (139 SIGSEGV, 135 SIGBUS, 132, 136) blames its node: other
 #             deaths by a signal (128+N: 143, 137, 134, ...) are srun stopping the ranks after another one
-#             failed, the hang watchdog's 124 fires on every rank, and 123 is a rank that lost a peer.
+#             failed, the hang watchdog's (or a collective timeout's) 124 comes from every waiting rank, and
+#             123 is a rank that lost a peer.
 #             A failure on every node before any new checkpoint, or twice at the same checkpoint, is not
 #             restarted. The resubmission repeats this job's partition, account, QOS, reservation,
 #             constraint, GRES / GPUs per node, time limit and size, plus SBATCH_ARGS.

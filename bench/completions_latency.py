@@ -18,9 +18,7 @@ import argparse
 import os
 import statistics
 import sys
-import threading
 import time
-from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -29,6 +27,7 @@ import torch  # noqa: E402
 from megatron_zaya.config import PRESETS, model_config_from_preset  # noqa: E402
 from megatron_zaya.data import build_tokenizer  # noqa: E402
 from megatron_zaya.inference.completions import complete  # noqa: E402
+from megatron_zaya.inference.server import TextGenerationService  # noqa: E402
 from megatron_zaya.model import ZayaModel  # noqa: E402
 
 
@@ -59,8 +58,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     model = ZayaModel(model_config_from_preset(args.preset)).eval()
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model or str(model.config.vocab_size - 1))
-    service = SimpleNamespace(model=model, tokenizer=tokenizer, lock=threading.Lock(), name=args.preset,
-                              log=lambda message: None)
+    service = TextGenerationService(model, tokenizer, name=args.preset)
     shared = torch.randint(0, tokenizer.vocab_size - 1, (args.shared_prefix,)).tolist()
     questions = [torch.randint(0, tokenizer.vocab_size - 1, (args.question_length,)).tolist()
                  for _ in range(args.questions)] or [[]]

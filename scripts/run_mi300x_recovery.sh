@@ -166,10 +166,11 @@ restart_after_failure() {
     #    130 INT, 134 ABRT, ...) or none that makes sense: srun stops every rank once one has failed, and
     #    a trainer can die of the signal before its task wrapper records it; a peer's failure also makes
     #    RCCL/NCCL abort the healthy ranks;
-    #  - 124, the trainer's hang watchdog (megatron_zaya/training/watchdog.py): every rank waiting in a hung
-    #    collective fires it, the healthy ones included. HEALTH_CHECK_CMD is the tool that finds a bad node;
-    #  - 123, a trainer whose collective failed because another rank is gone (megatron_zaya/parallel/peer_loss.py:
-    #    gloo raises at once when a peer's socket closes, often before srun's SIGTERM arrives).
+    #  - 124, the trainer's hang watchdog (megatron_zaya/training/watchdog.py), or a collective that timed out
+    #    (--distributed-timeout-minutes): every rank waiting in a hung collective gives it, the healthy ones
+    #    included. HEALTH_CHECK_CMD is the tool that finds a bad node;
+    #  - 123, a trainer whose collective failed because another rank is gone (gloo raises at once when a peer's
+    #    socket closes, often before srun's SIGTERM arrives; megatron_zaya/parallel/collective_failures.py).
     # A record still "pending" (its task got srun's SIGTERM, and its trainer did not exit before Slurm's KillWait
     # ran out) counts as stopped by a signal when every node has one (ranks stuck in collectives after one
     # failed) or when some rank left no record at all (a lost node: the others were stuck waiting for it), and
