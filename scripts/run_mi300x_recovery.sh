@@ -149,9 +149,10 @@ after_training_step() {
 # Failure: find the nodes to blame, then resubmit without them (a bounded number of times).
 restart_after_failure() {
     local node rank rc sig state f n t ok HC_RC TERMS_BEFORE PENDING_NOTE EXCLUDE BAD_LIST JOB_INFO LIMIT
-    local MAIL_TYPE NEW FROM SUBMITTED
+    local MAIL_TYPE NEW FROM SUBMITTED SUBMIT_ERR SAID
     local -A BAD=() SEEN=() PENDING_NODES=()
-    local OWN=() STOPPED=() HUNG=() PEER_LOST=() PENDING=() HC_BAD=() NODES=() SUB=() CARRIED=() GRES=() tres=() sba=() ra=()
+    local OWN=() STOPPED=() HUNG=() PEER_LOST=() PENDING=() HC_BAD=() NODES=() SUB=() CARRIED=() GRES=() tres=()
+    local sba=() ra=()
     if training_done; then
         log "warning: exit code $RC, but the last checkpoint is iteration $(latest_iteration) = END_ITER: the run" \
             "is complete (a rank failed while shutting down; see $ATTEMPT_DIR/exit/)"
@@ -344,26 +345,37 @@ restart_after_failure() {
     log "the resubmission carries: ${CARRIED[*]:-no settings of this job}${SBATCH_ARGS:+; SBATCH_ARGS=$SBATCH_ARGS}"
     stop_for_late_sigterm
     TERMS_BEFORE=${RECEIVED[TERM]}
+    # sbatch runs with SIGTERM and SIGINT ignored: a scancel's SIGTERM reaches every process of the batch step,
+    # and an sbatch it killed after the controller took the job would leave that job queued without its id.
+    # Its stdout alone holds the id (--parsable: "ID" or "ID;CLUSTER"); its stderr (a job_submit plugin's
+    # message, a warning) goes to the log.
+    SUBMIT_ERR=$(mktemp)
     NEW=$(run_clean ZAYA_RESTART=$(( RESTART + 1 )) ZAYA_EXCLUDE="$EXCLUDE" ZAYA_FAILED_AT="$(latest_iteration)" \
-          LAUNCHER_PATH="$SCRIPT_PATH" "${SUB[@]}" 2>&1)
+          LAUNCHER_PATH="$SCRIPT_PATH" bash -c 'trap "" TERM INT; exec "$@"' sbatch "${SUB[@]}" 2> "$SUBMIT_ERR")
     SUBMITTED=$?
+    SAID=$(tr '\n' ' ' < "$SUBMIT_ERR"); rm -f "$SUBMIT_ERR"
+    [[ -n $SAID ]] && log "sbatch: $SAID"
+    NEW=$(tail -n 1 <<< "$NEW")
+    [[ $NEW =~ ^([0-9]+)(;.*)?$ ]] && NEW=${BASH_REMATCH[1]} || NEW=""
     # A cancellation (or preemption) whose SIGTERM came while sbatch ran: take the resubmission back.
     if (( RECEIVED[TERM] > TERMS_BEFORE )) && [[ $(time_limit_reached) != limit ]]; then
-        if (( SUBMITTED == 0 )); then
-            scancel "${NEW%%;*}" || log "warning: scancel ${NEW%%;*} failed: cancel it by hand"
-            log "SIGTERM came while the resubmission was submitted (cancelled or preempted): cancelled job ${NEW%%;*}"
+        if [[ -z $NEW ]]; then
+            log "SIGTERM came while the resubmission was submitted (cancelled or preempted); sbatch exited" \
+                "$SUBMITTED without a job id"
+        elif scancel "$NEW"; then
+            log "SIGTERM came while the resubmission was submitted (cancelled or preempted): cancelled job $NEW"
         else
-            log "SIGTERM came while the resubmission was submitted (cancelled or preempted); sbatch said: $NEW"
+            log "warning: SIGTERM came while the resubmission was submitted, and scancel $NEW failed: cancel it by hand"
         fi
         exit "$RC"
     fi
-    if (( SUBMITTED != 0 )); then
-        log "error: resubmission failed: $NEW"
+    if (( SUBMITTED != 0 )) || [[ -z $NEW ]]; then
+        log "error: resubmission failed (sbatch exited $SUBMITTED${NEW:+, job $NEW})"
         exit "$RC"
     fi
     if [[ -n $CKPT_DIR ]]; then FROM="resuming from iteration $(latest_iteration)"
     else FROM="starting over from iteration 0 (CKPT_DIR is empty: nothing to resume from)"; fi
-    log "resubmitted as job ${NEW%%;*} (restart $(( RESTART + 1 ))/${MAX_RESTARTS:-3}," \
+    log "resubmitted as job $NEW (restart $(( RESTART + 1 ))/${MAX_RESTARTS:-3}," \
         "excluding ${EXCLUDE:-no nodes})," \
         "$FROM: $(printf '%q ' "${SUB[@]}")"
     exit "$RC"

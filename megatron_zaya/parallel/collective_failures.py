@@ -1,10 +1,13 @@
 """Telling a collective that failed because of another rank apart from this rank's own failure.
 
-- A peer is gone. When a rank dies (the out-of-memory killer, a node or GPU fault, a crash), the next
-  collective of its peers fails: gloo raises at once ("Connection closed by peer", "Connection reset by
-  peer", a write that meets "Broken pipe"), NCCL / RCCL report ncclRemoteError ("remote process exited or
-  there was a network error"), and the rendezvous store's client loses its connection to rank 0. Such a
-  rank exits with PEER_LOST_EXIT_CODE (123).
+- A peer is gone. When a rank dies (the out-of-memory killer, a node fault, a crash), the next collective
+  of its peers fails: gloo raises at once ("Connection closed by peer", "Connection reset by peer", a write
+  that meets "Broken pipe": TCP's word that the other end closed), and the rendezvous store's client loses
+  its connection to rank 0 ("Connection reset by peer", "Failed to recv, got 0 bytes"). Such a rank exits
+  with PEER_LOST_EXIT_CODE (123). Not NCCL / RCCL's ncclRemoteError ("remote process exited or there was a
+  network error"): InfiniBand reports a dead peer and this node's own failing link alike (a completion
+  error such as IBV_WC_RETRY_EXC_ERR), so it stays an exit 1, and the node with a broken link is still
+  blamed (with its healthy peers, when they get it too).
 - A collective timed out (--distributed-timeout-minutes): some rank is hung. gloo raises "Timed out waiting
   ...ms for recv operation to complete" on the ranks that waited (then "Application timeout caused pair
   closure" on their next call), NCCL's watchdog "Watchdog caught collective operation timeout" when it
@@ -22,8 +25,7 @@ PEER_LOST_MARKERS = (
     "connection closed by peer",           # gloo: the peer's socket closed
     "connection reset by peer",            # gloo, the TCP store: the peer's kernel reset the connection
     "broken pipe",                         # gloo: a write to a peer that is gone
-    "remote process exited",               # NCCL / RCCL: ncclRemoteError's text
-    "ncclremoteerror",
+    "failed to recv, got 0 bytes",         # the TCP store: its server (rank 0) closed the connection
 )
 
 TIMEOUT_MARKERS = (

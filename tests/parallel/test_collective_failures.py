@@ -28,9 +28,13 @@ def chained(outer: BaseException, inner: BaseException) -> BaseException:
     (RuntimeError(GLOO), True),
     (RuntimeError("[gloo/transport/tcp/pair.cc:534] Read error [10.0.0.2]:4431: Connection reset by peer"), True),
     (RuntimeError("[gloo/transport/tcp/pair.cc:589] Write error [10.0.0.2]:4431: Broken pipe"), True),
+    # NCCL / RCCL over InfiniBand: a dead peer and this node's own failing link give the same error
     (dist.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:1971, remote process exited or there was a "
                            "network error, NCCL version 2.21.5\nncclRemoteError: A call failed possibly due to a "
-                           "network error or a remote process exiting prematurely."), True),
+                           "network error or a remote process exiting prematurely."), False),
+    # the TCP store after rank 0 died, in two runs of torch 2.13
+    (dist.DistNetworkError("Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server "
+                           "shutdown or crash?"), True),
     (dist.DistNetworkError("failed to recv from the store: Connection reset by peer"), True),
     (chained(ValueError("while reducing the loss"), RuntimeError(GLOO)), True),
     (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), False),
@@ -39,8 +43,8 @@ def chained(outer: BaseException, inner: BaseException) -> BaseException:
     (BrokenPipeError(32, "Broken pipe"), False),                    # this process's own stdout pipe
     (ConnectionResetError(104, "Connection reset by peer"), False),    # an OSError: a file system or data server
     (ValueError("connection closed by peer"), False),
-], ids=["gloo-closed", "gloo-reset", "gloo-pipe", "nccl-remote", "store", "chained", "oom", "timeout",
-        "own-pipe", "oserror", "not-runtime"])
+], ids=["gloo-closed", "gloo-reset", "gloo-pipe", "nccl-remote", "store-closed", "store-reset", "chained", "oom",
+        "timeout", "own-pipe", "oserror", "not-runtime"])
 def test_which_errors_are_a_lost_peer(err, lost):
     assert peer_lost(err) is lost
 

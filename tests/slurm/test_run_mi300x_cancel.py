@@ -196,19 +196,24 @@ exec "{real}" "$@"
 
 @pytest.mark.parametrize("run, cancelled", [("00:20:00", True), ("01:00:31", False)])
 def test_a_sigterm_while_sbatch_resubmits_takes_the_resubmission_back(fake, tmp_path, run, cancelled):
-    """n2's rank failed by itself and the launcher resubmits; a scancel's SIGTERM comes while sbatch runs (here:
-    the stand-in sbatch sends it, then submits job 777). The new job is cancelled; at the time limit it stays."""
+    """n2's rank failed by itself and the launcher resubmits; a scancel's SIGTERM comes while sbatch runs. Under
+    the real Slurm it reaches every process of the batch step, sbatch too: here the stand-in sbatch submits (job
+    777), then sends SIGTERM to the launcher and to itself, then prints the id (an sbatch the signal killed
+    would leave the job queued without telling its id), with a warning on stderr. The new job is cancelled; at
+    the time limit it stays."""
     term_to_launcher(fake, "never")
     real = fake.move_aside("sbatch")
     fake.install("sbatch", f'''#!/usr/bin/env bash
-kill -s TERM "$(< {os.path.join(fake.dir, "launcher.pid")})"
-python3 "{real}" "$@"
+id=$(python3 "{real}" "$@")
+kill -s TERM "$(< {os.path.join(fake.dir, "launcher.pid")})" $$
+echo "sbatch: Warning: your account is near its quota" >&2
+echo "$id"
 ''')
     write_latest(str(tmp_path / "ckpt"), 5)
-    fake.run_launcher(FAKE_RC="0 0 1 0", TRAIN_ITERS="10", FAKE_SBATCH_OUTPUT="777",
+    fake.run_launcher(FAKE_RC="0 0 1 0", TRAIN_ITERS="10", FAKE_SBATCH_OUTPUT="777;zayatest",
                       FAKE_JOB_INFO=job_info(run, "01:00:00"))
     log = fake.launcher_log()
-    assert len(fake.calls("sbatch")) == 1, log
+    assert len(fake.calls("sbatch")) == 1 and "sbatch: Warning: your account is near its quota" in log, log
     assert [c["argv"] for c in fake.calls("scancel")] == ([["777"]] if cancelled else []), log
     assert ("while the resubmission was submitted (cancelled or preempted): cancelled job 777" in log) == cancelled, log
-    assert ("resubmitted as job 777" in log) == (not cancelled), log
+    assert ("resubmitted as job 777 " in log) == (not cancelled), log
