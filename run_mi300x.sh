@@ -15,7 +15,8 @@
 #             SAVE_INTERVAL  LOG_INTERVAL  EVAL_INTERVAL  EVAL_ITERS  (empty: the value in CONFIG is used)
 #             TRAIN_ARGS (replaces all of the above flags)  EXTRA_ARGS (appended)  TRAIN_ENV_SETUP (sourced per task)
 #   outputs   CKPT_DIR [$REPO_DIR/checkpoints/$JOB_NAME] (--save and --load; empty: neither)
-#             INIT_CKPT_DIR []: --load from here while CKPT_DIR has no checkpoint yet (the previous phase)
+#             INIT_CKPT_DIR []: --load from here while CKPT_DIR has no checkpoint yet (the previous phase;
+#             it must hold one: --exit-on-missing-checkpoint)
 #             TENSORBOARD_DIR [$CKPT_DIR/tensorboard]
 #             LOG_DIR [$SLURM_SUBMIT_DIR/logs]: per job $LOG_DIR/<name>-<jobid>/ holds launcher.log,
 #             command.sh and attempt-<k>/rank-<r>.log
@@ -323,12 +324,14 @@ latest_iteration() {
     if [[ $newest != none || -z $named ]]; then echo "$newest"; else echo "$named"; fi
 }
 
-# --load: this run's own checkpoints; before the first one exists, INIT_CKPT_DIR (e.g. the previous phase).
+# --load: this run's own checkpoints; before the first one exists, INIT_CKPT_DIR (e.g. the previous phase),
+# which must hold one: with a typo in it the phase would train from scratch (the trainer's refusal).
 LOAD_DIR=$CKPT_DIR
 if [[ -n ${INIT_CKPT_DIR:-} && $(latest_iteration) == none ]]; then
     LOAD_DIR=$INIT_CKPT_DIR
 fi
 [[ -n $CKPT_DIR ]] && ARGS+=(--save "$CKPT_DIR" --load "$LOAD_DIR")
+[[ -n $CKPT_DIR && $LOAD_DIR != "$CKPT_DIR" ]] && ARGS+=(--exit-on-missing-checkpoint)
 if [[ -n ${EXTRA_ARGS:-} ]]; then
     read -r -a ea <<< "$EXTRA_ARGS"
     ARGS+=("${ea[@]}")

@@ -85,7 +85,8 @@ def test_dry_run_every_value_overridable():
 def test_dry_run_init_ckpt_dir_until_the_run_has_its_own(tmp_path):
     env = clean_env(CKPT_DIR=str(tmp_path / "phase2"), INIT_CKPT_DIR="/ckpt/phase1")
     r = subprocess.run(["bash", LAUNCHER, "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
-    assert f"--save {tmp_path}/phase2 --load /ckpt/phase1" in r.stdout
+    # the previous phase must hold a checkpoint: with a typo in INIT_CKPT_DIR the trainer refuses to start
+    assert f"--save {tmp_path}/phase2 --load /ckpt/phase1 --exit-on-missing-checkpoint" in r.stdout
     (tmp_path / "phase2" / "iter_0000100.partial-1").mkdir(parents=True)      # a save that never completed
     (tmp_path / "phase2" / "iter_0000100").mkdir()
     r = subprocess.run(["bash", LAUNCHER, "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
@@ -99,6 +100,7 @@ def test_dry_run_init_ckpt_dir_until_the_run_has_its_own(tmp_path):
     (tmp_path / "phase2" / "latest_checkpointed_iteration.txt").write_text("100\n")
     r = subprocess.run(["bash", LAUNCHER, "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
     assert f"--save {tmp_path}/phase2 --load {tmp_path}/phase2" in r.stdout
+    assert "--exit-on-missing-checkpoint" not in r.stdout          # a run resumes (or starts) as it always did
 
 
 def test_outside_slurm_without_dry_run_says_how_to_submit():
