@@ -45,14 +45,24 @@ def startup_lines(run, tokenizer_vocab_size: int, datasets: dict, run_samples: i
 
 def job_end_lines(run, state, schedule, total_iters: int) -> list[str]:
     """Where a job that --exit-interval ends before the run's end stops, and which samples of the data phase it
-    reads (the data line counts the whole run, whose index all its jobs share); none otherwise."""
+    reads (the data line counts the whole run, whose index all its jobs share). A job that resumes where the
+    interval ended the one before also says that it trains on: like Megatron-LM, the interval is checked
+    after each step, so re-running a finished recipe phase's command would train into the next phase's
+    iterations on this phase's data."""
     interval = run.train.exit_interval
     if not interval or run.train.skip_train:
         return []
-    job_end = (state.iteration // interval + 1) * interval
+    it = state.iteration
+    job_end = (it // interval + 1) * interval
+    lines = []
+    if it and it % interval == 0 and it < total_iters:
+        lines.append(f"note: this job resumes at iteration {it:,}, where --exit-interval {interval:,} ended the one "
+                     f"before, and trains on to iteration {min(job_end, total_iters):,}; a run that had to end at "
+                     f"{it:,} (a recipe's phase) is complete (run_mi300x.sh's END_ITER starts no training there)")
     if job_end >= total_iters:
-        return []
+        return lines
     consumed, upto = train_data_position(state, schedule, job_end)
     samples = upto - consumed
-    return [f"this job stops at iteration {job_end:,} (--exit-interval {interval:,}) of {total_iters:,}: its "
-            f"{samples:,} samples ({samples * run.model.seq_length:,} tokens) start at the phase's sample {consumed:,}"]
+    return lines + [f"this job stops at iteration {job_end:,} (--exit-interval {interval:,}) of {total_iters:,}: "
+                    f"its {samples:,} samples ({samples * run.model.seq_length:,} tokens) start at the phase's sample "
+                    f"{consumed:,}"]

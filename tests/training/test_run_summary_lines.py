@@ -37,11 +37,19 @@ def test_counts_switch_to_billions_at_one_billion():
 
 
 def test_the_job_line_only_for_a_job_that_stops_before_the_end():
-    """--exit-interval 2 of 6 iterations: a job at iteration 4 stops at 6, the run's end (no line); one at 2
-    stops at 4 and reads 2 x 4 samples."""
+    """--exit-interval 2 of 6 iterations: a job at iteration 4 stops at 6, the run's end (no stop line); one at 2
+    stops at 4 and reads 2 x 4 samples. Both resume where the interval ended the job before, and say that they
+    train on (a recipe phase re-run by hand would train into the next phase); a first job, or one resumed
+    between multiples, does not."""
     run = SimpleNamespace(train=SimpleNamespace(exit_interval=2, skip_train=False),
                           model=SimpleNamespace(seq_length=32))
     schedule = BatchSizeSchedule(4, 2, 1)
-    assert job_end_lines(run, TrainState(iteration=4, consumed_samples=16), schedule, 6) == []
-    line, = job_end_lines(run, TrainState(iteration=2, consumed_samples=8), schedule, 6)
+    note, = job_end_lines(run, TrainState(iteration=4, consumed_samples=16), schedule, 6)
+    assert note.startswith("note: this job resumes at iteration 4, where --exit-interval 2 ended the one before, "
+                           "and trains on to iteration 6; a run that had to end at 4 (a recipe's phase) is complete")
+    note, line = job_end_lines(run, TrainState(iteration=2, consumed_samples=8), schedule, 6)
+    assert "trains on to iteration 4;" in note
     assert line.startswith("this job stops at iteration 4 (--exit-interval 2) of 6: its 8 samples (256 tokens)")
+    run.train.exit_interval = 4
+    assert job_end_lines(run, TrainState(iteration=0), schedule, 6)[0].startswith("this job stops at iteration 4")
+    assert job_end_lines(run, TrainState(iteration=5, consumed_samples=20), schedule, 6) == []
