@@ -199,6 +199,8 @@ RECOVERY_SH=$(dirname "$SCRIPT_PATH")/scripts/run_mi300x_recovery.sh
     "REPO_DIR=$REPO_DIR: run the launcher from a checkout of megatron-zaya, or set REPO_DIR to one"
 # shellcheck source=scripts/run_mi300x_recovery.sh
 source "$RECOVERY_SH"
+# shellcheck source=scripts/checkpoint_latest.sh
+source "$(dirname "$RECOVERY_SH")/checkpoint_latest.sh"
 
 JOB_ID=${SLURM_JOB_ID:-DRYRUN}
 JOB_NAME=${SLURM_JOB_NAME:-${JOB_NAME:-zaya1-base}}
@@ -306,23 +308,8 @@ else
     [[ -n $TENSORBOARD_DIR ]] && ARGS+=(--tensorboard-dir "$TENSORBOARD_DIR")
 fi
 # The iteration the trainer's --load of CKPT_DIR continues from (checkpoint/format.py's named_latest), or
-# "none": the one latest_checkpointed_iteration.txt names, or a newer complete iter_N folder completed after
-# the file was written (a save stopped between publishing its folder and updating the file, which the
-# trainer's next start completes), or without a readable file the newest complete folder.
-latest_iteration() {
-    local f=$CKPT_DIR/latest_checkpointed_iteration.txt marker it named= newest=none
-    [[ -z $CKPT_DIR ]] && { echo none; return; }
-    [[ -s $f ]] && named=$(tr -d '[:space:]' < "$f")
-    for marker in "$CKPT_DIR"/iter_*/COMPLETE; do
-        it=${marker%/COMPLETE}; it=${it##*/iter_}
-        [[ -f $marker && $it =~ ^[0-9]+$ ]] || continue
-        if [[ $named =~ ^[0-9]+$ ]]; then      # only past the named one, completed after the file
-            (( 10#$it > 10#$named )) && ! [[ $f -nt $marker ]] || continue
-        fi
-        if [[ $newest == none ]] || (( 10#$it > newest )); then newest=$(( 10#$it )); fi
-    done
-    if [[ $newest != none || -z $named ]]; then echo "$newest"; else echo "$named"; fi
-}
+# "none" (scripts/checkpoint_latest.sh).
+latest_iteration() { checkpoint_latest_iteration "$CKPT_DIR"; }
 
 # --load: this run's own checkpoints; before the first one exists, INIT_CKPT_DIR (e.g. the previous phase),
 # which must hold one: with a typo in it the phase would train from scratch (the trainer's refusal).

@@ -54,9 +54,13 @@ CONFIGS=("" phase1_4k.yaml phase2_4k_mix.yaml phase3_32k.yaml)
 END_ITERS=("" 476837 715256 834465)
 DATAS=("" "$PHASE1_DATA" "$PHASE2_DATA" "$PHASE3_DATA")
 
+# A phase's latest complete checkpoint, as the launcher and the trainer count it (0: none yet)
+# shellcheck source=../../scripts/checkpoint_latest.sh
+source "$REPO/scripts/checkpoint_latest.sh"
 latest() {
-    local f=$1/latest_checkpointed_iteration.txt
-    if [[ -s $f ]]; then tr -d '[:space:]' < "$f"; else echo 0; fi
+    local it
+    it=$(checkpoint_latest_iteration "$1")
+    if [[ $it == none ]]; then echo 0; else echo "$it"; fi
 }
 
 # A phase whose checkpoint has reached its end is not run again: the trainer checks --exit-interval

@@ -201,6 +201,25 @@ def test_recipe_never_resubmits_a_complete_phase(tmp_path):
     assert not os.path.exists(record)
 
 
+def test_recipe_counts_a_final_save_interrupted_before_its_latest_file(tmp_path):
+    """Phase 1's final save published iter_0476837 (COMPLETE written) but stopped before the latest file moved
+    on from 476800: the launcher and the trainer count 476837, so the recipe does too, and phase 2 goes (it
+    was refused as 'phase 1 is not complete', and phase 1's resubmission trained nothing, for ever)."""
+    bindir, record = fake_sbatch(tmp_path)
+    root = tmp_path / "ckpt"
+    env = clean_env(PATH=bindir + os.pathsep + os.environ["PATH"], CKPT_ROOT=str(root), DATA_ROOT="/data/z",
+                    TOKENIZER_MODEL="/tok/gemma3")
+    (root / "phase1" / "iter_0476837").mkdir(parents=True)
+    latest = root / "phase1" / "latest_checkpointed_iteration.txt"
+    latest.write_text("476800\n")
+    os.utime(latest, (1_700_000_000, 1_700_000_000))         # written before the newer folder completed
+    (root / "phase1" / "iter_0476837" / "COMPLETE").write_text("")
+    r = subprocess.run(["bash", RECIPE, "phase2"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rec = json.load(open(record))
+    assert rec["argv"][0] == "--job-name=zaya1-base-p2" and rec["env"]["INIT_CKPT_DIR"] == str(root / "phase1")
+
+
 def test_recipe_and_single_node_dry_runs():
     r = subprocess.run(["bash", RECIPE, "phase3", "--dry-run"], env=clean_env(CKPT_ROOT="/ckpt/z"),
                        capture_output=True, text=True, timeout=60)
