@@ -4,7 +4,8 @@
 #   DATA_ROOT=/data/zaya TOKENIZER_MODEL=/data/tokenizers/gemma3 CKPT_ROOT=/ckpt/zaya1-base \
 #       bash examples/zaya1_base/run_zaya1_base.sh all       # first phase not complete now; the rest follow
 #   bash examples/zaya1_base/run_zaya1_base.sh phase2         # one phase (the previous one complete, this one not)
-#   bash examples/zaya1_base/run_zaya1_base.sh all --dry-run  # show the sbatch and srun commands only
+#   bash examples/zaya1_base/run_zaya1_base.sh all --dry-run  # show the sbatch and srun commands only (and
+#                                                            # what a real run would refuse)
 #
 # Phases (configs next to this script; the step arithmetic is in phase1_4k.yaml):
 #   phase1  4K context, web-heavy blend, ends at iteration 476,837               phase1_4k.yaml
@@ -63,11 +64,19 @@ latest() {
     if [[ $it == none ]]; then echo 0; else echo "$it"; fi
 }
 
+# A refusal: without --dry-run the script stops (exit 1); a dry run picks the phase the real run would
+# and says what it would refuse, then shows the commands anyway (a preview before the checkpoints exist).
+refuse() {
+    echo "run_zaya1_base.sh: $*" >&2
+    (( DRY )) || exit 1
+    echo "# note: without --dry-run this is refused: $*"
+}
+
 # A phase whose checkpoint has reached its end is not run again: the trainer checks --exit-interval
 # after each step (as Megatron-LM does), so a run resumed exactly at its end would train past it.
 # With `all` / --chain the next phase that is not complete is submitted instead (a broken chain is
 # restarted by running `all` again); a single phase asked for by name is refused.
-while (( ! DRY )); do
+while true; do
     have=$(latest "$CKPT_ROOT/phase$PHASE")
     [[ $have =~ ^[0-9]+$ ]] && (( have >= END_ITERS[PHASE] )) || break
     if (( CHAIN && PHASE < 3 )); then
@@ -78,19 +87,18 @@ while (( ! DRY )); do
         echo "run_zaya1_base.sh: every phase is complete ($CKPT_ROOT/phase3 is at iteration $have): nothing to submit" >&2
         exit 0
     else
-        echo "run_zaya1_base.sh: phase $PHASE is already complete: $CKPT_ROOT/phase$PHASE is at iteration $have," \
-             "it ends at ${END_ITERS[PHASE]}; not submitting it again (a resumed run would train past its end)" >&2
-        exit 1
+        refuse "phase $PHASE is already complete: $CKPT_ROOT/phase$PHASE is at iteration $have, it ends at" \
+               "${END_ITERS[PHASE]}; not submitting it again (a resumed run would train past its end)"
+        break
     fi
 done
 
-if (( PHASE > 1 && ! DRY )); then
+if (( PHASE > 1 )); then
     prev=$CKPT_ROOT/phase$(( PHASE - 1 ))
     have=$(latest "$prev")
     if ! [[ $have =~ ^[0-9]+$ ]] || (( have < END_ITERS[PHASE - 1] )); then
-        echo "run_zaya1_base.sh: phase $(( PHASE - 1 )) is not complete: $prev is at iteration $have," \
-             "it ends at ${END_ITERS[PHASE - 1]}" >&2
-        exit 1
+        refuse "phase $(( PHASE - 1 )) is not complete: $prev is at iteration $have, it ends at" \
+               "${END_ITERS[PHASE - 1]}"
     fi
 fi
 

@@ -220,6 +220,20 @@ def test_recipe_counts_a_final_save_interrupted_before_its_latest_file(tmp_path)
     assert rec["argv"][0] == "--job-name=zaya1-base-p2" and rec["env"]["INIT_CKPT_DIR"] == str(root / "phase1")
 
 
+def test_recipe_dry_run_shows_the_phase_a_real_run_submits(tmp_path):
+    """Phase 1 complete: `all --dry-run` shows phase 2, as `all` submits it; `phase1 --dry-run` says that a real
+    run refuses it."""
+    root = tmp_path / "ckpt"
+    (root / "phase1").mkdir(parents=True)
+    (root / "phase1" / "latest_checkpointed_iteration.txt").write_text("476837\n")
+    env = clean_env(CKPT_ROOT=str(root), DATA_ROOT="/data/z", TOKENIZER_MODEL="/tok/gemma3")
+    r = subprocess.run(["bash", RECIPE, "all", "--dry-run"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("# phase 2: phase2_4k_mix.yaml"), r.stdout + r.stderr
+    assert "refused" not in r.stdout
+    r = subprocess.run(["bash", RECIPE, "phase1", "--dry-run"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "# note: without --dry-run this is refused: phase 1 is already complete" in r.stdout
+
+
 def test_recipe_and_single_node_dry_runs():
     r = subprocess.run(["bash", RECIPE, "phase3", "--dry-run"], env=clean_env(CKPT_ROOT="/ckpt/z"),
                        capture_output=True, text=True, timeout=60)
@@ -228,6 +242,9 @@ def test_recipe_and_single_node_dry_runs():
     assert len(srun) == 1
     assert "--config " + os.path.join(EX, "zaya1_base", "phase3_32k.yaml") in srun[0]
     assert "--save /ckpt/z/phase3 --load /ckpt/z/phase2" in srun[0]
+    # a preview before the checkpoints exist, which says what a real run would refuse
+    assert "# note: without --dry-run this is refused: phase 2 is not complete: /ckpt/z/phase2 is at iteration 0" \
+        in r.stdout, r.stdout
     r = subprocess.run(["bash", os.path.join(EX, "single_node_8gpu.sh"), "--train-iters", "5"],
                        env=clean_env(DRY_RUN="1", DATA_PATH="/d/x_text_document", TOKENIZER_MODEL="/tok"),
                        capture_output=True, text=True, timeout=60)
