@@ -31,7 +31,8 @@
 #   recovery  MAX_REQUEUES [50]: SIGUSR1 before the time limit (see --signal below) is forwarded to the
 #             trainer, which saves and exits; the job then requeues itself (scontrol requeue) and resumes.
 #             Never with CKPT_DIR empty: there would be nothing to resume from. A job at MAX_REQUEUES with
-#             training unfinished exits 3; a trainer failing by itself after the warning is a failure (below).
+#             training unfinished exits 3, as does a second attempt in a row without a new checkpoint; a
+#             trainer failing by itself after the warning is a failure (below).
 #             MAX_RESTARTS [3]: a failed run is resubmitted (sbatch --dependency=afterany) with the nodes
 #             that failed added to --exclude, and resumes from the latest checkpoint. Only a trainer's own
 #             exit code (1, 2, ...) or crash (139 SIGSEGV, 135 SIGBUS, 132, 136) blames its node: other

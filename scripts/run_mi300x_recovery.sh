@@ -44,6 +44,21 @@ requeue() {
             "checkpoint: $(latest_iteration))"
         exit 3
     fi
+    # Two attempts in a row without a new checkpoint would go on so, MAX_REQUEUES times over: the time-limit
+    # warning came before the trainer could save (a limit shorter than its start-up plus the warning's lead),
+    # or its save never ended before the limit. One such attempt is requeued (a slow start-up once, a save
+    # that failed once); the file names the checkpoint it ended at.
+    local stalled=$JOB_LOG_DIR/requeued-without-a-new-checkpoint
+    if [[ $(latest_iteration) != "$LATEST_AT_START" ]]; then
+        rm -f "$stalled"
+    elif [[ -f $stalled && $(< "$stalled") == "$LATEST_AT_START" ]]; then
+        log "not requeueing: this attempt and the one before ended without a new checkpoint (latest:" \
+            "$LATEST_AT_START), so the next would too. Give the job a longer --time, or make its start-up and a" \
+            "save fit in the warning's lead (--signal=B:USR1@<seconds>)"
+        exit 3
+    else
+        echo "$LATEST_AT_START" > "$stalled"
+    fi
     log "requeueing job $JOB_ID (requeue $(( REQUEUE_COUNT + 1 ))/${MAX_REQUEUES:-50}) to resume from iteration $(latest_iteration)"
     trap 'exit 0' TERM          # the requeue itself ends this attempt with SIGTERM
     scontrol requeue "$JOB_ID" || { log "error: scontrol requeue $JOB_ID failed"; exit 1; }

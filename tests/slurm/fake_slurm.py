@@ -163,10 +163,15 @@ class FakeSlurm:
         os.rename(os.path.join(self.bin, name), real)
         return real
 
-    def run_launcher(self, *args: str, timeout: float = 60, **extra) -> subprocess.CompletedProcess:
+    def run_launcher(self, *args: str, timeout: float = 60, keep_logs: bool = False,
+                     **extra) -> subprocess.CompletedProcess:
+        """run_mi300x.sh as the batch script (its calls of the stand-ins recorded afresh); keep_logs: the job's
+        log folder stays as the run before left it (a requeued attempt of the same job), else one launcher.log
+        per run."""
         if os.path.exists(self.calls_file):
             os.remove(self.calls_file)
-        shutil.rmtree(os.path.join(self.submit_dir, "logs"), ignore_errors=True)    # one launcher.log per run
+        if not keep_logs:
+            shutil.rmtree(os.path.join(self.submit_dir, "logs"), ignore_errors=True)
         return subprocess.run(["bash", LAUNCHER, *args], env=self.env(**extra), cwd=self.submit_dir,
                               capture_output=True, text=True, timeout=timeout)
 

@@ -1,10 +1,12 @@
 """run_mi300x_recovery.sh's after_training_step with stand-in Slurm commands (fake_slurm.py, about a second per
 case): the time-limit warning on a finished run, srun dying of the warning itself (138), a clean exit before
-END_ITER, and the exit code of a run stopped by SIGTERM.
+END_ITER, the exit code of a run stopped by SIGTERM, and no third attempt after two without a new checkpoint.
 
     python -m pytest -q tests/slurm/test_run_mi300x_step_outcomes.py
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -140,3 +142,21 @@ def test_a_health_check_that_fails_on_every_node_excludes_none(fake, tmp_path):
     assert "the health check failed on every node: taken for a fault of the check" in log, log
     (sbatch,) = fake.calls("sbatch")
     assert [a for a in sbatch["argv"] if a.startswith("--exclude")] == ["--exclude=n2"], log
+
+
+def test_two_attempts_in_a_row_without_a_new_checkpoint_are_not_requeued_again(fake, tmp_path):
+    """The warning came before the trainer could save (a --time shorter than its start-up plus the warning's
+    lead): the first such attempt is requeued, the next at the same checkpoint is not (MAX_REQUEUES attempts
+    would all end alike). A new checkpoint in between starts the count again."""
+    write_latest(str(tmp_path / "ckpt"), 5)
+    stalled = os.path.join(fake.submit_dir, "logs", "fake-4242", "requeued-without-a-new-checkpoint")
+    usr1 = dict(FAKE_USR1="1", FAKE_RC="0", TRAIN_ITERS="10", USR1_REPEAT_SECONDS="1")
+    fake.run_launcher(**usr1)
+    assert len(requeues(fake)) == 1 and open(stalled).read().strip() == "5", fake.launcher_log()
+    r = fake.run_launcher(**usr1, SLURM_RESTART_COUNT="1", keep_logs=True)         # the requeued attempt
+    log = fake.launcher_log()
+    assert not requeues(fake) and r.returncode == 3, log
+    assert "not requeueing: this attempt and the one before ended without a new checkpoint (latest: 5)" in log, log
+    # with a checkpoint written by the attempt: requeued, and the count starts again
+    r = fake.run_launcher(**usr1, FAKE_WRITES_ITER="6", SLURM_RESTART_COUNT="2", keep_logs=True)
+    assert len(requeues(fake)) == 1 and not os.path.exists(stalled), fake.launcher_log()
