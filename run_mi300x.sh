@@ -200,8 +200,12 @@ RECOVERY_SH=$(dirname "$SCRIPT_PATH")/scripts/run_mi300x_recovery.sh
     "REPO_DIR=$REPO_DIR: run the launcher from a checkout of megatron-zaya, or set REPO_DIR to one"
 # shellcheck source=scripts/run_mi300x_recovery.sh
 source "$RECOVERY_SH"
+LATEST_SH=$(dirname "$RECOVERY_SH")/checkpoint_latest.sh
+[[ -f $LATEST_SH ]] || LATEST_SH=$REPO_DIR/scripts/checkpoint_latest.sh
+[[ -f $LATEST_SH ]] || die "cannot find scripts/checkpoint_latest.sh next to $RECOVERY_SH or in REPO_DIR=$REPO_DIR:" \
+    "the launcher needs the scripts/ of its own version of megatron-zaya"
 # shellcheck source=scripts/checkpoint_latest.sh
-source "$(dirname "$RECOVERY_SH")/checkpoint_latest.sh"
+source "$LATEST_SH"
 
 JOB_ID=${SLURM_JOB_ID:-DRYRUN}
 JOB_NAME=${SLURM_JOB_NAME:-${JOB_NAME:-zaya1-base}}

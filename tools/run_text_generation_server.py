@@ -96,7 +96,7 @@ def prepare(argv=None):
 
 
 def main(argv=None) -> int:
-    service, server = prepare(argv)
+    _, server = prepare(argv)
     # SIGTERM (a job's end) stops the loop as Ctrl-C does; shutdown() must come from another thread.
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
     try:
@@ -104,8 +104,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        service.stop()              # the generation under way ends at its next step (503)
-        server.server_close()       # and its handler thread, before the interpreter exits
+        server.stop_requests()      # the generation under way ends at its next step (503), reads end
+        server.server_close()       # and its handler threads, before the interpreter exits
     print("server stopped", flush=True)
     return 0
 

@@ -231,12 +231,17 @@ class TextGenerationService:
                               on_step=self.stoppable(client_closed=client_closed))
         tokens = [prompt + new for prompt, new in zip(result.prompts, result.tokens)]
         decode = self.tokenizer.decode
+
+        def segments(ids: list[int]) -> list[str]:
+            """Each token's text where it stands (a piece's leading space kept; a character split over byte
+            tokens the first one's), EOD's '': they join to the sequence's text."""
+            texts = iter(token_texts(decode, [t for t in ids if t != eod]))
+            return ["" if t == eod else next(texts) for t in ids]
+
         return {      # (Megatron-LM sends logprobs null when not asked for)
             "text": [decode([t for t in ids if t != eod]) for ids in tokens],
             "tokens": tokens,
-            # each token's text where it stands, a piece's leading space kept, a character split over byte
-            # tokens the last one's: a sequence's segments join to its text
-            "segments": [token_texts(decode, ids) for ids in tokens],
+            "segments": [segments(ids) for ids in tokens],
             "logprobs": [p + g for p, g in zip(result.prompt_logprobs, result.logprobs)] if request.logprobs else None,
         }
 
@@ -246,12 +251,27 @@ def make_server(service: TextGenerationService, host: str, port: int,
     """An HTTP server answering PUT/POST /api with `service` (port 0: any free port). A read from or a write to
     a client that blocks for `client_timeout` seconds drops the connection: a streaming client that stops
     reading would otherwise hold the model's lock, and every other request wait, for as long as it stays.
-    Its handler threads are not daemons: server_close() waits for them (after service.stop(), a generation
-    ends at its next step), as an interpreter that exits under a thread inside torch aborts ("terminate
-    called without an active exception", exit status 134)."""
+    Its handler threads are not daemons: server_close() waits for them, as an interpreter that exits under a
+    thread inside torch aborts ("terminate called without an active exception", exit status 134); call
+    server.stop_requests() first (the generation under way ends at its next step, reads end at once)."""
+
+    connections, guard = set(), threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
         timeout = client_timeout        # socketserver sets it on each connection
+
+        def setup(self):
+            super().setup()
+            with guard:
+                connections.add(self.connection)
+
+        def finish(self):
+            try:
+                super().finish()
+            finally:
+                with guard:
+                    connections.discard(self.connection)
+
         def reply(self, status: int, payload) -> None:
             """`payload` as JSON; an error (a status of 400 or more: its message) in the form of the endpoint's API:
             Megatron-LM's /api sends the message itself, the OpenAI endpoints {"error": {"message", "type", ...}}
@@ -273,9 +293,10 @@ def make_server(service: TextGenerationService, host: str, port: int,
             """Whether the client has closed (or reset) its connection: readable, with nothing left to read.
             Bytes it sent after its request stay unread. (A client that half-closes its side after sending
             its request counts as gone.)"""
-            try:
-                readable, _, _ = select.select([self.connection], [], [], 0)
-                return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+            try:      # poll, not select, which refuses a descriptor above 1023 (a busy server's can be); not
+                poller = select.poll()        # a non-blocking recv either: under the socket's timeout it waits
+                poller.register(self.connection, select.POLLIN)
+                return bool(poller.poll(0)) and self.connection.recv(1, socket.MSG_PEEK) == b""
             except OSError:
                 return True
 
@@ -370,4 +391,18 @@ def make_server(service: TextGenerationService, host: str, port: int,
 
     server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = False       # (ThreadingHTTPServer's are daemons)
+
+    def stop_requests() -> None:
+        """Before server_close(), which waits for the handler threads: the generation under way ends at its
+        next step (service.stop(), 503), and every connection's reading side is shut, so that a request
+        still being read (a client that sends a byte now and then, which no --client-timeout ends) ends
+        at once; answers can still be written."""
+        service.stop()
+        with guard:
+            for conn in connections:
+                try:
+                    conn.shutdown(socket.SHUT_RD)
+                except OSError:
+                    pass
+    server.stop_requests = stop_requests
     return server

@@ -81,19 +81,19 @@ def texts_after(decode: Callable[[Sequence[int]], str], context: Sequence[int], 
 
 
 def token_texts(decode: Callable[[Sequence[int]], str], ids: Sequence[int]) -> list[str]:
-    """The text each of `ids` adds where it stands (texts_after, after its last LEFT_CONTEXT tokens), so
-    that they join to decode(ids): a character split over several tokens (byte fallback: each of its bytes
-    alone decodes to U+FFFD) is the text of the last of them, the earlier ones ''. The text of a prefix
-    is taken without its trailing U+FFFD, the last token's excepted (a U+FFFD that stays in the text
-    goes with the token after it)."""
+    """The text of each of `ids` where it stands: decode(ids) cut at the prefixes' text lengths (OpenAI's
+    text_offset, prefix_text_lengths), so that the texts join to decode(ids) whatever it holds (U+FFFD that
+    stays in the text included). A character split over several tokens (byte fallback: its first bytes alone
+    decode to one U+FFFD) is the text of the first of them, the others ''."""
     ids = list(ids)
-    texts = []
-    for k, token in enumerate(ids):
-        left = ids[max(0, k - LEFT_CONTEXT):k]
-        before, after = decode(left).rstrip("\ufffd"), decode(left + [token])
-        if k < len(ids) - 1:
-            after = after.rstrip("\ufffd")
-        texts.append(after[len(before):] if after.startswith(before) else decode([token]))
+    text = decode(ids)
+    texts, start = [], 0
+    for end in prefix_text_lengths(decode, ids, range(1, len(ids) + 1)):
+        end = min(max(end, start), len(text))        # (a decoder whose prefix lengths shrink: nothing lost)
+        texts.append(text[start:end])
+        start = end
+    if texts:
+        texts[-1] += text[start:]
     return texts
 
 

@@ -3,6 +3,7 @@ forward of the same model (greedy tokens and every log-probability), plus its re
 import json
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -206,7 +207,8 @@ def test_prompt_logprobs_do_not_depend_on_the_prefill_chunk(tiny_model):
 def test_the_script_serves_until_sigterm(hf_checkpoint, sp_model):
     """The entry script as users run it: it prints its address, answers, and stops cleanly on SIGTERM, also
     during a generation, which it stops and answers with 503 first (an interpreter that exits under a thread
-    inside torch aborts, status 134)."""
+    inside torch aborts, status 134), and with a client still sending its request a byte at a time (its
+    reading side is shut: the exit waited for as long as it sent)."""
     import os
     import re
     import signal
@@ -218,7 +220,16 @@ def test_the_script_serves_until_sigterm(hf_checkpoint, sp_model):
                                 "--load", str(hf_checkpoint), "--tokenizer-type", "GPTSentencePieceTokenizer",
                                 "--tokenizer-model", sp_model, "--port", "0", "--threads", "1"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    long_request = socket.socket()
+    long_request, trickler = socket.socket(), socket.socket()
+
+    def trickle():
+        try:
+            while True:
+                trickler.sendall(b"a")
+                time.sleep(0.3)
+        except OSError:
+            return
+
     try:
         line = process.stdout.readline()
         url = re.search(r"on (http://\S+)/api", line).group(1)
@@ -231,12 +242,20 @@ def test_the_script_serves_until_sigterm(hf_checkpoint, sp_model):
         while (logged := process.stderr.readline()) and '"tokens_to_generate": 3000' not in logged:
             pass
         assert logged, "the long request was not logged"          # it is being generated
+        # and a client that sends its request a byte at a time, which no --client-timeout ends
+        trickler.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+        trickler.sendall(b"PUT /api HTTP/1.1\r\nX-Slow: ")
+        threading.Thread(target=trickle, daemon=True).start()
+        time.sleep(0.5)
+        stopped = time.monotonic()
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=60)
+        assert time.monotonic() - stopped < 20, "the trickling client held the server's exit"
         assert long_request.recv(1 << 16).startswith(b"HTTP/1.0 503"), err       # stopped, and told so
     finally:
         process.kill()
         long_request.close()
+        trickler.close()
     assert process.returncode == 0, err
     assert "server stopped" in out
 

@@ -89,3 +89,23 @@ def test_a_client_that_hangs_up_stops_its_generation(served, path, body, capsys)
         assert answer_of(other, timeout=10).startswith(b"HTTP/1.0 200")
     assert not [line for line in lines if "error" in line.lower()], lines
     assert "Traceback" not in capsys.readouterr().err          # (socketserver prints a handler's exception)
+
+
+def test_a_connection_whose_descriptor_is_above_1023_is_served(served):
+    """The hang-up check polls the connection: select() refused a descriptor above 1023 (a server with many
+    clients waiting their turn, or many files open), and every request got a 500 ValueError."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit on open files is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [open("/dev/null") for _ in range(1100)]       # the next descriptors are above 1023
+    try:
+        address, lines = served
+        with send_request(address, "/api", {"prompts": ["the king"], "tokens_to_generate": 8, "top_k": 1}) as conn:
+            assert answer_of(conn, timeout=20).startswith(b"HTTP/1.0 200"), lines
+    finally:
+        for f in held:
+            f.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

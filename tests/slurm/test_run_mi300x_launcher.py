@@ -124,6 +124,15 @@ def test_a_copy_of_the_launcher_outside_the_repository_needs_repo_dir(tmp_path):
     r = subprocess.run(["bash", str(copy), "--dry-run"], env=clean_env(REPO_DIR=REPO), capture_output=True,
                        text=True, timeout=30)
     assert r.returncode == 0 and f"{REPO}/pretrain_zaya.py" in r.stdout, r.stderr
+    # a copy with an older scripts/ beside it (the recovery, not checkpoint_latest.sh) and no REPO_DIR: it
+    # went on without its latest-checkpoint function (INIT_CKPT_DIR was never used)
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "run_mi300x_recovery.sh").write_text(read(os.path.join(REPO, "scripts",
+                                                                                      "run_mi300x_recovery.sh")))
+    r = subprocess.run(["bash", str(copy), "--dry-run"], env=clean_env(REPO_DIR=str(tmp_path)), capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 2 and "cannot find scripts/checkpoint_latest.sh next to" in r.stderr, r.stderr
+
 
 # ---------------------------------------------------------------------------------------------
 # Real sbatch jobs with the stand-in trainer
