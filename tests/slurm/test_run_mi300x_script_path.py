@@ -19,7 +19,8 @@ def checkout_and_spooled_copy(tmp_path):
     checkout = tmp_path / "my repo"
     (checkout / "scripts").mkdir(parents=True)
     shutil.copy(LAUNCHER, checkout / "run_mi300x.sh")
-    shutil.copy(os.path.join(REPO, "scripts", "run_mi300x_recovery.sh"), checkout / "scripts")
+    for name in ("run_mi300x_recovery.sh", "checkpoint_latest.sh"):
+        shutil.copy(os.path.join(REPO, "scripts", name), checkout / "scripts")
     spooled = tmp_path / "spool" / "slurm_script"      # what slurmd runs: nothing next to it
     spooled.parent.mkdir()
     shutil.copy(LAUNCHER, spooled)
