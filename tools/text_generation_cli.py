@@ -8,7 +8,7 @@ Each prompt goes to the server's PUT /api (tools/run_text_generation_server.py) 
 printed. Without --tokens-to-generate the length is asked for each prompt, as Megatron-LM's client does.
 Prompts are read until end of input (Ctrl-D). A request the server refuses prints its message and the
 next prompt is read; a server that cannot be reached ends the client with exit status 1. A flag value the
-server would refuse in every request (its own checks, server.FIELD_CHECKS) is a usage error (exit status 2)
+server would refuse in every request (its own checks, request_fields.FIELD_CHECKS) is a usage error (exit status 2)
 before any prompt is read.
 """
 from __future__ import annotations
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
         build_parser().error(f"--tokens-to-generate={args.tokens_to_generate}: must be >= 1")
     # What the server refuses in every request (server.parse_request, by its own checks), said once before any
     # prompt is read
-    from megatron_zaya.inference.server import FIELD_CHECKS
+    from megatron_zaya.inference.request_fields import FIELD_CHECKS
     for flag, field in (("--temperature", "temperature"), ("--top-k", "top_k"), ("--top-p", "top_p"),
                         ("--random-seed", "random_seed")):
         value = getattr(args, field)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from megatron_zaya.inference.request_fields import SEED_LIMIT
+
 
 @dataclass
 class SamplingParams:
@@ -36,7 +38,6 @@ class SamplingParams:
         return self.greedy or self.temperature == 0 or self.top_k == 1
 
 
-SEED_LIMIT = 2 ** 64       # torch.Generator.manual_seed takes 0 <= seed < 2**64
 
 
 def check_seed(seed, name: str = "--seed") -> int:

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from megatron_zaya.inference.decode import generate
-from megatron_zaya.inference.sampling import SEED_LIMIT, SamplingParams
+from megatron_zaya.inference.request_fields import FIELD_CHECKS
+from megatron_zaya.inference.sampling import SamplingParams
 from megatron_zaya.inference.text_offsets import token_texts
 
 MAX_PROMPTS = 128                # as Megatron-LM
@@ -73,14 +74,6 @@ class GenerationRequest:
     no_log: bool = False
 
 
-def is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def apply_checked_fields(body: dict, request, checks: dict) -> None:
     """Each field of `checks` ({name: (valid, what it must be)}) present in `body` is validated
     (RequestError naming it) and set on `request` where it has an attribute of that (lower-case) name."""
@@ -102,22 +95,6 @@ def check_length(config, index: int, prompt: list[int], new_tokens: int, field: 
 def request_seed(seed: int | None) -> int:
     """The request's seed, or a fresh one (None or negative)."""
     return seed if seed is not None and seed >= 0 else int.from_bytes(os.urandom(4), "little")
-
-
-# {field: (valid, what it must be)}: the checks of a request's fields besides prompts (also those of
-# tools/text_generation_cli.py's flags, made before it sends a request)
-FIELD_CHECKS = {
-    "tokens_to_generate": (lambda v: is_int(v) and v >= 0, "an integer >= 0"),
-    "logprobs": (lambda v: isinstance(v, bool), "a boolean"),
-    "temperature": (lambda v: is_number(v) and 0.0 < v <= 100.0, "a number in (0, 100]"),
-    "top_k": (lambda v: is_int(v) and 0 <= v <= 1000, "an integer in [0, 1000]"),
-    "top_p": (lambda v: is_number(v) and 0.0 <= v <= 1.0, "a number in [0, 1]"),
-    "add_BOS": (lambda v: isinstance(v, bool), "a boolean"),
-    "random_seed": (lambda v: is_int(v) and -1 <= v < SEED_LIMIT, "an integer in [0, 2**64) (or -1: a fresh seed)"),
-    "no_log": (lambda v: isinstance(v, bool), "a boolean"),
-    "stop_token": (is_int, "an integer"),
-    "length_penalty": (is_number, "a number"),
-}
 
 
 def parse_request(body) -> GenerationRequest:

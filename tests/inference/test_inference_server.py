@@ -516,7 +516,7 @@ def test_the_command_line_client_prints_the_servers_answers(server_url, capsys, 
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("error 400") == 2 and "max_position_embeddings" in captured.err
     assert "not a number of tokens: 'many'" in captured.err
-    # a flag the server refuses in every request: one usage error (the server's own checks, server.FIELD_CHECKS)
+    # a flag the server refuses in every request: one usage error (the server's own checks, request_fields.FIELD_CHECKS)
     for flags, message in ((["--temperature", "-1"], "--temperature=-1.0: the server takes a number in (0, 100]"),
                            (["--top-k", "2000"], "--top-k=2000: the server takes an integer in [0, 1000]"),
                            (["--top-p", "1.5"], "--top-p=1.5: the server takes a number in [0, 1]"),
