@@ -363,12 +363,12 @@ restart_after_failure() {
     # sbatch runs with SIGTERM and SIGINT ignored: a scancel's SIGTERM reaches every process of the batch step,
     # and an sbatch it killed after the controller took the job would leave that job queued without its id.
     # Its stdout alone holds the id (--parsable: "ID" or "ID;CLUSTER"); its stderr (a job_submit plugin's
-    # message, a warning) goes to the log.
-    SUBMIT_ERR=$(mktemp)
+    # message, a warning) goes to the log, and stays in the attempt's folder.
+    SUBMIT_ERR=$ATTEMPT_DIR/sbatch.err
     NEW=$(run_clean ZAYA_RESTART=$(( RESTART + 1 )) ZAYA_EXCLUDE="$EXCLUDE" ZAYA_FAILED_AT="$(latest_iteration)" \
           LAUNCHER_PATH="$SCRIPT_PATH" bash -c 'trap "" TERM INT; exec "$@"' sbatch "${SUB[@]}" 2> "$SUBMIT_ERR")
     SUBMITTED=$?
-    SAID=$(tr '\n' ' ' < "$SUBMIT_ERR"); rm -f "$SUBMIT_ERR"
+    SAID=$(tr '\n' ' ' < "$SUBMIT_ERR")
     [[ -n $SAID ]] && log "sbatch: $SAID"
     NEW=$(tail -n 1 <<< "$NEW")
     [[ $NEW =~ ^([0-9]+)(;.*)?$ ]] && NEW=${BASH_REMATCH[1]} || NEW=""
