@@ -68,7 +68,7 @@ def check_output_folder(save_dir: str) -> None:
     if held or os.path.exists(os.path.join(save_dir, LATEST_FILE)):
         what = f"checkpoints (iterations {held})" if held else LATEST_FILE
         raise UserInputError(f"{save_dir}: already holds {what}; refusing to write a converted checkpoint into it "
-                              f"(choose a new output folder)")
+                             f"(choose a new output folder)")
 
 
 def fresh_train_state(iteration: int) -> dict:

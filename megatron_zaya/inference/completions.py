@@ -24,8 +24,8 @@ import uuid
 from dataclasses import dataclass
 
 from megatron_zaya.inference.decode import TokenScores, generate
-from megatron_zaya.inference.sampling import SEED_LIMIT, SamplingParams
 from megatron_zaya.inference.request_fields import is_int, is_number
+from megatron_zaya.inference.sampling import SEED_LIMIT, SamplingParams
 from megatron_zaya.inference.server import (MAX_PROMPTS, RequestError, apply_checked_fields, check_length,
                                             check_unicode, request_seed)
 from megatron_zaya.inference.text_offsets import LEFT_CONTEXT, GrowingText, prefix_text_lengths, texts_after

@@ -38,8 +38,6 @@ class SamplingParams:
         return self.greedy or self.temperature == 0 or self.top_k == 1
 
 
-
-
 def check_seed(seed, name: str = "--seed") -> int:
     """The seed as an int, or ValueError naming `name` when torch's generator cannot take it."""
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
