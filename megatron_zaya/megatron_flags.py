@@ -8,7 +8,8 @@ parallelism) instead of silently training something else.
 
 IMPLIED_SWITCHES: on/off flags whose behaviour is always what this code does.
 FIXED_VALUES: flags whose only accepted values are the ones ZAYA1 implies (any other stops the run;
-an empty tuple refuses every value, None accepts any).
+an empty tuple refuses every value, None accepts any); those in LIST_VALUED take a list, as in Megatron-LM
+(nargs='+'), each of whose values is checked.
 REFUSED_SWITCHES: switches that ask for something this code does not do (they stop the run).
 resolve_aliases: folds in Megatron-LM's names for settings this code spells otherwise.
 WANDB_FLAGS: accepted with a warning; scalars go to TensorBoard, which `wandb sync` can upload.
@@ -47,7 +48,8 @@ IMPLIED_SWITCHES = {
                                        "turns their update off)",
     "--swiglu": "the experts are SwiGLU",
     "--disable-bias-linear": "no linear layer has a bias",
-    "--group-query-attention": "--num-query-groups sets the KV heads",
+    "--group-query-attention": "--num-query-groups sets the KV heads, also without this switch (which "
+                               "Megatron-LM needs to read --num-query-groups at all)",
     "--qk-layernorm": "CCA normalises queries and keys",
     "--ckpt-fully-parallel-save": "every rank writes its own part of a checkpoint; a replicated tensor (each "
                                   "row share of a large one) is written by one rank of its group, the model "
@@ -234,7 +236,9 @@ FIXED_VALUES = {
                               "the host waits for each step's device work when it is timed"),
     "--cross-entropy-fusion-impl": ("cross_entropy_fusion_impl", ("native", "te"),
                                     "the loss is fused where kernels are on"),
-    "--dist-ckpt-strictness": ("dist_ckpt_strictness", ("assume_ok_unexpected", "raise_unexpected", "raise_all"),
+    "--dist-ckpt-strictness": ("dist_ckpt_strictness", ("assume_ok_unexpected", "log_unexpected", "log_all",
+                                                        "raise_unexpected", "raise_all", "return_unexpected",
+                                                        "return_all", "ignore_all"),
                                "a load always stops on a missing or unexpected tensor, naming it"),
     "--rerun-mode": ("rerun_mode", ("disabled",),
                      "no re-run state machine: a non-finite step is skipped, diagnosed by rank and layer, and "
@@ -321,13 +325,18 @@ def _same(word: str, accepted: str) -> bool:
         return word == accepted
 
 
+# FIXED_VALUES that Megatron-LM's parser takes as lists (--cuda-graph-scope attn moe_router, a --cp-comm-type per
+# layer, the hierarchical sizes)
+LIST_VALUED = {"--cuda-graph-scope", "--cp-comm-type", "--hierarchical-context-parallel-sizes"}
+
+
 def add_megatron_flags(parser: argparse.ArgumentParser) -> None:
     """Accept every flag above (one argument group, described in --help)."""
     g = parser.add_argument_group("Megatron-LM flags accepted for compatibility (docs: megatron_zaya/megatron_flags.py)")
     for flag, meaning in IMPLIED_SWITCHES.items():
         g.add_argument(flag, action="store_true", help=f"accepted: {meaning}")
     for flag, (dest, accepted, why) in FIXED_VALUES.items():
-        g.add_argument(flag, dest=dest, default=None, metavar="VALUE",
+        g.add_argument(flag, dest=dest, default=None, metavar="VALUE", nargs="+" if flag in LIST_VALUED else None,
                        help=f"accepted: any value ({why})" if accepted is None
                        else f"accepted: {' or '.join(accepted)}" if accepted else f"refused: {why}")
     for flag, instead in REFUSED_SWITCHES.items():
@@ -444,9 +453,11 @@ def check_megatron_flags(args: argparse.Namespace) -> None:
         value = getattr(args, dest)
         if dest == "moe_layer_freq" and value is not None and moe_layer_entries(value) is not None:
             continue
-        if value is not None and accepted is not None and not any(_same(value, a) for a in accepted):
+        values = value if isinstance(value, list) else [value]
+        if value is not None and accepted is not None and not all(any(_same(v, a) for a in accepted) for v in values):
             only = f"only {' or '.join(accepted)}" if accepted else "drop the flag"
-            raise ValueError(f"{flag}={value} is not supported: {only}" + (f" ({why})" if why else ""))
+            shown = " ".join(values) if isinstance(value, list) else value
+            raise ValueError(f"{flag}={shown} is not supported: {only}" + (f" ({why})" if why else ""))
 
 
 def check_tool_megatron_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -25,11 +25,11 @@ def test_a_megatron_lm_script_runs_unchanged(tiny_corpus, tmp_path):
                 "--distributed-timeout-minutes", "20", "--moe-permute-fusion", "--moe-router-pre-softmax",
                 "--moe-layer-freq", "1", "--moe-router-score-function", "softmax", "--attention-backend", "auto",
                 "--no-create-attention-mask-in-dataloader", "--timing-log-level", "0", "--use-dist-ckpt",
-                "--main-grads-dtype", "fp32", "--use-precision-aware-optimizer", "--cp-comm-type", "p2p",
+                "--main-grads-dtype", "fp32", "--use-precision-aware-optimizer", "--cp-comm-type", "p2p", "a2a",
                 "--expert-tensor-parallel-size", "1", "--check-for-nan-in-loss-and-grad", "--no-position-embedding",
                 "--no-async-tensor-model-parallel-allreduce", "--no-ckpt-fully-parallel-save", "--moe-per-layer-logging",
                 "--log-loss-scale-to-tensorboard", "--cross-entropy-fusion-impl", "te", "--dist-ckpt-strictness",
-                "raise_all", "--rerun-mode", "disabled", "--te-rng-tracker", "--ddp-average-in-collective",
+                "log_all", "--rerun-mode", "disabled", "--te-rng-tracker", "--ddp-average-in-collective",
                 "--no-manual-gc-eval", "--moe-use-legacy-grouped-gemm", "--exit-signal", "SIGTERM",
                 "--num-dataset-builder-threads", "8", "--mid-level-dataset-surplus", "0.01",
                 "--log-world-size-to-tensorboard", "--fp32-residual-connection", "--no-initialization",
@@ -42,7 +42,8 @@ def test_a_megatron_lm_script_runs_unchanged(tiny_corpus, tmp_path):
                 "--no-overlap-p2p-communication", "--no-scatter-gather-tensors-in-pipeline",
                 "--overlap-param-gather-with-optimizer-step", "--no-barrier-with-level-1-timing", "--align-param-gather",
                 "--no-log-learning-rate-to-tensorboard",
-                "--cuda-graph-impl", "none", "--cuda-graph-scope", "full", "--fp8-amax-history-len", "1024",
+                "--cuda-graph-impl", "none", "--cuda-graph-scope", "attn", "moe_router", "moe_preprocess",
+                "--fp8-amax-history-len", "1024",
                 "--fp8-amax-compute-algo", "max", "--fp8-margin", "0", "--fp8-interval", "1",
                 "--num-layers-at-start-in-bf16", "1", "--num-layers-at-end-in-bf16", "1",
                 "--cpu-offloading-num-layers", "0", "--dist-ckpt-format", "torch_dist",
@@ -167,3 +168,17 @@ def test_an_aliases_bad_value_names_the_flag_typed(tiny_corpus, tmp_path, capsys
         run_tool("model_stats", ["--preset", "zaya1-tiny", "--ffn-hidden-size", "0"])
     assert capsys.readouterr().err.strip().endswith(
         "error: --ffn-hidden-size=0 (--moe-ffn-hidden-size): must be positive")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--cp-comm-type", "p2p", "ring"], "--cp-comm-type=p2p ring is not supported: only p2p or all_gather"),
+    (["--hierarchical-context-parallel-sizes", "2", "2"],
+     "--hierarchical-context-parallel-sizes=2 2 is not supported: drop the flag"),
+    # the refusal of --cuda-graph-impl, not 'unrecognized arguments: moe_router' for the scope's list
+    (["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "attn", "moe_router"],
+     "--cuda-graph-impl=transformer_engine is not supported"),
+])
+def test_megatron_list_flags_take_lists_and_check_each_value(tiny_corpus, tmp_path, capsys, extra, message):
+    """Megatron-LM parses these with nargs='+' (NVIDIA's DeepSeek-V3 scripts pass --cuda-graph-scope attn
+    moe_router moe_preprocess): a list is read whole, and a refused value named with the flag."""
+    assert message in error_of(tiny_run_flags(tiny_corpus, tmp_path) + extra, capsys)
