@@ -186,9 +186,48 @@ def open_binary(path: str) -> io.BufferedIOBase:
             import zstandard
         except ImportError:
             raise InputError(f"--input {path}: reading .zst files needs the optional package 'zstandard' (pip install zstandard)") from None
-        raw = open(path, "rb")
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), buffer_size=1 << 20)
+        return io.BufferedReader(_ZstdFrames(path, zstandard), buffer_size=1 << 20)
     return open(path, "rb", buffering=1 << 20)
+
+
+class _ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of every frame of a .zst file. An input that ends inside a frame (a download cut
+    short) is a zstandard.ZstdError, as a truncated .gz is an EOFError: zstandard's stream_reader just stops
+    there, and a truncated corpus became a smaller dataset without a word."""
+
+    def __init__(self, path: str, zstandard):
+        self._file, self._zstd = open(path, "rb"), zstandard
+        self._frame = zstandard.ZstdDecompressor().decompressobj()
+        self._in_frame = False
+        self._out, self._at = b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while self._at == len(self._out):
+            chunk = self._file.read(1 << 20)
+            if not chunk:
+                if self._in_frame:
+                    raise self._zstd.ZstdError("the file ends inside a zstd frame (truncated)")
+                return 0
+            out = []
+            while chunk:
+                self._in_frame = True
+                out.append(self._frame.decompress(chunk))
+                chunk = b""
+                if self._frame.eof:       # the frame ended: what follows it starts the next one
+                    chunk, self._in_frame = self._frame.unused_data, False
+                    self._frame = self._zstd.ZstdDecompressor().decompressobj()
+            self._out, self._at = b"".join(out), 0
+        n = min(len(buffer), len(self._out) - self._at)
+        buffer[:n] = self._out[self._at:self._at + n]
+        self._at += n
+        return n
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
 
 
 def _iter_jsonl(path: str) -> Iterator[Record]:

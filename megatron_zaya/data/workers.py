@@ -40,7 +40,10 @@ def _worker_loop(conn, inherited, initializer, initargs, fn):
                 result = ("ok", fn(task))
             except Exception:
                 result = ("error", traceback.format_exc())
-            conn.send(result)
+            try:
+                conn.send(result)
+            except OSError:               # the parent died (SIGKILL, the OOM killer): leave without a traceback
+                return
     except KeyboardInterrupt:
         return
     finally:

@@ -379,7 +379,18 @@ def test_zstd_input(tmp_path):
     assert run_tool("--input", path, "--output-prefix", tmp_path / "o", "--tokenizer-type", "NullTokenizer",
                     "--tokenizer-model", 1000, "--append-eod") == 0
     assert docs_of(str(tmp_path / "o_text_document")) == [[i, i + 1, 1000] for i in range(300)]
+    # several frames (files concatenated with cat, or written by a parallel compressor): all of them
+    half = raw.index(b"\n", len(raw) // 2) + 1
+    path.write_bytes(zstandard.ZstdCompressor().compress(raw[:half]) + zstandard.ZstdCompressor().compress(raw[half:]))
+    assert run_tool("--input", path, "--output-prefix", tmp_path / "o2", "--tokenizer-type", "NullTokenizer",
+                    "--tokenizer-model", 1000, "--append-eod") == 0
+    assert docs_of(str(tmp_path / "o2_text_document")) == [[i, i + 1, 1000] for i in range(300)]
 
+
+def _truncated_zstd(raw):
+    zstandard = pytest.importorskip("zstandard")
+    data = zstandard.ZstdCompressor().compress(raw)
+    return data[:len(data) // 2]          # zstandard's stream_reader stopped there without an error: exit 0
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -436,6 +447,7 @@ def _corrupt_zstd(raw):
     ("in.jsonl.gz", lambda raw: gzip.compress(raw)[:-30]),      # truncated
     ("in.jsonl.zst", _corrupt_zstd),
     ("in.jsonl.zst", lambda raw: pytest.importorskip("zstandard") and b"not zstd at all"),
+    ("in.jsonl.zst", _truncated_zstd),
 ])
 @pytest.mark.parametrize("workers", [1, 2])
 def test_corrupt_compressed_input_is_an_input_error(tmp_path, name, make, workers, capsys):

@@ -101,3 +101,33 @@ def _alive(pid):
             return f.read().split(") ")[-1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_workers_busy_when_their_parent_is_killed_leave_without_a_traceback(tmp_path):
+    """A worker that finishes its task after the parent died (an out-of-memory kill) meets a broken pipe when it
+    sends the result: it leaves quietly, as it does when the pipe closes while it waits (each printed a
+    BrokenPipeError traceback into the log, which then pointed at the workers, not the kill)."""
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, threading, time
+        sys.path.insert(0, {REPO!r})
+        from megatron_zaya.data.workers import OrderedWorkers
+
+        def slow(x):
+            time.sleep(1.0)
+            return x
+
+        w = OrderedWorkers(2, slow)
+        threading.Thread(target=lambda: list(w.imap(range(4))), daemon=True).start()
+        time.sleep(0.3)                  # both workers are inside slow()
+        print(" ".join(str(p.pid) for p in w._procs), flush=True)
+        time.sleep(60)
+    """))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    pids = [int(p) for p in parent.stdout.readline().split()]
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(timeout=30)
+    err = parent.stderr.read()               # EOF once the workers have left
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    assert not any(_alive(p) for p in pids)
