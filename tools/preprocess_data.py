@@ -70,7 +70,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--output-prefix", required=True)
     g.add_argument("--overwrite", action="store_true", help="replace existing {prefix}_{key}_document.bin/.idx")
     g.add_argument("--workers", type=int, default=1)
-    g.add_argument("--log-interval", type=int, default=100000, help="documents between log lines (without a terminal)")
+    g.add_argument("--log-interval", type=int, default=100000,
+                   help="documents between log lines (without a terminal; also a line at least every minute)")
     g.add_argument("--chunk-bytes", type=int, default=1 << 20, help="raw bytes per work unit")
     g.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
     g.add_argument("--dataset-impl", default="mmap", choices=["mmap"], help="accepted for Megatron compatibility")

@@ -349,11 +349,15 @@ def output_prefix_for(prefix: str, key: str) -> str:
     return f"{prefix}_{key}_document"
 
 
+LOG_SECONDS = 60       # without a terminal, a log line at least this often (long documents: few per interval)
+
+
 class Progress:
-    """A tqdm bar (bytes, with docs/s and tokens/s) or periodic log lines."""
+    """A tqdm bar (bytes, with docs/s and tokens/s) or log lines, every `log_interval` documents and at least
+    every LOG_SECONDS."""
 
     def __init__(self, total_bytes: int | None, enabled: bool | None, log_interval: int):
-        self.start = time.time()
+        self.start = self.last_line = time.time()
         self.total_bytes, self.done_bytes = total_bytes, 0      # of the input (None: compressed, not known)
         self.log_interval = max(1, log_interval)
         self.next_log = self.log_interval
@@ -367,12 +371,14 @@ class Progress:
                             mininterval=0.5)
 
     def update(self, stats: Stats, chunk_bytes: int) -> None:
-        dt = max(time.time() - self.start, 1e-9)
+        now = time.time()
+        dt = max(now - self.start, 1e-9)
         self.done_bytes += chunk_bytes
         if self.bar is not None:
             self.bar.update(chunk_bytes)
             self.bar.set_postfix_str(f"{stats.documents / dt:,.0f} docs/s, {stats.tokens / dt / 1e6:.2f}M tok/s", refresh=False)
-        elif stats.documents >= self.next_log:
+        elif stats.documents >= self.next_log or now - self.last_line >= LOG_SECONDS:
+            self.last_line = now
             print(f"processed {stats.documents:,} documents ({stats.documents / dt:,.0f} docs/s, "
                   f"{stats.tokens / dt / 1e6:.2f}M tokens/s, {stats.bytes / dt / 1e6:.1f} MB/s){self.share(dt)}",
                   file=sys.stderr, flush=True)

@@ -100,6 +100,18 @@ def test_progress_logs_when_the_interval_is_reached(capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_progress_logs_at_least_once_a_minute(capsys, monkeypatch):
+    """Long documents (books) reach --log-interval's 100,000 rarely: without a terminal a line comes at least
+    every LOG_SECONDS too (a 130 MB corpus printed none in its whole run)."""
+    clock = iter([0.0, 30.0, 61.0, 90.0, 122.0])
+    monkeypatch.setattr(pre.time, "time", lambda: next(clock))
+    progress = pre.Progress(None, False, log_interval=100_000)         # started at 0 s
+    for documents in (10, 20, 30, 40):                                  # at 30, 61, 90 and 122 s
+        progress.update(pre.Stats(documents=documents, tokens=10, bytes=100), 100)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" documents")[0] for line in lines] == ["processed 20", "processed 40"], lines
+
+
 def config(tmp_path, **kw):
     return pre.PreprocessConfig(input=["unused"], output_prefix=str(tmp_path / "o"), tokenizer_type="NullTokenizer",
                                 tokenizer_model="100", **kw)
