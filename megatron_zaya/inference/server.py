@@ -211,7 +211,7 @@ class TextGenerationService:
 
         def segments(ids: list[int]) -> list[str]:
             """Each token's text where it stands (a piece's leading space kept; a character split over byte
-            tokens the first one's), EOD's '': they join to the sequence's text."""
+            tokens the last one's), EOD's '': they join to the sequence's text."""
             texts = iter(token_texts(decode, [t for t in ids if t != eod]))
             return ["" if t == eod else next(texts) for t in ids]
 
@@ -232,7 +232,7 @@ def make_server(service: TextGenerationService, host: str, port: int,
     thread inside torch aborts ("terminate called without an active exception", exit status 134); call
     server.stop_requests() first (the generation under way ends at its next step, reads end at once)."""
 
-    connections, guard = set(), threading.Lock()
+    connections, guard, stopped = set(), threading.Lock(), threading.Event()
 
     class Handler(BaseHTTPRequestHandler):
         timeout = client_timeout        # socketserver sets it on each connection
@@ -241,6 +241,8 @@ def make_server(service: TextGenerationService, host: str, port: int,
             super().setup()
             with guard:
                 connections.add(self.connection)
+                if stopped.is_set():      # accepted as the server stopped, after stop_requests() ran
+                    self.connection.shutdown(socket.SHUT_RD)
 
         def finish(self):
             try:
@@ -376,6 +378,7 @@ def make_server(service: TextGenerationService, host: str, port: int,
         at once; answers can still be written."""
         service.stop()
         with guard:
+            stopped.set()
             for conn in connections:
                 try:
                     conn.shutdown(socket.SHUT_RD)

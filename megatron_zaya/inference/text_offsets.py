@@ -81,15 +81,26 @@ def texts_after(decode: Callable[[Sequence[int]], str], context: Sequence[int], 
 
 
 def token_texts(decode: Callable[[Sequence[int]], str], ids: Sequence[int]) -> list[str]:
-    """The text of each of `ids` where it stands: decode(ids) cut at the prefixes' text lengths (OpenAI's
+    """The text of each of `ids` where it stands: decode(ids) cut where each prefix's text ends (OpenAI's
     text_offset, prefix_text_lengths), so that the texts join to decode(ids) whatever it holds (U+FFFD that
-    stays in the text included). A character split over several tokens (byte fallback: its first bytes alone
-    decode to one U+FFFD) is the text of the first of them, the others ''."""
+    stays in the text included). A prefix that ends inside a character split over byte tokens decodes with
+    U+FFFD for its bytes (one per byte for SentencePiece's byte fallback, one per sequence for Python's
+    decoder): those are not the text's, so the character is the text of the last of its tokens, the others
+    ''. How long that U+FFFD run is comes from the prefix's last tokens, decoded alone."""
     ids = list(ids)
     text = decode(ids)
     texts, start = [], 0
-    for end in prefix_text_lengths(decode, ids, range(1, len(ids) + 1)):
-        end = min(max(end, start), len(text))        # (a decoder whose prefix lengths shrink: nothing lost)
+    for k, length in enumerate(prefix_text_lengths(decode, ids, range(1, len(ids) + 1)), 1):
+        end = min(length, len(text))
+        tail = decode(ids[max(0, k - LEFT_CONTEXT):k])
+        run = len(tail) - len(tail.rstrip("\ufffd"))
+        if k > LEFT_CONTEXT:              # (the window's first character may be a cut one's U+FFFD)
+            run = min(run, len(tail) - 1)
+        for i in range(max(0, end - run), end):
+            if text[i] != "\ufffd":       # the first byte of the run that the text does not hold
+                end = i
+                break
+        end = max(end, start)
         texts.append(text[start:end])
         start = end
     if texts:

@@ -109,3 +109,43 @@ def test_a_connection_whose_descriptor_is_above_1023_is_served(served):
         for f in held:
             f.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_connection_accepted_as_the_server_stops_does_not_hold_its_exit(tiny_model, sp_model, monkeypatch):
+    """stop_requests() against a handler thread that had not yet registered its connection (widened here by a
+    slow setup): the connection's reading side is shut when it registers, so a client that sends its request a
+    byte at a time cannot hold server_close() (it did, for as long as it sent)."""
+    import socketserver
+
+    setup = socketserver.StreamRequestHandler.setup
+
+    def slow_setup(handler):
+        time.sleep(0.5)
+        setup(handler)
+
+    monkeypatch.setattr(socketserver.StreamRequestHandler, "setup", slow_setup)
+    service = TextGenerationService(tiny_model, build_tokenizer("GPTSentencePieceTokenizer", sp_model))
+    server = make_server(service, "127.0.0.1", 0, client_timeout=2.0)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    client = socket.create_connection(server.server_address[:2])
+    client.sendall(b"PUT /api HTTP/1.1\r\nX-Slow: ")
+
+    def trickle():
+        try:
+            while True:
+                client.sendall(b"a")
+                time.sleep(0.3)
+        except OSError:
+            pass
+
+    threading.Thread(target=trickle, daemon=True).start()
+    try:
+        time.sleep(0.2)                          # accepted; its thread is in setup()
+        server.shutdown()
+        server.stop_requests()
+        closer = threading.Thread(target=server.server_close, daemon=True)
+        closer.start()
+        closer.join(10)
+        assert not closer.is_alive(), "the trickling client held server_close()"
+    finally:
+        client.close()
