@@ -128,6 +128,9 @@ def test_workers_busy_when_their_parent_is_killed_leave_without_a_traceback(tmp_
     pids = [int(p) for p in parent.stdout.readline().split()]
     parent.send_signal(signal.SIGKILL)
     parent.wait(timeout=30)
-    err = parent.stderr.read()               # EOF once the workers have left
+    err = parent.stderr.read()               # EOF once the workers have closed it (they may still be exiting)
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    deadline = time.time() + 10
+    while time.time() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
     assert not any(_alive(p) for p in pids)
