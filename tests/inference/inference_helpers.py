@@ -2,6 +2,8 @@
 (so residual scales, conv biases, key temperatures and EDA gammas all matter), saved as a HF folder."""
 import importlib.util
 import os
+import threading
+import time
 
 import pytest
 import torch
@@ -19,6 +21,22 @@ def load_tool(name):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def trickle_request(conn) -> None:
+    """Start a request on connected socket `conn` and send the rest of its header a byte every 0.3 s (a thread,
+    until the connection fails): a client that no per-read timeout ever ends."""
+    conn.sendall(b"PUT /api HTTP/1.1\r\nX-Slow: ")
+
+    def trickle():
+        try:
+            while True:
+                conn.sendall(b"a")
+                time.sleep(0.3)
+        except OSError:
+            return
+
+    threading.Thread(target=trickle, daemon=True).start()
 
 
 def make_model(seed: int = 0, **overrides) -> ZayaModel:

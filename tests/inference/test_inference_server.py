@@ -215,21 +215,12 @@ def test_the_script_serves_until_sigterm(hf_checkpoint, sp_model):
     import subprocess
     import sys
 
-    from inference_helpers import ROOT
+    from inference_helpers import ROOT, trickle_request
     process = subprocess.Popen([sys.executable, os.path.join(ROOT, "tools", "run_text_generation_server.py"),
                                 "--load", str(hf_checkpoint), "--tokenizer-type", "GPTSentencePieceTokenizer",
                                 "--tokenizer-model", sp_model, "--port", "0", "--threads", "1"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     long_request, trickler = socket.socket(), socket.socket()
-
-    def trickle():
-        try:
-            while True:
-                trickler.sendall(b"a")
-                time.sleep(0.3)
-        except OSError:
-            return
-
     try:
         line = process.stdout.readline()
         url = re.search(r"on (http://\S+)/api", line).group(1)
@@ -244,8 +235,7 @@ def test_the_script_serves_until_sigterm(hf_checkpoint, sp_model):
         assert logged, "the long request was not logged"          # it is being generated
         # and a client that sends its request a byte at a time, which no --client-timeout ends
         trickler.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
-        trickler.sendall(b"PUT /api HTTP/1.1\r\nX-Slow: ")
-        threading.Thread(target=trickle, daemon=True).start()
+        trickle_request(trickler)
         time.sleep(0.5)
         stopped = time.monotonic()
         process.send_signal(signal.SIGTERM)

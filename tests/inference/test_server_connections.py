@@ -10,7 +10,7 @@ import pytest
 from megatron_zaya.data.tokenizer import build_tokenizer
 from megatron_zaya.inference.server import TextGenerationService, make_server
 
-from inference_helpers import one_cpu_thread, sp_model, tiny_model  # noqa: F401 (fixtures)
+from inference_helpers import one_cpu_thread, sp_model, tiny_model, trickle_request  # noqa: F401 (fixtures)
 
 CLIENT_TIMEOUT = 0.5
 
@@ -128,17 +128,7 @@ def test_a_connection_accepted_as_the_server_stops_does_not_hold_its_exit(tiny_m
     server = make_server(service, "127.0.0.1", 0, client_timeout=2.0)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     client = socket.create_connection(server.server_address[:2])
-    client.sendall(b"PUT /api HTTP/1.1\r\nX-Slow: ")
-
-    def trickle():
-        try:
-            while True:
-                client.sendall(b"a")
-                time.sleep(0.3)
-        except OSError:
-            pass
-
-    threading.Thread(target=trickle, daemon=True).start()
+    trickle_request(client)
     try:
         time.sleep(0.2)                          # accepted; its thread is in setup()
         server.shutdown()
