@@ -224,7 +224,7 @@ class TextGenerationService:
 
 
 def make_server(service: TextGenerationService, host: str, port: int,
-                client_timeout: float = CLIENT_TIMEOUT) -> ThreadingHTTPServer:
+                client_timeout: float = CLIENT_TIMEOUT) -> GenerationServer:
     """An HTTP server answering PUT/POST /api with `service` (port 0: any free port). A read from or a write to
     a client that blocks for `client_timeout` seconds drops the connection: a streaming client that stops
     reading would otherwise hold the model's lock, and every other request wait, for as long as it stays.
@@ -232,24 +232,18 @@ def make_server(service: TextGenerationService, host: str, port: int,
     thread inside torch aborts ("terminate called without an active exception", exit status 134); call
     server.stop_requests() first (the generation under way ends at its next step, reads end at once)."""
 
-    connections, guard, stopped = set(), threading.Lock(), threading.Event()
-
     class Handler(BaseHTTPRequestHandler):
         timeout = client_timeout        # socketserver sets it on each connection
 
         def setup(self):
             super().setup()
-            with guard:
-                connections.add(self.connection)
-                if stopped.is_set():      # accepted as the server stopped, after stop_requests() ran
-                    self.connection.shutdown(socket.SHUT_RD)
+            self.server.register(self.connection)
 
         def finish(self):
             try:
                 super().finish()
             finally:
-                with guard:
-                    connections.discard(self.connection)
+                self.server.unregister(self.connection)
 
         def reply(self, status: int, payload) -> None:
             """`payload` as JSON; an error (a status of 400 or more: its message) in the form of the endpoint's API:
@@ -368,21 +362,40 @@ def make_server(service: TextGenerationService, host: str, port: int,
         def log_message(self, format, *args):
             service.log(f"{self.address_string()} {format % args}")
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = False       # (ThreadingHTTPServer's are daemons)
+    return GenerationServer((host, port), Handler, service)
 
-    def stop_requests() -> None:
+
+class GenerationServer(ThreadingHTTPServer):
+    """A threading HTTP server whose handler threads are waited for (not daemons), and which knows its open
+    connections, so that stop_requests() can end the reads under way."""
+
+    daemon_threads = False
+
+    def __init__(self, address, handler, service: TextGenerationService):
+        super().__init__(address, handler)
+        self.service = service
+        self._connections, self._guard, self._stopped = set(), threading.Lock(), threading.Event()
+
+    def register(self, connection: socket.socket) -> None:
+        with self._guard:
+            self._connections.add(connection)
+            if self._stopped.is_set():      # accepted as the server stopped, after stop_requests() ran
+                connection.shutdown(socket.SHUT_RD)
+
+    def unregister(self, connection: socket.socket) -> None:
+        with self._guard:
+            self._connections.discard(connection)
+
+    def stop_requests(self) -> None:
         """Before server_close(), which waits for the handler threads: the generation under way ends at its
         next step (service.stop(), 503), and every connection's reading side is shut, so that a request
         still being read (a client that sends a byte now and then, which no --client-timeout ends) ends
         at once; answers can still be written."""
-        service.stop()
-        with guard:
-            stopped.set()
-            for conn in connections:
+        self.service.stop()
+        with self._guard:
+            self._stopped.set()
+            for connection in self._connections:
                 try:
-                    conn.shutdown(socket.SHUT_RD)
+                    connection.shutdown(socket.SHUT_RD)
                 except OSError:
                     pass
-    server.stop_requests = stop_requests
-    return server
