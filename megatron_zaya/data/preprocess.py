@@ -27,8 +27,8 @@ from megatron_zaya.units import format_duration
 
 from .dataset_tokenizer import remove_record, tokenizer_record, write_record
 from .indexed import IndexedDatasetWriter, existing_outputs, optimal_dtype, remove_temporaries
-from .sources import (Record, check_json_keys, check_parquet_columns, expand_inputs, holds_json_records, input_size,
-                      is_parquet, iter_records)
+from .sources import (ReadPosition, Record, check_json_keys, check_parquet_columns, expand_inputs,
+                      holds_json_records, input_size, iter_records)
 from .tokenizer import build_tokenizer, check_tokenizer_flags, tokenizer_flags
 from .trimming import OUTCOMES, ReasoningTrimmer
 from .workers import OrderedWorkers
@@ -353,12 +353,12 @@ LOG_SECONDS = 60       # without a terminal, a log line at least this often (lon
 
 
 class Progress:
-    """A tqdm bar (bytes, with docs/s and tokens/s) or log lines, every `log_interval` documents and at least
-    every LOG_SECONDS."""
+    """A tqdm bar (bytes of the input on disk, with docs/s and tokens/s) or log lines, every `log_interval`
+    documents and at least every LOG_SECONDS."""
 
     def __init__(self, total_bytes: int | None, enabled: bool | None, log_interval: int):
         self.start = self.last_line = time.time()
-        self.total_bytes, self.done_bytes = total_bytes, 0      # of the input (None: compressed, not known)
+        self.total_bytes, self.read_bytes = total_bytes, 0      # of the input on disk
         self.log_interval = max(1, log_interval)
         self.next_log = self.log_interval
         if enabled is None:
@@ -370,12 +370,13 @@ class Progress:
             self.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenizing", file=sys.stderr,
                             mininterval=0.5)
 
-    def update(self, stats: Stats, chunk_bytes: int) -> None:
+    def update(self, stats: Stats, read_bytes: int) -> None:
+        """`stats` so far, with the input read on disk up to `read_bytes` (a ReadPosition's)."""
         now = time.time()
         dt = max(now - self.start, 1e-9)
-        self.done_bytes += chunk_bytes
+        self.read_bytes = read_bytes
         if self.bar is not None:
-            self.bar.update(chunk_bytes)
+            self.bar.update(read_bytes - self.bar.n)
             self.bar.set_postfix_str(f"{stats.documents / dt:,.0f} docs/s, {stats.tokens / dt / 1e6:.2f}M tok/s", refresh=False)
         elif stats.documents >= self.next_log or now - self.last_line >= LOG_SECONDS:
             self.last_line = now
@@ -386,11 +387,11 @@ class Progress:
                 self.next_log += self.log_interval
 
     def share(self, elapsed: float) -> str:
-        """', 42% of 1.20 GB, ETA 3m10s' of the input read in `elapsed` seconds (nothing when its size is
+        """', 42% of 1.20 GB, ETA 3m10s' of the input on disk read in `elapsed` seconds (nothing when its size is
         unknown)."""
         if not self.total_bytes:
             return ""
-        done = min(1.0, self.done_bytes / self.total_bytes)
+        done = min(1.0, self.read_bytes / self.total_bytes)
         left = elapsed * (1 - done) / max(done, 1e-9)
         return f", {100 * done:.0f}% of {self.total_bytes / 1e9:.2f} GB, ETA {format_duration(left)}"
 
@@ -418,15 +419,19 @@ def run(cfg: PreprocessConfig, should_stop: Callable[[], bool] = lambda: False) 
     check_json_keys(paths, list(cfg.json_keys))
     main_encoder = Encoder(cfg)  # validates the tokenizer and trimming flags before any work
     dtype = main_encoder.dtype
-    compressed = any(p.endswith((".gz", ".zst", ".zstd")) or is_parquet(p) for p in paths)   # no byte total
-    progress = Progress(None if compressed else input_size(paths), cfg.progress, cfg.log_interval)
+    progress = Progress(input_size(paths), cfg.progress, cfg.log_interval)
     writers: dict[str, IndexedDatasetWriter] = {}
     stats = Stats()
     t0 = time.time()
     try:
         for k in cfg.json_keys:   # inside the try: an interrupt here still removes the writers' files
             writers[k] = IndexedDatasetWriter(output_prefix_for(cfg.output_prefix, k), dtype)
-        chunks = _chunks(iter_records(paths, cfg.text_mode, list(cfg.json_keys)), cfg.chunk_bytes)
+        position, read_to = ReadPosition(), collections.deque()
+
+        def chunks():             # each chunk's end on disk, for the progress when its result comes
+            for chunk in _chunks(iter_records(paths, cfg.text_mode, list(cfg.json_keys), position), cfg.chunk_bytes):
+                read_to.append(position.bytes)
+                yield chunk
 
         def consume(result):
             if isinstance(result, Exception):
@@ -435,19 +440,19 @@ def run(cfg: PreprocessConfig, should_stop: Callable[[], bool] = lambda: False) 
             for k, (tokens, lens, per_doc) in out.items():
                 writers[k].add_documents(tokens, lens, per_doc)
             stats.merge(st)
-            progress.update(stats, st.bytes)
+            progress.update(stats, read_to.popleft())
             if should_stop():
                 raise KeyboardInterrupt
 
         if cfg.workers == 1:
-            for chunk in chunks:
+            for chunk in chunks():
                 try:
                     consume(main_encoder.encode_chunk(chunk))
                 except RecordError as e:
                     raise ValueError(str(e)) from None
         else:
             with OrderedWorkers(cfg.workers, _work, initializer=_init_worker, initargs=(cfg,)) as workers:
-                for result in workers.imap(chunks):
+                for result in workers.imap(chunks()):
                     if isinstance(result, RecordError):
                         raise ValueError(str(result))
                     consume(result)

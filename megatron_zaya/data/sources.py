@@ -20,7 +20,7 @@ import json
 import os
 import sys
 import zlib
-from typing import Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
@@ -195,6 +195,8 @@ class _ZstdFrames(io.RawIOBase):
     short) is a zstandard.ZstdError, as a truncated .gz is an EOFError: zstandard's stream_reader just stops
     there, and a truncated corpus became a smaller dataset without a word."""
 
+    READ_BYTES = 1 << 18      # compressed bytes a read takes: the steps in which the progress on disk moves
+
     def __init__(self, path: str, zstandard):
         self._file, self._zstd = open(path, "rb"), zstandard
         self._frame = zstandard.ZstdDecompressor().decompressobj()
@@ -206,7 +208,7 @@ class _ZstdFrames(io.RawIOBase):
 
     def readinto(self, buffer) -> int:
         while self._at == len(self._out):
-            chunk = self._file.read(1 << 20)
+            chunk = self._file.read(self.READ_BYTES)
             if not chunk:
                 if self._in_frame:
                     raise self._zstd.ZstdError("the file ends inside a zstd frame (truncated)")
@@ -230,8 +232,38 @@ class _ZstdFrames(io.RawIOBase):
         super().close()
 
 
-def _iter_jsonl(path: str) -> Iterator[Record]:
+class ReadPosition:
+    """How far the reading of the inputs has come on disk, in bytes: the sizes of the files read to their end,
+    plus the current file's offset (a compressed file's compressed bytes, a Parquet file's share of its
+    rows). Progress counts it, as the bytes of the records are not the bytes on disk of a compressed input."""
+
+    def __init__(self):
+        self.finished, self._offset = 0, lambda: 0
+
+    @property
+    def bytes(self) -> int:
+        return self.finished + self._offset()
+
+    def follow(self, offset: Callable[[], int]) -> None:
+        """The current file's offset on disk, asked whenever `bytes` is."""
+        self._offset = offset
+
+    def finish(self, path: str) -> None:
+        self.finished += os.path.getsize(path)
+        self._offset = lambda: 0
+
+
+def _disk_offset(f) -> Callable[[], int]:
+    """The offset in the file on disk under open_binary's `f` (its compressed bytes for .gz and .zst)."""
+    under = getattr(f, "fileobj", None)           # gzip.GzipFile
+    if isinstance(getattr(f, "raw", None), _ZstdFrames):
+        under = f.raw._file
+    return (under or f).tell
+
+
+def _iter_jsonl(path: str, position: ReadPosition) -> Iterator[Record]:
     with open_binary(path) as f:
+        position.follow(_disk_offset(f))
         for lineno, line in enumerate(f, 1):
             yield Record(path, lineno, line, True)
 
@@ -269,7 +301,7 @@ def check_parquet_columns(paths: list[str], columns: list[str]) -> None:
             raise InputError(f"--json-keys {' '.join(missing)}: no such column in {path} (its columns: {', '.join(names)})")
 
 
-def _iter_parquet(path: str, columns: list[str] | None) -> Iterator[Record]:
+def _iter_parquet(path: str, columns: list[str] | None, position: ReadPosition) -> Iterator[Record]:
     """One Record per row: the JSON object of `columns` (those the file has; None: every column),
     line = the row's 1-based number in the file."""
     pq = _parquet_module(path)
@@ -279,7 +311,8 @@ def _iter_parquet(path: str, columns: list[str] | None) -> Iterator[Record]:
         parquet = pq.ParquetFile(path, pre_buffer=False)
         names = parquet.schema_arrow.names
         wanted = names if columns is None else [c for c in columns if c in names]
-        row = 0
+        row, rows, size = 0, max(1, parquet.metadata.num_rows), os.path.getsize(path)
+        position.follow(lambda: size * row // rows)
         # No requested column in the file: empty rows, which the workers count as missing keys.
         for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=wanted):
             for values in batch.to_pylist():
@@ -291,12 +324,12 @@ def _iter_parquet(path: str, columns: list[str] | None) -> Iterator[Record]:
         raise (_parquet_error(path, e) or e) from None
 
 
-def _iter_text(path: str, mode: str) -> Iterator[Record]:
-    if mode == "file":
-        with open_binary(path) as f:
-            yield Record(path, 1, f.read(), False)
-        return
+def _iter_text(path: str, mode: str, position: ReadPosition) -> Iterator[Record]:
     with open_binary(path) as f:
+        position.follow(_disk_offset(f))
+        if mode == "file":
+            yield Record(path, 1, f.read(), False)
+            return
         if mode == "line":
             for lineno, line in enumerate(f, 1):
                 yield Record(path, lineno, line.rstrip(b"\r\n"), False)
@@ -316,20 +349,23 @@ def _iter_text(path: str, mode: str) -> Iterator[Record]:
             yield Record(path, start, b"\n".join(block), False)
 
 
-def iter_records(paths: list[str], text_mode: str = "file", columns: list[str] | None = None) -> Iterator[Record]:
+def iter_records(paths: list[str], text_mode: str = "file", columns: list[str] | None = None,
+                 position: ReadPosition | None = None) -> Iterator[Record]:
     """Yield raw records from every input: one per JSONL line or Parquet row (`columns`: the keys a
     Parquet row keeps; None: all), or per text document (`text_mode`: 'file' = a whole file,
-    'paragraph' = a blank-line-separated block, 'line' = a line)."""
+    'paragraph' = a blank-line-separated block, 'line' = a line). `position` follows the reading on disk."""
     if text_mode not in TEXT_MODES:
         raise InputError(f"--text-mode {text_mode!r}: choose one of {TEXT_MODES}")
+    position = position or ReadPosition()
     for path in paths:
         try:
             if is_parquet(path):
-                yield from _iter_parquet(path, columns)
+                yield from _iter_parquet(path, columns, position)
             elif is_jsonl(path):
-                yield from _iter_jsonl(path)
+                yield from _iter_jsonl(path, position)
             else:
-                yield from _iter_text(path, text_mode)
+                yield from _iter_text(path, text_mode, position)
+            position.finish(path)
         except (OSError, EOFError, zlib.error) as e:
             raise InputError(f"--input {path}: read failed ({e})") from None
         except Exception as e:

@@ -90,28 +90,6 @@ def test_a_record_trimmed_away_in_one_key_leaves_every_output(tmp_path):
     assert s["documents"] == 2 and s["tokens_per_key"] == {"a": 3, "b": 3}
 
 
-def test_progress_logs_when_the_interval_is_reached(capsys):
-    progress = pre.Progress(None, False, log_interval=3)
-    stats = pre.Stats(documents=3, tokens=30, bytes=100)
-    progress.update(stats, 100)
-    assert "processed 3 documents" in capsys.readouterr().err
-    stats.documents = 5
-    progress.update(stats, 100)                # next line at 6
-    assert capsys.readouterr().err == ""
-
-
-def test_progress_logs_at_least_once_a_minute(capsys, monkeypatch):
-    """Long documents (books) reach --log-interval's 100,000 rarely: without a terminal a line comes at least
-    every LOG_SECONDS too (a 130 MB corpus printed none in its whole run)."""
-    clock = iter([0.0, 30.0, 61.0, 90.0, 122.0])
-    monkeypatch.setattr(pre.time, "time", lambda: next(clock))
-    progress = pre.Progress(None, False, log_interval=100_000)         # started at 0 s
-    for documents in (10, 20, 30, 40):                                  # at 30, 61, 90 and 122 s
-        progress.update(pre.Stats(documents=documents, tokens=10, bytes=100), 100)
-    lines = capsys.readouterr().err.splitlines()
-    assert [line.split(" documents")[0] for line in lines] == ["processed 20", "processed 40"], lines
-
-
 def config(tmp_path, **kw):
     return pre.PreprocessConfig(input=["unused"], output_prefix=str(tmp_path / "o"), tokenizer_type="NullTokenizer",
                                 tokenizer_model="100", **kw)
@@ -153,18 +131,3 @@ def test_the_summary_lists_the_most_frequent_skip_reason_first(tmp_path):
     lines = pre.format_summary(s).splitlines()
     at = lines.index("skipped:   4")
     assert lines[at + 1].startswith("  malformed JSON: 3") and lines[at + 2].startswith("  not a JSON object: 1"), lines
-
-
-def test_progress_lines_give_the_share_read_and_an_eta_when_the_input_size_is_known(capsys, monkeypatch):
-    """Without a terminal (a Slurm or CI log) the lines say how much of the input is read and when it ends,
-    as the bar does; for a compressed input, whose size is not known, only the rates."""
-    clock = iter([100.0, 110.0, 130.0, 200.0, 210.0])
-    monkeypatch.setattr(pre.time, "time", lambda: next(clock))
-    progress = pre.Progress(4_000_000_000, False, log_interval=1)     # started at 100 s
-    progress.update(pre.Stats(documents=1, tokens=10, bytes=1_000_000_000), 1_000_000_000)   # at 110 s: 25%
-    assert capsys.readouterr().err.rstrip().endswith(", 25% of 4.00 GB, ETA 30s")
-    progress.update(pre.Stats(documents=2, tokens=20, bytes=3_000_000_000), 2_000_000_000)   # at 130 s: 75%
-    assert capsys.readouterr().err.rstrip().endswith(", 75% of 4.00 GB, ETA 10s")
-    unknown = pre.Progress(None, False, log_interval=1)
-    unknown.update(pre.Stats(documents=1, tokens=10, bytes=5), 5)
-    assert capsys.readouterr().err.rstrip().endswith("MB/s)")
