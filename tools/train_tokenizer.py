@@ -20,7 +20,8 @@ lines with their newlines up to 64K characters a piece (its tokens hold newlines
 Inputs are read as in preprocess_data.py (JSONL by suffix or by a first line that is a JSON object,
 .parquet with pyarrow, otherwise plain text; directories give their .jsonl/.json/.ndjson/.txt/.parquet
 files). Bad records (malformed
-JSON, missing keys, not UTF-8, lone surrogates) are skipped and counted. Existing outputs are refused unless
+JSON, missing keys, not UTF-8, lone surrogates) are skipped and counted; an input that fails to read (a truncated
+or corrupt .gz/.zst, an unreadable Parquet file) stops the run naming it, exit 2. Existing outputs are refused unless
 --overwrite is given, also ones that another run of the same output writes while this one trains (one line
 naming the file, exit 2); training writes to a temporary prefix and renames into place (.vocab, then
 .model; or the .json), so a failed run leaves any old tokenizer untouched (the hidden temporary folder of a
@@ -119,6 +120,16 @@ def iter_lines(paths, json_keys, text_mode, counts, whole_documents: bool = Fals
                 if line.strip():
                     counts["lines"] = counts.get("lines", 0) + 1
                     yield line
+
+
+def _kept_errors(lines, errors: list):
+    """`lines`, with a read error they raise kept in `errors`: raised inside SentencePiece's trainer (which reads
+    the lines itself), it comes out as a RuntimeError ('INTERNAL: InputError: ...' and a Python stack)."""
+    try:
+        yield from lines
+    except InputError as e:
+        errors.append(e)
+        raise
 
 
 def uniform_sample(lines, size: int, seed: int):
@@ -308,9 +319,9 @@ def _main(argv=None, installed: list | None = None) -> int:
                     sample = itertools.islice(sample, args.input_sentence_size)
                 ranks = train_tiktoken(args, sample, tmp_prefix)
             _install(tmp_prefix, args.output_prefix, extensions, installed, args.overwrite)
-        except InputError as e:
+        except InputError as e:       # an input that fails to read part-way (a truncated .gz or .zst)
             print(f"error: {e}", file=sys.stderr)
-            return 1
+            return 2
         except FileExistsError as e:
             return _written_meanwhile(args.output_prefix, e)
         finally:
@@ -323,10 +334,11 @@ def _main(argv=None, installed: list | None = None) -> int:
                 f"--tiktoken-pattern {args.tiktoken_pattern} --vocab-size {ranks + 1000} (1000 special tokens, "
                 f"or --tiktoken-num-special-tokens S with --vocab-size {ranks} + S)")
         return 0
+    read_errors: list[InputError] = []
     try:
         with kept_fresh(tmp_dir):   # empty until SentencePiece writes at the end: touched meanwhile
-            sample = uniform_sample(_announce_end(itertools.chain([first], lines), counts, t0),
-                                    args.input_sentence_size, args.seed)
+            sample = uniform_sample(_announce_end(_kept_errors(itertools.chain([first], lines), read_errors),
+                                                  counts, t0), args.input_sentence_size, args.seed)
             spm.SentencePieceTrainer.Train(
                 sentence_iterator=iter(sample),
                 model_prefix=tmp_prefix,
@@ -343,6 +355,9 @@ def _main(argv=None, installed: list | None = None) -> int:
             )
         _install(tmp_prefix, args.output_prefix, installed=installed, overwrite=args.overwrite)
     except (RuntimeError, InputError) as e:
+        if read_errors:           # an input that fails to read part-way, as SentencePiece's own RuntimeError
+            print(f"error: {read_errors[0]}", file=sys.stderr)
+            return 2
         msg = str(e) + vocab_size_hint(str(e))
         print(f"error: SentencePiece training failed: {msg}", file=sys.stderr)
         return 1

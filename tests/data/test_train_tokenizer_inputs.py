@@ -1,7 +1,9 @@
-"""tools/train_tokenizer.py's reading of its corpus: plain-text files (each --text-mode), and the JSONL
-records it skips, counted by reason (not UTF-8, malformed, not an object, no string under --json-keys)."""
+"""tools/train_tokenizer.py's reading of its corpus: plain-text files (each --text-mode), the JSONL
+records it skips, counted by reason (not UTF-8, malformed, not an object, no string under --json-keys), and an
+input that fails to read part-way."""
 import json
 
+import pytest
 import sentencepiece as spm
 
 from megatron_zaya.data.synthetic import TextGenerator
@@ -59,3 +61,22 @@ def test_a_tokenizer_trains_on_a_plain_text_corpus(tmp_path):
     sample = gen.document(max_sentences=2)
     assert sp.decode_ids(sp.encode_as_ids(sample)) == sample
     assert len(sp.encode_as_ids(sample)) < len(sample.encode()) / 2     # it learned the corpus's words
+
+
+@pytest.mark.parametrize("model_type,sample", [("unigram", 0), ("unigram", 1000), ("tiktoken", 0)])
+def test_an_input_cut_short_stops_the_run_with_one_line_naming_it(tmp_path, capsys, model_type, sample):
+    """A .zst cut short past its first records (an interrupted download): each trainer stops with the reading's
+    error, exit 2, and no output. SentencePiece reading the lines itself (--input-sentence-size 0) gave
+    'SentencePiece training failed: INTERNAL: InputError: ...' with a Python stack, exit 1."""
+    zstandard = pytest.importorskip("zstandard")
+    data = "".join(json.dumps({"text": f"line {i} of a corpus"}) + "\n" for i in range(20_000)).encode()
+    packed = zstandard.ZstdCompressor().compress(data)
+    (tmp_path / "cut.jsonl.zst").write_bytes(packed[:len(packed) // 2])
+    tool = load_tool("train_tokenizer")
+    assert tool.main(["--input", str(tmp_path / "cut.jsonl.zst"), "--output-prefix", str(tmp_path / "tok"),
+                      "--model-type", model_type, "--vocab-size", "300", "--input-sentence-size", str(sample),
+                      "--num-threads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [f"error: --input {tmp_path / 'cut.jsonl.zst'}: read failed (corrupt zstd data: "
+                                        "the file ends inside a zstd frame (truncated))"], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.jsonl.zst"]
