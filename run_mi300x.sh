@@ -22,7 +22,7 @@
 #             command.sh and attempt-<k>/rank-<r>.log
 #   layout    NNODES [Slurm's; outside a job, for --dry-run/--check: 128]
 #             NTASKS_PER_NODE [Slurm's, else 8]  CPUS_PER_TASK [cpus on node / tasks]  SRUN_ARGS  SRUN_MPI
-#             MASTER_ADDR [first node of the allocation]  MASTER_PORT [20000 + f(job id)]
+#             MASTER_ADDR [first node of the allocation]  MASTER_PORT [20000 + f(job id); a free one]
 #             REQUIRE_GPU [1]: a task that sees no GPU stops with an error (0: train on CPU, as the tests do)
 #   RCCL/ROCm NCCL_IB_GID_INDEX [3]  NCCL_IB_HCA [RCCL's choice]  NCCL_SOCKET_IFNAME [default-route NIC]
 #             HSA_NO_SCRATCH_RECLAIM [1]  GPU_MAX_HW_QUEUES [2]  HIP_FORCE_DEV_KERNARG [1]
@@ -382,6 +382,24 @@ fi
 mkdir -p "$ATTEMPT_DIR/exit" ${CKPT_DIR:+"$CKPT_DIR"} || die "cannot create $ATTEMPT_DIR or $CKPT_DIR"
 LAUNCH_LOG=$JOB_LOG_DIR/launcher.log
 log() { echo "[run_mi300x $(date '+%F %T')] $*" | tee -a "$LAUNCH_LOG"; }
+
+# Rank 0's store listens on MASTER_PORT of this node (the batch script runs on the job's first node). Taken there
+# (a job sharing the node, a service), rank 0 would fail at once and its node be blamed, or the other ranks join
+# whatever listens: a derived port moves on to a free one, a given one stops the job here.
+listening_here() { timeout 2 bash -c ": < /dev/tcp/127.0.0.1/$1" 2> /dev/null; }
+if (( IN_SLURM )) && [[ $MASTER_ADDR == "${SLURMD_NODENAME:-}" ]] && listening_here "$MASTER_PORT"; then
+    [[ -z ${USER_GIVEN[MASTER_PORT]:-} ]] || die "MASTER_PORT=$MASTER_PORT is in use on $MASTER_ADDR (rank 0's" \
+        "node): choose another, or leave MASTER_PORT unset for one derived from the job id"
+    port=$MASTER_PORT
+    for (( tries = 0; tries < 50; tries++ )); do
+        port=$(( port + 2 > 31999 ? 20000 + port % 2 : port + 2 ))      # (the requeue's parity kept)
+        listening_here "$port" || break
+    done
+    listening_here "$port" && die "ports $MASTER_PORT and the 50 after it (every other one) are in use on" \
+        "$MASTER_ADDR: set a free MASTER_PORT"
+    log "master port $MASTER_PORT is in use on $MASTER_ADDR: using $port"
+    export MASTER_PORT=$port
+fi
 { echo "#!/usr/bin/env bash"; echo "# job $JOB_ID attempt $REQUEUE_COUNT restart $RESTART on $NODELIST"; print_command; } \
     > "$JOB_LOG_DIR/command.sh"
 

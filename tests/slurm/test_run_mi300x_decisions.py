@@ -1,6 +1,6 @@
 """run_mi300x.sh's decisions after a training step, with stand-in Slurm commands (fake_slurm.py; no
 Slurm, about a second per case): whom to blame, what a resubmission and a chained phase carry over,
-when to requeue, the health check, single-node jobs.
+when to requeue, the health check, single-node jobs, a master port in use.
 
     python -m pytest -q tests/slurm/test_run_mi300x_decisions.py
 """
@@ -9,6 +9,9 @@ from __future__ import annotations
 import glob
 import os
 import re
+import socket
+
+import pytest
 
 from fake_slurm import write_latest
 from slurm_jobs import REPO
@@ -232,3 +235,32 @@ def test_a_warning_during_the_environment_setup_does_not_kill_the_task(fake, tmp
     assert r.returncode == 0 and "training finished" in log, log
     records = glob.glob(os.path.join(fake.submit_dir, "logs", "fake-4242", "attempt-0", "exit", "rank-*"))
     assert len(records) == 4 and all(open(f).read().split()[2] == "0" for f in records), records
+
+
+def test_a_master_port_in_use_on_the_first_node_moves_on_or_stops_the_job(fake):
+    """Rank 0's store must listen on MASTER_PORT of the job's first node (where the batch script runs). Held there
+    by another program, rank 0 would fail at start and its node be blamed, or the other ranks join that program: a
+    port derived from the job id moves on to the next free one of its parity; a given one stops the job (exit 2)
+    before srun, naming it."""
+    derived = 20000 + (4242 % 6000) * 2                   # job 4242, attempt 0
+    held = []
+    try:
+        for port in (derived, derived + 2):
+            listener = socket.socket()
+            try:
+                listener.bind(("127.0.0.1", port))
+            except OSError:
+                pytest.skip(f"port {port} is taken on this machine")
+            listener.listen()
+            held.append(listener)
+        fake.run_launcher(SLURMD_NODENAME="n1")
+        assert f"master port {derived} is in use on n1: using {derived + 4}" in fake.launcher_log()
+        assert {c["env"]["MASTER_PORT"] for c in fake.training_sruns()} == {str(derived + 4)}
+        r = fake.run_launcher(SLURMD_NODENAME="n1", MASTER_PORT=str(derived + 2))
+        assert r.returncode == 2 and fake.training_sruns() == []
+        assert f"MASTER_PORT={derived + 2} is in use on n1 (rank 0's node)" in r.stderr, r.stderr
+        fake.run_launcher(SLURMD_NODENAME="n2")           # another node's ports are not this one's to check
+        assert {c["env"]["MASTER_PORT"] for c in fake.training_sruns()} == {str(derived)}
+    finally:
+        for listener in held:
+            listener.close()
