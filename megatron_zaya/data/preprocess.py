@@ -23,7 +23,7 @@ import numpy as np
 
 from megatron_zaya.paths import nearest_existing
 from megatron_zaya.publish import written_meanwhile
-from megatron_zaya.units import format_duration
+from megatron_zaya.units import format_duration, human_bytes
 
 from .dataset_tokenizer import remove_record, tokenizer_record, write_record
 from .indexed import IndexedDatasetWriter, existing_outputs, optimal_dtype, remove_temporaries
@@ -387,13 +387,13 @@ class Progress:
                 self.next_log += self.log_interval
 
     def share(self, elapsed: float) -> str:
-        """', 42% of 1.20 GB, ETA 3m10s' of the input on disk read in `elapsed` seconds (nothing when its size is
+        """', 42% of 1.20 GiB, ETA 3m10s' of the input on disk read in `elapsed` seconds (nothing when its size is
         unknown)."""
         if not self.total_bytes:
             return ""
         done = min(1.0, self.read_bytes / self.total_bytes)
         left = elapsed * (1 - done) / max(done, 1e-9)
-        return f", {100 * done:.0f}% of {self.total_bytes / 1e9:.2f} GB, ETA {format_duration(left)}"
+        return f", {100 * done:.0f}% of {human_bytes(self.total_bytes)}, ETA {format_duration(left)}"
 
     def close(self) -> None:
         if self.bar is not None:

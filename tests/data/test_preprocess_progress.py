@@ -43,9 +43,9 @@ def test_progress_lines_give_the_share_read_and_an_eta(capsys, monkeypatch):
     monkeypatch.setattr(pre.time, "time", lambda: next(clock))
     progress = pre.Progress(4_000_000_000, False, log_interval=1)     # started at 100 s
     progress.update(pre.Stats(documents=1, tokens=10, bytes=1_000_000_000), 1_000_000_000)   # at 110 s: 25%
-    assert capsys.readouterr().err.rstrip().endswith(", 25% of 4.00 GB, ETA 30s")
+    assert capsys.readouterr().err.rstrip().endswith(", 25% of 3.73 GiB, ETA 30s")
     progress.update(pre.Stats(documents=2, tokens=20, bytes=9_000_000_000), 3_000_000_000)   # at 130 s: 75%
-    assert capsys.readouterr().err.rstrip().endswith(", 75% of 4.00 GB, ETA 10s")
+    assert capsys.readouterr().err.rstrip().endswith(", 75% of 3.73 GiB, ETA 10s")
     unknown = pre.Progress(None, False, log_interval=1)
     unknown.update(pre.Stats(documents=1, tokens=10, bytes=5), 5)
     assert capsys.readouterr().err.rstrip().endswith("MB/s)")
