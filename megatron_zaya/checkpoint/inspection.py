@@ -7,21 +7,23 @@ import os
 import torch
 
 from megatron_zaya.checkpoint.format import (COMPLETE_MARKER, METADATA_FILE, CheckpointError, CheckpointFolder,
-                                             file_crc32, list_complete, metadata_problems, read_json, read_latest,
+                                             file_crc32, list_complete, metadata_problems, named_latest, read_json,
                                              rank_stem)
 from megatron_zaya.config import ModelConfig
 
 
 def resolve_folder(path: str) -> str:
-    """An iter_NNNNNNN folder, or a --save folder (-> the checkpoint latest_checkpointed_iteration.txt
-    names, else the newest complete one)."""
+    """An iter_NNNNNNN folder, or a --save folder (-> the checkpoint a --load of it continues from: the one
+    latest_checkpointed_iteration.txt names, or a newer one whose save was interrupted before it updated that
+    file (format.named_latest); else the newest complete one). The tools (export, generation, evaluation,
+    inspection) so take the checkpoint that training resumes from."""
     path = os.path.abspath(path)
     if os.path.isfile(os.path.join(path, METADATA_FILE)) or os.path.isfile(os.path.join(path, COMPLETE_MARKER)):
         return path
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: " + ("a file, not a checkpoint folder" if os.path.exists(path) else
                                               "no such checkpoint folder"))
-    latest = read_latest(path)
+    latest = named_latest(path)
     if latest is None:
         done = list_complete(path)
         if not done:

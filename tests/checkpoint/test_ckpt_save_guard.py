@@ -108,12 +108,14 @@ def test_a_save_interrupted_before_it_named_itself_latest_is_the_latest(ckpt_cor
     loaded 4, retrained 5-8 and replaced the complete iter_8). The same state with the file written after
     iter_8 is an edit going back to 4: refused, since the run would overwrite iter_8; nothing changes."""
     from megatron_zaya.checkpoint.format import checkpoint_candidates, interrupted_publication
+    from megatron_zaya.checkpoint.inspection import resolve_folder
 
     save = str(tmp_path / "S")
     train(flags(ckpt_corpus, 8, "--save", save, "--save-interval", "4", cache=ckpt_cache))
     assert list_complete(save) == [4, 8]
     _name_latest(save, 4, "after")                  # edited to go back: the newer checkpoint is not taken
     assert interrupted_publication(save) is None and checkpoint_candidates(save)[0].endswith("iter_0000004")
+    assert resolve_folder(save).endswith("iter_0000004")      # the tools (export, generate) take the same one
     before = snapshot(save)
     with pytest.raises(CheckpointError, match="names iteration 4, so --load .* starts there, but the complete "
                                               "iteration 8 is newer"):
@@ -121,6 +123,7 @@ def test_a_save_interrupted_before_it_named_itself_latest_is_the_latest(ckpt_cor
     assert snapshot(save) == before
     _name_latest(save, 4, "before")                 # the crash window
     assert interrupted_publication(save) == 8 and checkpoint_candidates(save)[0].endswith("iter_0000008")
+    assert resolve_folder(save).endswith("iter_0000008")      # (they took 4, which the file names)
     resumed = train(flags(ckpt_corpus, 12, "--save", save, "--load", save, "--save-interval", "4",
                           cache=ckpt_cache))
     assert resumed.trainer.checkpointer.loaded["iteration"] == 8 and sorted(resumed.losses) == [9, 10, 11, 12]
