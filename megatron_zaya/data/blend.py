@@ -165,7 +165,7 @@ class PhasePlan:
 
 def plan_phases(phase_weights: list[list[float]], sizes: list[int], surplus: float = 0.005,
                 blending=ib.build_blending_indices, weighted: list[bool] | None = None,
-                orders: list[list[int]] | None = None) -> PhasePlan:
+                orders: list[list[int]] | None = None, start: list[int] | None = None) -> PhasePlan:
     """Greedy blending indices per phase and the number of samples each component must provide.
 
     A phase whose blend has no weights (`weighted` False) asks for no surplus: a single path takes its samples
@@ -176,14 +176,15 @@ def plan_phases(phase_weights: list[list[float]], sizes: list[int], surplus: flo
     `--data-path 1.0 path`) each component is requested ceil(ceil(size * w) * (1+surplus)). Weights that
     already sum to 1 are used as they are. `orders` gives,
     per phase, its components in the order its blend names them (default: their numbering): the interleave
-    numbers them so, and its ties go to the one named first.
+    numbers them so, and its ties go to the one named first. `start`: per component, samples of it read before the
+    first phase (by the earlier data phases of a resumed run, training/data_phase.py), which it continues after.
     """
     if weighted is None:
         weighted = [True] * len(phase_weights)
     n = len(phase_weights[0])
     if orders is None:
         orders = [list(range(n))] * len(phase_weights)
-    used_before = [0] * n
+    used_before = list(start) if start else [0] * n
     requests = [0] * n
     dis, dsis, offsets, phase_counts = [], [], [], []
     for w, size, has_weights, order in zip(phase_weights, sizes, weighted, orders):

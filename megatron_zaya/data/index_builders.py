@@ -225,6 +225,27 @@ def build_blending_indices(weights: list[float], size: int, native: bool = True)
     return dataset_index, sample_index
 
 
+def blending_counts(weights: list[float], size: int, native: bool = True) -> np.ndarray:
+    """How many of build_blending_indices(weights, size)'s samples each dataset gives, without the index: its
+    greedy is prefix-stable, so these are also the counts of the first `size` samples of a longer one."""
+    w = [float(x) for x in weights]
+    if native:
+        from megatron_zaya.data.native_blending import count_natively
+        counts = count_natively(w, size)
+        if counts is not None:
+            return counts
+    counts = [0] * len(w)
+    for s in range(size):
+        x = float(s) if s > 1 else 1.0
+        best, best_err = 0, w[0] * x - counts[0]
+        for d in range(1, len(w)):
+            err = w[d] * x - counts[d]
+            if err > best_err:
+                best, best_err = d, err
+        counts[best] += 1
+    return np.asarray(counts, dtype=np.int64)
+
+
 def surplus_size(target: int, weight: float, surplus: float = 0.005) -> int:
     """Samples requested from a blend component: ceil(ceil(target * weight) * (1 + surplus))."""
     return int(math.ceil(math.ceil(target * weight) * (1 + surplus)))

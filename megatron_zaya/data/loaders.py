@@ -104,7 +104,7 @@ def weighted(cfg: DataConfig, blend: list[str]) -> bool:
 
 
 def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: list[list[str]], sizes: list[int],
-                 split_id: int, opts: SampleOptions):
+                 split_id: int, opts: SampleOptions, start: list[int] | None = None):
     if sum(sizes) == 0 or not any(blends):
         return None
     if not cfg.separate_splits and ib.parse_split(cfg.split)[split_id] == 0:
@@ -134,7 +134,7 @@ def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: li
         return arrays["dataset_index"], arrays["dataset_sample_index"]
 
     plan = plan_phases(weights, sizes, cfg.mid_level_dataset_surplus, blending, [weighted(cfg, b) for b in blends],
-                       [blend_order(b, prefixes) for b in blends])
+                       [blend_order(b, prefixes) for b in blends], start)
     ids = {}
     for d, prefix in enumerate(prefixes):
         if plan.requests[d] == 0:
@@ -194,10 +194,13 @@ class SplitDatasets:
 
 
 def build_split_datasets(cfg: DataConfig, seq_length: int, train_valid_test_num_samples: list[int],
-                         tokenizer=None, datasets: dict | None = None) -> SplitDatasets:
+                         tokenizer=None, datasets: dict | None = None,
+                         train_start: dict[str, int] | None = None) -> SplitDatasets:
     """The train and test datasets and the validation sets (several with --multiple-validation-sets);
     the validation size is per set (ignored by --full-validation). `datasets`: open_datasets(cfg), if at
-    hand (opening checks each whole index, and it is also hashed once per opened dataset)."""
+    hand (opening checks each whole index, and it is also hashed once per opened dataset). `train_start`: per
+    dataset prefix, the train samples of it that a resumed run's earlier data phases read (training/data_phase.py):
+    the train split reads on after them."""
     if tokenizer is None:
         if not cfg.tokenizer_type:
             raise ValueError("DataConfig.tokenizer_type (--tokenizer-type) is required to know the EOD id, "
@@ -225,7 +228,8 @@ def build_split_datasets(cfg: DataConfig, seq_length: int, train_valid_test_num_
             raise ValueError(f"phases cover {used} train samples but {train_n} are needed; leave the last phase's train_samples empty")
     else:
         sizes = [train_n]
-    return SplitDatasets(train=_build_split(cfg, indexed, prefixes, blends, sizes, 0, opts),
+    start = [(train_start or {}).get(p, 0) for p in prefixes]
+    return SplitDatasets(train=_build_split(cfg, indexed, prefixes, blends, sizes, 0, opts, start),
                          valid=_build_validation_sets(cfg, indexed, prefixes, valid_blend, valid_n, opts),
                          test=_build_split(cfg, indexed, prefixes, [test_blend], [test_n], 2, opts))
 
@@ -400,18 +404,20 @@ def make_loader(dataset, consumed_samples: int, micro_batch_size: int, dp_rank: 
 def build_train_valid_test_loaders(cfg: DataConfig, global_batch_size: int, micro_batch_size: int, seq_length: int,
                                    dp_rank: int, dp_size: int, consumed_samples: int = 0, *,
                                    train_samples: int | list[int], valid_samples: int = 0, test_samples: int = 0,
-                                   tokenizer=None, datasets: dict | None = None):
+                                   tokenizer=None, datasets: dict | None = None,
+                                   train_start: dict[str, int] | None = None):
     """(train_loader, validation loaders, test_loader) for this data-parallel rank; see the module
     docstring. The validation loaders are a list of (name, loader), one per validation set (empty:
     no validation); each reads its set from the start at every evaluation. Under --full-validation
     a set is padded with masked samples to whole micro-batch groups (data/validation.py). `datasets`: see
     build_split_datasets. `train_samples` as a list: the sizes of a data phase's blocks (train_blocks.py),
-    one after the other, block k shuffled with --seed + k."""
+    one after the other, block k shuffled with --seed + k; `train_start` (build_split_datasets) is the first's."""
     if global_batch_size % (micro_batch_size * dp_size):
         raise ValueError(f"--global-batch-size {global_batch_size} is not a multiple of --micro-batch-size "
                          f"{micro_batch_size} x data-parallel size {dp_size}")
     blocks = [train_samples] if isinstance(train_samples, int) else list(train_samples)
-    splits = build_split_datasets(cfg, seq_length, [blocks[0], valid_samples, test_samples], tokenizer, datasets)
+    splits = build_split_datasets(cfg, seq_length, [blocks[0], valid_samples, test_samples], tokenizer, datasets,
+                                  train_start)
     train = splits.train
     if train is not None and len(blocks) > 1:
         more = [build_split_datasets(dataclasses.replace(cfg, seed=cfg.seed + k), seq_length, [n, 0, 0], tokenizer,

@@ -24,25 +24,29 @@ from .gpt_dataset import index_shape
 from .loaders import blend_weights, dataset_prefixes, epoch_samples, split_documents, weighted
 
 
-def train_blocks(cfg: DataConfig, seq_length: int, blocks: list[int], needed: int, datasets: dict) -> list[int]:
+def train_blocks(cfg: DataConfig, seq_length: int, blocks: list[int], needed: int, datasets: dict,
+                 start: dict[str, int] | None = None) -> list[int]:
     """The block sizes of the phase's train dataset for a job that needs `needed` samples of it in all, given the
     sizes the jobs before it used (`blocks`; empty: none recorded). `datasets`: the opened datasets
-    (loaders.open_datasets)."""
+    (loaders.open_datasets); `start`: the first block's train_start (loaders.build_split_datasets)."""
     if not blocks or sum(blocks) == 0:     # (a job with nothing to train saved [0]: nothing planned yet)
         return [needed]
     total = sum(blocks)
     if needed <= total:
         return list(blocks)
     grown = blocks[-1] + needed - total
+    last_start = start if len(blocks) == 1 else None         # (a later block is a shuffle of its own, from 0)
     if cfg.mock_data or cfg.phases or \
-            index_shapes(cfg, seq_length, blocks[-1], datasets) == index_shapes(cfg, seq_length, grown, datasets):
+            index_shapes(cfg, seq_length, blocks[-1], datasets, last_start) == \
+            index_shapes(cfg, seq_length, grown, datasets, last_start):
         return list(blocks[:-1]) + [grown]
     return list(blocks) + [needed - total]
 
 
-def index_shapes(cfg: DataConfig, seq_length: int, size: int, datasets: dict) -> list:
+def index_shapes(cfg: DataConfig, seq_length: int, size: int, datasets: dict, start: dict[str, int] | None = None
+                 ) -> list:
     """The index shape (epochs, separate final epoch) of each dataset of the train blend when the split is sized
-    for `size` samples (the requests loaders._build_split makes of them)."""
+    for `size` samples (the requests loaders._build_split makes of them, after `start`)."""
     blend = cfg.split_blends()[0]
     prefixes = dataset_prefixes(cfg)
     no_blending_index = lambda w, n: (np.zeros(0, np.int16), None)      # noqa: E731 (one phase: not needed)
@@ -50,7 +54,8 @@ def index_shapes(cfg: DataConfig, seq_length: int, size: int, datasets: dict) ->
     weights = blend_weights(blend, prefixes, lengths)
     if sum(weights) == 0:       # an unweighted list with no sample in the train split: the build names it
         return []
-    plan = plan_phases([weights], [size], cfg.mid_level_dataset_surplus, no_blending_index, [weighted(cfg, blend)])
+    plan = plan_phases([weights], [size], cfg.mid_level_dataset_surplus, no_blending_index, [weighted(cfg, blend)],
+                       start=[(start or {}).get(p, 0) for p in prefixes])
     shapes = []
     for d, prefix in enumerate(prefixes):
         if plan.requests[d]:

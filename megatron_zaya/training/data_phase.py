@@ -11,6 +11,13 @@ is 0 of its own dataset, which is sized for the iterations left. The phase start
 consumed samples) is saved in later checkpoints, so resuming mid-phase is exact. Same signature, or
 a checkpoint without one: Megatron's behaviour (one position for the whole run).
 
+A dataset the new phase shares with earlier ones continues after the samples they read of it (the train
+state's data_offsets, per dataset: the greedy interleave of each earlier phase's blend counted over the
+samples it consumed, `phase_draws`), as the phases of one run do (data/blend.py), so that a recipe's phase 2
+does not train again on the web text phase 1 read. That needs the samples to be the same: a change of
+--seq-length or --split, or a blend whose shares cannot be told from its signature, starts every dataset
+anew (with a warning where the new blend reads one that was read before).
+
 The global batch size is not part of the signature: the samples are the same whatever their
 grouping, so a run that only changes --global-batch-size keeps reading where it stopped (its
 dataset is sized for the samples already consumed plus those of the iterations left at the new
@@ -22,8 +29,8 @@ from __future__ import annotations
 import json
 import os
 
-from megatron_zaya.data.blend import is_number, parse_data_path
-from megatron_zaya.data.index_builders import parse_split
+from megatron_zaya.data.blend import is_number, normalize, parse_data_path
+from megatron_zaya.data.index_builders import blending_counts, parse_split
 from megatron_zaya.data.indexed import strip_suffix
 
 PATH_FIELDS = ("data_path", "train_data_path", "valid_data_path", "test_data_path")
@@ -95,12 +102,78 @@ def enter_data_phase(state, signature: str) -> str | None:
     previous, state.data_signature = state.data_signature, signature
     if not previous or not data_changed(previous, signature):
         return None
+    old, new = _signature_fields(previous), _signature_fields(signature)
+    same_samples = old.get("seq_length") == new.get("seq_length") and old.get("split") == new.get("split")
+    draws = phase_draws(_resolved(json.loads(previous)), state.data_blocks,
+                        state.consumed_samples - state.data_start_samples) if same_samples else None
+    read_before = set(state.data_offsets) | set(train_prefixes(old))
+    if draws is None:              # other samples, or shares not known: every dataset starts anew
+        state.data_offsets = {}
+    else:
+        for prefix, samples in draws.items():
+            state.data_offsets[prefix] = state.data_offsets.get(prefix, 0) + samples
     state.data_start_iteration, state.data_start_samples = state.iteration, state.consumed_samples
     state.data_blocks = []
-    old = _signature_fields(previous)
-    changed = sorted(k for k, v in _signature_fields(signature).items() if old.get(k) != v)
-    return (f"data changed since the checkpoint ({', '.join(changed)}): a new data phase starts at iteration "
-            f"{state.iteration} (consumed samples {state.consumed_samples}) from sample 0 of its own dataset")
+    changed = sorted(k for k, v in new.items() if old.get(k) != v)
+    line = (f"data changed since the checkpoint ({', '.join(changed)}): a new data phase starts at iteration "
+            f"{state.iteration} (consumed samples {state.consumed_samples})")
+    reads = train_prefixes(new)
+    going_on = {p: state.data_offsets[p] for p in reads if state.data_offsets.get(p)}
+    again = [p for p in reads if p in read_before] if draws is None else []
+    if going_on:
+        return line + "; datasets read before continue after the samples the earlier phases read of them (" + \
+            ", ".join(f"{p}: {n:,}" for p, n in going_on.items()) + ")"
+    if again:
+        why = ("the checkpoint's blend does not tell how much of each dataset it read (in-run phases, or an "
+               "unweighted list of several datasets)") if same_samples else \
+            "--seq-length or --split changed, so the samples differ"
+        return f"WARNING: {line}; the datasets read before are read again from their start ({why}): {', '.join(again)}"
+    return line + " from sample 0 of its own dataset"
+
+
+def train_prefixes(fields: dict) -> list[str]:
+    """The dataset prefixes of a signature's train blend (its phases' too)."""
+    blends = [paths for paths, _ in fields.get("phases") or []] or \
+        [fields.get("train_data_path") or fields.get("data_path") or []]
+    return list(dict.fromkeys(p for blend in blends if blend for p in parse_data_path(_as_items(blend))[1]))
+
+
+def _as_items(blend: list) -> list[str]:
+    """A compared blend ([[weight, path], ...] or paths) as a --data-path list."""
+    return [str(x) for item in blend for x in (item if isinstance(item, list) else [item])]
+
+
+def phase_draws(fields: dict, blocks: list[int], consumed: int) -> dict[str, int] | None:
+    """The train samples of each dataset (by its prefix) that a data phase read in its first `consumed` samples:
+    its blend's greedy interleave (data/blend.py plan_phases: prefix-stable, so counted without the index)
+    over each block of its train dataset in turn (data/train_blocks.py). None when the signature's `fields`
+    cannot tell: mock data, in-run phases, a dataset named twice, or an unweighted list of several datasets
+    (Megatron-LM weighs those by their lengths)."""
+    if fields.get("mock_data") or fields.get("phases"):
+        return None
+    weights, paths = parse_data_path(_as_items(fields.get("train_data_path") or fields["data_path"]))
+    if weights is None and len(paths) > 1 or len(set(paths)) < len(paths):
+        return None
+    active = [(w, p) for w, p in zip(weights or [1.0], paths) if w > 0]
+    shares = [w for w, _ in active]
+    if abs(sum(shares) - 1.0) > 1e-9:        # as plan_phases: normalized once
+        shares = normalize(shares)
+    sizes = list(blocks or [])
+    sizes.append(max(0, consumed - sum(sizes)))        # (what went past the recorded blocks: none, as saved)
+    counts, left = [0] * len(active), consumed
+    for size in sizes:                                 # the blocks are read one after the other
+        take = min(size, left)
+        counts = [c + int(n) for c, n in zip(counts, blending_counts(shares, take))]
+        left -= take
+    return {p: c for (_, p), c in zip(active, counts) if c}
+
+
+def train_start(data, offsets: dict[str, int]) -> dict[str, int]:
+    """The train state's data_offsets by this run's dataset prefixes as they are spelled in its flags (which the
+    data loaders key by)."""
+    from megatron_zaya.data.loaders import dataset_prefixes
+    prefixes = [] if data is None or data.mock_data else dataset_prefixes(data)
+    return {p: offsets[real] for p in prefixes if (real := os.path.realpath(strip_suffix(p))) in offsets}
 
 
 def train_data_position(state, schedule, total_iters: int) -> tuple[int, int]:

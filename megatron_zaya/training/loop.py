@@ -50,11 +50,11 @@ class TrainState:
     # a later phase with another batch size continues the schedule where the run is).
     scheduled_samples: int = 0
     scheduled_iterations: float = 0.0
-    # the current data phase (megatron_zaya/training/data_phase.py)
-    data_signature: str = ""
+    data_signature: str = ""        # the current data phase (megatron_zaya/training/data_phase.py)
     data_start_iteration: int = 0
     data_start_samples: int = 0
     data_blocks: list = field(default_factory=list)   # its train dataset's sizes across jobs (data/train_blocks.py)
+    data_offsets: dict = field(default_factory=dict)  # per dataset, the train samples earlier data phases read
     # non-finite steps in a row so far (--max-consecutive-nonfinite): a run resumed in a streak stops where the
     # uninterrupted run would
     consecutive_nonfinite: int = 0

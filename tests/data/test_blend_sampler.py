@@ -9,7 +9,7 @@ import torch
 import data_megatron_reference as ref
 from megatron_zaya.data import DataConfig, PhaseBlend, build_train_valid_test_datasets, build_train_valid_test_loaders
 from megatron_zaya.data.blend import parse_data_path
-from megatron_zaya.data.index_builders import build_blending_indices
+from megatron_zaya.data.index_builders import blending_counts, build_blending_indices
 from megatron_zaya.data.indexed import write_dataset
 from megatron_zaya.data.sampler import PretrainingBatchSampler
 from megatron_zaya.data.tokenizer import build_tokenizer
@@ -37,7 +37,8 @@ def test_blending_matches_reference_and_tracks_weights(weights):
 
 def test_the_compiled_blending_loop_gives_the_python_loops_indices(monkeypatch):
     """native_blending.py: the C loop (the default where a compiler works) against the Python loop, on random
-    weights and on exact ties; without a compiler build_blending_indices falls back to Python."""
+    weights and on exact ties, and its counts alone (blending_counts) against the counts of a longer index's
+    first samples; without a compiler both fall back to Python."""
     import shutil
 
     from megatron_zaya.data import native_blending
@@ -50,13 +51,18 @@ def test_the_compiled_blending_loop_gives_the_python_loops_indices(monkeypatch):
             native, python = build_blending_indices(weights, size), build_blending_indices(weights, size, native=False)
             assert native[0].dtype == np.int16 and native[1].dtype == np.int64
             assert np.array_equal(native[0], python[0]) and np.array_equal(native[1], python[1]), (weights, size)
-    native_blending.native_blending.cache_clear()
+            first = np.bincount(python[0][:size // 3], minlength=len(weights))     # a prefix of the longer one
+            assert np.array_equal(blending_counts(weights, size // 3), first), (weights, size)
+            assert np.array_equal(blending_counts(weights, size // 3, native=False), first), (weights, size)
+    native_blending.native_library.cache_clear()
     monkeypatch.setattr(shutil, "which", lambda name: None)
     try:
-        assert native_blending.native_blending() is None
-        assert np.array_equal(build_blending_indices(blends[0], 500)[0], build_blending_indices(blends[0], 500, False)[0])
+        assert native_blending.native_blending() is None and native_blending.count_natively(blends[0], 5) is None
+        fallback = build_blending_indices(blends[0], 500)[0]
+        assert np.array_equal(fallback, build_blending_indices(blends[0], 500, False)[0])
+        assert blending_counts(blends[0], 500).tolist() == np.bincount(fallback).tolist()
     finally:
-        native_blending.native_blending.cache_clear()
+        native_blending.native_library.cache_clear()
 
 
 def test_a_compiled_blending_library_is_named_by_its_flags_too(tmp_path, monkeypatch):

@@ -32,7 +32,8 @@ def test_a_new_data_phase_starts_its_train_blocks_afresh_and_names_the_change():
     old, new = signature(data_path=["a"]), signature(data_path=["a"], seq_length=128)
     state = TrainState(iteration=3, consumed_samples=12, data_signature=old, data_blocks=[40, 7])
     note = enter_data_phase(state, new)
-    assert note.startswith("data changed since the checkpoint (seq_length): a new data phase starts at iteration 3")
+    assert note.startswith("WARNING: data changed since the checkpoint (seq_length): a new data phase starts at "
+                           "iteration 3")        # (a read again: its samples are cut anew)
     assert state.data_blocks == [] and (state.data_start_iteration, state.data_start_samples) == (3, 12)
     assert state.data_signature == new
     kept = TrainState(iteration=3, consumed_samples=12, data_signature=new, data_blocks=[40, 7])
