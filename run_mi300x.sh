@@ -386,7 +386,11 @@ log() { echo "[run_mi300x $(date '+%F %T')] $*" | tee -a "$LAUNCH_LOG"; }
 # Rank 0's store listens on MASTER_PORT of this node (the batch script runs on the job's first node). Taken there
 # (a job sharing the node, a service), rank 0 would fail at once and its node be blamed, or the other ranks join
 # whatever listens: a derived port moves on to a free one, a given one stops the job here.
-listening_here() { timeout 2 bash -c ": < /dev/tcp/127.0.0.1/$1" 2> /dev/null; }
+# (on loopback, and on MASTER_ADDR's address: a program may listen on either alone; rank 0 binds them all)
+listening_here() {
+    timeout 2 bash -c ": < /dev/tcp/127.0.0.1/$1" 2> /dev/null ||
+        timeout 2 bash -c ": < /dev/tcp/$MASTER_ADDR/$1" 2> /dev/null
+}
 if (( IN_SLURM )) && [[ $MASTER_ADDR == "${SLURMD_NODENAME:-}" ]] && listening_here "$MASTER_PORT"; then
     [[ -z ${USER_GIVEN[MASTER_PORT]:-} ]] || die "MASTER_PORT=$MASTER_PORT is in use on $MASTER_ADDR (rank 0's" \
         "node): choose another, or leave MASTER_PORT unset for one derived from the job id"

@@ -362,6 +362,17 @@ def checkpoint_candidates(path: str) -> list[str]:
     return order
 
 
+def readable_copy(folder: str) -> str:
+    """`folder`, or where an interrupted save of its iteration left the only copy (`iter_N.replaced-<id>`,
+    which the checkpointer renames back before it loads: saver.recover_replaced)."""
+    parent, name = os.path.split(folder)
+    match = ITER_RE.match(name)
+    if os.path.isdir(folder) or match is None:
+        return folder
+    replaced = list_replaced_complete(parent).get(int(match.group(1)))
+    return folder if replaced is None else os.path.join(parent, replaced)
+
+
 def read_rank_meta(folder: str, rank: int, manifest: dict) -> dict:
     """Rank `rank`'s JSON, checked against the manifest (its crc32 and size, and its tensor file's size;
     the tensor file's crc32 is RankFile.verify's)."""

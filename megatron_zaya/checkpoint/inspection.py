@@ -3,34 +3,40 @@ of what a checkpoint holds and whether every file is intact."""
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
 from megatron_zaya.checkpoint.format import (COMPLETE_MARKER, METADATA_FILE, CheckpointError, CheckpointFolder,
-                                             file_crc32, list_complete, metadata_problems, named_latest, read_json,
-                                             rank_stem)
+                                             checkpoint_candidates, file_crc32, metadata_problems, read_json,
+                                             readable_copy, rank_stem)
 from megatron_zaya.config import ModelConfig
 
 
 def resolve_folder(path: str) -> str:
     """An iter_NNNNNNN folder, or a --save folder (-> the checkpoint a --load of it continues from: the one
     latest_checkpointed_iteration.txt names, or a newer one whose save was interrupted before it updated that
-    file (format.named_latest); else the newest complete one). The tools (export, generation, evaluation,
-    inspection) so take the checkpoint that training resumes from."""
+    file (format.named_latest), or the copy an interrupted save of the same iteration left (iter_N.replaced-*);
+    past a missing or incomplete one, the newest complete one, with a warning). The tools (export, generation,
+    evaluation, inspection) so take the checkpoint that training resumes from."""
     path = os.path.abspath(path)
     if os.path.isfile(os.path.join(path, METADATA_FILE)) or os.path.isfile(os.path.join(path, COMPLETE_MARKER)):
         return path
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: " + ("a file, not a checkpoint folder" if os.path.exists(path) else
                                               "no such checkpoint folder"))
-    latest = named_latest(path)
-    if latest is None:
-        done = list_complete(path)
-        if not done:
-            raise CheckpointError(f"{path}: no checkpoint (no latest_checkpointed_iteration.txt, no complete iter_* "
-                                  f"folder){half_hf_folder(path)}")
-        latest = done[-1]
-    return os.path.join(path, f"iter_{latest:07d}")
+    candidates = [readable_copy(folder) for folder in checkpoint_candidates(path)]
+    if not candidates:
+        raise CheckpointError(f"{path}: no checkpoint (no latest_checkpointed_iteration.txt, no complete iter_* "
+                              f"folder){half_hf_folder(path)}")
+    complete = [folder for folder in candidates if os.path.isfile(os.path.join(folder, COMPLETE_MARKER))]
+    if not complete:           # only the named one, and it is not complete: its report says what it lacks
+        return candidates[0]
+    if complete[0] != candidates[0]:
+        print(f"warning: {path}: the latest checkpoint, {os.path.basename(candidates[0])}, is "
+              f"{'incomplete' if os.path.isdir(candidates[0]) else 'missing'}: using {os.path.basename(complete[0])}, "
+              f"as --load would", file=sys.stderr)
+    return complete[0]
 
 
 BUFFER_SUFFIX = "balancing_bias"     # the one saved tensor of a ZAYA model that is not a parameter (the router's)

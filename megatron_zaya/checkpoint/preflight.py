@@ -30,7 +30,8 @@ import os
 
 from megatron_zaya.checkpoint.format import (COMPLETE_MARKER, ITER_RE, LATEST_FILE, METADATA_FILE, CheckpointError,
                                              checkpoint_candidates, is_iteration_folder, iter_dir_name, list_complete,
-                                             list_replaced_complete, manifest_size_problems, named_latest, read_json)
+                                             list_replaced_complete, manifest_size_problems, named_latest, read_json,
+                                             readable_copy)
 from megatron_zaya.checkpoint.hf_format import is_hf_folder
 from megatron_zaya.checkpoint.recorded_tokenizer import recorded_tokenizer
 from megatron_zaya.config import ModelConfig
@@ -108,24 +109,13 @@ def check_save_folder(save: str | None, load: str | None, finetune: bool) -> Non
         f"checkpoints away first")
 
 
-def _copy_to_read(folder: str) -> str:
-    """`folder`, or where an interrupted save of its iteration left the only copy (`iter_N.replaced-<id>`,
-    which the checkpointer renames back before it loads: saver.recover_replaced)."""
-    parent, name = os.path.split(folder)
-    match = ITER_RE.match(name)
-    if os.path.isdir(folder) or match is None:
-        return folder
-    replaced = list_replaced_complete(parent).get(int(match.group(1)))
-    return folder if replaced is None else os.path.join(parent, replaced)
-
-
 def first_candidate_metadata(load: str, damaged: list | None = None,
                              check_sizes: bool = False) -> tuple[str, dict] | None:
     """(folder, metadata.json) of the checkpoint --load would try first that has readable metadata (and with
     `check_sizes`, every file of its manifest there at its size: a dry run's look, where one process stats
     them); None when there is none (TrainingCheckpointer.load reports what it finds). `damaged` collects the
     errors naming what is wrong with the candidates passed over."""
-    for folder in map(_copy_to_read, checkpoint_candidates(load)):
+    for folder in map(readable_copy, checkpoint_candidates(load)):
         try:
             meta = read_json(os.path.join(folder, METADATA_FILE))
             files = meta.get("files") if isinstance(meta, dict) else None

@@ -27,6 +27,7 @@ import json
 import os
 import select
 import socket
+import sys
 import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -380,11 +381,20 @@ class GenerationServer(ThreadingHTTPServer):
         with self._guard:
             self._connections.add(connection)
             if self._stopped.is_set():      # accepted as the server stopped, after stop_requests() ran
-                connection.shutdown(socket.SHUT_RD)
+                _shut_reads(connection)
 
     def unregister(self, connection: socket.socket) -> None:
         with self._guard:
             self._connections.discard(connection)
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that reset or dropped its connection (while its request was read): one line in the log, not
+        socketserver's traceback; any other error as socketserver reports it."""
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, TimeoutError)):
+            self.service.log(f"{client_address[0]}: the connection was lost ({type(error).__name__})")
+        else:
+            super().handle_error(request, client_address)
 
     def stop_requests(self) -> None:
         """Before server_close(), which waits for the handler threads: the generation under way ends at its
@@ -395,7 +405,13 @@ class GenerationServer(ThreadingHTTPServer):
         with self._guard:
             self._stopped.set()
             for connection in self._connections:
-                try:
-                    connection.shutdown(socket.SHUT_RD)
-                except OSError:
-                    pass
+                _shut_reads(connection)
+
+
+def _shut_reads(connection: socket.socket) -> None:
+    """End the reads on `connection` (answers can still be written); one the client reset already is left as it
+    is (ENOTCONN)."""
+    try:
+        connection.shutdown(socket.SHUT_RD)
+    except OSError:
+        pass

@@ -327,6 +327,25 @@ def test_load_falls_back_to_the_next_newest_and_counts_only_marked_folders(tmp_p
     assert checkpoint_candidates(save) == [os.path.join(save, f"iter_{it:07d}") for it in (3, 2, 1)]
 
 
+def test_the_tools_take_the_checkpoint_a_load_resumes_from(tmp_path, capsys):
+    """resolve_folder (export, generate, evaluate, inspect) as --load: the copy a same-iteration save that was
+    interrupted left (iter_N.replaced-*, which --load renames back; the tools said "no such checkpoint folder"),
+    and past a latest that is missing or incomplete, the newest complete one with a warning (they stopped)."""
+    from megatron_zaya.checkpoint.inspection import resolve_folder
+    save = str(tmp_path)
+    fake_checkpoint(save, 2)
+    replaced = fake_checkpoint(save, 4, name="iter_0000004.replaced-0123456789")
+    open(os.path.join(save, LATEST_FILE), "w").write("4\n")
+    assert resolve_folder(save) == replaced and capsys.readouterr().err == ""
+    os.rename(replaced, replaced + "-gone")                                   # (no longer a copy of iteration 4)
+    assert resolve_folder(save) == os.path.join(save, "iter_0000002")
+    assert "the latest checkpoint, iter_0000004, is missing: using iter_0000002, as --load would" in \
+        capsys.readouterr().err
+    fake_checkpoint(save, 4, complete=False)
+    assert resolve_folder(save) == os.path.join(save, "iter_0000002")
+    assert "iter_0000004, is incomplete" in capsys.readouterr().err
+
+
 def test_a_small_file_is_durable_before_it_replaces_the_old_one(tmp_path, monkeypatch):
     """atomic_write_bytes (COMPLETE, metadata.json, latest_checkpointed_iteration.txt): the new bytes are
     fsynced before the rename publishes them (a crash after the rename must not leave an empty file), then

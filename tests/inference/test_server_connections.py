@@ -139,3 +139,34 @@ def test_a_connection_accepted_as_the_server_stops_does_not_hold_its_exit(tiny_m
         assert not closer.is_alive(), "the trickling client held server_close()"
     finally:
         client.close()
+
+
+def test_a_connection_reset_as_the_server_stops_leaves_no_traceback(tiny_model, sp_model, monkeypatch, capsys):
+    """A client that connects and resets (SO_LINGER 0) while its handler is still in setup, as the server stops:
+    shutting its reading side fails (ENOTCONN), which escaped setup() with a traceback and left the connection
+    registered; it is now let go as in stop_requests(), and the reset read that follows is one line in the log
+    (socketserver printed a traceback for every client that reset while its request was read)."""
+    import socketserver
+    import struct
+
+    setup = socketserver.StreamRequestHandler.setup
+
+    def slow_setup(handler):
+        time.sleep(0.5)
+        setup(handler)
+
+    monkeypatch.setattr(socketserver.StreamRequestHandler, "setup", slow_setup)
+    lines = []
+    service = TextGenerationService(tiny_model, build_tokenizer("GPTSentencePieceTokenizer", sp_model),
+                                    log=lines.append)
+    server = make_server(service, "127.0.0.1", 0, client_timeout=2.0)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    client = socket.create_connection(server.server_address[:2])
+    time.sleep(0.2)                                  # accepted; its thread is in setup()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    client.close()                                   # a reset
+    server.shutdown()
+    server.stop_requests()
+    server.server_close()                            # waits for the handler thread
+    assert "Traceback" not in capsys.readouterr().err and not server._connections
+    assert lines == ["127.0.0.1: the connection was lost (ConnectionResetError)"], lines

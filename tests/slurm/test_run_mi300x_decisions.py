@@ -261,6 +261,12 @@ def test_a_master_port_in_use_on_the_first_node_moves_on_or_stops_the_job(fake):
         assert f"MASTER_PORT={derived + 2} is in use on n1 (rank 0's node)" in r.stderr, r.stderr
         fake.run_launcher(SLURMD_NODENAME="n2")           # another node's ports are not this one's to check
         assert {c["env"]["MASTER_PORT"] for c in fake.training_sruns()} == {str(derived)}
+        on_its_address = socket.socket()                  # a program on the node's own address, not on loopback
+        held.append(on_its_address)
+        on_its_address.bind(("127.0.0.2", derived + 4))
+        on_its_address.listen()
+        fake.run_launcher(SLURMD_NODENAME="127.0.0.2", MASTER_ADDR="127.0.0.2")
+        assert f"master port {derived} is in use on 127.0.0.2: using {derived + 6}" in fake.launcher_log()
     finally:
         for listener in held:
             listener.close()
