@@ -125,6 +125,18 @@ def index_shape(indexed: IndexedDataset, ids, num_samples: int, seq_length: int,
     return epochs, ib.separate_final_epoch(epochs, tokens, seq_length, num_samples, add_extra_token)[0]
 
 
+def kept_request(indexed: IndexedDataset, ids, request: int, keep: int | None, seq_length: int) -> int:
+    """The samples to build a dataset's index for, when `request` are needed and the run's earlier data phases
+    read it through an index built for `keep` (training/data_phase.py): `keep` where that index holds the samples
+    in another shape, so that the samples after the earlier phases' offset are still the unseen ones; else
+    `request` (the same shape: the same order; or more epochs than `keep`'s index has: shuffled anew, as
+    Megatron-LM shuffles a dataset built for more samples)."""
+    if not keep or keep == request:
+        return request
+    was, now = index_shape(indexed, ids, keep, seq_length), index_shape(indexed, ids, request, seq_length)
+    return keep if was != now and now[0] <= was[0] else request
+
+
 class GPTDataset:
     """Samples of one split (`indices`: the sequence ids it owns, a range or an array) of an indexed dataset."""
 

@@ -27,7 +27,7 @@ from .blend import BlendedDataset, PhasedDataset, parse_data_path, plan_phases
 from .mock import MockGPTDataset
 from .config import DataConfig
 from .cache import build_order, cached_arrays
-from .gpt_dataset import (GPTDataset, SampleOptions, default_cache_dir, loss_masked_pad, split_indices,
+from .gpt_dataset import (GPTDataset, SampleOptions, kept_request, default_cache_dir, loss_masked_pad, split_indices,
                           token_id_outside, tokens_in_split)
 from . import index_builders as ib
 from .index_builders import build_blending_indices
@@ -104,7 +104,7 @@ def weighted(cfg: DataConfig, blend: list[str]) -> bool:
 
 
 def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: list[list[str]], sizes: list[int],
-                 split_id: int, opts: SampleOptions, start: list[int] | None = None):
+                 split_id: int, opts: SampleOptions, start: list[int] | None = None, kept: list[int] | None = None):
     if sum(sizes) == 0 or not any(blends):
         return None
     if not cfg.separate_splits and ib.parse_split(cfg.split)[split_id] == 0:
@@ -147,8 +147,9 @@ def _build_split(cfg: DataConfig, indexed: dict, prefixes: list[str], blends: li
         ids[d] = idx
     # Each node builds (or waits for) the datasets' indices from its own one on: a first start builds
     # several at once, one per node (a build of ZAYA1's size takes minutes and GBs).
-    built = {d: GPTDataset(indexed[prefixes[d]], ids[d], plan.requests[d], opts, cfg.seed, split_name,
-                           cfg.data_cache_path, use_cache=not cfg.no_index_cache)
+    built = {d: GPTDataset(indexed[prefixes[d]], ids[d], kept_request(indexed[prefixes[d]], ids[d], plan.requests[d],
+                                                                    kept[d] if kept else 0, opts.seq_length),
+                           opts, cfg.seed, split_name, cfg.data_cache_path, use_cache=not cfg.no_index_cache)
              for d in build_order(list(ids), per_node=True)}
     components = [built.get(d) for d in range(len(prefixes))]
     phases = [BlendedDataset(components, plan.dataset_index[p], plan.dataset_sample_index[p], plan.offsets[p],
@@ -194,13 +195,13 @@ class SplitDatasets:
 
 
 def build_split_datasets(cfg: DataConfig, seq_length: int, train_valid_test_num_samples: list[int],
-                         tokenizer=None, datasets: dict | None = None,
-                         train_start: dict[str, int] | None = None) -> SplitDatasets:
+                         tokenizer=None, datasets: dict | None = None, train_start: dict[str, int] | None = None,
+                         train_kept: dict[str, int] | None = None) -> SplitDatasets:
     """The train and test datasets and the validation sets (several with --multiple-validation-sets);
     the validation size is per set (ignored by --full-validation). `datasets`: open_datasets(cfg), if at
     hand (opening checks each whole index, and it is also hashed once per opened dataset). `train_start`: per
     dataset prefix, the train samples of it that a resumed run's earlier data phases read (training/data_phase.py):
-    the train split reads on after them."""
+    the train split reads on after them; `train_kept`: the samples its index was built for then (kept_request)."""
     if tokenizer is None:
         if not cfg.tokenizer_type:
             raise ValueError("DataConfig.tokenizer_type (--tokenizer-type) is required to know the EOD id, "
@@ -228,8 +229,8 @@ def build_split_datasets(cfg: DataConfig, seq_length: int, train_valid_test_num_
             raise ValueError(f"phases cover {used} train samples but {train_n} are needed; leave the last phase's train_samples empty")
     else:
         sizes = [train_n]
-    start = [(train_start or {}).get(p, 0) for p in prefixes]
-    return SplitDatasets(train=_build_split(cfg, indexed, prefixes, blends, sizes, 0, opts, start),
+    start, kept = ([(given or {}).get(p, 0) for p in prefixes] for given in (train_start, train_kept))
+    return SplitDatasets(train=_build_split(cfg, indexed, prefixes, blends, sizes, 0, opts, start, kept),
                          valid=_build_validation_sets(cfg, indexed, prefixes, valid_blend, valid_n, opts),
                          test=_build_split(cfg, indexed, prefixes, [test_blend], [test_n], 2, opts))
 
@@ -405,23 +406,26 @@ def build_train_valid_test_loaders(cfg: DataConfig, global_batch_size: int, micr
                                    dp_rank: int, dp_size: int, consumed_samples: int = 0, *,
                                    train_samples: int | list[int], valid_samples: int = 0, test_samples: int = 0,
                                    tokenizer=None, datasets: dict | None = None,
-                                   train_start: dict[str, int] | None = None):
+                                   train_start: list[dict[str, int]] | None = None,
+                                   train_kept: list[dict[str, int]] | None = None):
     """(train_loader, validation loaders, test_loader) for this data-parallel rank; see the module
     docstring. The validation loaders are a list of (name, loader), one per validation set (empty:
     no validation); each reads its set from the start at every evaluation. Under --full-validation
     a set is padded with masked samples to whole micro-batch groups (data/validation.py). `datasets`: see
     build_split_datasets. `train_samples` as a list: the sizes of a data phase's blocks (train_blocks.py),
-    one after the other, block k shuffled with --seed + k; `train_start` (build_split_datasets) is the first's."""
+    one after the other, block k shuffled with --seed + k; `train_start` and `train_kept`: each block's
+    (build_split_datasets)."""
     if global_batch_size % (micro_batch_size * dp_size):
         raise ValueError(f"--global-batch-size {global_batch_size} is not a multiple of --micro-batch-size "
                          f"{micro_batch_size} x data-parallel size {dp_size}")
     blocks = [train_samples] if isinstance(train_samples, int) else list(train_samples)
+    starts, kept = ([*(given or []), *[{}] * len(blocks)] for given in (train_start, train_kept))
     splits = build_split_datasets(cfg, seq_length, [blocks[0], valid_samples, test_samples], tokenizer, datasets,
-                                  train_start)
+                                  starts[0], kept[0])
     train = splits.train
     if train is not None and len(blocks) > 1:
         more = [build_split_datasets(dataclasses.replace(cfg, seed=cfg.seed + k), seq_length, [n, 0, 0], tokenizer,
-                                     datasets).train for k, n in enumerate(blocks[1:], 1)]
+                                     datasets, starts[k], kept[k]).train for k, n in enumerate(blocks[1:], 1)]
         train = PhasedDataset([train, *more])          # (by start offsets: no per-sample index)
     train_loader = make_loader(train, consumed_samples, micro_batch_size, dp_rank, dp_size, cfg) \
         if train else None

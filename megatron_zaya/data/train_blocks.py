@@ -20,46 +20,60 @@ import numpy as np
 
 from .blend import plan_phases
 from .config import DataConfig
-from .gpt_dataset import index_shape
+from .gpt_dataset import index_shape, kept_request
 from .loaders import blend_weights, dataset_prefixes, epoch_samples, split_documents, weighted
 
 
 def train_blocks(cfg: DataConfig, seq_length: int, blocks: list[int], needed: int, datasets: dict,
-                 start: dict[str, int] | None = None) -> list[int]:
+                 starts: list[dict] | None = None, kept: list[dict] | None = None) -> list[int]:
     """The block sizes of the phase's train dataset for a job that needs `needed` samples of it in all, given the
     sizes the jobs before it used (`blocks`; empty: none recorded). `datasets`: the opened datasets
-    (loaders.open_datasets); `start`: the first block's train_start (loaders.build_split_datasets)."""
+    (loaders.open_datasets); `starts`, `kept`: per block, where each dataset starts and the size its index was
+    built for in the run's earlier data phases (loaders.build_train_valid_test_loaders)."""
     if not blocks or sum(blocks) == 0:     # (a job with nothing to train saved [0]: nothing planned yet)
         return [needed]
     total = sum(blocks)
     if needed <= total:
         return list(blocks)
     grown = blocks[-1] + needed - total
-    last_start = start if len(blocks) == 1 else None         # (a later block is a shuffle of its own, from 0)
+    last = len(blocks) - 1
+    start = starts[last] if starts and last < len(starts) else None
+    keep = kept[last] if kept and last < len(kept) else None
     if cfg.mock_data or cfg.phases or \
-            index_shapes(cfg, seq_length, blocks[-1], datasets, last_start) == \
-            index_shapes(cfg, seq_length, grown, datasets, last_start):
+            index_shapes(cfg, seq_length, blocks[-1], datasets, start, keep) == \
+            index_shapes(cfg, seq_length, grown, datasets, start, keep):
         return list(blocks[:-1]) + [grown]
     return list(blocks) + [needed - total]
 
 
-def index_shapes(cfg: DataConfig, seq_length: int, size: int, datasets: dict, start: dict[str, int] | None = None
-                 ) -> list:
-    """The index shape (epochs, separate final epoch) of each dataset of the train blend when the split is sized
-    for `size` samples (the requests loaders._build_split makes of them, after `start`)."""
+def train_requests(cfg: DataConfig, seq_length: int, size: int, datasets: dict, start: dict | None = None,
+                   keep: dict | None = None) -> dict[str, int]:
+    """The samples each dataset of the train blend has its index built for when the split is sized for `size`
+    samples (the requests loaders._build_split makes: after `start`, with `keep`, gpt_dataset.kept_request)."""
     blend = cfg.split_blends()[0]
     prefixes = dataset_prefixes(cfg)
     no_blending_index = lambda w, n: (np.zeros(0, np.int16), None)      # noqa: E731 (one phase: not needed)
     lengths = lambda p: epoch_samples(cfg, datasets[p], p, 0, seq_length)      # noqa: E731
     weights = blend_weights(blend, prefixes, lengths)
     if sum(weights) == 0:       # an unweighted list with no sample in the train split: the build names it
-        return []
+        return {}
     plan = plan_phases([weights], [size], cfg.mid_level_dataset_surplus, no_blending_index, [weighted(cfg, blend)],
                        start=[(start or {}).get(p, 0) for p in prefixes])
-    shapes = []
+    requests = {}
     for d, prefix in enumerate(prefixes):
         if plan.requests[d]:
             ids, _ = split_documents(cfg, datasets[prefix], prefix, 0)
-            shapes.append(None if ids is None or len(ids) == 0 else
-                          index_shape(datasets[prefix], ids, plan.requests[d], seq_length))
+            requests[prefix] = 0 if ids is None or len(ids) == 0 else \
+                kept_request(datasets[prefix], ids, plan.requests[d], (keep or {}).get(prefix), seq_length)
+    return requests
+
+
+def index_shapes(cfg: DataConfig, seq_length: int, size: int, datasets: dict, start: dict | None = None,
+                 keep: dict | None = None) -> list:
+    """The index shape (epochs, separate final epoch) of each dataset of the train blend when the split is sized
+    for `size` samples (train_requests)."""
+    shapes = []
+    for prefix, request in train_requests(cfg, seq_length, size, datasets, start, keep).items():
+        ids, _ = split_documents(cfg, datasets[prefix], prefix, 0)
+        shapes.append(index_shape(datasets[prefix], ids, request, seq_length) if request else None)
     return shapes

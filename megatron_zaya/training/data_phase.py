@@ -108,17 +108,20 @@ def enter_data_phase(state, signature: str) -> str | None:
                         state.consumed_samples - state.data_start_samples) if same_samples else None
     read_before = set(state.data_offsets) | set(train_prefixes(old))
     if draws is None:              # other samples, or shares not known: every dataset starts anew
-        state.data_offsets = {}
-    else:
-        for prefix, samples in draws.items():
-            state.data_offsets[prefix] = state.data_offsets.get(prefix, 0) + samples
+        state.data_offsets, state.data_index_sizes = {}, {}
+    else:                          # block k of every phase is shuffled with --seed + k: each goes on in its own
+        for prefix, per_block in draws.items():
+            held = state.data_offsets.setdefault(prefix, [])
+            held += [0] * (len(per_block) - len(held))
+            for k, samples in enumerate(per_block):
+                held[k] += samples
     state.data_start_iteration, state.data_start_samples = state.iteration, state.consumed_samples
     state.data_blocks = []
     changed = sorted(k for k, v in new.items() if old.get(k) != v)
     line = (f"data changed since the checkpoint ({', '.join(changed)}): a new data phase starts at iteration "
             f"{state.iteration} (consumed samples {state.consumed_samples})")
     reads = train_prefixes(new)
-    going_on = {p: state.data_offsets[p] for p in reads if state.data_offsets.get(p)}
+    going_on = {p: sum(state.data_offsets[p]) for p in reads if sum(state.data_offsets.get(p, []))}
     again = [p for p in reads if p in read_before] if draws is None else []
     if going_on:
         return line + "; datasets read before continue after the samples the earlier phases read of them (" + \
@@ -143,10 +146,10 @@ def _as_items(blend: list) -> list[str]:
     return [str(x) for item in blend for x in (item if isinstance(item, list) else [item])]
 
 
-def phase_draws(fields: dict, blocks: list[int], consumed: int) -> dict[str, int] | None:
-    """The train samples of each dataset (by its prefix) that a data phase read in its first `consumed` samples:
-    its blend's greedy interleave (data/blend.py plan_phases: prefix-stable, so counted without the index)
-    over each block of its train dataset in turn (data/train_blocks.py). None when the signature's `fields`
+def phase_draws(fields: dict, blocks: list[int], consumed: int) -> dict[str, list[int]] | None:
+    """The train samples of each dataset (by its prefix) that a data phase read in its first `consumed` samples,
+    per block of its train dataset (data/train_blocks.py; read one after the other): its blend's greedy interleave
+    (data/blend.py plan_phases: prefix-stable, so counted without the index). None when the signature's `fields`
     cannot tell: mock data, in-run phases, a dataset named twice, or an unweighted list of several datasets
     (Megatron-LM weighs those by their lengths)."""
     if fields.get("mock_data") or fields.get("phases"):
@@ -159,21 +162,41 @@ def phase_draws(fields: dict, blocks: list[int], consumed: int) -> dict[str, int
     if abs(sum(shares) - 1.0) > 1e-9:        # as plan_phases: normalized once
         shares = normalize(shares)
     sizes = list(blocks or [])
-    sizes.append(max(0, consumed - sum(sizes)))        # (what went past the recorded blocks: none, as saved)
-    counts, left = [0] * len(active), consumed
-    for size in sizes:                                 # the blocks are read one after the other
+    sizes[-1:] = [sizes[-1] + max(0, consumed - sum(sizes))] if sizes else [consumed]   # (past the recorded: none)
+    draws, left = {p: [] for _, p in active}, consumed
+    for size in sizes:
         take = min(size, left)
-        counts = [c + int(n) for c, n in zip(counts, blending_counts(shares, take))]
+        for (_, prefix), n in zip(active, blending_counts(shares, take)):
+            draws[prefix].append(int(n))
         left -= take
-    return {p: c for (_, p), c in zip(active, counts) if c}
+    return {p: n for p, n in draws.items() if any(n)}
 
 
-def train_start(data, offsets: dict[str, int]) -> dict[str, int]:
-    """The train state's data_offsets by this run's dataset prefixes as they are spelled in its flags (which the
-    data loaders key by)."""
+def block_positions(data, state) -> tuple[list[dict], list[dict]]:
+    """Per block of the phase's train dataset, the train state's data_offsets and data_index_sizes by this run's
+    dataset prefixes as its flags spell them (as the data loaders key them)."""
     from megatron_zaya.data.loaders import dataset_prefixes
     prefixes = [] if data is None or data.mock_data else dataset_prefixes(data)
-    return {p: offsets[real] for p in prefixes if (real := os.path.realpath(strip_suffix(p))) in offsets}
+    real = {p: os.path.realpath(strip_suffix(p)) for p in prefixes}
+    blocks = max([len(v) for v in (*state.data_offsets.values(), *state.data_index_sizes.values())], default=0)
+    return tuple([{p: values[real[p]][k] for p in prefixes if k < len(values.get(real[p], []))}
+                  for k in range(blocks)] for values in (state.data_offsets, state.data_index_sizes))
+
+
+def record_index_sizes(data, state, seq_length: int, blocks: list[int], datasets: dict, starts: list[dict],
+                       kept: list[dict]) -> None:
+    """Keep, per dataset and block, the samples this job builds its index for (data/train_blocks.train_requests;
+    `starts`, `kept`: block_positions'): a later data phase builds it alike where it can (gpt_dataset.kept_request),
+    so that its order stays the one the offsets count in."""
+    if data is None or data.mock_data or data.phases:
+        return
+    from megatron_zaya.data.train_blocks import train_requests
+    for k, size in enumerate(blocks):
+        start, keep = (given[k] if k < len(given) else None for given in (starts, kept))
+        for prefix, request in train_requests(data, seq_length, size, datasets, start, keep).items():
+            held = state.data_index_sizes.setdefault(os.path.realpath(strip_suffix(prefix)), [])
+            held += [0] * (k + 1 - len(held))
+            held[k] = request
 
 
 def train_data_position(state, schedule, total_iters: int) -> tuple[int, int]:

@@ -25,6 +25,7 @@ from megatron_zaya.optim.schedules import (SCHEDULE_FLAGS, decoupled_lr_schedule
                                            lr_schedule_from_flags, weight_decay_schedule_from_flags)
 from megatron_zaya.training.batch_schedule import run_length
 from megatron_zaya.training.logger import TrainingLogger
+from megatron_zaya.training.train_state import TrainState
 from megatron_zaya.training.metrics import (IntervalMeter, device_peak_tflops, empty_unused_memory,
                                            megatron_memory_scalars, peak_memory_bytes, routing_statistics,
                                            synchronize)
@@ -33,31 +34,6 @@ from megatron_zaya.training.profiling import StepProfiler
 from megatron_zaya.training.stragglers import StragglerMeter
 from megatron_zaya.training.validation_report import evaluation_line, evaluation_scalars, perplexity
 from megatron_zaya.units import format_duration
-
-
-@dataclass
-class TrainState:
-    iteration: int = 0
-    consumed_samples: int = 0
-    consumed_tokens: int = 0        # summed per step: stays right when --seq-length changes on a resume
-    consumed_valid_samples: int = 0
-    skipped_iterations: int = 0
-    skipped_train_samples: int = 0  # samples of the iterations --iterations-to-skip passed over
-    floating_point_operations: float = 0.0   # model FLOPs of every step so far, all ranks (--log-progress)
-    train_seconds: float = 0.0               # wall time of the steps so far, across jobs
-    # The schedules' position: what the successful steps consumed, in samples (--train-samples runs)
-    # and in global batches, each step counting its batch over the --global-batch-size of its time (so
-    # a later phase with another batch size continues the schedule where the run is).
-    scheduled_samples: int = 0
-    scheduled_iterations: float = 0.0
-    data_signature: str = ""        # the current data phase (megatron_zaya/training/data_phase.py)
-    data_start_iteration: int = 0
-    data_start_samples: int = 0
-    data_blocks: list = field(default_factory=list)   # its train dataset's sizes across jobs (data/train_blocks.py)
-    data_offsets: dict = field(default_factory=dict)  # per dataset, the train samples earlier data phases read
-    # non-finite steps in a row so far (--max-consecutive-nonfinite): a run resumed in a streak stops where the
-    # uninterrupted run would
-    consecutive_nonfinite: int = 0
 
 
 @dataclass

@@ -28,7 +28,8 @@ from megatron_zaya.model import ZayaModel
 from megatron_zaya.model_vocab import vocab_from_tokenizer
 from megatron_zaya.training.batch_schedule import run_length
 from megatron_zaya.training.cpu_allocator import keep_freed_memory
-from megatron_zaya.training.data_phase import data_signature, train_data_position, train_start
+from megatron_zaya.training.data_phase import (block_positions, data_signature, record_index_sizes,
+                                                train_data_position)
 from megatron_zaya.training.dry_run import dry_run
 from megatron_zaya.training.logger import TrainingLogger
 from megatron_zaya.training.loop import Trainer, TrainState
@@ -195,15 +196,16 @@ def _ready_trainer(run, trainer, tokenizer, datasets, loads_weights: bool):
         logger.print(line)
     valid_samples = run.train.eval_iters * gbs if run.train.eval_iters else 0
     # the phase's dataset as the jobs before this one sized it, grown or extended for this one's samples
-    # after the samples of each dataset that the run's earlier data phases read
-    start = train_start(run.data, trainer.state.data_offsets)
+    # each dataset read after the samples the run's earlier data phases read of it, its index built alike
+    starts, kept = block_positions(run.data, trainer.state)
     blocks = trainer.state.data_blocks = train_blocks(run.data, seq, trainer.state.data_blocks, train_samples,
-                                                      datasets, start)
+                                                      datasets, starts, kept)
     train_loader, valid_loaders, test_loader = build_train_valid_test_loaders(
         run.data, gbs, run.train.micro_batch_size, seq, runtime.dp_rank, runtime.dp_size,
         consumed_samples=consumed, train_samples=blocks,
         valid_samples=valid_samples, test_samples=valid_samples, tokenizer=tokenizer, datasets=datasets,
-        train_start=start)
+        train_start=starts, train_kept=kept)
+    record_index_sizes(run.data, trainer.state, seq, blocks, datasets, starts, kept)
     trainer.train_iterator = iter(train_loader if train_loader is not None else ())   # None: nothing left
     # Validation always reads the same samples of each set, so successive values compare.
     trainer.valid_loaders = valid_loaders
