@@ -283,7 +283,8 @@ class TrainingCheckpointer:
                              + "; --use-checkpoint-opt_param-scheduler keeps the checkpoint's")
         if not cfg.finetune and run_flags:
             notes += batch_size_change_notes(trainer, run_flags) + seed_change_notes(trainer, run_flags)
-        data_note = enter_data_phase(trainer.state, data_signature(self.run))
+        data_note = enter_data_phase(trainer.state, data_signature(self.run),
+                                     getattr(self.run.data, "mid_level_dataset_surplus", 0.005))
         same_dir = cfg.save and os.path.abspath(os.path.dirname(folder.folder)) == os.path.abspath(cfg.save)
         if same_dir and not cfg.finetune:
             self.last_saved = trainer.state.iteration      # nothing new to save before the next step

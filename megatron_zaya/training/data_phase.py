@@ -30,7 +30,7 @@ import json
 import os
 
 from megatron_zaya.data.blend import is_number, normalize, parse_data_path
-from megatron_zaya.data.index_builders import blending_counts, parse_split
+from megatron_zaya.data.index_builders import blending_counts, parse_split, surplus_size
 from megatron_zaya.data.indexed import strip_suffix
 
 PATH_FIELDS = ("data_path", "train_data_path", "valid_data_path", "test_data_path")
@@ -95,8 +95,9 @@ def data_changed(previous: str, current: str) -> bool:
     return _signature_fields(previous) != _signature_fields(current)
 
 
-def enter_data_phase(state, signature: str) -> str | None:
-    """Start a new data phase on `state` when the loaded signature differs; the log line, or None."""
+def enter_data_phase(state, signature: str, surplus: float = 0.005) -> str | None:
+    """Start a new data phase on `state` when the loaded signature differs; the log line, or None. `surplus`:
+    --mid-level-dataset-surplus (what a checkpoint saved before the index sizes were kept built its indices for)."""
     if not signature:            # no data pipeline: no data position to keep
         return None
     previous, state.data_signature = state.data_signature, signature
@@ -107,9 +108,15 @@ def enter_data_phase(state, signature: str) -> str | None:
     draws = phase_draws(_resolved(json.loads(previous)), state.data_blocks,
                         state.consumed_samples - state.data_start_samples) if same_samples else None
     read_before = set(state.data_offsets) | set(train_prefixes(old))
-    if draws is None:              # other samples, or shares not known: every dataset starts anew
+    if not same_samples:           # other samples: every dataset starts anew
         state.data_offsets, state.data_index_sizes = {}, {}
+    elif draws is None:            # how much of each of its datasets the phase read is not known: those start anew
+        for prefix in train_prefixes(old):
+            state.data_offsets.pop(prefix, None)
+            state.data_index_sizes.pop(prefix, None)
     else:                          # block k of every phase is shuffled with --seed + k: each goes on in its own
+        if not state.data_offsets and not state.data_index_sizes:     # saved before either was kept: as planned
+            state.data_index_sizes = planned_index_sizes(_resolved(json.loads(previous)), state.data_blocks, surplus)
         for prefix, per_block in draws.items():
             held = state.data_offsets.setdefault(prefix, [])
             held += [0] * (len(per_block) - len(held))
@@ -122,7 +129,7 @@ def enter_data_phase(state, signature: str) -> str | None:
             f"{state.iteration} (consumed samples {state.consumed_samples})")
     reads = train_prefixes(new)
     going_on = {p: sum(state.data_offsets[p]) for p in reads if sum(state.data_offsets.get(p, []))}
-    again = [p for p in reads if p in read_before] if draws is None else []
+    again = [p for p in reads if p in read_before and not sum(state.data_offsets.get(p, []))] if draws is None else []
     if going_on:
         return line + "; datasets read before continue after the samples the earlier phases read of them (" + \
             ", ".join(f"{p}: {n:,}" for p, n in going_on.items()) + ")"
@@ -135,10 +142,14 @@ def enter_data_phase(state, signature: str) -> str | None:
 
 
 def train_prefixes(fields: dict) -> list[str]:
-    """The dataset prefixes of a signature's train blend (its phases' too)."""
+    """The dataset prefixes a signature's train blend (its phases' too) reads: those of a positive weight."""
     blends = [paths for paths, _ in fields.get("phases") or []] or \
         [fields.get("train_data_path") or fields.get("data_path") or []]
-    return list(dict.fromkeys(p for blend in blends if blend for p in parse_data_path(_as_items(blend))[1]))
+    read = []
+    for blend in filter(None, blends):
+        weights, paths = parse_data_path(_as_items(blend))
+        read += [p for w, p in zip(weights or [1.0] * len(paths), paths) if w > 0]
+    return list(dict.fromkeys(read))
 
 
 def _as_items(blend: list) -> list[str]:
@@ -149,27 +160,49 @@ def _as_items(blend: list) -> list[str]:
 def phase_draws(fields: dict, blocks: list[int], consumed: int) -> dict[str, list[int]] | None:
     """The train samples of each dataset (by its prefix) that a data phase read in its first `consumed` samples,
     per block of its train dataset (data/train_blocks.py; read one after the other): its blend's greedy interleave
-    (data/blend.py plan_phases: prefix-stable, so counted without the index). None when the signature's `fields`
-    cannot tell: mock data, in-run phases, a dataset named twice, or an unweighted list of several datasets
-    (Megatron-LM weighs those by their lengths)."""
-    if fields.get("mock_data") or fields.get("phases"):
+    (data/blend.py plan_phases: prefix-stable, so counted without the index); none under --mock-data. None when
+    the signature's `fields` cannot tell: in-run phases, a dataset named twice, or an unweighted list of several
+    datasets (Megatron-LM weighs those by their lengths)."""
+    if fields.get("mock_data"):             # (random samples: none of a dataset)
+        return {}
+    blend = None if fields.get("phases") else _train_shares(fields)
+    if blend is None:
         return None
-    weights, paths = parse_data_path(_as_items(fields.get("train_data_path") or fields["data_path"]))
-    if weights is None and len(paths) > 1 or len(set(paths)) < len(paths):
-        return None
-    active = [(w, p) for w, p in zip(weights or [1.0], paths) if w > 0]
-    shares = [w for w, _ in active]
-    if abs(sum(shares) - 1.0) > 1e-9:        # as plan_phases: normalized once
-        shares = normalize(shares)
-    sizes = list(blocks or [])
-    sizes[-1:] = [sizes[-1] + max(0, consumed - sum(sizes))] if sizes else [consumed]   # (past the recorded: none)
-    draws, left = {p: [] for _, p in active}, consumed
+    active, shares = [p for p, _ in blend[0]], [w for _, w in blend[0]]
+    sizes = list(blocks or []) or [consumed]
+    sizes[-1] += max(0, consumed - sum(sizes))          # (read past the recorded blocks: none, as they are saved)
+    draws, left = {p: [] for p in active}, consumed
     for size in sizes:
         take = min(size, left)
-        for (_, prefix), n in zip(active, blending_counts(shares, take)):
+        for prefix, n in zip(active, blending_counts(shares, take)):
             draws[prefix].append(int(n))
         left -= take
     return {p: n for p, n in draws.items() if any(n)}
+
+
+def planned_index_sizes(fields: dict, blocks: list[int], surplus: float) -> dict[str, list[int]]:
+    """The samples each dataset's index was built for, per block, by a phase that read every dataset from its start
+    (data/blend.py plan_phases' requests: a weighted blend's surplus on each share, a single path's size)."""
+    blend = None if fields.get("mock_data") or fields.get("phases") else _train_shares(fields)
+    if blend is None:
+        return {}
+    shares, weighted = blend
+    return {p: [surplus_size(size, share, surplus) if weighted else size for size in blocks] for p, share in shares}
+
+
+def _train_shares(fields: dict) -> tuple[list[tuple[str, float]], bool] | None:
+    """([(prefix, share)] of the datasets a signature's train blend reads, the shares as plan_phases uses them,
+    and whether the blend has weights); None for a dataset named twice or an unweighted list of several
+    datasets (Megatron-LM weighs those by their lengths)."""
+    weights, paths = parse_data_path(_as_items(fields.get("train_data_path") or fields["data_path"]))
+    if weights is None and len(paths) > 1 or len(set(paths)) < len(paths):
+        return None
+    active = [(p, w) for w, p in zip(weights or [1.0], paths) if w > 0]
+    shares = [w for _, w in active]
+    if abs(sum(shares) - 1.0) > 1e-9:        # as plan_phases: normalized once
+        shares = normalize(shares)
+    separate_one = bool(fields.get("train_data_path")) and len(paths) == 1     # (read as the path itself)
+    return [(p, w) for (p, _), w in zip(active, shares)], weights is not None and not separate_one
 
 
 def block_positions(data, state) -> tuple[list[dict], list[dict]]:

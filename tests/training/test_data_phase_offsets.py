@@ -6,6 +6,7 @@ the jobs before.
     python -m pytest -q tests/training/test_data_phase_offsets.py
 """
 import dataclasses
+import json
 import shutil
 
 from megatron_zaya.arguments import parse_args
@@ -95,13 +96,20 @@ def test_each_datasets_offset_adds_up_over_the_phases_and_restarts_only_when_it_
     assert state.data_offsets == {a: [block0[0] + 10, block1[0]], b: [block0[1], block1[1]], c: [10]}   # (none read)
     state.consumed_samples = 60
     line = enter_data_phase(state, signature("0.5", "a", "0.5", "c"))     # the unweighted list's shares: unknown
-    assert state.data_offsets == state.data_index_sizes == {} and line == (
+    assert state.data_offsets == {b: [block0[1], block1[1]]} and line == (      # (b, which it did not read, stays)
         "WARNING: data changed since the checkpoint (data_path): a new data phase starts at iteration 50 (consumed "
         "samples 60); the datasets read before are read again from their start (the checkpoint's blend does not "
         f"tell how much of each dataset it read (in-run phases, or an unweighted list of several datasets)): {a}, {c}")
-    state.consumed_samples = 70
+    state.data_blocks, state.consumed_samples = [10], 70                # 10 samples of 0.5 a 0.5 c
+    mock = data_signature(SimpleNamespace(data=DataConfig(mock_data=True), model=SimpleNamespace(seq_length=64)))
+    enter_data_phase(state, mock)
+    state.consumed_samples = 80                                        # 10 samples of random tokens: none read
+    line = enter_data_phase(state, signature("0", "a", "1", "b"))        # (a: weight 0, not read)
+    assert state.data_offsets == {a: [5], b: [block0[1], block1[1]], c: [5]}
+    assert line.endswith(f"read of them ({b}: {block0[1] + block1[1]})")
     line = enter_data_phase(state, signature("0.5", "a", "0.5", "c", seq_length=128))
-    assert state.data_offsets == {} and "(--seq-length or --split changed, so the samples differ)" in line
+    assert state.data_offsets == state.data_index_sizes == {}
+    assert "(--seq-length or --split changed, so the samples differ)" in line
 
 
 def test_the_blocks_of_a_phase_go_on_each_in_its_own_order_in_the_next_phase(tiny_corpus, tmp_path, monkeypatch):
@@ -134,16 +142,26 @@ def test_a_dataset_the_next_phase_reads_less_keeps_the_index_the_phase_before_re
     """Phase 1 planned two epochs of a small dataset S (its index built for 2 epochs, shuffled so) and stopped
     halfway; phase 2, with another blend, needs less than one epoch of S in all: built for that, S's index would
     be one epoch shuffled otherwise, and phase 2 would read again much of what phase 1 read. Its index is built
-    as phase 1's (gpt_dataset.kept_request): S's reads over both phases are its phase-1 order from the start."""
+    as phase 1's (gpt_dataset.kept_request): S's reads over both phases are its phase-1 order from the start.
+    From a checkpoint saved before the index sizes were kept, the sizes phase 1 planned are taken (the same
+    samples; it was reshuffled)."""
     a, tokenizer = tiny_corpus
     s = make_dataset(tmp_path, "s", tokenizer, 8, seed=13)
     ckpt = tmp_path / "ckpt"
     first = recorded_samples(monkeypatch, tiny_corpus, tmp_path, "tb1", **{
         "--train-iters": 30, "--save": ckpt, "--exit-interval": 15, "--data-path": ["0.2", a, "0.8", s]})
     built = train_state(ckpt)["data_index_sizes"][s]
+    older = tmp_path / "older"                 # as saved before the offsets and index sizes were kept
+    shutil.copytree(ckpt, older)
+    meta = older / "iter_0000015" / "metadata.json"
+    saved = json.loads(meta.read_text())
+    del saved["train_state"]["data_offsets"], saved["train_state"]["data_index_sizes"]
+    meta.write_text(json.dumps(saved))
     second = recorded_samples(monkeypatch, tiny_corpus, tmp_path, "tb2", **{
         "--train-iters": 30, "--save": ckpt, "--load": ckpt, "--data-path": ["0.5", a, "0.5", s]})
     assert train_state(ckpt)["data_index_sizes"][s] == built
+    assert recorded_samples(monkeypatch, tiny_corpus, tmp_path, "tb3", **{
+        "--train-iters": 30, "--save": older, "--load": older, "--data-path": ["0.5", a, "0.5", s]}) == second
     order = own_order(tiny_corpus, tmp_path, s, 200, request=built[0])
     read = [x for x in first + second if x in order]
     assert len(read) == train_state(ckpt)["data_offsets"][s][0] + 30 and read == order[:len(read)]
