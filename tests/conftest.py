@@ -6,3 +6,14 @@ import os
 # 2 cores, spinning threads steal the cores their own peers need (the same test: 122 s vs 26 s).
 # Subprocesses the tests start inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# Several training jobs run in one test process write TensorBoard event files into one folder, named
+# events.out.tfevents.<second>.<host>.<pid>.<n> with n counting the writers of the process: within one second,
+# writer 10's file sorted before writer 8's, so the next job's events were read first and the earlier job's
+# later steps purged as a restart's (a flaky test, by where the counter stood). Real jobs are separate processes.
+# From 1,000,000 the counter keeps its number of digits, and the names sort in the order the writers were made.
+try:
+    from tensorboard.summary.writer import event_file_writer as _event_file_writer
+    _event_file_writer._global_uid._value = max(_event_file_writer._global_uid._value, 1_000_000)
+except (ImportError, AttributeError):       # (another tensorboard: the names as it makes them)
+    pass
