@@ -216,6 +216,15 @@ def block_positions(data, state) -> tuple[list[dict], list[dict]]:
                   for k in range(blocks)] for values in (state.data_offsets, state.data_index_sizes))
 
 
+def plan_train_blocks(run, state, train_samples: int, datasets: dict) -> tuple[list[int], list[dict], list[dict]]:
+    """(block sizes, per block where each dataset starts and the size its index was built for) of the phase's
+    train dataset for a job that needs `train_samples` of it (train_data_position), resumed at `state`."""
+    from megatron_zaya.data.train_blocks import train_blocks
+    starts, kept = block_positions(run.data, state)
+    blocks = train_blocks(run.data, run.model.seq_length, state.data_blocks, train_samples, datasets, starts, kept)
+    return blocks, starts, kept
+
+
 def record_index_sizes(data, state, seq_length: int, blocks: list[int], datasets: dict, starts: list[dict],
                        kept: list[dict]) -> None:
     """Keep, per dataset and block, the samples this job builds its index for (data/train_blocks.train_requests;

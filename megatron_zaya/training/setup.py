@@ -21,14 +21,13 @@ from megatron_zaya.data.dataset_tokenizer import check_dataset_tokenizers
 from megatron_zaya.data.loaders import (check_token_ids, missing_eod_warnings, open_datasets,
                                         unread_dataset_warnings)
 from megatron_zaya.data.split_checks import check_splits_before_build, evaluation_warnings
-from megatron_zaya.data.train_blocks import train_blocks
 from megatron_zaya.data.tokenizer import flags_text, tokenizer_flags
 from megatron_zaya.kernels.capability import slow_bf16_warning
 from megatron_zaya.model import ZayaModel
 from megatron_zaya.model_vocab import vocab_from_tokenizer
 from megatron_zaya.training.batch_schedule import run_length
 from megatron_zaya.training.cpu_allocator import keep_freed_memory
-from megatron_zaya.training.data_phase import (block_positions, data_signature, record_index_sizes,
+from megatron_zaya.training.data_phase import (data_signature, plan_train_blocks, record_index_sizes,
                                                 train_data_position)
 from megatron_zaya.training.dry_run import dry_run
 from megatron_zaya.training.logger import TrainingLogger
@@ -195,11 +194,10 @@ def _ready_trainer(run, trainer, tokenizer, datasets, loads_weights: bool):
                  + job_end_lines(run, trainer.state, trainer.batch_schedule, trainer.total_iters)):
         logger.print(line)
     valid_samples = run.train.eval_iters * gbs if run.train.eval_iters else 0
-    # the phase's dataset as the jobs before this one sized it, grown or extended for this one's samples
+    # the phase's dataset as the jobs before this one sized it, grown or extended for this one's samples;
     # each dataset read after the samples the run's earlier data phases read of it, its index built alike
-    starts, kept = block_positions(run.data, trainer.state)
-    blocks = trainer.state.data_blocks = train_blocks(run.data, seq, trainer.state.data_blocks, train_samples,
-                                                      datasets, starts, kept)
+    blocks, starts, kept = plan_train_blocks(run, trainer.state, train_samples, datasets)
+    trainer.state.data_blocks = blocks
     train_loader, valid_loaders, test_loader = build_train_valid_test_loaders(
         run.data, gbs, run.train.micro_batch_size, seq, runtime.dp_rank, runtime.dp_size,
         consumed_samples=consumed, train_samples=blocks,

@@ -11,6 +11,7 @@ import shutil
 
 from megatron_zaya.arguments import parse_args
 from megatron_zaya.data.loaders import build_split_datasets
+from megatron_zaya.training.setup import build_and_train
 from tests.training.helpers import tiny_run_flags
 from tests.training.phase_helpers import make_dataset, recorded_samples, train_state
 
@@ -36,6 +37,13 @@ def test_a_new_blend_continues_each_dataset_after_the_samples_the_phase_before_r
     first = recorded_samples(monkeypatch, tiny_corpus, tmp_path, "tb1", **common, **{"--exit-interval": 6,
                              "--data-path": ["0.7", a, "0.3", b]})
     capsys.readouterr()
+    dry = tiny_run_flags(tiny_corpus, tmp_path, **{**common, "--load": ckpt, "--data-path": ["0.5", a, "0.5", b],
+                                                   "--dry-run": ""})
+    assert build_and_train(parse_args(dry)) == 0           # (the dry run checks the resume the job makes)
+    out = capsys.readouterr().out
+    assert f"resumes from {ckpt / 'iter_0000006'} (iteration 6, consumed samples 24)" in out and \
+        f"continue after the samples the earlier phases read of them ({a}: 17, {b}: 7)" in out, out
+    assert "dry run: every check passed for 1 process and 10 iterations (from iteration 6)" in out, out
     second = recorded_samples(monkeypatch, tiny_corpus, tmp_path, "tb2", **common, **{"--load": ckpt,
                               "--data-path": ["0.5", a, "0.5", b]})
     assert (len(first), len(second)) == (24, 40)
