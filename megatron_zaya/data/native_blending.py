@@ -30,16 +30,21 @@ import numpy as np
 
 SOURCE = r"""
 #include <stdint.h>
+static inline int32_t pick(const double *w, int32_t n, int64_t s, const int64_t *counts) {
+    double x = s > 1 ? (double)s : 1.0;
+    int32_t best = 0;
+    double best_err = w[0] * x - (double)counts[0];
+    for (int32_t d = 1; d < n; ++d) {
+        double err = w[d] * x - (double)counts[d];
+        if (err > best_err) { best = d; best_err = err; }
+    }
+    return best;
+}
+
 void build_blending(const double *w, int32_t n, int64_t size, int16_t *dataset_index, int64_t *sample_index,
                     int64_t *counts) {
     for (int64_t s = 0; s < size; ++s) {
-        double x = s > 1 ? (double)s : 1.0;
-        int32_t best = 0;
-        double best_err = w[0] * x - (double)counts[0];
-        for (int32_t d = 1; d < n; ++d) {
-            double err = w[d] * x - (double)counts[d];
-            if (err > best_err) { best = d; best_err = err; }
-        }
+        int32_t best = pick(w, n, s, counts);
         dataset_index[s] = (int16_t)best;
         sample_index[s] = counts[best];
         counts[best] += 1;
@@ -47,16 +52,8 @@ void build_blending(const double *w, int32_t n, int64_t size, int16_t *dataset_i
 }
 
 void count_blending(const double *w, int32_t n, int64_t size, int64_t *counts) {
-    for (int64_t s = 0; s < size; ++s) {
-        double x = s > 1 ? (double)s : 1.0;
-        int32_t best = 0;
-        double best_err = w[0] * x - (double)counts[0];
-        for (int32_t d = 1; d < n; ++d) {
-            double err = w[d] * x - (double)counts[d];
-            if (err > best_err) { best = d; best_err = err; }
-        }
-        counts[best] += 1;
-    }
+    for (int64_t s = 0; s < size; ++s)
+        counts[pick(w, n, s, counts)] += 1;
 }
 """
 
