@@ -27,8 +27,8 @@ from .blend import BlendedDataset, PhasedDataset, parse_data_path, plan_phases
 from .mock import MockGPTDataset
 from .config import DataConfig
 from .cache import build_order, cached_arrays
-from .gpt_dataset import (GPTDataset, SampleOptions, kept_request, default_cache_dir, loss_masked_pad, split_indices,
-                          token_id_outside, tokens_in_split)
+from .gpt_dataset import (GPTDataset, SampleOptions, default_cache_dir, kept_request, loss_masked_pad,
+                          split_indices, token_id_outside, tokens_in_split)
 from . import index_builders as ib
 from .index_builders import build_blending_indices
 from .index_check import open_checked

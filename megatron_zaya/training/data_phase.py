@@ -12,11 +12,13 @@ consumed samples) is saved in later checkpoints, so resuming mid-phase is exact.
 a checkpoint without one: Megatron's behaviour (one position for the whole run).
 
 A dataset the new phase shares with earlier ones continues after the samples they read of it (the train
-state's data_offsets, per dataset: the greedy interleave of each earlier phase's blend counted over the
-samples it consumed, `phase_draws`), as the phases of one run do (data/blend.py), so that a recipe's phase 2
-does not train again on the web text phase 1 read. That needs the samples to be the same: a change of
---seq-length or --split, or a blend whose shares cannot be told from its signature, starts every dataset
-anew (with a warning where the new blend reads one that was read before).
+state's data_offsets, per dataset and block of the phase's train dataset: the greedy interleave of each
+earlier phase's blend counted over the samples it consumed, `phase_draws`), as the phases of one run do
+(data/blend.py), so that a recipe's phase 2 does not train again on the web text phase 1 read; its index is
+built for the size the earlier phase's was (data_index_sizes, gpt_dataset.kept_request), so that the order
+is the same. That needs the samples to be the same: a change of --seq-length or --split starts every dataset
+anew, and a phase whose shares its signature cannot tell starts its own datasets anew (with a warning where
+the new blend reads one that was read before).
 
 The global batch size is not part of the signature: the samples are the same whatever their
 grouping, so a run that only changes --global-batch-size keeps reading where it stopped (its
