@@ -117,6 +117,9 @@ def first_candidate_metadata(load: str, damaged: list | None = None,
     errors naming what is wrong with the candidates passed over."""
     for folder in map(readable_copy, checkpoint_candidates(load)):
         try:
+            if not os.path.isfile(os.path.join(folder, COMPLETE_MARKER)):     # (the load passes over it)
+                raise CheckpointError(f"{os.path.join(folder, COMPLETE_MARKER)}: missing - the save of {folder} did "
+                                      f"not complete")
             meta = read_json(os.path.join(folder, METADATA_FILE))
             files = meta.get("files") if isinstance(meta, dict) else None
             problems = manifest_size_problems(folder, files) if check_sizes and isinstance(files, dict) else []

@@ -52,7 +52,10 @@ def resumed_state(run, print_line) -> TrainState:
     from megatron_zaya.checkpoint.training import restore_train_state
     fresh = TrainState(data_signature=data_signature(run))
     for path, source in start_sources(run.train):
-        found = first_candidate_metadata(path)
+        damaged = []         # (as the preflight: the files there at their sizes; the load falls back past them)
+        found = first_candidate_metadata(path, damaged, check_sizes=True)
+        for problem in damaged if found is not None else []:
+            print_line(f"WARNING: the run would pass over an unusable checkpoint: {problem}")
         if found is None:
             continue
         if source.finetune:
