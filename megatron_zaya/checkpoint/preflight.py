@@ -178,22 +178,38 @@ def check_weights_only(meta: dict, train_cfg, where: str) -> None:
         raise CheckpointError(f"{where}: holds model weights only (no optimizer state{source}); {WEIGHTS_ONLY_ADVICE}")
 
 
-def check_before_build(run) -> bool:
-    """Every check of --save and --load that needs no model (see the module docstring). True when the
-    run will start from a checkpoint's weights (--load or --pretrained-checkpoint holds one)."""
-    cfg, found, unloadable = run.train, None, None
+@dataclasses.dataclass
+class Start:
+    """The checkpoint a run starts from, as TrainingCheckpointer.load will pick it."""
+
+    folder: str
+    meta: dict                  # its metadata.json
+    train_cfg: object           # the train config its load follows (--pretrained-checkpoint's: a fine-tune)
+    passed_over: list           # the errors of the newer candidates the load passes over
+
+
+def find_start(cfg) -> tuple[Start | None, str | None]:
+    """(the checkpoint the run with train config `cfg` starts from, or None; when checkpoints are there but none
+    is loadable, the error naming them). A dry run also checks that each file is there at its size."""
     for path, source_cfg in start_sources(cfg):      # what TrainingCheckpointer.load will start from
         damaged = []
         found = first_candidate_metadata(path, damaged, check_sizes=cfg.dry_run)
         if found is not None:
-            cfg = source_cfg
-            break
+            return Start(found[0], found[1], source_cfg, damaged), None
         if damaged:      # checkpoints are there, none loadable: TrainingCheckpointer.load stops at this source too
             flag = "--load" if source_cfg is cfg else "--pretrained-checkpoint"
-            unloadable = f"{flag} {path}: no loadable checkpoint; " + "; ".join(map(str, damaged))
-            break
+            return None, f"{flag} {path}: no loadable checkpoint; " + "; ".join(map(str, damaged))
+    return None, None
+
+
+def check_before_build(run, found: tuple[Start | None, str | None] | None = None) -> bool:
+    """Every check of --save and --load that needs no model (see the module docstring). True when the
+    run will start from a checkpoint's weights (--load or --pretrained-checkpoint holds one). `found`:
+    find_start(run.train), if at hand."""
+    start, unloadable = found or find_start(run.train)
+    cfg = start.train_cfg if start is not None else run.train
     check_save_folder(cfg.save, cfg.load, cfg.finetune)
-    if found is None:
+    if start is None:
         if unloadable:
             raise CheckpointError(unloadable)
         if cfg.pretrained_checkpoint:
@@ -201,9 +217,8 @@ def check_before_build(run) -> bool:
         if cfg.load and requires_checkpoint(cfg):
             raise CheckpointError(missing_checkpoint_message(cfg))
         return False
-    folder, meta = found
-    check_model_config(meta, run, cfg.finetune, folder)
-    check_weights_only(meta, cfg, folder)
+    check_model_config(start.meta, run, cfg.finetune, start.folder)
+    check_weights_only(start.meta, cfg, start.folder)
     return True
 
 

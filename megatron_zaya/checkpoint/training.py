@@ -33,7 +33,7 @@ from megatron_zaya.checkpoint.state import (balancer_entries, load_balancer, loa
                                             rng_entries_and_objects, unwrap)
 from megatron_zaya.errors import hub_name_hint
 from megatron_zaya.optim.schedules import SCHEDULE_FLAGS, flag_value_text
-from megatron_zaya.training.data_phase import data_signature, enter_data_phase
+from megatron_zaya.training.data_phase import enter_run_data_phase
 from megatron_zaya.training.progress_log import ProgressLog
 from megatron_zaya.units import timestamp
 from megatron_zaya.training.signals import SignalMonitor
@@ -283,8 +283,7 @@ class TrainingCheckpointer:
                              + "; --use-checkpoint-opt_param-scheduler keeps the checkpoint's")
         if not cfg.finetune and run_flags:
             notes += batch_size_change_notes(trainer, run_flags) + seed_change_notes(trainer, run_flags)
-        data_note = enter_data_phase(trainer.state, data_signature(self.run),
-                                     getattr(self.run.data, "mid_level_dataset_surplus", 0.005))
+        data_note = enter_run_data_phase(trainer.state, self.run)
         same_dir = cfg.save and os.path.abspath(os.path.dirname(folder.folder)) == os.path.abspath(cfg.save)
         if same_dir and not cfg.finetune:
             self.last_saved = trainer.state.iteration      # nothing new to save before the next step

@@ -163,6 +163,24 @@ class PhasePlan:
     counts: list[np.ndarray]            # per phase, per component: samples its dataset_index takes
 
 
+def phase_shares(weights: list[float], order: list[int]) -> tuple[list[int], list[float], float]:
+    """(the components of a phase's blend with a positive weight, in `order`; their shares, as its interleave uses
+    them; the weights' sum as given). Raises ValueError when no component has a positive weight."""
+    active = [d for d in order if weights[d] > 0]
+    if not active:
+        raise ValueError("a phase has no dataset with a positive weight")
+    shares = [weights[d] for d in active]
+    given_total = sum(shares)     # (an unweighted blend's: the sum of its datasets' lengths, a whole number)
+    if abs(given_total - 1.0) > 1e-9:    # normalised once, as Megatron does: again would move ties by an ulp
+        shares = normalize(shares)
+    return active, shares, given_total
+
+
+def no_blending_index(weights: list[float], size: int):
+    """A `blending` for plan_phases when only its requests are wanted (no interleave computed)."""
+    return np.zeros(0, np.int16), None
+
+
 def plan_phases(phase_weights: list[list[float]], sizes: list[int], surplus: float = 0.005,
                 blending=ib.build_blending_indices, weighted: list[bool] | None = None,
                 orders: list[list[int]] | None = None, start: list[int] | None = None) -> PhasePlan:
@@ -188,13 +206,7 @@ def plan_phases(phase_weights: list[list[float]], sizes: list[int], surplus: flo
     requests = [0] * n
     dis, dsis, offsets, phase_counts = [], [], [], []
     for w, size, has_weights, order in zip(phase_weights, sizes, weighted, orders):
-        active = [d for d in order if w[d] > 0]
-        if not active:
-            raise ValueError("a phase has no dataset with a positive weight")
-        local_w = [w[d] for d in active]
-        given_total = sum(local_w)     # (an unweighted blend's: the sum of its datasets' lengths, a whole number)
-        if abs(given_total - 1.0) > 1e-9:    # normalised once, as Megatron does: again would move ties by an ulp
-            local_w = normalize(local_w)
+        active, local_w, given_total = phase_shares(w, order)
         if len(active) == 1:      # every sample from one dataset, in order: no index arrays
             di, dsi = np.broadcast_to(np.int16(active[0]), (size,)), Positions(size)
         else:

@@ -16,9 +16,8 @@ sized by their own train_samples) grow in place as before.
 """
 from __future__ import annotations
 
-import numpy as np
 
-from .blend import plan_phases
+from .blend import no_blending_index, plan_phases
 from .config import DataConfig
 from .gpt_dataset import index_shape, kept_request
 from .loaders import blend_weights, dataset_prefixes, epoch_samples, split_documents, weighted
@@ -50,30 +49,33 @@ def train_requests(cfg: DataConfig, seq_length: int, size: int, datasets: dict, 
                    keep: dict | None = None) -> dict[str, int]:
     """The samples each dataset of the train blend has its index built for when the split is sized for `size`
     samples (the requests loaders._build_split makes: after `start`, with `keep`, gpt_dataset.kept_request)."""
-    blend = cfg.split_blends()[0]
-    prefixes = dataset_prefixes(cfg)
-    no_blending_index = lambda w, n: (np.zeros(0, np.int16), None)      # noqa: E731 (one phase: not needed)
-    lengths = lambda p: epoch_samples(cfg, datasets[p], p, 0, seq_length)      # noqa: E731
-    weights = blend_weights(blend, prefixes, lengths)
-    if sum(weights) == 0:       # an unweighted list with no sample in the train split: the build names it
-        return {}
-    plan = plan_phases([weights], [size], cfg.mid_level_dataset_surplus, no_blending_index, [weighted(cfg, blend)],
-                       start=[(start or {}).get(p, 0) for p in prefixes])
-    requests = {}
-    for d, prefix in enumerate(prefixes):
-        if plan.requests[d]:
-            ids, _ = split_documents(cfg, datasets[prefix], prefix, 0)
-            requests[prefix] = 0 if ids is None or len(ids) == 0 else \
-                kept_request(datasets[prefix], ids, plan.requests[d], (keep or {}).get(prefix), seq_length)
-    return requests
+    return {prefix: request for prefix, _, request in _requests(cfg, seq_length, size, datasets, start, keep)}
 
 
 def index_shapes(cfg: DataConfig, seq_length: int, size: int, datasets: dict, start: dict | None = None,
                  keep: dict | None = None) -> list:
     """The index shape (epochs, separate final epoch) of each dataset of the train blend when the split is sized
     for `size` samples (train_requests)."""
-    shapes = []
-    for prefix, request in train_requests(cfg, seq_length, size, datasets, start, keep).items():
-        ids, _ = split_documents(cfg, datasets[prefix], prefix, 0)
-        shapes.append(index_shape(datasets[prefix], ids, request, seq_length) if request else None)
-    return shapes
+    return [index_shape(datasets[prefix], ids, request, seq_length) if request else None
+            for prefix, ids, request in _requests(cfg, seq_length, size, datasets, start, keep)]
+
+
+def _requests(cfg: DataConfig, seq_length: int, size: int, datasets: dict, start: dict | None, keep: dict | None):
+    """(prefix, its train split's sequence ids, the samples its index is built for) of each dataset the train
+    blend asks samples of (train_requests)."""
+    blend = cfg.split_blends()[0]
+    prefixes = dataset_prefixes(cfg)
+    lengths = lambda p: epoch_samples(cfg, datasets[p], p, 0, seq_length)      # noqa: E731
+    weights = blend_weights(blend, prefixes, lengths)
+    if sum(weights) == 0:       # an unweighted list with no sample in the train split: the build names it
+        return []
+    plan = plan_phases([weights], [size], cfg.mid_level_dataset_surplus, no_blending_index, [weighted(cfg, blend)],
+                       start=[(start or {}).get(p, 0) for p in prefixes])
+    found = []
+    for d, prefix in enumerate(prefixes):
+        if plan.requests[d]:
+            ids, _ = split_documents(cfg, datasets[prefix], prefix, 0)
+            empty = ids is None or len(ids) == 0
+            found.append((prefix, ids, 0 if empty else kept_request(datasets[prefix], ids, plan.requests[d],
+                                                                    (keep or {}).get(prefix), seq_length)))
+    return found

@@ -31,8 +31,8 @@ from __future__ import annotations
 import json
 import os
 
-from megatron_zaya.data.blend import is_number, normalize, parse_data_path
-from megatron_zaya.data.index_builders import blending_counts, parse_split, surplus_size
+from megatron_zaya.data.blend import is_number, no_blending_index, parse_data_path, phase_shares, plan_phases
+from megatron_zaya.data.index_builders import blending_counts, parse_split
 from megatron_zaya.data.indexed import strip_suffix
 
 PATH_FIELDS = ("data_path", "train_data_path", "valid_data_path", "test_data_path")
@@ -143,6 +143,11 @@ def enter_data_phase(state, signature: str, surplus: float = 0.005) -> str | Non
     return line + " from sample 0 of its own dataset"
 
 
+def enter_run_data_phase(state, run) -> str | None:
+    """enter_data_phase for `run`: its data signature and --mid-level-dataset-surplus."""
+    return enter_data_phase(state, data_signature(run), getattr(run.data, "mid_level_dataset_surplus", 0.005))
+
+
 def train_prefixes(fields: dict) -> list[str]:
     """The dataset prefixes a signature's train blend (its phases' too) reads: those of a positive weight."""
     blends = [paths for paths, _ in fields.get("phases") or []] or \
@@ -167,44 +172,47 @@ def phase_draws(fields: dict, blocks: list[int], consumed: int) -> dict[str, lis
     datasets (Megatron-LM weighs those by their lengths)."""
     if fields.get("mock_data"):             # (random samples: none of a dataset)
         return {}
-    blend = None if fields.get("phases") else _train_shares(fields)
+    blend = None if fields.get("phases") else _train_blend(fields)
     if blend is None:
         return None
-    active, shares = [p for p, _ in blend[0]], [w for _, w in blend[0]]
+    weights, paths, _ = blend
+    active, shares, _ = phase_shares(weights, list(range(len(paths))))
     sizes = list(blocks or []) or [consumed]
     sizes[-1] += max(0, consumed - sum(sizes))          # (read past the recorded blocks: none, as they are saved)
-    draws, left = {p: [] for p in active}, consumed
+    draws, left = {paths[d]: [] for d in active}, consumed
     for size in sizes:
         take = min(size, left)
-        for prefix, n in zip(active, blending_counts(shares, take)):
-            draws[prefix].append(int(n))
+        for d, n in zip(active, blending_counts(shares, take)):
+            draws[paths[d]].append(int(n))
         left -= take
     return {p: n for p, n in draws.items() if any(n)}
 
 
 def planned_index_sizes(fields: dict, blocks: list[int], surplus: float) -> dict[str, list[int]]:
     """The samples each dataset's index was built for, per block, by a phase that read every dataset from its start
-    (data/blend.py plan_phases' requests: a weighted blend's surplus on each share, a single path's size)."""
-    blend = None if fields.get("mock_data") or fields.get("phases") else _train_shares(fields)
+    (data/blend.py plan_phases' requests)."""
+    blend = None if fields.get("mock_data") or fields.get("phases") else _train_blend(fields)
     if blend is None:
         return {}
-    shares, weighted = blend
-    return {p: [surplus_size(size, share, surplus) if weighted else size for size in blocks] for p, share in shares}
+    weights, paths, weighted = blend
+    sizes = {p: [] for p, w in zip(paths, weights) if w > 0}
+    for size in blocks:
+        requests = plan_phases([weights], [size], surplus, no_blending_index, [weighted]).requests
+        for p, request in zip(paths, requests):
+            if p in sizes:
+                sizes[p].append(request)
+    return sizes
 
 
-def _train_shares(fields: dict) -> tuple[list[tuple[str, float]], bool] | None:
-    """([(prefix, share)] of the datasets a signature's train blend reads, the shares as plan_phases uses them,
-    and whether the blend has weights); None for a dataset named twice or an unweighted list of several
-    datasets (Megatron-LM weighs those by their lengths)."""
+def _train_blend(fields: dict) -> tuple[list[float], list[str], bool] | None:
+    """(weights, prefixes, whether it is read as weighted) of a signature's train blend, as plan_phases takes it;
+    None for a dataset named twice or an unweighted list of several datasets (Megatron-LM weighs those by their
+    lengths, which the signature does not hold)."""
     weights, paths = parse_data_path(_as_items(fields.get("train_data_path") or fields["data_path"]))
     if weights is None and len(paths) > 1 or len(set(paths)) < len(paths):
         return None
-    active = [(p, w) for w, p in zip(weights or [1.0], paths) if w > 0]
-    shares = [w for _, w in active]
-    if abs(sum(shares) - 1.0) > 1e-9:        # as plan_phases: normalized once
-        shares = normalize(shares)
     separate_one = bool(fields.get("train_data_path")) and len(paths) == 1     # (read as the path itself)
-    return [(p, w) for (p, _), w in zip(active, shares)], weights is not None and not separate_one
+    return weights or [1.0], paths, weights is not None and not separate_one
 
 
 def block_positions(data, state) -> tuple[list[dict], list[dict]]:

@@ -11,20 +11,22 @@ from __future__ import annotations
 
 from megatron_zaya.data import build_train_valid_test_loaders
 from megatron_zaya.training.batch_schedule import run_length
-from megatron_zaya.training.data_phase import data_signature, enter_data_phase, plan_train_blocks, train_data_position
+from megatron_zaya.training.data_phase import (data_signature, enter_run_data_phase, plan_train_blocks,
+                                                train_data_position)
 from megatron_zaya.training.run_summary import job_end_lines, startup_lines
 from megatron_zaya.training.train_state import TrainState
 
 
-def dry_run(run, tokenizer, datasets, print_line, loads_weights: bool) -> int:
-    """`loads_weights`: check_before_build found the checkpoint the run would start from."""
+def dry_run(run, tokenizer, datasets, print_line, loads_weights: bool, start=None) -> int:
+    """`loads_weights`: check_before_build found the checkpoint the run would start from; `start`: that
+    checkpoint (preflight.find_start), or None."""
     train, seq = run.train, run.model.seq_length
     dp = run.parallel.data_parallel_size
     for warning in run.warnings:
         print_line(f"WARNING {warning}")
     if train.load and not loads_weights:        # (a typo'd --load: the run would start from scratch)
         print_line(f"WARNING --load {train.load}: no checkpoint found; the run would train from scratch")
-    state = resumed_state(run, print_line)
+    state = resumed_state(run, start, print_line)
     schedule, total_iters = run_length(train, dp, state.iteration, state.consumed_samples)
     consumed, train_samples = train_data_position(state, schedule, total_iters)
     valid_samples = train.eval_iters * train.global_batch_size if train.eval_iters else 0
@@ -45,27 +47,19 @@ def dry_run(run, tokenizer, datasets, print_line, loads_weights: bool) -> int:
     return 0
 
 
-def resumed_state(run, print_line) -> TrainState:
-    """The train state the run would continue from: its --load checkpoint's, entered into this run's data phase
-    (the phase line the run would print); a fresh one without a checkpoint to continue, or for a fine-tune."""
-    from megatron_zaya.checkpoint.preflight import first_candidate_metadata, start_sources
+def resumed_state(run, start, print_line) -> TrainState:
+    """The train state the run continues from: `start`'s (preflight.find_start: the checkpoint its load takes,
+    and the ones it passes over), entered into this run's data phase (the phase line the run prints); a fresh
+    one without a checkpoint to continue, or for a fine-tune."""
     from megatron_zaya.checkpoint.training import restore_train_state
-    fresh = TrainState(data_signature=data_signature(run))
-    for path, source in start_sources(run.train):
-        damaged = []         # (as the preflight: the files there at their sizes; the load falls back past them)
-        found = first_candidate_metadata(path, damaged, check_sizes=True)
-        for problem in damaged if found is not None else []:
-            print_line(f"WARNING: the run would pass over an unusable checkpoint: {problem}")
-        if found is None:
-            continue
-        if source.finetune:
-            return fresh
-        folder, meta = found
-        state = restore_train_state(TrainState, meta)
-        print_line(f"resumes from {folder} (iteration {state.iteration:,}, consumed samples "
-                   f"{state.consumed_samples:,})")
-        note = enter_data_phase(state, data_signature(run), getattr(run.data, "mid_level_dataset_surplus", 0.005))
-        if note:
-            print_line(note)
-        return state
-    return fresh
+    if start is None or start.train_cfg.finetune:
+        return TrainState(data_signature=data_signature(run))
+    for problem in start.passed_over:
+        print_line(f"WARNING: the run would pass over an unusable checkpoint: {problem}")
+    state = restore_train_state(TrainState, start.meta)
+    print_line(f"resumes from {start.folder} (iteration {state.iteration:,}, consumed samples "
+               f"{state.consumed_samples:,})")
+    note = enter_run_data_phase(state, run)
+    if note:
+        print_line(note)
+    return state

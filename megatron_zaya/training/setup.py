@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from megatron_zaya.checkpoint.preflight import check_before_build
+from megatron_zaya.checkpoint.preflight import check_before_build, find_start
 from megatron_zaya.checkpoint.save_lock import SaveFolderLock
 from megatron_zaya.data import build_tokenizer, build_train_valid_test_loaders
 from megatron_zaya.data.dataset_tokenizer import check_dataset_tokenizers
@@ -156,10 +156,11 @@ def _build_and_train(run) -> int:
     # Another run saving into --save: stop now (a dry run only looks)
     save_lock = SaveFolderLock.hold(run.train.save, first_process, create=not run.train.dry_run)
     try:
-        loads_weights = check_before_build(run)   # --save / --load problems: before process groups and the model
+        found = find_start(run.train)
+        loads_weights = check_before_build(run, found)    # --save / --load problems: before process groups, model
         if run.train.dry_run:
             return dry_run(run, tokenizer, datasets, lambda line: first_process and print(line, flush=True),
-                           loads_weights)
+                           loads_weights, found[0])
         return _train(run, tokenizer, datasets, loads_weights, started)
     finally:
         save_lock.release()

@@ -136,7 +136,7 @@ def test_a_checkpoint_gone_after_the_checks_stops_the_run(ckpt_corpus, ckpt_cach
     the caller's SIGINT/SIGTERM handlers as it found them (its own stayed installed: a later Ctrl-C in the
     calling process only set a flag)."""
     import signal
-    monkeypatch.setattr(setup, "check_before_build", lambda run: True)     # as if --load held one, then
+    monkeypatch.setattr(setup, "check_before_build", lambda run, found=None: True)     # as if --load held one, then
     save = str(tmp_path / "gone")
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with pytest.raises(CheckpointError, match="the checkpoint found before the model was built is gone"):
