@@ -17,3 +17,19 @@ try:
     _event_file_writer._global_uid._value = max(_event_file_writer._global_uid._value, 1_000_000)
 except (ImportError, AttributeError):       # (another tensorboard: the names as it makes them)
     pass
+
+import pytest  # noqa: E402  (after the settings above, which must precede torch's import)
+
+SLURM_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm")
+
+
+@pytest.hookimpl(tryfirst=True)    # before xdist's own hook, which names each test by its group
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (the README runs `-n 2`; pyproject.toml sets --dist loadgroup) the launcher tests
+    run in one worker, one after another: they share one local Slurm cluster per pytest process
+    (tests/slurm/conftest.py), whose nodes lnode1-3 are named in /etc/hosts."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if str(item.path).startswith(SLURM_TESTS + os.sep):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
