@@ -71,8 +71,10 @@ def held_iterations(save_dir: str) -> list[int]:
     return sorted(set(list_complete(save_dir)) | set(list_replaced_complete(save_dir)))
 
 
-def _why_not_continuing(save: str, load: str | None, finetune: bool, newest: int) -> str | None:
-    """None when --load continues the run whose checkpoints --save holds; else the reason it does not."""
+def _why_not_continuing(save: str, load: str | None, finetune: bool, newest: int,
+                        ckpt_step: int | None = None) -> str | None:
+    """None when --load continues the run whose checkpoints --save holds; else the reason it does not.
+    `ckpt_step`: --ckpt-step as given, which made `load` that iteration's folder in --save."""
     if not load:
         return "there is no --load, so it starts at iteration 0"
     if finetune:
@@ -87,25 +89,32 @@ def _why_not_continuing(save: str, load: str | None, finetune: bool, newest: int
     match = ITER_RE.match(os.path.basename(os.path.normpath(load)))
     if match and _same_path(os.path.dirname(os.path.normpath(load)), save):
         loaded = int(match.group(1))
-        return None if loaded >= newest else f"--load {load} is iteration {loaded}, older than the latest one"
+        if loaded >= newest:
+            return None
+        if ckpt_step is not None:
+            return f"--ckpt-step {ckpt_step} loads iteration {loaded} of --load {os.path.dirname(load)}, older than " \
+                   f"the latest one"
+        return f"--load {load} is iteration {loaded}, older than the latest one"
     return f"--load {load} is another folder"
 
 
-def check_save_folder(save: str | None, load: str | None, finetune: bool) -> None:
+def check_save_folder(save: str | None, load: str | None, finetune: bool, ckpt_step: int | None = None) -> None:
     """Refuse a --save folder that holds checkpoints this run would overwrite, prune or supersede:
-    only a run continuing from that folder's latest checkpoint may save into it."""
+    only a run continuing from that folder's latest checkpoint may save into it. `ckpt_step`: --ckpt-step,
+    named in the error where it chose `load`."""
     if not save:
         return
     held = held_iterations(save)
     if not held:
         return
-    reason = _why_not_continuing(save, load, finetune, held[-1])
+    reason = _why_not_continuing(save, load, finetune, held[-1], ckpt_step)
     if reason is None:
         return
+    without = "--finetune" if ckpt_step is None else "--finetune or --ckpt-step"
     raise CheckpointError(
         f"--save {save} already holds checkpoints (latest iteration {held[-1]}) and this run does not continue "
         f"from it: {reason}. Its saves would overwrite or prune those checkpoints. To resume that run, pass "
-        f"--load {save} (without --finetune); otherwise choose another --save folder, or move {save}'s "
+        f"--load {save} (without {without}); otherwise choose another --save folder, or move {save}'s "
         f"checkpoints away first")
 
 
@@ -208,7 +217,7 @@ def check_before_build(run, found: tuple[Start | None, str | None] | None = None
     find_start(run.train), if at hand."""
     start, unloadable = found or find_start(run.train)
     cfg = start.train_cfg if start is not None else run.train
-    check_save_folder(cfg.save, cfg.load, cfg.finetune)
+    check_save_folder(cfg.save, cfg.load, cfg.finetune, cfg.ckpt_step)
     if start is None:
         if unloadable:
             raise CheckpointError(unloadable)

@@ -78,6 +78,7 @@ class TrainConfig:
     # checkpoints
     save: str | None = None
     load: str | None = None                # with --ckpt-step: that iteration's folder (arguments.validate)
+    ckpt_step: int | None = None           # --ckpt-step as given (errors name it; load holds its folder)
     exit_on_missing_checkpoint: bool = False
     skip_train: bool = False                  # evaluate the loaded model only (Megatron-LM's --skip-train)
     dry_run: bool = False                     # every check and the start-up summary, then exit (no model)

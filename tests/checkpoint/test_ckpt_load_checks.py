@@ -205,8 +205,12 @@ def test_ckpt_step_loads_that_iteration(ckpt_corpus, ckpt_cache, tmp_path, monke
     assert resumed.losses[3] == first.losses[3]          # and the same step 3 as the first run's
     monkeypatch.setattr("megatron_zaya.training.setup.build_runtime", no_build)
     # the same folder as --save: loading iteration 2 would prune or overwrite 4
-    with pytest.raises(CheckpointError, match=r"is iteration 2, older than the latest one"):
+    # the error names --ckpt-step, which chose the folder, not the iter_ folder the user never typed
+    with pytest.raises(CheckpointError) as refused:
         train(flags(ckpt_corpus, 3, "--load", src, "--ckpt-step", "2", "--save", src, cache=ckpt_cache))
+    message = str(refused.value)
+    assert f"--ckpt-step 2 loads iteration 2 of --load {src}, older than the latest one" in message, message
+    assert "(without --finetune or --ckpt-step)" in message and "iter_0000002" not in message, message
 
 
 def test_ckpt_step_errors_name_the_flag(ckpt_corpus, ckpt_cache, tmp_path, capsys):
