@@ -42,7 +42,7 @@ from typing import Sequence
 
 from megatron_zaya.errors import UserInputError
 
-from .tokenizer_base import BaseTokenizer, pad_vocab_size
+from .tokenizer_base import BaseTokenizer, other_kind_hint, pad_vocab_size
 from .tokenizer_hf import GPT2BPETokenizer, HuggingFaceTokenizer, gpt2_bpe_files, missing_tokenizer_json
 from .tokenizer_sentencepiece import GPTSentencePieceTokenizer, Llama2Tokenizer, SentencePieceTokenizer
 from .tokenizer_tiktoken import TikTokenizer, check_tiktoken_settings
@@ -195,7 +195,8 @@ def check_tokenizer_flags(tokenizer_type: str, tokenizer_model, vocab_file: str 
         check_tiktoken_settings(tokenizer_model, tiktoken.get("tiktoken_pattern"), tiktoken.get("tokenizer_vocab_size"),
                                 tiktoken.get("tiktoken_num_special_tokens"), tiktoken.get("tokenizer_special_tokens"))
     elif not os.path.isfile(str(tokenizer_model)):
-        raise UserInputError(f"--tokenizer-model {tokenizer_model}: SentencePiece model file not found")
+        raise UserInputError(f"--tokenizer-model {tokenizer_model}: SentencePiece model file not found"
+                             f"{other_kind_hint(str(tokenizer_model), tokenizer_type)}")
 
 
 def build_tokenizer(tokenizer_type: str, tokenizer_model, make_vocab_size_divisible_by: int = 128,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from typing import Sequence
 
 from megatron_zaya.errors import UserInputError
@@ -88,3 +89,22 @@ def _load_json_object(path: str) -> dict:
     if not isinstance(obj, dict):
         raise UserInputError(f"{path}: expected a JSON object, got {type(obj).__name__}")
     return obj
+
+
+def other_kind_hint(path: str, tried: str) -> str:
+    """For an error loading --tokenizer-model `path` as `tried` (a --tokenizer-type): '; it is a <kind>: pass
+    --tokenizer-type X' where the file is plainly the other kind of tokenizer (a config file's --tokenizer-type
+    can be the cause, which the user does not see on the command line), else ''."""
+    if tried == "HuggingFaceTokenizer":
+        if os.path.isfile(path):
+            import sentencepiece as spm
+            try:
+                spm.SentencePieceProcessor().Load(path)
+            except (OSError, RuntimeError):
+                return ""
+            return ("; it is a SentencePiece model: pass --tokenizer-type GPTSentencePieceTokenizer (or the "
+                    "SentencePiece type it was made for: SentencePieceTokenizer, Llama2Tokenizer)")
+        return ""
+    if path.endswith(".json") or os.path.isfile(os.path.join(path, "tokenizer.json")):
+        return "; it is a Hugging Face tokenizer: pass --tokenizer-type HuggingFaceTokenizer"
+    return ""

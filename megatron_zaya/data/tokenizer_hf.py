@@ -8,7 +8,7 @@ from typing import Sequence
 
 from megatron_zaya.errors import UserInputError, hub_name_hint
 
-from .tokenizer_base import BaseTokenizer, _load_json_object, _to_int_list
+from .tokenizer_base import BaseTokenizer, _load_json_object, _to_int_list, other_kind_hint
 
 _EOS_CANDIDATES = ("<eos>", "</s>", "<|endoftext|>", "<|end_of_text|>", "<|im_end|>", "[SEP]")
 _BOS_CANDIDATES = ("<bos>", "<s>", "<|begin_of_text|>", "<|startoftext|>", "[CLS]")
@@ -60,7 +60,9 @@ class HuggingFaceTokenizer(_TokenizersBackend):
         try:
             self.tok = Tokenizer.from_file(json_path)
         except Exception as e:  # the tokenizers package raises a generic Exception on bad files
-            raise UserInputError(f"--tokenizer-model {json_path}: not a valid Hugging Face tokenizer.json ({e})") from None
+            raise UserInputError(f"--tokenizer-model {json_path}: not a valid Hugging Face tokenizer.json, which "
+                                 f"--tokenizer-type {self.name} reads ({e}){other_kind_hint(json_path, self.name)}"
+                                 ) from None
         self.model_path = json_path
         self._vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         declared: dict[str, str] = {}

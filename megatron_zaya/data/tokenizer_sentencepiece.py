@@ -11,7 +11,7 @@ from typing import Sequence
 
 from megatron_zaya.errors import UserInputError
 
-from .tokenizer_base import BaseTokenizer, _to_int_list
+from .tokenizer_base import BaseTokenizer, _to_int_list, other_kind_hint
 
 # Control characters that SentencePiece's normalizers delete or remap; texts containing any of them
 # (or any non-ASCII character) always take the exact, unsplit encoding path.
@@ -22,13 +22,14 @@ _PROBES = ("a b", "a\tb", "a\nb", "a\r\nb", "  a  b ", " ", "", "a\n\n b.", "x!!
 def _load_sentencepiece(model_path: str):
     import sentencepiece as spm
 
+    hint = other_kind_hint(model_path, "SentencePiece")
     if not os.path.isfile(model_path):
-        raise FileNotFoundError(f"--tokenizer-model {model_path}: SentencePiece model file not found")
+        raise FileNotFoundError(f"--tokenizer-model {model_path}: SentencePiece model file not found{hint}")
     sp = spm.SentencePieceProcessor()
     try:
         sp.Load(model_path)
     except (OSError, RuntimeError) as e:
-        raise UserInputError(f"--tokenizer-model {model_path}: not a valid SentencePiece model ({e})") from None
+        raise UserInputError(f"--tokenizer-model {model_path}: not a valid SentencePiece model ({e}){hint}") from None
     return sp
 
 

@@ -228,6 +228,29 @@ def test_bad_arguments_are_clear(tmp_path):
                                    "tokenizer_config.json --local-dir DIR) and give DIR")
 
 
+def test_a_tokenizer_of_the_other_kind_is_named_with_the_type_that_reads_it(sp_model, hf_tokenizer_dir, tmp_path):
+    """A config file's --tokenizer-type the user does not see on the command line: the error says what the file is
+    and which --tokenizer-type reads it, both ways (a tokenizer.json folder or file to a SentencePiece type, a
+    SentencePiece .model to HuggingFaceTokenizer); a file of neither kind gets no such hint."""
+    from megatron_zaya.data.tokenizer import check_tokenizer_flags
+    hf_hint = "it is a Hugging Face tokenizer: pass --tokenizer-type HuggingFaceTokenizer"
+    with pytest.raises(UserInputError, match=hf_hint):          # a folder: refused by the flag check
+        check_tokenizer_flags("GPTSentencePieceTokenizer", str(hf_tokenizer_dir))
+    for tokenizer_type in ("GPTSentencePieceTokenizer", "Llama2Tokenizer"):      # the file: refused by its loader
+        with pytest.raises(UserInputError, match=hf_hint):
+            build_tokenizer(tokenizer_type, str(hf_tokenizer_dir / "tokenizer.json"))
+    with pytest.raises(UserInputError) as refused:
+        build_tokenizer("HuggingFaceTokenizer", sp_model)
+    assert ("which --tokenizer-type HuggingFaceTokenizer reads" in str(refused.value)
+            and "it is a SentencePiece model: pass --tokenizer-type GPTSentencePieceTokenizer" in str(refused.value))
+    neither = tmp_path / "notes.txt"
+    neither.write_text("neither kind")
+    for tokenizer_type in ("HuggingFaceTokenizer", "GPTSentencePieceTokenizer"):
+        with pytest.raises(UserInputError) as refused:
+            build_tokenizer(tokenizer_type, str(neither))
+        assert "it is a" not in str(refused.value), refused.value
+
+
 def test_train_tokenizer_samples_with_its_seed_and_skips_lone_surrogates(tmp_path, corpus_dir, capsys):
     """--input-sentence-size below the corpus: the sample (and so the vocabulary) follows --seed (SentencePiece's
     own sampling did not: two runs differed); a record with a lone surrogate escape is skipped and counted

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -250,4 +251,31 @@ def test_recipe_and_single_node_dry_runs():
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "--nproc-per-node 8" in r.stdout and "single_node_8gpu.yaml" in r.stdout
-    assert r.stdout.rstrip().endswith("--train-iters 5")
+    assert r.stdout.rstrip().endswith("--train-iters 5") and "--tokenizer-type" not in r.stdout
+
+
+def test_single_node_example_takes_a_sentencepiece_model_with_tokenizer_type(data_prefix):
+    """The config names HuggingFaceTokenizer; TOKENIZER_TYPE=GPTSentencePieceTokenizer makes a SentencePiece .model
+    work (the printed command's dry run passes), and without it the error says what the file is and which
+    --tokenizer-type reads it (the config's type is not on the command line the user typed)."""
+    model = os.path.join(data_prefix["dir"], "sp.model")
+    for tokenizer_type in ("GPTSentencePieceTokenizer", ""):
+        r = subprocess.run(["bash", os.path.join(EX, "single_node_8gpu.sh"), "--train-iters", "50", "--lr-warmup-iters",
+                            "5", "--lr-wsd-decay-iters", "10"],
+                           env=clean_env(DRY_RUN="1", DATA_PATH=data_prefix["prefix"], TOKENIZER_MODEL=model,
+                                         TOKENIZER_TYPE=tokenizer_type),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        command = shlex.split(r.stdout)
+        trainer = command[command.index(os.path.join(REPO, "pretrain_zaya.py")):]
+        dry = subprocess.run([sys.executable, *trainer, "--dry-run", "--data-cache-path",
+                              os.path.join(data_prefix["dir"], "cache")], cwd=REPO,
+                             env=clean_env(WORLD_SIZE="8"), capture_output=True, text=True, timeout=180)
+        if tokenizer_type:
+            assert "--tokenizer-type GPTSentencePieceTokenizer" in r.stdout
+            assert dry.returncode == 0, dry.stderr[-2000:]
+        else:
+            assert dry.returncode == 2, dry.stderr[-2000:]
+            assert (f"--tokenizer-model {model}: not a valid Hugging Face tokenizer.json, which --tokenizer-type "
+                    "HuggingFaceTokenizer reads") in dry.stderr, dry.stderr[-2000:]
+            assert "it is a SentencePiece model: pass --tokenizer-type GPTSentencePieceTokenizer" in dry.stderr
