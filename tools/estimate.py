@@ -136,6 +136,33 @@ def resolve_training_names(args, num_layers: int) -> None:
                               f"recomputation of every block alone (uniform 1, or block {num_layers})")
 
 
+SELECTIVE_SETTINGS = ("recompute_activations", "moe_layer_recompute", "recompute_modules")
+
+
+def command_line_dests(argv) -> set[str]:
+    """The dests the command line itself sets (a --config file's keys are defaults, not among them)."""
+    plain = build_parser()
+    for action in plain._actions:
+        action.default, action.required = argparse.SUPPRESS, False
+    return set(vars(plain.parse_known_args(argv)[0]))
+
+
+def leave_selective(parser: argparse.ArgumentParser, args, argv) -> str:
+    """What the change to --recompute full takes away from this run's selective settings (training refuses full
+    beside them), where the run gave them: a command-line flag is left out ("without --recompute-modules"), an
+    on/off key of --config turned off (--no-recompute-activations, added by --config), and --config's
+    recompute-modules taken out of the file (no flag empties a list). Read before resolve_training_names."""
+    given = command_line_dests(argv)
+    without = [f"--{d.replace('_', '-')}" for d in SELECTIVE_SETTINGS if d in given and getattr(args, d)]
+    off = [f"--no-{d.replace('_', '-')}" for d in SELECTIVE_SETTINGS[:2] if parser.get_default(d) and getattr(args, d)]
+    text = "".join(" " + flag for flag in off)
+    if without:
+        text += f", without {' or '.join(without)}"
+    if parser.get_default("recompute_modules"):
+        text += f", with the recompute-modules key taken out of {args.config}"
+    return text
+
+
 def plan_from_args(args) -> Plan:
     overrides = {f: getattr(args, f) for f in MODEL_FLAGS if getattr(args, f) is not None}
     if args.untie_embeddings_and_output_weights:
@@ -178,7 +205,7 @@ def secs(t: float) -> str:
     return f"{t:8.3f} s"
 
 
-def summary(plan: Plan) -> dict:
+def summary(plan: Plan, found: list[tuple[str, Plan]]) -> dict:
     t, s, a = plan.time, plan.state, plan.activations
     return {
         "fits": plan.fits, "memory_total_gb": plan.memory_total / 1e9, "memory_usable_gb": plan.memory_usable / 1e9,
@@ -189,7 +216,7 @@ def summary(plan: Plan) -> dict:
         "dp_comm_exposed_s": t.dp_comm_exposed, "cp_comm_s": t.cp_comm, "ep_comm_s": t.ep_comm, "tp_comm_s": t.tp_comm,
         "tokens_per_s": plan.tokens_per_second, "mfu": plan.mfu,
         "data_parallel": plan.layout.data_parallel, "micro_batches": plan.layout.micro_batches,
-        "fixes": [d for d, _ in fixes(plan)] if not plan.fits else [],
+        "fixes": [d for d, _ in found],
     }
 
 
@@ -201,7 +228,8 @@ def nodes_text(gpus: int, gpus_per_node: int) -> str:
     return f"{nodes} node{'s' if nodes > 1 else ''} of {gpus_per_node}"
 
 
-def report(plan: Plan) -> str:
+def report(plan: Plan, found: list[tuple[str, Plan]]) -> str:
+    """The printed plan; `found`: the changes that make it fit (fixes), when it does not."""
     L, c, t, s, a = plan.layout, plan.cluster, plan.time, plan.state, plan.activations
     e = plan.efficiency
     lines = [
@@ -226,7 +254,6 @@ def report(plan: Plan) -> str:
         f"  -> {'FITS' if plan.fits else 'DOES NOT FIT'}",
     ]
     if not plan.fits:
-        found = fixes(plan)
         if found:
             lines.append("  changes that make it fit:")
             for description, fixed in found:
@@ -270,11 +297,13 @@ def main(argv=None) -> int:
         parser.error(f"--preset={args.preset}: choose one of {sorted(PRESETS)}")
     if args.global_batch_size is None:
         parser.error("--global-batch-size is required (on the command line or in --config)")
+    leave = leave_selective(parser, args, argv)
     try:
         plan = plan_from_args(args)
     except (ConfigError, LayoutError, ValueError) as err:
         parser.error(typed_flag_message(str(err), args))
-    print(json.dumps(summary(plan), indent=2) if args.json else report(plan))
+    found = [] if plan.fits else fixes(plan, leave_selective=leave)
+    print(json.dumps(summary(plan, found), indent=2) if args.json else report(plan, found))
     return 0 if plan.fits else 1
 
 

@@ -80,7 +80,18 @@ def make_plan(config: ModelConfig, layout: ParallelLayout, cluster: ClusterSpec,
     return Plan(config, layout, cluster, efficiency, options, state, acts, t)
 
 
-def _candidates(layout: ParallelLayout):
+# What a change to full recomputation must take away from a selective layout: training refuses
+# --recompute-granularity full beside these (arguments._check_recompute), and so does the planner.
+LEAVE_SELECTIVE = ", without --recompute-activations, --moe-layer-recompute or --recompute-modules"
+
+
+def full_recompute_flags(layout: ParallelLayout, leave_selective: str = LEAVE_SELECTIVE) -> str:
+    """The flags of the change to full recomputation: --recompute full, and for a selective layout what must go
+    (`leave_selective`: the caller names the settings its user gave, and where)."""
+    return "--recompute full" + (leave_selective if layout.recompute == "selective" else "")
+
+
+def _candidates(layout: ParallelLayout, leave_selective: str = LEAVE_SELECTIVE):
     """Single changes, most preferred first: (kind, description, new layout)."""
     if not layout.zero1:
         yield "zero1", "enable ZeRO-1 (--use-distributed-optimizer)", dataclasses.replace(layout, zero1=True)
@@ -107,8 +118,8 @@ def _candidates(layout: ParallelLayout):
                "the same modules with --recompute-granularity selective)",
                dataclasses.replace(layout, recompute="selective", recompute_modules=modules))
     if layout.recompute != "full":
-        yield "full", "recompute full (--recompute full; in training: --recompute-granularity full)", \
-            dataclasses.replace(layout, recompute="full", recompute_modules=())
+        yield ("full", f"recompute full ({full_recompute_flags(layout, leave_selective)}; in training: "
+               "--recompute-granularity full)", dataclasses.replace(layout, recompute="full", recompute_modules=()))
     ep = layout.expert_parallel * 2
     while ep <= layout.gpus:
         yield "ep", f"raise EP to {ep} (--expert-model-parallel-size {ep})", dataclasses.replace(layout, expert_parallel=ep)
@@ -120,9 +131,11 @@ def _candidates(layout: ParallelLayout):
         tp *= 2
 
 
-def fixes(plan: Plan, limit: int = 4) -> list[tuple[str, Plan]]:
+def fixes(plan: Plan, limit: int = 4, leave_selective: str = LEAVE_SELECTIVE) -> list[tuple[str, Plan]]:
     """Single changes to the layout that make it fit, cheapest kind first; one per kind of change
-    (the smallest that suffices), and ZeRO-1 combined with another change if no single change fits."""
+    (the smallest that suffices), and ZeRO-1 combined with another change if no single change fits. Each
+    description names the flags that, added to the run's, make the change; `leave_selective` says what the
+    change to full recomputation takes away from a selective layout (full_recompute_flags)."""
     found, kinds = [], set()
 
     def attempt(description, layout):
@@ -132,7 +145,7 @@ def fixes(plan: Plan, limit: int = 4) -> list[tuple[str, Plan]]:
             return None
         return candidate if candidate.fits else None
 
-    for kind, description, layout in _candidates(plan.layout):
+    for kind, description, layout in _candidates(plan.layout, leave_selective):
         if kind in kinds:
             continue
         candidate = attempt(description, layout)
@@ -143,9 +156,10 @@ def fixes(plan: Plan, limit: int = 4) -> list[tuple[str, Plan]]:
             break
     if not found and not plan.layout.zero1:
         zero = dataclasses.replace(plan.layout, zero1=True)
-        for _, description, layout in _candidates(zero):
+        for _, description, layout in _candidates(zero, leave_selective):
             candidate = attempt(description, layout)
             if candidate is not None:
-                found.append((f"enable ZeRO-1 and {description}", candidate))
+                flags = description.replace("(", "(--use-distributed-optimizer ", 1)    # both changes' flags
+                found.append((f"enable ZeRO-1 and {flags}", candidate))
                 break
     return found

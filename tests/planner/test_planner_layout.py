@@ -155,7 +155,8 @@ def test_zero1_with_one_more_change_is_offered_when_no_single_change_fits():
     assert not any(fits(**c) for c in singles)
     assert fits(zero1=True, micro_batch_size=1) and not fits(zero1=True, micro_batch_size=2)
     offered = fixes(plan)
-    assert [d for d, _ in offered] == ["enable ZeRO-1 and smaller micro batch (--micro-batch-size 1)"]
+    assert [d for d, _ in offered] == \
+        ["enable ZeRO-1 and smaller micro batch (--use-distributed-optimizer --micro-batch-size 1)"]
     fixed = offered[0][1]
     assert fixed.fits and fixed.layout.zero1 and fixed.layout.micro_batch_size == 1
     assert fixed.memory_total == make_plan(BASE, ParallelLayout(2, 4096, 1, 32, zero1=True), cluster).memory_total
