@@ -70,9 +70,9 @@ def model_config_as_trained(preset: str, overrides: dict, args: argparse.Namespa
         warning = megatron_tokenizer_vocab_size(args)
     if args.vocab_size is not None:
         overrides["vocab_size"] = args.vocab_size
+    pad_placeholder_vocab(model_config_from_preset(preset), overrides)     # as arguments.validate pads it
     if getattr(args, "tokenizer_model", None) is None and getattr(args, "vocab_file", None) is None:
         return model_config_from_preset(preset, **overrides), None, warning
-    pad_placeholder_vocab(model_config_from_preset(preset), overrides)
     model = model_config_from_preset(preset, **overrides)
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, model.make_vocab_size_divisible_by,
                                 tensor_parallel_size, vocab_file=args.vocab_file, merge_file=args.merge_file,

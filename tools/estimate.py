@@ -35,6 +35,7 @@ from megatron_zaya.planner.layout import RECOMPUTE_CHOICES, LayoutError, Paralle
 from megatron_zaya.planner.memory import GRAD_DTYPES, OPTIMIZERS  # noqa: E402
 from megatron_zaya.planner.plan import Plan, PlanOptions, fixes, make_plan  # noqa: E402
 from megatron_zaya.interrupts import quiet_when_the_reader_leaves  # noqa: E402
+from megatron_zaya.model_vocab import pad_placeholder_vocab  # noqa: E402
 from megatron_zaya.megatron_flags import (  # noqa: E402
     add_megatron_flags, check_moe_layer_freq, check_tool_megatron_flags, typed_flag_message)
 
@@ -167,6 +168,7 @@ def plan_from_args(args) -> Plan:
     overrides = {f: getattr(args, f) for f in MODEL_FLAGS if getattr(args, f) is not None}
     if args.untie_embeddings_and_output_weights:
         overrides["untie_embeddings_and_output_weights"] = True
+    pad_placeholder_vocab(model_config_from_preset(args.preset), overrides)     # as pretrain_zaya.py pads it
     config = model_config_from_preset(args.preset, **overrides)
     check_moe_layer_freq(args, config.num_layers)
     resolve_training_names(args, config.num_layers)

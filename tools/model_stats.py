@@ -10,7 +10,8 @@ Model flags are pretrain_zaya.py's (Megatron-LM's names, e.g. --num-query-groups
 something else; --config reads a training YAML for them, leaving its other keys out. With tokenizer flags
 (--tokenizer-type, --tokenizer-model, ...; a training YAML has them) the vocabulary is the tokenizer's, padded as
 pretrain_zaya.py pads it (--make-vocab-size-divisible-by, --tensor-model-parallel-size), unless --vocab-size gives
-it; without --tokenizer-model (nor GPT-2's --vocab-file), the preset's.
+it; without --tokenizer-model (nor GPT-2's --vocab-file), the preset's, padded to a --make-vocab-size-divisible-by
+given without --vocab-size (as pretrain_zaya.py pads the placeholder: model_vocab.pad_placeholder_vocab).
 """
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ def vocabulary_line(config, tokenizer, args) -> str:
     the preset's when no tokenizer file is given."""
     if tokenizer is None:
         source = "the preset's" if args.vocab_size is None else "--vocab-size"
+        if args.vocab_size is None and args.make_vocab_size_divisible_by is not None:
+            source += f" padded to a multiple of --make-vocab-size-divisible-by={args.make_vocab_size_divisible_by}"
         return (f"vocabulary: {config.vocab_size:,}, {source} (no --tokenizer-model given; pretrain_zaya.py pads "
                 f"its tokenizer's)")
     name = f"{args.tokenizer_type} {args.tokenizer_model or args.vocab_file}"

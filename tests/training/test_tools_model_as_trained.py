@@ -1,6 +1,7 @@
 """tools/model_stats.py counts the model pretrain_zaya.py trains: with a tokenizer (flags or a training YAML's
 keys) the vocabulary is the tokenizer's, padded as the trainer pads it, not the preset's placeholder; it and
 tools/estimate.py take the Megatron-LM model switches as pretrain_zaya.py takes them."""
+import json
 import re
 
 import pytest
@@ -110,3 +111,29 @@ def test_a_tool_error_is_one_line_not_the_usage_of_every_megatron_flag(name, arg
     lines = capsys.readouterr().err.splitlines()
     assert exc.value.code == 2 and len(lines) == 1, lines[-3:]
     assert lines[0].endswith(": error: unrecognized arguments: --no-such-flag"), lines
+
+
+def test_tools_pad_the_placeholder_vocabulary_to_a_make_vocab_size_divisible_by(tiny_corpus, tmp_path, capsys):
+    """--make-vocab-size-divisible-by 7 without --vocab-size (flag or --config key): the preset's placeholder
+    (8,192) padded to 8,197, as the trainer pads a tokenizer of 8,192 ids (NullTokenizer 8191 and its EOD),
+    where both tools refused a --vocab-size=8192 nobody gave."""
+    trained, vocab = trainer_parameters(tiny_run_flags(tiny_corpus, tmp_path, **{
+        "--tokenizer-type": "NullTokenizer", "--tokenizer-model": "8191", "--make-vocab-size-divisible-by": "7"}))
+    assert vocab == 8197
+    config = tmp_path / "divisible.yaml"
+    config.write_text("preset: zaya1-tiny\nnum-layers: 2\nmake-vocab-size-divisible-by: 7\n")
+    for argv in (["--preset", "zaya1-tiny", "--num-layers", "2", "--make-vocab-size-divisible-by", "7"],
+                 ["--config", str(config)]):
+        total, out = model_stats_total(argv, capsys)
+        assert total == trained and "vocabulary: 8,197, the preset's padded to a multiple of --make-vocab-size-" \
+            "divisible-by=7" in out, out
+    planner = ["--gpus", "1", "--global-batch-size", "1", "--optimizer", "adamw", "--json"]
+
+    def planned(argv):
+        capsys.readouterr()
+        assert run_tool("estimate", planner + argv) == 0, capsys.readouterr().err
+        return json.loads(capsys.readouterr().out)
+    given = planned(["--preset", "zaya1-tiny", "--num-layers", "2", "--vocab-size", "8197",
+                     "--make-vocab-size-divisible-by", "7"])
+    assert planned(["--preset", "zaya1-tiny", "--num-layers", "2", "--make-vocab-size-divisible-by", "7"]) == given
+    assert planned(["--config", str(config)]) == given
