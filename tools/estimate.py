@@ -212,6 +212,7 @@ def summary(plan: Plan, found: list[tuple[str, Plan]]) -> dict:
     return {
         "fits": plan.fits, "memory_total_gb": plan.memory_total / 1e9, "memory_usable_gb": plan.memory_usable / 1e9,
         "weights_gb": s.weights / 1e9, "gradients_gb": s.gradients / 1e9, "optimizer_gb": s.optimizer / 1e9,
+        "autocast_copies_gb": s.autocast_copies / 1e9,
         "activations_gb": a.stored / 1e9, "activations_no_recompute_gb": a.stored_no_recompute / 1e9,
         "backward_transient_gb": a.backward_transient / 1e9,
         "step_time_s": t.total, "compute_s": t.compute, "optimizer_s": t.optimizer, "dp_comm_s": t.dp_comm,
@@ -244,9 +245,12 @@ def report(plan: Plan, found: list[tuple[str, Plan]]) -> str:
         f"optimizer {plan.options.optimizer}, grads {plan.options.grad_dtype}",
         "",
         "memory per GPU",
-        row("weights (bf16, router fp32)", gb(s.weights)),
+        row("weights (bf16, router fp32)" if L.zero1 else "weights (fp32, their own masters)",
+            gb(s.weights)),
         row(f"gradients ({plan.options.grad_dtype} main grads)", gb(s.gradients)),
-        row("master + optimizer state" + (" (largest shard)" if L.zero1 else ""), gb(s.optimizer)),
+        row("master + optimizer state (largest shard)" if L.zero1 else "optimizer state (no masters)",
+            gb(s.optimizer)),
+        *([] if L.zero1 else [row("bf16 weight copies kept for the backward", gb(s.autocast_copies))]),
         row(f"activations, recompute={L.recompute_text}", gb(a.stored)),
         f"    (no recomputation: {a.stored_no_recompute / 1e9:.2f} GB; one block {a.per_layer_no_recompute / 1e9:.3f} GB, "
         f"head and loss {a.outer / 1e9:.3f} GB)",

@@ -1,11 +1,16 @@
 """Per-GPU memory of a training layout: weights, gradients, optimizer shards, activations.
 
-Mixed-precision convention (Megatron's, with its distributed optimizer for ZeRO-1):
-* model weights in bf16 (2 bytes), except the router's, kept in fp32 (4 bytes): the router runs in
-  fp32 with autocast off (model/router.py), so its weights must be fp32 for the model to run;
+Mixed precision as pretrain_zaya.py --bf16 keeps it (Megatron's, with its distributed optimizer for ZeRO-1):
+* under ZeRO-1 (--use-distributed-optimizer) model weights in bf16 (2 bytes), except the router's, kept in
+  fp32 (4 bytes): the router runs in fp32 with autocast off (model/router.py), so its weights must be fp32
+  for the model to run (`ParamInfo.storage_bytes`, the bf16 convention);
+* without ZeRO-1 every weight in fp32 (4 bytes), its own master (no copy), and bf16 autocast casts the
+  weights each micro-batch's forward multiplies: the copies it keeps for the backward
+  (`weight_copy_bytes`) are memory that ZeRO-1's bf16 weights do not need (`StateMemory.autocast_copies`);
 * gradients accumulate in an fp32 "main grad" buffer (4 bytes per parameter, --grad-dtype fp32, the
-  default: accumulating over micro-batches in bf16 loses precision), or in the weights' dtype
-  (--grad-dtype bf16). ZeRO-1 keeps the whole gradient buffer on every rank (it reduce-scatters in place);
+  default: accumulating over micro-batches in bf16 loses precision), or, as a what-if, in the bf16
+  convention's dtype (--grad-dtype bf16). ZeRO-1 keeps the whole gradient buffer on every rank (it
+  reduce-scatters in place);
 * fp32 master weights (4 bytes) for the bf16 weights only; fp32 weights are their own master;
 * AdamW: two fp32 moments (8 bytes) and one fp32 step counter per master tensor;
   Muon: one fp32 momentum buffer (4 bytes) for the hidden matrices (attention and router linear
@@ -25,6 +30,7 @@ the router, norms and residual scales are replicated.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -45,6 +51,7 @@ class ParamInfo:
     expert: bool
     muon: bool                 # a hidden matrix Muon would update
     whole: int = 0             # elements with the TP split undone (what DistributedMuon balances owners by)
+    cast: bool = False         # fp32 under bf16 autocast, the forward keeps a bf16 copy for the backward
 
 
 def _kind(name: str) -> str:
@@ -74,6 +81,21 @@ def parameter_shapes(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     return _SHAPES[key]
 
 
+# CCA's four input projections: one matmul on their stacked weight, a bf16 tensor whichever the weights'
+# dtype (counted among the activations: activations.projection_weight_bytes), so no copy of their own.
+STACKED_PROJECTIONS = (".linear_q.", ".linear_k.", ".linear_v_current.", ".linear_v_previous.")
+
+
+def kept_as_bf16_copy(name: str, shape: tuple[int, ...], kind: str, config: ModelConfig) -> bool:
+    """Whether, stored in fp32 under bf16 autocast, the forward keeps a bf16 copy of this weight for its
+    backward: the matmul and convolution weights (experts, output projection, convolutions, the LM head's:
+    the tied embedding or the output layer), not the router's (fp32, autocast off), the vectors, nor the
+    stacked input projections (STACKED_PROJECTIONS). As measured on the model's saved tensors."""
+    if len(shape) < 2 or kind == "router" or any(part in name for part in STACKED_PROJECTIONS):
+        return False
+    return not (name.startswith("embedding.") and config.untie_embeddings_and_output_weights)
+
+
 def parameter_inventory(config: ModelConfig, tp: int = 1, ep: int = 1) -> list[ParamInfo]:
     """Every parameter tensor one rank holds, in model order (the real module's, see parameter_shapes)."""
     params = []
@@ -82,7 +104,8 @@ def parameter_inventory(config: ModelConfig, tp: int = 1, ep: int = 1) -> list[P
         whole = math.prod(shape) // (ep if kind == "expert" else 1)
         numel = -(-whole // tp) if kind in ("attention", "embedding", "expert") else whole
         muon = len(shape) >= 2 and kind not in ("embedding",) and ".conv_" not in name
-        params.append(ParamInfo(name, numel, 4 if kind == "router" else 2, kind == "expert", muon, whole))
+        params.append(ParamInfo(name, numel, 4 if kind == "router" else 2, kind == "expert", muon, whole,
+                                kept_as_bf16_copy(name, shape, kind, config)))
     return params
 
 
@@ -148,6 +171,44 @@ def muon_owner_loads(params: list[ParamInfo], layout: ParallelLayout, load) -> l
     return total
 
 
+def _block(param: ParamInfo) -> str | None:
+    """'layers.3' for a block's parameter, None outside the blocks."""
+    return ".".join(param.name.split(".")[:2]) if param.name.startswith("layers.") else None
+
+
+def weight_copy_bytes(params: list[ParamInfo], layout: ParallelLayout) -> int:
+    """Without ZeRO-1 (fp32 weights): the bf16 copies of the weights (`ParamInfo.cast`) one micro-batch's
+    forward keeps for its backward, at the backward's start. A recomputed unit keeps none in the forward and
+    casts again when it reruns: under full recomputation the head's copy and the largest block's (the block
+    being recomputed), with the moe module the experts' copies of one block only. Under ZeRO-1 the weights are
+    bf16 and the matmuls use them as they are: 0."""
+    if layout.zero1:
+        return 0
+    cast = [p for p in params if p.cast]
+    if layout.recompute == "full":
+        recomputed = [p for p in cast if _block(p) is not None]
+    elif layout.recomputes_moe:
+        recomputed = [p for p in cast if p.expert]
+    else:
+        recomputed = []
+    per_block: dict[str | None, int] = {}
+    for p in recomputed:
+        per_block[_block(p)] = per_block.get(_block(p), 0) + p.numel
+    kept = sum(p.numel for p in cast) - sum(per_block.values()) + max(per_block.values(), default=0)
+    return 2 * kept
+
+
+def autocast_copy_bytes(config: ModelConfig, params: list[ParamInfo], layout: ParallelLayout) -> int:
+    """What fp32 weights (no ZeRO-1) add to one micro-batch's saved tensors under bf16 autocast, against the
+    bf16 weights the activations are counted with: the bf16 weight copies (weight_copy_bytes), and the
+    input scaling's saved embedding output in fp32 instead of bf16 (2 more bytes per token and hidden unit,
+    split over TP under sequence parallelism). 0 under ZeRO-1."""
+    if layout.zero1:
+        return 0
+    split = layout.tensor_parallel if layout.sequence_parallel else 1
+    return weight_copy_bytes(params, layout) + 2 * config.hidden_size * layout.local_tokens // split
+
+
 @dataclass
 class StateMemory:
     weights: int
@@ -155,9 +216,11 @@ class StateMemory:
     optimizer: int                  # master weights + optimizer state, this rank (the largest shard)
     optimizer_per_rank: list[int] = field(default_factory=list)
     parameters: int = 0             # elements held by one rank
+    autocast_copies: int = 0        # without ZeRO-1: what fp32 weights add to the saved tensors (autocast_copy_bytes)
 
     @property
     def total(self) -> int:
+        """Weights, gradients, masters and optimizer state (not the forward's `autocast_copies`)."""
         return self.weights + self.gradients + self.optimizer
 
 
@@ -169,8 +232,10 @@ def state_memory(config: ModelConfig, layout: ParallelLayout, optimizer: str = "
         raise ValueError(f"--grad-dtype={grad_dtype}: choose one of {GRAD_DTYPES}")
     params = parameter_inventory(tp_rank_config(config, layout.tensor_parallel), layout.tensor_parallel,
                                  layout.expert_parallel)
-    weights = sum(p.numel * p.storage_bytes for p in params)
     gradients = sum(p.numel * (4 if grad_dtype == "fp32" else p.storage_bytes) for p in params)
+    if not layout.zero1:       # fp32 weights, their own masters (the trainer casts only under ZeRO-1)
+        params = [dataclasses.replace(p, storage_bytes=4) for p in params]
+    weights = sum(p.numel * p.storage_bytes for p in params)
     if layout.zero1:
         # AdamW's state in flat element shards; with Muon, its matrices whole on their owners.
         by_muon = optimizer == "muon"
@@ -188,4 +253,5 @@ def state_memory(config: ModelConfig, layout: ParallelLayout, optimizer: str = "
         optimizer_bytes = sum(p.numel * optimizer_bytes_per_element(p, optimizer) + optimizer_tensor_overhead(p, optimizer)
                               for p in params)
         per_rank = [optimizer_bytes]
-    return StateMemory(weights, gradients, optimizer_bytes, per_rank, sum(p.numel for p in params))
+    return StateMemory(weights, gradients, optimizer_bytes, per_rank, sum(p.numel for p in params),
+                       autocast_copy_bytes(config, params, layout))

@@ -45,7 +45,8 @@ class Plan:
 
     @property
     def memory_total(self) -> float:
-        return self.state.total + self.activations.stored + self.activations.backward_transient
+        return (self.state.total + self.state.autocast_copies + self.activations.stored
+                + self.activations.backward_transient)
 
     @property
     def memory_usable(self) -> float:

@@ -104,7 +104,8 @@ def step_time(config: ModelConfig, layout: ParallelLayout, cluster: ClusterSpec,
     per_micro_batch = compute / layout.micro_batches
     fwd_first, bwd_last = per_micro_batch / 3, per_micro_batch * 2 / 3
 
-    # Optimizer: bytes moved per local master element (grad read, master r/w, state r/w, bf16 weight write).
+    # Optimizer: bytes moved per local master element (grad read, master r/w, state r/w, and under ZeRO-1 the
+    # bf16 weight write; without it the fp32 weights are the masters).
     params = parameter_inventory(rank_config, tp, ep)
     grad_b = 4 if grad_dtype == "fp32" else 2
     dense = [p for p in params if not p.expert]
@@ -114,7 +115,7 @@ def step_time(config: ModelConfig, layout: ParallelLayout, cluster: ClusterSpec,
     shard_expert = layout.expert_data_parallel if layout.zero1 else 1
     local_master = dense_n / shard_dense + expert_n / shard_expert
     state_rw = 8 if optimizer == "muon" else 16
-    opt_bytes = local_master * (grad_b + 8 + state_rw + 2)
+    opt_bytes = local_master * (grad_b + 8 + state_rw + (2 if layout.zero1 else 0))
     optimizer_time = opt_bytes / (cluster.hbm_tbps * 1e12 * eff.hbm)
     if optimizer == "muon":
         # Newton-Schulz on whole matrices (a TP group orthogonalises them whole), of this rank's experts.

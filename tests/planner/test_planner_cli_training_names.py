@@ -48,8 +48,11 @@ def test_untied_output_layer_adds_its_weights(cli, capsys):
     assert not config.untie_embeddings_and_output_weights
     tied = plan(cli, capsys)
     untied = plan(cli, capsys, "--untie-embeddings-and-output-weights")
-    output_layer_bf16_gb = config.vocab_size * config.hidden_size * 2 / 1e9
-    assert untied["weights_gb"] - tied["weights_gb"] == pytest.approx(output_layer_bf16_gb, rel=1e-6)
+    output_layer_fp32_gb = config.vocab_size * config.hidden_size * 4 / 1e9       # without ZeRO-1: fp32 weights
+    assert untied["weights_gb"] - tied["weights_gb"] == pytest.approx(output_layer_fp32_gb, rel=1e-6)
+    tied, untied = (plan(cli, capsys, "--use-distributed-optimizer", *flags)
+                    for flags in ((), ("--untie-embeddings-and-output-weights",)))
+    assert untied["weights_gb"] - tied["weights_gb"] == pytest.approx(output_layer_fp32_gb / 2, rel=1e-6)   # bf16
 
 
 def test_seq_length_past_the_presets_positions_is_planned(cli, capsys):

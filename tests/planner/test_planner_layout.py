@@ -1,4 +1,5 @@
 """Parameter placement under TP/EP, fit remedies, and errors that name the flag."""
+import dataclasses
 import math
 
 import pytest
@@ -22,11 +23,11 @@ def test_tp_and_ep_placement_of_weights():
         kind = ("expert" if ".experts." in name else "router" if ".router." in name else
                 "embedding" if name.startswith("embedding.") else "attention" if ".attention." in name else "other")
         split[kind] += p.numel()
-    layout = ParallelLayout(16, 4096, 1, 16, tensor_parallel=2, expert_parallel=4).validate(config)
-    weights = state_memory(config, layout).weights
-    expected = (2 * (split["attention"] // 2 + split["embedding"] // 2 + split["expert"] // 8 + split["other"])
-                + 4 * split["router"])
-    assert weights == expected
+    local = split["attention"] // 2 + split["embedding"] // 2 + split["expert"] // 8 + split["other"]
+    layout = ParallelLayout(16, 4096, 1, 16, tensor_parallel=2, expert_parallel=4, zero1=True).validate(config)
+    assert state_memory(config, layout).weights == 2 * local + 4 * split["router"]      # bf16, routers fp32
+    plain = dataclasses.replace(layout, zero1=False)
+    assert state_memory(config, plain).weights == 4 * (local + split["router"])          # fp32 without ZeRO-1
 
 
 @pytest.mark.parametrize("tp", [2, 4])

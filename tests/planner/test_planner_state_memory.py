@@ -1,10 +1,12 @@
 """Weights, gradients and optimizer bytes: the planner against real tensors after a real training step.
 
-Mixed precision as the planner models it (Megatron's convention): bf16 weights (fp32 router), gradients
-accumulated into fp32 main-grad buffers by post-accumulate hooks, fp32 master copies of the bf16
-weights, and the optimizer over the masters. ZeRO-1 is reproduced on one process rank by rank: each
-parameter group is flattened in model order and cut into contiguous shards, one master/state tensor per
-parameter piece, exactly as a distributed optimizer holds them."""
+Mixed precision as the planner models ZeRO-1 (Megatron's convention, and the trainer's under --bf16
+--use-distributed-optimizer): bf16 weights (fp32 router), gradients accumulated into fp32 main-grad buffers by
+post-accumulate hooks, fp32 master copies of the bf16 weights, and the optimizer over the masters (on one rank:
+ZeRO-1 at DP 1). ZeRO-1 over several ranks is reproduced on one process rank by rank: each parameter group is
+flattened in model order and cut into contiguous shards, one master/state tensor per parameter piece, exactly
+as a distributed optimizer holds them. Without ZeRO-1 the weights are fp32 (test_planner_trainer_state.py) and
+bf16 autocast keeps copies of them for the backward (test_planner_autocast_copies.py)."""
 import pytest
 import torch
 
@@ -82,7 +84,7 @@ def test_adamw_state_bytes_exact(grad_dtype):
     masters = [masters_for(n, p, mp.main_grads[n]) for n, p in mp.named]
     opt = torch.optim.AdamW([m for m, _ in masters], lr=1e-3)
     opt.step()
-    layout = ParallelLayout(gpus=1, seq_length=32, micro_batch_size=2, global_batch_size=4)
+    layout = ParallelLayout(gpus=1, seq_length=32, micro_batch_size=2, global_batch_size=4, zero1=True)
     planned = state_memory(config, layout.validate(config), "adamw", grad_dtype)
     assert planned.weights == tensor_bytes(mp.model.parameters())
     assert planned.gradients == tensor_bytes(mp.main_grads.values())
@@ -111,7 +113,7 @@ def test_muon_state_bytes_exact():
     adamw = torch.optim.AdamW([m for m, _ in adamw_masters], lr=1e-3)
     muon.step()
     adamw.step()
-    layout = ParallelLayout(gpus=1, seq_length=32, micro_batch_size=2, global_batch_size=2).validate(config)
+    layout = ParallelLayout(gpus=1, seq_length=32, micro_batch_size=2, global_batch_size=2, zero1=True).validate(config)
     planned = state_memory(config, layout, "muon")
     assert planned.optimizer == optimizer_bytes([muon, adamw], muon_masters + adamw_masters)
     assert planned.weights == tensor_bytes(mp.model.parameters())

@@ -47,17 +47,21 @@ def test_tp_cp_ep_collectives_match_their_closed_forms():
 def test_dp_all_reduce_and_optimizer_match_their_closed_forms(optimizer, state_bytes):
     """No ZeRO-1, TP=1, CP=2, EP=2 (DP=2) on 4 GPUs, fp32 gradients: the dense gradients are all-reduced over the
     DP x CP = 4 ranks, each rank's half of the experts over the 2 ranks holding them. The optimizer reads the
-    fp32 grad (4), reads and writes the fp32 master (8), reads and writes the state (AdamW: two fp32 moments, 16;
-    Muon: one momentum, 8) and writes the bf16 weight (2) per local element. Tolerance 1e-6 (Newton-Schulz time
-    at the test's huge peak)."""
+    fp32 grad (4), reads and writes the fp32 weight, its own master (8), and reads and writes the state (AdamW:
+    two fp32 moments, 16; Muon: one momentum, 8) per local element; under ZeRO-1 it also writes the bf16 weight
+    (2). Tolerance 1e-6 (Newton-Schulz time at the test's huge peak)."""
     layout = ParallelLayout(4, 256, 1, 4, context_parallel=2, expert_parallel=2).validate(CONFIG)
     t = step_time(CONFIG, layout, NODE, EXACT, optimizer=optimizer, grad_dtype="fp32", overlap=False)
     counts = count_parameters(CONFIG)
     dense, local_experts = counts.total - counts.expert, counts.expert // 2
     dp = 2 * 3 / 4 * 4 * dense / FABRIC + 2 * 1 / 2 * 4 * local_experts / FABRIC
     assert t.dp_comm == pytest.approx(dp, rel=1e-12) and t.dp_comm_exposed == pytest.approx(dp, rel=1e-12)
-    per_element = 4 + 8 + state_bytes + 2
+    per_element = 4 + 8 + state_bytes
     assert t.optimizer == pytest.approx((dense + local_experts) * per_element / HBM, rel=1e-6)
+    # ZeRO-1 on one rank (the same elements): the bf16 weight written too
+    one = ParallelLayout(1, 256, 1, 1, zero1=True).validate(CONFIG)
+    zero1 = step_time(CONFIG, one, NODE, EXACT, optimizer=optimizer, grad_dtype="fp32", overlap=False)
+    assert zero1.optimizer == pytest.approx(counts.total * (per_element + 2) / HBM, rel=1e-6)
 
 
 # name: (HBM GB, HBM TB/s, fabric GB/s one direction = aggregate / 2, NIC GB/s = Gb/s / 8), from the

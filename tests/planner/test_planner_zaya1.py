@@ -29,8 +29,9 @@ def test_zaya1_base_fits_one_mi300x_with_dp_and_zero1_at_4k():
     assert plan.state.weights == 2 * counts.total + 2 * router            # bf16, router fp32
     assert plan.state.gradients == 4 * counts.total
     assert plan.memory_total < 0.5 * MI300X.memory_bytes                  # 70 GB of 192 GiB (206.2 GB)
-    # Without ZeRO-1 the fp32 master weights and moments (12 bytes/param, 106 GB) still fit at micro batch 1
-    # (175.9 GB of 185.5 usable), not at micro batch 2, where the first remedy offered is ZeRO-1.
+    # Without ZeRO-1 the fp32 weights (their own masters), AdamW's moments (8 bytes/param, 70.7 GB) and autocast's
+    # bf16 weight copies (17.4 GB) still fit at micro batch 1 (175.6 GB of 185.5 usable), not at micro batch 2,
+    # where the first remedy offered is ZeRO-1.
     plain = make_plan(BASE, ParallelLayout(1024, 4096, 1, 4096, zero1=False), MI300X)
     assert plain.fits and plain.memory_total > 2.5 * plan.memory_total
     plain2 = make_plan(BASE, ParallelLayout(1024, 4096, 2, 4096, zero1=False), MI300X)

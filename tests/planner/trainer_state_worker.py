@@ -1,9 +1,9 @@
-"""Worker of test_planner_trainer_state.py: one real training step of the trainer's own ZeRO-1 with
-bf16 weights (DistributedRuntime, --bf16 --use-distributed-optimizer) on 2 gloo processes, then the
-bytes each rank holds: weights, gradient buckets (and their padding), master weights + optimizer
-state. Rank 0 prints them all as one JSON line.
+"""Worker of test_planner_trainer_state.py: one real training step of the trainer under --bf16
+(DistributedRuntime, 2 gloo processes), with its own ZeRO-1 (--use-distributed-optimizer: bf16 weights) or
+without (fp32 weights, plain data parallelism), then the bytes each rank holds: weights, gradient buckets
+(and their padding), master weights + optimizer state. Rank 0 prints them all as one JSON line.
 
-    torchrun --nproc-per-node 2 tests/planner/trainer_state_worker.py adamw|muon
+    torchrun --nproc-per-node 2 tests/planner/trainer_state_worker.py adamw|muon zero1|plain
 """
 import argparse
 import sys
@@ -28,11 +28,11 @@ def tensor_bytes(tensors) -> int:
 
 
 def main() -> None:
-    optimizer_name = sys.argv[1]
+    optimizer_name, zero1 = sys.argv[1], sys.argv[2] == "zero1"
     model_config = model_config_from_preset("zaya1-tiny", **CONFIG)
     train = TrainConfig(micro_batch_size=1, global_batch_size=2, train_iters=1, bf16=True, eval_iters=0)
     run = RunConfig(model_config, train, OptimizerConfig(optimizer=optimizer_name, lr=1e-3),
-                    ParallelSizes(2, use_distributed_optimizer=True), None,
+                    ParallelSizes(2, use_distributed_optimizer=zero1), None,
                     argparse.Namespace(distributed_backend="gloo"))
     runtime = DistributedRuntime(run)
     torch.manual_seed(0)
@@ -53,7 +53,8 @@ def main() -> None:
             state += tensor_bytes(m for p, _, _, m in opt.pieces
                                   if m.untyped_storage().data_ptr() != p.untyped_storage().data_ptr())
             state += sum(tensor_bytes(s.values()) for s in opt.inner.state.values()) if opt.inner else 0
-        else:      # DistributedMuon: momentum and master of the matrices this rank owns
+        else:      # DistributedMuon: momentum and master of the matrices this rank owns; without ZeRO-1 the
+            # state of every weight (its own master)
             state += sum(tensor_bytes(s.values()) for s in opt.state.values())
     mine = {"weights": tensor_bytes(model.parameters()),
             "gradients": tensor_bytes(b.buffer for b in buckets),
