@@ -136,9 +136,9 @@ def chunk_bias(documents: PackedDocuments, pstate, chunk: int, half: int, dtype:
 
 
 def context_parallel_attention(attn, x, cos, sin, pstate, documents: PackedDocuments | None = None) -> torch.Tensor:
-    """CCA `project` + `normalize_and_rotate` + `attend` on this rank's two chunks; returns the
-    attention output before linear_proj, (B, S_local, HQ*dh). With `documents` every document of a
-    packed sequence is kept apart, as in one process."""
+    """CCA `project` + `normalize_and_rotate` + `attend` + `linear_proj` on this rank's two chunks; returns
+    the projected output, (B, S_local, D) (this rank's partial sum under TP). With `documents` every document
+    of a packed sequence is kept apart, as in one process."""
     b, s_local, _ = x.shape
     width = attn.lookback
     if s_local % 2 or s_local // 2 < width:
@@ -170,5 +170,8 @@ def context_parallel_attention(attn, x, cos, sin, pstate, documents: PackedDocum
         end = (chunk + 1) * half
         qc = q[:, part * half:(part + 1) * half]
         mask = causal_lower_right(half, end) if documents is None else chunk_bias(documents, pstate, chunk, half, q.dtype)
-        outputs.append(attn.attend(qc, k_all[:, :end], v_all[:, :end], mask))
+        # Each chunk projected on its own: linear_proj keeps the attention output it reads, which for flash
+        # attention is a view of the output the core keeps anyway (a concatenation first would be a copy
+        # kept beside them, 2 HQ dh bytes per token and layer).
+        outputs.append(attn.linear_proj(attn.attend(qc, k_all[:, :end], v_all[:, :end], mask)))
     return torch.cat(outputs, dim=1)

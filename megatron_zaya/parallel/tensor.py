@@ -193,13 +193,13 @@ class ParallelCCA(CompressedConvAttention):
             if attention_mask is not None and not isinstance(attention_mask, PackedDocuments):
                 raise NotImplementedError("a dense attention_mask under context parallelism (packed documents "
                                           "go as document ids: PackedDocuments)")
-            out = context_parallel_attention(self, x, cos, sin, ps, attention_mask)
+            out = context_parallel_attention(self, x, cos, sin, ps, attention_mask)      # projected per chunk
         else:
             q, k, v, _, _ = self.project(x, visible=visibility_of(attention_mask, self.lookback))
             q, k = self.normalize_and_rotate(q, k, cos, sin)
             k, v = self.replicated_kv(k, v)
-            out = self.attend(q, k, v, sdpa_mask(attention_mask, q.dtype))
-        return exit_tp_region(self.linear_proj(out), ps)
+            out = self.linear_proj(self.attend(q, k, v, sdpa_mask(attention_mask, q.dtype)))
+        return exit_tp_region(out, ps)
 
 
 class VocabParallelEmbedding(nn.Embedding):

@@ -26,8 +26,8 @@ Context parallelism (parallel/context.py): a rank keeps S / CP tokens, as two ch
   chunks; K/V repeated to the query heads or cast to fp32 (the math path) are copies per chunk, of the keys up
   to the chunk's end: chunk i and 2CP-1-i read (i + 1) and (2CP - i) chunk lengths, (2CP + 1) / 2 per query
   token on every rank (`chunk_reads`), and the math path's probabilities are (S / 2CP) x that many keys;
-* each chunk's flash output is kept by its own backward, and the output projection's input is their
-  concatenation: the output twice;
+* each chunk is projected on its own (linear_proj keeps a view of the output its flash core keeps: the output
+  once, as in one process);
 * the halo projects the `lookback` hidden rows left of each chunk with the stacked weights again: a second
   stacked weight per layer, the rows' bf16 cast and, for the fused conv (which keeps its left context),
   their whole projection output; the reference conv's causal padding is per chunk (two per sequence);
@@ -182,17 +182,14 @@ def core_terms(config: ModelConfig, seq_length: int, pol: StoragePolicy, context
         # K/V as gathered (the whole sequence, both chunks' calls read views of it) or, repeated to the query
         # heads (cca.kv_for_sdpa), a copy per call of the keys it reads.
         kv_rows = reads if kv_heads != hkv else context_parallel
-        # The flash output is laid out (B, S, H, dh), so in one process the projection's input is a view of
-        # it: one tensor (the output projection input term). Under CP that input is the chunks' concatenation.
+        # The flash output is laid out (B, S, H, dh), so the projection's input is a view of it: one tensor (the
+        # output projection input term; under CP each chunk is projected on its own, from a view of its output).
         terms = [Term("attention: flash core (q, all-gathered k/v, lse; out = projection input)",
                       2 * hq * dh + 2 * 2 * kv_heads * dh * kv_rows + 4 * hq)]
-        if context_parallel > 1:
-            terms.append(Term("attention: each CP chunk's flash output (bf16; the projection input is their cat)",
-                              2 * hq * dh))
-            if pol.causal_mask_kept and not packed_documents:
-                # Every chunk but the first of the sequence: (S/2CP) x its keys; the largest rank, 2CP + 1 chunks.
-                terms.append(Term("attention: CP chunks' bottom-right causal masks (bf16, materialised by SDPA)",
-                                  2 * (2 * context_parallel + 1) * chunk ** 2, tp="gathered", per="once"))
+        if context_parallel > 1 and pol.causal_mask_kept and not packed_documents:
+            # Every chunk but the first of the sequence: (S/2CP) x its keys; the largest rank, 2CP + 1 chunks.
+            terms.append(Term("attention: CP chunks' bottom-right causal masks (bf16, materialised by SDPA)",
+                              2 * (2 * context_parallel + 1) * chunk ** 2, tp="gathered", per="once"))
         return terms
     return [
         Term("attention: math core q, k, v (fp32)", 4 * hq * dh + 2 * 4 * kv_heads * dh * reads, "core_attn"),

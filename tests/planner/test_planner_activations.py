@@ -220,10 +220,10 @@ def check_context_parallel_case(result, config, policy) -> None:
 def test_context_parallel_formula_matches_saved_tensors_on_each_rank():
     """CP 2 on two processes (the trainer's path: parallelize_model, slice_batch_for_cp), on SDPA's CPU flash
     kernel and its math path, with and without GQA, recomputation and packed documents. What only CP keeps:
-    each chunk's flash output beside their concatenation (the projection's input), the halo's second stacked
-    projection weight and bf16 rows, the reference conv's padding per chunk, SDPA's materialised bottom-right
-    causal masks, per-chunk fp32 K/V and probabilities on the math path, and the segmented conv over the
-    halo steps (the planner was 12-17% low with GQA and without)."""
+    the halo's second stacked projection weight and bf16 rows, the reference conv's padding per chunk, SDPA's
+    materialised bottom-right causal masks, per-chunk fp32 K/V and probabilities on the math path, and the
+    segmented conv over the halo steps (the planner was 12-17% low with GQA and without). Each chunk is
+    projected on its own: its flash output is kept once (a concatenation first kept a copy: 2.3% more here)."""
     from tests.planner.tp_activations_worker import CONFIG
     for result in context_parallel_ranks():
         policy, _, _, kv_heads, _ = result["case"]

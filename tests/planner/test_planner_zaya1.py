@@ -50,8 +50,8 @@ def test_zaya1_32k_phase_needs_cp2():
     # CP=2 (what ZAYA1 did), with room to spare.
     offered = [text for text, _ in fixes(cp1)]
     assert offered[0].startswith("recompute selective") and offered[1].startswith("raise CP to 2")
-    # CP halves the tokens each rank holds: activations nearly halve, to 52% (the gathered K/V stay whole,
-    # each chunk's flash output is kept beside their concatenation).
+    # CP halves the tokens each rank holds: activations nearly halve, to 51% (the gathered K/V stay whole,
+    # the halo keeps a second stacked projection weight).
     assert 0.45 < cp2.activations.stored / cp1.activations.stored < 0.55
 
 
