@@ -1,6 +1,5 @@
 """Parameter placement under TP/EP, fit remedies, and errors that name the flag."""
 import dataclasses
-import math
 
 import pytest
 import torch
