@@ -457,7 +457,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
     else:
         preset = args.preset or DEFAULT_PRESET
         preset_model = model_config_from_preset(preset)
-        pad_placeholder_vocab(preset_model, overrides)     # (the tokenizer's, padded, replaces it: setup.py)
+        pad_placeholder_vocab(preset_model, overrides, args.tensor_model_parallel_size)   # (the tokenizer's replaces it)
         model = model_config_from_preset(preset, **overrides)
         shape_warning = preset_shape_warning(args, model, preset_model, preset)
         if shape_warning:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 
-from megatron_zaya.config import ModelConfig, model_config_from_preset, pad_vocab_size
+from megatron_zaya.config import ModelConfig, model_config_from_preset
 from megatron_zaya.data.tokenizer import TOKENIZER_DESTS, build_tokenizer, tiktoken_options
+from megatron_zaya.data.tokenizer_base import pad_vocab_size
 from megatron_zaya.errors import UserInputError
 from megatron_zaya.flags import build_parser
 
@@ -36,12 +37,14 @@ def megatron_tokenizer_vocab_size(args: argparse.Namespace) -> str | None:
     return None
 
 
-def pad_placeholder_vocab(preset_model: ModelConfig, overrides: dict) -> None:
+def pad_placeholder_vocab(preset_model: ModelConfig, overrides: dict, tensor_parallel_size: int = 1) -> None:
     """A --make-vocab-size-divisible-by without --vocab-size (in `overrides`, in place): the preset's
     vocabulary is a placeholder that the tokenizer's, padded, replaces (vocab_from_tokenizer), so it is padded
-    to the new multiple, not refused as a --vocab-size nobody gave."""
+    as a tokenizer's is (to a multiple of the flag that `tensor_parallel_size` divides), not refused as a
+    --vocab-size nobody gave."""
     if "vocab_size" not in overrides and overrides.get("make_vocab_size_divisible_by", 0) >= 1:
-        overrides["vocab_size"] = pad_vocab_size(preset_model.vocab_size, overrides["make_vocab_size_divisible_by"])
+        overrides["vocab_size"] = pad_vocab_size(preset_model.vocab_size, overrides["make_vocab_size_divisible_by"],
+                                                 tensor_parallel_size)
 
 
 def vocab_from_tokenizer(model: ModelConfig, vocab_size_flag: int | None, tokenizer, tokenizer_model) -> ModelConfig:
@@ -70,7 +73,7 @@ def model_config_as_trained(preset: str, overrides: dict, args: argparse.Namespa
         warning = megatron_tokenizer_vocab_size(args)
     if args.vocab_size is not None:
         overrides["vocab_size"] = args.vocab_size
-    pad_placeholder_vocab(model_config_from_preset(preset), overrides)     # as arguments.validate pads it
+    pad_placeholder_vocab(model_config_from_preset(preset), overrides, tensor_parallel_size)   # as arguments.validate
     if getattr(args, "tokenizer_model", None) is None and getattr(args, "vocab_file", None) is None:
         return model_config_from_preset(preset, **overrides), None, warning
     model = model_config_from_preset(preset, **overrides)

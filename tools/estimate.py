@@ -168,7 +168,8 @@ def plan_from_args(args) -> Plan:
     overrides = {f: getattr(args, f) for f in MODEL_FLAGS if getattr(args, f) is not None}
     if args.untie_embeddings_and_output_weights:
         overrides["untie_embeddings_and_output_weights"] = True
-    pad_placeholder_vocab(model_config_from_preset(args.preset), overrides)     # as pretrain_zaya.py pads it
+    pad_placeholder_vocab(model_config_from_preset(args.preset), overrides,    # as pretrain_zaya.py pads it
+                          args.tensor_model_parallel_size)
     config = model_config_from_preset(args.preset, **overrides)
     check_moe_layer_freq(args, config.num_layers)
     resolve_training_names(args, config.num_layers)

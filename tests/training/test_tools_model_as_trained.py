@@ -137,3 +137,9 @@ def test_tools_pad_the_placeholder_vocabulary_to_a_make_vocab_size_divisible_by(
                      "--make-vocab-size-divisible-by", "7"])
     assert planned(["--preset", "zaya1-tiny", "--num-layers", "2", "--make-vocab-size-divisible-by", "7"]) == given
     assert planned(["--config", str(config)]) == given
+    # Under TP 2 the tokenizer's vocabulary is padded to a multiple of 7 that 2 divides (8,204), and so is the
+    # placeholder: the planner refused "--tensor-model-parallel-size=2: must divide ... the vocabulary (8197)".
+    planner[1] = "2"
+    tp2 = ["--preset", "zaya1-tiny", "--num-layers", "2", "--tensor-model-parallel-size", "2"]
+    assert planned(tp2 + ["--make-vocab-size-divisible-by", "7"]) == planned(
+        tp2 + ["--vocab-size", "8204", "--make-vocab-size-divisible-by", "7"])
