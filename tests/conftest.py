@@ -23,11 +23,23 @@ import pytest  # noqa: E402  (after the settings above, which must precede torch
 SLURM_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm")
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (the README runs `-n 2`) the tests of one xdist group run in one worker: the controller
+    schedules by group (--dist loadgroup where -n alone chose load) and each worker names its tests by their group,
+    which xdist does only for a --dist loadgroup on the command line (its workers parse that, not this choice).
+    Nothing happens without xdist or -n."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    if hasattr(config, "workerinput"):
+        config.option.loadgroup = True
+    elif config.getoption("numprocesses", None) and config.getoption("dist") == "load":
+        config.option.dist = "loadgroup"
+
+
 @pytest.hookimpl(tryfirst=True)    # before xdist's own hook, which names each test by its group
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (the README runs `-n 2`; pyproject.toml sets --dist loadgroup) the launcher tests
-    run in one worker, one after another: they share one local Slurm cluster per pytest process
-    (tests/slurm/conftest.py), whose nodes lnode1-3 are named in /etc/hosts."""
+    """The launcher tests run in one xdist worker, one after another: they share one local Slurm cluster per
+    pytest process (tests/slurm/conftest.py), whose nodes lnode1-3 are named in /etc/hosts."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
