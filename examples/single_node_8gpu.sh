@@ -16,7 +16,8 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 : "${DATA_PATH:?set DATA_PATH to the preprocessed data prefix (or a blend)}"
-: "${TOKENIZER_MODEL:?set TOKENIZER_MODEL to the tokenizer (a tokenizer.json folder; a SentencePiece .model with TOKENIZER_TYPE=GPTSentencePieceTokenizer)}"
+sp_note="a SentencePiece .model with TOKENIZER_TYPE=GPTSentencePieceTokenizer"
+: "${TOKENIZER_MODEL:?set TOKENIZER_MODEL to the tokenizer (a tokenizer.json folder; $sp_note)}"
 NPROC=${NPROC:-8}
 OUT=${OUT:-$REPO/runs/single_node_8gpu}
 CONFIG=${CONFIG:-$REPO/examples/single_node_8gpu.yaml}

@@ -77,8 +77,11 @@ def _why_not_continuing(save: str, load: str | None, finetune: bool, newest: int
     `ckpt_step`: --ckpt-step as given, which made `load` that iteration's folder in --save."""
     if not load:
         return "there is no --load, so it starts at iteration 0"
+    # what the user gave: --ckpt-step put its iteration's folder in `load`
+    picked = None if ckpt_step is None else f"--ckpt-step {ckpt_step} loads iteration {ckpt_step} of --load " \
+                                            f"{os.path.dirname(load)}"
     if finetune:
-        return f"--finetune restarts the iteration count at 0 (--load {load})"
+        return f"--finetune restarts the iteration count at 0 ({picked or f'--load {load}'})"
     if _same_path(load, save):
         named = named_latest(save)
         if named is not None and named < newest:     # the file edited to go back: newest would be overwritten
@@ -91,11 +94,8 @@ def _why_not_continuing(save: str, load: str | None, finetune: bool, newest: int
         loaded = int(match.group(1))
         if loaded >= newest:
             return None
-        if ckpt_step is not None:
-            return f"--ckpt-step {ckpt_step} loads iteration {loaded} of --load {os.path.dirname(load)}, older than " \
-                   f"the latest one"
-        return f"--load {load} is iteration {loaded}, older than the latest one"
-    return f"--load {load} is another folder"
+        return f"{picked or f'--load {load} is iteration {loaded}'}, older than the latest one"
+    return f"{picked}, another folder" if picked else f"--load {load} is another folder"
 
 
 def check_save_folder(save: str | None, load: str | None, finetune: bool, ckpt_step: int | None = None) -> None:

@@ -105,6 +105,6 @@ def other_kind_hint(path: str, tried: str) -> str:
             return ("; it is a SentencePiece model: pass --tokenizer-type GPTSentencePieceTokenizer (or the "
                     "SentencePiece type it was made for: SentencePieceTokenizer, Llama2Tokenizer)")
         return ""
-    if path.endswith(".json") or os.path.isfile(os.path.join(path, "tokenizer.json")):
+    if (path.endswith(".json") and os.path.isfile(path)) or os.path.isfile(os.path.join(path, "tokenizer.json")):
         return "; it is a Hugging Face tokenizer: pass --tokenizer-type HuggingFaceTokenizer"
     return ""

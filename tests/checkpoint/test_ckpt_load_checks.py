@@ -4,6 +4,7 @@ state are warned about; offline reshards keep the data position and are marked w
 import importlib.util
 import json
 import os
+import shutil
 
 import pytest
 
@@ -211,6 +212,16 @@ def test_ckpt_step_loads_that_iteration(ckpt_corpus, ckpt_cache, tmp_path, monke
     message = str(refused.value)
     assert f"--ckpt-step 2 loads iteration 2 of --load {src}, older than the latest one" in message, message
     assert "(without --finetune or --ckpt-step)" in message and "iter_0000002" not in message, message
+    # from another folder, and with --finetune: the same words for what the user gave
+    from megatron_zaya.checkpoint.preflight import check_save_folder
+    other = str(tmp_path / "other")
+    shutil.copytree(src, other)
+    picked = f"--ckpt-step 2 loads iteration 2 of --load {src}"
+    for finetune, reason in ((False, f"{picked}, another folder"),
+                             (True, f"restarts the iteration count at 0 ({picked})")):
+        with pytest.raises(CheckpointError) as refused:
+            check_save_folder(other, os.path.join(src, "iter_0000002"), finetune, 2)
+        assert reason in str(refused.value) and "iter_0000002" not in str(refused.value), refused.value
 
 
 def test_ckpt_step_errors_name_the_flag(ckpt_corpus, ckpt_cache, tmp_path, capsys):

@@ -243,6 +243,9 @@ def test_a_tokenizer_of_the_other_kind_is_named_with_the_type_that_reads_it(sp_m
         build_tokenizer("HuggingFaceTokenizer", sp_model)
     assert ("which --tokenizer-type HuggingFaceTokenizer reads" in str(refused.value)
             and "it is a SentencePiece model: pass --tokenizer-type GPTSentencePieceTokenizer" in str(refused.value))
+    with pytest.raises(UserInputError) as refused:      # a tokenizer.json that is not there: no hint
+        check_tokenizer_flags("GPTSentencePieceTokenizer", str(tmp_path / "tokenizer.json"))
+    assert "it is a" not in str(refused.value), refused.value
     neither = tmp_path / "notes.txt"
     neither.write_text("neither kind")
     for tokenizer_type in ("HuggingFaceTokenizer", "GPTSentencePieceTokenizer"):
