@@ -508,14 +508,20 @@ ALTERNATIVES = (("train_iters", "train_samples"), ("lr_warmup_iters", "lr_warmup
                 ("ddp_bucket_size", "ddp_num_buckets"))
 
 
+def command_line_dests(argv, make_parser=None) -> set[str]:
+    """The dests the command line `argv` itself sets (a --config file's keys, parser defaults, are not among them),
+    parsed by `make_parser()` (a tool's parser; pretrain_zaya.py's by default)."""
+    plain = (make_parser or build_parser)()
+    for action in plain._actions:        # a dest is in the namespace only when its flag is on the command line
+        action.default, action.required = argparse.SUPPRESS, False
+    return set(vars(plain.parse_known_args(argv)[0]))
+
+
 def let_the_command_line_win(args: argparse.Namespace, argv) -> None:
     """After a parse with --config defaults: for each group of ALTERNATIVES of which the command line sets
     one, the others go back to their plain defaults (the file's values set aside)."""
-    plain = build_parser()
-    defaults = {a.dest: a.default for a in plain._actions}
-    for action in plain._actions:        # a dest is in the namespace only when its flag is on the command line
-        action.default = argparse.SUPPRESS
-    given = set(vars(plain.parse_known_args(argv)[0]))
+    defaults = {a.dest: a.default for a in build_parser()._actions}
+    given = command_line_dests(argv)
     for group in ALTERNATIVES:
         if given & set(group):
             for dest in set(group) - given:

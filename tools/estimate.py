@@ -28,7 +28,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_zaya.config import PRESETS, ConfigError, model_config_from_preset  # noqa: E402
-from megatron_zaya.flags import OneLineErrorParser, apply_training_config  # noqa: E402
+from megatron_zaya.flags import OneLineErrorParser, apply_training_config, command_line_dests  # noqa: E402
 from megatron_zaya.planner.activations import DEFAULT_MODULES, POLICIES  # noqa: E402
 from megatron_zaya.planner.hardware import CLUSTERS, Efficiency, cluster_from_preset  # noqa: E402
 from megatron_zaya.planner.layout import RECOMPUTE_CHOICES, LayoutError, ParallelLayout  # noqa: E402
@@ -140,20 +140,12 @@ def resolve_training_names(args, num_layers: int) -> None:
 SELECTIVE_SETTINGS = ("recompute_activations", "moe_layer_recompute", "recompute_modules")
 
 
-def command_line_dests(argv) -> set[str]:
-    """The dests the command line itself sets (a --config file's keys are defaults, not among them)."""
-    plain = build_parser()
-    for action in plain._actions:
-        action.default, action.required = argparse.SUPPRESS, False
-    return set(vars(plain.parse_known_args(argv)[0]))
-
-
 def leave_selective(parser: argparse.ArgumentParser, args, argv) -> str:
     """What the change to --recompute full takes away from this run's selective settings (training refuses full
     beside them), where the run gave them: a command-line flag is left out ("without --recompute-modules"), an
     on/off key of --config turned off (--no-recompute-activations, added by --config), and --config's
     recompute-modules taken out of the file (no flag empties a list). Read before resolve_training_names."""
-    given = command_line_dests(argv)
+    given = command_line_dests(argv, build_parser)
     without = [f"--{d.replace('_', '-')}" for d in SELECTIVE_SETTINGS if d in given and getattr(args, d)]
     off = [f"--no-{d.replace('_', '-')}" for d in SELECTIVE_SETTINGS[:2] if parser.get_default(d) and getattr(args, d)]
     text = "".join(" " + flag for flag in off)

@@ -2,7 +2,6 @@
 to the run's command line (and its --config file changed as the text says), are accepted and the layout fits.
 Full recomputation, which training refuses beside selective settings (--recompute-activations,
 --moe-layer-recompute, --recompute-modules), names the settings to take away where the run gave them."""
-import importlib.util
 import json
 import re
 import shlex
@@ -11,18 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
 ZAYA1_36K = ["--preset", "zaya1-base", "--gpus", "1024", "--cluster", "mi300x", "--global-batch-size", "1024",
              "--use-distributed-optimizer", "--optimizer", "adamw"]
 SEQ_36K = ["--seq-length", "36864"]
-
-
-@pytest.fixture(scope="module")
-def cli():
-    spec = importlib.util.spec_from_file_location("estimate_cli", ROOT / "tools/estimate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def run(cli, capsys, argv):

@@ -1,25 +1,14 @@
 """tools/estimate.py reads training's names for what it plans: --recompute-activations and
 --moe-layer-recompute (selective; the latter adding the moe module), --untie-embeddings-and-output-weights
 (a separate output layer's weights), a --seq-length past the preset's max_position_embeddings."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from megatron_zaya.config import model_config_from_preset
 from megatron_zaya.model.recompute import DEFAULT_MODULES
 
-ROOT = Path(__file__).resolve().parents[2]
 BASE = ["--preset", "zaya1-tiny", "--gpus", "1", "--global-batch-size", "8", "--micro-batch-size", "4", "--json"]
-
-
-@pytest.fixture(scope="module")
-def cli():
-    spec = importlib.util.spec_from_file_location("estimate_cli", ROOT / "tools/estimate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def plan(cli, capsys, *flags):

@@ -4,7 +4,6 @@ Facts: ZAYA1-base trains on 1024 MI300X (192 GB) with DP + ZeRO-1 at 4K context 
 32K phase needed context parallelism with 2 ranks
 (the planner: or selective recomputation, by a small margin); a global batch of 4096 x 4096 tokens took about
 2.5 s per step. The planner runs with its documented default assumptions (docs/PLANNER.md)."""
-import importlib.util
 import json
 from pathlib import Path
 
@@ -77,15 +76,7 @@ def test_ring_costs_and_device_table():
                                 "h200": 989.0, "a100": 312.0}
 
 
-def load_cli():
-    spec = importlib.util.spec_from_file_location("estimate", ROOT / "tools/estimate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_cli_reports_and_names_bad_flags(capsys):
-    cli = load_cli()
+def test_cli_reports_and_names_bad_flags(cli, capsys):
     base = ["--preset", "zaya1-base", "--gpus", "1024", "--cluster", "mi300x", "--micro-batch-size", "1"]
     assert cli.main(base + ["--seq-length", "32768", "--global-batch-size", "1024", "--use-distributed-optimizer",
                             "--json"]) == 1
@@ -102,11 +93,10 @@ def test_cli_reports_and_names_bad_flags(capsys):
     assert exit_info.value.code == 2 and "--seq-length=0: must be >= 1" in capsys.readouterr().err
 
 
-def test_cli_plans_tp_with_and_without_sequence_parallelism(capsys, tmp_path):
+def test_cli_plans_tp_with_and_without_sequence_parallelism(cli, capsys, tmp_path):
     """Without --sequence-parallel the residuals', norms' and router's activations are whole on each TP
     rank: the plan keeps more, and a layout that does not fit is offered --sequence-parallel first after
     ZeRO-1. A training config's sequence-parallel key counts."""
-    cli = load_cli()
     base = ["--preset", "zaya1-tiny", "--gpus", "2", "--global-batch-size", "8", "--tensor-model-parallel-size", "2",
             "--json"]
     cli.main(base)
@@ -130,8 +120,7 @@ def test_cli_plans_tp_with_and_without_sequence_parallelism(capsys, tmp_path):
     assert code == 1 and plan["fixes"][0].endswith("(--sequence-parallel)"), plan["fixes"]
 
 
-def test_cli_refuses_a_partial_node(capsys):
-    cli = load_cli()
+def test_cli_refuses_a_partial_node(cli, capsys):
     base = ["--preset", "zaya1-tiny", "--global-batch-size", "16"]
     with pytest.raises(SystemExit) as exit_info:
         cli.main(base + ["--gpus", "8", "--gpus-per-node", "3"])
@@ -141,12 +130,11 @@ def test_cli_refuses_a_partial_node(capsys):
     assert "1 node, 4 of its 8 GPUs" in capsys.readouterr().out
 
 
-def test_cli_counts_packed_documents_and_module_recomputation(capsys):
+def test_cli_counts_packed_documents_and_module_recomputation(cli, capsys):
     """--reset-attention-mask adds the segmented convolution's terms and the attention bias: under CP=2 at 32K,
     the bias is the two chunk biases, (2 CP + 1) (S / 2CP)^2 bf16 per sequence. --recompute-modules reaches the
     report."""
     from megatron_zaya.planner.activations import document_bias_bytes
-    cli = load_cli()
     base = ["--preset", "zaya1-base", "--gpus", "1024", "--cluster", "mi300x", "--micro-batch-size", "1",
             "--seq-length", "32768", "--global-batch-size", "1024", "--use-distributed-optimizer",
             "--context-parallel-size", "2", "--json"]
@@ -165,11 +153,10 @@ def test_cli_counts_packed_documents_and_module_recomputation(capsys):
     assert "recompute=selective (moe)" in capsys.readouterr().out
 
 
-def test_cli_plans_the_training_config(capsys, tmp_path):
+def test_cli_plans_the_training_config(cli, capsys, tmp_path):
     """--config FILE.yaml: the ZAYA1-base 32K recipe plans exactly as the same flags given by hand; its
     training-only keys are listed as left out; the command line wins; a key pretrain_zaya.py does not know,
     and a partial full recomputation the planner does not model, are refused naming them."""
-    cli = load_cli()
     recipe = str(ROOT / "examples" / "zaya1_base" / "phase3_32k.yaml")
     assert cli.main(["--config", recipe, "--gpus", "1024", "--cluster", "mi300x", "--json"]) == 0
     captured = capsys.readouterr()
