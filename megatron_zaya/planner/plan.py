@@ -139,7 +139,7 @@ def fixes(plan: Plan, limit: int = 4, leave_selective: str = LEAVE_SELECTIVE) ->
     change to full recomputation takes away from a selective layout (full_recompute_flags)."""
     found, kinds = [], set()
 
-    def attempt(description, layout):
+    def attempt(layout):
         try:
             candidate = make_plan(plan.config, layout, plan.cluster, plan.efficiency, plan.options)
         except (LayoutError, ValueError):
@@ -149,7 +149,7 @@ def fixes(plan: Plan, limit: int = 4, leave_selective: str = LEAVE_SELECTIVE) ->
     for kind, description, layout in _candidates(plan.layout, leave_selective):
         if kind in kinds:
             continue
-        candidate = attempt(description, layout)
+        candidate = attempt(layout)
         if candidate is not None:
             found.append((description, candidate))
             kinds.add(kind)
@@ -158,7 +158,7 @@ def fixes(plan: Plan, limit: int = 4, leave_selective: str = LEAVE_SELECTIVE) ->
     if not found and not plan.layout.zero1:
         zero = dataclasses.replace(plan.layout, zero1=True)
         for _, description, layout in _candidates(zero, leave_selective):
-            candidate = attempt(description, layout)
+            candidate = attempt(layout)
             if candidate is not None:
                 flags = description.replace("(", "(--use-distributed-optimizer ", 1)    # both changes' flags
                 found.append((f"enable ZeRO-1 and {flags}", candidate))
