@@ -195,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="lr of the Adam that moves the balancing biases (default 1e-2)")
     g.add_argument("--moe-router-bias-beta1", type=float, default=0.9)
     g.add_argument("--moe-router-bias-beta2", type=float, default=0.999)
+    g.add_argument("--moe-router-bias-eps", type=float, default=1e-8,
+                   help="eps of that Adam: the smallest error it still scales to a full lr step")
     g.add_argument("--no-moe-router-bias-update", action="store_true")
     g = p.add_argument_group("data")
     g.add_argument("--data-path", nargs="+", default=None)

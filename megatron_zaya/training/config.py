@@ -37,6 +37,7 @@ class TrainConfig:
     moe_router_bias_lr: float = 1e-2
     moe_router_bias_beta1: float = 0.9
     moe_router_bias_beta2: float = 0.999
+    moe_router_bias_eps: float = 1e-8
     # evaluation and logging
     log_interval: int = 100
     eval_interval: int = 1000

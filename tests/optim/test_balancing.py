@@ -60,9 +60,9 @@ def test_bias_update_is_mean_centred_adam_on_the_load_error():
     biases = [torch.zeros(experts + 1) for _ in range(layers)]
     for b in biases:
         b[-1] = -1.0
-    updater = BalancingBiasUpdater(biases, lr=1e-2)
+    updater = BalancingBiasUpdater(biases, lr=1e-2, beta1=0.8, beta2=0.99, eps=1e-3)   # eps ~1% of the steps
     ref = torch.zeros(layers, experts, dtype=torch.float64, requires_grad=True)
-    adam = torch.optim.Adam([ref], lr=1e-2, betas=(0.9, 0.999), eps=1e-8, foreach=False)
+    adam = torch.optim.Adam([ref], lr=1e-2, betas=(0.8, 0.99), eps=1e-3, foreach=False)
     want = torch.zeros(layers, experts, dtype=torch.float64)
     for _ in range(6):
         counts = torch.randint(0, 50, (layers, experts + 1))
@@ -80,22 +80,27 @@ def test_bias_update_is_mean_centred_adam_on_the_load_error():
 
 def test_no_moe_router_bias_update_leaves_the_biases_of_a_training_run_as_initialised(tmp_path, monkeypatch):
     """Two steps of a tiny --mock-data run: the balancing biases move after each step by default, and with
-    --no-moe-router-bias-update (Megatron-LM's flag) they stay as initialised."""
+    --no-moe-router-bias-update (Megatron-LM's flag) they stay as initialised; the --moe-router-bias-* flags
+    reach the updater."""
     from megatron_zaya.arguments import parse_args
     from megatron_zaya.training import loop
     from megatron_zaya.training.setup import build_and_train
 
     monkeypatch.setenv("WORLD_SIZE", "1")
-    real_step, moved = loop.Trainer.train_step, []
+    real_step, moved, settings = loop.Trainer.train_step, [], []
 
     def recording_step(trainer, micro_batches):
+        b = trainer.balancer
+        settings.append((b.lr, b.beta1, b.beta2, b.eps))
         before = [b.clone() for b in trainer.balancer.biases]
         result = real_step(trainer, micro_batches)
         moved.append(any(not torch.equal(a, b) for a, b in zip(before, trainer.balancer.biases)))
         return result
 
     monkeypatch.setattr(loop.Trainer, "train_step", recording_step)
-    for flags, update in (([], True), (["--no-moe-router-bias-update"], False)):
+    adam_flags = ["--moe-router-bias-lr", "0.02", "--moe-router-bias-beta1", "0.5", "--moe-router-bias-beta2", "0.9",
+                  "--moe-router-bias-eps", "0.001"]
+    for flags, update in (([], True), (["--no-moe-router-bias-update"], False), (adam_flags, True)):
         run = parse_args(["--mock-data", "--tokenizer-type", "NullTokenizer", "--tokenizer-model", "100",
                           "--preset", "zaya1-tiny", "--num-layers", "1", "--seq-length", "32",
                           "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "2",
@@ -104,3 +109,4 @@ def test_no_moe_router_bias_update_leaves_the_biases_of_a_training_run_as_initia
         moved.clear()
         assert build_and_train(run) == 0
         assert moved == [update, update]
+    assert settings[0] == (1e-2, 0.9, 0.999, 1e-8) and settings[-1] == (0.02, 0.5, 0.9, 1e-3)
