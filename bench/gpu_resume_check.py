@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -46,6 +47,9 @@ def main() -> int:
                         help="folder for the checkpoint and result.json (default: a temporary one)")
     parser.add_argument("--tolerance", type=float, default=2e-3)
     args = parser.parse_args()
+    # A SIGTERM (a time limit) ends this check at once, and subprocess.run then kills the running trainer, which
+    # would otherwise finish its iteration, save and run on unwatched.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     import torch
     out = args.out or tempfile.mkdtemp(prefix="gpu_resume_check_")
     os.makedirs(out, exist_ok=True)

@@ -393,9 +393,9 @@ def main() -> int:
         results.append(dict(kernel=c.name, triton_ms=t_tri, eager_ms=t_eag, speedup=t_eag / t_tri, gbps=gbs,
                             copy_gbps=bw, tflops=tfs, device_ms=dev_tri, device_ms_eager=dev_eag, device_gbps=dev_gbs, check=good, errors=errors, peak_gib_triton=mem_tri,
                             peak_gib_eager=mem_eag))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(device=name, torch=torch.__version__, results=results), f, indent=1)
+        if a.json:        # after every kernel: a time limit that stops the run keeps the ones measured
+            with open(a.json, "w") as f:
+                json.dump(dict(device=name, torch=torch.__version__, results=results), f, indent=1)
     return 0 if ok else 1
 
 
