@@ -55,7 +55,8 @@ def check_layout(world_size: int, tp: int, cp: int, ep: int, model_config=None, 
                               f"--num-query-groups={c.num_query_groups} (KV heads are split, or replicated "
                               f"when TP > HKV)")
         if check_vocab and c.vocab_size % tp:
-            raise LayoutError(f"--tensor-model-parallel-size={tp} must divide the padded vocab {c.vocab_size}")
+            raise LayoutError(f"--tensor-model-parallel-size={tp} must divide the padded vocab {c.vocab_size} "
+                              f"(a multiple of --make-vocab-size-divisible-by={c.make_vocab_size_divisible_by})")
         if c.moe_ffn_hidden_size % tp:
             raise LayoutError(f"--tensor-model-parallel-size={tp} must divide --moe-ffn-hidden-size="
                               f"{c.moe_ffn_hidden_size}")

@@ -348,3 +348,28 @@ def test_skip_train_evaluates_the_loaded_model_and_saves_nothing(ckpt_corpus, ck
         with pytest.raises(SystemExit):
             parse_args(flags(ckpt_corpus, 1, "--skip-train", *extra, cache=ckpt_cache))
         assert expected in capsys.readouterr().err
+
+
+def test_a_vocabulary_that_differs_only_in_its_padding_is_refused_naming_the_flag(tmp_path, monkeypatch):
+    """A checkpoint padded to a multiple of --make-vocab-size-divisible-by 3 at TP 1 cannot load at TP 2 (this run
+    pads to a multiple of 6): the refusal says it is the padding and which flag; so for another divisible-by.
+    A vocabulary that differs for another reason gets no such hint."""
+    base = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--tokenizer-model", "500", "--preset", "zaya1-tiny",
+            "--seq-length", "32",
+            "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "1", "--data-cache-path",
+            str(tmp_path)]
+    saved = {"model_config": parse_args(base + ["--make-vocab-size-divisible-by", "3"]).model.to_dict()}
+    old = saved["model_config"]["vocab_size"]
+    assert old % 2, old
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    run = parse_args(base + ["--make-vocab-size-divisible-by", "3", "--tensor-model-parallel-size", "2"])
+    with pytest.raises(CheckpointError, match=rf"--tensor-model-parallel-size=2 does not divide the checkpoint's "
+                                              rf"{old}.*A TP that divides {old} loads it"):
+        check_model_config(saved, run, False, "ckpt")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    run = parse_args(base + ["--make-vocab-size-divisible-by", "2"])
+    with pytest.raises(CheckpointError, match="pass the checkpoint's --make-vocab-size-divisible-by=3"):
+        check_model_config(saved, run, False, "ckpt")
+    run = parse_args(base + ["--make-vocab-size-divisible-by", "3", "--vocab-size", str(old + 3)])
+    with pytest.raises(CheckpointError, match=r"not even with --finetune$"):
+        check_model_config(saved, run, False, "ckpt")
