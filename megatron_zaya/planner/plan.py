@@ -93,41 +93,44 @@ def full_recompute_flags(layout: ParallelLayout, leave_selective: str = LEAVE_SE
 
 
 def _candidates(layout: ParallelLayout, leave_selective: str = LEAVE_SELECTIVE):
-    """Single changes, most preferred first: (kind, description, new layout)."""
+    """Single changes, most preferred first: (kind, what changes, its flags, new layout)."""
     if not layout.zero1:
-        yield "zero1", "enable ZeRO-1 (--use-distributed-optimizer)", dataclasses.replace(layout, zero1=True)
+        yield "zero1", "enable ZeRO-1", "--use-distributed-optimizer", dataclasses.replace(layout, zero1=True)
     if layout.tensor_parallel > 1 and not layout.sequence_parallel:
-        yield "sp", "split the residuals, norms and router over TP too (--sequence-parallel)", \
+        yield "sp", "split the residuals, norms and router over TP too", "--sequence-parallel", \
             dataclasses.replace(layout, sequence_parallel=True)
     if layout.micro_batch_size > 1:
         mbs = layout.micro_batch_size // 2
         while mbs >= 1:
-            yield ("micro", f"smaller micro batch (--micro-batch-size {mbs})",
+            yield ("micro", "smaller micro batch", f"--micro-batch-size {mbs}",
                    dataclasses.replace(layout, micro_batch_size=mbs))
             mbs //= 2
     if layout.recompute == "none":
-        yield "selective", "recompute selective (--recompute selective; in training: --recompute-granularity selective)", \
+        yield "selective", "recompute selective", \
+            "--recompute selective; in training: --recompute-granularity selective", \
             dataclasses.replace(layout, recompute="selective")
     cp = layout.context_parallel * 2
     while cp <= layout.gpus:
-        yield "cp", f"raise CP to {cp} (--context-parallel-size {cp})", dataclasses.replace(layout, context_parallel=cp)
+        yield "cp", f"raise CP to {cp}", f"--context-parallel-size {cp}", \
+            dataclasses.replace(layout, context_parallel=cp)
         cp *= 2
     if not layout.recomputes_moe and layout.recompute != "full":
         modules = tuple(dict.fromkeys((layout.recompute_modules or DEFAULT_MODULES) + ("moe",)))
         names = " ".join(modules)
-        yield ("moe", f"recompute the MoE sublayers (--recompute selective --recompute-modules {names}; in training "
-               "the same modules with --recompute-granularity selective)",
+        yield ("moe", "recompute the MoE sublayers", f"--recompute selective --recompute-modules {names}; in training "
+               "the same modules with --recompute-granularity selective",
                dataclasses.replace(layout, recompute="selective", recompute_modules=modules))
     if layout.recompute != "full":
-        yield ("full", f"recompute full ({full_recompute_flags(layout, leave_selective)}; in training: "
-               "--recompute-granularity full)", dataclasses.replace(layout, recompute="full", recompute_modules=()))
+        yield ("full", "recompute full", f"{full_recompute_flags(layout, leave_selective)}; in training: "
+               "--recompute-granularity full", dataclasses.replace(layout, recompute="full", recompute_modules=()))
     ep = layout.expert_parallel * 2
     while ep <= layout.gpus:
-        yield "ep", f"raise EP to {ep} (--expert-model-parallel-size {ep})", dataclasses.replace(layout, expert_parallel=ep)
+        yield "ep", f"raise EP to {ep}", f"--expert-model-parallel-size {ep}", \
+            dataclasses.replace(layout, expert_parallel=ep)
         ep *= 2
     tp = layout.tensor_parallel * 2
     while tp <= 8:
-        yield "tp", f"raise TP to {tp} (--tensor-model-parallel-size {tp} --sequence-parallel)", \
+        yield "tp", f"raise TP to {tp}", f"--tensor-model-parallel-size {tp} --sequence-parallel", \
             dataclasses.replace(layout, tensor_parallel=tp, sequence_parallel=True)
         tp *= 2
 
@@ -146,21 +149,20 @@ def fixes(plan: Plan, limit: int = 4, leave_selective: str = LEAVE_SELECTIVE) ->
             return None
         return candidate if candidate.fits else None
 
-    for kind, description, layout in _candidates(plan.layout, leave_selective):
+    for kind, what, flags, layout in _candidates(plan.layout, leave_selective):
         if kind in kinds:
             continue
         candidate = attempt(layout)
         if candidate is not None:
-            found.append((description, candidate))
+            found.append((f"{what} ({flags})", candidate))
             kinds.add(kind)
         if len(found) >= limit:
             break
     if not found and not plan.layout.zero1:
         zero = dataclasses.replace(plan.layout, zero1=True)
-        for _, description, layout in _candidates(zero, leave_selective):
+        for _, what, flags, layout in _candidates(zero, leave_selective):
             candidate = attempt(layout)
             if candidate is not None:
-                flags = description.replace("(", "(--use-distributed-optimizer ", 1)    # both changes' flags
-                found.append((f"enable ZeRO-1 and {flags}", candidate))
+                found.append((f"enable ZeRO-1 and {what} (--use-distributed-optimizer {flags})", candidate))
                 break
     return found
