@@ -64,5 +64,8 @@ def report_from_rank0_and_exit(runtime, value) -> None:
     if runtime.rank == 0:
         print(json.dumps(every), flush=True)
     dist.barrier()
-    runtime.shutdown()
+    if hasattr(runtime, "shutdown"):        # a DistributedRuntime; a bare DistEnv holds only the default group
+        runtime.shutdown()
+    else:
+        dist.destroy_process_group()
     exit_process(0)

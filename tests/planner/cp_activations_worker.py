@@ -6,7 +6,6 @@ own tokens (counts not summed over the CP group). Rank 0 prints every case's ran
 
 "fused": the Triton kernels, run by the interpreter, on a smaller model (the fused-kernel policy's terms).
 """
-import json
 import os
 import sys
 
@@ -14,15 +13,15 @@ if sys.argv[1:] == ["fused"]:
     os.environ["TRITON_INTERPRET"] = "1"      # before triton loads
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 from torch.nn.attention import SDPBackend  # noqa: E402
 
 from megatron_zaya import kernels  # noqa: E402
 from megatron_zaya.config import model_config_from_preset  # noqa: E402
 from megatron_zaya.parallel.apply import parallelize_model  # noqa: E402
 from megatron_zaya.parallel.context import slice_batch_for_cp  # noqa: E402
-from megatron_zaya.parallel.launch import exit_process, init_distributed  # noqa: E402
+from megatron_zaya.parallel.launch import init_distributed  # noqa: E402
 from megatron_zaya.parallel.state import ParallelState  # noqa: E402
+from tests.parallel.parallel_launcher import report_from_rank0_and_exit  # noqa: E402
 from tests.planner.test_planner_activations import bf16_model, measured_saved_bytes  # noqa: E402
 from tests.planner.tp_activations_worker import BATCH, CONFIG  # noqa: E402
 
@@ -77,17 +76,8 @@ def main() -> None:
     fused = sys.argv[1:] == ["fused"]
     if fused:
         kernels.set_kernel_backend("triton")
-    results = []
-    for case in FUSED_CASES if fused else CASES:
-        every = [None] * env.world_size
-        dist.all_gather_object(every, measure(case, env))
-        results.append({"case": case, "ranks": every})
-    if env.rank == 0:
-        print(json.dumps(results), flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
+    report_from_rank0_and_exit(env, [measure(case, env) for case in (FUSED_CASES if fused else CASES)])
 
 
 if __name__ == "__main__":
     main()
-    exit_process(0)

@@ -198,9 +198,11 @@ def test_tensor_parallel_formula_matches_saved_tensors_on_each_rank(mode, kv_hea
 def context_parallel_ranks(*args) -> list:
     """cp_activations_worker.py's cases, each with every rank's saved bytes and routing."""
     from tests.parallel.parallel_launcher import run_torchrun
+    from tests.planner.cp_activations_worker import CASES, FUSED_CASES
     proc = run_torchrun(2, "tests/planner/cp_activations_worker.py", *args, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    every = json.loads(proc.stdout.strip().splitlines()[-1])        # each rank's results, case by case
+    return [{"case": case, "ranks": list(ranks)} for case, *ranks in zip(FUSED_CASES if args else CASES, *every)]
 
 
 def check_context_parallel_case(result, config, policy) -> None:

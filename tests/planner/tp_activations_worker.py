@@ -6,17 +6,16 @@ routing fractions the planner takes. Rank 0 prints every rank's numbers as one J
 
 With 1 KV head, TP 2 is more ranks than KV heads: each rank holds the whole KV head (replicated).
 """
-import json
 import sys
 
 import torch
-import torch.distributed as dist
 from torch.nn.attention import SDPBackend
 
 from megatron_zaya.config import model_config_from_preset
 from megatron_zaya.parallel.apply import parallelize_model
-from megatron_zaya.parallel.launch import exit_process, init_distributed
+from megatron_zaya.parallel.launch import init_distributed
 from megatron_zaya.parallel.state import ParallelState
+from tests.parallel.parallel_launcher import report_from_rank0_and_exit
 from tests.planner.test_planner_activations import bf16_model, measured_saved_bytes
 
 # zaya1-tiny at D 256 with 8 query heads over 2 K/V groups: TP 2 splits the heads, the FFN and the vocabulary.
@@ -37,14 +36,8 @@ def main() -> None:
     tokens = torch.randint(0, config.vocab_size, (BATCH, config.seq_length), generator=generator)
     labels = torch.randint(0, config.vocab_size, (BATCH, config.seq_length), generator=generator)
     saved, routed, padded = measured_saved_bytes(model, tokens, labels, backend=SDPBackend.FLASH_ATTENTION)
-    every = [None] * env.world_size
-    dist.all_gather_object(every, {"saved": saved, "routed": routed, "padded": padded})
-    if env.rank == 0:
-        print(json.dumps(every), flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
+    report_from_rank0_and_exit(env, {"saved": saved, "routed": routed, "padded": padded})
 
 
 if __name__ == "__main__":
     main()
-    exit_process(0)
