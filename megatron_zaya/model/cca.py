@@ -194,12 +194,18 @@ class CompressedConvAttention(nn.Module):
 
     def attend(self, q, k, v, attention_mask: torch.Tensor | None = None):
         """Causal GQA softmax attention; (B, S, H, dh) in, (B, S, HQ*dh) out."""
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        # Grouped KV heads go to SDPA as they are where a fused kernel takes them (torch 2.13's CPU flash
-        # kernel, CUDA flash without a mask): no repeat_interleave copies of K and V (nor their backward
-        # sums). Elsewhere they are repeated when only that keeps SDPA off its math path (kv_for_sdpa).
-        k, v, gqa, math = kv_for_sdpa(q, k, v, attention_mask, self.groups)
+        return self.attend_prepared(*self.sdpa_inputs(q, k, v, attention_mask), attention_mask)
 
+    def sdpa_inputs(self, q, k, v, attention_mask):
+        """(B, S, H, dh) q, k, v -> SDPA's (B, H, S, dh) q, k, v, enable_gqa and whether SDPA takes its math path.
+        Grouped KV heads go to SDPA as they are where a fused kernel takes them (torch 2.13's CPU flash kernel,
+        CUDA flash without a mask): no repeat_interleave copies of K and V (nor their backward sums). Elsewhere
+        they are repeated when only that keeps SDPA off its math path (kv_for_sdpa)."""
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        return (q,) + kv_for_sdpa(q, k, v, attention_mask, self.groups)
+
+    def attend_prepared(self, q, k, v, gqa: bool, math: bool, attention_mask):
+        """`attend` on what sdpa_inputs made ((B, H, S, dh) tensors)."""
         def core(q, k, v):
             if attention_mask is None:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)

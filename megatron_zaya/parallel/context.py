@@ -29,6 +29,7 @@ import functools
 
 import torch
 
+from megatron_zaya.model import recompute
 from megatron_zaya.model.cca import LeftContext
 from megatron_zaya.model.documents import (PackedDocuments, additive_bias, document_attention_mask,
                                            lag_visibility_of_ids)
@@ -165,13 +166,20 @@ def context_parallel_attention(attn, x, cos, sin, pstate, documents: PackedDocum
     # (imported here: torch.nn.attention.bias imports torch._dynamo, 1.5 s of every process's start)
     from torch.nn.attention.bias import causal_lower_right
 
+    ends = [(chunk + 1) * half for chunk in chunks]
+    masks = [causal_lower_right(half, end) if documents is None else chunk_bias(documents, pstate, chunk, half, q.dtype)
+             for chunk, end in zip(chunks, ends)]
+    # K/V made ready for SDPA once (cca.kv_for_sdpa: repeated to the query heads where only that keeps SDPA off its
+    # math path), for the later chunk, whose keys hold the earlier one's: each chunk reads a prefix of them (a copy
+    # per chunk kept both for the backward).
+    _, k_ready, v_ready, gqa, _ = attn.sdpa_inputs(q[:, half:], k_all[:, :ends[1]], v_all[:, :ends[1]], masks[1])
     outputs = []
-    for part, chunk in enumerate(chunks):
-        end = (chunk + 1) * half
-        qc = q[:, part * half:(part + 1) * half]
-        mask = causal_lower_right(half, end) if documents is None else chunk_bias(documents, pstate, chunk, half, q.dtype)
+    for part, (end, mask) in enumerate(zip(ends, masks)):
+        qc = q[:, part * half:(part + 1) * half].transpose(1, 2)
+        kc, vc = k_ready[:, :, :end], v_ready[:, :, :end]
+        math = recompute.sdpa_keeps_scores(qc, kc, vc, mask, gqa)
         # Each chunk projected on its own: linear_proj keeps the attention output it reads, which for flash
         # attention is a view of the output the core keeps anyway (a concatenation first would be a copy
         # kept beside them, 2 HQ dh bytes per token and layer).
-        outputs.append(attn.linear_proj(attn.attend(qc, k_all[:, :end], v_all[:, :end], mask)))
+        outputs.append(attn.linear_proj(attn.attend_prepared(qc, kc, vc, gqa, math, mask)))
     return torch.cat(outputs, dim=1)

@@ -23,9 +23,11 @@ saved for the backward, a per-layer constant (not per token), `projection_weight
 bytes per local token, per sequence of the micro-batch or once (`Term.per`).
 Context parallelism (parallel/context.py): a rank keeps S / CP tokens, as two chunks of S / 2CP, and
 * flash attention saves the all-gathered K/V of the whole sequence (CP times the local K/V), once for both
-  chunks; K/V repeated to the query heads or cast to fp32 (the math path) are copies per chunk, of the keys up
-  to the chunk's end: chunk i and 2CP-1-i read (i + 1) and (2CP - i) chunk lengths, (2CP + 1) / 2 per query
-  token on every rank (`chunk_reads`), and the math path's probabilities are (S / 2CP) x that many keys;
+  chunks, also where they are repeated to the query heads (cca.kv_for_sdpa: once, for the later chunk, whose
+  keys hold the earlier one's; on rank 0 that is the whole sequence); the math path's fp32 K/V are copies per
+  chunk, of the keys up to the chunk's end: chunk i and 2CP-1-i read (i + 1) and (2CP - i) chunk lengths,
+  (2CP + 1) / 2 per query token on every rank (`chunk_reads`), and its probabilities are (S / 2CP) x that
+  many keys;
 * each chunk is projected on its own (linear_proj keeps a view of the output its flash core keeps: the output
   once, as in one process);
 * the halo projects the `lookback` hidden rows left of each chunk with the stacked weights again: a second
@@ -179,9 +181,9 @@ def core_terms(config: ModelConfig, seq_length: int, pol: StoragePolicy, context
     chunk, reads = chunk_reads(seq_length, context_parallel)
     kv_heads = hq if pol.kv_repeated or (packed_documents and pol.mask_repeats_kv) else hkv
     if pol.attention == "flash":
-        # K/V as gathered (the whole sequence, both chunks' calls read views of it) or, repeated to the query
-        # heads (cca.kv_for_sdpa), a copy per call of the keys it reads.
-        kv_rows = reads if kv_heads != hkv else context_parallel
+        # K/V as gathered (the whole sequence), or repeated to the query heads (cca.kv_for_sdpa) once for the keys
+        # of the later chunk (the whole sequence on rank 0): both chunks' calls read views of them.
+        kv_rows = context_parallel
         # The flash output is laid out (B, S, H, dh), so the projection's input is a view of it: one tensor (the
         # output projection input term; under CP each chunk is projected on its own, from a view of its output).
         terms = [Term("attention: flash core (q, all-gathered k/v, lse; out = projection input)",

@@ -67,3 +67,49 @@ def test_a_causal_bias_is_judged_without_materialising_it():
     bias = causal_lower_right(8, 32)
     materialised = torch._fused_sdp_choice(q[:, :, :8], k, v, bias._materialize(q.device), 0.0, False, enable_gqa=True)
     assert recompute.sdpa_keeps_scores(q[:, :, :8], k, v, bias, True) == (materialised == SDPBackend.MATH.value)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["causal", "packed-documents"])
+def test_context_parallel_chunks_share_one_copy_of_repeated_kv(monkeypatch, packed):
+    """The CP attention (parallel/context.py) on one rank holding both chunks (CP group of one): where grouped
+    heads would send SDPA to its math path (simulated), K/V are repeated once, for the later chunk whose keys
+    hold the earlier one's, and each chunk reads a prefix (repeating per chunk kept a copy for each: about
+    1.3 GB per GPU at ZAYA1-base 32K CP 2 with packed documents, by the planner's count). Outputs and
+    gradients equal the one-process attention's in float64."""
+    from types import SimpleNamespace
+
+    from megatron_zaya.model import cca
+    from megatron_zaya.model.documents import PackedDocuments
+    from megatron_zaya.model.rope import rope_cos_sin
+    from megatron_zaya.parallel.context import context_parallel_attention
+
+    config = model_config_from_preset("zaya1-tiny", num_attention_heads=8, num_query_groups=2, kv_channels=16,
+                                      hidden_size=64)
+    attn = CompressedConvAttention(config).double()
+    torch.manual_seed(2)
+    x = torch.randn(2, 24, 64, dtype=torch.float64, requires_grad=True)
+    cos, sin = (t.double() for t in rope_cos_sin(torch.arange(24)[None].expand(2, 24), config.rotary_dim, 1e4))
+    ids = (torch.arange(24) // 7)[None].expand(2, 24)
+    one_rank = SimpleNamespace(cp_rank=0, cp_size=1, cp_ranks=[0], cp_group=None)
+
+    def run(cp: bool):
+        documents = PackedDocuments(ids) if packed else None
+        out = (context_parallel_attention(attn, x, cos, sin, one_rank, documents) if cp
+               else attn(x, cos, sin, documents))
+        return out, torch.autograd.grad(out.square().sum(), (x, *attn.parameters()))
+
+    want, want_grads = run(cp=False)
+    repeats = []
+    real_kv_for_sdpa = cca.kv_for_sdpa
+
+    def counting_kv_for_sdpa(q, k, v, mask, groups):
+        result = real_kv_for_sdpa(q, k, v, mask, groups)
+        repeats.append(result[0] is not k)
+        return result
+    monkeypatch.setattr(cca, "kv_for_sdpa", counting_kv_for_sdpa)
+    monkeypatch.setattr(recompute, "sdpa_keeps_scores", lambda q, k, v, mask, enable_gqa: enable_gqa)
+    got, got_grads = run(cp=True)
+    assert repeats == [True]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
