@@ -287,7 +287,7 @@ def moe_unpermute(expert_out: torch.Tensor, order: torch.Tensor, gate: torch.Ten
 def newton_schulz(grad: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype=torch.bfloat16,
                   scale: float = 1.0) -> torch.Tensor:
     """scale x the orthogonalised (..., m, n) matrices of grad, in `dtype` (see reference.newton_schulz)."""
-    mod = _triton("newton_schulz", grad)
+    mod = None if dtype == torch.float64 else _triton("newton_schulz", grad)    # float64 only in the reference
     if mod:
         out = mod.newton_schulz(grad, steps, eps, dtype)
         return out.mul_(scale) if scale != 1.0 else out
@@ -296,7 +296,7 @@ def newton_schulz(grad: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype=t
 
 def newton_schulz_many(grads: list, steps: int = 5, eps: float = 1e-7, dtype=torch.bfloat16) -> list:
     """newton_schulz on a list of matrices; the Triton path batches same-shape matrices together."""
-    mod = _triton("newton_schulz", *grads)
+    mod = None if dtype == torch.float64 else _triton("newton_schulz", *grads)
     return mod.newton_schulz_many(grads, steps, eps, dtype) if mod else reference.newton_schulz_many(grads, steps, eps, dtype)
 
 

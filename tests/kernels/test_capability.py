@@ -88,3 +88,21 @@ def test_cpu_mfu_peak_is_fp32s_where_bf16_is_not_native(monkeypatch):
     monkeypatch.setattr(metrics, "_cpu_peak_cache", {})
     monkeypatch.setattr(metrics, "bf16_matmul_is_native", lambda device: True)
     assert metrics.device_peak_tflops(cpu, torch.bfloat16) == (0.001, "measured CPU bfloat16 matmul")
+
+
+def test_newton_schulz_in_float64_takes_the_reference_for_fp32_matrices_too():
+    """The Triton kernels compute in fp32: a float64 Newton-Schulz of fp32 gradients goes to the reference, as a
+    float64 input does (it went to Triton, which asks for the interpreter on CPU tensors, and on a GPU would have
+    computed in fp32 and returned float64)."""
+    import megatron_zaya.kernels as K
+    from megatron_zaya.kernels import reference as R
+    grads, backend = [torch.randn(2, 6, 4), torch.randn(5, 3)], K.kernel_backend()
+    K.set_kernel_backend("triton")
+    try:
+        got = K.newton_schulz(grads[0], dtype=torch.float64)
+        many = K.newton_schulz_many(grads, dtype=torch.float64)
+    finally:
+        K.set_kernel_backend(backend)
+    assert torch.equal(got, R.newton_schulz(grads[0], dtype=torch.float64)) and got.dtype == torch.float64
+    for g, m in zip(grads, many):
+        assert torch.equal(m, R.newton_schulz(g, dtype=torch.float64))
