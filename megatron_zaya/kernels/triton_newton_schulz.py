@@ -35,7 +35,7 @@ _SYRK_CONFIGS = configs(
 )
 
 
-@triton.autotune(configs=_SYRK_CONFIGS, key=["M", "K"])
+@triton.autotune(configs=_SYRK_CONFIGS, key=["M", "K", "HAS_ADD"])
 @triton.jit
 def _syrk(a_ptr, add_ptr, c_ptr, M, K, alpha, beta,
           sab, sam, sak, sdb, sdm, sdn, scb, scm, scn,
