@@ -148,7 +148,7 @@ NUMBER_DOMAINS = (
     ("muon_num_ns_steps", _ge1, "must be >= 1"), ("muon_extra_scale_factor", _gt0, "must be > 0"),
     ("moe_router_bias_lr", _ge0, "must be >= 0"), ("moe_router_bias_beta1", _unit, "must be in [0, 1)"),
     ("moe_router_bias_beta2", _unit, "must be in [0, 1)"), ("moe_router_bias_eps", _gt0, "must be > 0"),
-    ("num_workers", _ge0, "must be >= 0"),
+    ("moe_router_skip_target", _unit, "must be in [0, 1)"), ("num_workers", _ge0, "must be >= 0"),
     ("save_interval", _ge1, "must be >= 1"), ("ckpt_keep", _ge1, "must be >= 1"),
     ("save_retain_interval", _ge1, "must be >= 1"),
     ("exit_interval", _ge1, "must be >= 1"), ("exit_duration_in_mins", _gt0, "must be > 0"),
@@ -489,6 +489,9 @@ def validate(args: argparse.Namespace) -> RunConfig:
     _check_scheduler_source(args)
     if args.decoupled_min_lr is not None and args.decoupled_lr is None:
         raise UserInputError("--decoupled-min-lr needs --decoupled-lr (the peak it decays from)")
+    if args.moe_router_skip_target is not None and args.no_moe_router_bias_update:
+        raise UserInputError(f"--moe-router-skip-target={args.moe_router_skip_target} needs the balancing-bias update "
+                             f"that --no-moe-router-bias-update turns off")
     if args.moe_router_force_load_balancing:
         warnings.append("--moe-router-force-load-balancing: routing is forced to an even split (token i -> expert "
                         "i mod E), for benchmarks only: the model does not learn its routing")

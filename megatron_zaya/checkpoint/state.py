@@ -435,6 +435,8 @@ def load_balancer(balancer, folder: CheckpointFolder, model) -> bool:
     reads.finish(next(iter(named_tensors(model).values())).device)    # the collectives' device (NCCL: a GPU)
     exp_avg, exp_avg_sq = state["balancer/exp_avg"], state["balancer/exp_avg_sq"]
     if tuple(exp_avg.shape) != tuple(balancer.exp_avg.shape):
+        if exp_avg.shape[0] == balancer.exp_avg.shape[0]:    # the skip class balanced in one run, not the other
+            return False
         raise CheckpointError(f"{folder.folder}: balancing-bias optimizer state has shape {tuple(exp_avg.shape)}, "
                               f"this model {tuple(balancer.exp_avg.shape)}")
     balancer.load_state_dict({"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq, "steps": steps})

@@ -249,7 +249,9 @@ class TrainingCheckpointer:
             notes += optimizer_state_gaps(trainer.model, folder)
             balancer_loaded = load_balancer(trainer.balancer, folder, trainer.model)
             if trainer.balancer is not None and not balancer_loaded:
-                notes.append("no balancing-bias optimizer state in the checkpoint: it starts afresh")
+                notes.append("no balancing-bias optimizer state in the checkpoint for this run's classes (the skip "
+                             "class balanced by --moe-router-skip-target in one run only, or none saved): it starts "
+                             "afresh")
         else:
             sync_masters_from_model(trainer.optimizer, trainer.model)
             load_saved_masters(trainer.optimizer, trainer.model, folder)   # a bf16 run's fp32 values, where saved

@@ -38,6 +38,7 @@ class TrainConfig:
     moe_router_bias_beta1: float = 0.9
     moe_router_bias_beta2: float = 0.999
     moe_router_bias_eps: float = 1e-8
+    moe_router_skip_target: float | None = None   # share of tokens steered to the skip class (balancing.py)
     # evaluation and logging
     log_interval: int = 100
     eval_interval: int = 1000

@@ -92,7 +92,8 @@ class Trainer:
         self.last_decoupled_lr = float("nan")
         biases = [block.moe.router.balancing_bias for block in model.layers]
         self.balancer = BalancingBiasUpdater(biases, self.cfg.moe_router_bias_lr, self.cfg.moe_router_bias_beta1,
-                                             self.cfg.moe_router_bias_beta2, self.cfg.moe_router_bias_eps)
+                                             self.cfg.moe_router_bias_beta2, self.cfg.moe_router_bias_eps,
+                                             self.cfg.moe_router_skip_target)
         self.autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16) if self.cfg.bf16
                          else contextlib.nullcontext())
         self.weight_casts = getattr(model, "weight_casts", None) or WeightCasts()
