@@ -2,7 +2,7 @@
 # Every GPU check of this repository in one run, sized for a 15-minute GPU lease: the device, the SDPA
 # kernel the attention gets, the kernel benchmark (issue 7), training throughput and MFU of
 # zaya1-base-4l (issue 9), the whole model with Triton kernels against the PyTorch reference (fp32 and
-# bf16), and a stopped and resumed run. The steps run in that order, most needed first, each under its
+# bf16), a stopped and resumed run, then two more throughput layouts. Most needed first, each step under its
 # own time limit cut to what is left of BUDGET seconds (default 520: one device command may run 600 s,
 # and the machine's start counts against the lease too); a step that no longer fits is skipped and
 # says so. Logs and JSON go to $OUT (default bench_gpu_session/), with one line per step and its exit
@@ -42,9 +42,10 @@ step() {
     (( limit > left )) && limit=$left
     echo "== $name (limit ${limit} s)"
     local start=$SECONDS
-    # timeout's pid (noted before the exec) is its process group's id
-    bash -c 'echo $$ > "$0"; exec timeout -k 5 "$@"' "$GROUP_FILE" "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
-    local rc=${PIPESTATUS[0]}
+    # timeout's pid (noted before the exec) is its process group's id. The log's tee is a process substitution,
+    # not a pipe: a leftover writing to it would hold a pipeline open, and the kill below waits for the step only.
+    bash -c 'echo $$ > "$0"; exec timeout -k 5 "$@"' "$GROUP_FILE" "$limit" "$@" > >(tee "$OUT/$name.log") 2>&1
+    local rc=$?
     kill -KILL -- "-$(cat "$GROUP_FILE")" 2> /dev/null
     echo "$name: rc=$rc ($((SECONDS - start)) s)" | tee -a "$OUT/summary.txt"
 }

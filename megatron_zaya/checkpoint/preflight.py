@@ -157,24 +157,24 @@ def _describe(diffs: dict) -> str:
                      for key, (old, new) in sorted(diffs.items()))
 
 
-def _vocab_padding_hint(saved: dict, run) -> str:
-    """Where the two vocabularies can be paddings of one tokenizer's size (within a padding multiple of each other):
-    the flag whose padding differs."""
+def _vocab_padding_hint(meta: dict, run) -> str:
+    """Where the two vocabularies can be paddings of one tokenizer's size (each within its padding multiple of the
+    other): the flag that loads the checkpoint. A run pads to a multiple of lcm(--make-vocab-size-divisible-by,
+    TP); with the checkpoint's own multiple as --make-vocab-size-divisible-by (and a TP dividing it) it lands on
+    the checkpoint's size."""
+    saved = meta["model_config"]
     old_vocab, new_vocab = saved["vocab_size"], run.model.vocab_size
     divisible_by, tp = run.model.make_vocab_size_divisible_by, run.parallel.tensor_model_parallel_size
-    saved_divisible_by = saved.get("make_vocab_size_divisible_by") or divisible_by
-    if max(new_vocab - math.lcm(divisible_by, tp), old_vocab - saved_divisible_by) >= min(new_vocab, old_vocab):
+    saved_divisible_by = saved.get("make_vocab_size_divisible_by") or 1
+    saved_tp = (meta.get("layout") or {}).get("tensor_model_parallel_size") or 1
+    old_multiple, new_multiple = math.lcm(saved_divisible_by, saved_tp), math.lcm(divisible_by, tp)
+    if old_vocab % old_multiple or max(new_vocab - new_multiple, old_vocab - old_multiple) >= min(new_vocab, old_vocab):
         return ""           # no size pads to both: another tokenizer or --vocab-size
-    same = ". If the tokenizer is the same, the vocabularies differ only in their padding: "
-    if old_vocab % tp:
-        return (f"{same}--tensor-model-parallel-size={tp} does not divide the checkpoint's {old_vocab}, so this run "
-                f"pads to a multiple of both it and --make-vocab-size-divisible-by={divisible_by}. A TP that divides "
-                f"{old_vocab} loads it (a --make-vocab-size-divisible-by that every TP to be used divides, such as "
-                f"128, keeps the vocabulary)")
-    if saved_divisible_by != divisible_by:
-        return (f"{same}pass the checkpoint's --make-vocab-size-divisible-by={saved_divisible_by} (this run's is "
-                f"{divisible_by})")
-    return ""
+    return (f". If the tokenizer is the same, the vocabularies differ only in their padding: the checkpoint's "
+            f"{old_vocab} is a multiple of {old_multiple} (--make-vocab-size-divisible-by={saved_divisible_by} at TP "
+            f"{saved_tp}), this run pads to a multiple of {new_multiple} (--make-vocab-size-divisible-by="
+            f"{divisible_by} at --tensor-model-parallel-size={tp}); --make-vocab-size-divisible-by={old_multiple} with "
+            f"a TP that divides {old_multiple} loads it")
 
 
 def check_model_config(meta: dict, run, finetune: bool, where: str) -> list[str]:
@@ -190,7 +190,7 @@ def check_model_config(meta: dict, run, finetune: bool, where: str) -> list[str]
     if shapes:
         raise CheckpointError(f"{where}: the model config differs in fields that set tensor shapes "
                               f"({_describe(shapes)}); the checkpoint cannot be loaded into this model, not even "
-                              f"with --finetune{_vocab_padding_hint(saved, run) if 'vocab_size' in shapes else ''}")
+                              f"with --finetune{_vocab_padding_hint(meta, run) if 'vocab_size' in shapes else ''}")
     if finetune:
         return [f"model config differs from the checkpoint's (--finetune): {_describe(diffs)}"]
     if starts_new_data_phase(meta, run):

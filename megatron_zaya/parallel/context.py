@@ -30,7 +30,7 @@ import functools
 import torch
 
 from megatron_zaya.model import recompute
-from megatron_zaya.model.cca import LeftContext
+from megatron_zaya.model.cca import LeftContext, kv_for_sdpa
 from megatron_zaya.model.documents import (PackedDocuments, additive_bias, document_attention_mask,
                                            lag_visibility_of_ids)
 from megatron_zaya.parallel.mappings import gather_along, send_recv
@@ -170,9 +170,10 @@ def context_parallel_attention(attn, x, cos, sin, pstate, documents: PackedDocum
     masks = [causal_lower_right(half, end) if documents is None else chunk_bias(documents, pstate, chunk, half, q.dtype)
              for chunk, end in zip(chunks, ends)]
     # K/V made ready for SDPA once (cca.kv_for_sdpa: repeated to the query heads where only that keeps SDPA off its
-    # math path), for the later chunk, whose keys hold the earlier one's: each chunk reads a prefix of them (a copy
-    # per chunk kept both for the backward).
-    _, k_ready, v_ready, gqa, _ = attn.sdpa_inputs(q[:, half:], k_all[:, :ends[1]], v_all[:, :ends[1]], masks[1])
+    # math path), for the later chunk, whose keys hold the earlier one's: each chunk reads a prefix of them
+    # (repeated per chunk, the backward kept a copy for each).
+    k_ready, v_ready = k_all[:, :ends[1]].transpose(1, 2), v_all[:, :ends[1]].transpose(1, 2)
+    k_ready, v_ready, gqa, _ = kv_for_sdpa(q[:, half:].transpose(1, 2), k_ready, v_ready, masks[1], attn.groups)
     outputs = []
     for part, (end, mask) in enumerate(zip(ends, masks)):
         qc = q[:, part * half:(part + 1) * half].transpose(1, 2)

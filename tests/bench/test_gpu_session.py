@@ -11,8 +11,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 FAKE_PYTHON = """#!/usr/bin/env bash
 [[ $1 == -c ]] && { echo "torch fake | triton fake"; exit 0; }   # the GPU check and the device line
-# A step: a child that ignores SIGTERM (as a trainer finishing its iteration would), its pid noted.
-bash -c 'trap "" TERM; echo $$ >> "$PIDS"; exec sleep 60' < /dev/null > /dev/null 2>&1 &
+# A step: a child that ignores SIGTERM (as a trainer finishing its iteration would) and keeps the step's output
+# open, its pid noted.
+bash -c 'trap "" TERM; echo $$ >> "$PIDS"; exec sleep 60' < /dev/null &
 wait
 """
 

@@ -363,25 +363,35 @@ def test_skip_train_evaluates_the_loaded_model_and_saves_nothing(ckpt_corpus, ck
 
 
 def test_a_vocabulary_that_differs_only_in_its_padding_is_refused_naming_the_flag(tmp_path, monkeypatch):
-    """A checkpoint padded to a multiple of --make-vocab-size-divisible-by 3 at TP 1 cannot load at TP 2 (this run
-    pads to a multiple of 6): the refusal says it is the padding and which flag; so for another divisible-by.
-    A vocabulary that differs for another reason gets no such hint."""
+    """A run pads to a multiple of lcm(--make-vocab-size-divisible-by, TP): a checkpoint of another padding is
+    refused saying so, and naming the checkpoint's own multiple as the --make-vocab-size-divisible-by that loads
+    it (at TP 1 and 2 with 3, at TP 1 with 6 for a save with 3 at TP 2); a vocabulary of another size gets none."""
     base = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--tokenizer-model", "500", "--preset", "zaya1-tiny",
-            "--seq-length", "32",
-            "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "1", "--data-cache-path",
-            str(tmp_path)]
-    saved = {"model_config": parse_args(base + ["--make-vocab-size-divisible-by", "3"]).model.to_dict()}
-    old = saved["model_config"]["vocab_size"]
-    assert old % 2, old
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    run = parse_args(base + ["--make-vocab-size-divisible-by", "3", "--tensor-model-parallel-size", "2"])
-    with pytest.raises(CheckpointError, match=rf"--tensor-model-parallel-size=2 does not divide the checkpoint's "
-                                              rf"{old}.*A TP that divides {old} loads it"):
-        check_model_config(saved, run, False, "ckpt")
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    run = parse_args(base + ["--make-vocab-size-divisible-by", "2"])
-    with pytest.raises(CheckpointError, match="pass the checkpoint's --make-vocab-size-divisible-by=3"):
-        check_model_config(saved, run, False, "ckpt")
-    run = parse_args(base + ["--make-vocab-size-divisible-by", "3", "--vocab-size", str(old + 3)])
-    with pytest.raises(CheckpointError, match=r"not even with --finetune$"):
-        check_model_config(saved, run, False, "ckpt")
+            "--seq-length", "32", "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "1",
+            "--data-cache-path", str(tmp_path)]
+
+    def parsed(tp: int, *extra: str):
+        monkeypatch.setenv("WORLD_SIZE", str(tp))
+        return parse_args(base + ["--tensor-model-parallel-size", str(tp), *extra])
+
+    def refusal(saved_run, saved_tp: int, run) -> str:
+        meta = {"model_config": saved_run.model.to_dict(), "layout": {"tensor_model_parallel_size": saved_tp}}
+        with pytest.raises(CheckpointError) as caught:
+            check_model_config(meta, run, False, "ckpt")
+        return str(caught.value)
+
+    by3 = ["--make-vocab-size-divisible-by", "3"]
+    saved = parsed(1, *by3)
+    old = saved.model.vocab_size
+    for run in (parsed(2, *by3), parsed(1, "--make-vocab-size-divisible-by", "2"), parsed(2)):
+        assert run.model.vocab_size != old
+        assert (f"the checkpoint's {old} is a multiple of 3 (--make-vocab-size-divisible-by=3 at TP 1)" in
+                refusal(saved, 1, run)), run.model.vocab_size
+        assert refusal(saved, 1, run).endswith("--make-vocab-size-divisible-by=3 with a TP that divides 3 loads it")
+    saved_tp2 = parsed(2, *by3)
+    message = refusal(saved_tp2, 2, parsed(1, *by3))
+    assert "is a multiple of 6 (--make-vocab-size-divisible-by=3 at TP 2)" in message
+    assert message.endswith("--make-vocab-size-divisible-by=6 with a TP that divides 6 loads it")
+    for tp in (1, 2):          # the advice holds: 6 at a TP dividing 6 gives the checkpoint's size
+        assert parsed(tp, "--make-vocab-size-divisible-by", "6").model.vocab_size == saved_tp2.model.vocab_size
+    assert refusal(saved, 1, parsed(1, *by3, "--vocab-size", str(old + 3))).endswith("not even with --finetune")

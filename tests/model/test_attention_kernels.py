@@ -78,10 +78,9 @@ def test_context_parallel_chunks_share_one_copy_of_repeated_kv(monkeypatch, pack
     gradients equal the one-process attention's in float64."""
     from types import SimpleNamespace
 
-    from megatron_zaya.model import cca
     from megatron_zaya.model.documents import PackedDocuments
     from megatron_zaya.model.rope import rope_cos_sin
-    from megatron_zaya.parallel.context import context_parallel_attention
+    from megatron_zaya.parallel import context
 
     config = model_config_from_preset("zaya1-tiny", num_attention_heads=8, num_query_groups=2, kv_channels=16,
                                       hidden_size=64)
@@ -94,19 +93,19 @@ def test_context_parallel_chunks_share_one_copy_of_repeated_kv(monkeypatch, pack
 
     def run(cp: bool):
         documents = PackedDocuments(ids) if packed else None
-        out = (context_parallel_attention(attn, x, cos, sin, one_rank, documents) if cp
+        out = (context.context_parallel_attention(attn, x, cos, sin, one_rank, documents) if cp
                else attn(x, cos, sin, documents))
         return out, torch.autograd.grad(out.square().sum(), (x, *attn.parameters()))
 
     want, want_grads = run(cp=False)
     repeats = []
-    real_kv_for_sdpa = cca.kv_for_sdpa
+    real_kv_for_sdpa = context.kv_for_sdpa
 
     def counting_kv_for_sdpa(q, k, v, mask, groups):
         result = real_kv_for_sdpa(q, k, v, mask, groups)
         repeats.append(result[0] is not k)
         return result
-    monkeypatch.setattr(cca, "kv_for_sdpa", counting_kv_for_sdpa)
+    monkeypatch.setattr(context, "kv_for_sdpa", counting_kv_for_sdpa)
     monkeypatch.setattr(recompute, "sdpa_keeps_scores", lambda q, k, v, mask, enable_gqa: enable_gqa)
     got, got_grads = run(cp=True)
     assert repeats == [True]
