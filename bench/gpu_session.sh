@@ -24,8 +24,8 @@ export PYTHONUNBUFFERED=1
 BUDGET=${BUDGET:-520}
 MIN_STEP=${MIN_STEP:-20}     # a step with less time than this left is skipped
 
-GROUP_FILE=$(mktemp)
-trap 'rm -f "$GROUP_FILE"' EXIT
+GROUP_FILE=$(mktemp) TEE_FILE=$(mktemp)
+trap 'rm -f "$GROUP_FILE" "$TEE_FILE"' EXIT
 
 # step NAME SECONDS COMMAND...: run it under min(SECONDS, what is left of BUDGET), log it, record its exit code.
 # timeout runs the step in its own process group and signals the group; whatever of it is left when the step
@@ -44,9 +44,12 @@ step() {
     local start=$SECONDS
     # timeout's pid (noted before the exec) is its process group's id. The log's tee is a process substitution,
     # not a pipe: a leftover writing to it would hold a pipeline open, and the kill below waits for the step only.
-    bash -c 'echo $$ > "$0"; exec timeout -k 5 "$@"' "$GROUP_FILE" "$limit" "$@" > >(tee "$OUT/$name.log") 2>&1
-    local rc=$?
+    bash -c 'echo $$ > "$0"; exec timeout -k 5 "$@"' "$GROUP_FILE" "$limit" "$@" \
+        > >(echo "$BASHPID" > "$TEE_FILE"; exec tee "$OUT/$name.log") 2>&1
+    local rc=$? waited=0
     kill -KILL -- "-$(cat "$GROUP_FILE")" 2> /dev/null
+    # The step's last lines out before its summary line; at most 5 s (a leftover outside the group keeps tee open).
+    while kill -0 "$(cat "$TEE_FILE")" 2> /dev/null && (( waited++ < 50 )); do sleep 0.1; done
     echo "$name: rc=$rc ($((SECONDS - start)) s)" | tee -a "$OUT/summary.txt"
 }
 

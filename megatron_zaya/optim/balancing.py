@@ -9,8 +9,10 @@ expert's p_e + b_e is at least the experts' mean, (1 - p_skip) / E > 0 > p_skip 
 biases which let it skip keeps that rate.
 
 With a skip target R (--moe-router-skip-target) the skip class is balanced too: p over every token,
-the targets (1 - R) / E per expert and R for the skip class, all E + 1 biases moved, their mean kept
-(only their differences choose), so that about a share R of the tokens skip the experts' compute.
+the targets (1 - R) / E per expert and R for the skip class, so that about a share R of the tokens skip
+the experts' compute. Only the biases' differences choose, so the step is taken relative to the skip
+class's: the skip bias stays at its init (transformers' ZAYA sets it to -1 on load) and the expert biases
+move against it.
 The hyperparameters are not published: these defaults are ours (flags --moe-router-bias-*).
 """
 from __future__ import annotations
@@ -54,10 +56,12 @@ class BalancingBiasUpdater:
         m_hat = self.exp_avg / (1 - self.beta1 ** self.steps)
         v_hat = self.exp_avg_sq / (1 - self.beta2 ** self.steps)
         step = self.lr * m_hat / (v_hat.sqrt() + self.eps)
-        step -= step.mean(dim=1, keepdim=True)
-        balanced = step.shape[1]
+        if self.skip_target is None:
+            step -= step.mean(dim=1, keepdim=True)        # the experts' mean kept
+        else:
+            step = step[:, :-1] - step[:, -1:]            # the skip class's step moves every expert instead
         for layer, bias in enumerate(self.biases):
-            bias[:balanced] -= step[layer].to(bias.device, bias.dtype)
+            bias[:-1] -= step[layer].to(bias.device, bias.dtype)
 
     def state_dict(self) -> dict:
         return {"exp_avg": self.exp_avg.clone(), "exp_avg_sq": self.exp_avg_sq.clone(), "steps": self.steps}

@@ -170,8 +170,8 @@ def context_parallel_attention(attn, x, cos, sin, pstate, documents: PackedDocum
     masks = [causal_lower_right(half, end) if documents is None else chunk_bias(documents, pstate, chunk, half, q.dtype)
              for chunk, end in zip(chunks, ends)]
     # K/V made ready for SDPA once (cca.kv_for_sdpa: repeated to the query heads where only that keeps SDPA off its
-    # math path), for the later chunk, whose keys hold the earlier one's: each chunk reads a prefix of them
-    # (repeated per chunk, the backward kept a copy for each).
+    # math path), for the later chunk, whose keys hold the earlier one's: each chunk reads a prefix of them, and
+    # the backward keeps one repeated copy, not one per chunk.
     k_ready, v_ready = k_all[:, :ends[1]].transpose(1, 2), v_all[:, :ends[1]].transpose(1, 2)
     k_ready, v_ready, gqa, _ = kv_for_sdpa(q[:, half:].transpose(1, 2), k_ready, v_ready, masks[1], attn.groups)
     outputs = []

@@ -131,13 +131,15 @@ def test_gaps_in_the_optimizer_state_are_warned_about(ckpt_corpus, ckpt_cache, t
 def test_a_skip_target_given_on_resume_starts_the_balancer_afresh(ckpt_corpus, ckpt_cache, tmp_path, capsys):
     """--moe-router-skip-target balances E + 1 classes, the default E: a resume that adds it (or drops it) loads
     the biases with the weights and starts the balancing Adam's moments afresh, with a warning saying why."""
-    save = str(tmp_path / "skip")
-    train(flags(ckpt_corpus, 1, "--save", save, cache=ckpt_cache))
-    capsys.readouterr()
-    rec = train(flags(ckpt_corpus, 2, "--load", save, "--moe-router-skip-target", "0.1", cache=ckpt_cache))
-    out = capsys.readouterr().out
-    assert rec.trainer.checkpointer.loaded["optimizer"] and not rec.trainer.checkpointer.loaded["balancer"]
-    assert "--moe-router-skip-target in one run only" in out and rec.trainer.balancer.steps == 1
+    skip = ["--moe-router-skip-target", "0.1"]
+    for saved_with, loaded_with in (([], skip), (skip, [])):
+        save = str(tmp_path / f"skip{len(saved_with)}")
+        train(flags(ckpt_corpus, 1, "--save", save, *saved_with, cache=ckpt_cache))
+        capsys.readouterr()
+        rec = train(flags(ckpt_corpus, 2, "--load", save, *loaded_with, cache=ckpt_cache))
+        out = capsys.readouterr().out
+        assert rec.trainer.checkpointer.loaded["optimizer"] and not rec.trainer.checkpointer.loaded["balancer"]
+        assert "--moe-router-skip-target in one run only" in out and rec.trainer.balancer.steps == 1
 
 
 def test_a_damaged_latest_file_is_warned_about_and_the_newest_checkpoint_loads(ckpt_corpus, ckpt_cache, tmp_path,
