@@ -162,6 +162,7 @@ NUMBER_DOMAINS = (
     ("logging_level", _ge0, "must be >= 0 (e.g. 20 for INFO)"),
     ("max_consecutive_nonfinite", _ge1, "must be >= 1"), ("watchdog_timeout_factor", _gt0, "must be > 0"),
     ("watchdog_min_seconds", _gt0, "must be > 0"), ("watchdog_first_iteration_seconds", _gt0, "must be > 0"),
+    ("watchdog_pause_seconds", _ge0, "must be >= 0 (0: no limit)"),
 )
 
 

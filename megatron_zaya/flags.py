@@ -344,6 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
                    default=TrainConfig.watchdog_first_iteration_seconds,
                    help="the first iteration's allowance (compilation, first collectives; at least "
                         "--watchdog-min-seconds)")
+    g.add_argument("--watchdog-pause-seconds", type=float, default=TrainConfig.watchdog_pause_seconds,
+                   help="the longest an evaluation or checkpoint save may run before the watchdog prints every "
+                        "thread's stack and exits with code 124 (a stalled file system, a hung peer); 0: no limit")
     g = p.add_argument_group("profiling (megatron_zaya/training/profiling.py)")
     g.add_argument("--profile", action="store_true",
                    help="profile the iterations run while the completed count is in [--profile-step-start, "

@@ -95,7 +95,8 @@ class TrainingCheckpointer:
         self.is_main = getattr(runtime, "is_main", self.rank == 0)
         self.console = None      # a print for console lines (setup: the training logger's, once it exists)
         self.signals = SignalMonitor(rank=self.rank)
-        self.watchdog = Watchdog(self.cfg.watchdog_timeout_factor, self.cfg.watchdog_min_seconds, self.rank)
+        self.watchdog = Watchdog(self.cfg.watchdog_timeout_factor, self.cfg.watchdog_min_seconds, self.rank,
+                                 pause_seconds=self.cfg.watchdog_pause_seconds)
         if self.cfg.save and self.is_main:
             recover_replaced(self.cfg.save, self._log_error)   # before any rank looks for checkpoints:
             publish_interrupted(self.cfg.save, self._log_error)

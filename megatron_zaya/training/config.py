@@ -104,4 +104,5 @@ class TrainConfig:
     watchdog_timeout_factor: float = 20.0
     watchdog_min_seconds: float = 600.0
     watchdog_first_iteration_seconds: float = 1800.0   # startup allowance: compilation, first collectives
+    watchdog_pause_seconds: float = 7200.0    # the longest evaluation or checkpoint save (0: no limit)
     extra: dict = field(default_factory=dict)

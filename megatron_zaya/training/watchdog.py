@@ -5,7 +5,8 @@ from the last checkpoint instead of a hung rank holding the whole allocation.
 Timeout = max(--watchdog-min-seconds, --watchdog-timeout-factor x median of the recent iteration times).
 Armed when training starts (`arm`), with max(--watchdog-min-seconds, --watchdog-first-iteration-seconds)
 for the first iteration (compilation, first collectives); paused during evaluation and checkpoint
-saves. Exit code: WATCHDOG_EXIT_CODE (124, like timeout(1)).
+saves, which have their own limit, --watchdog-pause-seconds (a save into a stalled file system, an
+evaluation on a hung peer). Exit code: WATCHDOG_EXIT_CODE (124, like timeout(1)).
 """
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ WATCHDOG_EXIT_CODE = 124
 
 class Watchdog:
     def __init__(self, factor: float = 20.0, min_seconds: float = 600.0, rank: int = 0,
-                 poll_seconds: float | None = None, exit_fn=None):
+                 poll_seconds: float | None = None, exit_fn=None, pause_seconds: float = 7200.0):
         self.factor, self.min_seconds, self.rank = float(factor), float(min_seconds), rank
+        self.pause_seconds = float(pause_seconds)     # the longest evaluation or save; 0: no limit
         self.poll = poll_seconds if poll_seconds is not None else max(0.05, min(5.0, self.min_seconds / 20))
         self.durations: deque[float] = deque(maxlen=50)
         self.last_beat: float | None = None
@@ -96,23 +98,30 @@ class Watchdog:
     def _run(self) -> None:
         while not self._stop.wait(self.poll):
             with self._lock:
-                if self.paused_depth or self.last_beat is None:
+                if self.paused_depth:
+                    waited, limit = time.monotonic() - self._pause_started, self.pause_seconds or float("inf")
+                elif self.last_beat is None:
                     continue
-                waited, limit = time.monotonic() - self.last_beat, self.timeout()
+                else:
+                    waited, limit = time.monotonic() - self.last_beat, self.timeout()
+                paused = self.paused_depth > 0
             if waited > limit:
-                self._fire(waited, limit)
+                self._fire(waited, limit, paused)
                 return
 
-    def _fire(self, waited: float, limit: float) -> None:
+    def _fire(self, waited: float, limit: float, paused: bool = False) -> None:
         self.fired = True
         err = sys.stderr
         rule = (f"max(--watchdog-min-seconds {self.min_seconds:g}, --watchdog-first-iteration-seconds "
                 f"{self.first_limit:g})" if self.first_limit is not None else
                 f"max(--watchdog-min-seconds {self.min_seconds:g}, --watchdog-timeout-factor {self.factor:g} x median "
                 f"iteration {(statistics.median(self.durations) if self.durations else 0.0):.3f} s)")
-        err.write(f"\n[rank {self.rank}] WATCHDOG: no iteration finished for {waited:.1f} s (limit {limit:.1f} s = "
-                  f"{rule}); "
-                  f"a rank or a collective is hung. Stacks of every thread of rank {self.rank} (pid {os.getpid()}):\n")
+        what = (f"an evaluation or checkpoint save has run for {waited:.1f} s (limit --watchdog-pause-seconds "
+                f"{limit:g}); a rank, a collective or the file system is hung" if paused else
+                f"no iteration finished for {waited:.1f} s (limit {limit:.1f} s = {rule}); a rank or a collective "
+                f"is hung")
+        err.write(f"\n[rank {self.rank}] WATCHDOG: {what}. Stacks of every thread of rank {self.rank} "
+                  f"(pid {os.getpid()}):\n")
         err.flush()
         try:
             faulthandler.dump_traceback(file=err, all_threads=True)
