@@ -48,8 +48,12 @@ step() {
         > >(echo "$BASHPID" > "$TEE_FILE"; exec tee "$OUT/$name.log") 2>&1
     local rc=$? waited=0
     kill -KILL -- "-$(cat "$GROUP_FILE")" 2> /dev/null
-    # The step's last lines out before its summary line; at most 5 s (a leftover outside the group keeps tee open).
-    while kill -0 "$(cat "$TEE_FILE")" 2> /dev/null && (( waited++ < 50 )); do sleep 0.1; done
+    # The step's last lines out before its summary line: until tee has exited (a zombie until bash reaps it), at
+    # most 5 s (a leftover outside the group keeps tee open).
+    while [[ $(sed -n 's/^State:[[:space:]]*\(.\).*/\1/p' "/proc/$(cat "$TEE_FILE")/status" 2> /dev/null) == [^Z] ]] \
+            && (( waited++ < 50 )); do
+        sleep 0.1
+    done
     echo "$name: rc=$rc ($((SECONDS - start)) s)" | tee -a "$OUT/summary.txt"
 }
 

@@ -199,8 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="eps of that Adam: the smallest error it still scales to a full lr step")
     g.add_argument("--moe-router-skip-target", type=float, default=None,
                    help="share of tokens the balancing steers to the skip class (no expert compute for them): "
-                        "the skip bias is balanced with the experts'. Default: the skip bias stays at its init, "
-                        "-1, and from scratch the skip class is never chosen (optim/balancing.py)")
+                        "the skip class is balanced with the experts, their biases moving against its -1. Default: "
+                        "the skip class is left out, and from scratch it is never chosen (optim/balancing.py)")
     g.add_argument("--no-moe-router-bias-update", action="store_true")
     g = p.add_argument_group("data")
     g.add_argument("--data-path", nargs="+", default=None)

@@ -6,7 +6,9 @@ Timeout = max(--watchdog-min-seconds, --watchdog-timeout-factor x median of the 
 Armed when training starts (`arm`), with max(--watchdog-min-seconds, --watchdog-first-iteration-seconds)
 for the first iteration (compilation, first collectives); paused during evaluation and checkpoint
 saves, which have their own limit, --watchdog-pause-seconds (a save into a stalled file system, an
-evaluation on a hung peer). Exit code: WATCHDOG_EXIT_CODE (124, like timeout(1)).
+evaluation on a hung peer): a pause starts the watchdog's thread, also before it is armed (--skip-train)
+and after training stopped it (the final and test evaluations). Exit code: WATCHDOG_EXIT_CODE (124, like
+timeout(1)).
 """
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ class Watchdog:
                  poll_seconds: float | None = None, exit_fn=None, pause_seconds: float = 7200.0):
         self.factor, self.min_seconds, self.rank = float(factor), float(min_seconds), rank
         self.pause_seconds = float(pause_seconds)     # the longest evaluation or save; 0: no limit
-        self.poll = poll_seconds if poll_seconds is not None else max(0.05, min(5.0, self.min_seconds / 20))
+        shortest = min(self.min_seconds, self.pause_seconds or self.min_seconds)
+        self.poll = poll_seconds if poll_seconds is not None else max(0.05, min(5.0, shortest / 20))
         self.durations: deque[float] = deque(maxlen=50)
         self.last_beat: float | None = None
         self.first_limit: float | None = None      # set by arm() until the first beat
@@ -72,6 +75,7 @@ class Watchdog:
 
     def _start(self) -> None:
         if self._thread is None:
+            self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="megatron-zaya-watchdog", daemon=True)
             self._thread.start()
 
@@ -85,6 +89,8 @@ class Watchdog:
             if self.paused_depth == 0:
                 self._pause_started = time.monotonic()
             self.paused_depth += 1
+        if self.enabled and self.pause_seconds > 0:
+            self._start()
         try:
             yield
         finally:
@@ -135,6 +141,9 @@ class Watchdog:
         self._exit(WATCHDOG_EXIT_CODE)
 
     def stop(self) -> None:
+        """Training is over: no iteration limit from now on (a later pause starts the thread again, for its own)."""
+        with self._lock:
+            self.last_beat = self.first_limit = None
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
