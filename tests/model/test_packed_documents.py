@@ -12,6 +12,7 @@ from megatron_zaya.kernels.reference import cca_causal_conv, cca_causal_conv_seg
 from megatron_zaya.model import ZayaModel
 from megatron_zaya.model.cca import CompressedConvAttention, LeftContext, lag_visibility
 from megatron_zaya.model.documents import PackedDocuments, document_attention_mask, lag_visibility_of_ids
+from tests.saved_tensors import saved_storages
 
 EOD = 0
 
@@ -144,16 +145,9 @@ def test_the_document_mask_is_kept_once_for_every_layer():
     b, s = 2, 128
     tokens = torch.randint(1, 256, (b, s))
     ids = (torch.arange(s) // 40)[None].expand(b, s).contiguous()
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
     def kept(**inputs) -> int:
-        storages = {}
-
-        def pack(t):
-            if t.untyped_storage().data_ptr() not in params:
-                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        with saved_storages(model) as storages, sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             model(tokens, labels=tokens, **inputs)
         return sum(storages.values())
     dense = kept(attention_mask=document_attention_mask(ids, ids))

@@ -6,6 +6,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from megatron_zaya.config import model_config_from_preset
 from megatron_zaya.model import ZayaModel
+from tests.saved_tensors import saved_storages
 
 
 @pytest.fixture(scope="module")
@@ -21,17 +22,8 @@ def setup():
 def step(model, tokens, labels, bf16=False):
     """(per-token losses, gradients, bytes of the tensors the forward keeps for the backward: each storage
     once, parameters left out)."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    kept = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            kept[storage.data_ptr()] = storage.nbytes()
-        return t
-
     model.zero_grad()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_storages(model) as kept:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             out = model(tokens, labels=labels)
     out.token_losses.mean().backward()

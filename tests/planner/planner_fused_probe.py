@@ -9,11 +9,11 @@ from pathlib import Path
 import torch
 from torch.nn.attention import SDPBackend
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_planner_activations import bf16_model, measured_saved_bytes  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))      # the repository: its tests package
 
 from megatron_zaya.config import model_config_from_preset  # noqa: E402
 from megatron_zaya.planner.activations import StoragePolicy, activation_memory  # noqa: E402
+from tests.planner.test_planner_activations import bf16_model, measured_saved_bytes  # noqa: E402
 
 
 def main():

@@ -17,6 +17,7 @@ from torch.utils.checkpoint import checkpoint
 from megatron_zaya.config import model_config_from_preset
 from megatron_zaya.model import ZayaModel
 from megatron_zaya.planner.activations import activation_memory, measured_routing
+from tests.saved_tensors import saved_storages
 
 
 def bf16_model(config):
@@ -30,22 +31,13 @@ def bf16_model(config):
 def measured_saved_bytes(model, tokens, labels, recompute_blocks=False, backend=SDPBackend.MATH, **inputs):
     """(bytes of the unique storages the forward saves for the backward, parameters left out; routed and
     padded fractions). `inputs`: the model's other keyword arguments (position_ids, document_ids)."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            seen[storage.data_ptr()] = storage.nbytes()
-        return t
-
     originals = None
     if recompute_blocks:
         originals = [block.forward for block in model.layers]
         for block, fwd in zip(model.layers, originals):
             block.forward = (lambda f: lambda *a: checkpoint(f, *a, use_reentrant=False))(fwd)
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), sdpa_kernel(backend):
+        with saved_storages(model) as seen, sdpa_kernel(backend):
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 out = model(tokens, labels=labels, **inputs)
     finally:

@@ -11,6 +11,7 @@ from megatron_zaya.config import model_config_from_preset
 from megatron_zaya.model import ZayaModel
 from megatron_zaya.planner.layout import ParallelLayout
 from megatron_zaya.planner.memory import state_memory
+from tests.saved_tensors import saved_storages
 
 SEQ, BATCH = 32, 2
 
@@ -24,16 +25,8 @@ def saved_bytes(config, bf16_weights: bool, recompute=None, modules=None) -> int
         model.store_weights_in(torch.bfloat16)
     if recompute:
         model.set_recompute(recompute, modules=modules)
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in weights:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return t
     tokens = torch.randint(0, config.vocab_size, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(0))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+    with saved_storages(model) as saved, torch.autocast("cpu", dtype=torch.bfloat16):
         model(tokens[:, :-1], labels=tokens[:, 1:])
     return sum(saved.values())
 
