@@ -119,6 +119,9 @@ class Encoder:
         self.tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, vocab_file=cfg.vocab_file,
                                          merge_file=cfg.merge_file, **kw, **cfg.tiktoken)
         self.dtype = optimal_dtype(self.tokenizer.vocab_size)
+        # What the tokenizer makes of no text: [] for most, [BOS] for Llama2Tokenizer or a tokenizer.json whose
+        # post-processor adds one. A sequence of just these tokens holds no text: an empty one.
+        self.empty_text_list = list(self.tokenizer.encode(""))
         self.trimmer = None
         if cfg.trim_max_length:
             open_m, close_m = cfg.reasoning_markers
@@ -233,7 +236,7 @@ class Encoder:
                 if ids is None:
                     status[d] = TRIMMED_AWAY
                     continue
-            doc_ids = [x for x in doc_ids if len(x) > 0]
+            doc_ids = [x for x in doc_ids if len(x) > 0 and list(x) != self.empty_text_list]
             if not doc_ids:
                 status[d] = EMPTY
                 continue
@@ -256,12 +259,24 @@ class Encoder:
         toks, lens = self._guarded(self.tokenizer.encode_batch_flat, flat, docs)
         sent_counts = np.fromiter((len(sents) for _, sents in docs), dtype=np.int64, count=n_docs)
         doc_of = np.repeat(np.arange(n_docs), sent_counts)
-        doc_tokens = np.bincount(doc_of, weights=lens, minlength=n_docs)
-        status = np.where(doc_tokens > 0, KEPT, EMPTY).astype(np.int8)
-        nonempty = lens > 0
+        nonempty = self._holds_text(lens, toks)
+        if not nonempty.all():
+            toks = toks[np.repeat(nonempty, lens)]
+        status = np.where(np.bincount(doc_of[nonempty], minlength=n_docs) > 0, KEPT, EMPTY).astype(np.int8)
         seq_lens, seq_doc = lens[nonempty].astype(np.int64), doc_of[nonempty]
         self._check_ids(toks, seq_lens, seq_doc, docs)
         return toks, seq_lens, status, seq_doc
+
+    def _holds_text(self, lens: np.ndarray, toks: np.ndarray) -> np.ndarray:
+        """Per sequence of the flat `toks` (lengths `lens`), whether it holds tokens of text: it is not empty
+        and not just `empty_text_list` (a tokenizer's BOS alone)."""
+        empty, k = np.asarray(self.empty_text_list, np.int64), len(self.empty_text_list)
+        holds = (lens > 0) & (lens != k)
+        maybe_empty = np.nonzero((lens > 0) & (lens == k))[0]
+        if maybe_empty.size:
+            starts = np.cumsum(lens)[maybe_empty] - k
+            holds[maybe_empty] = (toks[starts[:, None] + np.arange(k)] != empty).any(axis=1)
+        return holds
 
     def _guarded(self, encode, flat: list, docs: list):
         """`encode(flat)`, turning a tokenizer's ValueError (NullTokenizer on text that is not

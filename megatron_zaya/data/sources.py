@@ -163,7 +163,7 @@ def _first_line_is_json_object(path: str) -> bool:
     """Sniff: does the first non-blank line parse as a JSON object? Reads one line (one record)."""
     try:
         with open_binary(path) as f:
-            for line in f:
+            for _, line in _lines(f):
                 if line.strip():
                     if not line.lstrip().startswith(b"{"):
                         return False
@@ -261,10 +261,20 @@ def _disk_offset(f) -> Callable[[], int]:
     return (under or f).tell
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def _lines(f) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of a binary file, with a UTF-8 byte-order mark at the file's start dropped (editors
+    on Windows write one; json.loads refuses it)."""
+    for lineno, line in enumerate(f, 1):
+        yield lineno, line[len(UTF8_BOM):] if lineno == 1 and line.startswith(UTF8_BOM) else line
+
+
 def _iter_jsonl(path: str, position: ReadPosition) -> Iterator[Record]:
     with open_binary(path) as f:
         position.follow(_disk_offset(f))
-        for lineno, line in enumerate(f, 1):
+        for lineno, line in _lines(f):
             yield Record(path, lineno, line, True)
 
 
@@ -328,16 +338,17 @@ def _iter_text(path: str, mode: str, position: ReadPosition) -> Iterator[Record]
     with open_binary(path) as f:
         position.follow(_disk_offset(f))
         if mode == "file":
-            yield Record(path, 1, f.read(), False)
+            text = f.read()
+            yield Record(path, 1, text[len(UTF8_BOM):] if text.startswith(UTF8_BOM) else text, False)
             return
         if mode == "line":
-            for lineno, line in enumerate(f, 1):
+            for lineno, line in _lines(f):
                 yield Record(path, lineno, line.rstrip(b"\r\n"), False)
             return
         # A paragraph's lines joined by LF, whatever break the file uses (CR LF), as line mode drops either.
         block: list[bytes] = []
         start = 1
-        for lineno, line in enumerate(f, 1):
+        for lineno, line in _lines(f):
             if line.strip():
                 if not block:
                     start = lineno

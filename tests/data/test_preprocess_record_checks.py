@@ -131,3 +131,35 @@ def test_the_summary_lists_the_most_frequent_skip_reason_first(tmp_path):
     lines = pre.format_summary(s).splitlines()
     at = lines.index("skipped:   4")
     assert lines[at + 1].startswith("  malformed JSON: 3") and lines[at + 2].startswith("  not a JSON object: 1"), lines
+
+
+@pytest.mark.parametrize("tokenizer_type,trim", [("Llama2Tokenizer", None), ("Llama2Tokenizer", 1000),
+                                                 ("HuggingFaceTokenizer", None)])
+def test_a_record_holding_only_the_tokenizers_bos_is_an_empty_document(tmp_path, sp_model, hf_tokenizer_dir,
+                                                                     tokenizer_type, trim):
+    """Llama2Tokenizer and a tokenizer.json with a BOS post-processor make [BOS] of an empty text: such a
+    record is skipped as an empty document, as with every other tokenizer (it was written as BOS + EOD).
+    With --trim-max-length the records go through the per-record path, else through encode_batch_flat."""
+    model = sp_model if tokenizer_type == "Llama2Tokenizer" else str(hf_tokenizer_dir)
+    path = write_jsonl(tmp_path / "in.jsonl", [{"text": ""}, {"text": "hello world"}, {"text": ""}])
+    cfg = pre.PreprocessConfig(input=[path], output_prefix=str(tmp_path / "out"), tokenizer_type=tokenizer_type,
+                               tokenizer_model=model, append_eod=True, trim_max_length=trim, progress=False)
+    s = pre.run(cfg)
+    tok = pre.Encoder(cfg).tokenizer
+    assert tok.encode("") == [tok.bos] and s["skipped"] == {"empty document": 2}
+    assert docs(tmp_path) == [tok.encode("hello world") + [tok.eod]]
+
+
+@pytest.mark.parametrize("name,text_mode,expected", [("in.jsonl", "file", [[1, 2], [3]]),
+                                                     ("in.txt", "line", [[1, 2], [3]]),
+                                                     ("in.txt", "paragraph", [[1, 2, 3]]),
+                                                     ("in.txt", "file", [[1, 2, 3]])])
+def test_a_utf8_byte_order_mark_at_the_files_start_is_dropped(tmp_path, name, text_mode, expected):
+    """A file saved with a BOM (Windows editors): its first record is read without it (JSONL's first line was
+    skipped as malformed JSON, NullTokenizer refused the text's first token)."""
+    lines = ['{"text": "1 2"}', '{"text": "3"}'] if name.endswith(".jsonl") else ["1 2", "3"]
+    (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8-sig")
+    s = pre.run(pre.PreprocessConfig(input=[str(tmp_path / name)], output_prefix=str(tmp_path / "out"),
+                                     tokenizer_type="NullTokenizer", tokenizer_model="100", text_mode=text_mode,
+                                     progress=False))
+    assert s["skipped"] == {} and docs(tmp_path) == expected
