@@ -27,7 +27,7 @@ from megatron_zaya.inference.decode import TokenScores, generate
 from megatron_zaya.inference.request_fields import is_int, is_number
 from megatron_zaya.inference.sampling import SEED_LIMIT, SamplingParams
 from megatron_zaya.inference.server import (MAX_PROMPTS, RequestError, apply_checked_fields, check_length,
-                                            check_unicode, request_seed)
+                                            check_unicode, check_vocabulary, encode_prompt, request_seed)
 from megatron_zaya.inference.text_offsets import LEFT_CONTEXT, GrowingText, prefix_text_lengths, texts_after
 
 MAX_TOP_LOGPROBS = 20
@@ -152,14 +152,12 @@ class Completer:
         self.service, self.client_closed = service, client_closed
 
     def prompt_ids(self, request: CompletionRequest) -> list[list[int]]:
-        config, vocab, out = self.model.config, self.tokenizer.vocab_size, []
+        config, out = self.model.config, []
         for i, prompt in enumerate(request.prompts):
-            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+            ids = encode_prompt(self.tokenizer, i, prompt) if isinstance(prompt, str) else prompt
             if not ids:
                 raise RequestError(f"prompt {i} has no tokens")
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                raise RequestError(f"prompt {i}: token ids {bad[:5]} outside the tokenizer's vocabulary [0, {vocab})")
+            check_vocabulary(self.tokenizer, i, ids)
             check_length(config, i, ids, request.max_tokens, "max_tokens")
             out.append(ids)
         return out

@@ -93,6 +93,24 @@ def check_length(config, index: int, prompt: list[int], new_tokens: int, field: 
                            f"max_position_embeddings {config.max_position_embeddings}")
 
 
+def encode_prompt(tokenizer, index: int, text: str) -> list[int]:
+    """The prompt's token ids (RequestError where the tokenizer cannot encode it: NullTokenizer on text that is
+    not integers)."""
+    try:
+        return tokenizer.encode(text)
+    except ValueError as e:
+        raise RequestError(f"prompt {index} cannot be tokenized with {type(tokenizer).__name__} ({e})") from None
+
+
+def check_vocabulary(tokenizer, index: int, ids: list[int]) -> None:
+    """Every id within the tokenizer's vocabulary (RequestError naming the first few that are not: the padded
+    embedding rows beyond it were never trained, and ids past those would fail inside the model)."""
+    bad = [t for t in ids if not 0 <= t < tokenizer.vocab_size]
+    if bad:
+        raise RequestError(f"prompt {index}: token ids {bad[:5]} outside the tokenizer's vocabulary "
+                           f"[0, {tokenizer.vocab_size})")
+
+
 def request_seed(seed: int | None) -> int:
     """The request's seed, or a fresh one (None or negative)."""
     return seed if seed is not None and seed >= 0 else int.from_bytes(os.urandom(4), "little")
@@ -168,7 +186,8 @@ class TextGenerationService:
         config = self.model.config
         prompts = []
         for i, text in enumerate(request.prompts):
-            ids = self.tokenizer.encode(text)
+            ids = encode_prompt(self.tokenizer, i, text)
+            check_vocabulary(self.tokenizer, i, ids)
             if request.add_bos:
                 if self.tokenizer.bos is None:
                     raise RequestError("add_BOS: the tokenizer has no BOS token")

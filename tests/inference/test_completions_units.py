@@ -6,10 +6,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from megatron_zaya.data.tokenizer import build_tokenizer
 from megatron_zaya.inference import completions
 from megatron_zaya.inference.completions import Completer, mean_logprob, parse_completion_request
 from megatron_zaya.inference.decode import GenerationOutput, TokenScores
-from megatron_zaya.inference.server import MAX_PROMPTS, RequestError, TextGenerationService
+from megatron_zaya.inference.server import MAX_PROMPTS, GenerationRequest, RequestError, TextGenerationService
 from megatron_zaya.inference.streaming import ChoiceStream
 
 EOD = 0
@@ -104,3 +105,20 @@ def test_generation_ends_once_every_row_has_met_eod_or_a_stop_string():
     assert on_step([2, 2], None) is False
     assert on_step([4, 5], None) is False                    # " cat!" has "t!"; " cat on" not
     assert on_step([None, 0], None) is True                  # row 1 at EOD
+
+
+@pytest.mark.parametrize("prompt,error", [("1 x", r"prompt 0 cannot be tokenized with NullTokenizer \(invalid literal"),
+                                          ("5 101", r"prompt 0: token ids \[101\] outside the tokenizer's vocabulary "
+                                                    r"\[0, 101\)"),
+                                          ("-1", r"token ids \[-1\] outside")])
+def test_both_endpoints_refuse_prompts_the_tokenizer_cannot_encode_or_ids_past_its_vocabulary(prompt, error):
+    """NullTokenizer (text = ids, vocabulary 0..100 with EOD 100): text that is not ids, and ids past the
+    vocabulary (the model's padded rows, or past them), are the request's fault on /api and /v1/completions
+    alike (RequestError, a 400; /api answered 500 for both and generated from an untrained padded row)."""
+    model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=64))
+    service = TextGenerationService(model, build_tokenizer("NullTokenizer", "100"))
+    assert service.prompt_ids(GenerationRequest(prompts=["3 100"], tokens_to_generate=1)) == [[3, 100]]
+    with pytest.raises(RequestError, match=error):
+        service.prompt_ids(GenerationRequest(prompts=[prompt], tokens_to_generate=1))
+    with pytest.raises(RequestError, match=error):
+        Completer(service).prompt_ids(parse_completion_request({"prompt": prompt}))
