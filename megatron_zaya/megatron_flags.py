@@ -13,7 +13,7 @@ an empty tuple refuses every value, None accepts any); those in LIST_VALUED take
 REFUSED_SWITCHES: switches that ask for something this code does not do (they stop the run).
 resolve_aliases: folds in Megatron-LM's names for settings this code spells otherwise.
 WANDB_FLAGS: accepted with a warning; scalars go to TensorBoard, which `wandb sync` can upload.
-WARNED_SWITCHES: accepted with a warning saying what is not measured here (--log-energy).
+WARNED_SWITCHES: accepted with a warning saying what is not measured or served here (--log-energy).
 The flags that do something here (--recompute-activations, --lr-warmup-init, --manual-gc,
 --distributed-timeout-minutes) are ordinary flags of megatron_zaya/flags.py.
 """
@@ -286,6 +286,7 @@ FIXED_VALUES = {
     "--one-logger-run-name": ("one_logger_run_name", None, "no one-logger here: TensorBoard gets the scalars"),
     "--app-tag-run-name": ("app_tag_run_name", None, "no one-logger here: TensorBoard gets the scalars"),
     "--app-tag-run-version": ("app_tag_run_version", None, "no one-logger here: TensorBoard gets the scalars"),
+    "--log-memory-interval": ("log_memory_interval", None, "every console line has the peak memory (`mem:`)"),
 }
 
 
@@ -294,6 +295,11 @@ WANDB_FLAGS = ("--wandb-project", "--wandb-exp-name", "--wandb-save-dir", "--wan
 WARNED_SWITCHES = {
     "--log-energy": "the GPUs' energy is not read here (no NVML / amdsmi counter); the console line and TensorBoard "
                     "have tokens/s and TFLOP/s per device",
+    "--log-device-memory-used": "the device's memory in use by all its processes (nvidia-smi's figure) is not read "
+                                "here; each console line has this process's peak (`mem:`), TensorBoard its "
+                                "`mem-*-bytes`",
+    "--run-workload-inspector-server": "no workload inspector server here; --profile --use-pytorch-profiler writes a "
+                                       "torch.profiler trace",
 }
 
 

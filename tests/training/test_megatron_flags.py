@@ -97,6 +97,9 @@ def test_megatron_aliases_take_effect(tiny_corpus, tmp_path, capsys):
     assert len(run.warnings) == 1 and "--wandb-project" in run.warnings[0] and str(tmp_path / "tb") in run.warnings[0]
     run = parse_args(base + ["--log-energy"])
     assert len(run.warnings) == 1 and run.warnings[0].startswith("--log-energy: the GPUs' energy is not read here")
+    # A recent Megatron-LM LOGGING_ARGS block: the memory report's interval is accepted (memory is on every line)
+    run = parse_args(base + ["--log-memory-interval", "10", "--log-device-memory-used", "--run-workload-inspector-server"])
+    assert [w.split(":")[0] for w in run.warnings] == ["--log-device-memory-used", "--run-workload-inspector-server"]
     run = parse_args(base + ["--ffn-hidden-size", "48", "--moe-ffn-hidden-size", "40"])
     assert run.model.moe_ffn_hidden_size == 40 and run.train.moe_router_bias_lr == 1e-2 and run.data.mmap_bin_files
     assert run.warnings == []
