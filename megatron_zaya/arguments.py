@@ -410,6 +410,7 @@ def _check_data(args: argparse.Namespace) -> list[str]:
         given = ["--" + name.replace("_", "-") for name in ("data_path", *SPLIT_PATH_FLAGS) if getattr(args, name)]
         if given:
             raise UserInputError(f"--mock-data and {given[0]} exclude each other")
+        _check_split(args)              # mock data is cut by --split's shares too
         _check_tokenizer(args)
         return []
     if separate and args.data_path:

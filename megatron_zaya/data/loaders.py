@@ -210,8 +210,10 @@ def build_split_datasets(cfg: DataConfig, seq_length: int, train_valid_test_num_
     opts = SampleOptions(seq_length, tokenizer.eod, loss_masked_pad(tokenizer), cfg.reset_position_ids,
                          cfg.reset_attention_mask, cfg.eod_mask_loss, tokenizer.vocab_size)
     train_n, valid_n, test_n = (int(x) for x in train_valid_test_num_samples)
-    if cfg.mock_data:
-        train, valid, test = (MockGPTDataset(n, opts, tokenizer.vocab_size, cfg.seed, split_id) if n > 0 else None
+    if cfg.mock_data:     # a split of no --split share has no set, as Megatron-LM's mock data and real data here
+        shares = ib.parse_split(cfg.split)
+        train, valid, test = (MockGPTDataset(n, opts, tokenizer.vocab_size, cfg.seed, split_id)
+                              if n > 0 and shares[split_id] > 0 else None
                               for split_id, n in enumerate((train_n, valid_n, test_n)))
         return SplitDatasets(train, [ValidationSet("", valid)] if valid is not None else [], test)
     train_blend, valid_blend, test_blend = cfg.split_blends()

@@ -64,7 +64,7 @@ def check_splits_before_build(cfg: DataConfig, datasets: dict, seq_length: int, 
 
 def evaluation_warnings(cfg: DataConfig, eval_iters: int) -> list[str]:
     """A line when --eval-iters asks for validation and no split gives it."""
-    if not eval_iters or cfg.mock_data:
+    if not eval_iters:
         return []
     _, valid_blend, _ = cfg.split_blends()
     if cfg.separate_splits and not valid_blend:

@@ -63,3 +63,17 @@ def test_mock_samples_follow_the_seed_only_and_eod_only_ends_documents(monkeypat
     data = build_train_valid_test_datasets(cfg, 1024, [40, 0, 0], small)[0]
     tokens = np.concatenate([data[i]["tokens"] for i in range(40)])
     assert 100 < int((tokens == small.eod).sum()) < 220
+
+
+def test_mock_data_builds_no_set_for_a_split_of_no_share():
+    """As Megatron-LM's mock data (and real data here): --split 100,0,0 builds no validation or test set, and warns
+    when --eval-iters asks for validation; a positive share builds its set."""
+    from megatron_zaya.data.split_checks import evaluation_warnings
+    tokenizer = build_tokenizer("NullTokenizer", 500)
+    cfg = DataConfig(mock_data=True, num_workers=0, split="100,0,0")
+    assert build_train_valid_test_datasets(cfg, 64, [40, 8, 8], tokenizer)[1:] == (None, None)
+    assert evaluation_warnings(cfg, 2) == ["--eval-iters 2: --split 100,0,0 gives the validation split no share, "
+                                           "so no validation runs"]
+    cfg = DataConfig(mock_data=True, num_workers=0, split="99,1,0")
+    _, valid, test = build_train_valid_test_datasets(cfg, 64, [40, 8, 8], tokenizer)
+    assert len(valid) == 8 and test is None and evaluation_warnings(cfg, 2) == []
