@@ -12,9 +12,10 @@ multiply-add, which would round w * x - count differently): the indices are iden
 Python loop); `count_natively` runs the same loop for the counts alone (where a resumed run's new data
 phase continues each dataset, training/data_phase.py: 1.0 s per 1e8 samples with 4 datasets, 3.3 s with
 20, on the CI machine). The shared library is cached under $XDG_CACHE_HOME/megatron_zaya (else ~/.cache,
-else the temporary folder), named by the hash of its source and the machine type (a home shared by x86 and
-Arm nodes), and written under a temporary name, then renamed, so that processes starting together never
-load a half-written file.
+else the temporary folder's megatron_zaya-UID), named by the hash of its source and the machine type (a home
+shared by x86 and Arm nodes), and written under a temporary name, then renamed, so that processes starting
+together never load a half-written file. It is loaded only from a folder and a file of this user's that no other
+user can write: a library another user placed in a shared folder would run in this process.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 
@@ -61,7 +63,30 @@ void count_blending(const double *w, int32_t n, int64_t size, int64_t *counts) {
 
 def _cache_dirs() -> list[str]:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return [os.path.join(base, "megatron_zaya"), os.path.join(tempfile.gettempdir(), "megatron_zaya")]
+    return [os.path.join(base, "megatron_zaya"), os.path.join(tempfile.gettempdir(), f"megatron_zaya-{os.getuid()}")]
+
+
+def _ours(path: str) -> bool:
+    """Whether `path` (not followed if a link) belongs to this user and no other user can write it: a library
+    loaded from a folder or file that another user can replace would run their code in this process (the
+    temporary folder is shared by every user of a node)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return info.st_uid == os.getuid() and not info.st_mode & 0o022 and not stat.S_ISLNK(info.st_mode)
+
+
+def _private_folder(folder: str) -> bool:
+    """Make `folder` (readable by this user only where it is new) and say whether it is ours (`_ours`)."""
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        info = os.lstat(folder)
+        if info.st_uid == os.getuid() and stat.S_ISDIR(info.st_mode) and info.st_mode & 0o022:
+            os.chmod(folder, stat.S_IMODE(info.st_mode) & ~0o022)   # made under a umask of 002: ours to close
+    except OSError:
+        return False
+    return _ours(folder)
 
 
 FLAGS = ["-O2", "-ffp-contract=off", "-shared", "-fPIC"]    # no contraction: the same sums as the Python order
@@ -72,10 +97,11 @@ def _compile(folder: str, compiler: str) -> str | None:
     digest = hashlib.sha256((SOURCE + " ".join(FLAGS)).encode()).hexdigest()[:16]
     name = f"blending-{digest}-{platform.machine()}.so"
     library = os.path.join(folder, name)
-    if os.path.exists(library):
-        return library
+    if not _private_folder(folder):
+        return None
+    if os.path.lexists(library):
+        return library if _ours(library) else None
     try:
-        os.makedirs(folder, exist_ok=True)
         work = tempfile.mkdtemp(dir=folder)
     except OSError:
         return None
@@ -86,6 +112,7 @@ def _compile(folder: str, compiler: str) -> str | None:
         built = os.path.join(work, name)
         subprocess.run([compiler, *FLAGS, source, "-o", built],
                        check=True, capture_output=True, timeout=120)
+        os.chmod(built, 0o755)                 # whatever the umask: no other user may write it (_ours)
         os.replace(built, library)
         return library
     except (OSError, subprocess.SubprocessError):

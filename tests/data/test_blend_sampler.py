@@ -80,6 +80,46 @@ def test_a_compiled_blending_library_is_named_by_its_flags_too(tmp_path, monkeyp
     assert first and second and first != second and os.path.exists(first) and os.path.exists(second)
 
 
+def test_a_blending_library_another_user_could_have_written_is_never_loaded(tmp_path, monkeypatch):
+    """The library cache may be the node's shared temporary folder: a library file that other users can write,
+    or that is a link, or that lies in a folder another user owns, is not loaded (its code would run in this
+    process); native_library moves on to the next folder. A library this user builds under a umask of 002 is
+    not group-writable, so the next process still takes it."""
+    import shutil
+    import stat
+
+    from megatron_zaya.data import native_blending
+    compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if compiler is None:
+        pytest.skip("no C compiler here")
+    planted = tmp_path / "planted"
+    built = native_blending._compile(str(planted), compiler)       # stands for a file another user put there
+    os.chmod(built, 0o777)
+    assert native_blending._compile(str(planted), compiler) is None
+    os.chmod(built, 0o755)
+    assert native_blending._compile(str(planted), compiler) == built
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    os.symlink(built, linked / os.path.basename(built))
+    assert native_blending._compile(str(linked), compiler) is None
+    if os.getuid() == 0:              # as root: a folder owned by another user (nobody) is refused too
+        os.chown(planted, 65534, 65534)
+        assert native_blending._compile(str(planted), compiler) is None
+        monkeypatch.setattr(native_blending, "_cache_dirs", lambda: [str(planted), str(tmp_path / "own")])
+        native_blending.native_library.cache_clear()
+        try:
+            assert native_blending.native_blending() is not None and (tmp_path / "own").is_dir()
+        finally:
+            native_blending.native_library.cache_clear()
+    old_umask = os.umask(0o002)
+    try:
+        fresh = native_blending._compile(str(tmp_path / "umask"), compiler)
+    finally:
+        os.umask(old_umask)
+    assert not os.stat(fresh).st_mode & 0o022 and stat.S_IMODE(os.stat(tmp_path / "umask").st_mode) == 0o700
+    assert native_blending._compile(str(tmp_path / "umask"), compiler) == fresh
+
+
 def test_blend_weights_are_normalised_once_as_in_megatron():
     """`--data-path 64 A 51 B 27 C 31 D 5 E`: weights divided by their sum once (Megatron's normalize), and
     the interleave is the reference loop's on those; normalising a second time moved some weights by an ulp,
