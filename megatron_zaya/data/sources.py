@@ -129,10 +129,10 @@ def expand_inputs(inputs: list[str], log=_stderr) -> list[str]:
             if kind:
                 raise InputError(f"--input {spec}: {kind}, not a corpus (its JSON and text files are no documents)")
             found = _expand_directory(spec, log)
+        elif os.path.isfile(spec):         # before globbing: an existing name is taken as it is ("in [1].jsonl")
+            found = [spec]
         elif any(c in spec for c in "*?["):
             found = sorted(glob.glob(spec))
-        elif os.path.isfile(spec):
-            found = [spec]
         else:
             raise InputError(f"--input {spec}: no such file or directory")
         if not found:

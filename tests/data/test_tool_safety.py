@@ -113,6 +113,16 @@ def test_directory_input_takes_only_corpus_files(tmp_path, capsys):
     assert "taking 2 corpus file(s)" in err and "ignoring 2 other file(s)" in err
 
 
+def test_an_existing_file_whose_name_holds_glob_characters_is_taken_as_named(tmp_path):
+    """"in [1].jsonl" exists: it is that file (it was globbed as a pattern, matched none and was refused); a
+    pattern that is no file's name is still a glob."""
+    named = tmp_path / "in [1].jsonl"
+    named.write_text("{}")
+    (tmp_path / "in 1.jsonl").write_text("{}")
+    assert expand_inputs([str(named)]) == [str(named)]
+    assert expand_inputs([str(tmp_path / "in [1].json*")]) == [str(tmp_path / "in 1.jsonl")]
+
+
 # 6. existing outputs are refused unless --overwrite ----------------------------------------------
 
 def test_preprocess_refuses_existing_output_unless_overwrite(tmp_path, capsys):
