@@ -34,7 +34,7 @@ from megatron_zaya.model_vocab import megatron_tokenizer_vocab_size, pad_placeho
 from megatron_zaya.optim.builder import OptimizerConfig
 from megatron_zaya.parallel.data import DEFAULT_BUCKET_SIZE
 from megatron_zaya.parallel.state import LayoutError, check_layout
-from megatron_zaya.paths import nearest_existing
+from megatron_zaya.paths import DanglingLink, nearest_existing
 from megatron_zaya.optim.schedules import (decoupled_lr_schedule, lr_schedule_from_flags,
                                           weight_decay_schedule_from_flags)
 from megatron_zaya.training.batch_schedule import BatchSizeSchedule
@@ -190,7 +190,10 @@ def check_creatable_dir(flag: str, path: str) -> None:
     """`path` is a directory, or can be created: the nearest existing ancestor is a directory in
     which a folder can be made (tried with a temporary folder, removed at once: os.access says yes
     to root everywhere, even in /proc)."""
-    probe = nearest_existing(path)
+    try:
+        probe = nearest_existing(path)
+    except DanglingLink as err:
+        raise UserInputError(f"{flag} {path}: {err}") from None
     if probe == os.path.abspath(path) and not os.path.isdir(probe):
         raise UserInputError(f"{flag} {path}: exists and is not a directory")
     if not os.path.isdir(probe):

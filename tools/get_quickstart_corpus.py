@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_zaya.data.corpus import SDIST, SDIST_FILE, SDIST_SHA256, write_jsonl  # noqa: E402
 from megatron_zaya.interrupts import interrupt_on_sigterm  # noqa: E402
-from megatron_zaya.paths import nearest_existing  # noqa: E402
+from megatron_zaya.paths import DanglingLink, nearest_existing  # noqa: E402
 
 
 def sha256(path: str) -> str:
@@ -60,7 +60,10 @@ def output_problem(output: str, overwrite: bool) -> str | None:
         return "a folder (give a file name, e.g. data/shakespeare.jsonl)"
     if os.path.isfile(output) and os.path.getsize(output) and not overwrite:     # (an empty one: as absent)
         return "already exists (pass --overwrite to replace it)"
-    above = nearest_existing(os.path.dirname(os.path.abspath(output)))
+    try:
+        above = nearest_existing(os.path.dirname(os.path.abspath(output)))
+    except DanglingLink as err:
+        return str(err)
     return None if os.path.isdir(above) else f"{above} is a file, not a folder"
 
 

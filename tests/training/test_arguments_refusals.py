@@ -21,3 +21,14 @@ def test_refused_naming_the_flag(tiny_corpus, tmp_path, capsys, extra, expected)
         argv += [k, *values]
     line = error_of(argv, capsys)
     assert line.startswith("pretrain_zaya.py: error:") and expected in line, line
+
+
+@pytest.mark.parametrize("flag", ["--save", "--tensorboard-dir", "--data-cache-path"])
+def test_a_symbolic_link_to_a_missing_folder_is_named_before_the_run(tiny_corpus, tmp_path, capsys, flag):
+    """A link into scratch space not made yet passed the checks (and --dry-run): the run then stopped at
+    os.makedirs with a bare "File exists"."""
+    (tmp_path / "link").symlink_to(tmp_path / "not yet")
+    for path in (tmp_path / "link", tmp_path / "link" / "sub"):
+        line = error_of(tiny_run_flags(tiny_corpus, tmp_path, **{flag: path}), capsys)
+        assert f"{flag} {path}: {tmp_path / 'link'} is a symbolic link to {tmp_path / 'not yet'}, which does not " \
+               f"exist" in line, line
