@@ -90,8 +90,9 @@ def _why_not_continuing(save: str, load: str | None, finetune: bool, newest: int
                     f"iteration {newest} is newer (to go back to {named}, move the later iter_ folders out of "
                     f"{save} first; to continue from {newest}, write {newest} into {LATEST_FILE})")
         return None
-    match = ITER_RE.match(os.path.basename(os.path.normpath(load)))
-    if match and _same_path(os.path.dirname(os.path.normpath(load)), save):
+    folder = os.path.realpath(load)           # (a link to an iter_ folder of --save: that folder)
+    match = ITER_RE.match(os.path.basename(folder))
+    if match and _same_path(os.path.dirname(folder), save):
         loaded = int(match.group(1))
         if loaded >= newest:
             return None
