@@ -151,13 +151,14 @@ def test_a_record_holding_only_the_tokenizers_bos_is_an_empty_document(tmp_path,
 
 
 @pytest.mark.parametrize("name,text_mode,expected", [("in.jsonl", "file", [[1, 2], [3]]),
+                                                     ("shard.txt", "file", [[1, 2], [3]]),    # JSONL by its content
                                                      ("in.txt", "line", [[1, 2], [3]]),
                                                      ("in.txt", "paragraph", [[1, 2, 3]]),
                                                      ("in.txt", "file", [[1, 2, 3]])])
 def test_a_utf8_byte_order_mark_at_the_files_start_is_dropped(tmp_path, name, text_mode, expected):
     """A file saved with a BOM (Windows editors): its first record is read without it (JSONL's first line was
     skipped as malformed JSON, NullTokenizer refused the text's first token)."""
-    lines = ['{"text": "1 2"}', '{"text": "3"}'] if name.endswith(".jsonl") else ["1 2", "3"]
+    lines = ['{"text": "1 2"}', '{"text": "3"}'] if name in ("in.jsonl", "shard.txt") else ["1 2", "3"]
     (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8-sig")
     s = pre.run(pre.PreprocessConfig(input=[str(tmp_path / name)], output_prefix=str(tmp_path / "out"),
                                      tokenizer_type="NullTokenizer", tokenizer_model="100", text_mode=text_mode,

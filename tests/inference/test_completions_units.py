@@ -122,3 +122,7 @@ def test_both_endpoints_refuse_prompts_the_tokenizer_cannot_encode_or_ids_past_i
         service.prompt_ids(GenerationRequest(prompts=[prompt], tokens_to_generate=1))
     with pytest.raises(RequestError, match=error):
         Completer(service).prompt_ids(parse_completion_request({"prompt": prompt}))
+    with pytest.raises(RequestError, match=error.replace("prompt 0", "prompt 1")):      # the bad one of a batch
+        service.prompt_ids(GenerationRequest(prompts=["3", prompt], tokens_to_generate=1))
+    with pytest.raises(RequestError, match=error.replace("prompt 0", "prompt 1")):
+        Completer(service).prompt_ids(parse_completion_request({"prompt": ["3", prompt]}))
