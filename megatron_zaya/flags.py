@@ -372,7 +372,10 @@ def _yaml_error(parser: argparse.ArgumentParser, path: str, key, message: str):
 
 
 def _convert_word(parser, path: str, key, action: argparse.Action, word: str):
-    """One word through the flag's argparse `type` and `choices`, as on a command line."""
+    """One word through the flag's argparse `type` and `choices`, as on a command line, where the shell makes a
+    word starting with ~ a home folder's path (`save: ~/ckpt` was a folder named "~" in the working folder)."""
+    if word.startswith("~"):
+        word = os.path.expanduser(word)
     try:
         value = action.type(word) if action.type else word
     except (TypeError, ValueError, argparse.ArgumentTypeError):

@@ -142,3 +142,14 @@ def test_a_config_file_of_comments_only_sets_nothing(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("# train-iters: 3\n")
     assert apply_yaml_defaults(build_parser(), str(cfg)) == {}
+
+
+def test_a_yaml_word_starting_with_a_tilde_is_a_home_folders_path(tiny_corpus, tmp_path, monkeypatch):
+    """`save: ~/ckpt` is $HOME/ckpt, as the shell makes the same word on a command line (it was a folder named
+    "~" in the working folder); a blend's words each, as a shell splits them."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("save: ~/ckpt\ntensorboard-dir: ~/tb\n")      # (a lone ~ is YAML's null)
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path) + ["--config", str(cfg)])
+    assert run.train.save == str(tmp_path / "home" / "ckpt") and run.train.tensorboard_dir == str(tmp_path / "home/tb")
