@@ -191,20 +191,25 @@ def readable_as_umask_allows(folder: Path) -> None:
 
 def check_new_output_folder(output_dir) -> None:
     """FileExistsError unless `output_dir` can be a new HF folder: absent or empty, under folders (not a file):
-    checked before a conversion reads any weight, and again when it writes."""
+    checked before a conversion reads any weight, and again when it writes. A symlink is checked as the folder
+    it names (where the write goes); one to a missing folder is refused (paths.DanglingLink), as training's
+    output folders are."""
     output_dir = Path(output_dir)
     if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
         raise FileExistsError(f"{output_dir}: exists and is not {'empty' if output_dir.is_dir() else 'a folder'}; "
                               f"refusing to overwrite")
-    above = nearest_existing(output_dir.absolute().parent)
+    nearest_existing(output_dir)
+    above = nearest_existing(os.path.dirname(os.path.realpath(output_dir)))
     if not os.path.isdir(above):
         raise FileExistsError(f"{output_dir}: {above} is a file, not a folder")
 
 
 def _atomic_folder_write(output_dir: Path, write) -> None:
-    """Write into a temporary sibling folder, then rename: never a half-written folder."""
-    output_dir = Path(output_dir)
+    """Write into a temporary sibling folder, then rename: never a half-written folder. Through a symlink (e.g.
+    a link into scratch space on another mount) the folder it names is the one written, the temporary folder
+    beside it (a rename within one file system), and the link stays."""
     check_new_output_folder(output_dir)
+    output_dir = Path(os.path.realpath(output_dir))
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     # The process id in the name lets the next write find what a SIGKILLed one left (megatron_zaya.leftovers).
     remove_leftovers(str(output_dir.parent), re.compile(re.escape(f".{output_dir.name}.tmp") + r"(?P<pid>\d+)-\w+"),
