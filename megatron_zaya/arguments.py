@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -21,7 +20,6 @@ from megatron_zaya.checkpoint.preflight import (check_load_path, checkpoint_args
                                                 tokenizer_args_from_checkpoint)
 from megatron_zaya.config import ConfigError, ModelConfig, model_config_from_preset
 from megatron_zaya.data.blend import parse_data_path
-from megatron_zaya.data.gpt_dataset import default_cache_dir
 from megatron_zaya.data.index_builders import parse_split
 from megatron_zaya.data.indexed import IndexedDatasetError, check_indexed_dataset
 from megatron_zaya.data.tokenizer import check_tokenizer_flags, tiktoken_options
@@ -34,7 +32,7 @@ from megatron_zaya.model_vocab import megatron_tokenizer_vocab_size, pad_placeho
 from megatron_zaya.optim.builder import OptimizerConfig
 from megatron_zaya.parallel.data import DEFAULT_BUCKET_SIZE
 from megatron_zaya.parallel.state import LayoutError, check_layout
-from megatron_zaya.paths import DanglingLink, nearest_existing
+from megatron_zaya.paths import check_creatable_dir, check_index_cache_dirs
 from megatron_zaya.optim.schedules import (decoupled_lr_schedule, lr_schedule_from_flags,
                                           weight_decay_schedule_from_flags)
 from megatron_zaya.training.batch_schedule import BatchSizeSchedule
@@ -186,24 +184,6 @@ def check_data_path(data_path: list[str], flag: str = "--data-path") -> list[str
     return prefixes
 
 
-def check_creatable_dir(flag: str, path: str) -> None:
-    """`path` is a directory, or can be created: the nearest existing ancestor is a directory in
-    which a folder can be made (tried with a temporary folder, removed at once: os.access says yes
-    to root everywhere, even in /proc)."""
-    try:
-        probe = nearest_existing(path)
-    except DanglingLink as err:
-        raise UserInputError(f"{flag} {path}: {err}") from None
-    if probe == os.path.abspath(path) and not os.path.isdir(probe):
-        raise UserInputError(f"{flag} {path}: exists and is not a directory")
-    if not os.path.isdir(probe):
-        raise UserInputError(f"{flag} {path}: {probe} is not a directory")
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".megatron-zaya-check-", dir=probe))
-    except OSError as err:
-        raise UserInputError(f"{flag} {path}: cannot create folders in {probe} ({err.strerror})") from None
-
-
 def _check_sequence_splits(args: argparse.Namespace, model: ModelConfig) -> None:
     """Sequence-length rules of context and sequence parallelism, checked before any process group:
     CP cuts the sequence into 2 x CP chunks; SP splits each rank's chunk over TP."""
@@ -349,13 +329,10 @@ def _check_paths(args: argparse.Namespace, prefixes: list[str]) -> None:
     """Folders the run will create can be created (checked now, not after the model is built)."""
     snapshot_dir = os.path.dirname(os.path.abspath(args.memory_snapshot_path)) if args.record_memory_history else None
     for flag, path in (("--save", args.save), ("--tensorboard-dir", args.tensorboard_dir),
-                       ("--data-cache-path", args.data_cache_path), ("--memory-snapshot-path", snapshot_dir)):
+                       ("--memory-snapshot-path", snapshot_dir)):
         if path:
             check_creatable_dir(flag, path)
-    if not args.data_cache_path and prefixes:
-        default = default_cache_dir(prefixes[0])
-        if not os.path.isdir(default):
-            check_creatable_dir("index cache (no --data-cache-path; default beside the data)", default)
+    check_index_cache_dirs(prefixes, args.data_cache_path)
     if args.load and not args.use_checkpoint_args:     # that one checked it first (model_config_from_checkpoint)
         check_load_path(args.load)
     if args.pretrained_checkpoint:

@@ -1,11 +1,16 @@
 """Where an output that is not there yet would go: `nearest_existing(path)`, the one walk up to the closest
 folder that exists, which the checks of an output path (training's folders, the tools' output files and
-folders, a Hugging Face export) share."""
+folders, a Hugging Face export) share; `check_creatable_dir`, the check of a folder a run will write in; and
+the index cache's folders (`default_cache_dir` beside each dataset, or --data-cache-path), which
+pretrain_zaya.py and tools/evaluate.py check with `check_index_cache_dirs` before any model is loaded."""
 from __future__ import annotations
 
 import os
+import tempfile
 
 from megatron_zaya.errors import UserInputError
+
+DEFAULT_CACHE_LABEL = "index cache (no --data-cache-path; default beside the data)"
 
 
 class DanglingLink(UserInputError):
@@ -23,3 +28,42 @@ def nearest_existing(path) -> str:
                                f"that folder, or name another)")
         probe = os.path.dirname(probe)
     return probe
+
+
+def check_creatable_dir(flag: str, path: str) -> None:
+    """`path` is a directory this process can write in, or can be created: it (or, when it is not there yet, its
+    nearest existing ancestor) is a directory in which a folder can be made (tried with a temporary folder,
+    removed at once: os.access says yes to root everywhere, even in /proc or on a read-only mount)."""
+    try:
+        probe = nearest_existing(path)
+    except DanglingLink as err:
+        raise UserInputError(f"{flag} {path}: {err}") from None
+    if probe == os.path.abspath(path) and not os.path.isdir(probe):
+        raise UserInputError(f"{flag} {path}: exists and is not a directory")
+    if not os.path.isdir(probe):
+        raise UserInputError(f"{flag} {path}: {probe} is not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".megatron-zaya-check-", dir=probe))
+    except OSError as err:
+        raise UserInputError(f"{flag} {path}: cannot create folders in {probe} ({err.strerror})") from None
+
+
+def default_cache_dir(path_prefix: str) -> str:
+    """A `cache/GPTDataset_indices` folder beside the data (Megatron-LM's default puts that folder inside a
+    directory named as the prefix itself, `PREFIX/cache/GPTDataset_indices`, next to PREFIX.bin)."""
+    return os.path.join(os.path.dirname(os.path.abspath(path_prefix)), "cache", "GPTDataset_indices")
+
+
+def check_index_cache_dirs(prefixes: list[str], data_cache_path: str | None, no_cache_flag: str = "") -> None:
+    """The folders the index cache writes in can be written: --data-cache-path, or without it the default
+    folder beside each distinct data folder of `prefixes` (every dataset's indices and index check go beside
+    it; the blend's beside the first), an existing one included. UserInputError naming the folder, and what to
+    give instead: --data-cache-path, or `no_cache_flag` (tools/evaluate.py's --no-index-cache) where there is one."""
+    instead = f"give --data-cache-path a writable folder{f' or {no_cache_flag}' if no_cache_flag else ''}"
+    folders = ({data_cache_path: "--data-cache-path"} if data_cache_path else
+               {default_cache_dir(prefix): DEFAULT_CACHE_LABEL for prefix in prefixes})
+    for folder, label in folders.items():
+        try:
+            check_creatable_dir(label, folder)
+        except UserInputError as err:
+            raise UserInputError(f"{err}; {instead}") from None

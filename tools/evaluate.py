@@ -84,10 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_eval_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The data and size flags, checked as pretrain_zaya.py checks them, before the checkpoint is
-    loaded: the --data-path blend and each .bin/.idx header, --split, the tokenizer flags, sizes."""
+    loaded: the --data-path blend and each .bin/.idx header, the index cache's folders, --split, the
+    tokenizer flags, sizes."""
     from megatron_zaya.arguments import check_data_path
     from megatron_zaya.data.index_builders import parse_split
     from megatron_zaya.data.tokenizer import check_tokenizer_flags
+    from megatron_zaya.paths import check_index_cache_dirs
 
     for flag, value in (("--micro-batch-size", args.micro_batch_size), ("--eval-iters", args.eval_iters),
                         ("--seq-length", args.seq_length), ("--global-batch-size", args.global_batch_size)):
@@ -96,7 +98,9 @@ def check_eval_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     if args.log_interval is not None and args.log_interval < 0:
         parser.error(f"--log-interval={args.log_interval} must be >= 0 (0: no progress lines)")
     try:
-        check_data_path(args.data_path)
+        prefixes = check_data_path(args.data_path)
+        if not args.no_index_cache:     # the folders the indices are cached in: written once the model is loaded
+            check_index_cache_dirs(prefixes, args.data_cache_path, "--no-index-cache")
         shares = parse_split(args.split)
         null_tokenizer_size_from_vocab_size(args)       # Megatron's NullTokenizer --vocab-size N
         if not (tokenizer_flags(args) or tokenizer_of_checkpoint(args)):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from megatron_zaya.errors import UserInputError
+from megatron_zaya.paths import default_cache_dir
 
 from . import index_builders as ib
 from .cache import cached_arrays
@@ -40,12 +41,6 @@ def loss_masked_pad(tokenizer) -> int | None:
     if pad is None or pad < 0 or not getattr(tokenizer, "pad_declared", True):   # (a Hugging Face pad guessed
         return None                                                                # from its name: not one)
     return None if pad in {tokenizer.eod, tokenizer.bos, getattr(tokenizer, "unk", None)} else pad
-
-
-def default_cache_dir(path_prefix: str) -> str:
-    """A `cache/GPTDataset_indices` folder beside the data (Megatron-LM's default puts that folder inside a
-    directory named as the prefix itself, `PREFIX/cache/GPTDataset_indices`, next to PREFIX.bin)."""
-    return os.path.join(os.path.dirname(os.path.abspath(path_prefix)), "cache", "GPTDataset_indices")
 
 
 def dataset_fingerprint(indexed: IndexedDataset) -> dict:
