@@ -23,8 +23,8 @@ and Llama2Tokenizer with a BPE model with byte fallback, as tools/train_tokenize
 has no exact Hugging Face form is refused, with the reason, before the checkpoint is read:
 megatron_zaya/checkpoint/hf_tokenizer.py), and the tokenizer's EOS/BOS/pad ids to config.json. The
 tokenizer is the one the tokenizer flags name, else the one the training run recorded in the checkpoint
-(relative paths found from here or from that run's directory; stderr says which, or why none is
-written); --no-tokenizer writes none.
+(relative paths found from that run's directory or from here, the run's file where both hold one; stderr
+says which, or why none is written); --no-tokenizer writes none.
 
 Every conversion writes atomically (a temporary folder renamed at the end) and refuses to overwrite:
 to-hf and average need a new or empty output folder (average also checks that every checkpoint holds the

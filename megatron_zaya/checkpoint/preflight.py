@@ -357,8 +357,8 @@ def checkpoint_args_source(args) -> tuple[str, dict]:
 def tokenizer_args_from_checkpoint(args, source: tuple[str, dict]) -> dict:
     """--use-checkpoint-args without --tokenizer-model: the tokenizer flags of the run that saved the
     checkpoint (as Megatron-LM takes its tokenizer model; --no-use-tokenizer-model-from-checkpoint-args
-    turns it off), relative paths found from here or from that run's directory; {} when this run names
-    its own tokenizer model or the checkpoint holds no run's flags (an offline conversion)."""
+    turns it off), relative paths found from that run's directory or from here (recorded_tokenizer.py); {} when
+    this run names its own tokenizer model or the checkpoint holds no run's flags (an offline conversion)."""
     if args.tokenizer_model is not None or not args.use_tokenizer_model_from_checkpoint_args:
         return {}
     recorded = recorded_tokenizer(source[1], os.path.join(source[0], METADATA_FILE))

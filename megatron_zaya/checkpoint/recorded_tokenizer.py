@@ -4,13 +4,16 @@ The tools that read a checkpoint (tools/generate.py, the text generation server,
 convert_checkpoint.py to-hf / average) take them when they are given no tokenizer flag
 (`recorded_tokenizer_of`), as --use-checkpoint-args does for a training run (`recorded_tokenizer`).
 File flags (--tokenizer-model, --vocab-file, --merge-file) are stored as the run was given them: a
-relative path is looked up from the current directory, then from the directory the run was started in
-(metadata "working_directory").
+relative path is looked up from the directory the run was started in (metadata "working_directory") and from
+the current directory; where both hold it as different files, the run's is taken (the file training read) and
+a warning names both.
 """
 from __future__ import annotations
 
 import dataclasses
+import filecmp
 import os
+import warnings
 
 from megatron_zaya.checkpoint.format import METADATA_FILE, CheckpointError, read_json
 from megatron_zaya.checkpoint.inspection import resolve_folder
@@ -39,11 +42,31 @@ class RecordedTokenizer:
         return f"the run that saved it used {files}, which is not found from here"
 
 
-def _resolve(path: str, run_directory: str | None) -> str | None:
-    candidates = [path]
-    if not os.path.isabs(path) and run_directory:
-        candidates.append(os.path.join(run_directory, path))
-    return next((c for c in candidates if os.path.exists(c)), None)
+def _same_file(a: str, b: str) -> bool:
+    """`a` and `b` name one file (or folder), or two files of the same contents."""
+    try:
+        return os.path.samefile(a, b) or (os.path.isfile(a) and os.path.isfile(b) and filecmp.cmp(a, b, shallow=False))
+    except OSError:
+        return False
+
+
+def _resolve(flag: str, path: str, run_directory: str | None) -> str | None:
+    """Where the recorded `path` of `flag` is found: as it is (absolute, or from the current folder), or from the
+    folder the run was started in (`run_directory`). A relative path found from both that names two different
+    files is the run directory's, the file the training run read, with a warning naming both (the current
+    folder's was taken, silently: another tokenizer than the model's)."""
+    here = path if os.path.exists(path) else None
+    if os.path.isabs(path) or not run_directory:
+        return here
+    there = os.path.join(run_directory, path)
+    if not os.path.exists(there) or (here is not None and _same_file(here, there)):
+        return here
+    if here is not None:
+        warnings.warn(f"the checkpoint's recorded {flag} {path} names two different files: {there} (from the "
+                      f"folder the training run was started in) and {os.path.abspath(here)} (from the current "
+                      f"folder); using {there}, the one the run read (give the tokenizer flags to choose)",
+                      stacklevel=3)
+    return there
 
 
 def recorded_tokenizer(meta: dict, source: str = METADATA_FILE) -> RecordedTokenizer | None:
@@ -57,7 +80,7 @@ def recorded_tokenizer(meta: dict, source: str = METADATA_FILE) -> RecordedToken
     for dest in FILE_ARGS:
         if dest in flags and not (dest == "tokenizer_model" and flags["tokenizer_type"] == "NullTokenizer"):
             # (a NullTokenizer's --tokenizer-model is its vocabulary size, no file)
-            found = _resolve(str(flags[dest]), meta.get("working_directory"))
+            found = _resolve(flag_of(dest), str(flags[dest]), meta.get("working_directory"))
             if found is None:
                 missing.append(dest)
             else:

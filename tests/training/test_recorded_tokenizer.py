@@ -1,9 +1,11 @@
 """The tokenizer a training run records in its checkpoints serves the tools that read them without tokenizer
 flags (convert_checkpoint.py to-hf, generate, evaluate) and --use-checkpoint-args, a relative tokenizer path
-found from the run's own directory (checkpoint/recorded_tokenizer.py)."""
+found from the run's own directory, which wins over another file of that path in the current folder
+(checkpoint/recorded_tokenizer.py)."""
 import json
 import os
 import shutil
+import warnings
 
 import pytest
 
@@ -30,9 +32,22 @@ def test_relative_paths_are_found_here_or_from_the_run_directory(tmp_path, monke
     assert found.flags == {"tokenizer_type": "GPTSentencePieceTokenizer",
                            "tokenizer_model": str(tmp_path / "run" / "tok.model")} and not found.missing
     assert found.command_line() == f"--tokenizer-type GPTSentencePieceTokenizer --tokenizer-model {tmp_path}/run/tok.model"
-    (tmp_path / "tok.model").write_bytes(b"y")          # the current directory comes first
+    (tmp_path / "tok.model").write_bytes(b"x")          # the same file from here too: taken as given, said nothing
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert recorded_tokenizer(meta).flags["tokenizer_model"] == "tok.model"
+    # Another file from here: the run's own (the one it read; the current directory's was taken), with a warning
+    (tmp_path / "tok.model").write_bytes(b"y")
+    with pytest.warns(UserWarning) as said:
+        assert recorded_tokenizer(meta).flags["tokenizer_model"] == str(tmp_path / "run" / "tok.model")
+    assert str(said[0].message) == (
+        f"the checkpoint's recorded --tokenizer-model tok.model names two different files: {tmp_path}/run/tok.model "
+        f"(from the folder the training run was started in) and {tmp_path}/tok.model (from the current folder); "
+        f"using {tmp_path}/run/tok.model, the one the run read (give the tokenizer flags to choose)")
+    os.remove(tmp_path / "run" / "tok.model")           # the run's gone: the one from here, as before
     assert recorded_tokenizer(meta).flags["tokenizer_model"] == "tok.model"
     os.remove(tmp_path / "tok.model")
+    (tmp_path / "run" / "tok.model").write_bytes(b"x")
     os.remove(tmp_path / "run" / "tok.model")
     gone = recorded_tokenizer(meta)
     assert gone.missing == ["tokenizer_model"]
@@ -103,17 +118,40 @@ def test_tools_take_the_training_runs_tokenizer(run_with_relative_tokenizer, tin
     assert not (tmp_path / "hf_none" / "tokenizer.json").exists() and "tokenizer" not in capsys.readouterr().err
 
 
+def _other_sentencepiece_model(path) -> None:
+    """A 60-piece SentencePiece BPE model of other text at `path` (another tokenizer than the run's)."""
+    import sentencepiece as spm
+    corpus = path.parent / f"{path.stem}.txt"
+    corpus.write_text("\n".join(f"zebra quartz {i} violin ocean {i * 7}" for i in range(300)))
+    spm.SentencePieceTrainer.Train(input=str(corpus), model_prefix=str(path.parent / path.stem), vocab_size=60,
+                                   model_type="bpe", minloglevel=2)
+
+
+def test_another_file_of_the_recorded_path_here_does_not_replace_the_runs_tokenizer(
+        run_with_relative_tokenizer, tmp_path, monkeypatch, capsys):
+    """to-hf run from a folder that holds another sp.model (the run recorded --tokenizer-model sp.model, relative):
+    the run's own tokenizer is exported, with a warning naming both files (the one here was taken, silently)."""
+    transformers = pytest.importorskip("transformers")
+    save, model_file = run_with_relative_tokenizer
+    monkeypatch.chdir(tmp_path)
+    _other_sentencepiece_model(tmp_path / "sp.model")
+    with pytest.warns(UserWarning, match=f"recorded --tokenizer-model sp.model names two different files: "
+                                         f"{model_file} .* and {tmp_path}/sp.model .*; using {model_file}"):
+        assert run_tool("convert_checkpoint", ["to-hf", str(save), "hf", "--no-progress"]) == 0
+    said = f"--tokenizer-type GPTSentencePieceTokenizer --tokenizer-model {model_file}"
+    assert f"tokenizer: {said}, as the training run that saved the checkpoint" in capsys.readouterr().err
+    ours = build_tokenizer("GPTSentencePieceTokenizer", str(model_file))
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert len(theirs) == ours.vocab_size and theirs.encode(TEXT, add_special_tokens=False) == ours.encode(TEXT)
+
+
 def test_tokenizer_flags_naming_another_tokenizer_than_the_checkpoints_are_warned_of(
         run_with_relative_tokenizer, tmp_path, capsys):
     """generate --tokenizer-model OTHER on a checkpoint whose run recorded another tokenizer: a warning naming
     what differs (it ran on with other ids than the model learned, silently); the same tokenizer by another
     path says nothing."""
-    import sentencepiece as spm
     save, model_file = run_with_relative_tokenizer
-    corpus = tmp_path / "other.txt"
-    corpus.write_text("\n".join(f"zebra quartz {i} violin ocean {i * 7}" for i in range(300)))
-    spm.SentencePieceTrainer.Train(input=str(corpus), model_prefix=str(tmp_path / "other"), vocab_size=60,
-                                   model_type="bpe", minloglevel=2)
+    _other_sentencepiece_model(tmp_path / "other.model")
     shutil.copy(model_file, tmp_path / "same.model")
     said = []
     for given in (tmp_path / "other.model", tmp_path / "same.model"):
