@@ -325,18 +325,20 @@ def _check_non_persistent(args: argparse.Namespace) -> None:
                              f"{args.save_interval}: no regular checkpoint would be retained")
 
 
-def _check_paths(args: argparse.Namespace, prefixes: list[str]) -> None:
-    """Folders the run will create can be created (checked now, not after the model is built)."""
+def _check_paths(args: argparse.Namespace, prefixes: list[str]) -> list[str]:
+    """Folders the run will create can be created (checked now, not after the model is built); returns the
+    warnings of the index cache's folders (paths.check_index_cache_dirs)."""
     snapshot_dir = os.path.dirname(os.path.abspath(args.memory_snapshot_path)) if args.record_memory_history else None
     for flag, path in (("--save", args.save), ("--tensorboard-dir", args.tensorboard_dir),
                        ("--memory-snapshot-path", snapshot_dir)):
         if path:
             check_creatable_dir(flag, path)
-    check_index_cache_dirs(prefixes, args.data_cache_path)
+    warnings = check_index_cache_dirs(prefixes, args.data_cache_path)
     if args.load and not args.use_checkpoint_args:     # that one checked it first (model_config_from_checkpoint)
         check_load_path(args.load)
     if args.pretrained_checkpoint:
         check_load_path(args.pretrained_checkpoint, "--pretrained-checkpoint")
+    return warnings
 
 
 SPLIT_PATH_FLAGS = ("train_data_path", "valid_data_path", "test_data_path")
@@ -525,7 +527,7 @@ def validate(args: argparse.Namespace) -> RunConfig:
 
     from megatron_zaya.data import DataConfig
     prefixes = _check_data(args)
-    _check_paths(args, prefixes)
+    warnings += _check_paths(args, prefixes)
     _check_non_persistent(args)
     _check_skip_train(args)
     _check_validation(args)

@@ -54,16 +54,25 @@ def default_cache_dir(path_prefix: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(path_prefix)), "cache", "GPTDataset_indices")
 
 
-def check_index_cache_dirs(prefixes: list[str], data_cache_path: str | None, no_cache_flag: str = "") -> None:
+def check_index_cache_dirs(prefixes: list[str], data_cache_path: str | None, no_cache_flag: str = "") -> list[str]:
     """The folders the index cache writes in can be written: --data-cache-path, or without it the default
     folder beside each distinct data folder of `prefixes` (every dataset's indices and index check go beside
-    it; the blend's beside the first), an existing one included. UserInputError naming the folder, and what to
-    give instead: --data-cache-path, or `no_cache_flag` (tools/evaluate.py's --no-index-cache) where there is one."""
+    it; the blend's beside the first). UserInputError naming the folder, and what to give instead:
+    --data-cache-path, or `no_cache_flag` (tools/evaluate.py's --no-index-cache) where there is one. A default
+    folder that exists and cannot be written is a warning (returned): a read-only data folder whose indices were
+    built beforehand is read as it is, and data/cache.py names the folder if an index is missing there."""
     instead = f"give --data-cache-path a writable folder{f' or {no_cache_flag}' if no_cache_flag else ''}"
-    folders = ({data_cache_path: "--data-cache-path"} if data_cache_path else
-               {default_cache_dir(prefix): DEFAULT_CACHE_LABEL for prefix in prefixes})
-    for folder, label in folders.items():
+    if data_cache_path:
+        folders = [data_cache_path]
+    else:
+        folders = list(dict.fromkeys(default_cache_dir(prefix) for prefix in prefixes))
+    warnings = []
+    for folder in folders:
+        label = "--data-cache-path" if data_cache_path else DEFAULT_CACHE_LABEL
         try:
             check_creatable_dir(label, folder)
         except UserInputError as err:
-            raise UserInputError(f"{err}; {instead}") from None
+            if data_cache_path or not os.path.isdir(folder):
+                raise UserInputError(f"{err}; {instead}") from None
+            warnings.append(f"{err}: only indices already built there can be read ({instead} to build others)")
+    return warnings

@@ -100,7 +100,8 @@ def check_eval_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     try:
         prefixes = check_data_path(args.data_path)
         if not args.no_index_cache:     # the folders the indices are cached in: written once the model is loaded
-            check_index_cache_dirs(prefixes, args.data_cache_path, "--no-index-cache")
+            for warning in check_index_cache_dirs(prefixes, args.data_cache_path, "--no-index-cache"):
+                print(f"evaluate.py: warning: {warning}", file=sys.stderr)
         shares = parse_split(args.split)
         null_tokenizer_size_from_vocab_size(args)       # Megatron's NullTokenizer --vocab-size N
         if not (tokenizer_flags(args) or tokenizer_of_checkpoint(args)):

@@ -28,6 +28,7 @@ from typing import Callable
 
 import numpy as np
 
+from megatron_zaya.errors import UserInputError
 from megatron_zaya.leftovers import TEMPORARY_SUFFIX_PATTERN, kept_fresh, temporary_suffix
 from megatron_zaya.processes import process_running
 from megatron_zaya.units import timestamp
@@ -234,7 +235,13 @@ def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: li
     while True:
         if os.path.exists(done) and all(os.path.exists(p) for p in paths.values()):
             return load()
-        fd = _claim(lock, observed)
+        try:
+            fd = _claim(lock, observed)
+        except OSError as err:     # a read-only folder of indices built beforehand, without this one
+            if err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
+            raise UserInputError(f"index cache {cache_dir}: {base}-*.npy is not built there, and this process cannot "
+                                 f"write there ({err.strerror}): give --data-cache-path a writable folder") from None
         if fd is None:
             if not noticed and time.time() - started > WAIT_NOTICE_S:
                 noticed = True

@@ -1,7 +1,8 @@
 """The index cache's folders (megatron_zaya.paths.check_index_cache_dirs) are checked before any model is built or
 loaded, by pretrain_zaya.py and tools/evaluate.py alike: --data-cache-path, or without it the default folder beside
 EVERY data folder of the blend (each dataset's indices go beside it; only the first one's was checked), an existing
-one included (it was skipped). evaluate.py checked none and failed with a traceback after loading the model.
+one included (it was skipped: one that cannot be written is a warning, and an index missing there is named when
+it is to be built). evaluate.py checked none and failed with a traceback after loading the model.
 
 A read-only folder cannot be made for root (who ignores permissions): `read_only` makes creating a folder in the
 given folders fail with EROFS, as on a read-only mount.
@@ -13,9 +14,11 @@ import os
 import shutil
 import tempfile
 
+import numpy as np
 import pytest
 
 from megatron_zaya.arguments import parse_args
+from megatron_zaya.errors import UserInputError
 from tests.training.conftest import run_tool
 from tests.training.helpers import tiny_run_flags
 
@@ -68,15 +71,29 @@ def test_every_data_folders_default_cache_is_checked(tiny_corpus, tmp_path, caps
         "docs_text_document.bin", "docs_text_document.idx"]
 
 
-def test_an_existing_default_cache_folder_must_be_writable(tiny_corpus, tmp_path, capsys, read_only):
-    """cache/GPTDataset_indices already there (an earlier run's) but read-only: refused too (it was skipped)."""
+def test_an_existing_read_only_default_cache_folder_is_read_and_an_index_missing_there_named(
+        tiny_corpus, tmp_path, read_only, monkeypatch):
+    """cache/GPTDataset_indices already there but read-only (a read-only data folder whose indices were built
+    beforehand): a warning, not a refusal (the indices there are read as they are); an index missing there stops the
+    run naming the folder and --data-cache-path (it was an OSError traceback from the lock file)."""
+    from megatron_zaya.data import cache as index_cache
     prefix = _copy(tiny_corpus, tmp_path / "data")
-    cache = tmp_path / "data" / "cache" / "GPTDataset_indices"
-    cache.mkdir(parents=True)
-    read_only(cache)
-    line = _error_line(tiny_run_flags(tiny_corpus, tmp_path, **{"--data-path": prefix, "--data-cache-path": None}),
-                       capsys)
-    assert f"{cache}: cannot create folders in {cache} (Read-only file system)" in line, line
+    folder = tmp_path / "data" / "cache" / "GPTDataset_indices"
+    folder.mkdir(parents=True)
+    read_only(folder)
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--data-path": prefix, "--data-cache-path": None}))
+    assert [w for w in run.warnings if "index cache" in w] == [
+        f"index cache (no --data-cache-path; default beside the data) {folder}: cannot create folders in {folder} "
+        f"(Read-only file system): only indices already built there can be read (give --data-cache-path a writable "
+        f"folder to build others)"]
+
+    def read_only_lock(path, observed):
+        raise OSError(errno.EROFS, "Read-only file system", path)
+    monkeypatch.setattr(index_cache, "_claim", read_only_lock)
+    with pytest.raises(UserInputError, match=rf"index cache {folder}: \S+-Test-\*\.npy is not built there, and this "
+                                             rf"process cannot write there \(Read-only file system\): give "
+                                             rf"--data-cache-path a writable folder"):
+        index_cache.cached_arrays(str(folder), "Test", {"k": 1}, ["x"], lambda: {"x": np.ones(2)})
 
 
 def _evaluate_argv(tiny_corpus, prefix, *extra) -> list[str]:
