@@ -15,12 +15,38 @@ _BOS_CANDIDATES = ("<bos>", "<s>", "<|begin_of_text|>", "<|startoftext|>", "[CLS
 _PAD_CANDIDATES = ("<pad>", "[PAD]", "<|pad|>", "<|finetune_right_pad_id|>")
 
 
+_SPECIAL_KEYS = ("eos_token", "bos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token")
+_TOKEN_FLAGS = ("single_word", "lstrip", "rstrip", "normalized", "special")
+
+
 def _token_content(value) -> str | None:
     if isinstance(value, str):
         return value
     if isinstance(value, dict):
         return value.get("content")
     return None
+
+
+def _declared_tokens(cfg: dict) -> list[tuple[str, object]]:
+    """(key, token: a string or an AddedToken-like dict) of every token a tokenizer_config.json or
+    special_tokens_map.json declares: the named special tokens, additional_special_tokens / extra_special_tokens
+    (a list, or transformers 5's dict of names), and added_tokens_decoder's entries."""
+    tokens = [(key, cfg[key]) for key in _SPECIAL_KEYS if cfg.get(key) is not None]
+    for key in ("additional_special_tokens", "extra_special_tokens"):
+        listed = cfg.get(key)
+        tokens += [(key, t) for t in (listed.values() if isinstance(listed, dict) else listed or [])]
+    added = cfg.get("added_tokens_decoder")
+    tokens += [("added_tokens_decoder", t) for t in (added.values() if isinstance(added, dict) else [])]
+    return [(key, t) for key, t in tokens if _token_content(t) is not None]
+
+
+def _added_token(token, special_by_default: bool):
+    """A tokenizers.AddedToken for a declared token, with the flags its entry gives (a bare string of a special
+    token: special, not normalized, as transformers makes it)."""
+    from tokenizers import AddedToken
+    flags = {k: token[k] for k in _TOKEN_FLAGS if k in token} if isinstance(token, dict) else {}
+    flags.setdefault("special", special_by_default)
+    return AddedToken(_token_content(token), **flags)
 
 
 class _TokenizersBackend(BaseTokenizer):
@@ -66,26 +92,29 @@ class HuggingFaceTokenizer(_TokenizersBackend):
         self.model_path = json_path
         self._vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         declared: dict[str, str] = {}
+        registered = {t.content for t in self.tok.get_added_tokens_decoder().values()}
         # special_tokens_map.json wins where both declare one, as in transformers' AutoTokenizer (5.x)
         for name in ("tokenizer_config.json", "special_tokens_map.json"):
             p = os.path.join(directory, name)
             if os.path.isfile(p):
                 cfg = _load_json_object(p)
-                for key in ("eos_token", "bos_token", "pad_token", "unk_token"):
-                    content = _token_content(cfg.get(key))
-                    if content is not None:
+                for key, token in _declared_tokens(cfg):
+                    content = _token_content(token)
+                    if key in ("eos_token", "bos_token", "pad_token", "unk_token"):
                         declared[key] = content
-                added = cfg.get("added_tokens_decoder")
-                tokens = [(key, declared[key]) for key in ("eos_token", "bos_token", "pad_token") if key in declared]
-                tokens += [("added_tokens_decoder", _token_content(entry))
-                           for entry in (added.values() if isinstance(added, dict) else [])]
-                for key, content in tokens:
-                    if content is not None and self.tok.token_to_id(content) is None:
+                    in_vocabulary = self.tok.token_to_id(content) is not None
+                    if not in_vocabulary and key in ("eos_token", "bos_token", "pad_token", "added_tokens_decoder"):
                         # transformers would add it as a new token: other ids and vocabulary than Megatron's
                         raise UserInputError(
                             f"--tokenizer-model {json_path}: {p} declares the token {content!r} ({key}), which "
                             f"tokenizer.json does not hold (transformers adds it as id {self._vocab_size} or later; "
                             f"the ids would differ): add it to tokenizer.json's added_tokens")
+                    if in_vocabulary and content not in registered:
+                        # a vocabulary entry the config declares is one token wherever its text appears, as
+                        # transformers registers it (it was encoded as its pieces)
+                        added = _added_token(token, special_by_default=key != "added_tokens_decoder")
+                        (self.tok.add_special_tokens if added.special else self.tok.add_tokens)([added])
+                        registered.add(content)
                 if cfg.get("split_special_tokens") is True:   # special-token text encoded as text, as transformers does
                     self.tok.encode_special_tokens = True
         self._eod = self._find("eos_token", declared, _EOS_CANDIDATES)

@@ -180,6 +180,27 @@ def test_hf_tokenizer_matches_transformers(tmp_path, byte_level_bpe_json, monkey
     assert ours.encode_batch(TEXTS) == ref(TEXTS).input_ids
 
 
+@pytest.mark.parametrize("declared", [{"eos_token": "<eos>", "bos_token": "<bos>"},
+                                      {"eos_token": "<eos>", "additional_special_tokens": ["<bos>", "<pad>"]},
+                                      {"eos_token": "<eos>", "added_tokens_decoder": {
+                                          "2": {"content": "<bos>", "special": True, "lstrip": False,
+                                                "rstrip": False, "normalized": False, "single_word": False}}}])
+def test_hf_tokens_the_config_declares_are_one_token_wherever_their_text_appears(
+        tmp_path, byte_level_bpe_json, monkeypatch, declared):
+    """Special tokens in tokenizer.json's vocabulary but not its added_tokens, declared by tokenizer_config.json:
+    AutoTokenizer (and so Megatron-LM) registers them, so "<eos>" in a text is one id; ours encoded its pieces."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    transformers = pytest.importorskip("transformers")
+    without_added = json.loads(byte_level_bpe_json)
+    without_added["added_tokens"] = []
+    d = _tokenizer_dir(tmp_path / "tok", json.dumps(without_added), False,
+                       {"tokenizer_class": "PreTrainedTokenizerFast", **declared})
+    ours, ref = build_tokenizer("HuggingFaceTokenizer", str(d)), transformers.AutoTokenizer.from_pretrained(str(d))
+    assert ours.vocab_size == len(ref) and ours.encode("a<eos>") == ref("a<eos>").input_ids
+    assert [ours.encode(text) for text in TEXTS] == ref(TEXTS).input_ids
+    assert ours.encode("<bos>") == ref("<bos>").input_ids == [2]
+
+
 def test_hf_tokenizer_config_declaring_a_token_tokenizer_json_lacks_is_refused(tmp_path, hf_tokenizer_dir):
     """transformers adds such a token as a new id (other ids and vocabulary than ours); it fell back to
     another EOS candidate silently. Refused, naming the file and the token."""
