@@ -66,7 +66,21 @@ def test_load_error_ignores_skip_and_keeps_bias_mean():
     torch.testing.assert_close(error, torch.tensor([[0.45, -0.15, -0.15, -0.15]], dtype=torch.float64))
 
 
-@pytest.mark.parametrize("skip_target", [None, 0.2], ids=["experts", "skip-target"])
+def test_a_skip_target_of_0_asks_the_skip_class_for_no_tokens():
+    """--moe-router-skip-target 0 is in [0, 1): the skip class is balanced too, its target share 0 and each of
+    the E experts' 1/E, over every token (not only the routed ones as without a skip target)."""
+    counts = torch.tensor([[40, 20, 20, 0, 20]])          # 100 tokens, 20 skipped
+    error = BalancingBiasUpdater.load_error(counts, skip_target=0.0)
+    torch.testing.assert_close(error, torch.tensor([[0.15, -0.05, -0.05, -0.25, 0.2]], dtype=torch.float64))
+    bias = torch.tensor([0.0, 0.0, 0.0, 0.0, -1.0])
+    updater = BalancingBiasUpdater([bias], lr=0.1, skip_target=0.0)
+    updater.update(counts)
+    # First Adam step: lr * sign(error) (eps aside), the skip class's step (+lr, it is over its target) taken from
+    # every expert's: the overloaded expert stays level with the skip class, the others rise against it.
+    torch.testing.assert_close(bias, torch.tensor([0.0, 0.2, 0.2, 0.2, -1.0]), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("skip_target", [None, 0.2, 0.0], ids=["experts", "skip-target", "skip-target-0"])
 def test_bias_update_is_mean_centred_adam_on_the_load_error(skip_target):
     """Independent reference: torch.optim.Adam (float64, no weight decay, the updater's lr / betas / eps) fed
     each layer's load error p_e - 1/E over the routed experts as the gradient, its step then centred on the
@@ -74,7 +88,8 @@ def test_bias_update_is_mean_centred_adam_on_the_load_error(skip_target):
     biases stay at their init. Bias correction and the square root of Adam both matter here. With a skip target
     R the skip class is one more: shares over every token less (1 - R) / E per expert and R for the skip class,
     the skip class's step taken from every expert's instead (the skip bias stays at -1, as transformers loads
-    it)."""
+    it). A skip target of 0 (valid, [0, 1)) is a skip target too: every token's share counts and the skip
+    class's target is 0."""
     torch.manual_seed(0)
     layers, experts = 3, 5
     biases = [torch.zeros(experts + 1) for _ in range(layers)]
