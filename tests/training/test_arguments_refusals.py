@@ -1,7 +1,8 @@
-"""More flag values that validation refuses before anything is built, each with one line naming the flag
-(tests/training/test_arguments.py holds the rest; it is at its size limit)."""
+"""More flag values that validation refuses before anything is built, each with one line naming the flag, and
+some that it accepts (tests/training/test_arguments.py holds the rest; it is at its size limit)."""
 import pytest
 
+from megatron_zaya.arguments import parse_args
 from tests.training.helpers import tiny_run_flags
 from tests.training.test_arguments import error_of
 
@@ -32,3 +33,25 @@ def test_a_symbolic_link_to_a_missing_folder_is_named_before_the_run(tiny_corpus
         line = error_of(tiny_run_flags(tiny_corpus, tmp_path, **{flag: path}), capsys)
         assert f"{flag} {path}: {tmp_path / 'link'} is a symbolic link to {tmp_path / 'not yet'}, which does not " \
                f"exist" in line, line
+
+
+@pytest.mark.parametrize("value", ["1.5", "1", "-0.1"])
+def test_a_skip_target_outside_0_to_1_is_refused(tiny_corpus, tmp_path, capsys, value):
+    """--moe-router-skip-target is a share of the tokens, in [0, 1): 1 would skip every token's experts."""
+    line = error_of(tiny_run_flags(tiny_corpus, tmp_path, **{"--moe-router-skip-target": value}), capsys)
+    assert f"--moe-router-skip-target={float(value)}: must be in [0, 1)" in line, line
+
+
+@pytest.mark.parametrize("value", [0.0, 0.99])
+def test_a_skip_target_in_0_to_1_reaches_the_train_config(tiny_corpus, tmp_path, value):
+    """0 is a skip target too (balance the skip class towards none of the tokens), not "no target"."""
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--moe-router-skip-target": value}))
+    assert run.train.moe_router_skip_target == value
+
+
+def test_the_pause_limit_defaults_to_two_hours(tiny_corpus, tmp_path):
+    """--watchdog-pause-seconds (the longest evaluation or checkpoint save) is 7200 s unless given, as
+    docs/CHECKPOINTING.md says; the flag reaches the train config."""
+    assert parse_args(tiny_run_flags(tiny_corpus, tmp_path)).train.watchdog_pause_seconds == 7200.0
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--watchdog-pause-seconds": "0"}))
+    assert run.train.watchdog_pause_seconds == 0.0
