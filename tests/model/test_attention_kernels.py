@@ -1,16 +1,33 @@
 """Which SDPA kernel the attention gets: grouped K/V heads go to SDPA as they are, unless only K/V repeated
 to the query heads keep SDPA off its math path (CUDA: flash takes no explicit mask, the memory-efficient
 kernel no grouped heads; some ROCm builds' flash no grouped heads). SDPA's own choice decides; on this CPU
-the flash kernel takes both, so the repeat is exercised by making the choice say so."""
+the flash kernel takes both, so the repeat is exercised by making the choice say so (KERNELS: stand-ins for the
+two GPU choices)."""
 import pytest
 import torch
 from torch.nn.attention import SDPBackend
-from torch.nn.attention.bias import causal_lower_right
+from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from megatron_zaya.config import model_config_from_preset
 from megatron_zaya.model import recompute
 from megatron_zaya.model.cca import CompressedConvAttention, kv_for_sdpa
 from megatron_zaya.model.documents import additive_bias, document_attention_mask
+
+
+def rocm_choice(q, k, v, mask, enable_gqa) -> bool:
+    """A ROCm build whose flash kernel takes no grouped heads: the math path whenever they are grouped."""
+    return enable_gqa
+
+
+def cuda_choice(q, k, v, mask, enable_gqa) -> bool:
+    """CUDA: flash takes grouped heads but no explicit mask (a causal call, or a CausalBias, which dispatches to
+    flash itself), the memory-efficient kernel a mask but no grouped heads: the math path for a masked GQA call."""
+    explicit = mask is not None and not isinstance(mask, CausalBias)
+    return enable_gqa and explicit
+
+
+KERNELS = {"rocm": rocm_choice, "cuda": cuda_choice}
+REPEATS = {("rocm", False): True, ("rocm", True): True, ("cuda", False): False, ("cuda", True): True}
 
 
 def qkv(dtype=torch.float32, s=24):
@@ -28,10 +45,12 @@ def test_grouped_heads_stay_grouped_where_a_fused_kernel_takes_them():
         assert k2 is k and v2 is v and gqa
 
 
+@pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("packed", [False, True], ids=["causal", "packed-documents"])
-def test_repeated_heads_give_the_grouped_attention(monkeypatch, packed):
+def test_repeated_heads_give_the_grouped_attention(monkeypatch, packed, kernels):
     """Where grouped heads would send SDPA to its math path (simulated), the heads are repeated: the same
-    outputs and gradients, in float64, and the repeated call is the one a fused kernel takes."""
+    outputs and gradients, in float64, and the repeated call is the one a fused kernel takes. On CUDA that is
+    packed documents' only (the choice is asked with the mask); a causal call stays grouped (flash)."""
     config = model_config_from_preset("zaya1-tiny", num_attention_heads=8, num_query_groups=2, kv_channels=16,
                                       hidden_size=64)
     attn = CompressedConvAttention(config).double()
@@ -45,12 +64,12 @@ def test_repeated_heads_give_the_grouped_attention(monkeypatch, packed):
     expected = torch.autograd.grad(grouped.square().sum(), (q, k, v))
     asked = []
 
-    def math_when_grouped(q_, k_, v_, mask_, enable_gqa):
+    def recording_choice(q_, k_, v_, mask_, enable_gqa):
         asked.append((k_.shape[1], enable_gqa))
-        return enable_gqa
-    monkeypatch.setattr(recompute, "sdpa_keeps_scores", math_when_grouped)
+        return KERNELS[kernels](q_, k_, v_, mask_, enable_gqa)
+    monkeypatch.setattr(recompute, "sdpa_keeps_scores", recording_choice)
     repeated = attn.attend(q, k, v, mask)
-    assert asked == [(2, True), (8, False)]
+    assert asked == ([(2, True), (8, False)] if REPEATS[kernels, packed] else [(2, True)])
     torch.testing.assert_close(repeated, grouped, rtol=0, atol=1e-12)
     for got, want in zip(torch.autograd.grad(repeated.square().sum(), (q, k, v)), expected):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
@@ -69,13 +88,15 @@ def test_a_causal_bias_is_judged_without_materialising_it():
     assert recompute.sdpa_keeps_scores(q[:, :, :8], k, v, bias, True) == (materialised == SDPBackend.MATH.value)
 
 
+@pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("packed", [False, True], ids=["causal", "packed-documents"])
-def test_context_parallel_chunks_share_one_copy_of_repeated_kv(monkeypatch, packed):
+def test_context_parallel_chunks_share_one_copy_of_repeated_kv(monkeypatch, packed, kernels):
     """The CP attention (parallel/context.py) on one rank holding both chunks (CP group of one): where grouped
     heads would send SDPA to its math path (simulated), K/V are repeated once, for the later chunk whose keys
     hold the earlier one's, and each chunk reads a prefix (repeating per chunk kept a copy for each: about
     1.3 GB per GPU at ZAYA1-base 32K CP 2 with packed documents, by the planner's count). Outputs and
-    gradients equal the one-process attention's in float64."""
+    gradients equal the one-process attention's in float64. On CUDA only packed documents' chunk bias asks for
+    the repeat; the causal chunks' CausalBias goes to flash grouped."""
     from types import SimpleNamespace
 
     from megatron_zaya.model.documents import PackedDocuments
@@ -106,9 +127,9 @@ def test_context_parallel_chunks_share_one_copy_of_repeated_kv(monkeypatch, pack
         repeats.append(result[0] is not k)
         return result
     monkeypatch.setattr(context, "kv_for_sdpa", counting_kv_for_sdpa)
-    monkeypatch.setattr(recompute, "sdpa_keeps_scores", lambda q, k, v, mask, enable_gqa: enable_gqa)
+    monkeypatch.setattr(recompute, "sdpa_keeps_scores", KERNELS[kernels])
     got, got_grads = run(cp=True)
-    assert repeats == [True]
+    assert repeats == [REPEATS[kernels, packed]]
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
     for g, w in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
