@@ -96,3 +96,14 @@ def test_zero1_with_another_change_names_both_flags(cli, capsys, tmp_path):
     for description in plan["fixes"]:
         assert "(--use-distributed-optimizer " in description
         assert run(cli, capsys, apply_fix(description, argv, None, tmp_path))[0] == 0, description
+
+
+def test_context_parallelism_over_every_gpu_is_offered(cli, capsys, tmp_path):
+    """ZAYA1-base at 32K on 2 MI300X does not fit; CP over both GPUs (CP = the GPU count) does, and is the first
+    change offered (it runs as printed)."""
+    argv = ["--preset", "zaya1-base", "--gpus", "2", "--cluster", "mi300x", "--seq-length", "32768",
+            "--global-batch-size", "16", "--use-distributed-optimizer"]
+    code, plan = run(cli, capsys, argv)
+    assert code == 1 and plan["fixes"][0] == "raise CP to 2 (--context-parallel-size 2)", plan["fixes"]
+    code, fixed = run(cli, capsys, apply_fix(plan["fixes"][0], argv, None, tmp_path))
+    assert code == 0 and fixed["fits"]
