@@ -250,3 +250,26 @@ def test_a_rerun_moe_sublayer_keeps_its_moe_act_tensors_while_it_runs():
     both, moe = (activation_memory(config, 64, 2, "selective", recompute_modules=modules)
                  for modules in (["moe_act", "moe"], ["moe"]))
     assert both.recompute_live == moe.recompute_live > 0
+
+
+def test_repeated_kv_under_context_parallelism_is_counted_once_for_the_later_chunks_keys():
+    """On a GPU packed documents' bias sends attention to the memory-efficient kernel, which takes no grouped
+    K/V heads: K/V are repeated to the HQ query heads (cca.kv_for_sdpa). Under CP they are repeated once, for
+    the later chunk's keys (the whole sequence on rank 0), and both chunks' calls read views of them
+    (parallel/context.py): S x 2 (K, V) x HQ dh bf16 per layer kept in place of the gathered grouped K/V, at any
+    CP. ZAYA1-base 32K CP=2: 4.0 GB per GPU more (docs/PLANNER.md; 5.4 GB when each chunk repeated its own)."""
+    import dataclasses
+
+    from megatron_zaya.planner.activations import POLICIES
+    base = model_config_from_preset("zaya1-base")
+    hq, hkv, dh = base.num_attention_heads, base.num_query_groups, base.kv_channels
+    grouped = dataclasses.replace(POLICIES["gpu"], mask_repeats_kv=False)
+    seq = 32768
+    for cp in (2, 4):
+        repeated, kept_grouped = (activation_memory(base, seq, 1, policy=policy, context_parallel=cp,
+                                                    packed_documents=True).stored
+                                  for policy in ("gpu", grouped))
+        want = base.num_layers * seq * 2 * 2 * (hq - hkv) * dh
+        assert repeated - kept_grouped == pytest.approx(want, rel=1e-12), cp
+        if cp == 2:
+            assert round(want / 1e9, 1) == 4.0

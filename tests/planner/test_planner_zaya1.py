@@ -132,8 +132,8 @@ def test_cli_refuses_a_partial_node(cli, capsys):
 
 def test_cli_counts_packed_documents_and_module_recomputation(cli, capsys):
     """--reset-attention-mask adds the segmented convolution's terms and the attention bias: under CP=2 at 32K,
-    the bias is the two chunk biases, (2 CP + 1) (S / 2CP)^2 bf16 per sequence. --recompute-modules reaches the
-    report."""
+    the bias is the two chunk biases, (2 CP + 1) (S / 2CP)^2 bf16 per sequence, and the planner's total is pinned.
+    --recompute-modules reaches the report."""
     from megatron_zaya.planner.activations import document_bias_bytes
     base = ["--preset", "zaya1-base", "--gpus", "1024", "--cluster", "mi300x", "--micro-batch-size", "1",
             "--seq-length", "32768", "--global-batch-size", "1024", "--use-distributed-optimizer",
@@ -146,6 +146,8 @@ def test_cli_counts_packed_documents_and_module_recomputation(cli, capsys):
     bias = document_bias_bytes(32768, 1, 2)
     assert bias == 2 * 5 * 8192 ** 2
     assert bias / 1e9 < packed["activations_gb"] - plain["activations_gb"] < bias / 1e9 + 15
+    # The repeated K/V are kept once for both chunks (parallel/context.py): 126.3 GB when each chunk kept its own.
+    assert round(packed["memory_total_gb"], 2) == 124.97, packed["memory_total_gb"]
     assert cli.main(base[:-1] + ["--recompute", "selective", "--recompute-modules", "moe"]) == 0
     assert "recompute=selective (moe)" in capsys.readouterr().out
     # the training flags' names work too
