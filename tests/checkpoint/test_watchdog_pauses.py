@@ -46,6 +46,15 @@ def test_a_pause_has_its_own_limit(ckpt_corpus, ckpt_cache, capsys):
     assert rec.trainer.checkpointer.watchdog.pause_seconds == 30
 
 
+def test_the_poll_interval_follows_the_shorter_of_the_two_limits():
+    """The thread polls at 1/20 of the shorter limit (0.05 to 5 s): a pause limit shorter than the iteration
+    limit is checked that often, not at the iteration limit's pace; a pause limit of 0 (none) does not count."""
+    polls = {(min_s, pause): Watchdog(min_seconds=min_s, pause_seconds=pause).poll
+             for min_s, pause in ((600, 10), (600, 7200), (600, 0), (2, 7200), (600, 0.5))}
+    assert polls == {(600, 10): 0.5, (600, 7200): 5.0, (600, 0): 5.0, (2, 7200): 0.1, (600, 0.5): 0.05}
+    assert Watchdog(min_seconds=600, pause_seconds=10, poll_seconds=0.02).poll == 0.02
+
+
 def test_a_final_evaluation_that_hangs_is_ended_by_the_watchdog(ckpt_corpus, ckpt_cache):
     """After training (the watchdog stopped), the final evaluation runs 6 s against --watchdog-pause-seconds 1.5:
     the rank prints its stacks and exits 124 (it ran to the end: a hung peer held the job)."""
