@@ -90,9 +90,11 @@ def _why_not_continuing(save: str, load: str | None, finetune: bool, newest: int
                     f"iteration {newest} is newer (to go back to {named}, move the later iter_ folders out of "
                     f"{save} first; to continue from {newest}, write {newest} into {LATEST_FILE})")
         return None
-    folder = os.path.realpath(load)           # (a link to an iter_ folder of --save: that folder)
-    match = ITER_RE.match(os.path.basename(folder))
-    if match and _same_path(os.path.dirname(folder), save):
+    # an iter_ folder of --save, named as given (it may be a link to storage elsewhere) or as a link to it names
+    named = [folder for folder in (os.path.normpath(load), os.path.realpath(load))
+             if ITER_RE.match(os.path.basename(folder)) and _same_path(os.path.dirname(folder), save)]
+    match = ITER_RE.match(os.path.basename(named[0])) if named else None
+    if match:
         loaded = int(match.group(1))
         if loaded >= newest:
             return None

@@ -80,6 +80,10 @@ def test_save_folder_check_accepts_the_normal_cases(tmp_path):
     check_save_folder(save, os.path.join(save, "iter_0000004"), False)   # its newest checkpoint, by name
     os.symlink(os.path.join(save, "iter_0000004"), tmp_path / "newest")
     check_save_folder(save, str(tmp_path / "newest"), False)            # or through a link to it
+    os.rename(os.path.join(save, "iter_0000004"), tmp_path / "archived")  # or it is a link to storage elsewhere
+    os.symlink(tmp_path / "archived", os.path.join(save, "iter_0000004"))
+    check_save_folder(save, os.path.join(save, "iter_0000004"), False)
+    check_save_folder(save, save, False)
     with pytest.raises(CheckpointError, match="iteration 2, older than the latest"):
         check_save_folder(save, os.path.join(save, "iter_0000002"), False)
     with pytest.raises(CheckpointError, match="another folder"):
