@@ -15,7 +15,8 @@ phase continues each dataset, training/data_phase.py: 1.0 s per 1e8 samples with
 else the temporary folder's megatron_zaya-UID), named by the hash of its source and the machine type (a home
 shared by x86 and Arm nodes), and written under a temporary name, then renamed, so that processes starting
 together never load a half-written file. It is loaded only from a folder and a file of this user's that no other
-user can write: a library another user placed in a shared folder would run in this process.
+user can write (a library another user placed in a shared folder would run in this process); a file in that
+folder that others could write, or a link, is built anew.
 """
 from __future__ import annotations
 
@@ -100,7 +101,12 @@ def _compile(folder: str, compiler: str) -> str | None:
     if not _private_folder(folder):
         return None
     if os.path.lexists(library):
-        return library if _ours(library) else None
+        if _ours(library):
+            return library
+        try:      # a link, or a file others could have written (an earlier version's under a umask of 002):
+            os.remove(library)      # the folder is this user's, so it is rebuilt rather than trusted
+        except OSError:
+            return None
     try:
         work = tempfile.mkdtemp(dir=folder)
     except OSError:

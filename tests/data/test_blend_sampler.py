@@ -81,10 +81,11 @@ def test_a_compiled_blending_library_is_named_by_its_flags_too(tmp_path, monkeyp
 
 
 def test_a_blending_library_another_user_could_have_written_is_never_loaded(tmp_path, monkeypatch):
-    """The library cache may be the node's shared temporary folder: a library file that other users can write,
-    or that is a link, or that lies in a folder another user owns, is not loaded (its code would run in this
-    process); native_library moves on to the next folder. A library this user builds under a umask of 002 is
-    not group-writable, so the next process still takes it."""
+    """The library cache may be the node's shared temporary folder: a library in a folder another user owns is
+    not loaded (its code would run in this process), and native_library moves on to the next folder; in this
+    user's own folder a library file that others can write (an earlier version's, built under a umask of 002), or a
+    link, is built anew rather than loaded. A library this user builds under a umask of 002 is not group-writable,
+    so the next process takes it."""
     import shutil
     import stat
 
@@ -94,14 +95,17 @@ def test_a_blending_library_another_user_could_have_written_is_never_loaded(tmp_
         pytest.skip("no C compiler here")
     planted = tmp_path / "planted"
     built = native_blending._compile(str(planted), compiler)       # stands for a file another user put there
-    os.chmod(built, 0o777)
-    assert native_blending._compile(str(planted), compiler) is None
-    os.chmod(built, 0o755)
+    with open(built, "ab") as f:                                  # others could have written it
+        f.write(b"written by another user of the group")
+    os.chmod(built, 0o775)
+    size = os.path.getsize(built)
     assert native_blending._compile(str(planted), compiler) == built
+    assert not os.stat(built).st_mode & 0o022 and os.path.getsize(built) < size     # built anew
     linked = tmp_path / "linked"
     linked.mkdir()
-    os.symlink(built, linked / os.path.basename(built))
-    assert native_blending._compile(str(linked), compiler) is None
+    os.symlink(tmp_path / "elsewhere.so", linked / os.path.basename(built))
+    again = native_blending._compile(str(linked), compiler)
+    assert again == str(linked / os.path.basename(built)) and not os.path.islink(again)
     if os.getuid() == 0:              # as root: a folder owned by another user (nobody) is refused too
         os.chown(planted, 65534, 65534)
         assert native_blending._compile(str(planted), compiler) is None
