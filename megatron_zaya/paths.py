@@ -58,9 +58,9 @@ def check_index_cache_dirs(prefixes: list[str], data_cache_path: str | None, no_
     """The folders the index cache writes in can be written: --data-cache-path, or without it the default
     folder beside each distinct data folder of `prefixes` (every dataset's indices and index check go beside
     it; the blend's beside the first). UserInputError naming the folder, and what to give instead:
-    --data-cache-path, or `no_cache_flag` (tools/evaluate.py's --no-index-cache) where there is one. A default
-    folder that exists and cannot be written is a warning (returned): a read-only data folder whose indices were
-    built beforehand is read as it is, and data/cache.py names the folder if an index is missing there."""
+    --data-cache-path, or `no_cache_flag` (tools/evaluate.py's --no-index-cache) where there is one. A folder
+    that exists and cannot be written is a warning (returned): indices built there beforehand are read as they are
+    (a read-only data folder, a team's shared cache), and data/cache.py builds in memory any that are missing."""
     instead = f"give --data-cache-path a writable folder{f' or {no_cache_flag}' if no_cache_flag else ''}"
     if data_cache_path:
         folders = [data_cache_path]
@@ -72,7 +72,8 @@ def check_index_cache_dirs(prefixes: list[str], data_cache_path: str | None, no_
         try:
             check_creatable_dir(label, folder)
         except UserInputError as err:
-            if data_cache_path or not os.path.isdir(folder):
+            if not os.path.isdir(folder):
                 raise UserInputError(f"{err}; {instead}") from None
-            warnings.append(f"{err}: only indices already built there can be read ({instead} to build others)")
+            warnings.append(f"{err}: indices not built there yet are built in memory, by every process, at every "
+                            f"start ({instead} to keep them)")
     return warnings

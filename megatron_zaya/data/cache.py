@@ -28,7 +28,6 @@ from typing import Callable
 
 import numpy as np
 
-from megatron_zaya.errors import UserInputError
 from megatron_zaya.leftovers import TEMPORARY_SUFFIX_PATTERN, kept_fresh, temporary_suffix
 from megatron_zaya.processes import process_running
 from megatron_zaya.units import timestamp
@@ -211,6 +210,16 @@ def _build_and_write(build: Callable[[], dict[str, np.ndarray]], base: str, path
         raise
 
 
+_said: set = set()
+
+
+def _say_once(key, message: str) -> None:
+    """`message` on stderr, with the time, once per process and `key` (from the rank that speaks, `_speaks`)."""
+    if key not in _said and _speaks():
+        _said.add(key)
+        print(f"{timestamp()} {message}", file=sys.stderr, flush=True)
+
+
 def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: list[str],
                   build: Callable[[], dict[str, np.ndarray]], timeout_s: float = 3600.0,
                   poll_s: float = 0.05) -> dict[str, np.ndarray]:
@@ -240,8 +249,10 @@ def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: li
         except OSError as err:     # a read-only folder of indices built beforehand, without this one
             if err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
                 raise
-            raise UserInputError(f"index cache {cache_dir}: {base}-*.npy is not built there, and this process cannot "
-                                 f"write there ({err.strerror}): give --data-cache-path a writable folder") from None
+            _say_once((cache_dir, kind), f"warning: index cache {cache_dir}: cannot write there ({err.strerror}): "
+                      f"{kind} arrays not built there are built in memory, by every process, at every start "
+                      f"(give --data-cache-path a writable folder to keep them)")
+            return build()
         if fd is None:
             if not noticed and time.time() - started > WAIT_NOTICE_S:
                 noticed = True

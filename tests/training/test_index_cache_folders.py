@@ -1,8 +1,8 @@
 """The index cache's folders (megatron_zaya.paths.check_index_cache_dirs) are checked before any model is built or
 loaded, by pretrain_zaya.py and tools/evaluate.py alike: --data-cache-path, or without it the default folder beside
 EVERY data folder of the blend (each dataset's indices go beside it; only the first one's was checked), an existing
-one included (it was skipped: one that cannot be written is a warning, and an index missing there is named when
-it is to be built). evaluate.py checked none and failed with a traceback after loading the model.
+one included (it was skipped: one that cannot be written is a warning, and an index missing there is built in
+memory). evaluate.py checked none and failed with a traceback after loading the model.
 
 A read-only folder cannot be made for root (who ignores permissions): `read_only` makes creating a folder in the
 given folders fail with EROFS, as on a read-only mount.
@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from megatron_zaya.arguments import parse_args
-from megatron_zaya.errors import UserInputError
 from tests.training.conftest import run_tool
 from tests.training.helpers import tiny_run_flags
 
@@ -71,29 +70,38 @@ def test_every_data_folders_default_cache_is_checked(tiny_corpus, tmp_path, caps
         "docs_text_document.bin", "docs_text_document.idx"]
 
 
-def test_an_existing_read_only_default_cache_folder_is_read_and_an_index_missing_there_named(
-        tiny_corpus, tmp_path, read_only, monkeypatch):
-    """cache/GPTDataset_indices already there but read-only (a read-only data folder whose indices were built
-    beforehand): a warning, not a refusal (the indices there are read as they are); an index missing there stops the
-    run naming the folder and --data-cache-path (it was an OSError traceback from the lock file)."""
+@pytest.mark.parametrize("explicit", [False, True])
+def test_an_existing_read_only_cache_folder_is_read_and_an_index_missing_there_built_in_memory(
+        tiny_corpus, tmp_path, read_only, monkeypatch, capsys, explicit):
+    """cache/GPTDataset_indices (or a --data-cache-path) already there but read-only: a read-only data folder whose
+    indices were built beforehand, or a team's shared cache. A warning, not a refusal (the indices there are read as
+    they are); an index missing there (a `chmod -R a-w` moves the files' ctime, which the index check's record is
+    keyed by) is built in memory, with one warning naming the folder (it was an OSError from the lock file)."""
     from megatron_zaya.data import cache as index_cache
     prefix = _copy(tiny_corpus, tmp_path / "data")
-    folder = tmp_path / "data" / "cache" / "GPTDataset_indices"
+    folder = tmp_path / "shared" if explicit else tmp_path / "data" / "cache" / "GPTDataset_indices"
     folder.mkdir(parents=True)
     read_only(folder)
-    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--data-path": prefix, "--data-cache-path": None}))
-    assert [w for w in run.warnings if "index cache" in w] == [
-        f"index cache (no --data-cache-path; default beside the data) {folder}: cannot create folders in {folder} "
-        f"(Read-only file system): only indices already built there can be read (give --data-cache-path a writable "
-        f"folder to build others)"]
+    run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{"--data-path": prefix,
+                                                              "--data-cache-path": str(folder) if explicit else None}))
+    label = "--data-cache-path" if explicit else "index cache (no --data-cache-path; default beside the data)"
+    assert [w for w in run.warnings if "cannot create folders" in w] == [
+        f"{label} {folder}: cannot create folders in {folder} (Read-only file system): indices not built there "
+        f"yet are built in memory, by every process, at every start (give --data-cache-path a writable folder to "
+        f"keep them)"]
 
     def read_only_lock(path, observed):
         raise OSError(errno.EROFS, "Read-only file system", path)
     monkeypatch.setattr(index_cache, "_claim", read_only_lock)
-    with pytest.raises(UserInputError, match=rf"index cache {folder}: \S+-Test-\*\.npy is not built there, and this "
-                                             rf"process cannot write there \(Read-only file system\): give "
-                                             rf"--data-cache-path a writable folder"):
-        index_cache.cached_arrays(str(folder), "Test", {"k": 1}, ["x"], lambda: {"x": np.ones(2)})
+    capsys.readouterr()
+    for _ in range(2):
+        out = index_cache.cached_arrays(str(folder), f"Test{explicit}", {"k": 1}, ["x"], lambda: {"x": np.ones(2)})
+        assert out["x"].tolist() == [1, 1] and os.listdir(folder) == []
+    warned = [line for line in capsys.readouterr().err.splitlines() if "warning: index cache" in line]
+    assert len(warned) == 1 and warned[0].endswith(
+        f"warning: index cache {folder}: cannot write there (Read-only file system): Test{explicit} arrays not built "
+        f"there are built in memory, by every process, at every start (give --data-cache-path a writable folder to "
+        f"keep them)"), warned
 
 
 def _evaluate_argv(tiny_corpus, prefix, *extra) -> list[str]:
@@ -109,16 +117,16 @@ def test_evaluate_checks_the_index_cache_folders_before_loading(tiny_corpus, tmp
     def evaluate(argv):
         return run_tool("evaluate", argv)
     prefix = _copy(tiny_corpus, tmp_path / "ro")
-    os.makedirs(tmp_path / "ro_cache")
-    read_only(tmp_path / "ro", tmp_path / "ro_cache")
+    os.makedirs(tmp_path / "ro_parent")
+    read_only(tmp_path / "ro", tmp_path / "ro_parent")
     line = _error_line(_evaluate_argv(tiny_corpus, prefix), capsys, evaluate)
     assert line.split(": error: ", 1)[1] == (f"index cache (no --data-cache-path; default beside the data) "
                     f"{tmp_path}/ro/cache/GPTDataset_indices: cannot create folders in {tmp_path}/ro (Read-only file "
                     f"system); give --data-cache-path a writable folder or --no-index-cache"), line
-    line = _error_line(_evaluate_argv(tiny_corpus, prefix, "--data-cache-path", str(tmp_path / "ro_cache")), capsys,
-                       evaluate)
-    assert (f"--data-cache-path {tmp_path}/ro_cache: cannot create folders in {tmp_path}/ro_cache (Read-only file "
-            f"system); give --data-cache-path a writable folder or --no-index-cache") in line, line
+    line = _error_line(_evaluate_argv(tiny_corpus, prefix, "--data-cache-path", str(tmp_path / "ro_parent/cache")),
+                       capsys, evaluate)
+    assert (f"--data-cache-path {tmp_path}/ro_parent/cache: cannot create folders in {tmp_path}/ro_parent (Read-only "
+            f"file system); give --data-cache-path a writable folder or --no-index-cache") in line, line
     # --no-index-cache: no folder to write, past the check to the checkpoint
     line = _error_line(_evaluate_argv(tiny_corpus, prefix, "--no-index-cache"), capsys, evaluate)
     assert "/nonexistent/not_loaded" in line and "cache" not in line, line
