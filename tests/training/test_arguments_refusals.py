@@ -14,6 +14,10 @@ from tests.training.test_arguments import error_of
     ({"--train-iters": None, "--train-samples": "3"},          # the global batch is 4
      "--train-samples=3 is less than one global batch: no iteration to run"),
     ({"--skip-train": ""}, "--skip-train evaluates a trained model: give --load (or --pretrained-checkpoint)"),
+    # mock data is cut by --split too: no train share left nothing to train on (StopIteration mid-run)
+    ({"--mock-data": "", "--data-path": None, "--tokenizer-type": "NullTokenizer", "--tokenizer-model": None,
+      "--vocab-size": "100", "--split": "0,100,0"},
+     "--split 0,100,0: the train share is 0, so there is no training data for the iterations to run"),
 ])
 def test_refused_naming_the_flag(tiny_corpus, tmp_path, capsys, extra, expected):
     multi = {k: [w.replace("{P}", tiny_corpus[0]) for w in v] for k, v in extra.items() if isinstance(v, list)}
