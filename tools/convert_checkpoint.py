@@ -62,6 +62,7 @@ from megatron_zaya.data.tokenizer import (  # noqa: E402
     add_tiktoken_arguments, build_tokenizer, tiktoken_options, tokenizer_flags)
 from megatron_zaya.errors import UserInputError  # noqa: E402
 from megatron_zaya.interrupts import interrupt_on_sigterm  # noqa: E402
+from megatron_zaya.paths import DanglingLink, nearest_existing  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SIZE_UNITS = {"": 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30}
@@ -124,6 +125,10 @@ def check_source_kind(parser: argparse.ArgumentParser, args: argparse.Namespace)
                          f"from-hf converts a Hugging Face folder into one)")
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         parser.error(f"{args.output}: a file, not a folder ({args.command} writes a new or empty folder)")
+    try:
+        nearest_existing(args.output)
+    except DanglingLink as err:      # (no folder can be made through it)
+        parser.error(f"{args.output}: {err}")
     if args.command in ("from-hf", "reshard"):
         if os.path.isdir(args.output) and is_hf_folder(args.output):
             parser.error(f"{args.output}: a Hugging Face folder ({args.command} writes a training checkpoint into a "

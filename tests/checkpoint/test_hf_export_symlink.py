@@ -68,9 +68,15 @@ def test_an_export_into_a_symlink_lands_in_its_folder_and_the_link_stays(tmp_pat
     # A link to a folder not made yet: refused before any weight is read, naming the link and its target (as
     # training's output folders are), the link left as it is
     (tmp_path / "dangling").symlink_to(tmp_path / "scratch" / "not_yet")
-    for output in (tmp_path / "dangling", tmp_path / "dangling" / "sub"):
+    for output, command in ((tmp_path / "dangling", "to-hf"), (tmp_path / "dangling" / "sub", "to-hf"),
+                            (tmp_path / "dangling", "from-hf")):      # (from-hf's source: the first export)
         capsys.readouterr()
-        assert tool.main(["to-hf", ckpts[0], str(output), "--no-progress"]) == 2
+        source = ckpts[0] if command == "to-hf" else str(outputs[0])
+        try:
+            status = tool.main([command, source, str(output), "--no-progress"])
+        except SystemExit as stopped:         # (from-hf: a usage error of the output's kind, as argparse's)
+            status = stopped.code
+        assert status == 2, command
         assert (f"{tmp_path / 'dangling'} is a symbolic link to {tmp_path / 'scratch' / 'not_yet'}, which does not "
                 f"exist") in capsys.readouterr().err
     assert (tmp_path / "dangling").is_symlink() and not (tmp_path / "scratch" / "not_yet").exists()
