@@ -105,6 +105,8 @@ def _compile(folder: str, compiler: str) -> str | None:
             return library
         try:      # a link, or a file others could have written (an earlier version's under a umask of 002):
             os.remove(library)      # the folder is this user's, so it is rebuilt rather than trusted
+        except FileNotFoundError:   # (another process starting beside this one removed it first)
+            pass
         except OSError:
             return None
     try:

@@ -236,7 +236,8 @@ class Encoder:
                 if ids is None:
                     status[d] = TRIMMED_AWAY
                     continue
-            doc_ids = [x for x in doc_ids if len(x) > 0 and list(x) != self.empty_text_list]
+            empty = self.empty_text_list
+            doc_ids = [x for x in doc_ids if len(x) > 0 and (len(x) != len(empty) or list(x) != empty)]
             if not doc_ids:
                 status[d] = EMPTY
                 continue
