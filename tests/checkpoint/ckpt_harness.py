@@ -17,6 +17,16 @@ TINY = ("--preset zaya1-tiny --num-layers 2 --hidden-size 64 --num-attention-hea
         "--eval-interval 1000 --eval-iters 0 --peak-tflops 1").split()
 
 
+def convert_tool():
+    """tools/convert_checkpoint.py as a module."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_convert_checkpoint",
+                                                  os.path.join(ROOT, "tools", "convert_checkpoint.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def make_corpus(directory: str) -> tuple[str, str]:
     """(data prefix, tokenizer model) of a small synthetic corpus."""
     from megatron_zaya.data.synthetic import TextGenerator

@@ -1,21 +1,15 @@
 """tools/convert_checkpoint.py: sharded -> Hugging Face folder -> sharded in another layout (and an
 offline re-layout), with identical weights, and training continues from the converted checkpoint."""
-import importlib.util
 import os
 
 import pytest
 import torch
 
-from ckpt_harness import ROOT, flags, train
+from ckpt_harness import ROOT, convert_tool, flags, train
 from megatron_zaya.checkpoint import inspect_checkpoint, load_full_model_state
 from megatron_zaya.checkpoint.hf_format import load_hf_folder
 
 
-def _tool():
-    spec = importlib.util.spec_from_file_location("_convert_checkpoint", os.path.join(ROOT, "tools", "convert_checkpoint.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _same(a, b):
@@ -25,7 +19,7 @@ def _same(a, b):
 
 
 def test_sharded_to_hf_and_back_into_any_layout(ckpt_corpus, ckpt_cache, tmp_path, capsys):
-    tool = _tool()
+    tool = convert_tool()
     src = str(tmp_path / "src")
     train(flags(ckpt_corpus, 2, "--save", src, cache=ckpt_cache))
     original, config, info = load_full_model_state(src)
@@ -102,7 +96,7 @@ def test_sharded_to_hf_and_back_into_any_layout(ckpt_corpus, ckpt_cache, tmp_pat
 
 
 def test_bad_source_is_a_clear_error(tmp_path, capsys):
-    tool = _tool()
+    tool = convert_tool()
     assert tool.main(["to-hf", str(tmp_path / "nothing"), str(tmp_path / "out"), "--no-tokenizer"]) == 1
     assert f"{tmp_path / 'nothing'}: no such checkpoint folder" in capsys.readouterr().err
     for command in (["to-hf", str(tmp_path / "nothing")], ["average", str(tmp_path / "nothing")]):
@@ -121,7 +115,7 @@ def test_an_output_that_is_a_file_is_a_usage_error_and_the_file_stays(tmp_path, 
     out = tmp_path / "notes.txt"
     out.write_text("mine")
     with pytest.raises(SystemExit) as stopped:
-        _tool().main([command, str(tmp_path / "src"), str(out)])
+        convert_tool().main([command, str(tmp_path / "src"), str(out)])
     assert stopped.value.code == 2 and f"{out}: a file, not a folder" in capsys.readouterr().err
     assert out.read_text() == "mine"
 
@@ -139,7 +133,7 @@ def test_a_training_checkpoint_is_not_written_into_a_hugging_face_folder(tmp_pat
     save_hf_folder(ZayaModel(config).state_dict(), config, str(hf))
     before = sorted(os.listdir(hf))
     with pytest.raises(SystemExit) as stopped:
-        _tool().main([command, str(hf if command == "from-hf" else tmp_path / "ckpt"), str(hf)])
+        convert_tool().main([command, str(hf if command == "from-hf" else tmp_path / "ckpt"), str(hf)])
     assert stopped.value.code == 2 and f"{hf}: a Hugging Face folder ({command} writes a training checkpoint" \
         in capsys.readouterr().err
     assert sorted(os.listdir(hf)) == before
@@ -165,7 +159,7 @@ def test_an_impossible_output_layout_is_refused_before_anything_is_written(tmp_p
 
     model = ZayaModel(model_config_from_preset("zaya1-tiny", num_layers=1, vocab_size=256))
     save_hf_folder(model.state_dict(), model.config, tmp_path / "hf")
-    assert _tool().main(["from-hf", str(tmp_path / "hf"), str(tmp_path / "out"), "--no-progress", *layout]) == 2
+    assert convert_tool().main(["from-hf", str(tmp_path / "hf"), str(tmp_path / "out"), "--no-progress", *layout]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -181,7 +175,7 @@ def test_a_bad_output_or_layout_is_refused_before_any_weight_is_read(tmp_path, c
     model = ZayaModel(model_config_from_preset("zaya1-tiny", num_layers=1, vocab_size=256))
     hf_format.save_hf_folder(model.state_dict(), model.config, tmp_path / "hf")
     ckpt = str(tmp_path / "ckpt")
-    assert _tool().main(["from-hf", str(tmp_path / "hf"), ckpt, "--no-progress"]) == 0
+    assert convert_tool().main(["from-hf", str(tmp_path / "hf"), ckpt, "--no-progress"]) == 0
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "mine.txt").write_text("mine")
     (tmp_path / "notes.txt").write_text("mine")
@@ -200,7 +194,7 @@ def test_a_bad_output_or_layout_is_refused_before_any_weight_is_read(tmp_path, c
             (["reshard", ckpt, ckpt], 2, "already holds checkpoints"),
             (["from-hf", str(tmp_path / "hf"), str(tmp_path / "r"), "--world-size", "-1"], 2, "--world-size=-1"),
             (["from-hf", str(tmp_path / "hf"), ckpt], 2, "already holds checkpoints")):
-        assert _tool().main([*argv, "--no-progress"]) == status, argv
+        assert convert_tool().main([*argv, "--no-progress"]) == status, argv
         assert message in capsys.readouterr().err, argv
     assert (tmp_path / "full" / "mine.txt").read_text() == "mine" and not (tmp_path / "r").exists()
 
@@ -221,13 +215,13 @@ def test_a_conversion_into_a_folder_a_run_is_saving_into_is_refused(tmp_path, ca
     (out / "iter_0000002.partial-0123456789").mkdir(parents=True)     # the run's save in progress
     running = SaveFolderLock.hold(str(out), is_first_process=True)
     try:
-        assert _tool().main(["from-hf", str(tmp_path / "hf"), str(out), "--no-progress"]) == 1
+        assert convert_tool().main(["from-hf", str(tmp_path / "hf"), str(out), "--no-progress"]) == 1
     finally:
         running.release()
     assert f"{out} is in use by a training run (pid {os.getpid()}" in capsys.readouterr().err
     assert (out / "iter_0000002.partial-0123456789").is_dir() and list_complete(str(out)) == []
     (out / "iter_0000002.partial-0123456789").rmdir()
-    assert _tool().main(["from-hf", str(tmp_path / "hf"), str(out), "--no-progress"]) == 0
+    assert convert_tool().main(["from-hf", str(tmp_path / "hf"), str(out), "--no-progress"]) == 0
     assert list_complete(str(out)) == [0]
 
 
@@ -253,8 +247,8 @@ def test_failed_hf_write_leaves_no_temporary_folder(tmp_path, monkeypatch, capsy
     monkeypatch.undo()
     hf_format.save_hf_folder(state, config, tmp_path / "src")
     monkeypatch.setattr(hf_format, "save_file", disk_full)
-    assert _tool().main(["from-hf", str(tmp_path / "src"), str(tmp_path / "ckpt"), "--no-progress"]) == 0
-    assert _tool().main(["to-hf", str(tmp_path / "ckpt"), str(tmp_path / "hf"), "--no-progress"]) == 1
+    assert convert_tool().main(["from-hf", str(tmp_path / "src"), str(tmp_path / "ckpt"), "--no-progress"]) == 0
+    assert convert_tool().main(["to-hf", str(tmp_path / "ckpt"), str(tmp_path / "hf"), "--no-progress"]) == 1
     assert f"convert_checkpoint.py: error: {tmp_path / 'hf'}: [Errno 28] No space left" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["ckpt", "src"]
 
@@ -281,7 +275,7 @@ def test_sigterm_during_a_conversion_leaves_nothing_behind(tmp_path, monkeypatch
     monkeypatch.setattr(convert, "_sharded_model", killed_on_the_second_rank)
     before = signal.getsignal(signal.SIGTERM)
     out = tmp_path / "out"
-    assert _tool().main(["from-hf", str(tmp_path / "hf"), str(out), "--world-size", "2", "--no-progress"]) == 130
+    assert convert_tool().main(["from-hf", str(tmp_path / "hf"), str(out), "--world-size", "2", "--no-progress"]) == 130
     assert ranks == [0, 1] and "interrupted: no output written" in capsys.readouterr().err
     assert [f for _, _, files in os.walk(out) for f in files] == [] and sorted(os.listdir(tmp_path)) == ["hf", "out"]
     assert signal.getsignal(signal.SIGTERM) is before
@@ -337,7 +331,7 @@ def test_average_of_checkpoints_is_their_weighted_mean(ckpt_corpus, ckpt_cache, 
     HF folder holding the weighted mean of their weights: exactly the float64 mean (computed here
     independently) rounded once to fp32 (an fp32 accumulation differed in up to 38% of the elements);
     a different model is refused before any weight is read, and so is a non-empty output."""
-    tool = _tool()
+    tool = convert_tool()
     save = str(tmp_path / "ckpt")
     train(flags(ckpt_corpus, 3, "--save", save, "--save-interval", "1", cache=ckpt_cache))
     states = [load_full_model_state(os.path.join(save, f"iter_{i:07d}"))[0] for i in (1, 2, 3)]
@@ -382,9 +376,9 @@ def test_max_shard_size_units_are_transformers(text):
     (exact; it takes whole numbers only, so a fraction is checked as fraction x its value for one unit)."""
     convert_file_size_to_int = pytest.importorskip("transformers.utils.hub").convert_file_size_to_int
     number, unit = float(text.rstrip("BGKMi")), text.lstrip("0123456789.")
-    assert _tool().shard_size(text) == int(number * convert_file_size_to_int("1" + unit))
+    assert convert_tool().shard_size(text) == int(number * convert_file_size_to_int("1" + unit))
     if number.is_integer():
-        assert _tool().shard_size(text) == convert_file_size_to_int(text)
+        assert convert_tool().shard_size(text) == convert_file_size_to_int(text)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
@@ -410,7 +404,7 @@ def test_a_cast_export_keeps_the_balancing_biases_fp32(dtype, tmp_path):
                for b in model.layers)
     src, hf = str(tmp_path / "src"), str(tmp_path / "hf")
     save_model_as_checkpoint(model.state_dict(), config, src, iteration=1)
-    assert _tool().main(["to-hf", src, hf, "--dtype", dtype, "--no-tokenizer", "--no-progress"]) == 0
+    assert convert_tool().main(["to-hf", src, hf, "--dtype", dtype, "--no-tokenizer", "--no-progress"]) == 0
     with safe_open(os.path.join(hf, "model.safetensors"), framework="pt") as f:
         for i, block in enumerate(model.layers):
             name = f"model.layers.{i}.mlp.gate.balancing_biases"
@@ -435,7 +429,7 @@ def test_a_reshard_with_context_parallelism_records_its_data_parallel_size(tmp_p
     state = ZayaModel(config).state_dict()
     src, out = str(tmp_path / "src"), str(tmp_path / "tp2cp2")
     save_model_as_checkpoint(state, config, src, iteration=3)
-    assert _tool().main(["reshard", src, out, "--tensor-model-parallel-size", "2", "--context-parallel-size", "2",
+    assert convert_tool().main(["reshard", src, out, "--tensor-model-parallel-size", "2", "--context-parallel-size", "2",
                          "--world-size", "8", "--no-progress"]) == 0
     layout = json.load(open(os.path.join(out, "iter_0000003", METADATA_FILE)))["layout"]
     assert layout["world_size"] == 8 and layout["tensor_model_parallel_size"] == 2

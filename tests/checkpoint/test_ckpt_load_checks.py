@@ -1,27 +1,19 @@
 """What a --load accepts: the model config must fit (shape fields always; the rest on a plain resume),
 a checkpoint without optimizer state needs --finetune or --no-load-optim, gaps in the optimizer
 state are warned about; offline reshards keep the data position and are marked weights-only."""
-import importlib.util
 import json
 import os
 import shutil
 
 import pytest
 
-from ckpt_harness import ROOT, flags, train
+from ckpt_harness import convert_tool, flags, train
 from megatron_zaya.arguments import parse_args
 from megatron_zaya.checkpoint import CheckpointError
 from megatron_zaya.checkpoint.format import METADATA_FILE, list_complete, read_latest
 from megatron_zaya.checkpoint.preflight import check_model_config
 
 
-def _tool():
-    """tools/convert_checkpoint.py as a module."""
-    path = os.path.join(ROOT, "tools", "convert_checkpoint.py")
-    spec = importlib.util.spec_from_file_location("_convert_checkpoint", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def no_build(*args, **kwargs):
@@ -73,7 +65,7 @@ def test_reshard_keeps_the_data_position_and_needs_no_load_optim(ckpt_corpus, ck
     source's iteration with the source's next batch."""
     src, resharded = str(tmp_path / "src"), str(tmp_path / "resharded")
     train(flags(ckpt_corpus, 2, "--save", src, cache=ckpt_cache))
-    assert _tool().main(["reshard", src, resharded]) == 0
+    assert convert_tool().main(["reshard", src, resharded]) == 0
     meta = metadata(os.path.join(resharded, "iter_0000002"))
     assert meta["weights_only"] and meta["train_state"] == metadata(os.path.join(src, "iter_0000002"))["train_state"]
     assert meta["consumed_samples"] == 8
@@ -98,13 +90,13 @@ def test_conversion_into_a_folder_with_checkpoints_is_refused(ckpt_corpus, ckpt_
     train(flags(ckpt_corpus, 1, "--save", src, cache=ckpt_cache))
     train(flags(ckpt_corpus, 2, "--save", later, cache=ckpt_cache))
     before = sorted(os.listdir(later))
-    assert _tool().main(["reshard", src, later, "--iteration", "0"]) == 2
+    assert convert_tool().main(["reshard", src, later, "--iteration", "0"]) == 2
     assert f"{later}: already holds checkpoints (iterations [2])" in capsys.readouterr().err
     assert sorted(os.listdir(later)) == before and read_latest(later) == 2
     lonely = tmp_path / "lonely"
     lonely.mkdir()
     (lonely / "latest_checkpointed_iteration.txt").write_text("5\n")
-    assert _tool().main(["reshard", src, str(lonely)]) == 2
+    assert convert_tool().main(["reshard", src, str(lonely)]) == 2
     assert "already holds latest_checkpointed_iteration.txt" in capsys.readouterr().err
 
 

@@ -5,25 +5,18 @@ A link to a folder not made yet is refused first, as training's output folders a
 
     python -m pytest -q tests/checkpoint/test_hf_export_symlink.py
 """
-import importlib.util
 import os
 import tempfile
 
 import torch
 
-from ckpt_harness import ROOT
+from ckpt_harness import convert_tool
 from megatron_zaya.checkpoint import hf_format
 from megatron_zaya.checkpoint.hf_format import is_hf_folder, load_hf_folder, save_hf_folder
 from megatron_zaya.config import model_config_from_preset
 from megatron_zaya.model import ZayaModel
 
 
-def _tool():
-    path = os.path.join(ROOT, "tools", "convert_checkpoint.py")
-    spec = importlib.util.spec_from_file_location("_convert_checkpoint", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _linked_empty_folder(tmp_path, name):
@@ -41,7 +34,7 @@ def test_an_export_into_a_symlink_lands_in_its_folder_and_the_link_stays(tmp_pat
     torch.manual_seed(0)
     state = ZayaModel(config).state_dict()
     save_hf_folder(state, config, tmp_path / "src")
-    tool = _tool()
+    tool = convert_tool()
     temporary_parents, mkdtemp = [], tempfile.mkdtemp
 
     def recorded_mkdtemp(*args, **kwargs):
