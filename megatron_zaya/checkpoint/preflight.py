@@ -72,6 +72,21 @@ def held_iterations(save_dir: str) -> list[int]:
     return sorted(set(list_complete(save_dir)) | set(list_replaced_complete(save_dir)))
 
 
+def _link_hops(path: str, limit: int = 40) -> list[str]:
+    """`path`, then each path its symbolic links name in turn, each with its folder resolved (so `..` is taken
+    where the links lead, as the system takes it) and its last name kept: `/x/newest` -> `SAVE/iter_N` ->
+    `/archive/iter_N` for a link to a checkpoint of --save that is itself a link to other storage."""
+    hops = []
+    hop = os.path.join(os.getcwd(), path.rstrip(os.sep) or os.sep)
+    for _ in range(limit):
+        hop = os.path.join(os.path.realpath(os.path.dirname(hop)), os.path.basename(hop))
+        hops.append(hop)
+        if not os.path.islink(hop):
+            break
+        hop = os.path.join(os.path.dirname(hop), os.readlink(hop))
+    return hops
+
+
 def _why_not_continuing(save: str, load: str | None, finetune: bool, newest: int,
                         ckpt_step: int | None = None) -> str | None:
     """None when --load continues the run whose checkpoints --save holds; else the reason it does not.
@@ -90,8 +105,8 @@ def _why_not_continuing(save: str, load: str | None, finetune: bool, newest: int
                     f"iteration {newest} is newer (to go back to {named}, move the later iter_ folders out of "
                     f"{save} first; to continue from {newest}, write {newest} into {LATEST_FILE})")
         return None
-    # an iter_ folder of --save, named as given (it may be a link to storage elsewhere) or as a link to it names
-    named = [folder for folder in (os.path.normpath(load), os.path.realpath(load))
+    # an iter_ folder of --save, named as given (it may be a link to storage elsewhere) or by a link on the way
+    named = [folder for folder in _link_hops(load)
              if ITER_RE.match(os.path.basename(folder)) and _same_path(os.path.dirname(folder), save)]
     match = ITER_RE.match(os.path.basename(named[0])) if named else None
     if match:

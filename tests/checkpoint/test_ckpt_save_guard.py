@@ -83,7 +83,13 @@ def test_save_folder_check_accepts_the_normal_cases(tmp_path):
     os.rename(os.path.join(save, "iter_0000004"), tmp_path / "archived")  # or it is a link to storage elsewhere
     os.symlink(tmp_path / "archived", os.path.join(save, "iter_0000004"))
     check_save_folder(save, os.path.join(save, "iter_0000004"), False)
+    check_save_folder(save, str(tmp_path / "newest"), False)            # (a link to that link)
     check_save_folder(save, save, False)
+    os.makedirs(tmp_path / "elsewhere" / "sub")            # SAVE/lnk/../iter_0000004 is elsewhere/iter_0000004
+    fake_checkpoint(str(tmp_path / "elsewhere"), 4)
+    os.symlink(tmp_path / "elsewhere" / "sub", os.path.join(save, "lnk"))
+    with pytest.raises(CheckpointError, match="another folder"):
+        check_save_folder(save, os.path.join(save, "lnk", "..", "iter_0000004"), False)
     with pytest.raises(CheckpointError, match="iteration 2, older than the latest"):
         check_save_folder(save, os.path.join(save, "iter_0000002"), False)
     with pytest.raises(CheckpointError, match="another folder"):
