@@ -23,6 +23,7 @@ import os
 import re
 import socket
 import sys
+import tempfile
 import time
 from typing import Callable
 
@@ -213,6 +214,22 @@ def _build_and_write(build: Callable[[], dict[str, np.ndarray]], base: str, path
 _said: set = set()
 
 
+def _cannot_write(folder: str) -> str | None:
+    """Why no file can be made in `folder` (a read-only mount, a folder without write permission), tried with a
+    temporary file (os.access says yes to root on a read-only mount); None when one can. A lock left there, or
+    a writable lock in a folder that is not, would otherwise hold every process until the timeout, or fail the
+    build's write."""
+    try:
+        handle, path = tempfile.mkstemp(prefix=".megatron-zaya-check-", dir=folder)
+    except OSError as err:
+        if err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        return err.strerror
+    os.close(handle)
+    os.remove(path)
+    return None
+
+
 def _say_once(key, message: str) -> None:
     """`message` on stderr, with the time, once per process and `key` (from the rank that speaks, `_speaks`)."""
     if key not in _said and _speaks():
@@ -241,18 +258,17 @@ def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: li
 
     started = time.time()
     deadline, noticed, observed = started + timeout_s, False, {}
+    if not (os.path.exists(done) and all(os.path.exists(p) for p in paths.values())):
+        refused = _cannot_write(cache_dir)
+        if refused is not None:    # a read-only folder of indices built beforehand, without this one
+            _say_once(cache_dir, f"warning: index cache {cache_dir}: cannot write there ({refused}): the indices "
+                      f"not built there are built in memory, by every process, at every start (give "
+                      f"--data-cache-path a writable folder to keep them)")
+            return build()
     while True:
         if os.path.exists(done) and all(os.path.exists(p) for p in paths.values()):
             return load()
-        try:
-            fd = _claim(lock, observed)
-        except OSError as err:     # a read-only folder of indices built beforehand, without this one
-            if err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
-                raise
-            _say_once((cache_dir, kind), f"warning: index cache {cache_dir}: cannot write there ({err.strerror}): "
-                      f"{kind} arrays not built there are built in memory, by every process, at every start "
-                      f"(give --data-cache-path a writable folder to keep them)")
-            return build()
+        fd = _claim(lock, observed)
         if fd is None:
             if not noticed and time.time() - started > WAIT_NOTICE_S:
                 noticed = True

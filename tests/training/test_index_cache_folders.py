@@ -24,14 +24,18 @@ from tests.training.helpers import tiny_run_flags
 
 @pytest.fixture
 def read_only(monkeypatch):
-    """read_only(*folders): creating a folder directly in one of them fails as on a read-only file system."""
-    refused, mkdtemp = set(), tempfile.mkdtemp
+    """read_only(*folders): creating a folder or a file directly in one of them fails as on a read-only file
+    system (as the checks try it: tempfile.mkdtemp, tempfile.mkstemp)."""
+    refused = set()
 
-    def mkdtemp_or_erofs(*args, **kwargs):
-        if os.path.abspath(kwargs.get("dir") or "") in refused:
-            raise OSError(errno.EROFS, "Read-only file system", kwargs["dir"])
-        return mkdtemp(*args, **kwargs)
-    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp_or_erofs)
+    def or_erofs(make):
+        def made(*args, **kwargs):
+            if os.path.abspath(kwargs.get("dir") or "") in refused:
+                raise OSError(errno.EROFS, "Read-only file system", kwargs["dir"])
+            return make(*args, **kwargs)
+        return made
+    monkeypatch.setattr(tempfile, "mkdtemp", or_erofs(tempfile.mkdtemp))
+    monkeypatch.setattr(tempfile, "mkstemp", or_erofs(tempfile.mkstemp))
     return lambda *folders: refused.update(os.path.abspath(f) for f in folders)
 
 
@@ -72,11 +76,12 @@ def test_every_data_folders_default_cache_is_checked(tiny_corpus, tmp_path, caps
 
 @pytest.mark.parametrize("explicit", [False, True])
 def test_an_existing_read_only_cache_folder_is_read_and_an_index_missing_there_built_in_memory(
-        tiny_corpus, tmp_path, read_only, monkeypatch, capsys, explicit):
+        tiny_corpus, tmp_path, read_only, capsys, explicit):
     """cache/GPTDataset_indices (or a --data-cache-path) already there but read-only: a read-only data folder whose
     indices were built beforehand, or a team's shared cache. A warning, not a refusal (the indices there are read as
     they are); an index missing there (a `chmod -R a-w` moves the files' ctime, which the index check's record is
-    keyed by) is built in memory, with one warning naming the folder (it was an OSError from the lock file)."""
+    keyed by) is built in memory, with one warning naming the folder (it was an OSError from the lock file), also
+    where a killed build left its lock (every process waited for it until the timeout)."""
     from megatron_zaya.data import cache as index_cache
     prefix = _copy(tiny_corpus, tmp_path / "data")
     folder = tmp_path / "shared" if explicit else tmp_path / "data" / "cache" / "GPTDataset_indices"
@@ -90,18 +95,18 @@ def test_an_existing_read_only_cache_folder_is_read_and_an_index_missing_there_b
         f"yet are built in memory, by every process, at every start (give --data-cache-path a writable folder to "
         f"keep them)"]
 
-    def read_only_lock(path, observed):
-        raise OSError(errno.EROFS, "Read-only file system", path)
-    monkeypatch.setattr(index_cache, "_claim", read_only_lock)
+    # a lock a killed build left there: no process waits for it (it held every one until the hour's timeout)
+    (folder / f"{index_cache.description_hash({'k': 1})}.lock").write_text("elsewhere:999999")
     capsys.readouterr()
     for _ in range(2):
-        out = index_cache.cached_arrays(str(folder), f"Test{explicit}", {"k": 1}, ["x"], lambda: {"x": np.ones(2)})
-        assert out["x"].tolist() == [1, 1] and os.listdir(folder) == []
+        out = index_cache.cached_arrays(str(folder), f"Test{explicit}", {"k": 1}, ["x"], lambda: {"x": np.ones(2)},
+                                        timeout_s=5)
+        assert out["x"].tolist() == [1, 1] and len(os.listdir(folder)) == 1
     warned = [line for line in capsys.readouterr().err.splitlines() if "warning: index cache" in line]
     assert len(warned) == 1 and warned[0].endswith(
-        f"warning: index cache {folder}: cannot write there (Read-only file system): Test{explicit} arrays not built "
-        f"there are built in memory, by every process, at every start (give --data-cache-path a writable folder to "
-        f"keep them)"), warned
+        f"warning: index cache {folder}: cannot write there (Read-only file system): the indices not built there "
+        f"are built in memory, by every process, at every start (give --data-cache-path a writable folder to keep "
+        f"them)"), warned
 
 
 def _evaluate_argv(tiny_corpus, prefix, *extra) -> list[str]:
