@@ -77,8 +77,12 @@ def _link_hops(path: str, limit: int = 40) -> list[str]:
     where the links lead, as the system takes it) and its last name kept: `/x/newest` -> `SAVE/iter_N` ->
     `/archive/iter_N` for a link to a checkpoint of --save that is itself a link to other storage."""
     hops = []
-    hop = os.path.join(os.getcwd(), path.rstrip(os.sep) or os.sep)
+    hop = os.path.join(os.getcwd(), path)
     for _ in range(limit):
+        while os.path.basename(hop) in ("", ".") and os.path.dirname(hop) != hop:   # "iter_N/", "iter_N/."
+            hop = os.path.dirname(hop)
+        if os.path.basename(hop) == "..":
+            hop = os.path.realpath(hop)
         hop = os.path.join(os.path.realpath(os.path.dirname(hop)), os.path.basename(hop))
         hops.append(hop)
         if not os.path.islink(hop):

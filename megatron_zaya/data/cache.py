@@ -222,6 +222,9 @@ def _cannot_write(folder: str) -> str | None:
     try:
         handle, path = tempfile.mkstemp(prefix=".megatron-zaya-check-", dir=folder)
     except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise OSError(err.errno, f"index cache {folder}: {err.strerror}: free space there or give "
+                                     f"--data-cache-path another folder") from None
         if err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
             raise
         return err.strerror

@@ -84,6 +84,15 @@ def test_save_folder_check_accepts_the_normal_cases(tmp_path):
     os.symlink(tmp_path / "archived", os.path.join(save, "iter_0000004"))
     check_save_folder(save, os.path.join(save, "iter_0000004"), False)
     check_save_folder(save, str(tmp_path / "newest"), False)            # (a link to that link)
+    for name, target in (("slash", os.path.join(save, "iter_0000004") + os.sep),    # as tab completion writes it
+                         ("dot", os.path.join(save, "iter_0000004", ".")), ("up", os.path.join(save, "lnk2", ".."))):
+        os.symlink(target, tmp_path / name)
+    os.symlink(os.path.join(save, "iter_0000004"), os.path.join(save, "lnk2"))  # (lnk2/.. is where lnk2 leads, up)
+    check_save_folder(save, str(tmp_path / "slash"), False)
+    check_save_folder(save, str(tmp_path / "dot"), False)
+    check_save_folder(save, os.path.join(save, "iter_0000004", "."), False)
+    with pytest.raises(CheckpointError, match="another folder"):   # tmp_path: archived/.. holds no checkpoint
+        check_save_folder(save, str(tmp_path / "up"), False)
     check_save_folder(save, save, False)
     os.makedirs(tmp_path / "elsewhere" / "sub")            # SAVE/lnk/../iter_0000004 is elsewhere/iter_0000004
     fake_checkpoint(str(tmp_path / "elsewhere"), 4)

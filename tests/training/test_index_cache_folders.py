@@ -135,3 +135,16 @@ def test_evaluate_checks_the_index_cache_folders_before_loading(tiny_corpus, tmp
     # --no-index-cache: no folder to write, past the check to the checkpoint
     line = _error_line(_evaluate_argv(tiny_corpus, prefix, "--no-index-cache"), capsys, evaluate)
     assert "/nonexistent/not_loaded" in line and "cache" not in line, line
+
+
+def test_a_full_cache_folder_is_named(tmp_path, monkeypatch):
+    """No space (or quota) left where the cache writes: the error names the folder and what to do (it named a
+    temporary file of the check, or no file at all)."""
+    from megatron_zaya.data import cache as index_cache
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", kwargs.get("dir"))
+    monkeypatch.setattr(tempfile, "mkstemp", full)
+    with pytest.raises(OSError, match=rf"index cache {tmp_path}: No space left on device: free space there or give "
+                                      rf"--data-cache-path another folder"):
+        index_cache.cached_arrays(str(tmp_path), "Test", {"k": 1}, ["x"], lambda: {"x": np.ones(2)})
