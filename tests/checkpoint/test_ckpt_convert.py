@@ -429,8 +429,8 @@ def test_a_reshard_with_context_parallelism_records_its_data_parallel_size(tmp_p
     state = ZayaModel(config).state_dict()
     src, out = str(tmp_path / "src"), str(tmp_path / "tp2cp2")
     save_model_as_checkpoint(state, config, src, iteration=3)
-    assert convert_tool().main(["reshard", src, out, "--tensor-model-parallel-size", "2", "--context-parallel-size", "2",
-                         "--world-size", "8", "--no-progress"]) == 0
+    assert convert_tool().main(["reshard", src, out, "--tensor-model-parallel-size", "2",
+                                "--context-parallel-size", "2", "--world-size", "8", "--no-progress"]) == 0
     layout = json.load(open(os.path.join(out, "iter_0000003", METADATA_FILE)))["layout"]
     assert layout["world_size"] == 8 and layout["tensor_model_parallel_size"] == 2
     assert layout["context_parallel_size"] == 2 and layout["data_parallel_size"] == 8 // (2 * 2)
