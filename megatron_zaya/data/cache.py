@@ -214,6 +214,13 @@ def _build_and_write(build: Callable[[], dict[str, np.ndarray]], base: str, path
 _said: set = set()
 
 
+def _no_space(err: OSError, folder: str) -> OSError:
+    """The error of a full disk or quota where the index cache writes, naming the folder as its file (so that
+    pretrain_zaya.py prints it as one line) and what to do."""
+    return OSError(err.errno, f"the index cache has no space left ({err.strerror}): free space there or give "
+                              f"--data-cache-path another folder", folder)
+
+
 def _cannot_write(folder: str) -> str | None:
     """Why no file can be made in `folder` (a read-only mount, a folder without write permission), tried with a
     temporary file (os.access says yes to root on a read-only mount); None when one can. A lock left there, or
@@ -223,8 +230,7 @@ def _cannot_write(folder: str) -> str | None:
         handle, path = tempfile.mkstemp(prefix=".megatron-zaya-check-", dir=folder)
     except OSError as err:
         if err.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise OSError(err.errno, f"index cache {folder}: {err.strerror}: free space there or give "
-                                     f"--data-cache-path another folder") from None
+            raise _no_space(err, folder) from None
         if err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
             raise
         return err.strerror
@@ -268,30 +274,35 @@ def cached_arrays(cache_dir: str | None, kind: str, description: dict, names: li
                       f"not built there are built in memory, by every process, at every start (give "
                       f"--data-cache-path a writable folder to keep them)")
             return build()
-    while True:
-        if os.path.exists(done) and all(os.path.exists(p) for p in paths.values()):
-            return load()
-        fd = _claim(lock, observed)
-        if fd is None:
-            if not noticed and time.time() - started > WAIT_NOTICE_S:
-                noticed = True
-                if _speaks():
-                    print(f"{timestamp()} waiting for {_holder(lock)} to build {base}-*.npy (its lock: {lock})",
-                          file=sys.stderr, flush=True)
-            if time.time() > deadline:
-                raise TimeoutError(
-                    f"--data-cache-path {cache_dir}: waited {timeout_s:.0f}s for another process to build "
-                    f"{base}-*.npy (lock {lock}); remove the lock if its builder died"
-                )
-            time.sleep(poll_s)
-            poll_s = min(poll_s * 1.5, max(poll_s, MAX_POLL_S))
-            continue
-        try:
+    try:
+        while True:
             if os.path.exists(done) and all(os.path.exists(p) for p in paths.values()):
-                return load()  # someone finished between our check and the lock
-            _remove_killed_builds_files(cache_dir, key, kind)
-            with kept_fresh(lock, every=LOCK_HEARTBEAT_S):      # (a waiter sees the build alive: _abandoned)
-                _build_and_write(build, base, paths, done, description)
-        finally:
-            _release(lock, fd)
-        return load()
+                return load()
+            fd = _claim(lock, observed)
+            if fd is None:
+                if not noticed and time.time() - started > WAIT_NOTICE_S:
+                    noticed = True
+                    if _speaks():
+                        print(f"{timestamp()} waiting for {_holder(lock)} to build {base}-*.npy (its lock: {lock})",
+                              file=sys.stderr, flush=True)
+                if time.time() > deadline:
+                    raise TimeoutError(
+                        f"--data-cache-path {cache_dir}: waited {timeout_s:.0f}s for another process to build "
+                        f"{base}-*.npy (lock {lock}); remove the lock if its builder died"
+                    )
+                time.sleep(poll_s)
+                poll_s = min(poll_s * 1.5, max(poll_s, MAX_POLL_S))
+                continue
+            try:
+                if os.path.exists(done) and all(os.path.exists(p) for p in paths.values()):
+                    return load()  # someone finished between our check and the lock
+                _remove_killed_builds_files(cache_dir, key, kind)
+                with kept_fresh(lock, every=LOCK_HEARTBEAT_S):      # (a waiter sees the build alive: _abandoned)
+                    _build_and_write(build, base, paths, done, description)
+            finally:
+                _release(lock, fd)
+            return load()
+    except OSError as err:       # a full disk or quota: the lock's write or the arrays' (blocks, not inodes)
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _no_space(err, cache_dir) from None
+        raise

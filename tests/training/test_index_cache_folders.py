@@ -137,14 +137,20 @@ def test_evaluate_checks_the_index_cache_folders_before_loading(tiny_corpus, tmp
     assert "/nonexistent/not_loaded" in line and "cache" not in line, line
 
 
-def test_a_full_cache_folder_is_named(tmp_path, monkeypatch):
-    """No space (or quota) left where the cache writes: the error names the folder and what to do (it named a
-    temporary file of the check, or no file at all)."""
+@pytest.mark.parametrize("where", ["check", "write"])
+def test_a_full_cache_folder_is_named_on_one_line(tmp_path, monkeypatch, where):
+    """No space (or quota) left where the cache writes, out of inodes (the check's file fails) or of blocks (the
+    check passes and the arrays' write fails): an OSError naming the folder as its file, which pretrain_zaya.py
+    prints as one line, and what to do (it named a temporary file of the check, or no file: a traceback)."""
+    import pretrain_zaya
     from megatron_zaya.data import cache as index_cache
 
     def full(*args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device", kwargs.get("dir"))
-    monkeypatch.setattr(tempfile, "mkstemp", full)
-    with pytest.raises(OSError, match=rf"index cache {tmp_path}: No space left on device: free space there or give "
-                                      rf"--data-cache-path another folder"):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(*((tempfile, "mkstemp") if where == "check" else (index_cache, "_build_and_write")), full)
+    with pytest.raises(OSError) as raised:
         index_cache.cached_arrays(str(tmp_path), "Test", {"k": 1}, ["x"], lambda: {"x": np.ones(2)})
+    assert pretrain_zaya.user_error_line(raised.value) == (
+        f"{tmp_path}: the index cache has no space left (No space left on device): free space there or give "
+        f"--data-cache-path another folder")
+    assert os.listdir(tmp_path) == []                      # (the lock is released)
