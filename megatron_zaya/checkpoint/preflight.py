@@ -118,6 +118,8 @@ def _why_not_continuing(save: str, load: str | None, finetune: bool, newest: int
         if loaded >= newest:
             return None
         return f"{picked or f'--load {load} is iteration {loaded}'}, older than the latest one"
+    if _same_path(load, os.path.join(save, iter_dir_name(newest))):    # the newest one, however the path reaches it
+        return None
     return f"{picked}, another folder" if picked else f"--load {load} is another folder"
 
 

@@ -93,6 +93,9 @@ def test_save_folder_check_accepts_the_normal_cases(tmp_path):
     check_save_folder(save, os.path.join(save, "iter_0000004", "."), False)
     with pytest.raises(CheckpointError, match="another folder"):   # tmp_path: archived/.. holds no checkpoint
         check_save_folder(save, str(tmp_path / "up"), False)
+    os.makedirs(tmp_path / "archived" / "mp_rank_00")     # rank0/.. is where rank0 leads, up: the newest checkpoint
+    os.symlink(os.path.join(save, "iter_0000004", "mp_rank_00"), tmp_path / "rank0")
+    check_save_folder(save, os.path.join(tmp_path, "rank0", ".."), False)
     check_save_folder(save, save, False)
     os.makedirs(tmp_path / "elsewhere" / "sub")            # SAVE/lnk/../iter_0000004 is elsewhere/iter_0000004
     fake_checkpoint(str(tmp_path / "elsewhere"), 4)
