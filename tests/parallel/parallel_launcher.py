@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -10,7 +11,30 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    """The range the system draws outgoing connections' local ports from (Linux's default when unreadable)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
+    """A port free now for a launcher's rendezvous, drawn below the ephemeral range: a port the system hands out
+    (bind to 0) can be taken as the source port of another test's outgoing connection before torchrun binds it
+    (EADDRINUSE: a torchrun test failed so in CI, two test workers running)."""
+    low, _ = _ephemeral_ports()
+    rng = random.Random()
+    for _ in range(100):
+        port = rng.randrange(min(10000, low - 1000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
