@@ -72,29 +72,12 @@ def held_iterations(save_dir: str) -> list[int]:
     return sorted(set(list_complete(save_dir)) | set(list_replaced_complete(save_dir)))
 
 
-def _link_hops(path: str, limit: int = 40) -> list[str]:
-    """`path`, then each path its symbolic links name in turn, each with its folder resolved (so `..` is taken
-    where the links lead, as the system takes it) and its last name kept: `/x/newest` -> `SAVE/iter_N` ->
-    `/archive/iter_N` for a link to a checkpoint of --save that is itself a link to other storage."""
-    hops = []
-    hop = os.path.join(os.getcwd(), path)
-    for _ in range(limit):
-        while os.path.basename(hop) in ("", ".") and os.path.dirname(hop) != hop:   # "iter_N/", "iter_N/."
-            hop = os.path.dirname(hop)
-        if os.path.basename(hop) == "..":
-            hop = os.path.realpath(hop)
-        hop = os.path.join(os.path.realpath(os.path.dirname(hop)), os.path.basename(hop))
-        hops.append(hop)
-        if not os.path.islink(hop):
-            break
-        hop = os.path.join(os.path.dirname(hop), os.readlink(hop))
-    return hops
-
-
-def _why_not_continuing(save: str, load: str | None, finetune: bool, newest: int,
+def _why_not_continuing(save: str, load: str | None, finetune: bool, held: list[int],
                         ckpt_step: int | None = None) -> str | None:
-    """None when --load continues the run whose checkpoints --save holds; else the reason it does not.
-    `ckpt_step`: --ckpt-step as given, which made `load` that iteration's folder in --save."""
+    """None when --load continues the run whose checkpoints --save holds (`held`, the iterations, oldest first);
+    else the reason it does not. `ckpt_step`: --ckpt-step as given, which made `load` that iteration's folder in
+    --save."""
+    newest = held[-1]
     if not load:
         return "there is no --load, so it starts at iteration 0"
     # what the user gave: --ckpt-step put its iteration's folder in `load`
@@ -109,17 +92,13 @@ def _why_not_continuing(save: str, load: str | None, finetune: bool, newest: int
                     f"iteration {newest} is newer (to go back to {named}, move the later iter_ folders out of "
                     f"{save} first; to continue from {newest}, write {newest} into {LATEST_FILE})")
         return None
-    # an iter_ folder of --save, named as given (it may be a link to storage elsewhere) or by a link on the way
-    named = [folder for folder in _link_hops(load)
-             if ITER_RE.match(os.path.basename(folder)) and _same_path(os.path.dirname(folder), save)]
-    match = ITER_RE.match(os.path.basename(named[0])) if named else None
-    if match:
-        loaded = int(match.group(1))
-        if loaded >= newest:
-            return None
-        return f"{picked or f'--load {load} is iteration {loaded}'}, older than the latest one"
-    if _same_path(load, os.path.join(save, iter_dir_name(newest))):    # the newest one, however the path reaches it
+    # one of --save's iter_ folders, however the path reaches it (a link to it, or it a link to other storage):
+    # compared where the system takes both, so that SAVE/lnk/../iter_N is where lnk leads, not SAVE
+    loaded = {os.path.realpath(os.path.join(save, iter_dir_name(it))): it for it in held}.get(os.path.realpath(load))
+    if loaded == newest:
         return None
+    if loaded is not None:
+        return f"{picked or f'--load {load} is iteration {loaded}'}, older than the latest one"
     return f"{picked}, another folder" if picked else f"--load {load} is another folder"
 
 
@@ -132,7 +111,7 @@ def check_save_folder(save: str | None, load: str | None, finetune: bool, ckpt_s
     held = held_iterations(save)
     if not held:
         return
-    reason = _why_not_continuing(save, load, finetune, held[-1], ckpt_step)
+    reason = _why_not_continuing(save, load, finetune, held, ckpt_step)
     if reason is None:
         return
     without = "--finetune" if ckpt_step is None else "--finetune or --ckpt-step"
