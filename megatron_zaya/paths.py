@@ -30,10 +30,21 @@ def nearest_existing(path) -> str:
     return probe
 
 
+def write_refusal(folder: str) -> OSError | None:
+    """The error of making a file in `folder` (tried with a temporary file, removed at once: os.access says yes to
+    root everywhere, even in /proc or on a read-only mount); None when one can be made."""
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".megatron-zaya-check-", dir=folder)
+    except OSError as err:
+        return err
+    os.close(handle)
+    os.remove(probe)
+    return None
+
+
 def check_creatable_dir(flag: str, path: str) -> None:
     """`path` is a directory this process can write in, or can be created: it (or, when it is not there yet, its
-    nearest existing ancestor) is a directory in which a folder can be made (tried with a temporary folder,
-    removed at once: os.access says yes to root everywhere, even in /proc or on a read-only mount)."""
+    nearest existing ancestor) is a directory in which a folder can be made (`write_refusal`)."""
     try:
         probe = nearest_existing(path)
     except DanglingLink as err:
@@ -42,10 +53,9 @@ def check_creatable_dir(flag: str, path: str) -> None:
         raise UserInputError(f"{flag} {path}: exists and is not a directory")
     if not os.path.isdir(probe):
         raise UserInputError(f"{flag} {path}: {probe} is not a directory")
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".megatron-zaya-check-", dir=probe))
-    except OSError as err:
-        raise UserInputError(f"{flag} {path}: cannot create folders in {probe} ({err.strerror})") from None
+    refused = write_refusal(probe)
+    if refused is not None:
+        raise UserInputError(f"{flag} {path}: cannot create folders in {probe} ({refused.strerror})")
 
 
 def default_cache_dir(path_prefix: str) -> str:

@@ -23,13 +23,13 @@ import os
 import re
 import socket
 import sys
-import tempfile
 import time
 from typing import Callable
 
 import numpy as np
 
 from megatron_zaya.leftovers import TEMPORARY_SUFFIX_PATTERN, kept_fresh, temporary_suffix
+from megatron_zaya.paths import write_refusal
 from megatron_zaya.processes import process_running
 from megatron_zaya.units import timestamp
 
@@ -222,21 +222,17 @@ def _no_space(err: OSError, folder: str) -> OSError:
 
 
 def _cannot_write(folder: str) -> str | None:
-    """Why no file can be made in `folder` (a read-only mount, a folder without write permission), tried with a
-    temporary file (os.access says yes to root on a read-only mount); None when one can. A lock left there, or
-    a writable lock in a folder that is not, would otherwise hold every process until the timeout, or fail the
-    build's write."""
-    try:
-        handle, path = tempfile.mkstemp(prefix=".megatron-zaya-check-", dir=folder)
-    except OSError as err:
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise _no_space(err, folder) from None
-        if err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
-            raise
-        return err.strerror
-    os.close(handle)
-    os.remove(path)
-    return None
+    """Why no file can be made in `folder` (a read-only mount, a folder without write permission:
+    paths.write_refusal); None when one can. A lock left there, or a writable lock in a folder that is not, would
+    otherwise hold every process until the timeout, or fail the build's write."""
+    err = write_refusal(folder)
+    if err is None:
+        return None
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise _no_space(err, folder)
+    if err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+        raise err
+    return err.strerror
 
 
 def _say_once(key, message: str) -> None:
