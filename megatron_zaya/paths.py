@@ -17,15 +17,16 @@ class DanglingLink(UserInputError):
     """A symbolic link on the way to an output path points at nothing: no folder can be made through it."""
 
 
-def nearest_existing(path) -> str:
+def nearest_existing(path, named: str = "") -> str:
     """`path` (absolute) or its closest ancestor that exists: where the missing folders of `path` would be made
     (a file there means they cannot be). DanglingLink where `path` or an ancestor on the way is a symbolic link
-    to a missing target (os.makedirs would fail there with "File exists")."""
+    to a missing target (os.makedirs would fail there with "File exists"), its message starting with `named`
+    (the flag and value that gave the path) where given."""
     probe = os.path.abspath(path)
     while not os.path.exists(probe) and os.path.dirname(probe) != probe:
         if os.path.islink(probe):
-            raise DanglingLink(f"{probe} is a symbolic link to {os.readlink(probe)}, which does not exist (create "
-                               f"that folder, or name another)")
+            raise DanglingLink(f"{named + ': ' if named else ''}{probe} is a symbolic link to {os.readlink(probe)}, "
+                               f"which does not exist (create that folder, or name another)")
         probe = os.path.dirname(probe)
     return probe
 
@@ -45,10 +46,7 @@ def write_refusal(folder: str) -> OSError | None:
 def check_creatable_dir(flag: str, path: str) -> None:
     """`path` is a directory this process can write in, or can be created: it (or, when it is not there yet, its
     nearest existing ancestor) is a directory in which a folder can be made (`write_refusal`)."""
-    try:
-        probe = nearest_existing(path)
-    except DanglingLink as err:
-        raise UserInputError(f"{flag} {path}: {err}") from None
+    probe = nearest_existing(path, f"{flag} {path}")
     if probe == os.path.abspath(path) and not os.path.isdir(probe):
         raise UserInputError(f"{flag} {path}: exists and is not a directory")
     if not os.path.isdir(probe):

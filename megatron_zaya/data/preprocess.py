@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from megatron_zaya.paths import DanglingLink, nearest_existing
+from megatron_zaya.paths import nearest_existing
 from megatron_zaya.publish import written_meanwhile
 
 from .dataset_tokenizer import remove_record, tokenizer_record, write_record
@@ -505,10 +505,8 @@ def check_config(cfg: PreprocessConfig) -> None:
         raise ValueError(f"--trim-max-length must be >= 1 (omit it to turn trimming off), got {cfg.trim_max_length}")
     if cfg.chunk_bytes < 1:
         raise ValueError(f"--chunk-bytes must be >= 1, got {cfg.chunk_bytes}")
-    try:
-        folder = nearest_existing(os.path.dirname(os.path.abspath(cfg.output_prefix)))   # where its folder is made
-    except DanglingLink as err:
-        raise ValueError(f"--output-prefix {cfg.output_prefix}: {err}") from None
+    folder = nearest_existing(os.path.dirname(os.path.abspath(cfg.output_prefix)),   # where its folder is made
+                              f"--output-prefix {cfg.output_prefix}")
     if not os.path.isdir(folder):
         raise ValueError(f"--output-prefix {cfg.output_prefix}: {folder} is a file, not a folder")
     if not cfg.overwrite:

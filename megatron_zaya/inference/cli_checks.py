@@ -22,7 +22,7 @@ import torch
 
 from megatron_zaya.config import ModelConfig
 from megatron_zaya.errors import UserInputError, hub_name_hint
-from megatron_zaya.paths import DanglingLink, nearest_existing
+from megatron_zaya.paths import nearest_existing
 
 
 def add_tokenizer_arguments(parser, required: bool = False) -> None:
@@ -175,10 +175,7 @@ def check_writable_output(flag: str, path: str | None, is_dir: bool = False) -> 
     if is_dir:
         if target.exists() and not target.is_dir():
             raise UserInputError(f"{flag} {path}: exists and is not a folder")
-        try:
-            base = Path(nearest_existing(target))
-        except DanglingLink as err:
-            raise UserInputError(f"{flag} {path}: {err}") from None
+        base = Path(nearest_existing(target, f"{flag} {path}"))
     else:
         if target.is_dir():
             raise UserInputError(f"{flag} {path}: is a folder, expected a file name")
