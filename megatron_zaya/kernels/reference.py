@@ -492,11 +492,14 @@ def cca_causal_conv(
     # convolutions take as they are. Conv1d on (B, C, S') copied its input, output and gradients between
     # the two layouts: 2.1-3.0x slower forward+backward in bf16 on CPU at zaya1-tiny's and zaya1-100m's
     # shapes, the same arithmetic (bench/cca_conv.py, BENCHMARKS.md).
+    empty = packed.shape[1] == 0    # no positions: one step more for the convs to read, its output dropped
+    x = F.pad(x, (0, 0, 1, 0)) if empty else x
     x = x.transpose(1, 2).unsqueeze(2)
     y = F.conv2d(x, dw_weight.unsqueeze(2), dw_bias, groups=channels)
     y = F.conv2d(y.contiguous(memory_format=torch.channels_last), g_weight.unsqueeze(2), g_bias,
                  groups=channels // g_weight.shape[1])
-    return y.squeeze(2).transpose(1, 2)
+    y = y.squeeze(2).transpose(1, 2)
+    return y[:, 1:] if empty else y
 
 
 def cca_causal_conv_segmented(

@@ -66,3 +66,16 @@ def test_cca_causal_conv_matches_the_taps(left, mode):
         error = ((g.double() - w).norm() / w.norm()).item()
         bound = {"fp64": 1e-12, "fp32": 1e-5, "bf16_autocast": 2e-2}[mode]
         assert error < bound, f"{name}: relative error {error:.2e} >= {bound}"
+
+
+@pytest.mark.parametrize("left", [False, True])
+def test_an_empty_sequence_gives_an_empty_output_and_zero_gradients(left):
+    """No positions (S = 0), as the Triton kernel: an empty (B, 0, C) output, and every weight's (and the
+    context's) gradient zero, not an error from the grouped conv's input being shorter than its kernel."""
+    tensors, extra = inputs(left)
+    tensors = [t.float().requires_grad_(True) for t in (tensors[0][:, :0].contiguous(), *tensors[1:])]
+    extra = extra.float().requires_grad_(True) if left else None
+    out = reference.cca_causal_conv(*tensors, extra)
+    assert out.shape == (2, 0, 12)
+    out.sum().backward()
+    assert all(t.grad is not None and not t.grad.any() for t in (*tensors, *([extra] if left else [])))
