@@ -21,6 +21,7 @@ from megatron_zaya.checkpoint.state import model_entries
 from megatron_zaya.config import ModelConfig
 from megatron_zaya.data.tokenizer import TOKENIZER_DESTS
 from megatron_zaya.errors import UserInputError
+from megatron_zaya.optim.schedules import schedule_flags_of
 from megatron_zaya.parallel.state import LayoutError, check_layout
 
 
@@ -97,13 +98,16 @@ def check_sharded_output(save_dir: str, config: ModelConfig, tp: int = 1, cp: in
 
 def save_model_as_checkpoint(state: dict, config: ModelConfig, save_dir: str, tp: int = 1, cp: int = 1, ep: int = 1,
                              world_size: int | None = None, iteration: int = 0, source: str = "",
-                             train_state: dict | None = None, progress=None, tokenizer: dict | None = None) -> str:
+                             train_state: dict | None = None, progress=None, tokenizer: dict | None = None,
+                             schedule_flags: dict | None = None) -> str:
     """Write `state` (single-device names and shapes) as a weights-only checkpoint of a layout with
     world_size ranks (default tp x cp: data parallel 1), atomically like a training save, into a
     folder without checkpoints. `train_state` (default: fresh at `iteration`) is what a
     --no-load-optim resume continues from. `tokenizer`: the tokenizer flags to record ("args", and
     "working_directory" for their relative paths), which the tools and --use-checkpoint-args take when
-    given none (recorded_tokenizer.py). Returns the folder."""
+    given none (recorded_tokenizer.py). `schedule_flags`: the LR / weight-decay schedule flags the kept train
+    state was reached with (a reshard's source's), which a resume compares with its own or takes with
+    --use-checkpoint-opt_param-scheduler. Returns the folder."""
     world = check_sharded_output(save_dir, config, tp, cp, ep, world_size, iteration)
     train_state = dict(train_state or fresh_train_state(iteration), iteration=iteration)
     os.makedirs(save_dir, exist_ok=True)
@@ -124,6 +128,8 @@ def save_model_as_checkpoint(state: dict, config: ModelConfig, save_dir: str, tp
                            "expert_model_parallel_size": ep, "data_parallel_size": world // (tp * cp),
                            "use_distributed_optimizer": False, "sequence_parallel": False},
                 "torch_version": torch.__version__}
+        if schedule_flags:
+            meta["schedule_flags"] = schedule_flags
         if (tokenizer or {}).get("working_directory"):
             meta["working_directory"] = tokenizer["working_directory"]
         writers[0].finalize(folder, iteration, meta, timeout=10)
@@ -150,7 +156,8 @@ def reshard_checkpoint(source: str, save_dir: str, iteration: int | None = None,
                           if dest in TOKENIZER_DESTS and value is not None},
                  "working_directory": meta.get("working_directory")}       # the source's recorded tokenizer
     return save_model_as_checkpoint(state, config, save_dir, iteration=iteration, source=info["folder"],
-                                    train_state=kept, progress=progress, tokenizer=tokenizer, **layout)
+                                    train_state=kept, progress=progress, tokenizer=tokenizer,
+                                    schedule_flags=schedule_flags_of(meta) if kept else None, **layout)
 
 
 def _sizes(layout: dict) -> dict:

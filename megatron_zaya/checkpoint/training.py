@@ -32,7 +32,7 @@ from megatron_zaya.checkpoint.state import (balancer_entries, load_balancer, loa
                                             load_saved_masters, model_entries, optimizer_entries, optimizer_slots,
                                             rng_entries_and_objects, unwrap)
 from megatron_zaya.errors import hub_name_hint
-from megatron_zaya.optim.schedules import SCHEDULE_FLAGS, flag_value_text
+from megatron_zaya.optim.schedules import flag_value_text, schedule_flags_of
 from megatron_zaya.training.data_phase import enter_run_data_phase
 from megatron_zaya.training.progress_log import ProgressLog
 from megatron_zaya.units import timestamp
@@ -269,14 +269,14 @@ class TrainingCheckpointer:
         else:
             trainer.state = restore_train_state(type(trainer.state), meta)
         run_flags = None if meta.get("converted_from") else meta.get("args")   # a conversion records a tokenizer only
-        saved_schedule = run_flags and schedule_flags_of(meta)
+        saved_schedule = schedule_flags_of(meta)
         if cfg.use_checkpoint_opt_param_scheduler:
-            if not run_flags:
-                raise CheckpointError(f"--use-checkpoint-opt_param-scheduler: {folder.folder} holds no flags of "
-                                      f"the run that saved it (converted or written by a tool): give the "
+            if not saved_schedule:
+                raise CheckpointError(f"--use-checkpoint-opt_param-scheduler: {folder.folder} holds no schedule "
+                                      f"flags of a training run (converted or written by a tool): give the "
                                       f"schedule flags instead")
             notes += trainer.take_schedules_from(saved_schedule)
-        elif not cfg.finetune and run_flags:
+        elif not cfg.finetune and saved_schedule:
             changed = trainer.schedule_differences(saved_schedule)
             if changed:
                 notes.append("the LR / weight-decay schedules follow this run's flags, which differ from the "
@@ -499,14 +499,6 @@ def restore_train_state(state_type, meta: dict):
     if "consumed_tokens" not in saved:
         saved["consumed_tokens"] = saved["consumed_samples"] * meta["model_config"]["seq_length"]
     return state_type(**{f.name: saved[f.name] for f in dataclasses.fields(state_type) if f.name in saved})
-
-
-def schedule_flags_of(meta: dict) -> dict:
-    """The schedule flags a checkpoint's run trained with: its "schedule_flags", else (a checkpoint saved
-    before they were kept) those of its "args"."""
-    if "schedule_flags" in meta:
-        return meta["schedule_flags"]
-    return {name: value for name, value in meta.get("args", {}).items() if name in SCHEDULE_FLAGS}
 
 
 def seed_change_notes(trainer, saved_flags: dict) -> list[str]:

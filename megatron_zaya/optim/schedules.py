@@ -90,6 +90,17 @@ SCHEDULE_FLAGS = ("lr", "min_lr", "lr_decay_style", "lr_warmup_iters", "lr_decay
                   "decoupled_min_lr")
 
 
+def schedule_flags_of(meta: dict) -> dict:
+    """The schedule flags a checkpoint's run trained with: its "schedule_flags" (a training save's, or those a
+    reshard kept with its source's train state), else those of its "args" (a checkpoint saved before they were
+    kept); none for another conversion, whose "args" record a tokenizer only."""
+    if "schedule_flags" in meta:
+        return meta["schedule_flags"]
+    if meta.get("converted_from"):
+        return {}
+    return {name: value for name, value in meta.get("args", {}).items() if name in SCHEDULE_FLAGS}
+
+
 def flag_value_text(value) -> str:
     """A schedule flag's value in a message: "not given" for a flag left out (None)."""
     return "not given" if value is None else str(value)

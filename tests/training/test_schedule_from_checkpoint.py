@@ -183,30 +183,46 @@ def test_use_checkpoint_args_takes_the_tokenizer_too(first_run, tiny_corpus, tmp
     assert "--tokenizer-model" in capsys.readouterr().err
 
 
-def test_a_converted_checkpoint_has_no_schedule_to_keep(first_run, tiny_corpus, tmp_path, capsys):
-    """A resharded checkpoint records its source's tokenizer flags, not the run's: --use-checkpoint-opt_param-
-    scheduler stops naming it (it took the tokenizer record for run flags and went on with a note)."""
-    import importlib.util
-    from pathlib import Path
-
-    from megatron_zaya.checkpoint import CheckpointError
-
-    _, save = first_run
-    spec = importlib.util.spec_from_file_location(
-        "convert_tool", Path(__file__).resolve().parents[2] / "tools" / "convert_checkpoint.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+def _resharded(first_run, tmp_path, *extra):
+    from tests.checkpoint.ckpt_harness import convert_tool
     resharded = tmp_path / "resharded"
-    assert tool.main(["reshard", str(save), str(resharded), "--no-progress"]) == 0
+    assert convert_tool().main(["reshard", str(first_run[1]), str(resharded), "--no-progress", *extra]) == 0
+    return resharded
+
+
+def test_a_resharded_checkpoint_keeps_its_sources_schedule(first_run, tiny_corpus, tmp_path, capsys):
+    """reshard keeps the source's train state and so the schedule flags it was reached with: a --no-load-optim
+    resume with --use-checkpoint-opt_param-scheduler follows the source run's schedule, and one without it is
+    told how its flags differ (the flag was refused, and the difference went unsaid)."""
+    first, _ = first_run
+    resharded = _resharded(first_run, tmp_path)
+    capsys.readouterr()
+    flags = tiny_run_flags(tiny_corpus, tmp_path, **{**FIRST, **SECOND, "--load": resharded, "--no-load-optim": ""})
+    assert build_and_train(parse_args(flags + ["--use-checkpoint-opt_param-scheduler"])) == 0
+    out = capsys.readouterr().out
+    schedule = lr_schedule_from_flags(first.optim.lr, first.train, 8)
+    lrs = _lrs(out)
+    assert sorted(lrs) == [5, 6, 7, 8]
+    for it, lr in lrs.items():
+        assert lr == pytest.approx(schedule(it - 1), rel=1e-3), (it, lr)
+    assert build_and_train(parse_args(flags)) == 0
+    assert "which differ from the checkpoint's: --lr 0.01 (checkpoint: 0.003)" in capsys.readouterr().out
+
+
+def test_a_checkpoint_converted_as_a_fresh_start_has_no_schedule_to_keep(first_run, tiny_corpus, tmp_path):
+    """A reshard relabelled as a fresh start (--iteration) records its source's tokenizer flags, not the run's:
+    --use-checkpoint-opt_param-scheduler stops naming it (it took the tokenizer record for run flags)."""
+    from megatron_zaya.checkpoint import CheckpointError
+    resharded = _resharded(first_run, tmp_path, "--iteration", "2")
     run = parse_args(tiny_run_flags(tiny_corpus, tmp_path, **{**FIRST, "--load": resharded, "--no-load-optim": ""})
                      + ["--use-checkpoint-opt_param-scheduler"])
-    with pytest.raises(CheckpointError, match="holds no flags of the run that saved it"):
+    with pytest.raises(CheckpointError, match="holds no schedule flags of a training run"):
         build_and_train(run)
 
 
 def test_schedule_flags_of_a_checkpoint_saved_before_they_were_kept():
     """A checkpoint without "schedule_flags": its run's schedule flags come from its "args"."""
-    from megatron_zaya.checkpoint.training import schedule_flags_of
+    from megatron_zaya.optim.schedules import schedule_flags_of
     meta = {"args": {"lr": 0.003, "min_lr": 0.0003, "seed": 1234, "global_batch_size": 4}}
     assert schedule_flags_of(meta) == {"lr": 0.003, "min_lr": 0.0003}
     assert schedule_flags_of({"schedule_flags": {"lr": 1.0}, "args": {"lr": 2.0}}) == {"lr": 1.0}
