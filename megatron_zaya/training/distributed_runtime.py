@@ -18,7 +18,7 @@ from megatron_zaya.parallel.collectives import all_gather_single
 from megatron_zaya.parallel.context import slice_batch_for_cp
 from megatron_zaya.optim.builder import muon_bucket_key
 from megatron_zaya.parallel.data import (GradientReducer, bucket_size_for, clip_grad_norm, count_zero_grads, is_expert,
-                                        sum_of_squares)
+                                        reduction_kind, sum_of_squares)
 from megatron_zaya.parallel.launch import DEFAULT_TIMEOUT_MINUTES, destroy_distributed, init_distributed
 from megatron_zaya.parallel.state import ParallelState
 from megatron_zaya.training.runtime import place_on
@@ -140,7 +140,10 @@ class DistributedRuntime:
         masters = masters or {}
         square = torch.zeros((), dtype=torch.float64, device=self.device)
         for p in self.model.parameters():
-            if not (getattr(p, "tensor_model_parallel", False) or self.pstate.tp_rank == 0):
+            # ZeRO-1 shards a sequence-parallel replicated weight's masters over its gradient group, the whole
+            # world: every TP rank owns pieces of it (data.py's norm counts their gradients so too)
+            spread_over_tp = p in masters and reduction_kind(p) == "sequence_parallel"
+            if not (getattr(p, "tensor_model_parallel", False) or self.pstate.tp_rank == 0 or spread_over_tp):
                 continue        # a replica of tensor-parallel rank 0's
             replica = self.pstate.expert_dp_rank if is_expert(p) else self.pstate.dp_cp_rank
             pieces = masters.get(p, [(0, p.numel(), p.detach().reshape(-1))] if replica == 0 else [])

@@ -305,3 +305,14 @@ def test_data_parallel_params_norm_counts_each_weight_once(tiny_corpus, tmp_path
     train(tiny_corpus, tmp_path, "dp2-norm", 2, "--train-iters", "1")
     got, want = scalar(tmp_path / "dp2-norm", "params-norm"), scalar(reference_run[1], "params-norm")
     assert len(got) == 1 and got[0] == pytest.approx(want[0], rel=1e-5), (got, want)
+
+
+def test_tensor_parallel_sequence_parallel_zero1_params_norm_counts_every_rank_s_masters(tiny_corpus, tmp_path):
+    """bf16 + ZeRO-1 under TP=2 with sequence parallelism: the replicated weights' fp32 masters are sharded over
+    the whole world, TP rank 1 owning half of them; the logged parameter norm counts those pieces too (it was
+    18% low), as one process with the same flags logs it."""
+    flags = ["--train-iters", "1", "--bf16", "--use-distributed-optimizer"]
+    train(tiny_corpus, tmp_path, "zero1-single", 1, *flags)
+    train(tiny_corpus, tmp_path, "zero1-tp2-sp", 2, *flags, "--tensor-model-parallel-size", "2", "--sequence-parallel")
+    got, want = scalar(tmp_path / "zero1-tp2-sp", "params-norm"), scalar(tmp_path / "zero1-single", "params-norm")
+    assert len(got) == 1 and got[0] == pytest.approx(want[0], rel=1e-5), (got, want)
