@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from dataclasses import dataclass, field, fields
 
@@ -165,10 +166,15 @@ NUMBER_DOMAINS = (
 
 
 def check_number_domains(args: argparse.Namespace) -> None:
-    """Range checks of the numeric flags (NUMBER_DOMAINS); raises UserInputError naming the flag."""
+    """Range checks of the numeric flags (NUMBER_DOMAINS; infinity is in none of them: `--lr inf` passed
+    `>= 0` and trained on non-finite weights); raises UserInputError naming the flag."""
     for dest, ok, domain in NUMBER_DOMAINS:
         value = getattr(args, dest, None)
-        if value is not None and not ok(value):
+        if value is None:
+            continue
+        if isinstance(value, float) and math.isinf(value):
+            raise UserInputError(f"--{dest.replace('_', '-')}={value}: must be a finite number")
+        if not ok(value):
             raise UserInputError(f"--{dest.replace('_', '-')}={value}: {domain}")
 
 
@@ -515,6 +521,10 @@ def validate(args: argparse.Namespace) -> RunConfig:
         if total_iters <= 0:
             raise UserInputError(f"--train-samples={args.train_samples} is less than one global batch: "
                                  f"no iteration to run")
+    if total_iters * args.global_batch_size > 2**63 - 1:      # past what a sample index (int64) can count
+        which = "--train-samples" if args.train_iters is None else "--train-iters x --global-batch-size"
+        raise UserInputError(f"{which}: {total_iters * args.global_batch_size} samples, more than a run can count "
+                             f"(2**63 - 1)")
     for n in args.iterations_to_skip or ():
         if n < 0:
             raise UserInputError(f"--iterations-to-skip {n}: a number of completed iterations, >= 0 (as Megatron-LM "

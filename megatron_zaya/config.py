@@ -5,6 +5,7 @@ Every module of the model receives this object; nothing reads global state.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from megatron_zaya.errors import UserInputError
@@ -73,6 +74,8 @@ class ModelConfig:
                      "vocab_size", "num_experts", "moe_ffn_hidden_size", "router_hidden_size", "seq_length",
                      "make_vocab_size_divisible_by", "norm_epsilon", "rotary_base"):
             need(getattr(self, name) > 0, name, "must be positive")
+        for name, value in dataclasses.asdict(self).items():
+            need(not isinstance(value, float) or math.isfinite(value), name, "must be a finite number")
         need(self.init_method_std >= 0, "init_method_std", "must be >= 0")
         need(self.embedding_init_method_std is None or self.embedding_init_method_std >= 0,
              "embedding_init_method_std", "must be >= 0")

@@ -14,6 +14,9 @@ class BatchSizeSchedule:
             start, increment, samples = (int(v) for v in rampup)
             if start <= 0 or increment <= 0 or samples <= 0:
                 raise ValueError(f"--rampup-batch-size values must be positive, got {rampup}")
+            if start > global_batch_size:       # (Megatron-LM refuses it too; here every step ran at the global batch)
+                raise ValueError(f"--rampup-batch-size: the start {start} is above --global-batch-size "
+                                 f"{global_batch_size}: a ramp-up goes up to the global batch")
             if (global_batch_size - start) % increment:
                 raise ValueError(f"--rampup-batch-size: global batch {global_batch_size} minus start {start} "
                                  f"is not a multiple of the increment {increment}")

@@ -18,6 +18,13 @@ from tests.training.test_arguments import error_of
     ({"--mock-data": "", "--data-path": None, "--tokenizer-type": "NullTokenizer", "--tokenizer-model": None,
       "--vocab-size": "100", "--split": "0,100,0"},
      "--split 0,100,0: the train share is 0, so there is no training data for the iterations to run"),
+    # infinity passed `>= 0`: --lr inf trained on non-finite weights; the model config's floats too
+    ({"--lr": "inf"}, "--lr=inf: must be a finite number"),
+    ({"--clip-grad": "inf"}, "--clip-grad=inf: must be a finite number"),
+    ({"--init-method-std": "inf"}, "--init-method-std=inf: must be a finite number"),
+    # more samples than an int64 index counts: an OverflowError traceback from the loader's len()
+    ({"--train-iters": None, "--train-samples": str(10**21)}, "--train-samples: 10" + "0" * 20 + " samples, more "
+     "than a run can count"),
 ])
 def test_refused_naming_the_flag(tiny_corpus, tmp_path, capsys, extra, expected):
     multi = {k: [w.replace("{P}", tiny_corpus[0]) for w in v] for k, v in extra.items() if isinstance(v, list)}

@@ -13,6 +13,8 @@ from megatron_zaya.training.batch_schedule import BatchSizeSchedule
     ([4, 0, 100], "must be positive"),
     ([4, 4, 0], "must be positive"),
     ([4, 5, 100], "global batch 16 minus start 4 is not a multiple of the increment 5"),
+    # (-16 % 4 == 0 passed, and every step ran at the global batch, the ramp-up ignored)
+    ([32, 4, 100], "the start 32 is above --global-batch-size 16"),
 ])
 def test_bad_rampups_are_refused(rampup, message):
     with pytest.raises(ValueError, match=message):
