@@ -230,7 +230,9 @@ def report(plan: Plan, found: list[tuple[str, Plan]]) -> str:
     e = plan.efficiency
     lines = [
         f"cluster: {c.device} x {L.gpus} ({nodes_text(L.gpus, c.gpus_per_node)}), {c.memory_gb:g} GiB, {c.peak_bf16_tflops:g} TFLOP/s bf16, HBM {c.hbm_tbps:g} TB/s, "
-        f"fabric {c.intra_node_gbps:g} GB/s, network {c.inter_node_gbps:g} GB/s per GPU",
+        f"fabric {c.intra_node_gbps:g} GB/s"
+        f"{f' ({c.intra_node_links} links, a full mesh)' if c.intra_node_links else ''}, network "
+        f"{c.inter_node_gbps:g} GB/s per GPU",
         f"layout: TP={L.tp_text} CP={L.context_parallel} EP={L.expert_parallel} DP={L.data_parallel} "
         f"ZeRO-1={'on' if L.zero1 else 'off'} recompute={L.recompute_text}; seq {L.seq_length}, micro batch "
         f"{L.micro_batch_size}, global batch {L.global_batch_size} ({L.micro_batches} "

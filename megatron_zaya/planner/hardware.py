@@ -6,7 +6,8 @@ peak line rates, one direction, per GPU. The planner multiplies them by efficien
 
 Sources (public data sheets):
 * MI300X: 1307.4 TFLOP/s bf16, 192 GB HBM3 at 5.3 TB/s, Infinity Fabric 7 links, 896 GB/s aggregate
-  (both directions) -> 448 GB/s per direction (AMD Instinct MI300X data sheet).
+  (both directions) -> 448 GB/s per direction (AMD Instinct MI300X data sheet). No switch: the node's 8 GPUs
+  are a full mesh, one 64 GB/s link to each other GPU, so a group of n of them uses n - 1 links.
 * MI325X: same compute die as MI300X (1307 TFLOP/s), 256 GB HBM3E at 6.0 TB/s, same fabric
   (AMD Instinct MI325X data sheet).
 * MI355X: 2.5 PFLOP/s dense bf16 (the MI350X, at a lower clock: 2.3), 288 GB HBM3E at 8.0 TB/s, Infinity Fabric 1075 GB/s aggregate
@@ -21,6 +22,7 @@ Sources (public data sheets):
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 # Dense bf16 peak in TFLOP/s per device (the table MFU is computed against).
@@ -44,6 +46,15 @@ class ClusterSpec:
     hbm_tbps: float               # HBM bandwidth per GPU, TB/s
     intra_node_gbps: float        # GPU-GPU fabric per GPU, one direction, GB/s
     inter_node_gbps: float        # scale-out network per GPU, one direction, GB/s
+    # 0: a switch (NVSwitch), every group inside a node gets the whole fabric; k: k point-to-point links per
+    # GPU, a full mesh (AMD's Infinity Fabric, 7 links of 64 GB/s), where a group of n GPUs uses n - 1 of them
+    intra_node_links: int = 0
+
+    def fabric_fraction(self, group_size: int) -> float:
+        """The share of `intra_node_gbps` one GPU of a group of `group_size` GPUs inside a node can use."""
+        if not self.intra_node_links:
+            return 1.0
+        return min(max(group_size - 1, 1), self.intra_node_links) / self.intra_node_links
 
     @property
     def memory_bytes(self) -> float:
@@ -58,9 +69,9 @@ class ClusterSpec:
 
 
 CLUSTERS: dict[str, ClusterSpec] = {
-    "mi300x": ClusterSpec("mi300x", "AMD Instinct MI300X", 8, 192, PEAK_BF16_TFLOPS["mi300x"], 5.3, 448, 50),
-    "mi325x": ClusterSpec("mi325x", "AMD Instinct MI325X", 8, 256, PEAK_BF16_TFLOPS["mi325x"], 6.0, 448, 50),
-    "mi355x": ClusterSpec("mi355x", "AMD Instinct MI355X", 8, 288, PEAK_BF16_TFLOPS["mi355x"], 8.0, 537.5, 50),
+    "mi300x": ClusterSpec("mi300x", "AMD Instinct MI300X", 8, 192, PEAK_BF16_TFLOPS["mi300x"], 5.3, 448, 50, 7),
+    "mi325x": ClusterSpec("mi325x", "AMD Instinct MI325X", 8, 256, PEAK_BF16_TFLOPS["mi325x"], 6.0, 448, 50, 7),
+    "mi355x": ClusterSpec("mi355x", "AMD Instinct MI355X", 8, 288, PEAK_BF16_TFLOPS["mi355x"], 8.0, 537.5, 50, 7),
     "h100": ClusterSpec("h100", "NVIDIA H100 SXM", 8, 80, PEAK_BF16_TFLOPS["h100"], 3.35, 450, 50),
     "h200": ClusterSpec("h200", "NVIDIA H200 SXM", 8, 141, PEAK_BF16_TFLOPS["h200"], 4.8, 450, 50),
     "a100": ClusterSpec("a100", "NVIDIA A100 SXM 80GB", 8, 80, PEAK_BF16_TFLOPS["a100"], 2.04, 300, 25),
@@ -95,6 +106,6 @@ def cluster_from_preset(name: str, **overrides) -> ClusterSpec:
     for field, flag in (("gpus_per_node", "--gpus-per-node"), ("memory_gb", "--gpu-memory-gb"),
                         ("peak_bf16_tflops", "--peak-tflops"), ("hbm_tbps", "--hbm-tbps"),
                         ("intra_node_gbps", "--intra-node-gbps"), ("inter_node_gbps", "--inter-node-gbps")):
-        if getattr(spec, field) <= 0:
-            raise ValueError(f"{flag}={getattr(spec, field)}: must be positive")
+        if not 0 < getattr(spec, field) < math.inf:     # (NaN fails it too)
+            raise ValueError(f"{flag}={getattr(spec, field)}: must be a positive finite number")
     return spec

@@ -60,7 +60,7 @@ class StepTime:
 def _bus_bandwidth(cluster: ClusterSpec, eff: Efficiency, size: int, stride: int) -> float:
     if size * stride > cluster.gpus_per_node:
         return cluster.inter_node_gbps * 1e9 * eff.inter_node
-    return cluster.intra_node_gbps * 1e9 * eff.intra_node
+    return cluster.intra_node_gbps * 1e9 * eff.intra_node * cluster.fabric_fraction(size)
 
 
 def ring_time(nbytes: float, size: int, stride: int, cluster: ClusterSpec, eff: Efficiency,
@@ -72,7 +72,7 @@ def ring_time(nbytes: float, size: int, stride: int, cluster: ClusterSpec, eff: 
     if hierarchical and spans_nodes:
         local = max(1, min(size, cluster.gpus_per_node // stride))
         nodes = size / local
-        intra = cluster.intra_node_gbps * 1e9 * eff.intra_node
+        intra = cluster.intra_node_gbps * 1e9 * eff.intra_node * cluster.fabric_fraction(local)
         inter = cluster.inter_node_gbps * 1e9 * eff.inter_node
         t = (local - 1) / local * nbytes / intra + (nodes - 1) / nodes * (nbytes / local) / inter
         return passes * t

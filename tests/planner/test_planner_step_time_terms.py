@@ -85,3 +85,27 @@ def test_cluster_presets_match_the_data_sheets():
                spec.inter_node_gbps)
         assert got == (8, memory, PEAK_BF16_TFLOPS[name], hbm, fabric, nic), name
         assert spec.memory_bytes == memory * 2 ** 30
+
+
+def test_a_full_mesh_node_gives_a_group_one_link_per_other_member():
+    """On a node with point-to-point links and no switch (AMD's Infinity Fabric: 7 links per GPU), a TP pair
+    crosses one link: its all-reduces take 7x what the whole fabric would give them, a group of 4 crosses 3
+    (the pair was charged the whole fabric, 7x too fast, ranking TP=2 far cheaper than TP=8)."""
+    mesh = ClusterSpec("mesh", "mesh node", 8, 80, 1e9, HBM / 1e12, FABRIC / 1e9, 10, intra_node_links=7)
+    times = {}
+    for tp in (2, 4):
+        layout = ParallelLayout(8, 256, 2, 2 * 8 // tp, tensor_parallel=tp).validate(CONFIG)
+        times[tp] = step_time(CONFIG, layout, mesh, EXACT, overlap=False).tp_comm
+        switched = step_time(CONFIG, layout, NODE, EXACT, overlap=False).tp_comm
+        assert times[tp] == pytest.approx(switched * 7 / (tp - 1), rel=1e-12), tp
+    # the same bytes per pass over (n-1)/n of them: a pair's all-reduce through one link of FABRIC / 7
+    all_reduce = 2 * (1 / 2) * (2 * 256 * CONFIG.hidden_size * 2) / (FABRIC / 7)
+    assert times[2] == pytest.approx(CONFIG.num_layers * 4 * all_reduce, rel=1e-12)
+    assert all(CLUSTERS[name].intra_node_links == (7 if name.startswith("mi") else 0) for name in CLUSTERS)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 0.0])
+def test_a_cluster_value_that_is_not_a_positive_finite_number_is_refused(value):
+    from megatron_zaya.planner.hardware import cluster_from_preset
+    with pytest.raises(ValueError, match=r"--peak-tflops=.*: must be a positive finite number"):
+        cluster_from_preset("mi300x", peak_bf16_tflops=value)
