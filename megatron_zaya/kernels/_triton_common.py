@@ -45,6 +45,17 @@ def configs(gpu_configs: list, interpret_config):
     return [interpret_config] if INTERPRET else list(gpu_configs)
 
 
+def deterministic_prune(configs_: list, named_args: dict, **kwargs) -> list:
+    """The autotuner's config pruning: under `torch.use_deterministic_algorithms` (--deterministic-mode) the list's
+    last config alone, a fixed choice that launches everywhere the kernels run (Newton-Schulz's fits MI300X in
+    fp32 too). Autotuning keeps whichever config timed fastest in this process, and the block sizes set the order
+    of a kernel's sums, so two runs of the same seed (or a restart on another node) differed in the last bits."""
+    return configs_[-1:] if torch.are_deterministic_algorithms_enabled() else configs_
+
+
+PRUNE = {"early_config_prune": deterministic_prune}
+
+
 def num_warps_configs(**meta):
     """Configs that only vary num_warps (row kernels whose block size is fixed by the row length)."""
     return configs(

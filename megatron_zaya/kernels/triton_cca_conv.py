@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from megatron_zaya.kernels._triton_common import configs, dot_acc
+from megatron_zaya.kernels._triton_common import PRUNE, configs, dot_acc
 
 
 @triton.jit
@@ -62,7 +62,7 @@ _CONFIGS = configs(
 )
 
 
-@triton.autotune(configs=_CONFIGS, key=["DH", "K1", "K2", "HAS_LEFT", "HAS_VIS"])
+@triton.autotune(configs=_CONFIGS, key=["DH", "K1", "K2", "HAS_LEFT", "HAS_VIS"], prune_configs_by=PRUNE)
 @triton.jit
 def _fwd_kernel(
     p_ptr, left_ptr, vis_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, out_ptr,
@@ -107,7 +107,7 @@ def _fwd_kernel(
     tl.store(out_ptr + b * so_b + t[:, None].to(tl.int64) * so_s + out_chans[None, :], acc.to(out_ptr.dtype.element_ty), mask=omask)
 
 
-@triton.autotune(configs=_CONFIGS, key=["DH", "K1", "K2", "HAS_LEFT", "HAS_VIS"])
+@triton.autotune(configs=_CONFIGS, key=["DH", "K1", "K2", "HAS_LEFT", "HAS_VIS"], prune_configs_by=PRUNE)
 @triton.jit
 def _bwd_kernel(
     g_ptr, vis_ptr, w1_ptr, w2_ptr, dp_ptr, dleft_ptr, dy1_ptr,

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from megatron_zaya.kernels._triton_common import INTERPRET, configs
+from megatron_zaya.kernels._triton_common import INTERPRET, PRUNE, configs
 
 IGNORE_INDEX = -100
 
@@ -27,7 +27,7 @@ _CONFIGS = configs(
 )
 
 
-@triton.autotune(configs=_CONFIGS, key=["V"])
+@triton.autotune(configs=_CONFIGS, key=["V"], prune_configs_by=PRUNE)
 @triton.jit
 def _partials_kernel(
     logits_ptr, labels_ptr, max_ptr, sumexp_ptr, target_ptr,

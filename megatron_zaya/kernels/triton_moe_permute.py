@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from megatron_zaya.kernels import reference
-from megatron_zaya.kernels._triton_common import configs, rows_2d
+from megatron_zaya.kernels._triton_common import PRUNE, configs, rows_2d
 
 _CONFIGS = configs(
     [triton.Config({"BLOCK_D": b}, num_warps=w) for b, w in ((256, 2), (512, 4), (1024, 4), (2048, 8))],
@@ -29,7 +29,7 @@ _CONFIGS = configs(
 )
 
 
-@triton.autotune(configs=_CONFIGS, key=["D", "HAS_SCALE"])
+@triton.autotune(configs=_CONFIGS, key=["D", "HAS_SCALE"], prune_configs_by=PRUNE)
 @triton.jit
 def _gather_rows(src_ptr, idx_ptr, scale_ptr, out_ptr, D, stride_src, stride_out,
                  HAS_SCALE: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -48,7 +48,7 @@ def _gather_rows(src_ptr, idx_ptr, scale_ptr, out_ptr, D, stride_src, stride_out
         tl.store(out_ptr + r * stride_out + cols, (v * scale).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.autotune(configs=_CONFIGS, key=["D"])
+@triton.autotune(configs=_CONFIGS, key=["D"], prune_configs_by=PRUNE)
 @triton.jit
 def _unpermute_bwd(g_ptr, eo_ptr, order_ptr, gate_ptr, deo_ptr, dgate_ptr, D,
                    stride_g, stride_eo, stride_deo, BLOCK_D: tl.constexpr):

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from megatron_zaya.kernels._triton_common import configs, dot_acc
+from megatron_zaya.kernels._triton_common import PRUNE, configs, dot_acc
 from megatron_zaya.kernels.reference import NS_COEFFICIENTS
 
 _MM_CONFIGS = configs(
@@ -35,7 +35,7 @@ _SYRK_CONFIGS = configs(
 )
 
 
-@triton.autotune(configs=_SYRK_CONFIGS, key=["M", "K", "HAS_ADD"])
+@triton.autotune(configs=_SYRK_CONFIGS, key=["M", "K", "HAS_ADD"], prune_configs_by=PRUNE)
 @triton.jit
 def _syrk(a_ptr, add_ptr, c_ptr, M, K, alpha, beta,
           sab, sam, sak, sdb, sdm, sdn, scb, scm, scn,
@@ -67,7 +67,7 @@ def _syrk(a_ptr, add_ptr, c_ptr, M, K, alpha, beta,
             tl.store(c_base + rn[None, :] * scm + rm[:, None] * scn, out, mask=mask)
 
 
-@triton.autotune(configs=_MM_CONFIGS, key=["M", "N"])
+@triton.autotune(configs=_MM_CONFIGS, key=["M", "N"], prune_configs_by=PRUNE)
 @triton.jit
 def _gemm_axpby(b_ptr, x_ptr, out_ptr, M, N, alpha,
                 sbb, sbm, sbk, sxb, sxm, sxn, sob, som, son,

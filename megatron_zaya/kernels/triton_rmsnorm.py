@@ -15,10 +15,11 @@ import torch
 import triton
 import triton.language as tl
 
-from megatron_zaya.kernels._triton_common import next_pow2, num_programs_hint, num_warps_configs, rows_2d
+from megatron_zaya.kernels._triton_common import (PRUNE, next_pow2, num_programs_hint, num_warps_configs,
+                                                rows_2d)
 
 
-@triton.autotune(configs=num_warps_configs(), key=["BLOCK_D", "HAS_RESIDUAL", "HAS_NORM"])
+@triton.autotune(configs=num_warps_configs(), key=["BLOCK_D", "HAS_RESIDUAL", "HAS_NORM"], prune_configs_by=PRUNE)
 @triton.jit
 def _fwd_kernel(
     out_ptr, res_ptr, os_ptr, ob_ptr, rs_ptr, rb_ptr, w_ptr,
@@ -54,7 +55,8 @@ def _fwd_kernel(
         tl.store(normed_ptr + row * stride_normed + cols, y.to(normed_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.autotune(configs=num_warps_configs(), key=["BLOCK_D", "HAS_RESIDUAL", "HAS_NORM", "HAS_DRES"])
+@triton.autotune(configs=num_warps_configs(), key=["BLOCK_D", "HAS_RESIDUAL", "HAS_NORM", "HAS_DRES"],
+                 prune_configs_by=PRUNE)
 @triton.jit
 def _bwd_kernel(
     out_ptr, res_ptr, os_ptr, ob_ptr, rs_ptr, rb_ptr, w_ptr, rstd_ptr,

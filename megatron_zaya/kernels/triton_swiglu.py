@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from megatron_zaya.kernels._triton_common import configs, rows_2d
+from megatron_zaya.kernels._triton_common import PRUNE, configs, rows_2d
 
 _CONFIGS = configs(
     [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((512, 4), (1024, 4), (2048, 8), (4096, 8))],
@@ -18,7 +18,7 @@ _CONFIGS = configs(
 )
 
 
-@triton.autotune(configs=_CONFIGS, key=["H"])
+@triton.autotune(configs=_CONFIGS, key=["H"], prune_configs_by=PRUNE)
 @triton.jit
 def _fwd_kernel(x_ptr, y_ptr, H, stride_x, stride_y, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -30,7 +30,7 @@ def _fwd_kernel(x_ptr, y_ptr, H, stride_x, stride_y, BLOCK: tl.constexpr):
     tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.autotune(configs=_CONFIGS, key=["H"])
+@triton.autotune(configs=_CONFIGS, key=["H"], prune_configs_by=PRUNE)
 @triton.jit
 def _bwd_kernel(x_ptr, g_ptr, dx_ptr, H, stride_x, stride_g, stride_dx, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)

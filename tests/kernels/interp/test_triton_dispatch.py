@@ -140,3 +140,30 @@ def test_dispatched_newton_schulz_applies_its_scale(triton_backend):
     got = triton_backend.newton_schulz(m, 2, dtype=torch.float32, scale=0.37)
     want = R.newton_schulz(m, 2, dtype=torch.float32, scale=0.37)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_deterministic_mode_fixes_every_autotuned_kernels_config():
+    """Under torch.use_deterministic_algorithms (--deterministic-mode) every autotuned kernel runs one fixed
+    config, its list's last, instead of the one that timed fastest in this process: the block sizes set the order
+    of the sums, so two runs of one seed could differ in the last bits (here, interpreting, each list has one)."""
+    import importlib
+
+    from triton.runtime.autotuner import Autotuner
+
+    from megatron_zaya.kernels._triton_common import deterministic_prune
+    tuned = []
+    for name in ("cca_conv", "cross_entropy", "moe_permute", "newton_schulz", "rmsnorm", "rope", "swiglu"):
+        module = importlib.import_module(f"megatron_zaya.kernels.triton_{name}")
+        tuned += [(name, attr, fn) for attr, fn in vars(module).items() if isinstance(fn, Autotuner)]
+    assert len(tuned) == 11, [t[:2] for t in tuned]
+    assert all(fn.early_config_prune is deterministic_prune for _, _, fn in tuned), [
+        t[:2] for t in tuned if t[2].early_config_prune is not deterministic_prune]
+    configs = ["fast on one GPU", "fast on another", "fixed"]
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        assert deterministic_prune(configs, {}) == ["fixed"]
+        torch.use_deterministic_algorithms(False)
+        assert deterministic_prune(configs, {}) == configs
+    finally:
+        torch.use_deterministic_algorithms(before)
