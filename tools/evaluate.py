@@ -95,6 +95,8 @@ def check_eval_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) 
                         ("--seq-length", args.seq_length), ("--global-batch-size", args.global_batch_size)):
         if value is not None and value < 1:
             parser.error(f"{flag}={value} must be >= 1")
+    if not 0 <= args.seed <= 2**32 - 1:       # the data's shuffle seed, as pretrain_zaya.py takes it
+        parser.error(f"--seed={args.seed} must be in [0, 2**32 - 1]")
     if args.log_interval is not None and args.log_interval < 0:
         parser.error(f"--log-interval={args.log_interval} must be >= 0 (0: no progress lines)")
     try:
@@ -110,7 +112,7 @@ def check_eval_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) 
                               **tiktoken_options(args))
         check_threads(args.threads)
         check_device(args.device)
-        check_writable_output("--output-json", args.output_json)
+        check_writable_output("--output-json", args.output_json, load=args.load)
         check_writable_output("--tensorboard-dir", args.tensorboard_dir, is_dir=True)
     except UserInputError as err:
         parser.error(str(err))

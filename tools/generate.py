@@ -77,7 +77,7 @@ def check_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     try:
         check_threads(args.threads)
         check_device(args.device)
-        check_writable_output("--output-json", args.output_json)
+        check_writable_output("--output-json", args.output_json, load=args.load)
     except UserInputError as err:
         parser.error(str(err))
 

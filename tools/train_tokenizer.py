@@ -168,6 +168,8 @@ def check_args(args) -> str | None:
     if args.model_type == "tiktoken" and args.user_defined_symbols:
         return ("--user-defined-symbols: a tiktoken vocabulary holds ranks only; its special tokens come "
                 "from --tokenizer-special-tokens when it is used")
+    if not 0 <= args.seed <= 2**32 - 1:      # SentencePiece's generator takes an unsigned 32-bit seed
+        return f"--seed must be in [0, 2**32 - 1], got {args.seed}"
     if args.input_sentence_size < 0:
         return f"--input-sentence-size must be >= 0 (0 = use every line), got {args.input_sentence_size}"
     if not 10 <= args.max_sentence_length <= 1 << 30:      # SentencePiece's own bounds, said only after the input

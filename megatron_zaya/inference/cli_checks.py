@@ -162,12 +162,18 @@ def check_device(name: str) -> torch.device:
     return device
 
 
-def check_writable_output(flag: str, path: str | None, is_dir: bool = False) -> None:
+def check_writable_output(flag: str, path: str | None, is_dir: bool = False, load: str | None = None) -> None:
     """An output file whose folder exists and is writable, and which, when it exists, is writable itself
-    (a folder, `is_dir`, may be created: its closest existing ancestor must be a writable folder)."""
+    (a folder, `is_dir`, may be created: its closest existing ancestor must be a writable folder), and which is
+    not inside the `load` folder (--output-json ckpt/iter_N/metadata.json replaced a file of the checkpoint)."""
     if path is None:
         return
     target = Path(path)
+    if load is not None and os.path.isdir(load) and not _is_stream(path):
+        inside, folder = os.path.realpath(path), os.path.realpath(load)
+        if os.path.commonpath([inside, folder]) == folder:
+            raise UserInputError(f"{flag} {path}: inside the --load folder {load}: writing there would change the "
+                                 f"checkpoint; give a path outside it")
     if not is_dir and (_is_stream(path) or _own_descriptor(path) is not None):
         if not os.access(target, os.W_OK):       # a stream (/dev/stdout, a pipe): written in place, not in /dev
             raise UserInputError(f"{flag} {path}: cannot be written")

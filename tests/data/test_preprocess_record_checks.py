@@ -164,3 +164,17 @@ def test_a_utf8_byte_order_mark_at_the_files_start_is_dropped(tmp_path, name, te
                                      tokenizer_type="NullTokenizer", tokenizer_model="100", text_mode=text_mode,
                                      progress=False))
     assert s["skipped"] == {} and docs(tmp_path) == expected
+
+
+def test_more_workers_than_the_machine_can_use_is_refused(tmp_path, monkeypatch):
+    """--workers 100000 forked processes for minutes (deaf to SIGTERM until a chunk was done): at most four per CPU
+    (64 on a small machine) are taken."""
+    monkeypatch.setattr(pre.os, "cpu_count", lambda: 32)
+    pre.check_config(config(tmp_path, workers=128))
+    with pytest.raises(ValueError, match="--workers 129: more processes than this machine's 32 CPUs can use; "
+                                         "give at most 128"):
+        pre.check_config(config(tmp_path, workers=129))
+    monkeypatch.setattr(pre.os, "cpu_count", lambda: 2)
+    pre.check_config(config(tmp_path, workers=64))
+    with pytest.raises(ValueError, match="give at most 64"):
+        pre.check_config(config(tmp_path, workers=65))

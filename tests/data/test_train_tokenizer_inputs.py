@@ -80,3 +80,13 @@ def test_an_input_cut_short_stops_the_run_with_one_line_naming_it(tmp_path, caps
     assert err.strip().splitlines() == [f"error: --input {tmp_path / 'cut.jsonl.zst'}: read failed (corrupt zstd data: "
                                         "the file ends inside a zstd frame (truncated))"], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.jsonl.zst"]
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2 ** 32)])
+def test_a_seed_sentencepiece_cannot_take_is_refused_before_the_input_is_read(tmp_path, capsys, seed):
+    """SentencePiece's generator takes an unsigned 32-bit seed: --seed -1 was a pybind traceback after the
+    corpus was read."""
+    from tests.data.data_test_utils import load_tool
+    code = load_tool("train_tokenizer").main(["--input", str(tmp_path / "not_read.jsonl"), "--vocab-size", "300",
+                                              "--output-prefix", str(tmp_path / "t"), "--seed", seed])
+    assert code == 2 and f"--seed must be in [0, 2**32 - 1], got {seed}" in capsys.readouterr().err

@@ -58,6 +58,19 @@ def test_writable_output_refuses_a_folder_for_a_file_and_a_file_for_a_folder(tmp
         check_writable_output("--tensorboard-dir", str(tmp_path / "file"), is_dir=True)
 
 
+def test_an_output_inside_the_load_folder_is_refused(tmp_path):
+    """--output-json ckpt/iter_N/metadata.json (or an HF folder's config.json) replaced a file of the checkpoint
+    being read, which then no longer loaded; also through a link to the folder. Beside it is fine."""
+    load = tmp_path / "ckpt"
+    (load / "iter_0000002").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(load)
+    for path in (load / "iter_0000002" / "metadata.json", load / "results.json", tmp_path / "link" / "x.json"):
+        with pytest.raises(UserInputError, match="inside the --load folder .*: writing there would change"):
+            check_writable_output("--output-json", str(path), load=str(load))
+    check_writable_output("--output-json", str(tmp_path / "ckpt_results.json"), load=str(load))
+    check_writable_output("--output-json", str(load / "results.json"), load=str(load / "iter_0000002"))
+
+
 def test_writable_output_refuses_an_existing_file_that_cannot_be_written(tmp_path, monkeypatch):
     """A read-only --output-json (chmod 444, another user's file) is refused up front; as root chmod blocks
     nothing, so os.access stands in for it."""

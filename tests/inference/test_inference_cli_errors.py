@@ -309,3 +309,10 @@ def test_generate_output_json_that_became_unwritable_during_the_run(hf_checkpoin
                                    "--output-json", str(out_json)], capsys)
     assert code == 2 and f"--output-json {out_json}: cannot write (" in line, line
     assert sorted(os.listdir(tmp_path)) == ["gen.json"]
+
+
+@pytest.mark.parametrize("timeout", ["nan", "-1", "0", "inf"])
+def test_text_generation_cli_checks_its_timeout_before_any_prompt(capsys, timeout):
+    """A timeout the socket refuses failed every prompt ('Invalid value NaN', exit 0): a usage error first."""
+    code, line = error_line(load_tool("text_generation_cli"), ["localhost:1", "--timeout", timeout], capsys)
+    assert code == 2 and f"--timeout={float(timeout)}: must be a positive number of seconds" in line, line

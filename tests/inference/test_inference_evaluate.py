@@ -163,7 +163,9 @@ def test_seq_length_beyond_the_checkpoint_positions_is_refused(hf_checkpoint, da
 
 @pytest.mark.parametrize("extra, expected", [(["--split=-5,10,1"], "--split"), (["--split", "abc"], "--split"),
                                              (["--tokenizer-model", "x"], "--tokenizer-model 'x'"),
-                                             (["--eval-iters", "0"], "--eval-iters=0")])
+                                             (["--eval-iters", "0"], "--eval-iters=0"),
+                                             # a traceback after the load, from the dataset's shuffle
+                                             (["--seed", "-1"], "--seed=-1 must be in [0, 2**32 - 1]")])
 def test_evaluate_flags_are_checked_before_loading(dataset_prefix, tmp_path, capsys, extra, expected):
     argv = ["--load", str(tmp_path / "not_loaded"), "--data-path", dataset_prefix,
             "--tokenizer-type", "NullTokenizer", "--tokenizer-model", "8000"]
