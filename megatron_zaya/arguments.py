@@ -141,7 +141,8 @@ NUMBER_DOMAINS = (
     ("lr_warmup_samples", _ge0, "must be >= 0"), ("lr_decay_samples", _ge1, "must be >= 1"),
     ("lr_wsd_decay_samples", _ge0, "must be >= 0"), ("lr_warmup_init", _ge0, "must be >= 0"),
     ("manual_gc_interval", _ge0, "must be >= 0"), ("distributed_timeout_minutes", _gt0, "must be > 0"),
-    ("weight_decay", _ge0, "must be >= 0"), ("clip_grad", _ge0, "must be >= 0 (0 turns clipping off)"),
+    ("weight_decay", _ge0, "must be >= 0"), ("start_weight_decay", _ge0, "must be >= 0"),
+    ("end_weight_decay", _ge0, "must be >= 0"), ("clip_grad", _ge0, "must be >= 0 (0 turns clipping off)"),
     ("adam_beta1", _unit, "must be in [0, 1)"), ("adam_beta2", _unit, "must be in [0, 1)"),
     ("adam_eps", _gt0, "must be > 0"), ("muon_momentum", _unit, "must be in [0, 1)"),
     ("muon_num_ns_steps", _ge1, "must be >= 1"), ("muon_extra_scale_factor", _gt0, "must be > 0"),
@@ -521,10 +522,10 @@ def validate(args: argparse.Namespace) -> RunConfig:
         if total_iters <= 0:
             raise UserInputError(f"--train-samples={args.train_samples} is less than one global batch: "
                                  f"no iteration to run")
-    if total_iters * args.global_batch_size > 2**63 - 1:      # past what a sample index (int64) can count
+    if total_iters * args.global_batch_size >= 2**62:      # past what the sample indices' arrays can hold
         which = "--train-samples" if args.train_iters is None else "--train-iters x --global-batch-size"
         raise UserInputError(f"{which}: {total_iters * args.global_batch_size} samples, more than a run can count "
-                             f"(2**63 - 1)")
+                             f"(2**62)")
     for n in args.iterations_to_skip or ():
         if n < 0:
             raise UserInputError(f"--iterations-to-skip {n}: a number of completed iterations, >= 0 (as Megatron-LM "

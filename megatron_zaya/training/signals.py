@@ -40,6 +40,10 @@ def _say(message: str) -> None:
         pass
 
 
+def _swallow(signum, frame) -> None:
+    """SIGUSR1 after the run has stopped handling it (SignalMonitor.restore)."""
+
+
 class SignalMonitor:
     def __init__(self, names=DEFAULT_SIGNALS, rank: int = 0):
         self.rank = rank
@@ -74,15 +78,17 @@ class SignalMonitor:
         return self.received is not None
 
     def restore(self) -> None:
-        """Put back the handlers found at start, except that a default SIGUSR1 becomes ignored: it comes
-        only after the run has saved and is ending (Slurm's warning resent, `scancel --signal=USR1` twice),
-        and its default action would end this rank with -10, read by torchrun and the launcher as a
-        failed rank after a good save. SIGTERM and Ctrl-C end the process as before."""
+        """Put back the handlers found at start, except that a default SIGUSR1 becomes a handler that does
+        nothing: it comes only after the run has saved and is ending (Slurm's warning resent, `scancel
+        --signal=USR1` twice), and its default action would end this rank with -10, read by torchrun and the
+        launcher as a failed rank after a good save. Not SIG_IGN: an ignored signal stays ignored in every
+        program this process starts later, where a shell cannot trap it (run_mi300x.sh forwards it). SIGTERM
+        and Ctrl-C end the process as before."""
         if threading.current_thread() is not threading.main_thread():
             return
         for signum, handler in self._previous.items():
             if signum == signal.SIGUSR1 and handler == signal.SIG_DFL:
-                handler = signal.SIG_IGN
+                handler = _swallow
             try:
                 signal.signal(signum, handler)
             except (TypeError, ValueError):

@@ -22,6 +22,10 @@ from tests.training.test_arguments import error_of
     ({"--lr": "inf"}, "--lr=inf: must be a finite number"),
     ({"--clip-grad": "inf"}, "--clip-grad=inf: must be a finite number"),
     ({"--init-method-std": "inf"}, "--init-method-std=inf: must be a finite number"),
+    ({"--end-weight-decay": "inf"}, "--end-weight-decay=inf: must be a finite number"),
+    ({"--start-weight-decay": "nan"}, "--start-weight-decay=nan: must be >= 0"),
+    ({"--train-iters": str(2**60), "--global-batch-size": "4", "--micro-batch-size": "1"},     # a numpy traceback
+     f"--train-iters x --global-batch-size: {2**62} samples, more than a run can count"),
     # more samples than an int64 index counts: an OverflowError traceback from the loader's len()
     ({"--train-iters": None, "--train-samples": str(10**21)}, "--train-samples: 10" + "0" * 20 + " samples, more "
      "than a run can count"),

@@ -39,10 +39,13 @@ print("received", monitor.received, flush=True)
 SIGUSR1_AFTER_RESTORE = r'''
 import os, signal
 from megatron_zaya.training.signals import SignalMonitor
+import subprocess
 monitor = SignalMonitor(rank=0)
 monitor.restore()
 os.kill(os.getpid(), signal.SIGUSR1)
 print("still here", flush=True)
+# a program started afterwards gets SIGUSR1's default, which a shell can trap (an ignored one it cannot)
+subprocess.run(["bash", "-c", 'trap "echo trapped" USR1; kill -USR1 $$; echo after'], check=True)
 '''
 
 
@@ -89,4 +92,4 @@ def test_a_signal_with_stderr_reader_gone_still_sets_the_flag():
 def test_a_sigusr1_after_the_handlers_are_restored_does_not_fail_the_finished_rank():
     child = _child(SIGUSR1_AFTER_RESTORE, stderr=subprocess.PIPE)
     out, err = child.communicate(timeout=20)
-    assert (child.returncode, out) == (0, "still here\n"), err[-2000:]
+    assert (child.returncode, out) == (0, "still here\ntrapped\nafter\n"), err[-2000:]
