@@ -102,3 +102,21 @@ def test_they_keep_their_inputs_and_rstd_only():
     out = (base * 1.0).to(torch.bfloat16)
     params = [torch.ones(16, requires_grad=True) for _ in range(4)]
     assert saved_bytes(reference.scaled_residual_add, out, x, *params) == out.numel() * 2 + x.numel() * 4
+
+
+def test_the_fused_merge_and_norm_uses_the_norms_own_epsilon():
+    """ResidualScaling.forward_and_norm (the merge fused with the next RMSNorm, half the model's norms) against the
+    composed definition in float64 with eps = 0.5, where another epsilon moves the output by ~1e-2 (every model test
+    uses the default 1e-5, whose change hid inside their tolerances). Tolerance 1e-6 (fp32)."""
+    from megatron_zaya.model.norm import ResidualScaling, RMSNorm
+    gen = torch.Generator().manual_seed(0)
+    out, residual = torch.randn(3, 16, generator=gen), torch.randn(3, 16, generator=gen)
+    merge, norm = ResidualScaling(16), RMSNorm(16, eps=0.5)
+    with torch.no_grad():
+        for p in (*merge.parameters(), norm.weight):
+            p.add_(0.3 * torch.randn(16, generator=gen))
+    merged, normed = merge.forward_and_norm(out, residual, norm)
+    args = [t.double() for t in (out, residual, merge.out_scale, merge.out_bias, merge.res_scale, merge.res_bias)]
+    want = composed_merge(*args)
+    assert torch.allclose(merged.double(), want, atol=1e-6)
+    assert torch.allclose(normed.double(), composed_rms_norm(want, norm.weight.double(), 0.5), atol=1e-6)

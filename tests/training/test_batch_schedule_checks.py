@@ -21,6 +21,14 @@ def test_bad_rampups_are_refused(rampup, message):
         BatchSizeSchedule(16, 1, 1, rampup)
 
 
+def test_a_one_increment_rampup_checks_its_start_size():
+    """With one increment (start + increment = global batch) the start is the only size not implied by the global
+    batch's check: 2 sequences over micro-batch 4 would run ramp-up steps of zero micro-batches."""
+    with pytest.raises(ValueError, match="batch size 2 is not divisible by --micro-batch-size x data-parallel size = 4"):
+        BatchSizeSchedule(8, 4, 1, [2, 6, 100])
+    assert BatchSizeSchedule(8, 4, 1, [4, 4, 100]).num_micro_batches(0) == 1
+
+
 def test_a_rampup_that_starts_at_the_global_batch():
     s = BatchSizeSchedule(16, 2, 2, [16, 4, 100])
     assert [s.batch_size(c) for c in (0, 50, 1000)] == [16, 16, 16]
