@@ -12,7 +12,7 @@ which cannot be caught). So does a SIGTERM after a Ctrl-C: torchrun passes a per
 on to its ranks as SIGTERM. The handler's message never fails the run: a console pipe that is gone
 (`| tee` killed by the same Ctrl-C) loses the line, not the checkpoint, and a signal that comes while the
 rank is blocked writing to a full one (`| tee` behind) is said once the pipe drains. Once the run has
-stopped handling them (`restore`), SIGUSR1 is ignored rather than left to end the finished rank with -10.
+stopped handling them (`restore`), SIGUSR1 is swallowed rather than left to end the finished rank with -10.
 """
 from __future__ import annotations
 
