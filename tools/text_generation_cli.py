@@ -74,8 +74,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.tokens_to_generate is not None and args.tokens_to_generate < 1:
         build_parser().error(f"--tokens-to-generate={args.tokens_to_generate}: must be >= 1")
-    if not 0 < args.timeout < float("inf"):         # (NaN fails it too) the socket refused it at every prompt
-        build_parser().error(f"--timeout={args.timeout}: must be a positive number of seconds")
+    if not 0 < args.timeout <= 1e9:     # (NaN fails it too) the socket refused it at every prompt, or overflowed
+        build_parser().error(f"--timeout={args.timeout}: must be a positive number of seconds, at most 1e9")
     # What the server refuses in every request (server.parse_request, by its own checks), said once before any
     # prompt is read
     from megatron_zaya.inference.request_fields import FIELD_CHECKS

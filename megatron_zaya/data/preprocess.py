@@ -494,10 +494,10 @@ def check_config(cfg: PreprocessConfig) -> None:
     check_tokenizer_flags(cfg.tokenizer_type, cfg.tokenizer_model, cfg.vocab_file, cfg.merge_file, **cfg.tiktoken)
     if cfg.workers < 1:
         raise ValueError(f"--workers must be at least 1, got {cfg.workers}")
-    most = 4 * (os.cpu_count() or 1)
-    if cfg.workers > max(most, 64):     # each is a process: 100000 forked for minutes, deaf to SIGTERM meanwhile
-        raise ValueError(f"--workers {cfg.workers}: more processes than this machine's {os.cpu_count()} CPUs "
-                         f"can use; give at most {max(most, 64)}")
+    most = max(4 * (os.cpu_count() or 1), 64)
+    if cfg.workers > most:      # each is a process: 100000 forked for minutes, deaf to SIGTERM meanwhile
+        raise ValueError(f"--workers {cfg.workers}: more processes than this machine's "
+                         f"{os.cpu_count() or 'unknown number of'} CPUs can use; give at most {most}")
     if not cfg.json_keys:
         raise ValueError("--json-keys needs at least one key")
     dup = sorted({k for k in cfg.json_keys if cfg.json_keys.count(k) > 1})

@@ -170,8 +170,10 @@ def check_writable_output(flag: str, path: str | None, is_dir: bool = False, loa
         return
     target = Path(path)
     if load is not None and os.path.isdir(load) and not _is_stream(path):
-        inside, folder = os.path.realpath(path), os.path.realpath(load)
-        if os.path.commonpath([inside, folder]) == folder:
+        folder = os.path.realpath(load)
+        # where the name sits and where it leads: a Hugging Face cache's config.json links to ../../blobs/...
+        place = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
+        if any(os.path.commonpath([where, folder]) == folder for where in (place, os.path.realpath(path))):
             raise UserInputError(f"{flag} {path}: inside the --load folder {load}: writing there would change the "
                                  f"checkpoint; give a path outside it")
     if not is_dir and (_is_stream(path) or _own_descriptor(path) is not None):

@@ -311,8 +311,26 @@ def test_generate_output_json_that_became_unwritable_during_the_run(hf_checkpoin
     assert sorted(os.listdir(tmp_path)) == ["gen.json"]
 
 
-@pytest.mark.parametrize("timeout", ["nan", "-1", "0", "inf"])
+@pytest.mark.parametrize("timeout", ["nan", "-1", "0", "inf", "1e10"])
 def test_text_generation_cli_checks_its_timeout_before_any_prompt(capsys, timeout):
     """A timeout the socket refuses failed every prompt ('Invalid value NaN', exit 0): a usage error first."""
     code, line = error_line(load_tool("text_generation_cli"), ["localhost:1", "--timeout", timeout], capsys)
-    assert code == 2 and f"--timeout={float(timeout)}: must be a positive number of seconds" in line, line
+    assert code == 2 and f"--timeout={float(timeout)}: must be a positive number of seconds, at most 1e9" in line, line
+
+
+def test_generate_refuses_an_output_json_inside_the_checkpoint_it_loads(hf_checkpoint, tmp_path, capsys, monkeypatch):
+    """--output-json LOAD/config.json replaced the checkpoint's config, which then no longer loaded; so did a
+    Hugging Face cache's snapshot, whose config.json is a link into ../../blobs (outside the folder)."""
+    code, line = error_line(load_tool("generate"), ["--load", str(hf_checkpoint), "--prompt-ids", "1 2",
+                                                    "--output-json", str(hf_checkpoint / "config.json")],
+                            capsys, monkeypatch)
+    assert code == 2 and "inside the --load folder" in line, line
+    snapshot, blobs = tmp_path / "hub" / "snapshots" / "abc", tmp_path / "hub" / "blobs"
+    snapshot.mkdir(parents=True), blobs.mkdir()
+    for name in os.listdir(hf_checkpoint):
+        shutil.copy(hf_checkpoint / name, blobs / name)
+        (snapshot / name).symlink_to(os.path.join("..", "..", "blobs", name))
+    code, line = error_line(load_tool("generate"), ["--load", str(snapshot), "--prompt-ids", "1 2",
+                                                    "--output-json", str(snapshot / "config.json")],
+                            capsys, monkeypatch)
+    assert code == 2 and "inside the --load folder" in line, line

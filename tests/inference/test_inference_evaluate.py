@@ -175,6 +175,18 @@ def test_evaluate_flags_are_checked_before_loading(dataset_prefix, tmp_path, cap
     assert exc.value.code == 2 and expected in line and "--load" not in line, line
 
 
+def test_evaluate_refuses_an_output_json_inside_the_checkpoint_it_loads(dataset_prefix, tmp_path, capsys):
+    """--output-json ckpt/iter_N/metadata.json replaced the checkpoint's metadata, which then no longer loaded."""
+    load = tmp_path / "ckpt" / "iter_0000002"
+    load.mkdir(parents=True)
+    with pytest.raises(SystemExit) as exc:
+        load_tool("evaluate").main(["--load", str(load.parent), "--data-path", dataset_prefix, "--tokenizer-type",
+                                    "NullTokenizer", "--tokenizer-model", "8000", "--output-json",
+                                    str(load / "metadata.json")])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 2 and "inside the --load folder" in line, line
+
+
 @pytest.mark.parametrize("gone", ["stdout", "both"])
 def test_evaluate_whose_reader_left_still_writes_its_results(hf_checkpoint, dataset_prefix, tmp_path, gone):
     """stdout's reader gone at once (`| head`, a dead tee), or stderr's too (`2>&1 | head`, with progress lines):
