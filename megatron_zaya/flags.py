@@ -514,10 +514,14 @@ def _add_off_switch(parser: argparse.ArgumentParser, action: argparse.Action) ->
 
 
 # Settings that are alternatives of each other: the command line choosing one (--train-samples) sets
-# aside a --config file's other (train-iters), as a file's value gives way to the command line's.
+# aside a --config file's other (train-iters), as a file's value gives way to the command line's. A choice
+# of several settings taken together is a tuple (the per-split blends).
 ALTERNATIVES = (("train_iters", "train_samples"), ("lr_warmup_iters", "lr_warmup_samples", "lr_warmup_fraction"),
                 ("lr_decay_iters", "lr_decay_samples"), ("lr_wsd_decay_iters", "lr_wsd_decay_samples"),
-                ("ddp_bucket_size", "ddp_num_buckets"))
+                ("ddp_bucket_size", "ddp_num_buckets"),
+                ("data_path", "mock_data", ("train_data_path", "valid_data_path", "test_data_path"), "data_args_path",
+                 "per_split_data_args_path"),
+                ("moe_router_bias_lr", "moe_router_bias_update_rate"))      # our name and Megatron-LM's
 
 
 def command_line_dests(argv, make_parser=None) -> set[str]:
@@ -535,6 +539,9 @@ def let_the_command_line_win(args: argparse.Namespace, argv) -> None:
     defaults = {a.dest: a.default for a in build_parser()._actions}
     given = command_line_dests(argv)
     for group in ALTERNATIVES:
-        if given & set(group):
-            for dest in set(group) - given:
-                setattr(args, dest, defaults[dest])
+        choices = [choice if isinstance(choice, tuple) else (choice,) for choice in group]
+        if any(given & set(choice) for choice in choices):
+            for choice in choices:
+                if not given & set(choice):
+                    for dest in choice:
+                        setattr(args, dest, defaults[dest])

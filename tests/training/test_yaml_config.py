@@ -40,6 +40,24 @@ def test_the_command_line_overrides_every_kind_of_yaml_key(tiny_corpus, tmp_path
     assert run.train.lr_warmup_iters == 0 and run.train.lr_warmup_fraction is None
 
 
+def test_the_command_line_s_data_source_and_bias_step_set_the_file_s_aside(tiny_corpus, tmp_path):
+    """--mock-data (or per-split blends) over a file's data-path, and the bias step under either name over the file's
+    other spelling, used to stop the run ('exclude each other', 'set the same step') with no flag to clear the
+    file's key; per-split blends given in part keep their other splits from the file."""
+    prefix = tiny_corpus[0]
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"data-path: {prefix}\nmoe-router-bias-update-rate: 0.01\n")
+    flags = tiny_run_flags(tiny_corpus, tmp_path, **{"--data-path": None}) + ["--config", str(cfg)]
+    assert parse_args(flags).data.data_path == [prefix]
+    run = parse_args(flags + ["--mock-data", "--moe-router-bias-lr", "0.02"])
+    assert run.data.mock_data and not run.data.data_path and run.train.moe_router_bias_lr == 0.02
+    cfg.write_text(f"train-data-path: {prefix}\nvalid-data-path: {prefix}\n")
+    run = parse_args(flags + ["--train-data-path", prefix, prefix])
+    assert run.data.train_data_path == [prefix, prefix] and run.data.valid_data_path == [prefix]
+    run = parse_args(flags + ["--data-path", prefix])
+    assert run.data.data_path == [prefix] and not run.data.train_data_path and not run.data.valid_data_path
+
+
 def test_yaml_values_are_converted_like_command_line_words(tiny_corpus, tmp_path, capsys):
     prefix = tiny_corpus[0]
     cfg = tmp_path / "run.yaml"
