@@ -11,8 +11,7 @@ the atomic checkpoint protocol of megatron_zaya.checkpoint.format covers it, as 
 which cannot be caught). So does a SIGTERM after a Ctrl-C: torchrun passes a person's second Ctrl-C
 on to its ranks as SIGTERM. The handler's message never fails the run: a console pipe that is gone
 (`| tee` killed by the same Ctrl-C) loses the line, not the checkpoint, and a signal that comes while the
-rank is blocked writing to a full one (`| tee` behind) is said once the pipe drains. Once the run has
-stopped handling them (`restore`), SIGUSR1 is swallowed rather than left to end the finished rank with -10.
+rank is blocked writing to a full one (`| tee` behind) is said once the pipe drains.
 """
 from __future__ import annotations
 
@@ -38,10 +37,6 @@ def _say(message: str) -> None:
             data = data[written:]
     except Exception:
         pass
-
-
-def _swallow(signum, frame) -> None:
-    """SIGUSR1 after the run has stopped handling it (SignalMonitor.restore)."""
 
 
 class SignalMonitor:
@@ -78,17 +73,9 @@ class SignalMonitor:
         return self.received is not None
 
     def restore(self) -> None:
-        """Put back the handlers found at start, except that a default SIGUSR1 becomes a handler that does
-        nothing: it comes only after the run has saved and is ending (Slurm's warning resent, `scancel
-        --signal=USR1` twice), and its default action would end this rank with -10, read by torchrun and the
-        launcher as a failed rank after a good save. Not SIG_IGN: an ignored signal stays ignored in every
-        program this process starts later, where a shell cannot trap it (run_mi300x.sh forwards it). SIGTERM
-        and Ctrl-C end the process as before."""
         if threading.current_thread() is not threading.main_thread():
             return
         for signum, handler in self._previous.items():
-            if signum == signal.SIGUSR1 and handler == signal.SIG_DFL:
-                handler = _swallow
             try:
                 signal.signal(signum, handler)
             except (TypeError, ValueError):
