@@ -45,3 +45,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if str(item.path).startswith(SLURM_TESTS + os.sep):
             item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
+def _unignore_stop_signals() -> None:
+    """SIGINT, SIGTERM and SIGUSR1 back to their defaults where something left them ignored: an ignored signal
+    is inherited by every program the test process starts (a shell cannot trap it), and Ctrl-C would not raise.
+    Full-suite runs of 2026-12-07 saw SIGINT ignored in one xdist worker, from a cause not yet found (the three
+    signal-timing tests that failed there pass alone)."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for name, default in (("SIGINT", signal.default_int_handler), ("SIGTERM", signal.SIG_DFL),
+                          ("SIGUSR1", signal.SIG_DFL)):
+        if signal.getsignal(getattr(signal, name)) is signal.SIG_IGN:
+            signal.signal(getattr(signal, name), default)
+
+
+@pytest.fixture(autouse=True)
+def default_stop_signals():
+    """Each test starts and ends with the stop signals not ignored (_unignore_stop_signals)."""
+    _unignore_stop_signals()
+    yield
+    _unignore_stop_signals()
