@@ -50,7 +50,7 @@ def pytest_collection_modifyitems(config, items):
 def _unignore_stop_signals() -> None:
     """SIGINT, SIGTERM and SIGUSR1 back to their defaults where something left them ignored: an ignored signal
     is inherited by every program the test process starts (a shell cannot trap it), and Ctrl-C would not raise.
-    Full-suite runs of 2026-12-07 saw SIGINT ignored in one xdist worker, from a cause not yet found (the three
+    In full-suite runs of 2026-12-07 one xdist worker behaved as if SIGINT were ignored, cause not found (the three
     signal-timing tests that failed there pass alone)."""
     import signal
     import threading
